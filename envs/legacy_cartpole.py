@@ -1,0 +1,75 @@
+"""The cart-pole's legacy controller: discrete LQR on the MuJoCo linearization of the nominal plant.
+
+Set-point tracking shifts the state error by the set-point (obs 4): the
+upright cart at rest anywhere on the rail is an equilibrium (the slider has
+no spring), so u = -K (s - [x_ref, 0, 0, 0]) needs no feed-forward term.
+"""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+
+from envs import cartpole_rail
+
+# State and action weights (state = [x m, theta rad, x_dot m/s, theta_dot rad/s], action normalized).
+LQR_Q = np.diag([20.0, 20.0, 0.5, 1.0])
+LQR_R = np.array([[1.0]])
+
+
+def linearize_control_step(nominal: cartpole_rail.NominalModel) -> tuple[np.ndarray, np.ndarray]:
+    """Return (A, B) of one control period (ctrl held over the substeps) about the nominal equilibrium."""
+    model = nominal.model
+    data = mujoco.MjData(model)
+    data.qpos[:] = nominal.qpos
+    data.qvel[:] = nominal.qvel
+    data.ctrl[:] = 0.0
+    mujoco.mj_forward(model, data)
+    nx = 2 * model.nv + model.na
+    a1 = np.zeros((nx, nx))
+    b1 = np.zeros((nx, model.nu))
+    mujoco.mjd_transitionFD(model, data, 1e-6, True, a1, b1, None, None)
+    # Zero-order hold over the substeps: x_{k+n} = A1^n x_k + (sum_i A1^i) B1 u.
+    a, b = np.eye(nx), np.zeros_like(b1)
+    for _ in range(nominal.substeps):
+        b = a1 @ b + b1
+        a = a1 @ a
+    return a, b
+
+
+def discrete_lqr(a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray,
+                 iterations: int = 20000, tol: float = 1e-10) -> np.ndarray:
+    """Solve the discrete Riccati equation by fixed-point iteration; return the gain K (u = -K x)."""
+    p = q.copy()
+    for _ in range(iterations):
+        bt_p = b.T @ p
+        k = np.linalg.solve(r + bt_p @ b, bt_p @ a)
+        p_next = q + a.T @ p @ (a - b @ k)
+        p_next = 0.5 * (p_next + p_next.T)
+        if np.max(np.abs(p_next - p)) <= tol * max(1.0, np.max(np.abs(p))):
+            p = p_next
+            break
+        p = p_next
+    bt_p = b.T @ p
+    return np.linalg.solve(r + bt_p @ b, bt_p @ a)
+
+
+class CartPoleLqr:
+    """LQR from the nominal model's linearization; batch policy obs float32[n, 5] -> float32[n, 1]."""
+
+    name = "lqr"
+
+    def __init__(self):
+        a, b = linearize_control_step(cartpole_rail.nominal_model())
+        self.gain = discrete_lqr(a, b, LQR_Q, LQR_R)  # (1, 4), normalized action per state unit
+
+    def reset(self) -> None:
+        """Nothing to clear: the LQR is static."""
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        obs = np.asarray(obs, dtype=np.float64)
+        if obs.ndim == 1:
+            obs = obs[None, :]
+        err = obs[:, :4].copy()
+        err[:, 0] -= obs[:, 4]
+        return np.clip(-err @ self.gain.T, -1.0, 1.0).astype(np.float32)

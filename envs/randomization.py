@@ -1,0 +1,186 @@
+"""Domain randomization sets: the YAML schema (pydantic) and the pure sampling function.
+
+A set is stated once, in the task YAML under `randomization: {<name>: ...}`:
+
+    train:
+      body_mass:        {cart: {dist: uniform, low: 0.8, high: 1.2}}   # scales mass AND inertia
+      geom_friction:    {floor: {dist: uniform, low: 0.7, high: 1.3}}  # scales the friction row
+      joint_damping:    {slider: {dist: loguniform, low: 0.5, high: 2.0}}
+      actuator_gain:    {cart_force: {dist: uniform, low: 0.85, high: 1.15}}
+      gravity_scale:    {dist: uniform, low: 0.98, high: 1.02}
+      latency_steps:    {low: 0, high: 2}          # whole control steps, both ends included
+      obs_noise_std:    0.01                       # or one std per observation element
+      action_noise_std: 0.02                       # in normalized action units
+      push: {body: pole, max_force: 2.0, probability: 0.01, duration_steps: 5}
+
+Every randomized physical quantity is a positive SCALE of its nominal value,
+keyed by MuJoCo element name; unknown names are rejected when the set is bound
+to a model (envs.domain). `sample_domain(rset, rng)` is the only sampler.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+
+class RandomizationError(ValueError):
+    """A randomization set that cannot be used; the message names the offending key or element."""
+
+
+class ScaleRange(BaseModel):
+    """A positive multiplicative factor on a nominal value, drawn once per episode."""
+
+    model_config = ConfigDict(extra="forbid")
+    dist: Literal["uniform", "loguniform"] = Field("uniform", description="uniform or loguniform")
+    low: float = Field(gt=0, description="smallest factor (> 0)")
+    high: float = Field(gt=0, description="largest factor (>= low)")
+
+    @field_validator("high")
+    @classmethod
+    def _high_not_below_low(cls, high: float, info):
+        low = info.data.get("low")
+        if low is not None and high < low:
+            raise ValueError(f"high ({high}) must be >= low ({low})")
+        return high
+
+    def sample(self, rng: np.random.Generator) -> float:
+        """Draw one factor."""
+        if self.dist == "loguniform":
+            return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
+        return float(rng.uniform(self.low, self.high))
+
+
+class StepRange(BaseModel):
+    """An integer number of control steps drawn uniformly from low..high (both included)."""
+
+    model_config = ConfigDict(extra="forbid")
+    low: int = Field(ge=0, le=50, description="fewest control steps")
+    high: int = Field(ge=0, le=50, description="most control steps (>= low)")
+
+    @field_validator("high")
+    @classmethod
+    def _high_not_below_low(cls, high: int, info):
+        low = info.data.get("low")
+        if low is not None and high < low:
+            raise ValueError(f"high ({high}) must be >= low ({low})")
+        return high
+
+
+class Push(BaseModel):
+    """Random pushes: with `probability` per control step, a force on `body` held for `duration_steps`."""
+
+    model_config = ConfigDict(extra="forbid")
+    body: str = Field(description="MuJoCo body name that is pushed")
+    max_force: float = Field(gt=0, description="N, each world axis drawn uniformly in [-max_force, max_force]")
+    probability: float = Field(ge=0, le=1, description="chance per control step that a push starts")
+    duration_steps: int = Field(1, ge=1, description="control steps a push lasts")
+    axes: list[Literal["x", "y", "z"]] = Field(["x", "y", "z"], description="world axes that are pushed")
+
+
+def _as_list(value):
+    return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+NoiseStd = Annotated[list[Annotated[float, Field(ge=0)]], BeforeValidator(_as_list)]
+
+
+class RandomizationSet(BaseModel):
+    """One named randomization set (see the module docstring for the YAML format)."""
+
+    model_config = ConfigDict(extra="forbid")
+    body_mass: dict[str, ScaleRange] = Field({}, description="by body name: scale of mass and inertia")
+    geom_friction: dict[str, ScaleRange] = Field({}, description="by geom name: scale of friction")
+    joint_damping: dict[str, ScaleRange] = Field({}, description="by joint name: scale of damping")
+    actuator_gain: dict[str, ScaleRange] = Field({}, description="by actuator name: scale of force per ctrl")
+    gravity_scale: ScaleRange | None = Field(None, description="scale of the gravity vector")
+    latency_steps: StepRange | None = Field(None, description="action delay, whole control steps")
+    obs_noise_std: NoiseStd = Field([0.0], description="Gaussian obs noise std: one value or one per element")
+    action_noise_std: NoiseStd = Field([0.0], description="Gaussian action noise std, normalized units")
+    push: Push | None = Field(None, description="random pushes on a body")
+
+    def is_empty(self) -> bool:
+        """True when the set changes nothing."""
+        return (
+            not (self.body_mass or self.geom_friction or self.joint_damping or self.actuator_gain)
+            and self.gravity_scale is None
+            and self.latency_steps is None
+            and not any(self.obs_noise_std)
+            and not any(self.action_noise_std)
+            and self.push is None
+        )
+
+
+def sample_domain(rset: RandomizationSet, rng: np.random.Generator) -> dict[str, float]:
+    """Draw one episode's parameters: a flat {name: value} (scales, and latency_steps as a float)."""
+    params: dict[str, float] = {}
+    for group in ("body_mass", "geom_friction", "joint_damping", "actuator_gain"):
+        for element, scale in getattr(rset, group).items():
+            params[f"{group}.{element}"] = scale.sample(rng)
+    if rset.gravity_scale is not None:
+        params["gravity_scale"] = rset.gravity_scale.sample(rng)
+    if rset.latency_steps is not None:
+        params["latency_steps"] = float(rng.integers(rset.latency_steps.low, rset.latency_steps.high + 1))
+    return params
+
+
+def _format_errors(err: ValidationError, prefix: str) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join([prefix, *(str(p) for p in e["loc"])]) if prefix else ".".join(str(p) for p in e["loc"])
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{path}: {e['msg']}{shown}")
+    return "invalid randomization set:\n  " + "\n  ".join(lines)
+
+
+def parse_randomization(raw, where: str = "randomization") -> RandomizationSet:
+    """Validate a plain dict as a RandomizationSet; errors name the key path, e.g. randomization.train.body_mass.cart.low."""
+    if raw is None:
+        raw = {}
+    try:
+        return RandomizationSet.model_validate(raw)
+    except ValidationError as err:
+        raise RandomizationError(_format_errors(err, where)) from None
+
+
+def load_randomization_sets(path) -> dict[str, RandomizationSet]:
+    """Read only the `randomization:` section of a task YAML and validate every set in it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f) or {}
+    except OSError as err:
+        raise RandomizationError(f"cannot read task config {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise RandomizationError(f"task config {path} is not valid YAML: {err}") from None
+    section = doc.get("randomization") if isinstance(doc, dict) else None
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise RandomizationError(f"{path}: randomization must be a mapping of set name -> set")
+    return {name: parse_randomization(raw, f"randomization.{name}") for name, raw in section.items()}
+
+
+def resolve_randomization(env_id: str, spec) -> RandomizationSet | None:
+    """Turn None, a set name (looked up in the task YAML), a dict, or a RandomizationSet into a set."""
+    if spec is None or isinstance(spec, RandomizationSet):
+        return spec
+    if isinstance(spec, dict):
+        return parse_randomization(spec)
+    if isinstance(spec, str):
+        from envs.tasks import task_config_path
+
+        path = task_config_path(env_id)
+        sets = load_randomization_sets(path)
+        if spec not in sets:
+            raise RandomizationError(
+                f"randomization set {spec!r} is not in {path}; available: {sorted(sets) or 'none'}"
+            )
+        return sets[spec]
+    raise RandomizationError(
+        f"randomization must be None, a set name, a dict or a RandomizationSet, not {type(spec).__name__}"
+    )

@@ -1,0 +1,215 @@
+"""The `sim2real` command line: one entry point, a subcommand per pipeline step.
+
+Parsers are defined here so `--help` is complete and fast; each command's work
+lives in its own module (`run_cli(args) -> int`), imported only when that
+command runs. The orchestration commands (`run`, `schedule`) belong to `flows/`,
+which depends on `pipeline` and not the other way round, so they are found
+through the `sim2real.commands` entry-point group instead of an import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from importlib.metadata import entry_points
+from typing import Any, Callable
+
+DEFAULT_CONFIG = "configs/cartpole.yaml"
+
+# command -> "module:function" that runs it (imported lazily)
+HANDLERS: dict[str, str] = {
+    "envs": "pipeline.cli:run_envs",
+    "config": "pipeline.cli:run_config",
+    "train": "pipeline.train:run_cli",
+    "export": "pipeline.export:run_cli",
+    "eval": "pipeline.evaluate:run_cli",
+    "shadow": "pipeline.shadow:run_cli",
+    "registry": "pipeline.registry:run_cli",
+    "serve": "shield.server:run_cli",
+}
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
+
+
+def _config_flag(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--config", required=required, default=None if required else DEFAULT_CONFIG,
+                   help=f"task config YAML (default {DEFAULT_CONFIG}); see `sim2real config`")
+
+
+def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("envs", help="list the tasks: obs/action sizes, constraints, legacy controller")
+    _json_flag(p)
+
+    p = sub.add_parser("config", help="document every config key, or validate a config file")
+    p.add_argument("--check", metavar="FILE", help="validate FILE and report every bad key")
+    _json_flag(p)
+
+    p = sub.add_parser("train", help="train a policy with Ray rollout actors and a V-trace learner")
+    _config_flag(p)
+    p.add_argument("--steps", type=int, help="total env steps (overrides train.total_env_steps)")
+    p.add_argument("--actors", type=int, help="rollout actors (overrides train.num_actors)")
+    p.add_argument("--envs-per-actor", type=int, help="envs per actor (overrides train.envs_per_actor)")
+    p.add_argument("--out", help="run directory (default runs/<task>-<timestamp>)")
+    p.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    _json_flag(p)
+
+    p = sub.add_parser("export", help="export a run's policy to an ONNX bundle (parity-checked)")
+    p.add_argument("run_dir", help="training run directory")
+    p.add_argument("--out", help="write a standalone bundle here instead of registering it")
+    p.add_argument("--registry", default="models", help="registry root (default models/)")
+    _json_flag(p)
+
+    p = sub.add_parser("eval", help="evaluate a bundle or a reference policy, with or without the shield")
+    p.add_argument("bundle", nargs="?", help="bundle directory (or use --policy)")
+    p.add_argument("--policy", choices=["legacy", "random", "adversarial"], help="reference policy instead of a bundle")
+    _config_flag(p)
+    p.add_argument("--domains", default="train", help="randomization set: train, reality, or FILE.yaml")
+    p.add_argument("--episodes", type=int, default=20, help="episodes to run")
+    p.add_argument("--no-shield", action="store_true", help="run the policy without the safety shield")
+    p.add_argument("--seed", type=int, default=0, help="first episode seed")
+    _json_flag(p)
+
+    p = sub.add_parser("shadow", help="shadow-evaluate a bundle beside the legacy controller and gate it")
+    p.add_argument("bundle", help="candidate bundle directory")
+    _config_flag(p)
+    p.add_argument("--legacy", help="legacy controller name (default: the task's)")
+    p.add_argument("--domains", default=None, help="randomization set: reality (default) or FILE.yaml")
+    p.add_argument("--episodes", type=int, help="episodes per pass (default shadow.episodes)")
+    p.add_argument("--seed", type=int, help="first episode seed (default shadow.seed)")
+    p.add_argument("--report", metavar="DIR", help="write the HTML report and logs here")
+    p.add_argument("--from-log", metavar="PATH", help="use logs recorded by `sim2real serve --mode shadow` instead of simulating")
+    _json_flag(p)
+
+    p = sub.add_parser("registry", help="list, inspect, promote, roll back or verify bundles in models/")
+    rsub = p.add_subparsers(dest="registry_cmd", required=True, metavar="ACTION")
+    for name, text, needs_version in (
+        ("list", "list versions and the production pointer", False),
+        ("show", "show one version's manifest", True),
+        ("promote", "point production at a version", True),
+        ("rollback", "move production back to the previous version", False),
+        ("verify", "check every file hash of one or all versions", False),
+    ):
+        rp = rsub.add_parser(name, help=text)
+        rp.add_argument("task", nargs="?" if name in ("list", "verify") else None, help="task name, e.g. cartpole")
+        if needs_version:
+            rp.add_argument("version", type=int, help="bundle version")
+        elif name == "verify":
+            rp.add_argument("version", type=int, nargs="?", help="bundle version (default: all)")
+        rp.add_argument("--root", default="models", help="registry root (default models/)")
+        _json_flag(rp)
+
+    p = sub.add_parser("serve", help="serve a verified bundle to physical controllers over UDP")
+    p.add_argument("bundle", nargs="?", help="bundle directory (or use --registry)")
+    p.add_argument("--registry", metavar="TASK", help="serve TASK's production bundle and hot-reload on promote")
+    p.add_argument("--models", default="models", help="registry root for --registry (default models/)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9870, help="UDP port (default 9870; 0 picks a free one)")
+    p.add_argument("--mode", choices=["active", "shadow"], default="active",
+                   help="active: reply with the shielded action; shadow: echo the legacy action and log the candidate")
+    p.add_argument("--key-file", help="pre-shared HMAC-SHA256 key file; requests must be signed")
+    p.add_argument("--log", metavar="DIR", help="write shadow logs (NPZ) here")
+    p.add_argument("--deadline-us", type=float, default=1000.0, help="per-request compute deadline (µs); overruns get the fallback")
+
+
+def _plugin_commands() -> dict[str, Any]:
+    """Commands contributed by other packages (flows' `run` and `schedule`)."""
+    return {ep.name: ep for ep in entry_points(group="sim2real.commands")}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
+    """The full parser and the plugin handlers it found."""
+    parser = argparse.ArgumentParser(
+        prog="sim2real",
+        description="MuJoCo digital twin -> domain-randomized training on Ray -> ONNX bundle -> "
+                    "shadow evaluation and gate -> CBF-shielded edge serving. Prefect chains it (`sim2real run`).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_pipeline_commands(sub)
+    plugin_handlers = {}
+    for name, ep in sorted(_plugin_commands().items()):
+        command = ep.load()
+        command.add_arguments(sub.add_parser(name, help=command.HELP))
+        plugin_handlers[name] = command.run_cli
+    return parser, plugin_handlers
+
+
+def emit(args: argparse.Namespace, result: dict, human: str) -> None:
+    """Print a command's result: one JSON object with --json, else the human text."""
+    if getattr(args, "json", False):
+        print(json.dumps(result, default=_json_default))
+    else:
+        print(human)
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+def run_envs(args: argparse.Namespace) -> int:
+    """`sim2real envs`: the tasks with their sizes, constraints and legacy controller."""
+    import envs
+
+    tasks = envs.describe_tasks()
+    lines = []
+    for t in tasks:
+        lines.append(f"{t['env_id']}  (task {t['task']})")
+        lines.append(f"  obs {t['obs_dim']}  act {t['act_dim']}  control period {t['dt']} s")
+        lines.append(f"  constraints: {', '.join(t['constraints'])}")
+        lines.append(f"  legacy controller: {t['legacy']}")
+    emit(args, {"tasks": tasks}, "\n".join(lines))
+    return 0
+
+
+def run_config(args: argparse.Namespace) -> int:
+    """`sim2real config`: document every key, or validate a file."""
+    from pipeline.config import describe_fields, load_config
+
+    if args.check:
+        cfg = load_config(args.check)
+        emit(args, {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash()},
+             f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})")
+        return 0
+    rows = describe_fields()
+    width = max(len(k) for k, _, _ in rows)
+    human = "\n".join(f"{k:<{width}}  {d}" + (f"  [default {v}]" if v else "") for k, v, d in rows)
+    emit(args, {"fields": [{"key": k, "default": v, "description": d} for k, v, d in rows]}, human)
+    return 0
+
+
+def _resolve(spec: str) -> Callable[[argparse.Namespace], int]:
+    module, func = spec.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `sim2real` console script."""
+    parser, plugin_handlers = build_parser()
+    args = parser.parse_args(argv)
+    handler = plugin_handlers.get(args.command) or _resolve(HANDLERS[args.command])
+    try:
+        return int(handler(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # user-facing errors become one clear line
+        if _is_user_error(err):
+            print(f"sim2real {args.command}: error: {err}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _is_user_error(err: Exception) -> bool:
+    """Errors a user can cause (bad config, bundle, path) are reported without a traceback."""
+    names = {cls.__name__ for cls in type(err).__mro__}
+    return bool(names & {"ConfigError", "BundleError", "RegistryError", "UserError", "FileNotFoundError"})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

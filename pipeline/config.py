@@ -1,0 +1,173 @@
+"""The task config: one validated pydantic model per `configs/<task>.yaml`.
+
+Every field is documented once, here; `sim2real config --help` prints them.
+Unknown keys, wrong types and impossible values are errors whose message names
+the key's dotted path (e.g. ``train.lr``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from envs.randomization import RandomizationSet
+
+
+class ConfigError(ValueError):
+    """A config file is missing, unreadable or invalid; the message names the key."""
+
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TaskConfig(Section):
+    """Which simulated plant this config trains and evaluates."""
+
+    name: str = Field(description="Short task name: the registry folder models/<name>/ and `serve --registry NAME`.",
+                      pattern=r"^[a-z][a-z0-9_-]*$")
+    env_id: str = Field(description="Gymnasium id of the plant, e.g. sim2real/CartPoleRail-v0.")
+    max_episode_steps: int | None = Field(None, gt=0, description="Override of the env's episode length (steps).")
+
+
+class TrainConfig(Section):
+    """Actor-learner training (IMPALA / APPO with V-trace)."""
+
+    algorithm: Literal["impala", "appo"] = Field("appo", description="impala: V-trace actor-critic; appo: V-trace targets + clipped surrogate.")
+    sync: bool = Field(False, description="Actors wait for fresh weights after every batch (policy lag 0), for comparison.")
+    seed: int = Field(0, ge=0, description="Master seed: actors, envs and the learner derive theirs from it.")
+    total_env_steps: int = Field(400_000, gt=0, description="Stop after this many env steps (all actors together).")
+    num_actors: int = Field(2, ge=1, description="Ray rollout actors.")
+    envs_per_actor: int = Field(8, ge=1, description="Envs stepped as a vector inside each actor.")
+    rollout_length: int = Field(32, ge=2, description="Steps per trajectory batch (time dimension T).")
+    max_batches_in_flight: int = Field(4, ge=1, description="Back-pressure: at most this many batches requested and not yet consumed.")
+    batches_per_update: int = Field(1, ge=1, description="Actor batches stacked into one learner update (sync mode: all actors' batches).")
+    hidden_sizes: list[int] = Field([64, 64], min_length=1, description="MLP hidden layer widths (policy and value).")
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate.")
+    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    value_coef: float = Field(0.5, ge=0, description="Value loss weight.")
+    clip_rho_threshold: float = Field(1.0, gt=0, description="V-trace rho-bar (value targets).")
+    clip_pg_rho_threshold: float = Field(1.0, gt=0, description="V-trace rho-bar for policy-gradient advantages.")
+    clip_param: float = Field(0.2, gt=0, description="APPO surrogate clip epsilon.")
+    kl_coef: float = Field(0.0, ge=0, description="APPO: weight of the KL(behaviour || current) penalty; 0 disables it.")
+    num_epochs: int = Field(1, ge=1, description="Passes of SGD over each batch.")
+    max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
+    checkpoint_every: int = Field(50, ge=1, description="Write an atomic checkpoint every N learner updates (and at the end).")
+    log_std_init: float = Field(-0.5, description="Initial log standard deviation of the Gaussian policy.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Learner device; auto picks CUDA when torch sees it.")
+
+
+class RayConfig(Section):
+    """Where Ray runs and what each part asks of it."""
+
+    address: str | None = Field(None, description="Ray cluster address; None starts a local instance (RAY_ADDRESS overrides).")
+    actor_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per rollout actor.")
+    learner_num_gpus: float = Field(0.0, ge=0, description="GPUs for the learner when it runs as a Ray task/actor.")
+    max_actor_restarts: int = Field(3, ge=0, description="Ray restarts a dead rollout actor up to this many times.")
+
+
+class ShieldConfig(Section):
+    """The CBF safety shield around the policy (built into the bundle's shield.json)."""
+
+    enabled: bool = Field(True, description="Wrap the policy in the CBF shield when evaluating and serving.")
+
+
+class GateConfig(Section):
+    """Promotion gate thresholds applied to a shadow evaluation."""
+
+    min_return_ratio: float = Field(0.8, gt=0, description="Candidate mean return must be >= this x legacy mean return.")
+    max_violations: int = Field(0, ge=0, description="Most constraint-violating steps allowed for the candidate.")
+    max_intervention_rate: float = Field(0.1, ge=0, le=1, description="Largest share of steps the shield may change the candidate's action.")
+    max_latency_p99_us: float = Field(2000.0, gt=0, description="Candidate per-action latency p99 (policy + shield), microseconds.")
+
+
+class ShadowConfig(Section):
+    """Shadow-mode evaluation beside the legacy controller."""
+
+    episodes: int = Field(10, ge=1, description="Episodes per pass (shadow and counterfactual).")
+    domains: str = Field("reality", description="Randomization set name (or YAML file) the shadow passes run on.")
+    agreement_tolerance: float = Field(0.1, gt=0, description="Actions agree when every |legacy - candidate| <= this (normalized units).")
+    seed: int = Field(1000, ge=0, description="First episode seed; held out from training seeds.")
+
+
+class Config(Section):
+    """A task config: everything the CLI and the flows need for one task."""
+
+    task: TaskConfig
+    randomization: dict[str, RandomizationSet] = Field(
+        description="Named domain-randomization sets; `train` is used for training, `reality` is held out for shadow evaluation.")
+    train: TrainConfig = TrainConfig()
+    ray: RayConfig = RayConfig()
+    shield: ShieldConfig = ShieldConfig()
+    gate: GateConfig = GateConfig()
+    shadow: ShadowConfig = ShadowConfig()
+
+    @model_validator(mode="after")
+    def _needs_train_and_reality(self) -> "Config":
+        missing = [name for name in ("train", "reality") if name not in self.randomization]
+        if missing:
+            raise ValueError(f"randomization: missing set(s) {missing}; both 'train' and 'reality' are required")
+        return self
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of the validated config (identifies a training setup)."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {path}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<dict>") -> Config:
+    """Validate a config mapping; raise ConfigError naming every bad key path."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate `configs/<task>.yaml`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config {path} is not valid YAML: {err}") from None
+    return parse_config(data, str(path))
+
+
+def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, description) for every config field, for `--help` output."""
+    rows: list[tuple[str, str, str]] = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.append((key, "", (ann.__doc__ or "").strip().splitlines()[0]))
+            rows.extend(describe_fields(ann, key + "."))
+        else:
+            default = "" if field.is_required() else repr(field.get_default(call_default_factory=True))
+            rows.append((key, default, field.description or ""))
+    return rows

@@ -1,0 +1,143 @@
+"""The learner: V-trace targets, the IMPALA / APPO loss and the update step, top to bottom.
+
+One `update(batches)` call:
+  1. stacks the actors' time-major batches along the env axis,
+  2. merges their observations into the running normalizer,
+  3. for each epoch: evaluates the current policy on the batch, computes
+     V-trace targets against the behaviour log-probs, and takes one Adam
+     step on  policy loss + value_coef * value loss - entropy_coef * entropy
+     (+ kl_coef * KL(behaviour || current) for APPO),
+  4. bumps the policy version.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from pipeline.model import ActorCritic
+from pipeline.vtrace import vtrace
+
+_BATCH_KEYS = ("obs", "actions", "behaviour_logp", "behaviour_mean", "rewards", "terminated", "truncated", "final_obs")
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when torch sees a GPU, else cpu; 'cuda' without a GPU is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device is 'cuda' but torch sees no CUDA device; use 'auto' or 'cpu'")
+    return torch.device(name)
+
+
+def stack_batches(batches: list[dict], device: torch.device) -> dict[str, torch.Tensor]:
+    """Concatenate actor batches along the env axis (B) and move them to the learner's device."""
+    out = {}
+    for key in _BATCH_KEYS:
+        array = np.concatenate([b[key] for b in batches], axis=1)
+        out[key] = torch.as_tensor(array, device=device)
+    # The behaviour log-std is state-independent: one row per actor batch, repeated over its envs.
+    out["behaviour_log_std"] = torch.as_tensor(
+        np.concatenate([np.broadcast_to(b["behaviour_log_std"], b["actions"].shape[1:]) for b in batches], axis=0),
+        device=device)
+    return out
+
+
+class Learner:
+    """Owns the trainable ActorCritic, its optimizer and normalizer; `update()` consumes batches."""
+
+    def __init__(self, model_spec: dict, train_cfg, device: torch.device, log_std_init: float = -0.5):
+        self.cfg = train_cfg
+        self.device = device
+        self.model = ActorCritic(**model_spec, log_std_init=log_std_init).to(device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.lr, eps=1e-5)
+        self.version = 0
+
+    def cpu_weights(self) -> dict[str, torch.Tensor]:
+        """state_dict on the CPU (weights + normalizer), the form actors and checkpoints take."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def update(self, batches: list[dict]) -> dict[str, float]:
+        """One learner step on a list of actor batches; returns loss and diagnostic scalars."""
+        cfg, model = self.cfg, self.model
+        start = time.perf_counter()
+        b = stack_batches(batches, self.device)
+        T, B = b["rewards"].shape
+        model.obs_rms.update(b["obs"][:-1].reshape(T * B, -1))
+
+        # A time-limit cut is not a failure: fold gamma * V(final obs) into the last reward
+        # and then cut the trace there like any episode end.
+        done = (b["terminated"] | b["truncated"]).float()
+        discounts = cfg.gamma * (1.0 - done)
+        with torch.no_grad():
+            truncation_bootstrap = model(b["final_obs"])[2] * b["truncated"].float()
+        rewards = b["rewards"] + cfg.gamma * truncation_bootstrap
+
+        for _ in range(cfg.num_epochs):
+            mean, log_std, values_all = model(b["obs"])
+            mean, log_std = mean[:-1], log_std[:-1]
+            values, bootstrap_value = values_all[:-1], values_all[-1]
+            dist = torch.distributions.Normal(mean, log_std.exp())
+            logp = dist.log_prob(b["actions"]).sum(-1)
+            log_rhos = logp - b["behaviour_logp"]
+
+            vs, pg_advantages = vtrace(log_rhos, discounts, rewards, values, bootstrap_value,
+                                       cfg.clip_rho_threshold, cfg.clip_pg_rho_threshold)
+
+            if cfg.algorithm == "impala":
+                policy_loss = -(logp * pg_advantages).mean()
+            else:
+                # APPO: the surrogate's ratio already corrects for the behaviour policy, so the
+                # advantage is the V-trace Q-estimate minus the baseline, without a second rho weight.
+                vs_next = torch.cat([vs[1:], bootstrap_value.detach()[None]], dim=0)
+                advantages = rewards + discounts * vs_next - values.detach()
+                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                ratio = torch.exp(log_rhos)
+                clipped = torch.clamp(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param)
+                policy_loss = -torch.minimum(ratio * advantages, clipped * advantages).mean()
+
+            value_loss = 0.5 * (values - vs).pow(2).mean()
+            entropy = dist.entropy().sum(-1).mean()
+            behaviour = torch.distributions.Normal(b["behaviour_mean"], b["behaviour_log_std"].exp().expand_as(mean))
+            kl = torch.distributions.kl_divergence(behaviour, dist).sum(-1).mean()
+
+            loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
+            if cfg.algorithm == "appo" and cfg.kl_coef > 0:
+                loss = loss + cfg.kl_coef * kl
+
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+
+        self.version += 1
+        with torch.no_grad():
+            # k3 estimator of KL(behaviour || current): unbiased and always >= 0.
+            approx_kl = ((torch.exp(-log_rhos) - 1) + log_rhos).mean()
+            explained_var = 1 - (vs - values).var() / (vs.var() + 1e-8)
+        return dict(policy_loss=float(policy_loss), value_loss=float(value_loss), entropy=float(entropy),
+                    approx_kl=float(approx_kl), kl=float(kl), grad_norm=float(grad_norm),
+                    explained_variance=float(explained_var), samples=T * B,
+                    learner_s=time.perf_counter() - start)
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly: weights, normalizer, optimizer, version."""
+        optim_state = self.optimizer.state_dict()
+        return dict(model=self.cpu_weights(), optimizer=_to_cpu(optim_state), version=self.version)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj

@@ -1,0 +1,169 @@
+"""Rollout side of the actor-learner split: env creation, the weight source, the rollout actor.
+
+`RolloutActor` steps M randomized envs with a CPU copy of the policy and
+returns fixed-length, time-major trajectory batches as numpy arrays (they go
+through the Ray object store zero-copy). `WeightSource` holds the newest
+published weights; actors ask it for them between batches, so they never
+wait for the learner.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import ray
+import torch
+
+from pipeline.model import ActorCritic
+
+# Recreating an env that keeps raising is pointless; the actor gives up after this many.
+MAX_ENV_RESTARTS = 100
+
+
+def make_env(env_id: str, randomization: Any = None, max_episode_steps: int | None = None) -> gym.Env:
+    """Create one env by gymnasium id with a domain-randomization set applied.
+
+    `randomization` is None, a set name ("train") or a set as a dict/RandomizationSet.
+    Our tasks take it as a `gymnasium.make` argument; any other MuJoCo env
+    (e.g. HalfCheetah-v5) is wrapped by `envs.randomize` when a set is given.
+    """
+    import envs  # noqa: F401  (registers the sim2real/* ids)
+
+    kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    if env_id.startswith("sim2real/"):
+        return gym.make(env_id, randomization=randomization, **kwargs)
+    env = gym.make(env_id, **kwargs)
+    if randomization is not None and not isinstance(randomization, str):
+        env = envs.randomize(env, randomization)
+    return env
+
+
+class WeightSource:
+    """The newest published policy: (version, [ObjectRef of the state_dict]).
+
+    The ref is wrapped in a list so Ray passes the reference itself instead of
+    resolving it; an actor fetches the weights only when the version changed.
+    """
+
+    def __init__(self):
+        self._version, self._ref = -1, None
+
+    def publish(self, version: int, wrapped_ref: list) -> None:
+        self._version, self._ref = version, wrapped_ref
+
+    def latest(self) -> tuple[int, list | None]:
+        return self._version, self._ref
+
+
+class RolloutActor:
+    """Steps `num_envs` envs with the current policy; `rollout()` returns one batch of T steps.
+
+    Terminated episodes cut the value bootstrap (discount 0). Truncated ones
+    (time limit) also get discount 0 but the batch carries the final
+    observation in `final_obs` and `truncated`, so the learner adds
+    gamma * V(final_obs) to that step's reward: a time limit is not a failure.
+    """
+
+    def __init__(self, index: int, env_id: str, randomization: Any, max_episode_steps: int | None,
+                 num_envs: int, rollout_length: int, seed: int, model_spec: dict, weight_source=None):
+        torch.set_num_threads(1)  # one core per actor; torch's thread pool would fight the others
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed if ray.is_initialized() else False
+        # A restarted actor must not replay the episodes its previous life already sent.
+        self._seed_seq = np.random.SeedSequence([seed, index, int(time.time_ns() % 2**32) if restarted else 0])
+        self._env_args = (env_id, randomization, max_episode_steps)
+        self.index, self.num_envs, self.T = index, num_envs, rollout_length
+        self.model = ActorCritic(**model_spec).eval()
+        self.version = -1
+        self.weight_source = weight_source
+        self.torch_gen = torch.Generator().manual_seed(int(self._seed_seq.generate_state(1)[0]))
+        self.env_seeds = self._seed_seq.generate_state(num_envs).tolist()
+        self.envs = [make_env(*self._env_args) for _ in range(num_envs)]
+        self.obs = np.stack([self._reset(i, seed=self.env_seeds[i]) for i in range(num_envs)])
+        self.ep_return = np.zeros(num_envs)
+        self.ep_cost = np.zeros(num_envs)
+        self.ep_len = np.zeros(num_envs, dtype=np.int64)
+        self.env_restarts = 0
+
+    def _reset(self, i: int, seed: int | None = None) -> np.ndarray:
+        obs, _ = self.envs[i].reset(seed=seed)
+        return np.asarray(obs, dtype=np.float32)
+
+    def _recreate(self, i: int) -> np.ndarray:
+        """Replace env i after it raised; the episode in progress is dropped."""
+        self.env_restarts += 1
+        if self.env_restarts > MAX_ENV_RESTARTS:
+            raise RuntimeError(f"rollout actor {self.index}: envs raised {self.env_restarts} times; giving up")
+        try:
+            self.envs[i].close()
+        except Exception:  # the broken env may fail to close too; it is discarded either way
+            pass
+        self.envs[i] = make_env(*self._env_args)
+        self.ep_return[i] = self.ep_cost[i] = self.ep_len[i] = 0
+        return self._reset(i, seed=int(self._seed_seq.spawn(1)[0].generate_state(1)[0]))
+
+    def set_weights(self, version: int, state_dict: dict) -> None:
+        self.model.load_state_dict(state_dict)
+        self.version = version
+
+    def _refresh_weights(self, weights: tuple[int, list] | None) -> None:
+        if weights is None and self.weight_source is not None:
+            weights = ray.get(self.weight_source.latest.remote())
+        if weights is not None and weights[0] > self.version and weights[1] is not None:
+            self.set_weights(weights[0], ray.get(weights[1][0]))
+
+    def rollout(self, weights: tuple[int, list] | None = None) -> dict:
+        """Collect T steps from every env. `weights` pins a version (sync mode); else the newest is used."""
+        self._refresh_weights(weights)
+        T, M, obs_dim = self.T, self.num_envs, self.obs.shape[1]
+        act_dim = self.model.act_dim
+        obs_buf = np.zeros((T + 1, M, obs_dim), np.float32)
+        final_obs = np.zeros((T, M, obs_dim), np.float32)
+        actions = np.zeros((T, M, act_dim), np.float32)
+        logp = np.zeros((T, M), np.float32)
+        behaviour_mean = np.zeros((T, M, act_dim), np.float32)
+        rewards = np.zeros((T, M), np.float32)
+        costs = np.zeros((T, M), np.float32)
+        terminated = np.zeros((T, M), bool)
+        truncated = np.zeros((T, M), bool)
+        episodes: list[tuple[float, float, int]] = []
+        low, high = self.model.action_low.numpy(), self.model.action_high.numpy()
+
+        for t in range(T):
+            obs_buf[t] = self.obs
+            with torch.no_grad():
+                dist, _ = self.model.distribution(torch.from_numpy(self.obs))
+                sample = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=self.torch_gen)
+                logp[t] = dist.log_prob(sample).sum(-1).numpy()
+                behaviour_mean[t] = dist.mean.numpy()
+            actions[t] = sample.numpy()
+            env_actions = np.clip(actions[t], low, high)
+            for i in range(M):
+                try:
+                    o, r, term, trunc, info = self.envs[i].step(env_actions[i])
+                except Exception:
+                    # Treat the crash as a time-limit cut of an empty tail: no reward, no bootstrap.
+                    self.obs[i] = self._recreate(i)
+                    terminated[t, i] = True
+                    continue
+                rewards[t, i] = r
+                costs[t, i] = float(info.get("cost", 0.0))
+                self.ep_return[i] += r
+                self.ep_cost[i] += costs[t, i]
+                self.ep_len[i] += 1
+                terminated[t, i], truncated[t, i] = term, trunc and not term
+                if term or trunc:
+                    final_obs[t, i] = o
+                    episodes.append((float(self.ep_return[i]), float(self.ep_cost[i]), int(self.ep_len[i])))
+                    self.ep_return[i] = self.ep_cost[i] = self.ep_len[i] = 0
+                    o = self._reset(i)
+                self.obs[i] = o
+        obs_buf[T] = self.obs
+
+        return dict(obs=obs_buf, actions=actions, behaviour_logp=logp, rewards=rewards, costs=costs,
+                    terminated=terminated, truncated=truncated, final_obs=final_obs,
+                    behaviour_mean=behaviour_mean, behaviour_log_std=self.model.log_std.detach().numpy().copy(),
+                    version=self.version, actor=self.index,
+                    episodes=np.asarray(episodes, np.float64).reshape(-1, 3), env_restarts=self.env_restarts)

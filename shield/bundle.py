@@ -1,0 +1,291 @@
+"""The policy bundle format: the one module that reads, writes and verifies it.
+
+A bundle is a directory::
+
+    policy.onnx     the deterministic policy (normalization and clipping inside)
+    shield.json     the safety spec + nominal model (schema owned by shield/spec.py)
+    manifest.json   who/what/when, and the sha256 of every other file
+
+Integrity has two layers:
+
+* ``manifest["files"]`` holds the sha256 of ``policy.onnx`` and ``shield.json``;
+  a changed byte in either is refused, naming the file.
+* ``manifest["manifest_sha256"]`` is the sha256 of the canonical JSON of the
+  manifest without that key, so an edited manifest (a swapped hash, a changed
+  version) is refused too. This catches corruption and careless edits, not an
+  attacker who recomputes the digest; the registry's production pointer also
+  pins the manifest digest it promoted (see ``read_production``), and signing
+  is left to the transport that ships bundles to the edge.
+
+Loading reads each file once into memory, hashes those bytes and hands the same
+bytes on (onnxruntime takes bytes), so a file swapped after verification is
+never the one that runs. Nothing is unpickled: JSON + ONNX only.
+
+Only stdlib + numpy: this runs on the edge box.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+POLICY_FILE = "policy.onnx"
+SHIELD_FILE = "shield.json"
+MANIFEST_FILE = "manifest.json"
+PAYLOAD_FILES = (POLICY_FILE, SHIELD_FILE)
+# The registry's per-task production pointer (written by pipeline/registry.py).
+PRODUCTION_FILE = "production"
+
+_REQUIRED_KEYS = ("schema_version", "task", "env_id", "version", "parent", "config_hash",
+                  "git_commit", "created_utc", "files", "metrics", "manifest_sha256")
+
+
+class BundleError(RuntimeError):
+    """A bundle is missing, malformed or fails verification; the message names the file."""
+
+
+# --------------------------------------------------------------------------- atomic files
+
+def fsync_dir(path: str | Path) -> None:
+    """fsync a directory so renames inside it survive a power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` via temp file + fsync + rename + directory fsync."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Deterministic JSON bytes (sorted keys, no whitespace, no NaN) used for digests."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of `data`."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_digest(manifest: dict) -> str:
+    """sha256 of the manifest's canonical JSON, excluding the `manifest_sha256` key itself."""
+    return sha256_bytes(canonical_json({k: v for k, v in manifest.items() if k != "manifest_sha256"}))
+
+
+def _json_safe(obj: Any) -> Any:
+    """Plain-JSON copy of metrics: numpy scalars/arrays to Python, non-finite floats to None."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if hasattr(obj, "tolist"):  # numpy scalar or array
+        return _json_safe(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def utc_now() -> str:
+    """Current UTC time, ISO 8601 with a Z suffix."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# --------------------------------------------------------------------------- manifest
+
+def make_manifest(*, task: str, env_id: str, files: dict[str, bytes], config_hash: str,
+                  git_commit: str = "unknown", version: int | None = None, parent: int | None = None,
+                  metrics: dict | None = None, extra: dict | None = None, **info: Any) -> dict:
+    """A sealed manifest for payload `files` ({name: bytes}); `info` adds plain fields (obs_dim...)."""
+    manifest = dict(schema_version=SCHEMA_VERSION, task=task, env_id=env_id, version=version, parent=parent,
+                    config_hash=config_hash, git_commit=git_commit, created_utc=utc_now(),
+                    files={name: sha256_bytes(data) for name, data in sorted(files.items())},
+                    metrics=_json_safe(metrics or {}), extra=_json_safe(extra or {}), **_json_safe(info))
+    return seal_manifest(manifest)
+
+
+def seal_manifest(manifest: dict) -> dict:
+    """Return a copy of `manifest` with `manifest_sha256` recomputed (after an intended change)."""
+    out = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    out["manifest_sha256"] = manifest_digest(out)
+    return out
+
+
+def parse_manifest(data: bytes, where: str = MANIFEST_FILE) -> dict:
+    """Parse and check a manifest's bytes: JSON, schema version, required keys, own digest."""
+    try:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BundleError(f"{where}: not valid JSON ({err})") from None
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{where}: top level must be an object")
+    schema = manifest.get("schema_version")
+    if schema != SCHEMA_VERSION:
+        raise BundleError(f"{where}: unsupported schema_version {schema!r} (this runtime reads {SCHEMA_VERSION})")
+    missing = [k for k in _REQUIRED_KEYS if k not in manifest]
+    if missing:
+        raise BundleError(f"{where}: missing key(s) {missing}")
+    if not isinstance(manifest["files"], dict) or sorted(manifest["files"]) != sorted(PAYLOAD_FILES):
+        raise BundleError(f"{where}: 'files' must list exactly {list(PAYLOAD_FILES)}")
+    if manifest_digest(manifest) != manifest["manifest_sha256"]:
+        raise BundleError(f"{where}: manifest_sha256 mismatch (the manifest was modified after it was sealed)")
+    return manifest
+
+
+# --------------------------------------------------------------------------- bundle
+
+@dataclass(frozen=True)
+class Bundle:
+    """A verified bundle held in memory: the manifest, the ONNX bytes and the shield spec."""
+
+    path: Path
+    manifest: dict
+    policy_onnx: bytes = field(repr=False)
+    shield_spec: dict = field(repr=False)
+
+    @property
+    def task(self) -> str:
+        return self.manifest["task"]
+
+    @property
+    def version(self) -> int | None:
+        return self.manifest["version"]
+
+    @classmethod
+    def load(cls, bundle_dir: str | Path) -> "Bundle":
+        """Read and verify a bundle directory; BundleError naming the file on any mismatch."""
+        files, manifest = _read_verified(Path(bundle_dir))
+        try:
+            shield_spec = json.loads(files[SHIELD_FILE])
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise BundleError(f"{SHIELD_FILE}: not valid JSON ({err}) in {bundle_dir}") from None
+        return cls(Path(bundle_dir), manifest, files[POLICY_FILE], shield_spec)
+
+
+def _read_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise BundleError(f"{path.name}: missing from bundle {path.parent}") from None
+    except OSError as err:
+        raise BundleError(f"{path.name}: cannot read ({err.strerror}) in bundle {path.parent}") from None
+
+
+def _read_verified(bundle_dir: Path) -> tuple[dict[str, bytes], dict]:
+    if not bundle_dir.is_dir():
+        raise BundleError(f"{bundle_dir}: not a bundle directory (it does not exist or is a file)")
+    manifest = parse_manifest(_read_file(bundle_dir / MANIFEST_FILE), f"{MANIFEST_FILE} in {bundle_dir}")
+    files: dict[str, bytes] = {}
+    for name in PAYLOAD_FILES:
+        data = _read_file(bundle_dir / name)
+        actual, expected = sha256_bytes(data), manifest["files"][name]
+        if actual != expected:
+            raise BundleError(f"{name}: sha256 mismatch in {bundle_dir} (manifest {expected[:12]}..., "
+                              f"file {actual[:12]}...); the file was modified or corrupted")
+        files[name] = data
+    return files, manifest
+
+
+def verify_bundle(bundle_dir: str | Path) -> dict:
+    """Check every hash of a bundle; return its manifest or raise BundleError naming the file."""
+    return _read_verified(Path(bundle_dir))[1]
+
+
+def write_bundle(out_dir: str | Path, *, policy_onnx: bytes, shield_spec: dict | bytes, manifest: dict) -> Path:
+    """Write a complete bundle at `out_dir` atomically (staged in a sibling temp dir, then renamed).
+
+    `manifest` comes from `make_manifest`; its file hashes must match the payload.
+    `out_dir` must not exist yet, or be an empty directory.
+    """
+    out_dir = Path(out_dir)
+    shield_bytes = shield_spec if isinstance(shield_spec, bytes) else json.dumps(shield_spec, indent=2).encode()
+    payload = {POLICY_FILE: policy_onnx, SHIELD_FILE: shield_bytes}
+    for name, data in payload.items():
+        if manifest["files"].get(name) != sha256_bytes(data):
+            raise BundleError(f"{name}: the manifest's sha256 does not match the data being written")
+    sealed = manifest_bytes(parse_manifest(canonical_json(manifest), "manifest to write"))
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise BundleError(f"{out_dir}: already exists and is not an empty directory; refusing to overwrite")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    try:
+        for name, data in {**payload, MANIFEST_FILE: sealed}.items():
+            with open(staging / name, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        fsync_dir(staging)
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above); rename onto a non-empty dir would fail anyway
+        os.rename(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    fsync_dir(out_dir.parent)
+    return out_dir
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    """The on-disk bytes of a (sealed) manifest."""
+    return json.dumps(manifest, indent=2, sort_keys=True).encode()
+
+
+# --------------------------------------------------------------------------- production pointer
+
+def read_production(task_dir: str | Path) -> dict | None:
+    """The registry's production pointer of a task dir: {"version", "manifest_sha256", "history", ...} or None."""
+    path = Path(task_dir) / PRODUCTION_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise BundleError(f"{path}: cannot read production pointer ({err.strerror})") from None
+    try:
+        pointer = json.loads(data)
+        version = pointer["version"]
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(f"version {version!r} is not a positive integer")
+        if not isinstance(pointer.get("history", []), list):
+            raise ValueError("history is not a list")
+    except (ValueError, KeyError, TypeError) as err:
+        raise BundleError(f"{path}: malformed production pointer ({err})") from None
+    return pointer
+
+
+def resolve_production(models_root: str | Path, task: str) -> Path:
+    """The bundle dir the registry's production pointer names for `task`, its manifest digest checked."""
+    task_dir = Path(models_root) / task
+    pointer = read_production(task_dir)
+    if pointer is None:
+        raise BundleError(f"{task_dir / PRODUCTION_FILE}: no production version for task {task!r} "
+                          f"(promote one with `sim2real registry promote {task} VERSION`)")
+    bundle_dir = task_dir / str(pointer["version"])
+    manifest = verify_bundle(bundle_dir)
+    pinned = pointer.get("manifest_sha256")
+    if pinned is not None and pinned != manifest["manifest_sha256"]:
+        raise BundleError(f"{MANIFEST_FILE} in {bundle_dir}: differs from the manifest that was promoted "
+                          f"(pointer pins {pinned[:12]}..., found {manifest['manifest_sha256'][:12]}...)")
+    return bundle_dir

@@ -1,0 +1,332 @@
+"""`CbfShield`: a discrete-time control-barrier-function safety filter solved as a small QP.
+
+Each step, for the observation ``o`` and the policy's action ``u_p``:
+
+1. The shield state ``x = [o[state_index], z]`` (``z``: predicted-only internal
+   states such as the realized acceleration of a lagged inner loop) is predicted
+   through the ``latency_steps`` actions already sent but not yet applied.
+2. Every constraint gives barrier rows ``h_r(x) >= 0``. For a constraint on
+   positions (relative degree 2 under force/acceleration input) the barrier is
+   the braking-distance form ``h = d - margin - max(0, closing_speed)^2 / (2 a_brake)``,
+   so a plant driven at full speed toward a wall is braked in time; for other
+   quantities ``h = d - margin``. Cylinders and spheres (keep-out zones) are
+   linearized at the predicted position, which under-estimates the true
+   distance, so the linear cut is conservative.
+3. The action solves ``min ||u - u_p||^2`` s.t. ``h_r(x+(u)) >= (1 - gain_r) h_r(x)``
+   and the input box. ``h(x+(u))`` is concave in ``u``; it is linearized and the
+   QP re-solved at the new point until the true conditions hold (a few
+   iterations at most), with a closed-form projection when provably optimal and
+   daqp otherwise.
+4. If the QP is infeasible the shield falls back to maximal braking away from
+   the constraint that is furthest from satisfiable: each input component at
+   the box end that most increases that barrier row. It never passes the raw
+   action through.
+5. A NaN/Inf observation or action is flagged (``bad_input``) and answered with
+   the fallback: with a NaN action, the fallback action filtered at the observed
+   state; with a NaN observation, the fallback action filtered at the state
+   predicted from the last good observation through the actions since, or the
+   spec's constant `fallback_action` if there was none.
+
+When the policy's action satisfies every condition it is returned unchanged (bitwise).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import Any, Callable
+
+import daqp
+import numpy as np
+
+from shield.spec import ShieldSpec
+
+_INF = 1e30
+_SQP_ITERS = 6
+_SQP_TOL = 1e-10  # barrier units: how far the true condition may miss after the SQP
+
+
+class CbfShield:
+    """CBF-QP safety filter for one plant instance: `filter(obs, action) -> (safe_action, info)`."""
+
+    def __init__(self, spec: ShieldSpec | dict):
+        if isinstance(spec, dict):
+            spec = ShieldSpec.from_dict(spec)
+        self.spec = spec
+        model = spec.linear_model()
+        self._A, self._B, self._c = model.A, model.B, model.c
+        self._n = len(spec.state_index)
+        self._nz = model.internal_dim
+        self._z0 = (np.zeros(self._nz) if model.internal_init is None
+                    else np.asarray(model.internal_init, np.float64))
+        self._state_index = np.asarray(spec.state_index, dtype=np.intp)
+        self._m = spec.act_dim
+        self._low = np.asarray(spec.action_low, np.float64)
+        self._high = np.asarray(spec.action_high, np.float64)
+        self._low32 = self._low.astype(np.float32)
+        self._high32 = self._high.astype(np.float32)
+        fb = spec.fallback_action if spec.fallback_action is not None else np.clip(np.zeros(self._m), self._low, self._high)
+        self._fallback = np.asarray(fb, np.float64)
+        self._margin = spec.margin
+        self.constraint_names = [c["name"] for c in spec.constraints]
+        self._build_rows()
+        self._H = np.eye(self._m)
+        self._sense = np.zeros(self._m + self._R, dtype=np.int32)
+        self._bupper = np.concatenate([self._high, np.full(self._R, _INF)])
+        self._blower = np.concatenate([self._low, np.zeros(self._R)])
+        self.reset()
+
+    # ---- construction ---------------------------------------------------------
+    def _build_rows(self) -> None:
+        """Barrier rows: d = W x + f (distance), closing speed = -(Wv x), per-row gain and braking."""
+        spec = self.spec
+        col = {o: j for j, o in enumerate(spec.state_index)}
+        vel_of = dict(zip(spec.position_index, spec.velocity_index))
+        brake_of = dict(zip(spec.position_index, spec.brake_accel))
+        N = self._n + self._nz
+        W, Wv, f, brake, gain, owner = [], [], [], [], [], []
+        dynamic = []  # (row, state cols, velocity cols or None, center, radius)
+
+        def add_row(weights: dict[int, float], offset: float, g: float, k: int) -> int:
+            w, wv = np.zeros(N), np.zeros(N)
+            for o, v in weights.items():
+                w[col[o]] = v
+            positional = all(o in vel_of for o in weights)
+            if positional:
+                for o, v in weights.items():
+                    wv[col[vel_of[o]]] = v
+            W.append(w)
+            Wv.append(wv)
+            f.append(offset)
+            brake.append(min(brake_of[o] for o in weights) if positional else math.inf)
+            gain.append(g)
+            owner.append(k)
+            return len(W) - 1
+
+        for k, con in enumerate(spec.constraints):
+            g = float(con.get("gain", 0.5))
+            if con["type"] == "halfspace":
+                a = np.asarray(con["a"], np.float64)
+                norm = float(np.linalg.norm(a))
+                # a.o <= b  <=>  d = (b - a.o)/|a| >= 0
+                add_row({i: -a[i] / norm for i in np.flatnonzero(a)}, float(con["b"]) / norm, g, k)
+            elif con["type"] == "box":
+                for i, lo, hi in zip(con["index"], con["low"], con["high"]):
+                    if math.isfinite(hi):
+                        add_row({i: -1.0}, float(hi), g, k)
+                    if math.isfinite(lo):
+                        add_row({i: 1.0}, -float(lo), g, k)
+            else:
+                idx = list(con["index"])
+                r = add_row({i: 1.0 for i in idx}, 0.0, g, k)  # weights filled per step
+                cols = [col[i] for i in idx]
+                vcols = [col[vel_of[i]] for i in idx] if all(i in vel_of for i in idx) else None
+                dynamic.append((r, cols, vcols, np.asarray(con["center"], np.float64), float(con["radius"])))
+        self._R = len(W)
+        self._W = np.array(W).reshape(self._R, N)
+        self._Wv = np.array(Wv).reshape(self._R, N)
+        self._f = np.array(f, dtype=np.float64)
+        self._brake = np.array(brake, dtype=np.float64)
+        self._positional = np.isfinite(self._brake)
+        self._inv2a = np.where(self._positional, 0.5 / np.where(self._positional, self._brake, 1.0), 0.0)
+        self._inva = 2.0 * self._inv2a
+        self._gain = np.array(gain, dtype=np.float64)
+        self._owner = np.array(owner, dtype=np.intp)
+        self._dynamic = dynamic
+        self._n_constraints = len(spec.constraints)
+
+    def reset(self) -> None:
+        """Forget pending actions and predicted state (call at episode start)."""
+        L = self.spec.latency_steps
+        self._pending: deque[np.ndarray] = deque([self._fallback.copy() for _ in range(L)], maxlen=max(L, 1))
+        self._x_next: np.ndarray | None = None  # predicted state at the next call
+
+    # ---- barrier algebra ------------------------------------------------------
+    def _linearize_dynamic(self, x: np.ndarray) -> None:
+        """Replace each keep-out zone's rows by the tangent halfspace at the position in x."""
+        for r, cols, vcols, center, radius in self._dynamic:
+            diff = x[cols] - center
+            dist = float(np.linalg.norm(diff))
+            n = diff / dist if dist > 1e-9 else np.eye(len(cols))[0]
+            self._W[r, :] = 0.0
+            self._W[r, cols] = n
+            self._f[r] = -float(n @ center) - radius
+            if vcols is not None:
+                self._Wv[r, :] = 0.0
+                self._Wv[r, vcols] = n
+
+    def _barrier(self, x: np.ndarray) -> np.ndarray:
+        """h_r(x) for every row (units of the constrained quantity)."""
+        closing = np.maximum(-(self._Wv @ x), 0.0)
+        return self._W @ x + self._f - self._margin - closing * closing * self._inv2a
+
+    def _barrier_grad(self, x: np.ndarray) -> np.ndarray:
+        closing = np.maximum(-(self._Wv @ x), 0.0)
+        return self._W + (closing * self._inva)[:, None] * self._Wv
+
+    def _predict(self, x: np.ndarray) -> np.ndarray:
+        for a in self._pending if self.spec.latency_steps else ():
+            x = self._A @ x + self._B @ a + self._c
+        return x
+
+    def cbf_conditions(self, obs: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        """For tests and diagnostics: u -> h_r(x+(u)) - (1 - gain_r) h_r(x) per row (>= 0 is safe); no state change."""
+        xL = self._predict(self._state_from(np.asarray(obs, np.float64)))
+        self._linearize_dynamic(xL)
+        W, Wv, f = self._W.copy(), self._Wv.copy(), self._f.copy()
+        required = (1.0 - self._gain) * self._barrier(xL)
+        free = self._A @ xL + self._c
+
+        def conditions(u: np.ndarray) -> np.ndarray:
+            x = free + self._B @ np.asarray(u, np.float64)
+            closing = np.maximum(-(Wv @ x), 0.0)
+            return W @ x + f - self._margin - closing * closing * self._inv2a - required
+
+        return conditions
+
+    def _state_from(self, obs: np.ndarray) -> np.ndarray:
+        z = self._x_next[self._n:] if self._x_next is not None else self._z0
+        return np.concatenate([obs[self._state_index], z])
+
+    # ---- the filter -----------------------------------------------------------
+    def filter(self, obs: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+        """Return the safe action (float32[act_dim], normalized units) for one observation and the shield info."""
+        t0 = time.perf_counter()
+        obs = np.asarray(obs)
+        action = np.asarray(action, dtype=np.float32).reshape(self._m)
+        obs_ok = obs.shape == (self.spec.obs_dim,) and bool(np.isfinite(obs).all())
+        act_ok = bool(np.isfinite(action).all())
+        bad = not (obs_ok and act_ok)
+        if obs_ok:
+            x0 = self._state_from(obs.astype(np.float64))
+        elif self._x_next is not None:
+            x0 = self._x_next  # no state observed: trust the prediction from the last good one
+        else:
+            u = self._fallback.astype(np.float32)
+            self._commit(None, u)
+            return u, self._info(True, True, True, np.full(self._n_constraints, np.nan), 0.0, t0)
+        xL = self._predict(x0)
+        self._linearize_dynamic(xL)
+        required = (1.0 - self._gain) * self._barrier(xL)
+        h_now = self._per_constraint(required / np.maximum(1.0 - self._gain, 1e-12))
+        free = self._A @ xL + self._c
+        if bad:
+            u_p = self._fallback
+        else:
+            u_p = action.astype(np.float64)
+            in_box = bool(np.all(action >= self._low32) and np.all(action <= self._high32))
+            if in_box and bool(np.all(self._barrier(free + self._B @ u_p) >= required)):
+                self._commit(x0, u_p)
+                return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
+        u, feasible, slack = self._solve(free, required, u_p)
+        out = u.astype(np.float32)
+        self._commit(x0, u)
+        intervened = bad or not np.array_equal(out, action)
+        return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
+
+    def _solve(self, free: np.ndarray, required: np.ndarray, u_p: np.ndarray) -> tuple[np.ndarray, bool, float]:
+        """Sequential linearization of the concave barrier conditions; QP each time. Returns (u, feasible, slack)."""
+        u = np.clip(u_p, self._low, self._high)
+        for it in range(_SQP_ITERS):
+            x = free + self._B @ u
+            hp = self._barrier(x)
+            if it == 0 and np.all(hp >= required):
+                return u, True, 0.0  # the box projection already meets every condition: it is the optimum
+            G = self._barrier_grad(x) @ self._B
+            lb = required - hp + G @ u
+            u_new = self._qp(G, lb, u_p)
+            if u_new is None:
+                return self._brake(G, lb)
+            step = float(np.max(np.abs(u_new - u)))
+            u = u_new
+            # The tangent cuts contain the true safe set, so a solution that meets the true
+            # conditions is also the projection onto the true set.
+            if step < 1e-12 or np.all(self._barrier(free + self._B @ u) - required >= -_SQP_TOL):
+                break
+        return u, True, 0.0
+
+    def _qp(self, G: np.ndarray, lb: np.ndarray, u_p: np.ndarray) -> np.ndarray | None:
+        """argmin ||u - u_p||^2 s.t. G u >= lb, low <= u <= high; None if infeasible."""
+        viol = lb - G @ u_p
+        in_box = bool(np.all(u_p >= self._low) and np.all(u_p <= self._high))
+        if in_box:
+            worst = int(np.argmax(viol))
+            if viol[worst] <= 0.0:
+                return u_p.copy()
+            if np.count_nonzero(viol > 0.0) == 1:
+                g = G[worst]
+                gg = float(g @ g)
+                if gg > 1e-12:
+                    u = u_p + (viol[worst] / gg) * g
+                    # KKT holds (one active row, multiplier > 0, box and other rows inactive): the QP optimum.
+                    if (np.all(u > self._low) and np.all(u < self._high)
+                            and np.all(np.delete(G @ u - lb, worst) >= 0.0)):
+                        return u
+        self._blower[self._m:] = lb
+        x, _, exitflag, _ = daqp.solve(self._H, -u_p, np.ascontiguousarray(G), self._bupper, self._blower,
+                                       self._sense, primal_tol=1e-10)
+        if exitflag < 1:
+            return None
+        return np.clip(x, self._low, self._high)
+
+    def _brake(self, G: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, bool, float]:
+        """Infeasible QP: push at the box corner that best raises the row furthest from satisfiable."""
+        best = np.where(G > 0, G * self._high, G * self._low).sum(axis=1)  # max over the box of G_r u
+        r = int(np.argmax(lb - best))
+        g = G[r]
+        u = np.where(g > 0, self._high, np.where(g < 0, self._low, self._fallback))
+        slack = float(max(0.0, np.max(lb - G @ u)))
+        return u, False, slack
+
+    def _commit(self, x0: np.ndarray | None, u: np.ndarray) -> None:
+        """Remember the sent action and predict the state at the next call."""
+        L = self.spec.latency_steps
+        u = np.asarray(u, np.float64)
+        applied = self._pending[0] if L else u
+        if L:
+            self._pending.append(u.copy())
+        self._x_next = None if x0 is None else self._A @ x0 + self._B @ applied + self._c
+
+    def _per_constraint(self, h_rows: np.ndarray) -> np.ndarray:
+        out = np.full(self._n_constraints, np.inf)
+        np.minimum.at(out, self._owner, h_rows)
+        return out
+
+    @staticmethod
+    def _info(intervened: bool, fallback: bool, bad: bool, h: np.ndarray, slack: float, t0: float) -> dict[str, Any]:
+        return {"intervened": intervened, "fallback": fallback, "bad_input": bad, "h": h,
+                "slack": slack, "solve_us": (time.perf_counter() - t0) * 1e6}
+
+
+class ShieldedPolicy:
+    """Batch policy interface (obs float32[n, obs_dim] -> float32[n, act_dim]) with one CbfShield per row."""
+
+    def __init__(self, policy: Callable[[np.ndarray], np.ndarray], spec: ShieldSpec | dict):
+        self.policy = policy
+        self.spec = spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)
+        self.shields: list[CbfShield] = []
+        self.last_infos: list[dict[str, Any]] = []
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        obs = np.asarray(obs, np.float32)
+        while len(self.shields) < len(obs):
+            self.shields.append(CbfShield(self.spec))
+        raw = np.asarray(self.policy(obs), np.float32)
+        out = np.empty_like(raw)
+        self.last_infos = []
+        for i in range(len(obs)):
+            out[i], info = self.shields[i].filter(obs[i], raw[i])
+            self.last_infos.append(info)
+        return out
+
+    def reset(self, index: int | None = None) -> None:
+        """Reset every row's shield (and the policy), or only row `index` (one env's episode ended)."""
+        if index is not None:
+            if index < len(self.shields):
+                self.shields[index].reset()
+            return
+        for s in self.shields:
+            s.reset()
+        if hasattr(self.policy, "reset"):
+            self.policy.reset()

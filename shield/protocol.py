@@ -1,0 +1,265 @@
+"""The UDP wire protocol between a plant's controller and `sim2real serve`.
+
+Byte-by-byte description: docs/protocol.md. Everything is little-endian; a
+datagram is a 32-byte header, a payload, and (when a key is configured) a
+32-byte HMAC-SHA256 trailer over header + payload. No pickle, no JSON.
+
+This module only encodes and decodes frames; the server's policy decisions
+(replay window, deadlines, fallback) live in `shield.server`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum, IntFlag
+
+import numpy as np
+
+MAGIC = b"S2RP"
+PROTOCOL_VERSION = 1
+
+# magic, version, type, flags, seq, timestamp_us, payload_len, reserved
+HEADER = struct.Struct("<4sBBHQQII")
+HEADER_SIZE = HEADER.size  # 32
+MAC_SIZE = 32  # HMAC-SHA256 digest
+# n_obs, n_legacy; then float32 obs[n_obs], float32 legacy_action[n_legacy]
+ACT_REQUEST_HEAD = struct.Struct("<HH")
+# status bits, server latency (µs), bundle version, n_act, reserved; then float32 action[n_act]
+ACT_REPLY_HEAD = struct.Struct("<IIIHH")
+# Counters in a status reply, in wire order (each u64). Names match ServeStats.
+COUNTER_NAMES = (
+    "requests",          # datagrams received (answered + dropped)
+    "answered",          # replies sent
+    "dropped",           # datagrams too short to hold a header: not answered
+    "policy_calls",      # times the policy (runtime.act) ran
+    "interventions",     # active replies whose action the shield changed
+    "fallbacks",         # replies carrying the fallback action
+    "bad_inputs",        # malformed or non-finite requests
+    "auth_failures",     # bad MAC, missing MAC, or replayed sequence number
+    "stale",             # (no key) sequence number not newer than the client's last
+    "deadline_misses",   # compute overran --deadline-us: fallback sent instead
+    "inference_errors",  # runtime raised or returned non-finite values
+    "reloads",           # hot reloads of a newly promoted bundle
+    "status_requests",   # status requests answered
+)
+# bundle version, uptime (µs), n_counters, n_bins; then u64 counters, u64 histogram bins
+STATUS_REPLY_HEAD = struct.Struct("<IQHH")
+# Latency histogram: bin 0 counts < 1 µs, bin i (1..N-2) counts [2**(i-1), 2**i) µs,
+# the last bin counts everything >= 2**(N-2) µs (here 2**18 µs ~ 0.26 s).
+LATENCY_BINS = 20
+
+
+class MsgType(IntEnum):
+    """Value of the header's type byte."""
+
+    ACT_REQUEST = 1
+    ACT_REPLY = 2
+    STATUS_REQUEST = 3
+    STATUS_REPLY = 4
+
+
+class Flags(IntFlag):
+    """Header flag bits."""
+
+    NONE = 0
+    HMAC = 0x0001  # a 32-byte HMAC-SHA256 trailer follows the payload
+
+
+class Status(IntFlag):
+    """Status bits of an act reply: they describe the action in that reply."""
+
+    OK = 0
+    INTERVENED = 1 << 0       # the CBF shield changed the policy's action
+    FALLBACK = 1 << 1         # the action is the fallback safe action
+    BAD_INPUT = 1 << 2        # malformed request or non-finite values: never reached the policy
+    AUTH_FAILED = 1 << 3      # bad/missing MAC or replayed sequence: never reached the policy
+    SHADOW = 1 << 4           # shadow mode: the action is the request's legacy action
+    STALE = 1 << 5            # sequence number not newer than this client's last one
+    DEADLINE = 1 << 6         # compute overran the deadline: fallback sent instead
+    INFERENCE_ERROR = 1 << 7  # the runtime failed or returned non-finite values
+
+
+def latency_bin(latency_us: float) -> int:
+    """Histogram bin of a latency in µs (see LATENCY_BINS)."""
+    return min(LATENCY_BINS - 1, int(latency_us).bit_length()) if latency_us > 0 else 0
+
+
+def latency_bin_edges_us() -> np.ndarray:
+    """Lower edges (µs) of the latency histogram bins."""
+    return np.array([0.0] + [float(2 ** (i - 1)) for i in range(1, LATENCY_BINS)])
+
+
+class PacketError(ValueError):
+    """A frame that cannot be decoded; `status` is the bit a reply would carry."""
+
+    def __init__(self, message: str, status: Status = Status.BAD_INPUT):
+        super().__init__(message)
+        self.status = status
+
+
+def sign(key: bytes, frame: bytes) -> bytes:
+    """HMAC-SHA256 trailer (32 bytes) over a frame's header + payload."""
+    return hmac.new(key, frame, hashlib.sha256).digest()
+
+
+def _frame(msg_type: MsgType, seq: int, timestamp_us: int, payload: bytes, key: bytes | None) -> bytes:
+    flags = Flags.HMAC if key is not None else Flags.NONE
+    head = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(msg_type), int(flags), seq, timestamp_us, len(payload), 0)
+    frame = head + payload
+    return frame + sign(key, frame) if key is not None else frame
+
+
+def _floats(values, name: str) -> bytes:
+    if values is None:
+        return b""
+    arr = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
+    return arr.tobytes()
+
+
+def encode_act_request(seq: int, timestamp_us: int, obs, legacy_action=None, key: bytes | None = None) -> bytes:
+    """Frame an act request: observation (float32) and, in shadow mode, the legacy action applied."""
+    obs_b, leg_b = _floats(obs, "obs"), _floats(legacy_action, "legacy_action")
+    payload = ACT_REQUEST_HEAD.pack(len(obs_b) // 4, len(leg_b) // 4) + obs_b + leg_b
+    return _frame(MsgType.ACT_REQUEST, seq, timestamp_us, payload, key)
+
+
+def encode_status_request(seq: int, timestamp_us: int, key: bytes | None = None) -> bytes:
+    """Frame a status (counters) request; it has no payload."""
+    return _frame(MsgType.STATUS_REQUEST, seq, timestamp_us, b"", key)
+
+
+def encode_act_reply(seq: int, timestamp_us: int, status: int, latency_us: int, bundle_version: int,
+                     action, key: bytes | None = None) -> bytes:
+    """Frame an act reply (the server's hot path builds the same bytes in place)."""
+    act_b = _floats(action, "action")
+    payload = ACT_REPLY_HEAD.pack(int(status), int(latency_us), int(bundle_version), len(act_b) // 4, 0) + act_b
+    return _frame(MsgType.ACT_REPLY, seq, timestamp_us, payload, key)
+
+
+def encode_status_reply(seq: int, timestamp_us: int, bundle_version: int, uptime_us: int,
+                        counters: dict[str, int], histogram, key: bytes | None = None) -> bytes:
+    """Frame a status reply: fixed binary counters and latency histogram."""
+    hist = np.asarray(histogram, dtype="<u8").reshape(-1)
+    payload = (STATUS_REPLY_HEAD.pack(int(bundle_version), int(uptime_us), len(COUNTER_NAMES), len(hist))
+               + struct.pack(f"<{len(COUNTER_NAMES)}Q", *(int(counters[n]) for n in COUNTER_NAMES))
+               + hist.tobytes())
+    return _frame(MsgType.STATUS_REPLY, seq, timestamp_us, payload, key)
+
+
+@dataclass(frozen=True)
+class Header:
+    """A decoded 32-byte header."""
+
+    magic: bytes
+    version: int
+    msg_type: int
+    flags: int
+    seq: int
+    timestamp_us: int
+    payload_len: int
+
+
+def decode_header(data: bytes) -> Header:
+    """Decode the first 32 bytes; raises PacketError when shorter."""
+    if len(data) < HEADER_SIZE:
+        raise PacketError(f"datagram of {len(data)} bytes is shorter than the {HEADER_SIZE}-byte header")
+    magic, version, msg_type, flags, seq, ts, plen, _ = HEADER.unpack_from(data)
+    return Header(magic, version, msg_type, flags, seq, ts, plen)
+
+
+def open_frame(data: bytes, expected_type: MsgType, key: bytes | None = None) -> tuple[Header, memoryview]:
+    """Check magic, version, type, length and (with a key) the MAC; return header and payload."""
+    head = decode_header(data)
+    if head.magic != MAGIC or head.version != PROTOCOL_VERSION:
+        raise PacketError(f"bad magic {head.magic!r} or version {head.version}")
+    has_mac = bool(head.flags & Flags.HMAC)
+    if key is not None:
+        if not has_mac or len(data) < HEADER_SIZE + MAC_SIZE:
+            raise PacketError("frame is not signed", Status.AUTH_FAILED)
+        if not hmac.compare_digest(sign(key, data[:-MAC_SIZE]), data[-MAC_SIZE:]):
+            raise PacketError("bad MAC", Status.AUTH_FAILED)
+    elif has_mac:
+        raise PacketError("frame is signed but no key is configured", Status.AUTH_FAILED)
+    if head.msg_type != expected_type:
+        raise PacketError(f"message type {head.msg_type}, expected {int(expected_type)}")
+    if HEADER_SIZE + head.payload_len + (MAC_SIZE if has_mac else 0) != len(data):
+        raise PacketError(f"payload_len {head.payload_len} does not match the datagram's {len(data)} bytes")
+    return head, memoryview(data)[HEADER_SIZE:HEADER_SIZE + head.payload_len]
+
+
+@dataclass(frozen=True)
+class ActRequest:
+    """A decoded act request."""
+
+    seq: int
+    timestamp_us: int
+    obs: np.ndarray
+    legacy_action: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A decoded act reply: the action to apply and why."""
+
+    seq: int
+    timestamp_us: int
+    status: Status
+    latency_us: int
+    bundle_version: int
+    action: np.ndarray
+
+    @property
+    def ok(self) -> bool:
+        """True when the action came from the (shielded) policy or, in shadow mode, the legacy action."""
+        bad = Status.FALLBACK | Status.BAD_INPUT | Status.AUTH_FAILED | Status.DEADLINE | Status.INFERENCE_ERROR
+        return not (self.status & bad)
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """A decoded status reply."""
+
+    seq: int
+    bundle_version: int
+    uptime_us: int
+    counters: dict[str, int]
+    histogram: np.ndarray = field(repr=False)
+
+
+def decode_act_request(data: bytes, key: bytes | None = None) -> ActRequest:
+    """Decode and check an act request (dims are checked by the server, which knows them)."""
+    head, payload = open_frame(data, MsgType.ACT_REQUEST, key)
+    if len(payload) < ACT_REQUEST_HEAD.size:
+        raise PacketError("act request payload is shorter than its 4-byte head")
+    n_obs, n_leg = ACT_REQUEST_HEAD.unpack_from(payload)
+    if len(payload) != ACT_REQUEST_HEAD.size + 4 * (n_obs + n_leg):
+        raise PacketError(f"payload of {len(payload)} bytes does not hold {n_obs}+{n_leg} float32")
+    floats = np.frombuffer(payload, dtype="<f4", offset=ACT_REQUEST_HEAD.size)
+    return ActRequest(head.seq, head.timestamp_us, floats[:n_obs], floats[n_obs:] if n_leg else None)
+
+
+def decode_act_reply(data: bytes, key: bytes | None = None) -> Reply:
+    """Decode and check an act reply; with a key, an unsigned or forged reply raises."""
+    head, payload = open_frame(data, MsgType.ACT_REPLY, key)
+    if len(payload) < ACT_REPLY_HEAD.size:
+        raise PacketError("act reply payload is shorter than its 16-byte head")
+    status, latency, version, n_act, _ = ACT_REPLY_HEAD.unpack_from(payload)
+    if len(payload) != ACT_REPLY_HEAD.size + 4 * n_act:
+        raise PacketError(f"reply payload of {len(payload)} bytes does not hold {n_act} float32")
+    action = np.frombuffer(payload, dtype="<f4", offset=ACT_REPLY_HEAD.size).astype(np.float32)
+    return Reply(head.seq, head.timestamp_us, Status(status), latency, version, action)
+
+
+def decode_status_reply(data: bytes, key: bytes | None = None) -> ServerStatus:
+    """Decode a status reply into named counters and the latency histogram."""
+    head, payload = open_frame(data, MsgType.STATUS_REPLY, key)
+    version, uptime, n_counters, n_bins = STATUS_REPLY_HEAD.unpack_from(payload)
+    need = STATUS_REPLY_HEAD.size + 8 * (n_counters + n_bins)
+    if len(payload) != need or n_counters < len(COUNTER_NAMES):
+        raise PacketError(f"status payload of {len(payload)} bytes, expected {need}")
+    values = np.frombuffer(payload, dtype="<u8", offset=STATUS_REPLY_HEAD.size)
+    counters = {name: int(values[i]) for i, name in enumerate(COUNTER_NAMES)}
+    return ServerStatus(head.seq, version, uptime, counters, values[n_counters:].astype(np.int64))

@@ -1,0 +1,367 @@
+"""The shield spec (`shield.json` in a policy bundle): what the CBF shield knows of the plant.
+
+This module owns the schema. A spec holds:
+
+- how the shield's state is read from the observation (`state_index`),
+- a nominal control-affine model, either ``linear`` (discrete time,
+  ``x+ = A x + B u + c`` over ``[obs[state_index], internal]``; the internal
+  states are predicted only, e.g. an actuator lag) or ``double_integrator``
+  (acceleration set-points through a first-order inner loop with response time
+  ``response_time_s``), converted to the linear form by `linear_model()`,
+- which observation entries are positions and which their velocities, with the
+  braking acceleration the shield may count on per position (units/s^2),
+- constraints over the observation (halfspace, box, cylinder, sphere), each
+  with its own class-K gain in (0, 1],
+- the input box, the control latency (steps) predicted through, the margin
+  (units of the constrained quantity) covering model error and sensor noise,
+  the constant fallback action, and the assumptions under which the guarantee
+  holds (as data plus one human sentence).
+
+Stdlib + numpy only: the edge box reads this file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+CONSTRAINT_TYPES = ("halfspace", "box", "cylinder", "sphere")
+MODEL_TYPES = ("linear", "double_integrator")
+
+
+class ShieldSpecError(ValueError):
+    """A shield spec is malformed; the message names the bad key."""
+
+
+def _fail(key: str, msg: str) -> None:
+    raise ShieldSpecError(f"shield spec: {key}: {msg}")
+
+
+def _need(d: dict, key: str, where: str) -> Any:
+    if not isinstance(d, dict):
+        _fail(where, f"must be a mapping, got {type(d).__name__}")
+    if key not in d:
+        _fail(f"{where}.{key}" if where else key, "missing")
+    return d[key]
+
+
+def _floats(value: Any, key: str, length: int | None = None) -> list[float]:
+    if not isinstance(value, (list, tuple)):
+        _fail(key, f"must be a list of numbers, got {type(value).__name__}")
+    out = []
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(float(v)):
+            _fail(f"{key}[{i}]", f"must be a number, got {v!r}")
+        out.append(float(v))
+    if length is not None and len(out) != length:
+        _fail(key, f"must have {length} entries, got {len(out)}")
+    return out
+
+
+def _finite(value: Any, key: str, length: int | None = None) -> list[float]:
+    out = _floats(value, key, length)
+    for i, v in enumerate(out):
+        if not math.isfinite(v):
+            _fail(f"{key}[{i}]", f"must be finite, got {v!r}")
+    return out
+
+
+def _number(value: Any, key: str, low: float | None = None, high: float | None = None,
+            low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        _fail(key, f"must be a finite number, got {value!r}")
+    v = float(value)
+    if low is not None and (v < low or (low_open and v == low)):
+        _fail(key, f"must be {'>' if low_open else '>='} {low}, got {v}")
+    if high is not None and v > high:
+        _fail(key, f"must be <= {high}, got {v}")
+    return v
+
+
+def _indices(value: Any, key: str, dim: int) -> list[int]:
+    if not isinstance(value, (list, tuple)):
+        _fail(key, f"must be a list of indices, got {type(value).__name__}")
+    out = []
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < dim:
+            _fail(f"{key}[{i}]", f"must be an integer index in [0, {dim}), got {v!r}")
+        out.append(v)
+    if len(set(out)) != len(out):
+        _fail(key, "indices must be distinct")
+    return out
+
+
+def _matrix(value: Any, key: str, rows: int, cols: int) -> np.ndarray:
+    if not isinstance(value, (list, tuple)) or len(value) != rows:
+        _fail(key, f"must be a {rows}x{cols} list of rows")
+    return np.array([_finite(r, f"{key}[{i}]", cols) for i, r in enumerate(value)], dtype=np.float64).reshape(rows, cols)
+
+
+@dataclass
+class LinearModel:
+    """Discrete-time nominal model ``x+ = A x + B u + c`` over ``[obs[state_index], internal]``."""
+
+    A: np.ndarray
+    B: np.ndarray
+    c: np.ndarray
+    internal_dim: int
+    internal_init: np.ndarray | None = None  # value of the internal states after reset
+
+
+@dataclass
+class ShieldSpec:
+    """Validated content of `shield.json` (see the module docstring for the meaning of each field)."""
+
+    obs_dim: int
+    act_dim: int
+    dt: float
+    action_low: list[float]
+    action_high: list[float]
+    state_index: list[int]
+    model: dict
+    position_index: list[int]
+    velocity_index: list[int]
+    brake_accel: list[float]
+    constraints: list[dict]
+    latency_steps: int = 0
+    margin: float = 0.0
+    fallback_action: list[float] | None = None
+    assumptions: dict = field(default_factory=dict)
+    task: str = ""
+
+    # ---- (de)serialization -------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Any) -> "ShieldSpec":
+        """Validate a parsed shield.json mapping; raise ShieldSpecError naming the bad key."""
+        if not isinstance(d, dict):
+            _fail("<root>", f"must be a mapping, got {type(d).__name__}")
+        known = {"schema_version", "task", "obs_dim", "act_dim", "dt", "action_low", "action_high",
+                 "state_index", "model", "kinematics", "constraints", "latency_steps", "margin",
+                 "fallback_action", "assumptions"}
+        for k in d:
+            if k not in known:
+                _fail(str(k), "unknown key")
+        version = _need(d, "schema_version", "")
+        if version != SCHEMA_VERSION:
+            _fail("schema_version", f"unsupported version {version!r} (this shield reads {SCHEMA_VERSION})")
+        obs_dim, act_dim = _need(d, "obs_dim", ""), _need(d, "act_dim", "")
+        for k, v in (("obs_dim", obs_dim), ("act_dim", act_dim)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                _fail(k, f"must be a positive integer, got {v!r}")
+        dt = _number(_need(d, "dt", ""), "dt", 0.0, low_open=True)
+        low = _finite(_need(d, "action_low", ""), "action_low", act_dim)
+        high = _finite(_need(d, "action_high", ""), "action_high", act_dim)
+        for i, (lo, hi) in enumerate(zip(low, high)):
+            if lo > hi:
+                _fail(f"action_low[{i}]", f"{lo} exceeds action_high[{i}] = {hi}")
+        state_index = _indices(_need(d, "state_index", ""), "state_index", obs_dim)
+        kin = _need(d, "kinematics", "")
+        pos = _indices(_need(kin, "position_index", "kinematics"), "kinematics.position_index", obs_dim)
+        vel = _indices(_need(kin, "velocity_index", "kinematics"), "kinematics.velocity_index", obs_dim)
+        if len(pos) != len(vel):
+            _fail("kinematics.velocity_index", f"must pair with position_index ({len(pos)} entries), got {len(vel)}")
+        for k, idx in (("kinematics.position_index", pos), ("kinematics.velocity_index", vel)):
+            for i in idx:
+                if i not in state_index:
+                    _fail(k, f"observation index {i} is not in state_index")
+        brake = _finite(_need(kin, "brake_accel", "kinematics"), "kinematics.brake_accel", len(pos))
+        for i, a in enumerate(brake):
+            if a <= 0:
+                _fail(f"kinematics.brake_accel[{i}]", f"must be > 0, got {a}")
+        model = _need(d, "model", "")
+        cls._check_model(model, len(state_index), act_dim, state_index, pos, vel)
+        constraints = _need(d, "constraints", "")
+        if not isinstance(constraints, list):
+            _fail("constraints", "must be a list")
+        names = set()
+        for i, con in enumerate(constraints):
+            cls._check_constraint(con, f"constraints[{i}]", obs_dim, state_index)
+            if con["name"] in names:
+                _fail(f"constraints[{i}].name", f"duplicate name {con['name']!r}")
+            names.add(con["name"])
+        latency = d.get("latency_steps", 0)
+        if isinstance(latency, bool) or not isinstance(latency, int) or latency < 0:
+            _fail("latency_steps", f"must be a non-negative integer, got {latency!r}")
+        margin = _number(d.get("margin", 0.0), "margin", 0.0)
+        fallback = d.get("fallback_action")
+        if fallback is not None:
+            fallback = _finite(fallback, "fallback_action", act_dim)
+            for i, v in enumerate(fallback):
+                if not low[i] <= v <= high[i]:
+                    _fail(f"fallback_action[{i}]", f"{v} is outside the action box [{low[i]}, {high[i]}]")
+        assumptions = d.get("assumptions", {})
+        if not isinstance(assumptions, dict):
+            _fail("assumptions", "must be a mapping")
+        task = d.get("task", "")
+        if not isinstance(task, str):
+            _fail("task", "must be a string")
+        return cls(obs_dim=obs_dim, act_dim=act_dim, dt=dt, action_low=low, action_high=high,
+                   state_index=state_index, model=model, position_index=pos, velocity_index=vel,
+                   brake_accel=brake, constraints=constraints, latency_steps=latency, margin=margin,
+                   fallback_action=fallback, assumptions=assumptions, task=task)
+
+    @staticmethod
+    def _check_model(model: Any, n: int, m: int, state_index: list[int], pos: list[int], vel: list[int]) -> None:
+        mtype = _need(model, "type", "model")
+        if mtype not in MODEL_TYPES:
+            _fail("model.type", f"must be one of {MODEL_TYPES}, got {mtype!r}")
+        if mtype == "linear":
+            nz = model.get("internal_dim", 0)
+            if isinstance(nz, bool) or not isinstance(nz, int) or nz < 0:
+                _fail("model.internal_dim", f"must be a non-negative integer, got {nz!r}")
+            _matrix(_need(model, "A", "model"), "model.A", n + nz, n + nz)
+            _matrix(_need(model, "B", "model"), "model.B", n + nz, m)
+            _finite(_need(model, "c", "model"), "model.c", n + nz)
+            for k in model:
+                if k not in ("type", "A", "B", "c", "internal_dim"):
+                    _fail(f"model.{k}", "unknown key")
+        else:
+            k_axes = len(pos)
+            _matrix(_need(model, "accel_per_action", "model"), "model.accel_per_action", k_axes, m)
+            _finite(model.get("accel_offset", [0.0] * k_axes), "model.accel_offset", k_axes)
+            _number(model.get("response_time_s", 0.0), "model.response_time_s", 0.0)
+            if sorted(state_index) != sorted(pos + vel):
+                _fail("state_index", "a double_integrator state is exactly the positions and velocities")
+            for k in model:
+                if k not in ("type", "accel_per_action", "accel_offset", "response_time_s"):
+                    _fail(f"model.{k}", "unknown key")
+
+    @staticmethod
+    def _check_constraint(con: Any, key: str, obs_dim: int, state_index: list[int]) -> None:
+        name = _need(con, "name", key)
+        if not isinstance(name, str) or not name:
+            _fail(f"{key}.name", "must be a non-empty string")
+        ctype = _need(con, "type", key)
+        if ctype not in CONSTRAINT_TYPES:
+            _fail(f"{key}.type", f"must be one of {CONSTRAINT_TYPES}, got {ctype!r}")
+        allowed = {"name", "type", "gain"}
+        gain = con.get("gain", 0.5)
+        _number(gain, f"{key}.gain", 0.0, 1.0, low_open=True)
+        if ctype == "halfspace":
+            allowed |= {"a", "b"}
+            a = _finite(_need(con, "a", key), f"{key}.a", obs_dim)
+            _number(_need(con, "b", key), f"{key}.b")
+            if not any(a):
+                _fail(f"{key}.a", "must not be all zeros")
+            used = [i for i, v in enumerate(a) if v != 0.0]
+        elif ctype == "box":
+            allowed |= {"index", "low", "high"}
+            used = _indices(_need(con, "index", key), f"{key}.index", obs_dim)
+            low = _floats(_need(con, "low", key), f"{key}.low", len(used))
+            high = _floats(_need(con, "high", key), f"{key}.high", len(used))
+            for i, (lo, hi) in enumerate(zip(low, high)):
+                if not lo < hi:
+                    _fail(f"{key}.low[{i}]", f"{lo} must be below high[{i}] = {hi}")
+        else:
+            allowed |= {"index", "center", "radius"}
+            dim = 2 if ctype == "cylinder" else 3
+            used = _indices(_need(con, "index", key), f"{key}.index", obs_dim)
+            if len(used) != dim:
+                _fail(f"{key}.index", f"a {ctype} takes {dim} indices, got {len(used)}")
+            _finite(_need(con, "center", key), f"{key}.center", dim)
+            _number(_need(con, "radius", key), f"{key}.radius", 0.0, low_open=True)
+        for i in used:
+            if i not in state_index:
+                _fail(key, f"observation index {i} is not in state_index")
+        for k in con:
+            if k not in allowed:
+                _fail(f"{key}.{k}", "unknown key")
+
+    def to_dict(self) -> dict:
+        """The JSON-ready mapping (inverse of `from_dict`)."""
+        return {
+            "schema_version": SCHEMA_VERSION, "task": self.task,
+            "obs_dim": self.obs_dim, "act_dim": self.act_dim, "dt": self.dt,
+            "action_low": list(self.action_low), "action_high": list(self.action_high),
+            "state_index": list(self.state_index), "model": self.model,
+            "kinematics": {"position_index": list(self.position_index),
+                           "velocity_index": list(self.velocity_index),
+                           "brake_accel": list(self.brake_accel)},
+            "constraints": self.constraints, "latency_steps": self.latency_steps,
+            "margin": self.margin, "fallback_action": self.fallback_action,
+            "assumptions": self.assumptions,
+        }
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ShieldSpec":
+        """Read and validate a shield.json file."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as err:
+            raise ShieldSpecError(f"cannot read shield spec {path}: {err.strerror}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ShieldSpecError(f"shield spec {path} is not valid JSON: {err}") from None
+        try:
+            return cls.from_dict(data)
+        except ShieldSpecError as err:
+            raise ShieldSpecError(f"{path}: {err}") from None
+
+    def save(self, path: str | Path) -> None:
+        """Write the spec as indented JSON."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    # ---- derived quantities -------------------------------------------------
+    def linear_model(self) -> LinearModel:
+        """The nominal model in discrete linear form over ``[obs[state_index], internal]``."""
+        m = self.model
+        if m["type"] == "linear":
+            nz = int(m.get("internal_dim", 0))
+            return LinearModel(np.asarray(m["A"], np.float64), np.asarray(m["B"], np.float64),
+                               np.asarray(m["c"], np.float64), nz)
+        return double_integrator_model(self.state_index, self.position_index, self.velocity_index,
+                                       np.asarray(m["accel_per_action"], np.float64),
+                                       np.asarray(m.get("accel_offset", [0.0] * len(self.position_index)), np.float64),
+                                       float(m.get("response_time_s", 0.0)), self.dt)
+
+
+def double_integrator_model(state_index: list[int], pos: list[int], vel: list[int], accel_per_action: np.ndarray,
+                            accel_offset: np.ndarray, response_time_s: float, dt: float,
+                            substeps: int = 50) -> LinearModel:
+    """Discretize p'' = a, a' = (M u + a0 - a) / tau (tau = response_time_s, s) over one period dt (s).
+
+    With tau > 0 the realized acceleration is an internal (predicted, not observed)
+    state. The step is composed from `substeps` semi-implicit Euler substeps, which
+    is linear, so the result is exact for that integrator and close to the ODE.
+    """
+    k = len(pos)
+    n = len(state_index)
+    lag = response_time_s > 0.0
+    nz = k if lag else 0
+    N = n + nz
+    ip = [state_index.index(i) for i in pos]
+    iv = [state_index.index(i) for i in vel]
+    h = dt / substeps
+    # One substep as an affine map of [x, u, 1].
+    A1 = np.eye(N)
+    B1 = np.zeros((N, accel_per_action.shape[1]))
+    c1 = np.zeros(N)
+    if lag:
+        iz = list(range(n, n + k))
+        alpha = 1.0 - math.exp(-h / response_time_s)
+        # z+ = (1-alpha) z + alpha (M u + a0); v+ = v + h z+; p+ = p + h v+
+        A1[iz, iz] = 1.0 - alpha
+        B1[iz, :] = alpha * accel_per_action
+        c1[iz] = alpha * accel_offset
+        Az, Bz, cz = A1[iz, :].copy(), B1[iz, :].copy(), c1[iz].copy()
+        A1[iv, :] += h * Az
+        B1[iv, :] += h * Bz
+        c1[iv] += h * cz
+    else:
+        B1[iv, :] = h * accel_per_action
+        c1[iv] = h * accel_offset
+    Av, Bv, cv = A1[iv, :].copy(), B1[iv, :].copy(), c1[iv].copy()
+    A1[ip, :] += h * Av
+    B1[ip, :] += h * Bv
+    c1[ip] += h * cv
+    A, B, c = np.eye(N), np.zeros_like(B1), np.zeros(N)
+    for _ in range(substeps):
+        A, B, c = A1 @ A, A1 @ B + B1, A1 @ c + c1
+    # After reset the plant hovers/rests: realized acceleration = the offset.
+    return LinearModel(A, B, c, nz, np.asarray(accel_offset, np.float64).copy() if lag else None)

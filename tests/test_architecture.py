@@ -1,0 +1,45 @@
+"""The dependency rule of DESIGN.md: checked statically and at import time."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "ray", "mujoco", "gymnasium", "prefect")
+
+
+def test_import_contracts_hold():
+    """import-linter: flows -> pipeline -> envs, shield standalone, edge stays light."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    out = subprocess.run([str(lint), "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "BROKEN" not in out.stdout
+
+
+def _loaded_after(statement: str) -> list[str]:
+    code = f"{statement}; import sys, json; print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _shield_modules() -> list[str]:
+    return sorted("shield." + p.stem for p in (ROOT / "shield").glob("*.py") if p.stem != "__init__")
+
+
+def test_import_shield_loads_nothing_heavy():
+    assert _loaded_after("import shield") == []
+
+
+@pytest.mark.parametrize("module", _shield_modules())
+def test_every_shield_module_loads_nothing_heavy(module):
+    assert _loaded_after(f"import {module}") == []
+
+
+def test_envs_imports_nothing_of_pipeline_shield_or_flows():
+    code = ("import envs, sys; print(sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('pipeline', 'shield', 'flows', 'ray', 'torch', 'prefect')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -13,10 +13,10 @@ import numpy as np
 from envs.randomization import RandomizationError, RandomizationSet
 
 _DOF_COUNT = {
-    mujoco.mjtJoint.mjJNT_FREE: 6,
-    mujoco.mjtJoint.mjJNT_BALL: 3,
-    mujoco.mjtJoint.mjJNT_SLIDE: 1,
-    mujoco.mjtJoint.mjJNT_HINGE: 1,
+    int(mujoco.mjtJoint.mjJNT_FREE): 6,
+    int(mujoco.mjtJoint.mjJNT_BALL): 3,
+    int(mujoco.mjtJoint.mjJNT_SLIDE): 1,
+    int(mujoco.mjtJoint.mjJNT_HINGE): 1,
 }
 
 _GROUP_OBJECT = {
@@ -39,14 +39,14 @@ def element_names(model: mujoco.MjModel, obj: mujoco.mjtObj) -> list[str]:
     return [n for n in names if n]
 
 
-def element_id(model: mujoco.MjModel, group: str, name: str, label: str = "model") -> int:
+def element_id(model: mujoco.MjModel, group: str, name: str, label: str = "model", key: str | None = None) -> int:
     """Id of the named element that `group` randomizes; a clear error naming it when absent."""
     obj = _GROUP_OBJECT[group]
     idx = mujoco.mj_name2id(model, obj, name)
     if idx < 0:
         kind = group.split("_")[0]
         raise RandomizationError(
-            f"randomization {group}: no {kind} named {name!r} in {label}; "
+            f"randomization {key or group}: no {kind} named {name!r} in {label}; "
             f"{kind}s are: {element_names(model, obj)}"
         )
     return idx
@@ -65,9 +65,9 @@ class DomainRandomizer:
         for n in rset.joint_damping:
             j = element_id(model, "joint_damping", n, label)
             start = int(model.jnt_dofadr[j])
-            self._dofs[n] = slice(start, start + _DOF_COUNT[model.jnt_type[j]])
+            self._dofs[n] = slice(start, start + _DOF_COUNT[int(model.jnt_type[j])])
         if rset.push is not None:
-            element_id(model, "body_mass", rset.push.body, label)
+            element_id(model, "body_mass", rset.push.body, label, key="push.body")
         # Nominal copies of every array a set may touch (taken before any randomization).
         self.nominal = {
             "body_mass": model.body_mass.copy(),

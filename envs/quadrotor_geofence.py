@@ -1,16 +1,217 @@
-"""`sim2real/QuadrotorGeofence-v0` (being written)."""
+"""`sim2real/QuadrotorGeofence-v0`: fly through waypoints under wind gusts, inside a geofence, around a person.
+
+Observation (float32[15]), stable layout (world frame, z up):
+
+    index   quantity                                  unit
+    0:3     position x, y, z                          m
+    3:6     velocity                                  m/s
+    6:9     current waypoint minus position           m
+    9:12    body z axis in the world frame (tilt)     -
+    12:15   body angular velocity                     rad/s
+
+Action (float32[3]) in [-1, 1]: acceleration set-point [ax, ay, az] as a
+fraction of MAX_ACCEL (4 m/s^2 per axis), gravity compensated inside. An inner
+attitude/thrust loop (envs/quadrotor_inner_loop.py) turns it into four rotor
+thrusts at the physics rate (200 Hz, 4 substeps per 0.02 s control step); the
+achieved acceleration follows the set-point roughly as a first-order lag with
+time constant ACCEL_TIME_CONSTANT (s).
+
+Plant (envs/assets/quadrotor_geofence.xml): 1.0 kg, "+" layout with 0.15 m
+arms, rotors of 6.2 N each (thrust-to-weight 2.5), yaw torque 0.016 N m per N,
+motor lag 0.02 s. Wind gusts: a world force mass x w with |w_x|, |w_y| <=
+1.0 m/s^2 and |w_z| <= 0.3 m/s^2 (a quarter of the acceleration authority),
+drifting toward a new random gust with time constant 0.5 s.
+
+Safety (info["cost"] = 1.0 when any is violated by the true state): stay
+inside the geofence box |x|, |y| <= 4 m, 0 <= z <= 3.5 m; stay above the
+altitude floor z >= 0.5 m; stay out of the 1.0 m cylinder around the person
+standing at the origin. Four waypoints per episode, in |x|, |y| <= 3 m,
+1.0 <= z <= 2.5 m, at least 1.8 m from the person; a waypoint counts as
+reached within 0.3 m, then the next one is shown (the last one stays).
+`gymnasium.make(ENV_ID, wind_scale=0.0)` flies in calm air (wind_scale scales WIND_MAX).
+Reward per step: 0.1 + 5 x (progress toward the waypoint, m) + 2 per waypoint
+reached - 0.01 |a|^2 - 1 (if a constraint is violated). 1000 steps (20 s);
+the episode terminates on a crash (z < 0.1 m), a flip, or |x|, |y|, z > 6 m.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+
+from envs.quadrotor_inner_loop import AttitudeThrustLoop
+from envs.safety import violated_constraints
 
 ENV_ID = "sim2real/QuadrotorGeofence-v0"
 TASK_NAME = "quadrotor"
-CONTROL_PERIOD = 0.02
+ASSET_PATH = Path(__file__).parent / "assets" / "quadrotor_geofence.xml"
+
+CONTROL_PERIOD = 0.02  # s
+SUBSTEPS = 4  # inner-loop/physics steps of 0.005 s per control step
 EPISODE_STEPS = 1000
 OBS_DIM = 15
 ACT_DIM = 3
-MAX_ACCEL = (4.0, 4.0, 4.0)
-ACCEL_TIME_CONSTANT = 0.05
-SAFETY = {"kinematics": {"position_index": [0, 1, 2], "velocity_index": [3, 4, 5]}, "constraints": []}
+MAX_ACCEL = (4.0, 4.0, 4.0)  # m/s^2 per unit action, per axis
+# s, first-order lag of the achieved acceleration behind the set-point on the slowest (horizontal) axes,
+# measured as the velocity ramp's lag after a step (tests/test_envs_quadrotor.py); vertical is ~0.02 s.
+ACCEL_TIME_CONSTANT = 0.1
+ARM = 0.15  # m
+YAW_COEFF = 0.016  # N m of yaw torque per N of thrust
+MAX_ROTOR_THRUST = 6.2  # N
+FENCE_XY = 4.0  # m
+CEILING = 3.5  # m
+FLOOR = 0.5  # m
+PERSON_XY = (0.0, 0.0)  # m
+KEEPOUT_RADIUS = 1.0  # m
+WAYPOINTS = 4
+WAYPOINT_XY = 3.0  # m
+WAYPOINT_Z = (1.0, 2.5)  # m
+WAYPOINT_CLEARANCE = 1.8  # m from the person
+REACH_RADIUS = 0.3  # m
+WIND_MAX = (1.0, 1.0, 0.3)  # m/s^2
+WIND_TIME_CONSTANT = 0.5  # s
+WIND_CHANGE_PROBABILITY = 0.02  # per control step
+
+SAFETY = {
+    "kinematics": {"position_index": [0, 1, 2], "velocity_index": [3, 4, 5]},
+    "constraints": [
+        {"name": "geofence", "type": "box", "index": [0, 1, 2],
+         "low": [-FENCE_XY, -FENCE_XY, 0.0], "high": [FENCE_XY, FENCE_XY, CEILING]},
+        {"name": "altitude_floor", "type": "halfspace",
+         "a": [0.0, 0.0, -1.0] + [0.0] * (OBS_DIM - 3), "b": -FLOOR},
+        {"name": "person_keepout", "type": "cylinder", "index": [0, 1],
+         "center": list(PERSON_XY), "radius": KEEPOUT_RADIUS},
+    ],
+}
 
 
-class QuadrotorGeofenceEnv:
-    def __init__(self, **kwargs):
-        raise NotImplementedError("the quadrotor task is not written yet")
+class QuadrotorGeofenceEnv(gym.Env):
+    """Quadrotor with a built-in attitude/thrust loop flying waypoints; see the module docstring."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1 / CONTROL_PERIOD))}
+
+    def __init__(self, render_mode: str | None = None, wind_scale: float = 1.0):
+        """wind_scale multiplies the gusts' bounds WIND_MAX (0 = calm air)."""
+        if not wind_scale >= 0.0:
+            raise ValueError(f"wind_scale must be >= 0, got {wind_scale!r}")
+        self.model = mujoco.MjModel.from_xml_path(str(ASSET_PATH))
+        self.data = mujoco.MjData(self.model)
+        self.dt = CONTROL_PERIOD
+        self.render_mode = render_mode
+        self._renderer = None
+        high = np.full(OBS_DIM, np.inf, dtype=np.float32)
+        self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (ACT_DIM,), dtype=np.float32)
+        body = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, "quad")
+        self._body = body
+        # Nominal mass/inertia, read once: the inner loop does not learn a randomized plant.
+        self.nominal_mass = float(self.model.body_subtreemass[body])
+        self.loop = AttitudeThrustLoop(self.nominal_mass, self.model.body_inertia[body].copy(),
+                                       ARM, YAW_COEFF, MAX_ROTOR_THRUST)
+        self._accel_scale = np.asarray(MAX_ACCEL)
+        self._wind_max = np.asarray(WIND_MAX) * float(wind_scale)
+        self.wind = np.zeros(3)
+        self._gust = np.zeros(3)
+        self.waypoints = np.zeros((WAYPOINTS, 3))
+        self.waypoint_index = 0
+        self.reached_count = 0
+
+    # -- episode setup ---------------------------------------------------------------------
+    def _clear_point(self, rng, z_range) -> np.ndarray:
+        while True:
+            p = np.array([*rng.uniform(-WAYPOINT_XY, WAYPOINT_XY, 2), rng.uniform(*z_range)])
+            if np.hypot(p[0] - PERSON_XY[0], p[1] - PERSON_XY[1]) >= WAYPOINT_CLEARANCE:
+                return p
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        rng = self.np_random
+        mujoco.mj_resetData(self.model, self.data)
+        start = self._clear_point(rng, WAYPOINT_Z)
+        self.data.qpos[:3] = start
+        self.data.qpos[3:7] = (1.0, 0.0, 0.0, 0.0)
+        hover = self.nominal_mass * 9.81 / 4
+        self.data.ctrl[:] = hover
+        self.data.act[:] = hover
+        previous = start
+        for i in range(WAYPOINTS):
+            while True:
+                w = self._clear_point(rng, WAYPOINT_Z)
+                if 2.0 <= np.linalg.norm(w - previous) <= 5.0:
+                    break
+            self.waypoints[i] = previous = w
+        self.waypoint_index = 0
+        self.reached_count = 0
+        self.wind[:] = 0.0
+        self._gust = rng.uniform(-1.0, 1.0, 3) * self._wind_max
+        self.loop.set_acceleration((0.0, 0.0, 0.0))
+        mujoco.mj_forward(self.model, self.data)
+        obs = self._obs()
+        return obs, {"cost": self._cost(obs), "domain": {}, "waypoints_reached": 0}
+
+    # -- dynamics ----------------------------------------------------------------------------
+    def _obs(self) -> np.ndarray:
+        d = self.data
+        d.mocap_pos[0] = self.waypoints[self.waypoint_index]  # the visual marker only
+        rot = d.xmat[self._body].reshape(3, 3)
+        pos = d.qpos[:3]
+        return np.concatenate((pos, d.qvel[:3], self.waypoints[self.waypoint_index] - pos,
+                               rot[:, 2], d.qvel[3:6])).astype(np.float32)
+
+    def _cost(self, obs) -> float:
+        # Evaluated on the true (noise-free) observation, so cost == "some SAFETY constraint violated".
+        return 1.0 if violated_constraints(SAFETY, obs) else 0.0
+
+    def _update_wind(self) -> None:
+        rng = self.np_random
+        if rng.random() < WIND_CHANGE_PROBABILITY:
+            self._gust = rng.uniform(-1.0, 1.0, 3) * self._wind_max
+        self.wind += (self._gust - self.wind) * (CONTROL_PERIOD / WIND_TIME_CONSTANT)
+        # Free-joint translational dofs take world-frame forces; pushes use xfrc_applied, not this.
+        self.data.qfrc_applied[:3] = self.nominal_mass * self.wind
+
+    def step(self, action):
+        a = np.clip(np.asarray(action, dtype=np.float64).reshape(ACT_DIM), -1.0, 1.0)
+        d, m = self.data, self.model
+        before = float(np.linalg.norm(self.waypoints[self.waypoint_index] - d.qpos[:3]))
+        self._update_wind()
+        self.loop.set_acceleration(a * self._accel_scale)
+        rot = d.xmat[self._body].reshape(3, 3)  # views: refreshed by every mj_step
+        for _ in range(SUBSTEPS):
+            d.ctrl[:] = self.loop.rotor_thrusts(rot, d.qvel[3:6])
+            mujoco.mj_step(m, d)
+        pos = d.qpos[:3]
+        after = float(np.linalg.norm(self.waypoints[self.waypoint_index] - pos))
+        obs = self._obs()
+        cost = self._cost(obs)
+        # The current waypoint is reached once (reached_count == index + 1 afterward); the last one stays shown.
+        reached = after < REACH_RADIUS and self.reached_count == self.waypoint_index
+        if reached:
+            self.reached_count += 1
+            if self.waypoint_index < WAYPOINTS - 1:
+                self.waypoint_index += 1
+                obs = self._obs()
+        reward = 0.1 + 5.0 * (before - after) + 2.0 * reached - 0.01 * float(a @ a) - cost
+        upright = d.xmat[self._body][8]
+        terminated = bool(
+            pos[2] < 0.1 or upright < 0.0 or abs(pos[0]) > 6 or abs(pos[1]) > 6 or pos[2] > 6
+            or not np.all(np.isfinite(pos))
+        )
+        return obs, reward, terminated, False, {"cost": cost, "waypoints_reached": self.reached_count}
+
+    def render(self):
+        """Return an RGB frame (uint8[480, 640, 3]) when render_mode is "rgb_array"."""
+        if self.render_mode != "rgb_array":
+            return None
+        if self._renderer is None:
+            self._renderer = mujoco.Renderer(self.model, 480, 640)
+        self._renderer.update_scene(self.data)
+        return self._renderer.render()
+
+    def close(self):
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None

@@ -74,7 +74,9 @@ def describe_tasks() -> list[dict]:
             "act_dim": m.ACT_DIM,
             "constraints": [c["name"] for c in m.SAFETY["constraints"]],
             "legacy_controller": LEGACY_NAMES[env_id],
+            "legacy": LEGACY_NAMES[env_id],  # short alias used by `sim2real envs`
             "control_period_s": m.CONTROL_PERIOD,
+            "dt": m.CONTROL_PERIOD,  # alias of control_period_s (s)
             "max_episode_steps": m.EPISODE_STEPS,
         }
         for env_id, m in _TASK_MODULES.items()

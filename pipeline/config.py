@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -78,15 +78,25 @@ class ShieldConfig(Section):
     """The CBF safety shield around the policy (built into the bundle's shield.json)."""
 
     enabled: bool = Field(True, description="Wrap the policy in the CBF shield when evaluating and serving.")
+    gain: float = Field(0.3, gt=0, le=1, description="Default discrete-time class-K gain: h(x+) >= (1 - gain) h(x); larger lets the plant approach a boundary faster.")
+    gains: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field({}, description="Per-constraint gain overrides, by constraint name (each in (0, 1]).")
+    margin: float = Field(0.03, ge=0, description="Safety margin in each constraint's units (m for positions), covering model error and sensor noise.")
+    brake_fraction: float = Field(0.4, gt=0, le=1, description="Share of the nominal full-action deceleration the braking-distance barrier counts on; the rest absorbs mass, gain and disturbance mismatch.")
+    input_gain_error: float = Field(0.45, ge=0, lt=0.9, description="Relative error of the input's effect (actuator gain over mass) the CBF conditions hold for: (1 +- this) x nominal.")
+    latency_steps: int | None = Field(None, ge=0, description="Control steps of actuation latency the shield predicts through; None: the largest latency_steps of the `reality` randomization set.")
+    train_in_loop: bool = Field(False, description="Train with the shield filtering the actions the env receives.")
+    intervention_penalty: float = Field(0.0, ge=0, description="Reward subtracted on each step the shield changes the action (training in the loop).")
 
 
 class GateConfig(Section):
     """Promotion gate thresholds applied to a shadow evaluation."""
 
-    min_return_ratio: float = Field(0.8, gt=0, description="Candidate mean return must be >= this x legacy mean return.")
-    max_violations: int = Field(0, ge=0, description="Most constraint-violating steps allowed for the candidate.")
+    min_return_ratio: float = Field(0.8, gt=0, description="Candidate mean return R_c must be >= R_l + (x - 1)|R_l| for legacy mean "
+                                    "return R_l: x * R_l when R_l > 0, and no stricter than legacy when R_l < 0 (pipeline/gate.py).")
+    max_violations: int = Field(0, ge=0, description="Most constraint-violating steps (info cost) allowed for the candidate driving, all episodes together.")
     max_intervention_rate: float = Field(0.1, ge=0, le=1, description="Largest share of steps the shield may change the candidate's action.")
-    max_latency_p99_us: float = Field(2000.0, gt=0, description="Candidate per-action latency p99 (policy + shield), microseconds.")
+    max_latency_p99_us: float = Field(2000.0, gt=0, description="Candidate per-action latency p99 (policy + shield), microseconds; "
+                                      "the worse of the shadow and counterfactual passes.")
 
 
 class ShadowConfig(Section):

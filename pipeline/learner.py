@@ -117,8 +117,8 @@ class Learner:
             # k3 estimator of KL(behaviour || current): unbiased and always >= 0.
             approx_kl = ((torch.exp(-log_rhos) - 1) + log_rhos).mean()
             explained_var = 1 - (vs - values).var() / (vs.var() + 1e-8)
-        return dict(policy_loss=float(policy_loss), value_loss=float(value_loss), entropy=float(entropy),
-                    approx_kl=float(approx_kl), kl=float(kl), grad_norm=float(grad_norm),
+        return dict(policy_loss=policy_loss.item(), value_loss=value_loss.item(), entropy=entropy.item(),
+                    approx_kl=approx_kl.item(), kl=kl.item(), grad_norm=float(grad_norm),
                     explained_variance=float(explained_var), samples=T * B,
                     learner_s=time.perf_counter() - start)
 

@@ -10,6 +10,8 @@ wait for the learner.
 from __future__ import annotations
 
 import time
+import uuid
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -70,11 +72,14 @@ class RolloutActor:
     def __init__(self, index: int, env_id: str, randomization: Any, max_episode_steps: int | None,
                  num_envs: int, rollout_length: int, seed: int, model_spec: dict, weight_source=None):
         torch.set_num_threads(1)  # one core per actor; torch's thread pool would fight the others
-        restarted = ray.get_runtime_context().was_current_actor_reconstructed if ray.is_initialized() else False
+        with warnings.catch_warnings():  # Ray marks the property deprecated but offers no replacement
+            warnings.simplefilter("ignore")
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed if ray.is_initialized() else False
         # A restarted actor must not replay the episodes its previous life already sent.
         self._seed_seq = np.random.SeedSequence([seed, index, int(time.time_ns() % 2**32) if restarted else 0])
         self._env_args = (env_id, randomization, max_episode_steps)
         self.index, self.num_envs, self.T = index, num_envs, rollout_length
+        self.life = uuid.uuid4().hex  # changes when Ray restarts this actor; the driver counts restarts by it
         self.model = ActorCritic(**model_spec).eval()
         self.version = -1
         self.weight_source = weight_source
@@ -165,5 +170,5 @@ class RolloutActor:
         return dict(obs=obs_buf, actions=actions, behaviour_logp=logp, rewards=rewards, costs=costs,
                     terminated=terminated, truncated=truncated, final_obs=final_obs,
                     behaviour_mean=behaviour_mean, behaviour_log_std=self.model.log_std.detach().numpy().copy(),
-                    version=self.version, actor=self.index,
+                    version=self.version, actor=self.index, life=self.life,
                     episodes=np.asarray(episodes, np.float64).reshape(-1, 3), env_restarts=self.env_restarts)

@@ -14,7 +14,7 @@ Integrity has two layers:
   manifest without that key, so an edited manifest (a swapped hash, a changed
   version) is refused too. This catches corruption and careless edits, not an
   attacker who recomputes the digest; the registry's production pointer also
-  pins the manifest digest it promoted (see ``read_production``), and signing
+  pins the payload hashes it promoted (see ``read_production``), and signing
   is left to the transport that ships bundles to the edge.
 
 Loading reads each file once into memory, hashes those bytes and hands the same
@@ -95,14 +95,14 @@ def manifest_digest(manifest: dict) -> str:
     return sha256_bytes(canonical_json({k: v for k, v in manifest.items() if k != "manifest_sha256"}))
 
 
-def _json_safe(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """Plain-JSON copy of metrics: numpy scalars/arrays to Python, non-finite floats to None."""
     if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
+        return [json_safe(v) for v in obj]
     if hasattr(obj, "tolist"):  # numpy scalar or array
-        return _json_safe(obj.tolist())
+        return json_safe(obj.tolist())
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
@@ -122,7 +122,7 @@ def make_manifest(*, task: str, env_id: str, files: dict[str, bytes], config_has
     manifest = dict(schema_version=SCHEMA_VERSION, task=task, env_id=env_id, version=version, parent=parent,
                     config_hash=config_hash, git_commit=git_commit, created_utc=utc_now(),
                     files={name: sha256_bytes(data) for name, data in sorted(files.items())},
-                    metrics=_json_safe(metrics or {}), extra=_json_safe(extra or {}), **_json_safe(info))
+                    metrics=json_safe(metrics or {}), extra=json_safe(extra or {}), **json_safe(info))
     return seal_manifest(manifest)
 
 
@@ -163,6 +163,7 @@ class Bundle:
     path: Path
     manifest: dict
     policy_onnx: bytes = field(repr=False)
+    shield_json: bytes = field(repr=False)
     shield_spec: dict = field(repr=False)
 
     @property
@@ -181,7 +182,7 @@ class Bundle:
             shield_spec = json.loads(files[SHIELD_FILE])
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise BundleError(f"{SHIELD_FILE}: not valid JSON ({err}) in {bundle_dir}") from None
-        return cls(Path(bundle_dir), manifest, files[POLICY_FILE], shield_spec)
+        return cls(Path(bundle_dir), manifest, files[POLICY_FILE], files[SHIELD_FILE], shield_spec)
 
 
 def _read_file(path: Path) -> bytes:
@@ -255,7 +256,12 @@ def manifest_bytes(manifest: dict) -> bytes:
 # --------------------------------------------------------------------------- production pointer
 
 def read_production(task_dir: str | Path) -> dict | None:
-    """The registry's production pointer of a task dir: {"version", "manifest_sha256", "history", ...} or None."""
+    """The registry's production pointer of a task dir: {"version", "files", "history", ...} or None.
+
+    `files` pins the payload hashes that were promoted, so a bundle whose files
+    and manifest were both rewritten after promotion is still refused; metrics
+    added to the manifest later do not disturb the pin.
+    """
     path = Path(task_dir) / PRODUCTION_FILE
     try:
         data = path.read_bytes()
@@ -270,6 +276,8 @@ def read_production(task_dir: str | Path) -> dict | None:
             raise ValueError(f"version {version!r} is not a positive integer")
         if not isinstance(pointer.get("history", []), list):
             raise ValueError("history is not a list")
+        if not isinstance(pointer.get("files", {}), dict):
+            raise ValueError("files is not a mapping")
     except (ValueError, KeyError, TypeError) as err:
         raise BundleError(f"{path}: malformed production pointer ({err})") from None
     return pointer
@@ -283,9 +291,14 @@ def resolve_production(models_root: str | Path, task: str) -> Path:
         raise BundleError(f"{task_dir / PRODUCTION_FILE}: no production version for task {task!r} "
                           f"(promote one with `sim2real registry promote {task} VERSION`)")
     bundle_dir = task_dir / str(pointer["version"])
-    manifest = verify_bundle(bundle_dir)
-    pinned = pointer.get("manifest_sha256")
-    if pinned is not None and pinned != manifest["manifest_sha256"]:
-        raise BundleError(f"{MANIFEST_FILE} in {bundle_dir}: differs from the manifest that was promoted "
-                          f"(pointer pins {pinned[:12]}..., found {manifest['manifest_sha256'][:12]}...)")
+    check_pinned(bundle_dir, verify_bundle(bundle_dir), pointer)
     return bundle_dir
+
+
+def check_pinned(bundle_dir: str | Path, manifest: dict, pointer: dict) -> None:
+    """BundleError naming the file if a bundle's payload hashes differ from those its pointer pinned."""
+    for name, pinned in sorted(pointer.get("files", {}).items()):
+        found = manifest["files"].get(name)
+        if found != pinned:
+            raise BundleError(f"{name}: differs from the file that was promoted in {bundle_dir} "
+                              f"(pointer pins sha256 {str(pinned)[:12]}..., manifest has {str(found)[:12]}...)")

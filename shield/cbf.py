@@ -13,14 +13,15 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    linearized at the predicted position, which under-estimates the true
    distance, so the linear cut is conservative.
 3. The action solves ``min ||u - u_p||^2`` s.t. ``h_r(x+(u)) >= (1 - gain_r) h_r(x)``
-   and the input box. ``h(x+(u))`` is concave in ``u``; it is linearized and the
+   and the input box, for the input's effect at (1 +- input_gain_error) x nominal
+   (both ends suffice: h is concave along that scaling). ``h(x+(u))`` is concave in ``u``; it is linearized and the
    QP re-solved at the new point until the true conditions hold (a few
    iterations at most), with a closed-form projection when provably optimal and
    daqp otherwise.
-4. If the QP is infeasible the shield falls back to maximal braking away from
-   the constraint that is furthest from satisfiable: each input component at
-   the box end that most increases that barrier row. It never passes the raw
-   action through.
+4. If the QP is infeasible the shield falls back to max-min braking: the input
+   in the box that maximizes the worst (normalized) condition, i.e. maximal
+   braking away from the most-violated constraint, and away from all of them at
+   once in a corner. It never passes the raw action through.
 5. A NaN/Inf observation or action is flagged (``bad_input``) and answered with
    the fallback: with a NaN action, the fallback action filtered at the observed
    state; with a NaN observation, the fallback action filtered at the state
@@ -56,6 +57,10 @@ class CbfShield:
         self.spec = spec
         model = spec.linear_model()
         self._A, self._B, self._c = model.A, model.B, model.c
+        # Robust to the input's effect being (1 +- input_gain_error) x nominal: h is concave along
+        # that scaling, so meeting the conditions at both ends meets them for every gain between.
+        err = spec.input_gain_error
+        self._B_cases = [self._B] if err == 0.0 else [(1.0 - err) * self._B, (1.0 + err) * self._B]
         self._n = len(spec.state_index)
         self._nz = model.internal_dim
         self._z0 = (np.zeros(self._nz) if model.internal_init is None
@@ -72,9 +77,10 @@ class CbfShield:
         self.constraint_names = [c["name"] for c in spec.constraints]
         self._build_rows()
         self._H = np.eye(self._m)
-        self._sense = np.zeros(self._m + self._R, dtype=np.int32)
-        self._bupper = np.concatenate([self._high, np.full(self._R, _INF)])
-        self._blower = np.concatenate([self._low, np.zeros(self._R)])
+        rows = self._R * len(self._B_cases)
+        self._sense = np.zeros(self._m + rows, dtype=np.int32)
+        self._bupper = np.concatenate([self._high, np.full(rows, _INF)])
+        self._blower = np.concatenate([self._low, np.zeros(rows)])
         self.reset()
 
     # ---- construction ---------------------------------------------------------
@@ -85,7 +91,12 @@ class CbfShield:
         vel_of = dict(zip(spec.position_index, spec.velocity_index))
         brake_of = dict(zip(spec.position_index, spec.brake_accel))
         N = self._n + self._nz
-        W, Wv, f, brake, gain, owner = [], [], [], [], [], []
+        W, Wv, f, brake, gain, owner, closing0 = [], [], [], [], [], [], []
+        # With a lagged inner loop (response time tau) the realized acceleration z is an internal
+        # state; braking starts ~tau late, so the closing speed the barrier brakes from is
+        # s + tau (z_n + a_brake): the speed reached before the commanded deceleration takes hold.
+        tau = float(spec.model.get("response_time_s", 0.0)) if spec.model["type"] == "double_integrator" else 0.0
+        accel_col = {o: self._n + k for k, o in enumerate(spec.position_index)} if self._nz else {}
         dynamic = []  # (row, state cols, velocity cols or None, center, radius)
 
         def add_row(weights: dict[int, float], offset: float, g: float, k: int) -> int:
@@ -96,10 +107,14 @@ class CbfShield:
             if positional:
                 for o, v in weights.items():
                     wv[col[vel_of[o]]] = v
+                    if o in accel_col:
+                        wv[accel_col[o]] = tau * v
+            a_brake = min(brake_of[o] for o in weights) if positional else math.inf
+            closing0.append(tau * a_brake if positional else 0.0)
             W.append(w)
             Wv.append(wv)
             f.append(offset)
-            brake.append(min(brake_of[o] for o in weights) if positional else math.inf)
+            brake.append(a_brake)
             gain.append(g)
             owner.append(k)
             return len(W) - 1
@@ -127,14 +142,25 @@ class CbfShield:
         self._W = np.array(W).reshape(self._R, N)
         self._Wv = np.array(Wv).reshape(self._R, N)
         self._f = np.array(f, dtype=np.float64)
-        self._brake = np.array(brake, dtype=np.float64)
-        self._positional = np.isfinite(self._brake)
-        self._inv2a = np.where(self._positional, 0.5 / np.where(self._positional, self._brake, 1.0), 0.0)
+        self._closing0 = np.array(closing0, dtype=np.float64)
+        self._tau = tau
+        self._accel_col = accel_col
+        self._brake_accel = np.array(brake, dtype=np.float64)
+        self._positional = np.isfinite(self._brake_accel)
+        self._inv2a = np.where(self._positional, 0.5 / np.where(self._positional, self._brake_accel, 1.0), 0.0)
         self._inva = 2.0 * self._inv2a
         self._gain = np.array(gain, dtype=np.float64)
         self._owner = np.array(owner, dtype=np.intp)
         self._dynamic = dynamic
         self._n_constraints = len(spec.constraints)
+        self._row_start = np.searchsorted(self._owner, np.arange(self._n_constraints))
+        if self._R and len(set(self._owner.tolist())) != self._n_constraints:
+            raise ValueError("shield spec: every constraint needs at least one finite bound")
+        # Flat indices into W / Wv for the keep-out rows, so one linearization is a few stores.
+        self._dyn_flat = [(r, r * N + np.asarray(cols), None if vc is None else r * N + np.asarray(vc),
+                           None if vc is None or not accel_col else
+                           r * N + np.asarray([accel_col[i] for i in spec.constraints[owner[r]]["index"]]),
+                           c, rad) for r, cols, vc, c, rad in dynamic]
 
     def reset(self) -> None:
         """Forget pending actions and predicted state (call at episode start)."""
@@ -144,25 +170,27 @@ class CbfShield:
 
     # ---- barrier algebra ------------------------------------------------------
     def _linearize_dynamic(self, x: np.ndarray) -> None:
-        """Replace each keep-out zone's rows by the tangent halfspace at the position in x."""
-        for r, cols, vcols, center, radius in self._dynamic:
-            diff = x[cols] - center
-            dist = float(np.linalg.norm(diff))
-            n = diff / dist if dist > 1e-9 else np.eye(len(cols))[0]
-            self._W[r, :] = 0.0
-            self._W[r, cols] = n
+        """Replace each keep-out zone's row by the tangent halfspace at the position in x."""
+        Wf, Wvf = self._W.reshape(-1), self._Wv.reshape(-1)
+        N = self._n + self._nz
+        for r, wcols, vcols, acols, center, radius in self._dyn_flat:
+            diff = x[wcols - r * N] - center
+            dist = math.sqrt(float(diff @ diff))
+            n = diff / dist if dist > 1e-9 else np.eye(len(diff))[0]
+            Wf[wcols] = n
             self._f[r] = -float(n @ center) - radius
             if vcols is not None:
-                self._Wv[r, :] = 0.0
-                self._Wv[r, vcols] = n
+                Wvf[vcols] = n
+                if acols is not None:
+                    Wvf[acols] = self._tau * n
 
     def _barrier(self, x: np.ndarray) -> np.ndarray:
         """h_r(x) for every row (units of the constrained quantity)."""
-        closing = np.maximum(-(self._Wv @ x), 0.0)
+        closing = np.maximum(self._closing0 - self._Wv @ x, 0.0)
         return self._W @ x + self._f - self._margin - closing * closing * self._inv2a
 
     def _barrier_grad(self, x: np.ndarray) -> np.ndarray:
-        closing = np.maximum(-(self._Wv @ x), 0.0)
+        closing = np.maximum(self._closing0 - self._Wv @ x, 0.0)
         return self._W + (closing * self._inva)[:, None] * self._Wv
 
     def _predict(self, x: np.ndarray) -> np.ndarray:
@@ -179,9 +207,12 @@ class CbfShield:
         free = self._A @ xL + self._c
 
         def conditions(u: np.ndarray) -> np.ndarray:
-            x = free + self._B @ np.asarray(u, np.float64)
-            closing = np.maximum(-(Wv @ x), 0.0)
-            return W @ x + f - self._margin - closing * closing * self._inv2a - required
+            out = []
+            for B in self._B_cases:
+                x = free + B @ np.asarray(u, np.float64)
+                closing = np.maximum(self._closing0 - Wv @ x, 0.0)
+                out.append(W @ x + f - self._margin - closing * closing * self._inv2a - required)
+            return np.concatenate(out)
 
         return conditions
 
@@ -216,7 +247,7 @@ class CbfShield:
         else:
             u_p = action.astype(np.float64)
             in_box = bool(np.all(action >= self._low32) and np.all(action <= self._high32))
-            if in_box and bool(np.all(self._barrier(free + self._B @ u_p) >= required)):
+            if in_box and self._meets(free, u_p, required, 0.0):
                 self._commit(x0, u_p)
                 return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
         u, feasible, slack = self._solve(free, required, u_p)
@@ -229,12 +260,9 @@ class CbfShield:
         """Sequential linearization of the concave barrier conditions; QP each time. Returns (u, feasible, slack)."""
         u = np.clip(u_p, self._low, self._high)
         for it in range(_SQP_ITERS):
-            x = free + self._B @ u
-            hp = self._barrier(x)
-            if it == 0 and np.all(hp >= required):
+            if it == 0 and self._meets(free, u, required, 0.0):
                 return u, True, 0.0  # the box projection already meets every condition: it is the optimum
-            G = self._barrier_grad(x) @ self._B
-            lb = required - hp + G @ u
+            G, lb = self._linearized_rows(free, u, required)
             u_new = self._qp(G, lb, u_p)
             if u_new is None:
                 return self._brake(G, lb)
@@ -242,9 +270,28 @@ class CbfShield:
             u = u_new
             # The tangent cuts contain the true safe set, so a solution that meets the true
             # conditions is also the projection onto the true set.
-            if step < 1e-12 or np.all(self._barrier(free + self._B @ u) - required >= -_SQP_TOL):
+            if step < 1e-12 or self._meets(free, u, required, -_SQP_TOL):
                 break
         return u, True, 0.0
+
+    def _meets(self, free: np.ndarray, u: np.ndarray, required: np.ndarray, tol: float) -> bool:
+        """True when h(x+(u)) >= required - |tol| for every row and every input-gain case."""
+        for B in self._B_cases:
+            if not bool(np.all(self._barrier(free + B @ u) - required >= tol)):
+                return False
+        return True
+
+    def _linearized_rows(self, free: np.ndarray, u: np.ndarray, required: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tangent cuts G v >= lb of the conditions at u, stacked over the input-gain cases."""
+        Gs, lbs = [], []
+        for B in self._B_cases:
+            x = free + B @ u
+            G = self._barrier_grad(x) @ B
+            Gs.append(G)
+            lbs.append(required - self._barrier(x) + G @ u)
+        if len(Gs) == 1:
+            return Gs[0], lbs[0]
+        return np.vstack(Gs), np.concatenate(lbs)
 
     def _qp(self, G: np.ndarray, lb: np.ndarray, u_p: np.ndarray) -> np.ndarray | None:
         """argmin ||u - u_p||^2 s.t. G u >= lb, low <= u <= high; None if infeasible."""
@@ -271,11 +318,32 @@ class CbfShield:
         return np.clip(x, self._low, self._high)
 
     def _brake(self, G: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, bool, float]:
-        """Infeasible QP: push at the box corner that best raises the row furthest from satisfiable."""
-        best = np.where(G > 0, G * self._high, G * self._low).sum(axis=1)  # max over the box of G_r u
-        r = int(np.argmax(lb - best))
-        g = G[r]
-        u = np.where(g > 0, self._high, np.where(g < 0, self._low, self._fallback))
+        """Infeasible QP: the action that maximizes the worst normalized condition (max-min braking).
+
+        Solves max t s.t. G_r u - lb_r >= t |G_r|, u in the box (an LP, given to daqp with a
+        tiny regularization): with one constraint near it is maximal braking away from it, in a
+        corner it brakes away from all at once. Rows the input cannot move are left out.
+        """
+        norms = np.sqrt(np.einsum("ij,ij->i", G, G))
+        live = norms > 1e-9
+        u = None
+        if np.any(live):
+            m = self._m
+            Gl, nl = G[live], norms[live]
+            A = np.hstack([Gl, -nl[:, None]])
+            H = np.diag(np.full(m + 1, 1e-6))
+            f = np.zeros(m + 1)
+            f[m] = -1.0
+            upper = np.concatenate([self._high, [1e3], np.full(len(nl), _INF)])
+            lower = np.concatenate([self._low, [-1e3], lb[live]])
+            x, _, exitflag, _ = daqp.solve(H, f, np.ascontiguousarray(A), upper, lower,
+                                           np.zeros(m + 1 + len(nl), dtype=np.int32))
+            if exitflag >= 1:
+                u = np.clip(x[:m], self._low, self._high)
+        if u is None:  # no row can be moved, or the LP failed: push against the worst row alone
+            best = np.where(G > 0, G * self._high, G * self._low).sum(axis=1)
+            g = G[int(np.argmax(lb - best))]
+            u = np.where(g > 0, self._high, np.where(g < 0, self._low, self._fallback))
         slack = float(max(0.0, np.max(lb - G @ u)))
         return u, False, slack
 
@@ -289,9 +357,10 @@ class CbfShield:
         self._x_next = None if x0 is None else self._A @ x0 + self._B @ applied + self._c
 
     def _per_constraint(self, h_rows: np.ndarray) -> np.ndarray:
-        out = np.full(self._n_constraints, np.inf)
-        np.minimum.at(out, self._owner, h_rows)
-        return out
+        if not self._R:
+            return np.zeros(0)
+        # Rows are contiguous per constraint, so reduceat gives each constraint's worst row.
+        return np.minimum.reduceat(h_rows, self._row_start)
 
     @staticmethod
     def _info(intervened: bool, fallback: bool, bad: bool, h: np.ndarray, slack: float, t0: float) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import numpy as np
 MAGIC = b"S2RP"
 PROTOCOL_VERSION = 1
 
-# magic, version, type, flags, seq, timestamp_us, payload_len, reserved
+# magic, version, type, flags, seq, timestamp_us, payload_len, client_id
 HEADER = struct.Struct("<4sBBHQQII")
 HEADER_SIZE = HEADER.size  # 32
 MAC_SIZE = 32  # HMAC-SHA256 digest
@@ -105,48 +105,50 @@ def sign(key: bytes, frame: bytes) -> bytes:
     return hmac.new(key, frame, hashlib.sha256).digest()
 
 
-def _frame(msg_type: MsgType, seq: int, timestamp_us: int, payload: bytes, key: bytes | None) -> bytes:
+def _frame(msg_type: MsgType, seq: int, timestamp_us: int, payload: bytes, key: bytes | None,
+           client_id: int = 0) -> bytes:
     flags = Flags.HMAC if key is not None else Flags.NONE
-    head = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(msg_type), int(flags), seq, timestamp_us, len(payload), 0)
+    head = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(msg_type), int(flags), seq, timestamp_us, len(payload), client_id)
     frame = head + payload
     return frame + sign(key, frame) if key is not None else frame
 
 
-def _floats(values, name: str) -> bytes:
+def _floats(values) -> bytes:
     if values is None:
         return b""
     arr = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
     return arr.tobytes()
 
 
-def encode_act_request(seq: int, timestamp_us: int, obs, legacy_action=None, key: bytes | None = None) -> bytes:
+def encode_act_request(seq: int, timestamp_us: int, obs, legacy_action=None, key: bytes | None = None,
+                       client_id: int = 0) -> bytes:
     """Frame an act request: observation (float32) and, in shadow mode, the legacy action applied."""
-    obs_b, leg_b = _floats(obs, "obs"), _floats(legacy_action, "legacy_action")
+    obs_b, leg_b = _floats(obs), _floats(legacy_action)
     payload = ACT_REQUEST_HEAD.pack(len(obs_b) // 4, len(leg_b) // 4) + obs_b + leg_b
-    return _frame(MsgType.ACT_REQUEST, seq, timestamp_us, payload, key)
+    return _frame(MsgType.ACT_REQUEST, seq, timestamp_us, payload, key, client_id)
 
 
-def encode_status_request(seq: int, timestamp_us: int, key: bytes | None = None) -> bytes:
+def encode_status_request(seq: int, timestamp_us: int, key: bytes | None = None, client_id: int = 0) -> bytes:
     """Frame a status (counters) request; it has no payload."""
-    return _frame(MsgType.STATUS_REQUEST, seq, timestamp_us, b"", key)
+    return _frame(MsgType.STATUS_REQUEST, seq, timestamp_us, b"", key, client_id)
 
 
 def encode_act_reply(seq: int, timestamp_us: int, status: int, latency_us: int, bundle_version: int,
-                     action, key: bytes | None = None) -> bytes:
-    """Frame an act reply (the server's hot path builds the same bytes in place)."""
-    act_b = _floats(action, "action")
+                     action, key: bytes | None = None, client_id: int = 0) -> bytes:
+    """Frame an act reply (the server builds the same bytes on its hot path)."""
+    act_b = _floats(action)
     payload = ACT_REPLY_HEAD.pack(int(status), int(latency_us), int(bundle_version), len(act_b) // 4, 0) + act_b
-    return _frame(MsgType.ACT_REPLY, seq, timestamp_us, payload, key)
+    return _frame(MsgType.ACT_REPLY, seq, timestamp_us, payload, key, client_id)
 
 
 def encode_status_reply(seq: int, timestamp_us: int, bundle_version: int, uptime_us: int,
-                        counters: dict[str, int], histogram, key: bytes | None = None) -> bytes:
+                        counters: dict[str, int], histogram, key: bytes | None = None, client_id: int = 0) -> bytes:
     """Frame a status reply: fixed binary counters and latency histogram."""
     hist = np.asarray(histogram, dtype="<u8").reshape(-1)
     payload = (STATUS_REPLY_HEAD.pack(int(bundle_version), int(uptime_us), len(COUNTER_NAMES), len(hist))
                + struct.pack(f"<{len(COUNTER_NAMES)}Q", *(int(counters[n]) for n in COUNTER_NAMES))
                + hist.tobytes())
-    return _frame(MsgType.STATUS_REPLY, seq, timestamp_us, payload, key)
+    return _frame(MsgType.STATUS_REPLY, seq, timestamp_us, payload, key, client_id)
 
 
 @dataclass(frozen=True)
@@ -160,14 +162,14 @@ class Header:
     seq: int
     timestamp_us: int
     payload_len: int
+    client_id: int
 
 
 def decode_header(data: bytes) -> Header:
     """Decode the first 32 bytes; raises PacketError when shorter."""
     if len(data) < HEADER_SIZE:
         raise PacketError(f"datagram of {len(data)} bytes is shorter than the {HEADER_SIZE}-byte header")
-    magic, version, msg_type, flags, seq, ts, plen, _ = HEADER.unpack_from(data)
-    return Header(magic, version, msg_type, flags, seq, ts, plen)
+    return Header(*HEADER.unpack_from(data))
 
 
 def open_frame(data: bytes, expected_type: MsgType, key: bytes | None = None) -> tuple[Header, memoryview]:

@@ -29,6 +29,7 @@ class EdgeRuntime:
     def __init__(self, bundle: Bundle, policy: OnnxPolicy, shield=None):
         self.bundle, self.policy, self.shield = bundle, policy, shield
         self.obs_dim, self.act_dim = policy.obs_dim, policy.act_dim
+        self._batch = None  # ShieldedPolicy for batch calls: one shield state per row
 
     @classmethod
     def load(cls, bundle_dir: str | Path, *, shield: bool = True) -> "EdgeRuntime":
@@ -50,8 +51,10 @@ class EdgeRuntime:
 
     def reset(self) -> None:
         """Start of an episode: clear the shield's predicted internal states."""
-        if self.shield is not None and hasattr(self.shield, "reset"):
+        if self.shield is not None:
             self.shield.reset()
+        if self._batch is not None:
+            self._batch.reset()
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
         """(safe action, raw policy action, info) for one observation `float32[obs_dim]`."""
@@ -63,17 +66,19 @@ class EdgeRuntime:
         t1 = time.perf_counter()
         if self.shield is None:
             return raw, raw, {"intervened": False, "fallback": False, "policy_us": (t1 - t0) * 1e6, "shield_us": 0.0}
-        safe, info = self.shield.certify_action(obs, raw)
+        safe, info = self.shield.filter(obs, raw)
         info = dict(info)
         info["policy_us"], info["shield_us"] = (t1 - t0) * 1e6, (time.perf_counter() - t1) * 1e6
         return np.asarray(safe, dtype=np.float32), raw, info
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Batch policy interface: safe actions `float32[n, act_dim]` for `float32[n, obs_dim]`."""
-        obs = np.asarray(obs, dtype=np.float32)
         if self.shield is None:
             return self.policy(obs)
-        return np.stack([self.act(o)[0] for o in obs.reshape(-1, self.obs_dim)])
+        if self._batch is None:
+            from shield.cbf import ShieldedPolicy
+            self._batch = ShieldedPolicy(self.policy, self.shield.spec)
+        return self._batch(np.asarray(obs, dtype=np.float32).reshape(-1, self.obs_dim))
 
 
 def _build_shield(bundle: Bundle, policy: OnnxPolicy):

@@ -14,6 +14,8 @@ This module owns the schema. A spec holds:
   with its own class-K gain in (0, 1],
 - the input box, the control latency (steps) predicted through, the margin
   (units of the constrained quantity) covering model error and sensor noise,
+  the relative error of the input's effect (actuator gain over mass) the
+  conditions are robust to (`input_gain_error`),
   the constant fallback action, and the assumptions under which the guarantee
   holds (as data plus one human sentence).
 
@@ -131,6 +133,7 @@ class ShieldSpec:
     constraints: list[dict]
     latency_steps: int = 0
     margin: float = 0.0
+    input_gain_error: float = 0.0
     fallback_action: list[float] | None = None
     assumptions: dict = field(default_factory=dict)
     task: str = ""
@@ -142,7 +145,7 @@ class ShieldSpec:
         if not isinstance(d, dict):
             _fail("<root>", f"must be a mapping, got {type(d).__name__}")
         known = {"schema_version", "task", "obs_dim", "act_dim", "dt", "action_low", "action_high",
-                 "state_index", "model", "kinematics", "constraints", "latency_steps", "margin",
+                 "state_index", "model", "kinematics", "constraints", "latency_steps", "margin", "input_gain_error",
                  "fallback_action", "assumptions"}
         for k in d:
             if k not in known:
@@ -189,6 +192,7 @@ class ShieldSpec:
         if isinstance(latency, bool) or not isinstance(latency, int) or latency < 0:
             _fail("latency_steps", f"must be a non-negative integer, got {latency!r}")
         margin = _number(d.get("margin", 0.0), "margin", 0.0)
+        gain_error = _number(d.get("input_gain_error", 0.0), "input_gain_error", 0.0, 0.9)
         fallback = d.get("fallback_action")
         if fallback is not None:
             fallback = _finite(fallback, "fallback_action", act_dim)
@@ -204,6 +208,7 @@ class ShieldSpec:
         return cls(obs_dim=obs_dim, act_dim=act_dim, dt=dt, action_low=low, action_high=high,
                    state_index=state_index, model=model, position_index=pos, velocity_index=vel,
                    brake_accel=brake, constraints=constraints, latency_steps=latency, margin=margin,
+                   input_gain_error=gain_error,
                    fallback_action=fallback, assumptions=assumptions, task=task)
 
     @staticmethod
@@ -284,7 +289,8 @@ class ShieldSpec:
                            "velocity_index": list(self.velocity_index),
                            "brake_accel": list(self.brake_accel)},
             "constraints": self.constraints, "latency_steps": self.latency_steps,
-            "margin": self.margin, "fallback_action": self.fallback_action,
+            "margin": self.margin,
+            "input_gain_error": self.input_gain_error, "fallback_action": self.fallback_action,
             "assumptions": self.assumptions,
         }
 

@@ -1,0 +1,193 @@
+"""Closed-loop serve benchmark: a simulated plant at 1 kHz / 5 kHz against a real `serve` subprocess.
+
+Each control period the client reads the plant's state, sends it, waits for the
+reply, applies the action and steps the plant (a planar double integrator,
+the bundle's nominal model). The loop is paced by absolute deadlines: sleep
+until shortly before the period starts, then spin, so a slow period does not
+shift every later one. A deadline miss is a reply that arrives after the end
+of its period (or never), or a period skipped because the loop was already
+a whole period late. Baselines measured in the same run: the in-process
+`EdgeRuntime.act` (the compute floor) and a bare UDP echo round trip.
+
+    python bench/bench_serve.py                      # 60 s at 1 kHz, then 60 s at 5 kHz
+    python bench/bench_serve.py --seconds 5 --rates 1000 --json
+    python bench/bench_serve.py --bundle models/cartpole/3   # any bundle (plant: its first 4 obs as p, v)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from shield.client import PolicyClient, PolicyTimeout  # noqa: E402
+from shield.protocol import Status  # noqa: E402
+from shield.runtime import EdgeRuntime  # noqa: E402
+
+SPIN_MARGIN_S = 0.0003  # sleep until this long before a period starts, then busy-wait: sleep alone drifts
+
+
+def percentiles(x_us: np.ndarray) -> dict:
+    """p50/p99/p99.9/max of a latency sample (µs)."""
+    if len(x_us) == 0:
+        return {"p50": float("nan"), "p99": float("nan"), "p999": float("nan"), "max": float("nan")}
+    p50, p99, p999 = np.percentile(x_us, [50, 99, 99.9])
+    return {"p50": float(p50), "p99": float(p99), "p999": float(p999), "max": float(np.max(x_us))}
+
+
+def runtime_floor_us(bundle: Path, n: int = 5000) -> dict:
+    """In-process EdgeRuntime.act latency (µs): what serving cannot beat."""
+    rt = EdgeRuntime.load(bundle)
+    rng = np.random.default_rng(0)
+    obs = rng.uniform(-0.5, 0.5, (n, rt.obs_dim)).astype(np.float32)
+    for o in obs[:100]:
+        rt.act(o)
+    out = np.empty(n)
+    for i, o in enumerate(obs):
+        t0 = time.perf_counter_ns()
+        rt.act(o)
+        out[i] = (time.perf_counter_ns() - t0) / 1e3
+    return percentiles(out)
+
+
+def udp_echo_floor_us(n: int = 5000) -> dict:
+    """Bare loopback UDP round trip through a Python echo thread (µs): the transport floor."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    server.settimeout(0.5)
+    stop = threading.Event()
+
+    def echo():
+        while not stop.is_set():
+            try:
+                data, addr = server.recvfrom(2048)
+            except socket.timeout:
+                continue
+            server.sendto(data, addr)
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    client.connect(server.getsockname())
+    payload = bytes(68)
+    out = np.empty(n)
+    for i in range(n):
+        t0 = time.perf_counter_ns()
+        client.send(payload)
+        client.recv(2048)
+        out[i] = (time.perf_counter_ns() - t0) / 1e3
+    stop.set()
+    thread.join()
+    client.close()
+    server.close()
+    return percentiles(out)
+
+
+def closed_loop(host: str, port: int, rate_hz: float, seconds: float, obs_dim: int) -> dict:
+    """Drive a planar double-integrator plant at rate_hz for `seconds`; returns round-trip figures (µs)."""
+    period = 1.0 / rate_hz
+    client = PolicyClient(host, port, timeout_s=max(10 * period, 0.05))
+    n = int(seconds * rate_hz)
+    rtt, server_us = np.empty(n), np.empty(n)
+    misses = timeouts = alarms = 0
+    p, v = np.array([-1.0, 1.0]), np.zeros(2)  # clear of the planar spec's pillar and fence
+    obs = np.zeros(obs_dim, np.float32)
+    rng = np.random.default_rng(0)
+    start = time.perf_counter() + 0.05
+    skipped = 0
+    for k in range(n):
+        t_start = start + k * period
+        while True:  # deadline pacing
+            now = time.perf_counter()
+            if now >= t_start:
+                break
+            if t_start - now > SPIN_MARGIN_S:
+                time.sleep(t_start - now - SPIN_MARGIN_S)
+        if now > t_start + period:
+            # Overran a whole period (the last reply, or this process, was late): a real-time
+            # controller skips to the next period boundary rather than run a backlog.
+            skipped += 1
+            misses += 1
+            rtt[k], server_us[k] = np.nan, np.nan
+            continue
+        obs[:4] = np.concatenate([p, v]) + rng.normal(0, 1e-3, 4)
+        t0 = time.perf_counter_ns()
+        try:
+            reply = client.act(obs)
+        except PolicyTimeout:
+            timeouts += 1
+            misses += 1
+            rtt[k], server_us[k] = np.nan, np.nan
+            continue
+        t1 = time.perf_counter_ns()
+        rtt[k], server_us[k] = (t1 - t0) / 1e3, reply.latency_us
+        if t1 / 1e9 > t_start + period:
+            misses += 1
+        if reply.status & (Status.FALLBACK | Status.BAD_INPUT | Status.AUTH_FAILED):
+            alarms += 1
+        a = 4.0 * np.clip(reply.action[:2], -1, 1)  # the planar spec: 4 m/s^2 per unit action
+        v = v + period * a
+        p = np.clip(p + period * v, -3, 3)
+    elapsed = time.perf_counter() - start
+    client.close()
+    ok = rtt[np.isfinite(rtt)]
+    return {"rate_hz": rate_hz, "seconds": elapsed, "periods": n, "deadline_misses": misses, "timeouts": timeouts,
+            "skipped_periods": skipped,
+            "fallback_or_alarm_replies": alarms, "rtt_us": percentiles(ok),
+            "server_us": percentiles(server_us[np.isfinite(server_us)])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=60.0, help="duration per rate (s)")
+    p.add_argument("--rates", default="1000,5000", help="control rates to run (Hz), comma-separated")
+    p.add_argument("--bundle", help="bundle to serve (default: a tiny planar double-integrator bundle)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args(argv)
+
+    from tests.serve_bundles import ServerProcess, write_tiny_bundle
+
+    tmp = tempfile.TemporaryDirectory()
+    bundle = Path(args.bundle) if args.bundle else write_tiny_bundle(Path(tmp.name) / "bundle", seed=0, version=1)
+    obs_dim = EdgeRuntime.load(bundle).obs_dim
+    result = {"bundle": str(bundle), "runtime_act_us": runtime_floor_us(bundle), "udp_echo_us": udp_echo_floor_us(),
+              "loops": []}
+    for rate in (float(r) for r in args.rates.split(",")):
+        # The server's compute deadline is the control period: a later reply is useless to the plant.
+        with ServerProcess(str(bundle), "--deadline-us", str(1e6 / rate)) as server:
+            loop = closed_loop(server.host, server.port, rate, args.seconds, obs_dim)
+            with PolicyClient(server.host, server.port) as client:
+                loop["server_counters"] = client.status().counters
+            server.stop()
+        result["loops"].append(loop)
+    tmp.cleanup()
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return 0
+    act, echo = result["runtime_act_us"], result["udp_echo_us"]
+    print(f"baseline: in-process EdgeRuntime.act p50 {act['p50']:.1f} us, p99 {act['p99']:.1f} us; "
+          f"bare UDP echo p50 {echo['p50']:.1f} us, p99 {echo['p99']:.1f} us")
+    for loop in result["loops"]:
+        r, s = loop["rtt_us"], loop["server_us"]
+        print(f"{loop['rate_hz']:.0f} Hz x {loop['seconds']:.1f} s ({loop['periods']} periods): "
+              f"round trip p50 {r['p50']:.1f} p99 {r['p99']:.1f} p99.9 {r['p999']:.1f} max {r['max']:.1f} us; "
+              f"server p50 {s['p50']:.0f} p99 {s['p99']:.0f} us; deadline misses {loop['deadline_misses']} "
+              f"({100 * loop['deadline_misses'] / loop['periods']:.3f} %; {loop['skipped_periods']} skipped), "
+              f"timeouts {loop['timeouts']}, "
+              f"fallback replies {loop['fallback_or_alarm_replies']}; "
+              f"p50 round trip = {r['p50'] / act['p50']:.2f}x in-process act, "
+              f"{r['p50'] / echo['p50']:.2f}x bare UDP echo")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

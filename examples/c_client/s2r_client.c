@@ -1,0 +1,224 @@
+/*
+ * s2r_client: a minimal C client for `sim2real serve` (protocol: docs/protocol.md).
+ *
+ * Plain POSIX sockets, no dependencies; what a PLC gateway or robot firmware
+ * would do each control period: frame the observation, send it, wait for the
+ * reply, check it, apply the action. HMAC-SHA256 is included (a small
+ * SHA-256), so it works against a server started with --key-file.
+ *
+ *   cc -O2 -Wall -Wextra -std=c99 -o s2r_client s2r_client.c
+ *   ./s2r_client [-k KEYFILE] [-l LEGACY_CSV] HOST PORT OBS0 OBS1 ...
+ *
+ * Prints one line:
+ *   reply seq=N status=0xS latency_us=L version=V action=A0 A1 ... bits=H0 H1 ...
+ * where bits are the IEEE-754 float32 words in hex (exact). Exit status:
+ * 0 reply received and verified, 1 usage/socket error, 2 timeout, 3 bad reply.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HEADER_SIZE 32
+#define MAC_SIZE 32
+#define MAX_FLOATS 256
+#define MAX_KEY 1024
+
+enum { ACT_REQUEST = 1, ACT_REPLY = 2 };
+enum { FLAG_HMAC = 1 };
+
+/* ---------------------------------------------------------------- SHA-256 */
+typedef struct { uint32_t h[8]; uint64_t len; uint8_t buf[64]; size_t n; } sha256_ctx;
+
+static const uint32_t K256[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha256_block(sha256_ctx *c, const uint8_t *p) {
+    uint32_t w[64], a, b, d, e, f, g, h, cc, t1, t2;
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    a = c->h[0]; b = c->h[1]; cc = c->h[2]; d = c->h[3]; e = c->h[4]; f = c->h[5]; g = c->h[6]; h = c->h[7];
+    for (int i = 0; i < 64; i++) {
+        t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
+        t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & cc) ^ (b & cc));
+        h = g; g = f; f = e; e = d + t1; d = cc; cc = b; b = a; a = t1 + t2;
+    }
+    c->h[0] += a; c->h[1] += b; c->h[2] += cc; c->h[3] += d; c->h[4] += e; c->h[5] += f; c->h[6] += g; c->h[7] += h;
+}
+
+static void sha256_init(sha256_ctx *c) {
+    static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(c->h, iv, sizeof iv);
+    c->len = 0;
+    c->n = 0;
+}
+
+static void sha256_update(sha256_ctx *c, const uint8_t *p, size_t n) {
+    c->len += n;
+    while (n--) {
+        c->buf[c->n++] = *p++;
+        if (c->n == 64) { sha256_block(c, c->buf); c->n = 0; }
+    }
+}
+
+static void sha256_final(sha256_ctx *c, uint8_t out[32]) {
+    uint64_t bits = c->len * 8;
+    uint8_t pad = 0x80, zero = 0, lenbe[8];
+    sha256_update(c, &pad, 1);
+    while (c->n != 56) sha256_update(c, &zero, 1);
+    for (int i = 0; i < 8; i++) lenbe[i] = (uint8_t)(bits >> (56 - 8 * i));
+    sha256_update(c, lenbe, 8);
+    for (int i = 0; i < 8; i++) {
+        out[4 * i] = (uint8_t)(c->h[i] >> 24); out[4 * i + 1] = (uint8_t)(c->h[i] >> 16);
+        out[4 * i + 2] = (uint8_t)(c->h[i] >> 8); out[4 * i + 3] = (uint8_t)c->h[i];
+    }
+}
+
+static void hmac_sha256(const uint8_t *key, size_t klen, const uint8_t *msg, size_t n, uint8_t out[32]) {
+    uint8_t k[64] = {0}, pad[64], inner[32];
+    sha256_ctx c;
+    if (klen > 64) { sha256_init(&c); sha256_update(&c, key, klen); sha256_final(&c, k); }
+    else memcpy(k, key, klen);
+    for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x36;
+    sha256_init(&c); sha256_update(&c, pad, 64); sha256_update(&c, msg, n); sha256_final(&c, inner);
+    for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x5c;
+    sha256_init(&c); sha256_update(&c, pad, 64); sha256_update(&c, inner, 32); sha256_final(&c, out);
+}
+
+/* Constant-time compare: a MAC check must not leak how many bytes matched. */
+static int mac_equal(const uint8_t *a, const uint8_t *b) {
+    uint8_t diff = 0;
+    for (int i = 0; i < MAC_SIZE; i++) diff |= a[i] ^ b[i];
+    return diff == 0;
+}
+
+/* ------------------------------------------------------- little-endian I/O */
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+static uint32_t f32bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float bitsf32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static uint64_t now_us(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static size_t read_key(const char *path, uint8_t *key) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { perror(path); exit(1); }
+    size_t n = fread(key, 1, MAX_KEY, f);
+    fclose(f);
+    while (n && (key[n - 1] == '\n' || key[n - 1] == '\r' || key[n - 1] == ' ' || key[n - 1] == '\t')) n--;
+    if (n < 16) { fprintf(stderr, "%s: key shorter than 16 bytes\n", path); exit(1); }
+    return n;
+}
+
+static int parse_csv(const char *s, float *out) {
+    int n = 0;
+    char *end;
+    while (*s && n < MAX_FLOATS) {
+        out[n++] = strtof(s, &end);
+        if (end == s) return -1;
+        s = (*end == ',') ? end + 1 : end;
+    }
+    return n;
+}
+
+int main(int argc, char **argv) {
+    uint8_t key[MAX_KEY], req[HEADER_SIZE + 4 + 8 * MAX_FLOATS + MAC_SIZE], rep[2048], mac[MAC_SIZE];
+    size_t klen = 0;
+    float legacy[MAX_FLOATS];
+    int n_leg = 0, opt;
+    while ((opt = getopt(argc, argv, "k:l:")) != -1) {
+        if (opt == 'k') klen = read_key(optarg, key);
+        else if (opt == 'l' && (n_leg = parse_csv(optarg, legacy)) < 0) { fprintf(stderr, "bad -l list\n"); return 1; }
+        else if (opt != 'l') { fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] HOST PORT OBS...\n", argv[0]); return 1; }
+    }
+    int n_obs = argc - optind - 2;
+    if (n_obs < 1 || n_obs + n_leg > MAX_FLOATS) {
+        fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] HOST PORT OBS...\n", argv[0]);
+        return 1;
+    }
+    struct sockaddr_in addr = {0};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)atoi(argv[optind + 1]));
+    if (inet_pton(AF_INET, argv[optind], &addr.sin_addr) != 1) { fprintf(stderr, "bad host %s\n", argv[optind]); return 1; }
+
+    /* Header: magic, version, type, flags, seq, timestamp_us, payload_len, client_id. */
+    uint64_t seq = now_us(CLOCK_REALTIME);  /* ahead of any earlier run: the replay window never trips */
+    uint32_t client_id = (uint32_t)(seq ^ ((uint64_t)getpid() << 16));
+    uint32_t payload_len = 4 + 4 * (uint32_t)(n_obs + n_leg);
+    memcpy(req, "S2RP", 4);
+    req[4] = 1;
+    req[5] = ACT_REQUEST;
+    put16(req + 6, klen ? FLAG_HMAC : 0);
+    put64(req + 8, seq);
+    put64(req + 16, now_us(CLOCK_MONOTONIC));
+    put32(req + 24, payload_len);
+    put32(req + 28, client_id);
+    put16(req + 32, (uint16_t)n_obs);
+    put16(req + 34, (uint16_t)n_leg);
+    for (int i = 0; i < n_obs; i++) put32(req + 36 + 4 * i, f32bits(strtof(argv[optind + 2 + i], NULL)));
+    for (int i = 0; i < n_leg; i++) put32(req + 36 + 4 * (n_obs + i), f32bits(legacy[i]));
+    size_t len = HEADER_SIZE + payload_len;
+    if (klen) { hmac_sha256(key, klen, req, len, req + len); len += MAC_SIZE; }
+
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || send(fd, req, len, 0) != (ssize_t)len) {
+        perror("send");
+        return 1;
+    }
+    for (;;) {
+        ssize_t n = recv(fd, rep, sizeof rep, 0);
+        if (n < 0) { fprintf(stderr, "timeout: %s\n", strerror(errno)); return 2; }
+        int signed_reply = n >= HEADER_SIZE && (get16(rep + 6) & FLAG_HMAC);
+        if (n < HEADER_SIZE + 16 + (signed_reply ? MAC_SIZE : 0) || memcmp(rep, "S2RP", 4) || rep[4] != 1 || rep[5] != ACT_REPLY)
+            continue;  /* not a reply frame: ignore */
+        size_t body = (size_t)n - (signed_reply ? MAC_SIZE : 0);
+        if (klen) {  /* with a key, only a reply signed with it counts */
+            hmac_sha256(key, klen, rep, body, mac);
+            if (!signed_reply || !mac_equal(mac, rep + body)) { fprintf(stderr, "reply MAC mismatch\n"); return 3; }
+        }
+        if (get64(rep + 8) != seq) continue;  /* a late reply to an earlier request */
+        uint32_t plen = get32(rep + 24);
+        uint16_t n_act = get16(rep + 44);
+        if (HEADER_SIZE + plen != body || plen != 16 + 4u * n_act) { fprintf(stderr, "malformed reply\n"); return 3; }
+        printf("reply seq=%llu status=0x%x latency_us=%u version=%u action=", (unsigned long long)seq,
+               get32(rep + 32), get32(rep + 36), get32(rep + 40));
+        for (int i = 0; i < n_act; i++) printf("%s%.9g", i ? " " : "", (double)bitsf32(get32(rep + 48 + 4 * i)));
+        printf(" bits=");
+        for (int i = 0; i < n_act; i++) printf("%s%08x", i ? " " : "", get32(rep + 48 + 4 * i));
+        printf("\n");
+        return 0;
+    }
+}

@@ -1,0 +1,185 @@
+"""The nightly `retrain` flow: train -> export -> shadow -> gate -> register -> promote.
+
+Orchestration only: every step is a function of `pipeline`, and tasks pass
+config paths, directories and plain dicts, never live objects (NOTES: unhashable
+inputs break caching). All Ray work stays inside the one coarse `train` task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.context import get_run_context
+
+from pipeline.config import load_config
+from pipeline.export import export_policy
+from pipeline.registry import Registry
+from pipeline.shadow import run_shadow
+from pipeline.train import train
+
+# Fault drills: SIM2REAL_FAULT_DRILL="train:1" makes the first attempt of the
+# `train` task raise a transient error, to exercise retries end to end.
+FAULT_DRILL_ENV = "SIM2REAL_FAULT_DRILL"
+
+
+class TransientFault(RuntimeError):
+    """A failure worth retrying (a drill, a Ray start that timed out, ...)."""
+
+
+class GateFailed(RuntimeError):
+    """The candidate did not pass the promotion gate; production is unchanged."""
+
+
+def _fault_drill(step: str) -> None:
+    spec = dict(item.split(":") for item in os.environ.get(FAULT_DRILL_ENV, "").split(",") if ":" in item)
+    if step in spec and get_run_context().task_run.run_count <= int(spec[step]):
+        raise TransientFault(f"fault drill: {step} attempt {get_run_context().task_run.run_count} fails on purpose")
+
+
+@task(name="train", retries=2, retry_delay_seconds=5, persist_result=True)
+def train_step(config_path: str, runs_dir: str, steps: int | None, ray_address: str | None) -> dict:
+    """Train on Ray (local, or the cluster at ray_address / RAY_ADDRESS)."""
+    _fault_drill("train")
+    cfg = load_config(config_path)
+    out_dir = Path(runs_dir) / f"{cfg.task.name}-{get_run_context().task_run.id.hex[:8]}"
+    return train(cfg, out_dir=out_dir, steps=steps, ray_address=ray_address, progress=True)
+
+
+@task(name="export", retries=1, retry_delay_seconds=2, persist_result=True)
+def export_step(run_dir: str, models_root: str) -> dict:
+    """Export the run's policy to a staged bundle; the export refuses on a parity failure."""
+    _fault_drill("export")
+    return export_policy(run_dir, out_dir=Path(run_dir) / "bundle", registry_root=models_root)
+
+
+@task(name="shadow", retries=0, persist_result=True)
+def shadow_step(bundle_dir: str, config_path: str, report_dir: str) -> dict:
+    """Shadow pass beside the legacy controller, counterfactual pass, gate decision, report."""
+    _fault_drill("shadow")
+    return run_shadow(bundle_dir, load_config(config_path), report_dir=report_dir)
+
+
+@task(name="register", retries=1, retry_delay_seconds=2, persist_result=True)
+def register_step(bundle_dir: str, models_root: str, metrics: dict, flow_run_id: str) -> int:
+    """Copy the bundle into the registry as a new version, with its shadow metrics."""
+    _fault_drill("register")
+    return Registry(models_root).register(bundle_dir, metrics=metrics, extra={"prefect_flow_run_id": flow_run_id})
+
+
+@task(name="promote", retries=1, retry_delay_seconds=2, persist_result=True)
+def promote_step(models_root: str, task_name: str, version: int) -> int:
+    """Move the production pointer to the new version (atomic)."""
+    _fault_drill("promote")
+    Registry(models_root).promote(task_name, version)
+    return version
+
+
+def _gate_table(shadow: dict) -> list[dict]:
+    return [{"check": r} for r in shadow["reasons"]]
+
+
+@flow(name="retrain", log_prints=True)
+def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "models", runs_dir: str = "runs",
+            steps: int | None = None, ray_address: str | None = None) -> dict:
+    """Nightly retraining: promotes the new policy only if it passes the shadow gate."""
+    logger = get_run_logger()
+    cfg = load_config(config_path)  # fail fast, before any Ray work, on a bad config
+    flow_run_id = str(get_run_context().flow_run.id)
+
+    trained = train_step(config_path, runs_dir, steps, ray_address)
+    logger.info("trained %s env steps in %.0f s: %s", trained["env_steps"], trained["wall_s"], trained["run_dir"])
+    exported = export_step(trained["run_dir"], models_root)
+    logger.info("exported bundle %s (parity max abs err %.2e)", exported["bundle"], exported["parity_max_abs_err"])
+    shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"))
+
+    metrics = {"shadow": shadow["metrics"], "gate": {"decision": shadow["decision"], "reasons": shadow["reasons"]},
+               "train": {k: trained[k] for k in ("env_steps", "updates", "final_return", "wall_s")}}
+    version = register_step(exported["bundle"], models_root, metrics, flow_run_id)
+    registry = Registry(models_root)
+    previous = registry.production(cfg.task.name)
+    passed = shadow["decision"] == "pass"
+    if passed:
+        promote_step(models_root, cfg.task.name, version)
+
+    summary = {
+        "task": cfg.task.name, "decision": shadow["decision"], "reasons": shadow["reasons"], "version": version,
+        "production": registry.production(cfg.task.name), "previous_production": previous,
+        "report": shadow["report"], "run_dir": trained["run_dir"], "flow_run_id": flow_run_id,
+    }
+    _publish_artifacts(summary, shadow, trained)
+    if not passed:
+        raise GateFailed(f"gate failed for {cfg.task.name} v{version}; production stays at {previous}: "
+                         + "; ".join(shadow["reasons"]))
+    return summary
+
+
+def _publish_artifacts(summary: dict, shadow: dict, trained: dict) -> None:
+    verdict = "PASSED, promoted" if summary["decision"] == "pass" else "FAILED, not promoted"
+    reasons = "\n".join(f"- {r}" for r in summary["reasons"])
+    create_markdown_artifact(
+        key="retrain-summary",
+        markdown=(f"# Retrain {summary['task']}: gate {verdict}\n\n"
+                  f"- version: **{summary['version']}**\n- production: **{summary['production']}** "
+                  f"(was {summary['previous_production']})\n- training: {trained['env_steps']} env steps, "
+                  f"{trained['wall_s']:.0f} s, final return {trained['final_return']:.1f}\n"
+                  f"- report: `{summary['report']}`\n\n## Gate\n{reasons}\n"),
+        description=f"gate {summary['decision']}")
+    rows = [{"metric": k, "value": json.dumps(v) if isinstance(v, (dict, list)) else v}
+            for k, v in _flatten(shadow["metrics"]).items()]
+    create_table_artifact(key="shadow-metrics", table=rows, description="shadow-mode metrics")
+    create_link_artifact(key="shadow-report", link=Path(summary["report"]).resolve().as_uri(),
+                         link_text="HTML shadow report", description="plots, gate table, animation")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """`sim2real run`: the flow on embedded defaults, with a summary at the end."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    state = retrain(config_path=args.config, models_root=args.models, runs_dir=args.runs, steps=args.steps,
+                    ray_address=args.ray_address, return_state=True)
+    if state.is_completed():
+        summary = state.result()
+    else:
+        summary = _summary_after_failure(args, state)
+    if args.json:
+        print(json.dumps(summary, default=str))
+    else:
+        print(_human_summary(summary), file=sys.stdout)
+    return 0 if summary.get("decision") == "pass" else 1
+
+
+def _summary_after_failure(args: argparse.Namespace, state) -> dict:
+    cfg = load_config(args.config)
+    return {"task": cfg.task.name, "decision": "fail", "state": state.name, "error": str(state.message),
+            "production": Registry(args.models).production(cfg.task.name)}
+
+
+def _human_summary(s: dict) -> str:
+    lines = [f"sim2real run: {s['task']}: gate {s['decision'].upper()}"]
+    if "version" in s:
+        lines.append(f"  registered version {s['version']}; production -> {s['production']}"
+                     f" (was {s.get('previous_production')})")
+    else:
+        lines.append(f"  flow ended {s.get('state')}: {s.get('error')}")
+        lines.append(f"  production unchanged: {s.get('production')}")
+    for r in s.get("reasons", []):
+        lines.append(f"  - {r}")
+    if s.get("report"):
+        lines.append(f"  report: {s['report']}")
+    return "\n".join(lines)

@@ -1,0 +1,218 @@
+"""`sim2real export`: a training run's deterministic policy -> a parity-checked ONNX bundle.
+
+The exported graph is the whole deployable policy: raw observation in,
+normalization (clipped to +-10 sigma), the mean head, clipping to the env's
+action bounds, action out. Nothing is written until the graph passes
+`onnx.checker` (full check) and onnxruntime matches torch to `PARITY_TOL` on
+>= 10,000 observations at batch 1 and 64: samples from the training
+observation distribution (the normalizer's mean and std), +-10 sigma extremes
+and zeros. Without `--out` the bundle is registered as the task's next version
+(not promoted).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from pipeline.registry import Registry
+from shield.bundle import POLICY_FILE, SHIELD_FILE, BundleError, make_manifest, write_bundle
+from shield.policy import OnnxPolicy
+from shield.spec import ShieldSpec, ShieldSpecError
+
+BUNDLE_VERSION = 1  # = shield.bundle.SCHEMA_VERSION; also written into the ONNX metadata
+OPSET = 17
+PARITY_TOL = 1e-5
+PARITY_SAMPLES = 10_000
+PARITY_BATCHES = (1, 64)
+EXTREME_SIGMA = 10.0
+INPUT_NAME, OUTPUT_NAME = "obs", "action"
+
+
+class ExportError(RuntimeError):
+    """The policy cannot be exported, or the exported graph failed a check; nothing was written."""
+
+
+def git_commit() -> str:
+    """`git rev-parse HEAD` of the source tree, or "unknown" outside a repo / before the first commit."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def to_onnx(policy: torch.nn.Module, obs_dim: int, metadata: dict[str, str]) -> onnx.ModelProto:
+    """Trace `policy` to an ONNX model with a dynamic batch axis and `metadata` in metadata_props."""
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        # dynamo=False: the TorchScript exporter works offline (no onnxscript) and
+        # yields a small Gemm/Tanh/Clip graph for these MLPs.
+        torch.onnx.export(policy.eval(), (torch.zeros(1, obs_dim),), buf, input_names=[INPUT_NAME],
+                          output_names=[OUTPUT_NAME], opset_version=OPSET, dynamo=False,
+                          dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}})
+    model = onnx.load_from_string(buf.getvalue())
+    for key, value in sorted(metadata.items()):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, str(value)
+    return model
+
+
+def check_graph(model: onnx.ModelProto) -> None:
+    """`onnx.checker` with full shape inference; ExportError if the graph is invalid."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
+        raise ExportError(f"{POLICY_FILE}: onnx.checker rejected the exported graph: {err}") from None
+
+
+def check_shield_spec(shield_spec: dict, obs_dim: int, act_dim: int) -> None:
+    """The shield spec must validate and fit the policy, or the bundle would fail at load on the edge."""
+    try:
+        spec = ShieldSpec.from_dict(shield_spec)
+    except ShieldSpecError as err:
+        raise ExportError(f"{SHIELD_FILE}: {err}") from None
+    if (spec.obs_dim, spec.act_dim) != (obs_dim, act_dim):
+        raise ExportError(f"{SHIELD_FILE}: sized for obs {spec.obs_dim}/act {spec.act_dim}, "
+                          f"the policy is obs {obs_dim}/act {act_dim}")
+
+
+def parity_observations(obs_mean: np.ndarray, obs_std: np.ndarray, n: int = PARITY_SAMPLES, seed: int = 0) -> np.ndarray:
+    """Observations for the parity check: n Gaussian draws of the training distribution + extremes + zeros."""
+    rng = np.random.default_rng(seed)
+    mean, std = np.asarray(obs_mean, np.float64), np.asarray(obs_std, np.float64)
+    dim = mean.shape[0]
+    sampled = mean + std * rng.standard_normal((n, dim))
+    # Each coordinate alone at +-10 sigma (the normalizer's clip edge), all at once, and random corners.
+    eye = np.eye(dim)
+    extremes = [mean + s * EXTREME_SIGMA * std * eye for s in (1.0, -1.0)]
+    extremes += [mean + s * EXTREME_SIGMA * std for s in (1.0, -1.0)]
+    extremes.append(mean + EXTREME_SIGMA * std * rng.choice([-1.0, 1.0], size=(64, dim)))
+    extremes.append(np.zeros((1, dim)))
+    return np.concatenate([sampled, *[np.atleast_2d(e) for e in extremes]]).astype(np.float32)
+
+
+def parity_error(policy: torch.nn.Module, onnx_bytes: bytes, obs: np.ndarray,
+                 batches: tuple[int, ...] = PARITY_BATCHES) -> dict[int, float]:
+    """Max |onnxruntime - torch| over `obs`, run through the edge session at each batch size."""
+    with torch.no_grad():
+        reference = policy(torch.from_numpy(obs)).numpy()
+    session = OnnxPolicy(onnx_bytes)
+    errors = {}
+    for batch in batches:
+        actions = np.concatenate([session(obs[i:i + batch]) for i in range(0, len(obs), batch)])
+        if actions.shape != reference.shape:
+            raise ExportError(f"{POLICY_FILE}: onnxruntime returned shape {actions.shape}, torch {reference.shape}")
+        errors[batch] = float(np.max(np.abs(actions.astype(np.float64) - reference)))
+        if not np.isfinite(errors[batch]):
+            errors[batch] = float("inf")  # NaN in one and not the other: never parity
+    return errors
+
+
+def export_deterministic(policy: torch.nn.Module, meta: dict, shield_spec: dict, *, config_hash: str,
+                         out_dir: str | Path | None = None, registry_root: str | Path = "models",
+                         parity_tol: float = PARITY_TOL, metrics: dict | None = None,
+                         extra: dict | None = None) -> dict:
+    """Export a given deterministic policy (+ meta from `load_policy`) to a bundle; see `export_policy`."""
+    obs_dim, act_dim = int(meta["obs_dim"]), int(meta["act_dim"])
+    check_shield_spec(shield_spec, obs_dim, act_dim)
+    commit = git_commit()
+    metadata = dict(task=meta["task"], env_id=meta["env_id"], obs_dim=obs_dim, act_dim=act_dim,
+                    action_low=json.dumps([float(v) for v in np.broadcast_to(meta["action_low"], (act_dim,))]),
+                    action_high=json.dumps([float(v) for v in np.broadcast_to(meta["action_high"], (act_dim,))]),
+                    obs_clip_sigma=EXTREME_SIGMA, bundle_version=BUNDLE_VERSION, config_hash=config_hash,
+                    git_commit=commit)
+    model = to_onnx(policy, obs_dim, metadata)
+    check_graph(model)
+    onnx_bytes = model.SerializeToString()
+
+    obs = parity_observations(policy.obs_mean.numpy(), policy.obs_std.numpy())
+    errors = parity_error(policy, onnx_bytes, obs)
+    worst = max(errors.values())
+    if not worst <= parity_tol:
+        detail = ", ".join(f"batch {b}: {e:.3g}" for b, e in errors.items())
+        raise ExportError(f"{POLICY_FILE}: onnxruntime disagrees with torch (max abs error {detail}; "
+                          f"tolerance {parity_tol:g}) on {len(obs)} observations; bundle not written")
+
+    registry = Registry(registry_root)
+    parent = _production_or_none(registry, meta["task"])
+    all_metrics = {"parity_max_abs_err": worst, "parity_observations": int(len(obs)),
+                   "train_updates": meta.get("updates"), "train_env_steps": meta.get("env_steps"), **(metrics or {})}
+    shield_bytes = json.dumps(shield_spec, indent=2, sort_keys=True).encode()
+    manifest = make_manifest(task=meta["task"], env_id=meta["env_id"], config_hash=config_hash, git_commit=commit,
+                             parent=parent, files={POLICY_FILE: onnx_bytes, SHIELD_FILE: shield_bytes},
+                             metrics=all_metrics, extra=extra, obs_dim=obs_dim, act_dim=act_dim,
+                             action_low=metadata["action_low"], action_high=metadata["action_high"],
+                             hidden_sizes=list(meta.get("hidden_sizes", [])), opset=OPSET)
+    result = {"task": meta["task"], "parity_max_abs_err": worst, "parity_by_batch": errors,
+              "parity_observations": int(len(obs)), "parent": parent, "config_hash": config_hash}
+    if out_dir is not None:
+        path = write_bundle(out_dir, policy_onnx=onnx_bytes, shield_spec=shield_bytes, manifest=manifest)
+        return {**result, "bundle": str(path), "version": None}
+    staging = Path(tempfile.mkdtemp(prefix="sim2real-export-"))
+    try:
+        write_bundle(staging / "bundle", policy_onnx=onnx_bytes, shield_spec=shield_bytes, manifest=manifest)
+        version = registry.register(staging / "bundle")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {**result, "bundle": str(registry.bundle_dir(meta["task"], version)), "version": version}
+
+
+def _production_or_none(registry, task: str) -> int | None:
+    try:
+        return registry.production(task)
+    except BundleError:
+        return None  # an unreadable pointer is the registry's problem to report, not export's
+
+
+def export_policy(run_dir: str | Path, *, out_dir: str | Path | None = None, registry_root: str | Path = "models") -> dict:
+    """Export a run's latest checkpoint to a bundle (registered unless `out_dir`); returns bundle, version, parity."""
+    from pipeline.config import load_config
+    from pipeline.model import load_policy
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ExportError(f"{run_dir}: no such training run directory")
+    cfg = load_config(run_dir / "config.yaml")
+    policy, meta = load_policy(run_dir)
+    from pipeline.shield_spec import build_shield_spec  # the config -> shield.json mapping lives with the shield helpers
+
+    extra = {"run_dir": str(run_dir.resolve())}
+    if meta["config_hash"] != cfg.config_hash():
+        # The manifest keeps the hash the weights were trained under; say loudly that config.yaml drifted.
+        print(f"warning: {run_dir / 'config.yaml'} hashes to {cfg.config_hash()[:12]}..., the checkpoint was "
+              f"trained under {meta['config_hash'][:12]}...; was the run dir edited?", file=sys.stderr)
+        extra["config_yaml_hash"] = cfg.config_hash()
+    return export_deterministic(policy, meta, build_shield_spec(cfg), config_hash=meta["config_hash"],
+                                out_dir=out_dir, registry_root=registry_root, extra=extra)
+
+
+def run_cli(args) -> int:
+    """`sim2real export RUN_DIR [--out DIR] [--json]`; 0 on success, 1 if refused."""
+    from pipeline.checkpoint import CheckpointError
+    from pipeline.config import ConfigError
+
+    try:
+        result = export_policy(args.run_dir, out_dir=args.out, registry_root=getattr(args, "registry", "models"))
+    except (ExportError, BundleError, CheckpointError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        where = f"registered as {result['task']} v{result['version']}" if result["version"] else "standalone bundle"
+        print(f"exported {result['bundle']} ({where}); parity max abs err {result['parity_max_abs_err']:.2e} "
+              f"on {result['parity_observations']} observations")
+    return 0

@@ -1,0 +1,128 @@
+"""The promotion gate: shadow metrics + `cfg.gate` thresholds -> a decision with every reason.
+
+Checks (each names its config key, its value and its threshold):
+
+- ``gate.min_return_ratio`` (r): the candidate's mean return R_c (counterfactual
+  pass) against the legacy mean return R_l on the same seeds and domains:
+  ``R_c >= R_l + (r - 1) * |R_l|``. For R_l > 0 this is the familiar
+  ``R_c >= r * R_l``; for R_l < 0 the naive product would demand the candidate
+  be *better* than legacy whenever r < 1 (0.8 * -100 = -80 > -100), so the
+  rule instead allows the candidate to be worse by (1 - r) of legacy's
+  magnitude (-100 -> threshold -120). r > 1 asks for an improvement of
+  (r - 1) |R_l| either way.
+- ``gate.max_violations``: constraint-violating steps (info["cost"]) of the
+  candidate driving, summed over every counterfactual episode.
+- ``gate.max_intervention_rate``: share of steps the shield changed the
+  candidate's action; measured with the candidate driving when that pass ran,
+  else on the legacy-driven (shadow / field) states.
+- ``gate.max_latency_p99_us``: p99 of the candidate's per-action latency
+  (policy + shield): the worse of the shadow and counterfactual passes' p99.
+
+A check whose inputs are missing (field logs have no counterfactual pass and
+may lack rewards) is *skipped*, reported as such, and does not fail the gate;
+the decision is "pass" only if every check that ran passed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    """One threshold test: `passed` is None when the check was skipped (inputs missing)."""
+
+    key: str  # config key of the threshold, e.g. "gate.max_violations"
+    value: float | None
+    threshold: float
+    passed: bool | None
+    detail: str
+
+    @property
+    def reason(self) -> str:
+        """One human line: PASS/FAIL/SKIPPED, the key, value vs threshold."""
+        status = {True: "PASS", False: "FAIL", None: "SKIPPED"}[self.passed]
+        return f"{status} {self.key}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """The gate's verdict on one candidate with every check that led to it."""
+
+    checks: list[GateCheck] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed is not False for c in self.checks)
+
+    @property
+    def decision(self) -> str:
+        return "pass" if self.passed else "fail"
+
+    @property
+    def reasons(self) -> list[str]:
+        return [c.reason for c in self.checks]
+
+    @property
+    def failing(self) -> list[str]:
+        """Config keys of the thresholds the candidate failed."""
+        return [c.key for c in self.checks if c.passed is False]
+
+
+def _known(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def return_threshold(legacy_return: float, ratio: float) -> float:
+    """Smallest acceptable candidate mean return given legacy's (sign-safe; see module docstring)."""
+    return legacy_return + (ratio - 1.0) * abs(legacy_return)
+
+
+def decide(metrics: dict, gate) -> GateDecision:
+    """Apply `gate` (a GateConfig) to shadow `metrics` (pipeline.shadow_metrics keys); every check reported."""
+    checks = []
+    r_c, r_l = metrics.get("candidate_return_mean"), metrics.get("legacy_return_mean")
+    key = "gate.min_return_ratio"
+    if _known(r_c) and _known(r_l):
+        thr = return_threshold(r_l, gate.min_return_ratio)
+        ok = r_c >= thr
+        checks.append(GateCheck(key, r_c, thr, ok,
+                                f"candidate mean return {r_c:.3f} {'>=' if ok else '<'} {thr:.3f} "
+                                f"(legacy {r_l:.3f}, ratio {gate.min_return_ratio:g})"))
+    else:
+        missing = "candidate return (needs the counterfactual pass)" if not _known(r_c) else "legacy return (the log has no rewards)"
+        checks.append(GateCheck(key, None, gate.min_return_ratio, None, f"no {missing}"))
+
+    v = metrics.get("candidate_violations")
+    key = "gate.max_violations"
+    if _known(v):
+        ok = v <= gate.max_violations
+        checks.append(GateCheck(key, v, gate.max_violations, ok,
+                                f"candidate violating steps {int(v)} {'<=' if ok else '>'} {gate.max_violations}"))
+    else:
+        checks.append(GateCheck(key, None, gate.max_violations, None,
+                                "candidate violations: they need the counterfactual pass"))
+
+    rate, source = metrics.get("candidate_intervention_rate"), "candidate driving"
+    if not _known(rate):
+        rate, source = metrics.get("would_be_intervention_rate"), "would-be, legacy driving"
+    key = "gate.max_intervention_rate"
+    if _known(rate):
+        ok = rate <= gate.max_intervention_rate
+        checks.append(GateCheck(key, rate, gate.max_intervention_rate, ok,
+                                f"shield intervention rate {rate:.4f} {'<=' if ok else '>'} "
+                                f"{gate.max_intervention_rate:g} ({source})"))
+    else:
+        checks.append(GateCheck(key, None, gate.max_intervention_rate, None, "no steps logged"))
+
+    known_p99 = [x for x in (metrics.get("latency_p99_us"), metrics.get("counterfactual_latency_p99_us")) if _known(x)]
+    p99 = max(known_p99) if known_p99 else None  # the worse pass decides
+    key = "gate.max_latency_p99_us"
+    if _known(p99):
+        ok = p99 <= gate.max_latency_p99_us
+        checks.append(GateCheck(key, p99, gate.max_latency_p99_us, ok,
+                                f"candidate latency p99 {p99:.1f} us {'<=' if ok else '>'} {gate.max_latency_p99_us:g} us"))
+    else:
+        checks.append(GateCheck(key, None, gate.max_latency_p99_us, None, "no latency logged"))
+    return GateDecision(checks)

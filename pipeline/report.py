@@ -1,0 +1,190 @@
+"""The shadow report: one self-contained HTML file (plots as base64 PNG, the animation as a base64 GIF).
+
+Sections: the gate table (every check, value vs threshold), headline metrics,
+legacy vs candidate action traces, h(x) over time with shield interventions
+marked, return distributions, latency, and an offscreen animation of the
+first counterfactual episode (or a note saying why it is missing).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+REPORT_FILE = "shadow-report.html"
+ANIMATION_FILE = "counterfactual.gif"
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _img(b64: str, alt: str, mime: str = "image/png") -> str:
+    return f'<img class="plot" alt="{html.escape(alt)}" src="data:{mime};base64,{b64}">'
+
+
+def _first_episode(cols: dict) -> np.ndarray:
+    return cols["episode"] == cols["episode"][0]
+
+
+def plot_actions(cols: dict) -> str:
+    """Legacy vs candidate (raw and shielded) action per dimension over the first logged episode."""
+    import matplotlib.pyplot as plt
+
+    sel = _first_episode(cols)
+    t = cols["t"][sel]
+    act_dim = cols["legacy_action"].shape[1]
+    fig, axes = plt.subplots(act_dim, 1, figsize=(8, 2.2 * act_dim), sharex=True, squeeze=False)
+    for d, ax in enumerate(axes[:, 0]):
+        ax.plot(t, cols["legacy_action"][sel, d], label="legacy (applied)", lw=1.6, color="black")
+        ax.plot(t, cols["candidate_raw"][sel, d], label="candidate raw", lw=0.9, color="tab:orange", alpha=0.7)
+        ax.plot(t, cols["candidate_action"][sel, d], label="candidate shielded", lw=1.0, color="tab:blue", ls="--")
+        ax.set_ylabel(f"action[{d}]")
+    axes[0, 0].legend(loc="upper right", fontsize=7)
+    axes[-1, 0].set_xlabel("time (s)")
+    fig.suptitle("Shadow pass, first episode: legacy drives, candidate computed but not applied", fontsize=9)
+    return _png(fig)
+
+
+def plot_barriers(t: np.ndarray, h: np.ndarray, intervened: np.ndarray, names: list[str], title: str) -> str:
+    """h(x) per constraint over time (h >= 0 is safe) with shield interventions marked."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 2.6))
+    h = np.asarray(h, dtype=np.float64).reshape(len(t), -1)
+    for i in range(h.shape[1]):
+        ax.plot(t, h[:, i], lw=1.2, label=names[i] if i < len(names) else f"h[{i}]")
+    ax.axhline(0.0, color="red", lw=0.8, ls=":")
+    hits = np.flatnonzero(intervened)
+    if hits.size:
+        finite = h[np.isfinite(h)]
+        y = float(finite.min()) if finite.size else 0.0
+        ax.scatter(t[hits], np.full(hits.size, y), marker="|", color="crimson", s=80,
+                   label=f"shield intervened ({hits.size} steps)")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("h(x)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="upper right", fontsize=7)
+    return _png(fig)
+
+
+def plot_returns(metrics: dict) -> str:
+    """Per-episode returns of legacy and candidate (points) with means and 95% CIs."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 2.8))
+    rng = np.random.default_rng(0)
+    for x, (key, label, color) in enumerate((("legacy", "legacy", "black"), ("candidate", "candidate", "tab:blue"))):
+        returns = metrics.get(f"{key}_returns")
+        if not returns:
+            ax.text(x, 0.5, f"{label}: n/a", ha="center", transform=ax.get_xaxis_transform(), fontsize=8)
+            continue
+        r = np.asarray(returns)
+        ax.scatter(x + rng.uniform(-0.12, 0.12, r.size), r, color=color, alpha=0.6, s=18)
+        lo, hi = metrics[f"{key}_return_ci95"]
+        ax.errorbar(x + 0.25, metrics[f"{key}_return_mean"], yerr=[[metrics[f"{key}_return_mean"] - lo],
+                    [hi - metrics[f"{key}_return_mean"]]], fmt="D", color=color, capsize=4)
+    ax.set_xticks([0, 1], ["legacy", "candidate (counterfactual)"])
+    ax.set_xlim(-0.6, 1.6)
+    ax.set_ylabel("episode return")
+    ax.set_title("Returns on the same seeds and domains (mean, 95% CI)", fontsize=9)
+    return _png(fig)
+
+
+def plot_latency(latency_us: np.ndarray, control_period_s: float | None) -> str:
+    """Histogram of the candidate's per-step latency (µs), with the control period marked."""
+    import matplotlib.pyplot as plt
+
+    lat = np.asarray(latency_us, dtype=np.float64)
+    lat = lat[np.isfinite(lat) & (lat > 0)]
+    fig, ax = plt.subplots(figsize=(6, 2.6))
+    if lat.size:
+        ax.hist(lat, bins=np.geomspace(lat.min(), lat.max() * 1.01 + 1e-9, 40), color="tab:blue")
+        ax.set_xscale("log")
+        ax.axvline(np.percentile(lat, 99), color="tab:orange", label="p99")
+        if control_period_s and lat.max() > 0.5 * control_period_s * 1e6:
+            ax.axvline(control_period_s * 1e6, color="red", label="control period")
+        ax.legend(fontsize=7)
+    ax.set_xlabel("candidate latency per step (µs): policy + shield")
+    ax.set_ylabel("steps")
+    return _png(fig)
+
+
+def _gate_table(decision) -> str:
+    rows = []
+    for c in decision.checks:
+        status = {True: "pass", False: "fail", None: "skipped"}[c.passed]
+        value = "n/a" if c.value is None else f"{c.value:.6g}"
+        rows.append(f'<tr class="{status}"><td>{html.escape(c.key)}</td><td>{value}</td>'
+                    f"<td>{c.threshold:.6g}</td><td>{status.upper()}</td><td>{html.escape(c.detail)}</td></tr>")
+    return ("<table><tr><th>threshold</th><th>value</th><th>limit</th><th>result</th><th>detail</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def _metrics_table(metrics: dict) -> str:
+    skip = {"legacy_returns", "candidate_returns", "seeds"}
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(json.dumps(v))}</td></tr>"
+                   for k, v in metrics.items() if k not in skip)
+    return f"<table>{rows}</table>"
+
+
+_CSS = """body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
+tr.fail td{background:#fdd}tr.pass td{background:#dfd}tr.skipped td{background:#eee}
+.verdict{font-size:1.4em;font-weight:bold}.verdict.fail{color:#b00}.verdict.pass{color:#080}
+img.plot{display:block;max-width:100%;margin:0.5em 0}.note{color:#666;font-style:italic}"""
+
+
+def write_report(out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, counterfactual=None) -> Path:
+    """Write `shadow-report.html` (and the animation GIF) into `out_dir`; returns the HTML path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cols, meta = shadow.columns, shadow.meta
+    names = list(meta.get("constraint_names") or [])
+    sel = _first_episode(cols)
+    parts = [f"<h2>Gate: <span class='verdict {decision.decision}'>{decision.decision.upper()}</span></h2>",
+             _gate_table(decision),
+             "<h2>Actions: legacy vs candidate</h2>", _img(plot_actions(cols), "action traces")]
+    parts += ["<h2>Safety: h(x) over time</h2>",
+              _img(plot_barriers(cols["t"][sel], cols["h"][sel], cols["intervened"][sel], names,
+                                 "Shadow pass (legacy drives): would-be interventions"), "h shadow")]
+    if counterfactual is not None and len(counterfactual.trace.get("t", [])):
+        tr = counterfactual.trace
+        parts.append(_img(plot_barriers(tr["t"], tr["h"], tr["intervened"], names,
+                                        "Counterfactual pass (candidate drives, shielded)"), "h counterfactual"))
+    parts += ["<h2>Returns</h2>", _img(plot_returns(metrics), "returns"),
+              "<h2>Latency</h2>", _img(plot_latency(cols["latency_us"], metrics.get("control_period_s")), "latency")]
+    parts.append("<h2>Counterfactual episode (animation)</h2>")
+    if counterfactual is None:
+        parts.append("<p class='note'>animation skipped: field logs have no counterfactual pass</p>")
+    else:
+        from pipeline.animation import render_animation
+
+        fps = 1.0 / metrics["control_period_s"] if metrics.get("control_period_s") else 25.0
+        gif, note = render_animation(cfg.task.env_id, counterfactual.states, out_dir / ANIMATION_FILE, fps=fps)
+        if gif is not None:
+            parts.append(_img(base64.b64encode(gif.read_bytes()).decode(), "counterfactual animation", "image/gif"))
+        parts.append(f"<p class='note'>{html.escape(note)}</p>")
+    parts += ["<h2>All metrics</h2>", _metrics_table(metrics)]
+    source = metrics.get("log") if metrics.get("source") == "field_log" else f"simulation, domains {metrics.get('domains')}"
+    head = (f"<h1>Shadow report: {html.escape(cfg.task.name)}</h1><p>candidate bundle <code>{html.escape(str(bundle_dir))}"
+            f"</code> (version {html.escape(str(meta.get('bundle_version')))}) vs legacy; "
+            f"source: {html.escape(str(source))}; {metrics['episodes']} episodes, {metrics['steps']} steps.</p>")
+    doc = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>sim2real shadow report: "
+           f"{html.escape(cfg.task.name)}</title><style>{_CSS}</style></head><body>{head}{''.join(parts)}</body></html>")
+    path = out_dir / REPORT_FILE
+    path.write_text(doc, encoding="utf-8")
+    return path

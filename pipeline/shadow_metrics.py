@@ -1,0 +1,105 @@
+"""Shadow metrics: the numbers the gate and the report read, computed the same way for sim and field logs.
+
+`log_metrics` needs only the shadow-log columns, so a log recorded by
+`sim2real serve --mode shadow` and the in-sim shadow pass give the same
+numbers for the same steps. `counterfactual_metrics` summarizes the pass where
+the candidate drives. Metrics that cannot be computed are None (JSON null).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def mean_ci95(values: np.ndarray) -> tuple[float | None, list[float] | None]:
+    """Mean and a 95% percentile-bootstrap CI (fixed seed, so reports are reproducible)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0 or not np.all(np.isfinite(values)):
+        return None, None
+    mean = float(values.mean())
+    if values.size == 1:
+        return mean, [mean, mean]
+    rng = np.random.default_rng(0)
+    means = values[rng.integers(0, values.size, size=(BOOTSTRAP_RESAMPLES, values.size))].mean(axis=1)
+    return mean, [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+
+
+def episode_sums(episode: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Sum `values` per episode id, in order of first appearance."""
+    ids, first = np.unique(episode, return_index=True)
+    ids = ids[np.argsort(first)]
+    return np.array([values[episode == i].sum(dtype=np.float64) for i in ids])
+
+
+def latency_stats(latency_us: np.ndarray, control_period_s: float | None) -> dict:
+    """p50/p99/max latency (µs) and deadline misses (steps slower than the control period)."""
+    lat = np.asarray(latency_us, dtype=np.float64)
+    lat = lat[np.isfinite(lat)]
+    if lat.size == 0:
+        return {"latency_p50_us": None, "latency_p99_us": None, "latency_max_us": None, "deadline_misses": None}
+    misses = int(np.sum(lat > control_period_s * 1e6)) if control_period_s else None
+    return {"latency_p50_us": float(np.percentile(lat, 50)), "latency_p99_us": float(np.percentile(lat, 99)),
+            "latency_max_us": float(lat.max()), "deadline_misses": misses}
+
+
+def log_metrics(cols: dict[str, np.ndarray], control_period_s: float | None, agreement_tolerance: float) -> dict:
+    """Metrics of a shadow log (legacy driving, candidate computed): divergence, agreement, interventions, latency.
+
+    Divergence and agreement compare legacy with the candidate's *shielded* action (what would be applied).
+    """
+    n = int(cols["t"].shape[0])
+    if n == 0:
+        raise ValueError("shadow log has no steps")
+    legacy = cols["legacy_action"].astype(np.float64)
+    cand = cols["candidate_action"].astype(np.float64)
+    if legacy.shape != cand.shape:
+        raise ValueError(f"legacy_action {legacy.shape} and candidate_action {cand.shape} differ in shape")
+    diff = np.abs(cand - legacy)
+    rewards, costs = cols["reward"], cols["cost"]
+    legacy_returns = episode_sums(cols["episode"], rewards) if np.all(np.isfinite(rewards)) else np.array([])
+    mean, ci = mean_ci95(legacy_returns)
+    out = {
+        "steps": n,
+        "episodes": int(np.unique(cols["episode"]).size),
+        "control_period_s": control_period_s,
+        "action_rmse": np.sqrt(np.mean(diff**2, axis=0)).tolist(),
+        "action_p95_abs_diff": np.percentile(diff, 95, axis=0).tolist(),
+        # The unshielded policy's divergence: separates "the policy disagrees" from "the shield stepped in".
+        "raw_action_rmse": np.sqrt(np.mean((cols["candidate_raw"].astype(np.float64) - legacy) ** 2, axis=0)).tolist(),
+        "agreement_rate": float(np.mean(np.all(diff <= agreement_tolerance, axis=1))),
+        "agreement_tolerance": agreement_tolerance,
+        "would_be_intervention_rate": float(np.mean(cols["intervened"])),
+        "would_be_fallback_rate": float(np.mean(cols["fallback"])),
+        "legacy_returns": legacy_returns.tolist() if mean is not None else None,
+        "legacy_return_mean": mean,
+        "legacy_return_ci95": ci,
+        "legacy_violations": int(np.sum(costs)) if np.all(np.isfinite(costs)) else None,
+        "min_h": [float(np.min(col[np.isfinite(col)])) if np.isfinite(col).any() else None for col in cols["h"].T],
+    }
+    out.update(latency_stats(cols["latency_us"], control_period_s))
+    return out
+
+
+def counterfactual_metrics(returns: list[float], costs: list[float], interventions: int, fallbacks: int,
+                           steps: int, latency_us: np.ndarray, control_period_s: float | None) -> dict:
+    """Metrics of the pass where the shielded candidate drives (per-episode returns and cost steps)."""
+    mean, ci = mean_ci95(np.asarray(returns))
+    lat = latency_stats(latency_us, control_period_s)
+    return {
+        "candidate_returns": [float(r) for r in returns],
+        "candidate_return_mean": mean,
+        "candidate_return_ci95": ci,
+        "candidate_violations": int(round(float(np.sum(costs)))),
+        "candidate_intervention_rate": interventions / steps if steps else None,
+        "candidate_fallback_rate": fallbacks / steps if steps else None,
+        "candidate_steps": steps,
+        "counterfactual_latency_p99_us": lat["latency_p99_us"],
+        "counterfactual_deadline_misses": lat["deadline_misses"],
+    }
+
+
+def empty_counterfactual() -> dict:
+    """The counterfactual keys, all None: field logs have no pass where the candidate drives."""
+    return {k: None for k in counterfactual_metrics([1.0], [0.0], 0, 0, 1, np.array([1.0]), 0.02)}

@@ -1,0 +1,137 @@
+"""Builds a task's shield spec (the bundle's shield.json) at bundle-build time.
+
+The nominal model comes from the task: for ``model: linear`` tasks (the
+cart-pole) MuJoCo's own finite-difference derivatives (`mjd_transitionFD`)
+at the task's equilibrium, composed over the physics substeps of one control
+period; for ``model: double_integrator`` tasks (the quadrotor's acceleration
+set-points) the per-axis acceleration scale and inner-loop response time. The
+edge box then needs no MuJoCo.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shield.spec import ShieldSpec, ShieldSpecError
+
+# How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
+_STATEMENT = ("No constraint is violated while the actuation latency is at most max_latency_s, the "
+              "plant's achievable deceleration is at least brake_accel (per position) despite mass, "
+              "gain and disturbance errors up to max_accel_error, the input's effect is within "
+              "(1 +- max_input_gain_error) x nominal, and observation noise stays within "
+              "max_obs_noise (absorbed by the margin).")
+
+
+def linearize_mujoco(nominal, state_obs: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Discrete model over one control period, x = obs[state_obs], from mujoco.mjd_transitionFD at the equilibrium."""
+    import mujoco
+
+    model = nominal.model
+    data = mujoco.MjData(model)
+    data.qpos[:] = nominal.qpos
+    data.qvel[:] = nominal.qvel
+    data.ctrl[:] = 0.0
+    mujoco.mj_forward(model, data)
+    nv, nu = model.nv, model.nu
+    A1 = np.zeros((2 * nv + model.na, 2 * nv + model.na))
+    B1 = np.zeros((2 * nv + model.na, nu))
+    mujoco.mjd_transitionFD(model, data, 1e-6, True, A1, B1, None, None)
+    # The control is held for `substeps` physics steps: compose the one-step map.
+    A, B = np.eye(len(A1)), np.zeros_like(B1)
+    for _ in range(nominal.substeps):
+        A, B = A1 @ A, A1 @ B + B1
+    if model.nq != nv:
+        raise ShieldSpecError("linear shield model: only plants with nq == nv (no free/ball joints) are supported")
+    rows = []
+    for o in state_obs:
+        kind, i = nominal.obs_to_state[o]
+        rows.append(i if kind == "qpos" else nv + i)
+    P = np.zeros((len(state_obs), len(A)))
+    P[np.arange(len(state_obs)), rows] = 1.0
+    A_obs, B_obs = P @ A @ P.T, P @ B
+    x_eq = P @ np.concatenate([nominal.qpos, nominal.qvel, np.zeros(model.na)])
+    c = x_eq - A_obs @ x_eq  # the equilibrium is a fixed point under zero action
+    return A_obs, B_obs, c
+
+
+def _latency_steps(cfg) -> int:
+    if cfg.shield.latency_steps is not None:
+        return cfg.shield.latency_steps
+    steps = [r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None]
+    return max(steps, default=0)
+
+
+def _max_obs_noise(cfg, obs_dim: int) -> float:
+    """Largest 3-sigma observation noise over the config's randomization sets."""
+    worst = 0.0
+    for rset in cfg.randomization.values():
+        worst = max(worst, 3.0 * max(rset.obs_noise_std))
+    return worst
+
+
+def build_shield_spec(cfg) -> dict:
+    """The shield.json content for `cfg.task.env_id`, from envs.safety_spec, the nominal model and cfg.shield."""
+    import envs
+
+    safety = envs.safety_spec(cfg.task.env_id)
+    sc = cfg.shield
+    obs_dim, act_dim, dt = int(safety["obs_dim"]), int(safety["act_dim"]), float(safety["dt"])
+    pos = list(safety["kinematics"]["position_index"])
+    vel = list(safety["kinematics"]["velocity_index"])
+    names = [c["name"] for c in safety["constraints"]]
+    unknown = sorted(set(sc.gains) - set(names))
+    if unknown:
+        raise ShieldSpecError(f"shield.gains: unknown constraint name(s) {unknown}; the task's constraints are {names}")
+    constraints = []
+    for con in safety["constraints"]:
+        con = dict(con)
+        con["gain"] = float(sc.gains.get(con["name"], sc.gain))
+        constraints.append(con)
+    low = np.asarray(safety["action_low"], np.float64)
+    high = np.asarray(safety["action_high"], np.float64)
+    full = np.maximum(np.abs(low), np.abs(high))  # largest action magnitude per input
+    if safety["model"] == "linear":
+        task_module = _task_module(cfg.task.env_id)
+        nominal = task_module.nominal_model()
+        state_index = sorted(nominal.obs_to_state)
+        A, B, c = linearize_mujoco(nominal, state_index)
+        model = {"type": "linear", "A": A.tolist(), "B": B.tolist(), "c": c.tolist()}
+        # Nominal full-action acceleration of each position: velocity change per period / dt.
+        full_accel = [float(np.abs(B[state_index.index(v)]) @ full / dt) for v in vel]
+    elif safety["model"] == "double_integrator":
+        scale = np.asarray(safety["action_scale"], np.float64)
+        state_index = pos + vel
+        model = {"type": "double_integrator", "accel_per_action": np.diag(scale).tolist(),
+                 "response_time_s": float(safety.get("response_time_constant", 0.0))}
+        full_accel = [float(scale[i] * full[i]) for i in range(len(pos))]
+    else:
+        raise ShieldSpecError(f"task {cfg.task.env_id}: unsupported shield model {safety['model']!r}")
+    brake = [sc.brake_fraction * a for a in full_accel]
+    latency = _latency_steps(cfg)
+    spec = {
+        "schema_version": 1, "task": cfg.task.name, "obs_dim": obs_dim, "act_dim": act_dim, "dt": dt,
+        "action_low": low.tolist(), "action_high": high.tolist(), "state_index": state_index,
+        "model": model,
+        "kinematics": {"position_index": pos, "velocity_index": vel, "brake_accel": brake},
+        "constraints": constraints, "latency_steps": latency, "margin": float(sc.margin),
+        "input_gain_error": float(sc.input_gain_error),
+        "fallback_action": np.clip(0.0, low, high).tolist(),
+        "assumptions": {
+            "max_latency_s": latency * dt,
+            "max_accel_error": [a - b for a, b in zip(full_accel, brake)],
+            "max_input_gain_error": float(sc.input_gain_error),
+            "max_obs_noise": _max_obs_noise(cfg, obs_dim),
+            "statement": _STATEMENT,
+        },
+    }
+    ShieldSpec.from_dict(spec)  # fail here, at build time, rather than on the edge box
+    return spec
+
+
+def _task_module(env_id: str):
+    from envs import cartpole_rail, quadrotor_geofence
+
+    for module in (cartpole_rail, quadrotor_geofence):
+        if module.ENV_ID == env_id:
+            return module
+    raise ShieldSpecError(f"no task module for {env_id!r}")

@@ -1,0 +1,285 @@
+"""The training driver: starts Ray, the rollout actors and the learner, and runs the loop.
+
+Async (default): each actor always has work queued (at most
+`max_batches_in_flight` batches requested and not consumed, back-pressure by
+`ray.wait`); the learner consumes batches as they arrive, publishes weights
+once per update with `ray.put`, and actors pick the newest up between
+batches. Sync (`train.sync`): every actor collects one batch with the current
+weights, the learner takes them all in one update (policy lag 0).
+
+Run directory: config.yaml (resolved config), metrics.jsonl, TensorBoard
+events, checkpoints/ckpt_<updates>.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections import deque
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import ray
+import torch
+import yaml
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+from pipeline.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
+from pipeline.learner import Learner, resolve_device
+from pipeline.metrics import MetricsLogger
+from pipeline.rollout import RolloutActor, WeightSource, make_env
+
+# final_return = mean return of this many most recent episodes.
+FINAL_RETURN_WINDOW = 20
+# A restarting rollout actor that is still unavailable after this long is given up (s).
+ACTOR_RESTART_TIMEOUT_S = 120.0
+
+
+def _with_overrides(cfg, steps, actors, envs_per_actor):
+    cfg = cfg.model_copy(deep=True)
+    # validate_assignment on the config sections turns a bad override into an error naming the key.
+    if steps is not None:
+        cfg.train.total_env_steps = steps
+    if actors is not None:
+        cfg.train.num_actors = actors
+    if envs_per_actor is not None:
+        cfg.train.envs_per_actor = envs_per_actor
+    return cfg
+
+
+def _env_spec(cfg) -> tuple[dict, object]:
+    """(model_spec, train randomization) from one probe env."""
+    randomization = cfg.randomization["train"].model_dump(mode="json")
+    env = make_env(cfg.task.env_id, randomization, cfg.task.max_episode_steps)
+    try:
+        obs_space, act_space = env.observation_space, env.action_space
+        if len(obs_space.shape) != 1 or len(act_space.shape) != 1:
+            raise ValueError(f"{cfg.task.env_id}: needs flat Box observations and actions, got "
+                             f"{obs_space} and {act_space}")
+        spec = dict(obs_dim=obs_space.shape[0], act_dim=act_space.shape[0], hidden_sizes=list(cfg.train.hidden_sizes),
+                    action_low=act_space.low.astype(float).tolist(), action_high=act_space.high.astype(float).tolist())
+    finally:
+        env.close()
+    return spec, randomization
+
+
+class _Publisher:
+    """Puts the learner's weights into the object store once per update and tells the WeightSource."""
+
+    def __init__(self, learner: Learner, weight_source):
+        self.learner, self.weight_source, self.latest = learner, weight_source, None
+
+    def publish(self) -> tuple[int, list]:
+        ref = ray.put(self.learner.cpu_weights())
+        self.latest = (self.learner.version, [ref])  # the driver owns the ref; keeping it keeps it alive
+        self.weight_source.publish.remote(*self.latest)
+        return self.latest
+
+
+def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ray_address=None, resume=None,
+          progress=True, callback: Callable[[dict], None] | None = None) -> dict:
+    """Train the task's policy; returns run_dir, env_steps, updates, final_return, wall_s (+ throughput).
+
+    `steps` is the total env-step budget of the run (a resumed run counts the steps
+    it already has). `callback(state)` is called once before the first update and
+    after every update with dict(updates, env_steps, learner, actors, metrics).
+    """
+    start_wall = time.perf_counter()
+    if resume is not None:
+        run_dir = Path(resume)
+        ckpt = read_checkpoint(latest_checkpoint(run_dir))
+    else:
+        run_dir = Path(out_dir) if out_dir else Path("runs") / f"{cfg.task.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        ckpt = None
+    cfg = _with_overrides(cfg, steps, actors, envs_per_actor)
+    tc = cfg.train
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+
+    model_spec, randomization = _env_spec(cfg)
+    device = resolve_device(tc.device)
+    torch.manual_seed(tc.seed)
+    learner = Learner(model_spec, tc, device, log_std_init=tc.log_std_init)
+    updates, env_steps, episodes_total, prior_wall = 0, 0, 0, 0.0
+    if ckpt is not None:
+        if ckpt["model_spec"] != model_spec:
+            raise ValueError(f"cannot resume {run_dir}: its model {ckpt['model_spec']} differs from the config's {model_spec}")
+        learner.load_state_dict(ckpt["learner"])
+        torch.set_rng_state(ckpt["torch_rng_state"])
+        updates, env_steps = int(ckpt["updates"]), int(ckpt["env_steps"])
+        episodes_total, prior_wall = int(ckpt["episodes"]), float(ckpt["wall_s"])
+
+    address = ray_address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        local_cpus = None if address else max(os.cpu_count() or 1, math.ceil(tc.num_actors * cfg.ray.actor_num_cpus))
+        ray.init(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=True)
+
+    weight_source = ray.remote(num_cpus=0)(WeightSource).remote()
+    publisher = _Publisher(learner, weight_source)
+    publisher.publish()
+    # A resumed run seeds its actors differently so it does not replay the episodes of its first life.
+    actor_seed = int(np.random.SeedSequence([tc.seed, updates]).generate_state(1)[0])
+    actor_cls = ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_num_cpus,
+                                                 max_restarts=cfg.ray.max_actor_restarts, max_task_retries=0)
+    rollout_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps,
+                                       tc.envs_per_actor, tc.rollout_length, actor_seed, model_spec, weight_source)
+                      for i in range(tc.num_actors)]
+    logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
+
+    def checkpoint() -> None:
+        write_checkpoint(run_dir, updates, dict(
+            learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
+            updates=updates, env_steps=env_steps, episodes=episodes_total, wall_s=prior_wall + time.perf_counter() - start_wall,
+            torch_rng_state=torch.get_rng_state(), env_id=cfg.task.env_id, task=cfg.task.name,
+            config_hash=cfg.config_hash()))
+
+    recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
+    alive = list(range(len(rollout_actors)))
+    lives: list[str | None] = [None] * len(rollout_actors)
+    failed_in_a_row = [0] * len(rollout_actors)
+    unavailable_since = [0.0] * len(rollout_actors)
+    env_restarts_of = [0] * len(rollout_actors)
+    actor_restarts = 0
+    learner_time, loop_start, steps_at_start = 0.0, time.perf_counter(), env_steps
+    rate_window: deque[tuple[float, int]] = deque(maxlen=20)
+    pending: dict = {}
+
+    def drop_actor(i: int, why: str) -> None:
+        if i in alive:
+            alive.remove(i)
+            print(f"sim2real train: rollout actor {i} {why}; continuing with {len(alive)}", file=sys.stderr)
+        if not alive:
+            raise RuntimeError(f"all {len(rollout_actors)} rollout actors are gone; see the Ray logs")
+
+    def submit(i: int, weights=None) -> None:
+        pending[rollout_actors[i].rollout.remote(weights)] = i
+
+    def receive(ref):
+        """(actor index, batch), batch None when the actor died or is restarting."""
+        nonlocal actor_restarts
+        i = pending.pop(ref)
+        try:
+            batch = ray.get(ref)
+        except ActorUnavailableError:
+            # Restarting (Ray's max_restarts): the request is resubmitted; don't spin while it boots.
+            unavailable_since[i] = unavailable_since[i] or time.perf_counter()
+            if time.perf_counter() - unavailable_since[i] > ACTOR_RESTART_TIMEOUT_S:
+                drop_actor(i, "did not come back from a restart")
+            time.sleep(0.05)
+            return i, None
+        except RayActorError:
+            # Requests in flight when an actor dies fail too, even when Ray restarts it;
+            # only an actor that fails more requests than could have been in flight is gone.
+            failed_in_a_row[i] += 1
+            if failed_in_a_row[i] > tc.max_batches_in_flight + 1:
+                drop_actor(i, f"died more than {cfg.ray.max_actor_restarts} times (ray.max_actor_restarts)")
+            return i, None
+        unavailable_since[i] = 0.0
+        failed_in_a_row[i] = 0
+        if lives[i] is not None and batch["life"] != lives[i]:
+            actor_restarts += 1  # a new life of actor i: Ray restarted it
+        lives[i] = batch["life"]
+        return i, batch
+
+    try:
+        if callback:
+            callback(dict(updates=updates, env_steps=env_steps, learner=learner, actors=rollout_actors, metrics={}))
+        if not tc.sync:
+            for k in range(tc.max_batches_in_flight):
+                submit(alive[k % len(alive)])
+        batches_per_update = tc.num_actors if tc.sync else tc.batches_per_update
+        while env_steps < tc.total_env_steps:
+            batches: list[dict] = []
+            if tc.sync:
+                weights = publisher.latest
+                for i in alive:
+                    submit(i, weights)
+            while len(batches) < batches_per_update:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                i, batch = receive(ready[0])
+                if i in alive and (not tc.sync or batch is None):
+                    submit(i, publisher.latest if tc.sync else None)
+                if batch is None:
+                    continue
+                batches.append(batch)
+                if tc.sync and len(batches) == len(alive):
+                    break
+            for batch in batches:
+                env_steps += batch["rewards"].size
+                env_restarts_of[batch["actor"]] = batch["env_restarts"]
+            lags = [learner.version - b["version"] for b in batches]
+            episodes = np.concatenate([b["episodes"] for b in batches])
+            episodes_total += len(episodes)
+            recent_returns.extend(episodes[:, 0].tolist())
+
+            stats = learner.update(batches)
+            learner_time += stats["learner_s"]
+            updates += 1
+            publisher.publish()
+
+            now = time.perf_counter()
+            elapsed = now - loop_start
+            rate_window.append((now, env_steps))
+            window_s = now - rate_window[0][0]
+            record = dict(updates=updates, env_steps=env_steps,
+                          env_steps_per_s=(env_steps - rate_window[0][1]) / window_s if window_s > 0 else 0.0,
+                          learner_samples_per_s=stats["samples"] / stats["learner_s"],
+                          learner_utilization=learner_time / elapsed,
+                          policy_lag_mean=float(np.mean(lags)), policy_lag_max=int(max(lags)),
+                          actor_restarts=actor_restarts, env_restarts=int(sum(env_restarts_of)),
+                          **{k: v for k, v in stats.items() if k not in ("samples", "learner_s")})
+            if len(episodes):
+                record.update(episode_return=float(episodes[:, 0].mean()), episode_cost=float(episodes[:, 1].mean()),
+                              episode_length=float(episodes[:, 2].mean()), episodes=episodes_total)
+            logger.log(record)
+            if updates % tc.checkpoint_every == 0:
+                checkpoint()
+            if callback:
+                callback(dict(updates=updates, env_steps=env_steps, learner=learner, actors=rollout_actors,
+                              metrics=record))
+        checkpoint()
+    finally:
+        logger.close()
+        for actor in rollout_actors:
+            ray.kill(actor)
+        ray.kill(weight_source)
+        if started_ray:
+            ray.shutdown()
+
+    wall_s = time.perf_counter() - start_wall
+    final_return = float(np.mean(recent_returns)) if recent_returns else None
+    return dict(run_dir=str(run_dir), env_steps=env_steps, updates=updates, final_return=final_return,
+                wall_s=wall_s, env_steps_per_s=(env_steps - steps_at_start) / (time.perf_counter() - loop_start),
+                learner_utilization=learner_time / (time.perf_counter() - loop_start), actor_restarts=actor_restarts)
+
+
+def run_cli(args) -> int:
+    """`sim2real train`: args.config, steps, actors, envs_per_actor, out, ray_address, resume, json."""
+    from pipeline.config import ConfigError, load_config
+
+    config_path = args.config
+    if config_path is None and args.resume:
+        config_path = Path(args.resume) / "config.yaml"
+    if config_path is None:
+        print("sim2real train: --config is required (or --resume RUN_DIR)", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(config_path)
+        result = train(cfg, out_dir=args.out, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,
+                       ray_address=args.ray_address, resume=args.resume, progress=True)
+    except (ConfigError, ValueError) as err:
+        print(f"sim2real train: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        ret = "n/a" if result["final_return"] is None else f"{result['final_return']:.1f}"
+        print(f"trained {result['updates']} updates, {result['env_steps']} env steps in {result['wall_s']:.1f} s; "
+              f"final return {ret}; run dir {result['run_dir']}")
+    return 0

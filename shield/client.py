@@ -1,0 +1,101 @@
+"""`PolicyClient`: the Python side of the serve protocol (docs/protocol.md).
+
+    client = PolicyClient("127.0.0.1", 9870, key=None)
+    reply = client.act(obs)                      # active mode
+    reply = client.act(obs, legacy_action=u)     # shadow mode
+    if reply.ok: apply(reply.action)
+
+Sequence numbers start at the wall clock in µs, so a restarted client is still
+ahead of the server's replay window (per random 32-bit client_id when keyed); replies whose sequence number does not
+match the request (a late reply to an earlier, timed-out request) are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from shield.protocol import (HEADER, MsgType, PacketError, Reply, ServerStatus, decode_act_reply,
+                             decode_status_reply, encode_act_request, encode_status_request)
+
+
+class PolicyTimeout(TimeoutError):
+    """No matching reply within the client's timeout."""
+
+
+class PolicyClient:
+    """Blocking UDP client: one request, one reply."""
+
+    def __init__(self, host: str, port: int, key: bytes | None = None, *, timeout_s: float = 1.0):
+        self.address = (host, int(port))
+        self.key = key
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.connect(self.address)  # connected: only the server's datagrams are received
+        self.sock.settimeout(timeout_s)
+        self.seq = time.time_ns() // 1000
+        # With a key the server's replay window is per client_id: one random id per client object.
+        self.client_id = int.from_bytes(os.urandom(4), "little")
+
+    def next_seq(self) -> int:
+        """A fresh, strictly increasing sequence number."""
+        self.seq += 1
+        return self.seq
+
+    def send_act(self, obs, legacy_action=None) -> int:
+        """Send an act request without waiting; returns its sequence number."""
+        seq = self.next_seq()
+        self.sock.send(encode_act_request(seq, time.monotonic_ns() // 1000, obs, legacy_action, self.key,
+                                          self.client_id))
+        return seq
+
+    def recv_reply(self, seq: int) -> Reply:
+        """Wait for the reply to request `seq`, skipping stale replies to earlier ones."""
+        deadline = time.monotonic() + (self.sock.gettimeout() or 1.0)
+        while True:
+            try:
+                data = self.sock.recv(65535)
+            except socket.timeout:
+                raise PolicyTimeout(f"no reply to seq {seq} from {self.address[0]}:{self.address[1]}") from None
+            try:
+                reply = decode_act_reply(data, self.key)
+            except PacketError:
+                reply = None  # unsigned/forged or not a reply: ignore it
+            if reply is not None and reply.seq == seq:
+                return reply
+            if time.monotonic() > deadline:
+                raise PolicyTimeout(f"no reply to seq {seq} from {self.address[0]}:{self.address[1]}")
+
+    def act(self, obs, legacy_action=None) -> Reply:
+        """Send one observation (float32[obs_dim]) and return the server's Reply (action, status, latency µs)."""
+        return self.recv_reply(self.send_act(obs, legacy_action))
+
+    def status(self) -> ServerStatus:
+        """Ask for the server's counters and latency histogram."""
+        seq = self.next_seq()
+        self.sock.send(encode_status_request(seq, time.monotonic_ns() // 1000, self.key, self.client_id))
+        deadline = time.monotonic() + (self.sock.gettimeout() or 1.0)
+        while time.monotonic() <= deadline:
+            try:
+                data = self.sock.recv(65535)
+            except socket.timeout:
+                break
+            if len(data) >= HEADER.size and data[5] == MsgType.STATUS_REPLY:
+                try:
+                    status = decode_status_reply(data, self.key)
+                except PacketError:
+                    continue
+                if status.seq == seq:
+                    return status
+        raise PolicyTimeout(f"no status reply from {self.address[0]}:{self.address[1]}")
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+    def __enter__(self) -> "PolicyClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

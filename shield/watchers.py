@@ -1,0 +1,75 @@
+"""Threads beside the serving loop: hot reload of a newly promoted bundle, and the watchdog.
+
+Neither touches the hot path: `RegistryWatcher` loads and verifies the new
+runtime in its own thread and hands it to `PolicyServer.swap_runtime`, which
+swaps one reference between two requests; `Watchdog` only reads two timestamps.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+
+class Watchdog(threading.Thread):
+    """Warns (stderr) when one request hangs the loop, or when a plant that was talking goes silent."""
+
+    def __init__(self, server: Any, *, stall_s: float = 0.5, silence_s: float = 1.0):
+        super().__init__(name="serve-watchdog", daemon=True)
+        self.server, self.stall_ns, self.silence_ns = server, int(stall_s * 1e9), int(silence_s * 1e9)
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        stalled = silent = False
+        while not self._stop.wait(0.1):
+            now, busy, last = time.perf_counter_ns(), self.server.busy_since_ns, self.server.last_request_ns
+            if busy and now - busy > self.stall_ns and not stalled:
+                print(f"serve: watchdog: one request has taken {(now - busy) / 1e6:.0f} ms", file=sys.stderr)
+            stalled = bool(busy and now - busy > self.stall_ns)
+            quiet = bool(last and now - last > self.silence_ns)
+            if quiet and not silent:
+                print(f"serve: watchdog: no request for {(now - last) / 1e9:.1f} s", file=sys.stderr)
+            silent = quiet
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class RegistryWatcher(threading.Thread):
+    """Polls a task's production pointer; on a change, loads the new bundle off the hot path and swaps it in."""
+
+    def __init__(self, server: Any, models_root: str | Path, task: str,
+                 loader: Callable[[Path], Any], *, poll_s: float = 0.2):
+        super().__init__(name="serve-reload", daemon=True)
+        self.server, self.root, self.task, self.loader, self.poll_s = server, Path(models_root), task, loader, poll_s
+        self.pointer = self.root / task / "production"
+        self._stop = threading.Event()
+        self._seen = self._read()
+
+    def _read(self) -> bytes | None:
+        try:
+            return self.pointer.read_bytes()
+        except OSError:
+            return None
+
+    def run(self) -> None:
+        from shield.bundle import resolve_production
+
+        while not self._stop.wait(self.poll_s):
+            current = self._read()
+            if current == self._seen or current is None:
+                continue
+            self._seen = current
+            try:
+                bundle_dir = resolve_production(self.root, self.task)
+                self.server.swap_runtime(self.loader(bundle_dir))
+                print(f"serve: reloaded {self.task} v{self.server.served.version} from {bundle_dir}", flush=True)
+            except Exception as err:  # a bad promote must not stop the plant: keep serving the old version
+                print(f"serve: reload failed, still serving v{self.server.served.version}: {err}",
+                      file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        self._stop.set()

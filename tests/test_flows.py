@@ -1,0 +1,172 @@
+"""The retrain flow under Prefect's test harness, and `sim2real schedule` against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny_config(tmp_path: Path, **gate) -> Path:
+    """The cart-pole config on a tiny budget, with gate thresholds a barely trained policy can meet."""
+    data = yaml.safe_load((ROOT / "configs" / "cartpole.yaml").read_text())
+    data["task"]["max_episode_steps"] = 100
+    data["train"].update(total_env_steps=4096, num_actors=1, envs_per_actor=4, checkpoint_every=1000)
+    data["shadow"].update(episodes=2)
+    data["gate"].update(min_return_ratio=0.01, max_intervention_rate=1.0, max_latency_p99_us=1e6, **gate)
+    path = tmp_path / f"tiny-{len(gate)}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def _task_runs(flow_run_id: str) -> dict[str, list]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            out: dict[str, list] = {}
+            for r in runs:
+                out.setdefault(r.name.rsplit("-", 1)[0], []).append(r)
+            return out
+
+    return asyncio.run(read())
+
+
+def _artifacts(flow_run_id: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+    return asyncio.run(read())
+
+
+@pytest.mark.slow
+def test_flow_promotes_and_retries_a_transient_failure(harness, tmp_path, monkeypatch):
+    from flows.retrain import FAULT_DRILL_ENV, retrain
+    from pipeline.registry import Registry
+    from shield.bundle import load_manifest
+
+    monkeypatch.setenv(FAULT_DRILL_ENV, "export:1")  # first export attempt fails on purpose
+    models = tmp_path / "models"
+    state = retrain(config_path=str(_tiny_config(tmp_path)), models_root=str(models), runs_dir=str(tmp_path / "runs"),
+                    return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["decision"] == "pass"
+    registry = Registry(models)
+    assert registry.production("cartpole") == summary["version"]
+    registry.verify("cartpole", summary["version"])
+    manifest = load_manifest(models / "cartpole" / str(summary["version"]))
+    assert manifest["metrics"]["prefect_flow_run_id"] == summary["flow_run_id"] or \
+        manifest.get("extra", {}).get("prefect_flow_run_id") == summary["flow_run_id"]
+
+    runs = _task_runs(summary["flow_run_id"])
+    assert runs["export"][0].run_count == 2, "the failed export attempt was retried"
+    assert all(r.state.is_completed() for rs in runs.values() for r in rs)
+    keys = {a.key for a in _artifacts(summary["flow_run_id"])}
+    assert {"retrain-summary", "shadow-metrics", "shadow-report"} <= keys
+    assert Path(summary["report"]).is_file()
+
+
+@pytest.mark.slow
+def test_failing_gate_leaves_production_unchanged(harness, tmp_path):
+    from flows.retrain import retrain
+    from pipeline.registry import Registry
+
+    models = tmp_path / "models"
+    ok = retrain(config_path=str(_tiny_config(tmp_path)), models_root=str(models), runs_dir=str(tmp_path / "runs"))
+    before = Registry(models).production("cartpole")
+    assert before == ok["version"]
+
+    forced = _tiny_config(tmp_path, max_violations=0, min_return_ratio=1000.0)
+    state = retrain(config_path=str(forced), models_root=str(models), runs_dir=str(tmp_path / "runs"),
+                    return_state=True)
+    assert state.is_failed()
+    assert Registry(models).production("cartpole") == before
+    assert "min_return_ratio" in state.message or "return" in state.message
+    flow_run_id = str(state.state_details.flow_run_id)
+    summary = next(a for a in _artifacts(flow_run_id) if a.key == "retrain-summary")
+    assert "FAILED" in summary.data and "return" in summary.data
+    assert Registry(models).list("cartpole")[-1]["version"] > before, "the failed candidate is still registered"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def prefect_server(tmp_path):
+    port = _free_port()
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_API_URL="")
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail("prefect server did not become healthy")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_schedule_creates_cron_deployment_on_a_real_server(prefect_server, tmp_path):
+    env = dict(os.environ, PREFECT_API_URL=prefect_server, PREFECT_HOME=str(tmp_path / "client-home"))
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "schedule", "--cron", "0 3 * * *",
+                          "--config", "configs/cartpole.yaml", "--json"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+
+    code = (
+        "import asyncio, json\n"
+        "from prefect.client.orchestration import get_client\n"
+        "async def main():\n"
+        "    async with get_client() as c:\n"
+        "        d = await c.read_deployment_by_name('retrain/retrain-cartpole')\n"
+        "        print(json.dumps({'id': str(d.id), 'pool': d.work_pool_name,\n"
+        "                          'crons': [s.schedule.cron for s in d.schedules],\n"
+        "                          'active': [s.active for s in d.schedules]}))\n"
+        "asyncio.run(main())\n"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=120, check=True)
+    deployment = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert deployment["id"] == result["deployment_id"]
+    assert deployment["crons"] == ["0 3 * * *"]
+    assert deployment["active"] == [True]
+    assert deployment["pool"] == "sim2real-process"

@@ -1,0 +1,178 @@
+"""Byte-exact frames (built by hand from docs/protocol.md) and how the server classifies every kind of packet."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+
+import numpy as np
+import pytest
+
+from shield.protocol import (COUNTER_NAMES, LATENCY_BINS, MsgType, PacketError, Status, decode_act_reply,
+                             decode_act_request, decode_status_reply, encode_act_reply, encode_act_request,
+                             encode_status_request, latency_bin)
+from shield.runtime import EdgeRuntime
+from shield.server import PolicyServer
+from tests.serve_bundles import write_tiny_bundle
+
+KEY = b"0123456789abcdef0123456789abcdef"
+OBS = np.array([-1.0, 1.0, 0.1, 3.0e-3], np.float32)  # far from every constraint: the shield stays out
+ADDR = ("127.0.0.1", 40000)
+
+
+def doc_header(msg_type: int, flags: int, seq: int, ts: int, payload_len: int, client_id: int = 0) -> bytes:
+    """The 32-byte header exactly as the table in docs/protocol.md lays it out."""
+    return (b"S2RP" + bytes([1, msg_type]) + flags.to_bytes(2, "little") + seq.to_bytes(8, "little")
+            + ts.to_bytes(8, "little") + payload_len.to_bytes(4, "little") + client_id.to_bytes(4, "little"))
+
+
+def test_act_request_is_byte_exact():
+    legacy = np.array([0.5, -1.0], np.float32)
+    payload = struct.pack("<HH", 4, 2) + struct.pack("<4f", *OBS) + struct.pack("<2f", *legacy)
+    frame = doc_header(1, 0, 7, 123456, len(payload), 99) + payload
+    assert encode_act_request(7, 123456, OBS, legacy, client_id=99) == frame
+    assert len(frame) == 32 + 4 + 24
+    signed = doc_header(1, 1, 7, 123456, len(payload), 99) + payload
+    signed += hmac.new(KEY, signed, hashlib.sha256).digest()
+    assert encode_act_request(7, 123456, OBS, legacy, key=KEY, client_id=99) == signed
+    req = decode_act_request(signed, KEY)
+    assert (req.seq, req.timestamp_us) == (7, 123456)
+    assert req.obs.tobytes() == OBS.tobytes() and req.legacy_action.tobytes() == legacy.tobytes()
+
+
+def test_act_reply_and_status_request_are_byte_exact():
+    action = np.array([0.125, -0.75], np.float32)
+    status = Status.INTERVENED | Status.STALE
+    payload = struct.pack("<IIIHH", int(status), 42, 3, 2, 0) + struct.pack("<2f", *action)
+    frame = doc_header(2, 0, 9, 55, len(payload), 5) + payload
+    assert encode_act_reply(9, 55, status, 42, 3, action, client_id=5) == frame
+    reply = decode_act_reply(frame)
+    assert (reply.seq, reply.timestamp_us, reply.status, reply.latency_us, reply.bundle_version) == (9, 55, status, 42, 3)
+    assert reply.action.tobytes() == action.tobytes()
+    assert encode_status_request(11, 12) == doc_header(3, 0, 11, 12, 0)
+    # Status bits are the documented powers of two.
+    assert [int(s) for s in (Status.INTERVENED, Status.FALLBACK, Status.BAD_INPUT, Status.AUTH_FAILED, Status.SHADOW,
+                             Status.STALE, Status.DEADLINE, Status.INFERENCE_ERROR)] == [1 << i for i in range(8)]
+
+
+def test_reply_decoding_refuses_forged_and_truncated_frames():
+    frame = encode_act_reply(1, 2, 0, 3, 4, [0.5, 0.5], key=KEY)
+    assert decode_act_reply(frame, KEY).action.tolist() == [0.5, 0.5]
+    forged = frame[:-1] + bytes([frame[-1] ^ 1])
+    with pytest.raises(PacketError) as err:
+        decode_act_reply(forged, KEY)
+    assert err.value.status == Status.AUTH_FAILED
+    with pytest.raises(PacketError):
+        decode_act_reply(encode_act_reply(1, 2, 0, 3, 4, [0.5, 0.5]), KEY)  # unsigned reply to a keyed client
+    with pytest.raises(PacketError):
+        decode_act_reply(frame[:20])
+
+
+def test_latency_bins_are_log2_microseconds():
+    assert [latency_bin(x) for x in (0, 0.5, 1, 1.9, 2, 3, 4, 1000, 1e9)] == [0, 0, 1, 1, 2, 2, 3, 10, LATENCY_BINS - 1]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return write_tiny_bundle(tmp_path_factory.mktemp("b") / "bundle", seed=3, version=5)
+
+
+def _server(bundle, **kw) -> PolicyServer:
+    kw.setdefault("deadline_us", 1e7)  # a loaded CI machine must not turn these into deadline misses
+    server = PolicyServer(EdgeRuntime.load(bundle), **kw)
+    server.sock.close()  # these tests call handle() directly; no traffic
+    return server
+
+
+def test_server_answers_or_drops_exactly_as_documented(bundle):
+    server = _server(bundle)
+    reference = EdgeRuntime.load(bundle)
+    fallback = np.zeros(2, np.float32)  # the planar spec has no fallback_action: zeros clipped to the box
+    good = encode_act_request(1, 10, OBS)
+    reply = decode_act_reply(server.handle(good, ADDR))
+    assert reply.status == Status.OK and reply.bundle_version == 5
+    assert reply.action.tobytes() == reference.act(OBS)[0].tobytes()
+
+    assert server.handle(b"", ADDR) is None and server.handle(good[:31], ADDR) is None  # shorter than a header
+    nan_obs = OBS.copy()
+    nan_obs[2] = np.nan
+    inf_obs = OBS.copy()
+    inf_obs[0] = np.inf
+    bad = {
+        "magic": b"XXXX" + good[4:],
+        "version": good[:4] + b"\x02" + good[5:],
+        "type": good[:5] + b"\x02" + good[6:],
+        "truncated payload": good[:-1],
+        "extra byte": good + b"\x00",
+        "payload_len": good[:24] + (999).to_bytes(4, "little") + good[28:],
+        "obs dim": encode_act_request(2, 10, OBS[:3]),
+        "legacy dim": encode_act_request(2, 10, OBS, [0.1]),
+        "nan": encode_act_request(2, 10, nan_obs),
+        "inf": encode_act_request(2, 10, inf_obs),
+        "header only": good[:32],
+    }
+    calls = server.stats.policy_calls
+    for name, frame in bad.items():
+        reply = decode_act_reply(server.handle(frame, ADDR))
+        assert reply.status & Status.BAD_INPUT and reply.status & Status.FALLBACK, name
+        assert reply.action.tobytes() == fallback.tobytes(), name
+        assert reply.seq == int.from_bytes(frame[8:16], "little"), name
+    assert server.stats.policy_calls == calls, "a bad packet reached the policy"
+    assert server.stats.bad_inputs == len(bad) and server.stats.dropped == 2
+    signed = encode_act_request(50, 10, OBS, key=KEY)
+    assert decode_act_reply(server.handle(signed, ADDR)).status & Status.AUTH_FAILED  # signed, but no key here
+
+
+def test_stale_sequence_is_flagged_without_a_key_and_rejected_with_one(bundle):
+    server = _server(bundle)
+    assert decode_act_reply(server.handle(encode_act_request(10, 0, OBS), ADDR)).status == Status.OK
+    late = decode_act_reply(server.handle(encode_act_request(9, 0, OBS), ADDR))
+    assert late.status == Status.STALE and server.stats.policy_calls == 2
+    keyed = _server(bundle, key=KEY)
+    frame = encode_act_request(10, 0, OBS, key=KEY, client_id=1)
+    assert decode_act_reply(keyed.handle(frame, ADDR), KEY).status == Status.OK
+    for addr in (ADDR, ("127.0.0.1", 40001)):  # a replay from any address is a replay
+        reply = decode_act_reply(keyed.handle(frame, addr), KEY)
+        assert reply.status & Status.AUTH_FAILED and reply.status & Status.FALLBACK
+    assert keyed.stats.policy_calls == 1 and keyed.stats.auth_failures == 2
+
+
+def test_status_reply_layout(bundle):
+    server = _server(bundle)
+    server.handle(encode_act_request(1, 0, OBS), ADDR)
+    frame = server.handle(encode_status_request(2, 77), ADDR)
+    head = struct.unpack_from("<4sBBHQQII", frame)
+    assert head[:6] == (b"S2RP", 1, MsgType.STATUS_REPLY, 0, 2, 77)
+    version, uptime, n_counters, n_bins = struct.unpack_from("<IQHH", frame, 32)
+    assert (version, n_counters, n_bins) == (5, len(COUNTER_NAMES), LATENCY_BINS)
+    assert head[6] == 16 + 8 * (n_counters + n_bins) == len(frame) - 32
+    counters = struct.unpack_from(f"<{n_counters}Q", frame, 48)
+    assert dict(zip(COUNTER_NAMES, counters))["policy_calls"] == 1
+    status = decode_status_reply(frame)
+    assert status.counters["requests"] == 2 and status.counters["status_requests"] == 1
+    assert int(status.histogram.sum()) == 1
+
+
+def test_runtime_failure_and_deadline_get_the_fallback(bundle):
+    class Exploding:
+        obs_dim, act_dim = 4, 2
+
+        def act(self, obs):
+            raise RuntimeError("onnxruntime fell over")
+
+    server = PolicyServer(Exploding(), deadline_us=1e7)
+    server.sock.close()
+    reply = decode_act_reply(server.handle(encode_act_request(1, 0, OBS), ADDR))
+    assert reply.status == Status.INFERENCE_ERROR | Status.FALLBACK and reply.action.tolist() == [0.0, 0.0]
+    slow = _server(bundle, deadline_us=0.0)  # every request overruns a zero deadline
+    reply = decode_act_reply(slow.handle(encode_act_request(1, 0, OBS), ADDR))
+    assert reply.status == Status.DEADLINE | Status.FALLBACK and slow.stats.deadline_misses == 1
+
+
+def test_the_example_frame_in_the_docs_is_what_the_encoder_writes():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
+    example = text.split("client_id 99, no key: 52 bytes,")[1].split("`")[1]
+    assert bytes.fromhex(example.replace(" ", "")) == encode_act_request(7, 123456, [0.25, -0.5, 1.0, 0.003], client_id=99)

@@ -1,0 +1,189 @@
+"""A real `serve` subprocess on 127.0.0.1: Python and C clients get exactly the in-process shielded action;
+with a key, forged and replayed packets never reach the policy; shadow mode logs readable NPZ."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shield.client import PolicyClient
+from shield.protocol import HEADER, MAC_SIZE, Status, decode_act_reply, encode_act_request
+from shield.runtime import EdgeRuntime
+from shield.shadowlog import COLUMNS, read_shadow_log
+from tests.serve_bundles import ServerProcess, write_tiny_bundle
+
+REPO = Path(__file__).resolve().parents[1]
+C_SOURCE = REPO / "examples" / "c_client" / "s2r_client.c"
+NO_DEADLINE = ("--deadline-us", "1e7")  # the parity tests must not depend on this machine's load
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return write_tiny_bundle(tmp_path_factory.mktemp("serve") / "bundle", seed=11, version=4)
+
+
+@pytest.fixture(scope="module")
+def c_client(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    exe = tmp_path_factory.mktemp("cc") / "s2r_client"
+    subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-Werror", "-std=c99", "-o", str(exe), str(C_SOURCE)], check=True)
+    return exe
+
+
+def observations(n: int, seed: int = 0) -> np.ndarray:
+    """Observations across the planar task's state space, some near constraints (the shield intervenes)."""
+    rng = np.random.default_rng(seed)
+    return rng.uniform([-1.9, -1.9, -2, -2], [1.9, 1.9, 2, 2], (n, 4)).astype(np.float32)
+
+
+def run_c(exe, server, obs, key_file=None, legacy=None) -> dict:
+    args = [str(exe)] + (["-k", str(key_file)] if key_file else []) + (["-l", ",".join(f"{v!r}" for v in legacy)] if legacy is not None else [])
+    out = subprocess.run(args + [server.host, str(server.port)] + [repr(float(v)) for v in obs],
+                         capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0, out.stderr
+    fields = out.stdout.split(" bits=")
+    bits = np.array([int(w, 16) for w in fields[1].split()], dtype=np.uint32).view(np.float32)
+    status = int(fields[0].split("status=")[1].split()[0], 16)
+    version = int(fields[0].split("version=")[1].split()[0])
+    return {"action": bits, "status": status, "version": version}
+
+
+def test_python_and_c_clients_get_the_in_process_shielded_action(bundle, c_client):
+    reference = EdgeRuntime.load(bundle)
+    obs_set = observations(40)
+    expected = [reference.act(o) for o in obs_set]
+    assert any(info["intervened"] for _, _, info in expected), "the set should exercise the shield"
+    with ServerProcess(str(bundle), *NO_DEADLINE) as server, PolicyClient(server.host, server.port) as client:
+        for obs, (safe, _, info) in zip(obs_set, expected):
+            reply = client.act(obs)
+            assert reply.action.tobytes() == safe.tobytes()
+            assert bool(reply.status & Status.INTERVENED) == bool(info["intervened"])
+            assert reply.bundle_version == 4
+        for obs, (safe, _, _) in list(zip(obs_set, expected))[:12]:  # a process per request: keep it short
+            got = run_c(c_client, server, obs)
+            assert got["action"].tobytes() == safe.tobytes() and got["version"] == 4
+        server.stop()
+
+
+def test_auth_rejects_forged_and_replayed_packets_before_the_policy(bundle, c_client, tmp_path):
+    key = os.urandom(32).hex().encode()
+    key_file = tmp_path / "psk"
+    key_file.write_bytes(key + b"\n")
+    reference = EdgeRuntime.load(bundle)
+    obs = observations(1, seed=5)[0]
+    with ServerProcess(str(bundle), "--key-file", str(key_file), *NO_DEADLINE) as server:
+        client = PolicyClient(server.host, server.port, key=key)
+        captured = [encode_act_request(client.next_seq(), 0, o, key=key, client_id=client.client_id)
+                    for o in observations(20, seed=6)]
+        raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        raw.settimeout(2.0)
+        for frame in captured:  # genuine packets, sent once
+            raw.sendto(frame, (server.host, server.port))
+            assert decode_act_reply(raw.recv(2048), key).status & Status.AUTH_FAILED == 0
+        assert client.act(obs).action.tobytes() == reference.act(obs)[0].tobytes()
+        assert run_c(c_client, server, obs, key_file=key_file)["action"].tobytes() == reference.act(obs)[0].tobytes()
+        calls = client.status().counters["policy_calls"]
+        assert calls == len(captured) + 2
+
+        rng = np.random.default_rng(0)
+        forged = []
+        for frame in captured:
+            flipped = bytearray(frame)
+            flipped[rng.integers(0, len(frame))] ^= 1 << int(rng.integers(0, 8))
+            forged += [bytes(flipped), frame[:-MAC_SIZE] + os.urandom(MAC_SIZE), frame[:-MAC_SIZE],
+                       encode_act_request(10**18, 0, obs, key=b"not the key at all, sorry", client_id=client.client_id),
+                       encode_act_request(10**18, 0, obs)]  # unsigned
+        replays = captured * 3
+        attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # another address: still a replay
+        attacker.settimeout(2.0)
+        for i, frame in enumerate(forged + replays):
+            sock = attacker if i % 2 else raw
+            sock.sendto(frame, (server.host, server.port))
+            reply = sock.recv(2048)
+            status = decode_act_reply(reply, key).status  # the server signs even its refusals
+            assert status & Status.AUTH_FAILED and status & Status.FALLBACK
+            assert decode_act_reply(reply, key).action.tolist() == [0.0, 0.0]
+        stats = client.status().counters
+        assert stats["policy_calls"] == calls, "a forged or replayed packet reached the policy"
+        assert stats["auth_failures"] == len(forged) + len(replays)
+        # The C client without the key is refused too.
+        out = subprocess.run([str(c_client), server.host, str(server.port), *map(str, obs)], capture_output=True, text=True)
+        assert "status=0xa" in out.stdout  # FALLBACK | AUTH_FAILED
+        raw.close()
+        attacker.close()
+        client.close()
+        server.stop()
+
+
+def test_shadow_mode_returns_legacy_and_logs_the_candidate(bundle, tmp_path):
+    reference = EdgeRuntime.load(bundle)
+    obs_set = observations(300, seed=9)
+    legacy = np.tanh(obs_set[:, :2] * 0.7).astype(np.float32)
+    with ServerProcess(str(bundle), "--mode", "shadow", "--log", str(tmp_path / "logs"), *NO_DEADLINE) as server:
+        with PolicyClient(server.host, server.port) as client:
+            for obs, u in zip(obs_set, legacy):
+                reply = client.act(obs, legacy_action=u)
+                assert reply.action.tobytes() == u.tobytes() and reply.status & Status.SHADOW
+            assert client.act(obs_set[0]).status & Status.BAD_INPUT  # shadow mode needs the legacy action
+        text = server.stop()
+    assert "stats:" in text and "shadow log" in text
+    cols, meta = read_shadow_log(tmp_path / "logs")
+    assert set(COLUMNS) <= set(cols)
+    assert {c: cols[c].dtype.str[1:] for c in COLUMNS} == {c: np.dtype(d).str[1:] for c, d in COLUMNS.items()}
+    assert len(cols["t"]) == len(obs_set)
+    assert cols["obs"].tobytes() == obs_set.tobytes() and cols["legacy_action"].tobytes() == legacy.tobytes()
+    expected = [reference.act(o) for o in obs_set]
+    assert np.stack([e[0] for e in expected]).tobytes() == cols["candidate_action"].tobytes()
+    assert np.stack([e[1] for e in expected]).tobytes() == cols["candidate_raw"].tobytes()
+    assert cols["intervened"].tolist() == [bool(e[2]["intervened"]) for e in expected]
+    assert cols["h"].shape == (len(obs_set), 4) and np.isnan(cols["reward"]).all()
+    assert (np.diff(cols["step"]) == 1).all() and (cols["episode"] == 0).all()
+    assert meta["task"] == "planar" and meta["bundle_version"] == 4
+    assert meta["constraint_names"] == ["fence", "diagonal_wall", "pillar", "speed_limit"]
+
+
+def test_serve_refuses_a_tampered_bundle(bundle, tmp_path):
+    bad = tmp_path / "tampered"
+    shutil.copytree(bundle, bad)
+    data = bytearray((bad / "policy.onnx").read_bytes())
+    data[-1] ^= 0xFF
+    (bad / "policy.onnx").write_bytes(bytes(data))
+    out = subprocess.run([sys.executable, "-m", "shield.server", str(bad), "--port", "0"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "policy.onnx" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_edge_modules_import_nothing_heavy():
+    code = ("import sys, shield.server, shield.client, shield.protocol, shield.shadowlog;"
+            "heavy = {'torch', 'ray', 'mujoco', 'gymnasium', 'prefect', 'pydantic', 'yaml', 'pipeline', 'envs'}"
+            " & set(sys.modules);"
+            "print(sorted(heavy)); sys.exit(1 if heavy else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_status_counts_match_traffic(bundle):
+    with ServerProcess(str(bundle), *NO_DEADLINE) as server, PolicyClient(server.host, server.port) as client:
+        for obs in observations(10, seed=1):
+            client.act(obs)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.sendto(b"short", (server.host, server.port))  # dropped, not answered
+        sock.sendto(b"\x00" * HEADER.size, (server.host, server.port))  # answered: bad input
+        sock.settimeout(2.0)
+        assert decode_act_reply(sock.recv(2048)).status & Status.BAD_INPUT
+        time.sleep(0.05)
+        stats = client.status().counters
+        assert (stats["requests"], stats["answered"], stats["dropped"], stats["policy_calls"], stats["bad_inputs"]) == (
+            13, 12, 1, 10, 1)
+        sock.close()
+        server.stop()

@@ -1,0 +1,155 @@
+"""Fuzz a running `serve` subprocess with >= 100,000 random and mutated datagrams.
+
+Every datagram is classified independently here, from docs/protocol.md alone:
+shorter than the header -> dropped; otherwise answered, with the policy's action
+only if the request is fully valid, else the fallback action and a rejection bit.
+Replies come back in send order (one socket, one serving thread), so each one is
+checked against its own datagram. Valid requests from a second client are
+interleaved and must be answered exactly as the in-process runtime answers them.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+from shield.client import PolicyClient
+from shield.protocol import (MsgType, Status, decode_act_reply, decode_status_reply, encode_act_request,
+                             encode_status_request)
+from shield.runtime import EdgeRuntime
+from tests.serve_bundles import ServerProcess, write_tiny_bundle
+
+N_PACKETS = 100_032  # 1563 bursts of 64
+BURST = 64  # in-flight bound: the socket buffers never overflow, so nothing is lost to the kernel
+REJECTED = Status.BAD_INPUT | Status.AUTH_FAILED | Status.INFERENCE_ERROR
+
+
+def classify(pkt: bytes) -> str:
+    """What docs/protocol.md says happens to a datagram at a server without a key."""
+    if len(pkt) < 32:
+        return "drop"
+    magic, version, msg_type, flags, _, _, payload_len, _ = struct.unpack_from("<4sBBHQQII", pkt)
+    if flags & 1 or magic != b"S2RP" or version != 1 or payload_len != len(pkt) - 32:
+        return "reject"
+    if msg_type == 3 and payload_len == 0:
+        return "status"
+    if msg_type != 1 or payload_len < 4:
+        return "reject"
+    n_obs, n_legacy = struct.unpack_from("<HH", pkt, 32)
+    if n_obs != 4 or n_legacy not in (0, 2) or payload_len != 4 + 4 * (n_obs + n_legacy):
+        return "reject"
+    if not np.isfinite(np.frombuffer(pkt, "<f4", n_obs + n_legacy, 36)).all():
+        return "reject"
+    return "policy"
+
+
+def fuzz_packets(rng: np.random.Generator, n: int) -> list[bytes]:
+    """Random and mutated datagrams, a mix of every way a packet can be wrong (and some right)."""
+    # Draw everything up front: per-packet generator calls would dominate the test's time.
+    seqs = rng.integers(0, 2**63, n)
+    obs_all = rng.normal(0, 1, (n, 4)).astype(np.float32)
+    legacy_all = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
+    u = rng.random((n, 3))
+    k = rng.integers(0, 2**31, (n, 6))
+    blob = rng.bytes(n * 64)
+    bits = rng.integers(0, 2**32, (n, 4), dtype=np.uint64).astype(np.uint32).view(np.float32)
+    specials = np.array([np.nan, np.inf, -np.inf], np.float32)
+    fields = [(4, 1), (5, 1), (6, 2), (24, 4), (32, 2), (34, 2)]
+    out = []
+    for i in range(n):
+        seq, obs = int(seqs[i]), obs_all[i]
+        legacy = legacy_all[i] if u[i, 0] < 0.3 else None
+        rand = blob[64 * i:64 * (i + 1)]
+        base = encode_act_request(seq, i, obs, legacy) if u[i, 1] < 0.9 else encode_status_request(seq, i)
+        kind = int(k[i, 0] % 10)
+        if kind == 0:
+            pkt = rand[:k[i, 1] % 65]
+        elif kind == 1:
+            b = bytearray(base)
+            for j in range(1 + k[i, 1] % 3):
+                b[k[i, 2 + j] % len(b)] = rand[j]
+            pkt = bytes(b)
+        elif kind == 2:
+            pkt = base[:k[i, 1] % len(base)]
+        elif kind == 3:
+            pkt = base + rand[:1 + k[i, 1] % 63]
+        elif kind == 4:  # one header or payload-head field set to a random value
+            off, width = fields[k[i, 1] % len(fields)]
+            pkt = base[:off] + rand[:width] + base[off + width:] if off < len(base) else base
+        elif kind == 5:  # non-finite observation
+            bad = obs.copy()
+            bad[k[i, 1] % 4] = specials[k[i, 2] % 3]
+            pkt = encode_act_request(seq, i, bad, legacy)
+        elif kind == 6:  # arbitrary float32 bit patterns: huge, tiny, NaN payloads
+            pkt = encode_act_request(seq, i, bits[i])
+        elif kind == 7:
+            pkt = rand * (1 + k[i, 1] % 30)  # 64..1920 bytes of noise
+        elif kind == 8:
+            pkt = base
+        else:
+            pkt = rand[:k[i, 1] % 32]
+        out.append(pkt)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return write_tiny_bundle(tmp_path_factory.mktemp("fuzz") / "bundle", seed=21, version=2)
+
+
+def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
+    reference = EdgeRuntime.load(bundle)
+    fallback = np.zeros(2, np.float32).tobytes()
+    rng = np.random.default_rng(1234)
+    counts = {"drop": 0, "reject": 0, "status": 0, "policy": 0}
+    valid_sent = 0
+    with ServerProcess(str(bundle), "--deadline-us", "1e7") as server:
+        fuzz = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        fuzz.settimeout(5.0)
+        plant = PolicyClient(server.host, server.port, timeout_s=5.0)
+        packets = fuzz_packets(rng, N_PACKETS)
+        for start in range(0, N_PACKETS, BURST):
+            burst = packets[start:start + BURST]
+            kinds = [classify(p) for p in burst]
+            for p in burst:
+                fuzz.sendto(p, (server.host, server.port))
+            obs = rng.uniform(-1.5, 1.5, 4).astype(np.float32)
+            reply = plant.act(obs)  # the plant's own request, between fuzzed ones, answered exactly
+            assert reply.status == Status.OK or not reply.status & REJECTED
+            assert reply.action.tobytes() == reference.act(obs)[0].tobytes()
+            valid_sent += 1
+            for pkt, kind in zip(burst, kinds):
+                counts[kind] += 1
+                if kind == "drop":
+                    continue
+                data = fuzz.recv(4096)
+                seq, ts = struct.unpack_from("<QQ", pkt, 8)
+                if kind == "status":
+                    assert data[5] == MsgType.STATUS_REPLY and decode_status_reply(data).seq == seq
+                    continue
+                got = decode_act_reply(data)
+                assert (got.seq, got.timestamp_us) == (seq, ts)
+                if kind == "reject":
+                    assert got.status & REJECTED and got.status & Status.FALLBACK, pkt
+                    assert got.action.tobytes() == fallback
+                else:
+                    safe = reference.act(np.frombuffer(pkt, "<f4", 4, 36))[0]
+                    if np.isfinite(safe).all():
+                        assert got.action.tobytes() == safe.tobytes(), pkt
+                    else:
+                        assert got.status & Status.INFERENCE_ERROR and got.action.tobytes() == fallback
+        assert server.proc.poll() is None, "the server died"
+        stats = plant.status().counters
+        plant.close()
+        fuzz.close()
+        text = server.stop()
+    total = sum(counts.values())
+    assert total == N_PACKETS and min(counts.values()) > 1000, counts
+    assert stats["requests"] == total + valid_sent + 1
+    assert stats["dropped"] == counts["drop"]
+    assert stats["policy_calls"] == counts["policy"] + valid_sent, "a rejected packet reached the policy"
+    assert stats["status_requests"] == counts["status"] + 1
+    assert "Traceback" not in text and "internal error" not in text

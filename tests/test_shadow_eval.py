@@ -1,0 +1,152 @@
+"""Shadow evaluation on the real cart-pole, edge runtime and shield: the gate decides right, shadow never acts,
+field logs give the same metrics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline.shadow import load_legacy, make_env, resolve_domains, run_cli, run_shadow, shadow_pass
+from pipeline.shadow_metrics import log_metrics
+from shield.runtime import EdgeRuntime
+from shield.shadowlog import ShadowLogWriter, read_shadow_log
+from tests.shadow_candidates import CARTPOLE_CONFIG, cartpole_config, shadow_result
+
+# Metrics both the in-sim pass and a field log compute (everything log_metrics returns).
+SHARED_KEYS = ("steps", "episodes", "action_rmse", "action_p95_abs_diff", "raw_action_rmse", "agreement_rate",
+               "would_be_intervention_rate", "would_be_fallback_rate", "legacy_returns", "legacy_return_mean",
+               "legacy_return_ci95", "legacy_violations", "min_h", "latency_p50_us", "latency_p99_us",
+               "latency_max_us", "deadline_misses")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return tmp_path_factory.mktemp("shadow")
+
+
+def test_legacy_copy_shows_no_divergence_and_passes(base):
+    _, result = shadow_result("lqr", base)
+    m = result["metrics"]
+    assert max(m["raw_action_rmse"]) <= 1e-5  # the policy itself is the LQR, to float32 rounding
+    # On these seeds the shield never steps in on legacy's states, so the shielded action matches too.
+    assert m["would_be_intervention_rate"] == 0.0
+    assert max(m["action_rmse"]) <= 1e-5 and max(m["action_p95_abs_diff"]) <= 1e-5
+    assert m["agreement_rate"] == 1.0
+    assert m["candidate_violations"] == 0 and m["legacy_violations"] == 0
+    assert m["candidate_return_mean"] == pytest.approx(m["legacy_return_mean"], rel=1e-3)
+    assert result["decision"] == "pass", result["reasons"]
+    assert len(result["reasons"]) == 4 and all(r.startswith("PASS ") for r in result["reasons"])
+
+
+def test_random_candidate_fails_and_names_the_thresholds(base):
+    _, result = shadow_result("random", base)
+    assert result["decision"] == "fail"
+    assert "gate.min_return_ratio" in result["failing"]
+    fail_lines = [r for r in result["reasons"] if r.startswith("FAIL ")]
+    assert any("gate.min_return_ratio" in r and "legacy" in r for r in fail_lines)
+    assert len(result["reasons"]) == 4  # passing checks are reported too
+    m = result["metrics"]
+    assert m["candidate_return_mean"] < 0.8 * m["legacy_return_mean"]
+    assert m["agreement_rate"] < 0.9
+
+
+def test_shadow_never_acts(base):
+    bundle, _ = shadow_result("random", base)
+    cfg = cartpole_config()
+    env = make_env(cfg, resolve_domains(cfg, "reality"))
+    legacy = load_legacy(cfg.task.env_id, None)
+    seeds, meta = [7, 8], {"constraint_names": ["rail_band"]}
+    alone = shadow_pass(env, legacy, None, seeds, 0.02, meta).columns
+    beside = shadow_pass(env, legacy, EdgeRuntime.load(bundle), seeds, 0.02, meta).columns
+    for key in ("t", "episode", "step", "obs", "legacy_action", "reward", "cost"):
+        assert alone[key].tobytes() == beside[key].tobytes(), f"legacy trajectory changed in column {key!r}"
+    # The candidate disagreed with legacy, so had it acted the trajectory would have changed.
+    assert np.sqrt(np.mean((beside["candidate_action"] - beside["legacy_action"]) ** 2)) > 0.05
+
+
+def test_field_logs_give_the_same_metrics(base):
+    bundle, sim = shadow_result("random", base)
+    cols, meta = read_shadow_log(sim["log"])
+    # Re-record the same steps the way `sim2real serve --mode shadow` does: several NPZ parts in a directory.
+    writer = ShadowLogWriter(base / "field-logs", flush_rows=150, flush_s=1e9)
+    for i in range(len(cols["t"])):
+        writer.append(meta, cols["t"][i], cols["episode"][i], cols["step"][i], cols["obs"][i],
+                      cols["legacy_action"][i], cols["candidate_raw"][i], cols["candidate_action"][i],
+                      cols["intervened"][i], cols["fallback"][i], cols["h"][i], cols["latency_us"][i],
+                      cols["reward"][i], cols["cost"][i])
+    writer.close()
+    assert len(writer.written) > 1 and not writer.errors
+
+    field = run_shadow(bundle, cartpole_config(), from_log=base / "field-logs", report_dir=base / "field-report")
+    for key in SHARED_KEYS:
+        assert field["metrics"][key] == sim["metrics"][key], key
+    assert field["metrics"]["candidate_return_mean"] is None
+    skipped = [r for r in field["reasons"] if r.startswith("SKIPPED ")]
+    assert any("gate.min_return_ratio" in r for r in skipped)
+    assert any("gate.max_violations" in r for r in skipped)
+    assert "field logs have no counterfactual pass" in open(field["report"]).read()
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(bundle=None, config=str(CARTPOLE_CONFIG), legacy=None, domains=None, episodes=None, seed=None,
+                report=None, from_log=None, json=False)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def _config_with_gate(path, **gate) -> str:
+    doc = yaml.safe_load(CARTPOLE_CONFIG.read_text())
+    doc["gate"].update(gate)
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_cli_exit_code_follows_the_gate(base, capsys):
+    bundle, sim = shadow_result("lqr", base)
+    strict = _config_with_gate(base / "strict.yaml", max_latency_p99_us=0.001)
+    loose = _config_with_gate(base / "loose.yaml", max_latency_p99_us=1e6)
+    assert run_cli(_args(bundle=str(bundle), config=strict, from_log=sim["log"], report=str(base / "cli1"), json=True)) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["decision"] == "fail" and out["failing"] == ["gate.max_latency_p99_us"]
+    assert run_cli(_args(bundle=str(bundle), config=loose, from_log=sim["log"], report=str(base / "cli2"))) == 0
+    assert "gate: PASS" in capsys.readouterr().out
+
+
+def test_bad_input_names_the_culprit(base, capsys):
+    bundle, sim = shadow_result("lqr", base)
+    assert run_cli(_args(bundle=str(bundle), domains="nowhere", report=str(base / "bad1"))) == 2
+    assert "--domains 'nowhere'" in capsys.readouterr().err
+    assert run_cli(_args(bundle=str(bundle), from_log=str(base / "missing.npz"), report=str(base / "bad2"))) == 2
+    assert "missing.npz" in capsys.readouterr().err
+    pickled = base / "pickled.npz"
+    np.savez(pickled, meta=np.array([{"task": "cartpole"}], dtype=object))
+    assert run_cli(_args(bundle=str(bundle), from_log=str(pickled), report=str(base / "bad3"))) == 2
+    assert "pickled.npz" in capsys.readouterr().err
+    tampered = base / "tampered"
+    tampered.mkdir()
+    for f in bundle.iterdir():
+        (tampered / f.name).write_bytes(f.read_bytes())
+    (tampered / "policy.onnx").write_bytes((bundle / "policy.onnx").read_bytes() + b"\0")
+    assert run_cli(_args(bundle=str(tampered), episodes=1, report=str(base / "bad4"))) == 2
+    assert "policy.onnx" in capsys.readouterr().err
+
+
+def test_domains_from_a_set_name_or_a_yaml_file(tmp_path):
+    cfg = cartpole_config()
+    assert resolve_domains(cfg, "reality") == cfg.randomization["reality"]
+    one_set = tmp_path / "lab.yaml"
+    one_set.write_text(yaml.safe_dump({"joint_damping": {"slider": {"dist": "uniform", "low": 2.0, "high": 3.0}}}))
+    assert resolve_domains(cfg, str(one_set)).joint_damping["slider"].low == 2.0
+    as_config = tmp_path / "sets.yaml"
+    as_config.write_text(CARTPOLE_CONFIG.read_text())
+    assert resolve_domains(cfg, str(as_config)) == cfg.randomization["reality"]
+    with pytest.raises(ValueError, match="missing.yaml"):
+        resolve_domains(cfg, str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("joint_damping: {slider: {dist: uniform, low: 3.0, high: 2.0}}\n")
+    with pytest.raises(ValueError, match=r"bad\.yaml.*slider"):
+        resolve_domains(cfg, str(bad))

@@ -1,0 +1,144 @@
+"""CbfShield on synthetic plants: QP optimality, minimality, bad input, safety under an adversary."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from shield.cbf import CbfShield, ShieldedPolicy
+from tests.shield_specs import planar_double_integrator
+
+
+def _reference(conditions, u_p: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The exact (nonlinear, convex) projection problem solved by scipy's SLSQP."""
+    start = np.clip(u_p, low, high)
+    # SLSQP's feasibility tolerance is absolute: scale each row by its input gradient so that
+    # a row barely moved by the input (a position row, moving away) is still met to ~1e-9 in u.
+    eye = np.eye(len(u_p)) * 1e-6
+    grad = np.stack([(conditions(start + e) - conditions(start - e)) / 2e-6 for e in eye], axis=1)
+    scale = 1.0 / np.maximum(np.linalg.norm(grad, axis=1), 1e-6)
+    res = minimize(lambda u: float((u - u_p) @ (u - u_p)), start,
+                   jac=lambda u: 2 * (u - u_p), method="SLSQP", bounds=list(zip(low, high)),
+                   constraints=[{"type": "ineq", "fun": lambda u: scale * conditions(u)}],
+                   options={"ftol": 1e-15, "maxiter": 500})
+    return res.x
+
+
+@pytest.mark.parametrize("latency_steps,response_time_s,gain_error", [(0, 0.0, 0.0), (1, 0.05, 0.3)])
+def test_filter_matches_reference_qp_on_random_instances(latency_steps, response_time_s, gain_error):
+    rng = np.random.default_rng(7 + latency_steps)
+    shield = CbfShield(planar_double_integrator(latency_steps, response_time_s, input_gain_error=gain_error))
+    low, high = np.array([-1.0, -1.0]), np.array([1.0, 1.0])
+    compared = fallbacks = intervened = 0
+    for _ in range(700):
+        shield.reset()
+        pos = rng.uniform(-2.05, 2.05, 2)
+        obs = np.concatenate([pos, rng.uniform(-2.0, 2.0, 2)]).astype(np.float32)
+        if latency_steps or response_time_s:
+            # one earlier step fills the pending actions and the internal acceleration
+            shield.filter(obs, rng.uniform(-1, 1, 2).astype(np.float32))
+            obs = (obs + rng.normal(0, 0.01, 4)).astype(np.float32)
+        u_p = rng.uniform(-1.5, 1.5, 2).astype(np.float32)
+        conditions = shield.cbf_conditions(obs)
+        u, info = shield.filter(obs, u_p)
+        ref = _reference(conditions, u_p.astype(np.float64), low, high)
+        ref_feasible = np.min(conditions(ref)) >= -1e-7
+        if info["fallback"]:
+            fallbacks += 1
+            assert not ref_feasible, "shield fell back although the reference found a feasible action"
+            continue
+        assert ref_feasible
+        compared += 1
+        intervened += info["intervened"]
+        np.testing.assert_allclose(u, ref, atol=1e-6, rtol=0)
+        assert np.min(conditions(u.astype(np.float64))) >= -1e-6
+        assert np.all(u >= low) and np.all(u <= high)
+    assert compared >= 500 and intervened >= 100, (compared, intervened, fallbacks)
+
+
+def test_safe_action_is_returned_bitwise():
+    rng = np.random.default_rng(3)
+    shield = CbfShield(planar_double_integrator(latency_steps=1, response_time_s=0.05, input_gain_error=0.3))
+    checked = 0
+    for _ in range(500):
+        shield.reset()
+        obs = np.concatenate([rng.uniform(-1.0, 1.0, 2), rng.uniform(-0.5, 0.5, 2)]).astype(np.float32)
+        action = rng.uniform(-1.0, 1.0, 2).astype(np.float32)
+        if np.min(shield.cbf_conditions(obs)(action.astype(np.float64))) < 0:
+            continue
+        u, info = shield.filter(obs, action)
+        assert u.tobytes() == action.tobytes() and not info["intervened"] and not info["fallback"]
+        checked += 1
+    assert checked >= 300
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_bad_input_falls_back_without_exception(bad):
+    shield = CbfShield(planar_double_integrator(latency_steps=1))
+    good = np.array([1.9, 0.0, 2.0, 0.0], np.float32)  # near the +x fence, closing fast
+    # no state seen yet: the documented constant
+    u, info = shield.filter(np.array([bad, 0, 0, 0], np.float32), np.zeros(2, np.float32))
+    assert info["bad_input"] and info["fallback"] and np.all(np.isfinite(u))
+    np.testing.assert_array_equal(u, [0.0, 0.0])
+    shield.reset()
+    shield.filter(good, np.zeros(2, np.float32))
+    # bad observation after a good one: brake from the predicted state, not the policy's push
+    u, info = shield.filter(np.array([bad, 0, 0, 0], np.float32), np.array([1.0, 0.0], np.float32))
+    assert info["bad_input"] and info["fallback"] and np.all(np.isfinite(u)) and u[0] < 0
+    # bad action with a good observation
+    u, info = shield.filter(good, np.array([bad, 0.0], np.float32))
+    assert info["bad_input"] and info["fallback"] and info["intervened"] and np.all(np.isfinite(u))
+    # wrong shape is bad input too
+    u, info = shield.filter(np.zeros(3, np.float32), np.zeros(2, np.float32))
+    assert info["bad_input"] and np.all(np.isfinite(u))
+
+
+def _rollout(shield: CbfShield, start: np.ndarray, push: np.ndarray, steps: int, rng, accel_error: float,
+             noise: float, latency: int) -> tuple[float, int]:
+    """Simulate the planar plant (with its own latency, lag and acceleration error); return min distance, fallbacks."""
+    A, B, c = shield._A, shield._B, shield._c  # the true plant = nominal model, another gain, a disturbance
+    B = B * rng.uniform(0.75, 1.25)
+    x = np.concatenate([start, shield._z0])
+    pending = deque([np.zeros(2)] * latency)
+    worst, fallbacks = np.inf, 0
+    for _ in range(steps):
+        obs = (x[:4] + rng.normal(0, noise, 4)).astype(np.float32)
+        u, info = shield.filter(obs, push)
+        fallbacks += info["fallback"]
+        pending.append(u.astype(np.float64))
+        applied = pending.popleft()
+        x = A @ x + B @ applied + c
+        x[2:4] += rng.uniform(-accel_error, accel_error, 2) * shield.spec.dt
+        px, py = x[0], x[1]
+        worst = min(worst, 2 - abs(px), 2 - abs(py), 3 - px - py, np.hypot(px - 0.5, py + 0.5) - 0.3)
+    return worst, fallbacks
+
+
+def test_adversary_never_crosses_a_constraint():
+    rng = np.random.default_rng(11)
+    spec = planar_double_integrator(latency_steps=2, response_time_s=0.05, margin=0.03, input_gain_error=0.3)
+    shield = CbfShield(spec)
+    worst = np.inf
+    for _ in range(30):
+        start = np.concatenate([rng.uniform(-1.0, 1.0, 2), np.zeros(2)])
+        if np.hypot(start[0] - 0.5, start[1] + 0.5) < 0.6:
+            continue
+        push = rng.uniform(-1, 1, 2)
+        push = (push / np.max(np.abs(push))).astype(np.float32)  # full action toward somewhere
+        shield.reset()
+        w, _ = _rollout(shield, start, push, 120, rng, accel_error=0.5, noise=0.002, latency=2)
+        worst = min(worst, w)
+    assert worst > 0.0
+
+
+def test_shielded_policy_batches_one_shield_per_row():
+    spec = planar_double_integrator()
+    policy = ShieldedPolicy(lambda o: np.ones((len(o), 2), np.float32), spec)
+    obs = np.array([[0, 0, 0, 0], [1.99, 0, 3.0, 0]], np.float32)
+    out = policy(obs)
+    assert out.shape == (2, 2) and out.dtype == np.float32
+    assert not policy.last_infos[0]["intervened"] and policy.last_infos[1]["intervened"]
+    np.testing.assert_array_equal(out[0], [1, 1])

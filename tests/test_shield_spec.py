@@ -1,0 +1,74 @@
+"""shield.json schema: validation names the bad key, round trip, and the edge import rule."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from shield.spec import ShieldSpec, ShieldSpecError
+from tests.shield_specs import planar_double_integrator
+
+
+def test_round_trip_through_a_file(tmp_path):
+    spec = ShieldSpec.from_dict(planar_double_integrator(latency_steps=1, response_time_s=0.05))
+    path = tmp_path / "shield.json"
+    spec.save(path)
+    again = ShieldSpec.load(path)
+    assert again.to_dict() == spec.to_dict()
+    np.testing.assert_array_equal(again.linear_model().A, spec.linear_model().A)
+
+
+@pytest.mark.parametrize("edit,key", [
+    (lambda d: d.pop("dt"), "dt"),
+    (lambda d: d.update(bogus=1), "bogus"),
+    (lambda d: d.update(schema_version=9), "schema_version"),
+    (lambda d: d.update(action_low=[-1.0]), "action_low"),
+    (lambda d: d["constraints"][2].update(radius=-1.0), "constraints[2].radius"),
+    (lambda d: d["constraints"][0].update(type="donut"), "constraints[0].type"),
+    (lambda d: d["constraints"][1].update(a=[1.0, 1.0]), "constraints[1].a"),
+    (lambda d: d["constraints"][3].update(gain=0.0), "constraints[3].gain"),
+    (lambda d: d["constraints"][0].update(index=[0, 9]), "constraints[0].index[1]"),
+    (lambda d: d["kinematics"].update(brake_accel=[1.0, float("nan")]), "kinematics.brake_accel[1]"),
+    (lambda d: d["model"].update(accel_per_action=[[1.0, 0.0]]), "model.accel_per_action"),
+    (lambda d: d.update(latency_steps=-1), "latency_steps"),
+    (lambda d: d.update(fallback_action=[2.0, 0.0]), "fallback_action[0]"),
+])
+def test_invalid_spec_names_the_key(edit, key):
+    d = copy.deepcopy(planar_double_integrator())
+    edit(d)
+    with pytest.raises(ShieldSpecError) as err:
+        ShieldSpec.from_dict(d)
+    assert key in str(err.value)
+
+
+def test_load_reports_unreadable_and_non_json_files(tmp_path):
+    with pytest.raises(ShieldSpecError, match="cannot read"):
+        ShieldSpec.load(tmp_path / "missing.json")
+    bad = tmp_path / "shield.json"
+    bad.write_bytes(b"\x80\x04not json")
+    with pytest.raises(ShieldSpecError, match="not valid JSON"):
+        ShieldSpec.load(bad)
+    bad.write_text(json.dumps({"schema_version": 1}))
+    with pytest.raises(ShieldSpecError, match="shield.json: .*obs_dim"):
+        ShieldSpec.load(bad)
+
+
+def test_double_integrator_model_integrates_a_constant_acceleration():
+    spec = ShieldSpec.from_dict(planar_double_integrator())  # no lag: exact for constant acceleration
+    m = spec.linear_model()
+    x = m.A @ np.array([0.0, 0.0, 1.0, 0.0]) + m.B @ np.array([0.5, 0.0]) + m.c
+    dt, a = spec.dt, 2.0  # 0.5 x 4 m/s^2
+    # 50 semi-implicit Euler substeps: p = v dt + a dt^2 (1 + 1/50) / 2
+    np.testing.assert_allclose(x, [dt + a * dt * dt * (1 + 1 / 50) / 2, 0.0, 1.0 + a * dt, 0.0], rtol=1e-12)
+
+
+def test_importing_the_shield_pulls_in_no_training_stack():
+    code = ("import shield.cbf, shield.spec, sys; "
+            "print([m for m in ('torch','ray','mujoco','gymnasium','prefect','scipy','pydantic','yaml') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -30,7 +30,7 @@ def render_animation(env_id: str, states: dict[str, np.ndarray], out_path: str |
     out_path = Path(out_path)
     with tempfile.TemporaryDirectory(prefix="sim2real-anim-") as tmp:
         states_path = Path(tmp) / "states.npz"
-        np.savez(states_path, qpos=states["qpos"], qvel=states["qvel"])
+        np.savez(states_path, **{k: v for k, v in states.items() if k in ("qpos", "qvel", "mocap_pos")})
         env = dict(os.environ, MUJOCO_GL="osmesa", PYOPENGL_PLATFORM="osmesa")
         cmd = [sys.executable, "-m", "pipeline.animation", env_id, str(states_path), str(out_path),
                "--width", str(width), "--height", str(height), "--fps", str(fps)]
@@ -53,19 +53,35 @@ def _render(env_id: str, states_path: Path, out_path: Path, width: int, height: 
 
     with np.load(states_path, allow_pickle=False) as z:
         qpos, qvel = z["qpos"], z["qvel"]
+        mocap = z["mocap_pos"] if "mocap_pos" in z.files else None
     env = gym.make(env_id)
     model = env.unwrapped.model
     data = mujoco.MjData(model)
+
+    def pose(i: int) -> None:
+        data.qpos[:], data.qvel[:] = qpos[i], qvel[i]
+        if mocap is not None and mocap.shape[1:] == data.mocap_pos.shape:
+            data.mocap_pos[:] = mocap[i]  # targets/waypoints move with the episode
+        mujoco.mj_forward(model, data)
+
+    # Frame what moves: the path of every geom not fixed to the world, not the (large) floor the model's
+    # extent includes; geom centres rather than body origins, so a pole hinged at its base is seen whole.
+    moving = model.geom_bodyid > 0
+    path = []
+    for i in range(len(qpos)):
+        pose(i)
+        path.append(data.geom_xpos[moving].copy() if moving.any() else data.xpos.copy())
+    path = np.concatenate(path)
+    low, high = path.min(axis=0), path.max(axis=0)
     camera = mujoco.MjvCamera()
     mujoco.mjv_defaultFreeCamera(model, camera)
-    camera.lookat[:] = model.stat.center
-    camera.distance = 1.6 * model.stat.extent
-    camera.azimuth, camera.elevation = 90.0, -10.0  # side view: the x-z plane most tasks move in
+    camera.lookat[:] = (low + high) / 2
+    camera.distance = max(3.0, 2.0 * float(np.linalg.norm(high - low)))  # m
+    camera.azimuth, camera.elevation = 90.0, -15.0  # side view of the x-z plane, slightly from above
     frames = []
     with mujoco.Renderer(model, height, width) as renderer:
-        for q, v in zip(qpos, qvel):
-            data.qpos[:], data.qvel[:] = q, v
-            mujoco.mj_forward(model, data)
+        for i in range(len(qpos)):
+            pose(i)
             renderer.update_scene(data, camera)
             frames.append(Image.fromarray(renderer.render()))
     env.close()

@@ -83,6 +83,8 @@ class ShieldConfig(Section):
     margin: float = Field(0.03, ge=0, description="Safety margin in each constraint's units (m for positions), covering model error and sensor noise.")
     brake_fraction: float = Field(0.4, gt=0, le=1, description="Share of the nominal full-action deceleration the braking-distance barrier counts on; the rest absorbs mass, gain and disturbance mismatch.")
     input_gain_error: float = Field(0.45, ge=0, lt=0.9, description="Relative error of the input's effect (actuator gain over mass) the CBF conditions hold for: (1 +- this) x nominal.")
+    brake_accel: list[Annotated[float, Field(gt=0)]] | None = Field(None, description="Braking acceleration per position of the task's kinematics (units/s^2); overrides brake_fraction.")
+    disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Bound on an unknown additive acceleration per position (units/s^2: wind, gravity-compensation error) the conditions are robust to; None: zero.")
     latency_steps: int | None = Field(None, ge=0, description="Control steps of actuation latency the shield predicts through; None: the largest latency_steps of the `reality` randomization set.")
     train_in_loop: bool = Field(False, description="Train with the shield filtering the actions the env receives.")
     intervention_penalty: float = Field(0.0, ge=0, description="Reward subtracted on each step the shield changes the action (training in the loop).")

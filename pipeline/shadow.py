@@ -53,7 +53,7 @@ class CounterfactualRun:
     fallbacks: int = 0
     latency_us: list[float] = field(default_factory=list)
     trace: dict[str, np.ndarray] = field(default_factory=dict)  # episode 0: t, action, h, intervened
-    states: dict[str, np.ndarray] = field(default_factory=dict)  # episode 0: qpos, qvel for the animation
+    states: dict[str, np.ndarray] = field(default_factory=dict)  # episode 0: qpos, qvel, mocap_pos (animation)
 
 
 # ----------------------------------------------------------------------------- environment
@@ -170,7 +170,7 @@ def counterfactual_pass(env, candidate, seeds: list[int], dt: float, frames: int
     """The shielded candidate drives every seed; episode 0's trace and states are kept for the report."""
     run = CounterfactualRun()
     trace: dict[str, list] = {"t": [], "action": [], "raw": [], "h": [], "intervened": []}
-    qpos, qvel = [], []
+    qpos, qvel, mocap = [], [], []
     for ep, seed in enumerate(seeds):
         obs, _ = env.reset(seed=seed)
         candidate.reset()
@@ -179,6 +179,7 @@ def counterfactual_pass(env, candidate, seeds: list[int], dt: float, frames: int
             if ep == 0 and step < frames and hasattr(env.unwrapped, "data"):
                 qpos.append(env.unwrapped.data.qpos.copy())
                 qvel.append(env.unwrapped.data.qvel.copy())
+                mocap.append(env.unwrapped.data.mocap_pos.copy())
             t0 = time.perf_counter_ns()
             safe, raw, info = candidate.act(obs.copy())
             run.latency_us.append((time.perf_counter_ns() - t0) / 1e3)
@@ -197,11 +198,18 @@ def counterfactual_pass(env, candidate, seeds: list[int], dt: float, frames: int
         run.lengths.append(step)
     run.trace = {k: np.asarray(v) for k, v in trace.items()}
     if qpos:
-        run.states = {"qpos": np.stack(qpos), "qvel": np.stack(qvel)}
+        run.states = {"qpos": np.stack(qpos), "qvel": np.stack(qvel), "mocap_pos": np.stack(mocap)}
     return run
 
 
 # ----------------------------------------------------------------------------- the command
+
+
+def warm_up(runtime, obs_dim: int, calls: int = 3) -> None:
+    """Pay onnxruntime's and the QP solver's first-call costs before timing, as `serve` does, then reset."""
+    for _ in range(calls):
+        runtime.act(np.zeros(obs_dim, dtype=np.float32))
+    runtime.reset()
 
 
 def _log_meta(cfg, runtime, dt: float) -> dict:
@@ -225,6 +233,7 @@ def evaluate_candidate(runtime, cfg, *, domains: str = "reality", episodes: int 
         dt = control_period_s(cfg, env)
         legacy = legacy if legacy is not None else load_legacy(cfg.task.env_id, legacy_name)
         seeds = list(range(seed, seed + episodes))
+        warm_up(runtime, env.observation_space.shape[0])
         shadow = shadow_pass(env, legacy, runtime, seeds, dt, _log_meta(cfg, runtime, dt))
         cf = counterfactual_pass(env, runtime, seeds, dt)
     finally:
@@ -234,6 +243,14 @@ def evaluate_candidate(runtime, cfg, *, domains: str = "reality", episodes: int 
                                           sum(cf.lengths), np.asarray(cf.latency_us), dt))
     metrics.update(source="sim", domains=domains, seeds=seeds)
     return shadow, cf, metrics
+
+
+def check_log_matches_bundle(meta: dict, bundle_version, path) -> None:
+    """Refuse to gate a registered bundle on logs recorded from a different version."""
+    logged = {v for v in (meta.get("bundle_versions") or [meta.get("bundle_version")]) if v}
+    if bundle_version and logged and bundle_version not in logged:
+        raise ShadowError(f"--from-log {path}: recorded with bundle version(s) {sorted(logged, key=str)}, "
+                          f"the candidate bundle is version {bundle_version}")
 
 
 def metrics_from_log(path: str | Path, cfg) -> tuple[ShadowRun, dict]:
@@ -246,10 +263,11 @@ def metrics_from_log(path: str | Path, cfg) -> tuple[ShadowRun, dict]:
         raise ShadowError(f"--from-log: {err}") from None
     if len(cols["t"]) == 0:
         raise ShadowError(f"--from-log {path}: the log has no steps")
-    if meta.get("task") not in (None, cfg.task.name):
+    if meta.get("task") not in (None, "", cfg.task.name):
         raise ShadowError(f"--from-log {path}: logged for task {meta.get('task')!r}, config is {cfg.task.name!r}")
     dt = meta.get("control_period_s")
-    metrics = log_metrics(cols, float(dt) if dt else None, cfg.shadow.agreement_tolerance)
+    dt = float(dt) if isinstance(dt, (int, float)) and np.isfinite(dt) and dt > 0 else None
+    metrics = log_metrics(cols, dt, cfg.shadow.agreement_tolerance)
     metrics.update(empty_counterfactual())
     metrics.update(source="field_log", log=str(path))
     return ShadowRun(cols, meta), metrics
@@ -266,7 +284,11 @@ def run_shadow(bundle_dir, cfg, *, domains: str = "reality", episodes: int | Non
         report_dir = Path("reports") / f"shadow-{cfg.task.name}-{Path(bundle_dir).name}-{stamp}"
     report_dir = Path(report_dir)
     if from_log is not None:
+        from shield.bundle import verify_bundle
+
+        manifest = verify_bundle(bundle_dir)  # BundleError names the file
         shadow, metrics = metrics_from_log(from_log, cfg)
+        check_log_matches_bundle(shadow.meta, manifest.get("version"), from_log)
         cf = None
     else:
         runtime = EdgeRuntime.load(bundle_dir)  # verifies every hash; BundleError names the file

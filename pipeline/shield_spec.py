@@ -107,6 +107,13 @@ def build_shield_spec(cfg) -> dict:
     else:
         raise ShieldSpecError(f"task {cfg.task.env_id}: unsupported shield model {safety['model']!r}")
     brake = [sc.brake_fraction * a for a in full_accel]
+    if sc.brake_accel is not None:
+        if len(sc.brake_accel) != len(pos):
+            raise ShieldSpecError(f"shield.brake_accel: needs {len(pos)} values (one per position), got {len(sc.brake_accel)}")
+        brake = [float(a) for a in sc.brake_accel]
+    disturbance = [0.0] * len(pos) if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
+    if len(disturbance) != len(pos):
+        raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
     latency = _latency_steps(cfg)
     spec = {
         "schema_version": 1, "task": cfg.task.name, "obs_dim": obs_dim, "act_dim": act_dim, "dt": dt,
@@ -114,12 +121,13 @@ def build_shield_spec(cfg) -> dict:
         "model": model,
         "kinematics": {"position_index": pos, "velocity_index": vel, "brake_accel": brake},
         "constraints": constraints, "latency_steps": latency, "margin": float(sc.margin),
-        "input_gain_error": float(sc.input_gain_error),
+        "input_gain_error": float(sc.input_gain_error), "disturbance_accel": disturbance,
         "fallback_action": np.clip(0.0, low, high).tolist(),
         "assumptions": {
             "max_latency_s": latency * dt,
             "max_accel_error": [a - b for a, b in zip(full_accel, brake)],
             "max_input_gain_error": float(sc.input_gain_error),
+            "max_disturbance_accel": disturbance,
             "max_obs_noise": _max_obs_noise(cfg, obs_dim),
             "statement": _STATEMENT,
         },

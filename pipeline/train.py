@@ -52,7 +52,7 @@ def _with_overrides(cfg, steps, actors, envs_per_actor):
     return cfg
 
 
-def _env_spec(cfg) -> tuple[dict, object]:
+def model_spec_for(cfg) -> tuple[dict, object]:
     """(model_spec, train randomization) from one probe env."""
     randomization = cfg.randomization["train"].model_dump(mode="json")
     env = make_env(cfg.task.env_id, randomization, cfg.task.max_episode_steps)
@@ -87,7 +87,9 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
 
     `steps` is the total env-step budget of the run (a resumed run counts the steps
     it already has). `callback(state)` is called once before the first update and
-    after every update with dict(updates, env_steps, learner, actors, metrics).
+    after every update with dict(updates, env_steps, learner, actors, metrics); when
+    it returns True the run stops early (e.g. a return threshold was reached), with
+    a final checkpoint as usual.
     """
     start_wall = time.perf_counter()
     if resume is not None:
@@ -101,8 +103,13 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
-    model_spec, randomization = _env_spec(cfg)
+    model_spec, randomization = model_spec_for(cfg)
     device = resolve_device(tc.device)
+    torch_threads = torch.get_num_threads()
+    if device.type == "cpu":
+        # The learner shares the machine with the local actors; an oversubscribed torch
+        # thread pool is ~10x slower than one thread on a busy 2-core box.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) - math.ceil(tc.num_actors * cfg.ray.actor_num_cpus)))
     torch.manual_seed(tc.seed)
     learner = Learner(model_spec, tc, device, log_std_init=tc.log_std_init)
     updates, env_steps, episodes_total, prior_wall = 0, 0, 0, 0.0
@@ -234,15 +241,17 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
                           policy_lag_mean=float(np.mean(lags)), policy_lag_max=int(max(lags)),
                           actor_restarts=actor_restarts, env_restarts=int(sum(env_restarts_of)),
                           **{k: v for k, v in stats.items() if k not in ("samples", "learner_s")})
+            if len(recent_returns) == FINAL_RETURN_WINDOW:
+                record["episode_return_recent"] = float(np.mean(recent_returns))  # last 20 episodes
             if len(episodes):
                 record.update(episode_return=float(episodes[:, 0].mean()), episode_cost=float(episodes[:, 1].mean()),
                               episode_length=float(episodes[:, 2].mean()), episodes=episodes_total)
             logger.log(record)
             if updates % tc.checkpoint_every == 0:
                 checkpoint()
-            if callback:
-                callback(dict(updates=updates, env_steps=env_steps, learner=learner, actors=rollout_actors,
-                              metrics=record))
+            if callback and callback(dict(updates=updates, env_steps=env_steps, learner=learner,
+                                          actors=rollout_actors, metrics=record)):
+                break
         checkpoint()
     finally:
         logger.close()
@@ -251,6 +260,7 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
         ray.kill(weight_source)
         if started_ray:
             ray.shutdown()
+        torch.set_num_threads(torch_threads)
 
     wall_s = time.perf_counter() - start_wall
     final_return = float(np.mean(recent_returns)) if recent_returns else None

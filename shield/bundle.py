@@ -21,7 +21,7 @@ Loading reads each file once into memory, hashes those bytes and hands the same
 bytes on (onnxruntime takes bytes), so a file swapped after verification is
 never the one that runs. Nothing is unpickled: JSON + ONNX only.
 
-Only stdlib + numpy: this runs on the edge box.
+Stdlib only: this runs on the edge box.
 """
 
 from __future__ import annotations
@@ -221,7 +221,10 @@ def write_bundle(out_dir: str | Path, *, policy_onnx: bytes, shield_spec: dict |
     `out_dir` must not exist yet, or be an empty directory.
     """
     out_dir = Path(out_dir)
-    shield_bytes = shield_spec if isinstance(shield_spec, bytes) else json.dumps(shield_spec, indent=2).encode()
+    if isinstance(shield_spec, bytes):
+        shield_bytes = shield_spec
+    else:
+        shield_bytes = json.dumps(shield_spec, indent=2, sort_keys=True).encode()
     payload = {POLICY_FILE: policy_onnx, SHIELD_FILE: shield_bytes}
     for name, data in payload.items():
         if manifest["files"].get(name) != sha256_bytes(data):

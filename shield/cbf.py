@@ -14,7 +14,9 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    distance, so the linear cut is conservative.
 3. The action solves ``min ||u - u_p||^2`` s.t. ``h_r(x+(u)) >= (1 - gain_r) h_r(x)``
    and the input box, for the input's effect at (1 +- input_gain_error) x nominal
-   (both ends suffice: h is concave along that scaling). ``h(x+(u))`` is concave in ``u``; it is linearized and the
+   (both ends suffice: h is concave along that scaling) and the worst additive
+   acceleration within `disturbance_accel` (per row, each axis at the bound
+   that lowers it). ``h(x+(u))`` is concave in ``u``; it is linearized and the
    QP re-solved at the new point until the true conditions hold (a few
    iterations at most), with a closed-form projection when provably optimal and
    daqp otherwise.
@@ -57,10 +59,12 @@ class CbfShield:
         self.spec = spec
         model = spec.linear_model()
         self._A, self._B, self._c = model.A, model.B, model.c
-        # Robust to the input's effect being (1 +- input_gain_error) x nominal: h is concave along
-        # that scaling, so meeting the conditions at both ends meets them for every gain between.
+        # Robust to the input's effect being (1 +- input_gain_error) x nominal: each end is a case
+        # with its own predicted state (pending actions and lagged internal states scale with the
+        # gain too); h is concave along that scaling, so both ends bound every gain between.
         err = spec.input_gain_error
         self._B_cases = [self._B] if err == 0.0 else [(1.0 - err) * self._B, (1.0 + err) * self._B]
+        self._cases = range(len(self._B_cases))
         self._n = len(spec.state_index)
         self._nz = model.internal_dim
         self._z0 = (np.zeros(self._nz) if model.internal_init is None
@@ -75,7 +79,17 @@ class CbfShield:
         self._fallback = np.asarray(fb, np.float64)
         self._margin = spec.margin
         self.constraint_names = [c["name"] for c in spec.constraints]
+        self._w_max = np.asarray(spec.disturbance_accel or [0.0] * len(spec.position_index), np.float64)
         self._build_rows()
+        self._E0 = self._E1 = None
+        if np.any(self._w_max > 0):
+            cols = {o: j for j, o in enumerate(spec.state_index)}
+            self._E0, self._E1 = (np.zeros((self._n + self._nz, len(spec.position_index))) for _ in range(2))
+            for E, T in ((self._E0, spec.latency_steps * spec.dt), (self._E1, (spec.latency_steps + 1) * spec.dt)):
+                for k, (p, v) in enumerate(zip(spec.position_index, spec.velocity_index)):
+                    E[cols[p], k] = 0.5 * T * T
+                    E[cols[v], k] = T
+        self._disturbance_offsets()
         self._H = np.eye(self._m)
         rows = self._R * len(self._B_cases)
         self._sense = np.zeros(self._m + rows, dtype=np.int32)
@@ -94,7 +108,9 @@ class CbfShield:
         W, Wv, f, brake, gain, owner, closing0 = [], [], [], [], [], [], []
         # With a lagged inner loop (response time tau) the realized acceleration z is an internal
         # state; braking starts ~tau late, so the closing speed the barrier brakes from is
-        # s + tau (z_n + a_brake): the speed reached before the commanded deceleration takes hold.
+        # s + tau (z_n + a_brake + w_n): the speed reached before the commanded deceleration takes
+        # hold, with the worst disturbance w pushing meanwhile.
+        w_of = dict(zip(spec.position_index, self._w_max))
         tau = float(spec.model.get("response_time_s", 0.0)) if spec.model["type"] == "double_integrator" else 0.0
         accel_col = {o: self._n + k for k, o in enumerate(spec.position_index)} if self._nz else {}
         dynamic = []  # (row, state cols, velocity cols or None, center, radius)
@@ -110,7 +126,9 @@ class CbfShield:
                     if o in accel_col:
                         wv[accel_col[o]] = tau * v
             a_brake = min(brake_of[o] for o in weights) if positional else math.inf
-            closing0.append(tau * a_brake if positional else 0.0)
+            # |n . w| <= sum |n_i| w_i bounds the disturbance along any unit normal n.
+            w_n = sum(abs(v) * w_of[o] for o, v in weights.items()) if positional else 0.0
+            closing0.append(tau * (a_brake + w_n) if positional else 0.0)
             W.append(w)
             Wv.append(wv)
             f.append(offset)
@@ -184,40 +202,70 @@ class CbfShield:
                 if acols is not None:
                     Wvf[acols] = self._tau * n
 
-    def _barrier(self, x: np.ndarray) -> np.ndarray:
-        """h_r(x) for every row (units of the constrained quantity)."""
-        closing = np.maximum(self._closing0 - self._Wv @ x, 0.0)
-        return self._W @ x + self._f - self._margin - closing * closing * self._inv2a
+    def _disturbance_offsets(self) -> None:
+        """Per row, shift the next-state barrier by the worst additive acceleration (each axis at its bound).
+
+        A constant acceleration w moves a position by w T^2 / 2 and its velocity by w T over
+        T seconds. It acts over the latency (T0 = L dt) on the predicted state and one period
+        more (T1 = T0 + dt) on the next one, so to first order the condition
+        h(x_{L+1}) >= (1 - gain) h(x_L) loses grad h . (E(T1) - (1 - gain) E(T0)) w;
+        the worst sign per axis is the one lowering the row.
+        """
+        if self._E1 is None:
+            self._f_next, self._closing0_next = self._f, self._closing0
+            return
+        S = (self._W + self._Wv) @ self._E1  # (rows, axes): how each axis's push raises each row
+        w = -self._w_max * np.sign(S)
+        e = w @ self._E1.T - (1.0 - self._gain)[:, None] * (w @ self._E0.T)  # (rows, state)
+        self._f_next = self._f + np.einsum("ij,ij->i", self._W, e)
+        self._closing0_next = self._closing0 - np.einsum("ij,ij->i", self._Wv, e)
+
+    def _barrier(self, x: np.ndarray, nxt: bool = False) -> np.ndarray:
+        """h_r(x) for every row (units of the constrained quantity); nxt: worst case over the disturbance."""
+        f, c0 = (self._f_next, self._closing0_next) if nxt else (self._f, self._closing0)
+        closing = np.maximum(c0 - self._Wv @ x, 0.0)
+        return self._W @ x + f - self._margin - closing * closing * self._inv2a
 
     def _barrier_grad(self, x: np.ndarray) -> np.ndarray:
-        closing = np.maximum(self._closing0 - self._Wv @ x, 0.0)
+        """Gradient of the next-state (worst-case) barrier rows."""
+        closing = np.maximum(self._closing0_next - self._Wv @ x, 0.0)
         return self._W + (closing * self._inva)[:, None] * self._Wv
 
-    def _predict(self, x: np.ndarray) -> np.ndarray:
+    def _predict(self, x: np.ndarray, B: np.ndarray) -> np.ndarray:
         for a in self._pending if self.spec.latency_steps else ():
-            x = self._A @ x + self._B @ a + self._c
+            x = self._A @ x + B @ a + self._c
         return x
+
+    def _prepare(self, x0s: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+        """Per gain case: free next state (zero action) and required next barrier; and h per constraint now."""
+        xLs = [self._predict(x0, B) for x0, B in zip(x0s, self._B_cases)]
+        if self._dyn_flat:
+            self._linearize_dynamic(xLs[0])
+            self._disturbance_offsets()
+        hLs = [self._barrier(xL) for xL in xLs]
+        h_now = self._per_constraint(np.minimum.reduce(hLs) if len(hLs) > 1 else hLs[0])
+        requireds = [(1.0 - self._gain) * h for h in hLs]
+        frees = [self._A @ xL + self._c for xL in xLs]
+        return frees, requireds, h_now
 
     def cbf_conditions(self, obs: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         """For tests and diagnostics: u -> h_r(x+(u)) - (1 - gain_r) h_r(x) per row (>= 0 is safe); no state change."""
-        xL = self._predict(self._state_from(np.asarray(obs, np.float64)))
-        self._linearize_dynamic(xL)
-        W, Wv, f = self._W.copy(), self._Wv.copy(), self._f.copy()
-        required = (1.0 - self._gain) * self._barrier(xL)
-        free = self._A @ xL + self._c
+        obs = np.asarray(obs, np.float64)
+        frees, requireds, _ = self._prepare([self._state_from(obs, k) for k in self._cases])
+        W, Wv, f, c0 = self._W.copy(), self._Wv.copy(), self._f_next.copy(), self._closing0_next.copy()
 
         def conditions(u: np.ndarray) -> np.ndarray:
             out = []
-            for B in self._B_cases:
+            for free, required, B in zip(frees, requireds, self._B_cases):
                 x = free + B @ np.asarray(u, np.float64)
-                closing = np.maximum(self._closing0 - Wv @ x, 0.0)
+                closing = np.maximum(c0 - Wv @ x, 0.0)
                 out.append(W @ x + f - self._margin - closing * closing * self._inv2a - required)
             return np.concatenate(out)
 
         return conditions
 
-    def _state_from(self, obs: np.ndarray) -> np.ndarray:
-        z = self._x_next[self._n:] if self._x_next is not None else self._z0
+    def _state_from(self, obs: np.ndarray, case: int) -> np.ndarray:
+        z = self._x_next[case][self._n:] if self._x_next is not None else self._z0
         return np.concatenate([obs[self._state_index], z])
 
     # ---- the filter -----------------------------------------------------------
@@ -230,33 +278,30 @@ class CbfShield:
         act_ok = bool(np.isfinite(action).all())
         bad = not (obs_ok and act_ok)
         if obs_ok:
-            x0 = self._state_from(obs.astype(np.float64))
+            o = obs.astype(np.float64)
+            x0s = [self._state_from(o, k) for k in self._cases]
         elif self._x_next is not None:
-            x0 = self._x_next  # no state observed: trust the prediction from the last good one
+            x0s = self._x_next  # no state observed: trust the prediction from the last good one
         else:
             u = self._fallback.astype(np.float32)
             self._commit(None, u)
             return u, self._info(True, True, True, np.full(self._n_constraints, np.nan), 0.0, t0)
-        xL = self._predict(x0)
-        self._linearize_dynamic(xL)
-        required = (1.0 - self._gain) * self._barrier(xL)
-        h_now = self._per_constraint(required / np.maximum(1.0 - self._gain, 1e-12))
-        free = self._A @ xL + self._c
+        free, required, h_now = self._prepare(x0s)
         if bad:
             u_p = self._fallback
         else:
             u_p = action.astype(np.float64)
             in_box = bool(np.all(action >= self._low32) and np.all(action <= self._high32))
             if in_box and self._meets(free, u_p, required, 0.0):
-                self._commit(x0, u_p)
+                self._commit(x0s, u_p)
                 return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
         u, feasible, slack = self._solve(free, required, u_p)
         out = u.astype(np.float32)
-        self._commit(x0, u)
+        self._commit(x0s, u)
         intervened = bad or not np.array_equal(out, action)
         return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
 
-    def _solve(self, free: np.ndarray, required: np.ndarray, u_p: np.ndarray) -> tuple[np.ndarray, bool, float]:
+    def _solve(self, free: list[np.ndarray], required: list[np.ndarray], u_p: np.ndarray) -> tuple[np.ndarray, bool, float]:
         """Sequential linearization of the concave barrier conditions; QP each time. Returns (u, feasible, slack)."""
         u = np.clip(u_p, self._low, self._high)
         for it in range(_SQP_ITERS):
@@ -274,21 +319,22 @@ class CbfShield:
                 break
         return u, True, 0.0
 
-    def _meets(self, free: np.ndarray, u: np.ndarray, required: np.ndarray, tol: float) -> bool:
+    def _meets(self, frees: list[np.ndarray], u: np.ndarray, requireds: list[np.ndarray], tol: float) -> bool:
         """True when h(x+(u)) >= required - |tol| for every row and every input-gain case."""
-        for B in self._B_cases:
-            if not bool(np.all(self._barrier(free + B @ u) - required >= tol)):
+        for free, required, B in zip(frees, requireds, self._B_cases):
+            if not bool(np.all(self._barrier(free + B @ u, True) - required >= tol)):
                 return False
         return True
 
-    def _linearized_rows(self, free: np.ndarray, u: np.ndarray, required: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _linearized_rows(self, frees: list[np.ndarray], u: np.ndarray,
+                         requireds: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Tangent cuts G v >= lb of the conditions at u, stacked over the input-gain cases."""
         Gs, lbs = [], []
-        for B in self._B_cases:
+        for free, required, B in zip(frees, requireds, self._B_cases):
             x = free + B @ u
             G = self._barrier_grad(x) @ B
             Gs.append(G)
-            lbs.append(required - self._barrier(x) + G @ u)
+            lbs.append(required - self._barrier(x, True) + G @ u)
         if len(Gs) == 1:
             return Gs[0], lbs[0]
         return np.vstack(Gs), np.concatenate(lbs)
@@ -347,14 +393,15 @@ class CbfShield:
         slack = float(max(0.0, np.max(lb - G @ u)))
         return u, False, slack
 
-    def _commit(self, x0: np.ndarray | None, u: np.ndarray) -> None:
-        """Remember the sent action and predict the state at the next call."""
+    def _commit(self, x0s: list[np.ndarray] | None, u: np.ndarray) -> None:
+        """Remember the sent action and predict each case's state at the next call."""
         L = self.spec.latency_steps
         u = np.asarray(u, np.float64)
         applied = self._pending[0] if L else u
         if L:
             self._pending.append(u.copy())
-        self._x_next = None if x0 is None else self._A @ x0 + self._B @ applied + self._c
+        self._x_next = None if x0s is None else [self._A @ x0 + B @ applied + self._c
+                                                 for x0, B in zip(x0s, self._B_cases)]
 
     def _per_constraint(self, h_rows: np.ndarray) -> np.ndarray:
         if not self._R:

@@ -65,7 +65,7 @@ class EdgeRuntime:
         raw = self.policy(obs[None, :])[0]
         t1 = time.perf_counter()
         if self.shield is None:
-            return raw, raw, {"intervened": False, "fallback": False, "policy_us": (t1 - t0) * 1e6, "shield_us": 0.0}
+            return raw.copy(), raw, {"intervened": False, "fallback": False, "policy_us": (t1 - t0) * 1e6, "shield_us": 0.0}
         safe, info = self.shield.filter(obs, raw)
         info = dict(info)
         info["policy_us"], info["shield_us"] = (t1 - t0) * 1e6, (time.perf_counter() - t1) * 1e6

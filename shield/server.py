@@ -35,6 +35,13 @@ from shield.protocol import (ACT_REPLY_HEAD, ACT_REQUEST_HEAD, COUNTER_NAMES, HE
 from shield.watchers import RegistryWatcher, Watchdog
 
 _U32_MAX = 2**32 - 1
+# Plain ints on the hot path: IntFlag arithmetic costs a microsecond per operation.
+_INTERVENED, _FALLBACK, _BAD_INPUT, _AUTH_FAILED = (int(Status.INTERVENED), int(Status.FALLBACK),
+                                                    int(Status.BAD_INPUT), int(Status.AUTH_FAILED))
+_SHADOW, _STALE, _DEADLINE, _INFERENCE_ERROR = (int(Status.SHADOW), int(Status.STALE), int(Status.DEADLINE),
+                                                int(Status.INFERENCE_ERROR))
+_HMAC = int(Flags.HMAC)
+_ACT_REQUEST, _ACT_REPLY, _STATUS_REQUEST = int(MsgType.ACT_REQUEST), int(MsgType.ACT_REPLY), int(MsgType.STATUS_REQUEST)
 MIN_KEY_BYTES = 16
 
 
@@ -178,80 +185,83 @@ class PolicyServer:
         self._client_id = client_id  # echoed in the reply
         key, body_end = self.key, len(data)
         if key is not None:
-            if (not flags & Flags.HMAC or body_end < HEADER_SIZE + MAC_SIZE
+            if (not flags & _HMAC or body_end < HEADER_SIZE + MAC_SIZE
                     or not hmac.compare_digest(sign(key, data[:-MAC_SIZE]), data[-MAC_SIZE:])):
-                return self._reject(srv, seq, ts, Status.AUTH_FAILED, t0)
+                return self._reject(srv, seq, ts, _AUTH_FAILED, t0)
             body_end -= MAC_SIZE
-        elif flags & Flags.HMAC:
-            return self._reject(srv, seq, ts, Status.AUTH_FAILED, t0)  # signed, but this server has no key
+        elif flags & _HMAC:
+            return self._reject(srv, seq, ts, _AUTH_FAILED, t0)  # signed, but this server has no key
         if magic != MAGIC or version != PROTOCOL_VERSION or payload_len != body_end - HEADER_SIZE:
-            return self._reject(srv, seq, ts, Status.BAD_INPUT, t0)
-        status = Status.OK
+            return self._reject(srv, seq, ts, _BAD_INPUT, t0)
+        status = 0
         if not self.window.accept(client_id if key is not None else addr, seq):
             if key is not None:  # authenticated but old: a replay
-                return self._reject(srv, seq, ts, Status.AUTH_FAILED | Status.STALE, t0)
-            status = Status.STALE  # unauthenticated: answered, flagged so the controller can drop it
+                return self._reject(srv, seq, ts, _AUTH_FAILED | _STALE, t0)
+            status = _STALE  # unauthenticated: answered, flagged so the controller can drop it
             stats.stale += 1
-        if msg_type == MsgType.STATUS_REQUEST and payload_len == 0:
+        if msg_type == _STATUS_REQUEST and payload_len == 0:
             stats.status_requests += 1
             stats.answered += 1
             return encode_status_reply(seq, ts, srv.version, int((time.monotonic() - stats.started) * 1e6),
                                        stats.as_dict(), stats.histogram, key, client_id)
-        if msg_type != MsgType.ACT_REQUEST or payload_len < ACT_REQUEST_HEAD.size:
-            return self._reject(srv, seq, ts, Status.BAD_INPUT | status, t0)
+        if msg_type != _ACT_REQUEST or payload_len < ACT_REQUEST_HEAD.size:
+            return self._reject(srv, seq, ts, _BAD_INPUT | status, t0)
         n_obs, n_legacy = ACT_REQUEST_HEAD.unpack_from(data, HEADER_SIZE)
         shadow = self.mode == "shadow"
         if (n_obs != srv.obs_dim or n_legacy not in ((srv.act_dim,) if shadow else (0, srv.act_dim))
                 or payload_len != ACT_REQUEST_HEAD.size + 4 * (n_obs + n_legacy)):
-            return self._reject(srv, seq, ts, Status.BAD_INPUT | status, t0)
+            return self._reject(srv, seq, ts, _BAD_INPUT | status, t0)
         floats = np.frombuffer(data, dtype="<f4", count=n_obs + n_legacy, offset=HEADER_SIZE + ACT_REQUEST_HEAD.size)
         if not np.isfinite(floats).all():
-            return self._reject(srv, seq, ts, Status.BAD_INPUT | status, t0)
+            return self._reject(srv, seq, ts, _BAD_INPUT | status, t0)
         obs = floats[:n_obs].astype(np.float32)
+        stats.policy_calls += 1
         try:
             safe, raw, info = srv.runtime.act(obs)
-            stats.policy_calls += 1
             safe = np.asarray(safe, dtype="<f4").reshape(srv.act_dim)
-            if not np.isfinite(safe).all():
-                raise FloatingPointError("runtime returned a non-finite action")
+            failed = not np.isfinite(safe).all()
         except Exception:  # any runtime failure is answered with the fallback, never a crash
-            stats.policy_calls += 1
+            failed = True
+        if failed:
             stats.inference_errors += 1
-            return self._reject(srv, seq, ts, Status.INFERENCE_ERROR | Status.FALLBACK | status, t0)
+            safe = raw = np.full(srv.act_dim, np.nan, np.float32)
+            info = {"fallback": True}
         late = time.perf_counter_ns() - t0 > self.deadline_ns
         if late:
             stats.deadline_misses += 1
-        if shadow:
+        if shadow:  # the candidate's failures and delays are logged; the plant keeps its legacy action
             legacy = floats[n_obs:]
             self._log(srv, addr, obs, legacy, raw, safe, info, t0)
-            return self._reply(srv, seq, ts, status | Status.SHADOW, legacy.tobytes(), t0)
+            return self._reply(srv, seq, ts, status | _SHADOW, legacy.tobytes(), t0)
+        if failed:
+            return self._reject(srv, seq, ts, _INFERENCE_ERROR | status, t0)
         if late:
-            return self._reject(srv, seq, ts, Status.DEADLINE | Status.FALLBACK | status, t0)
+            return self._reject(srv, seq, ts, _DEADLINE | _FALLBACK | status, t0)
         if info.get("intervened"):
-            status |= Status.INTERVENED
+            status |= _INTERVENED
             stats.interventions += 1
         if info.get("fallback"):
-            status |= Status.FALLBACK
+            status |= _FALLBACK
         if info.get("bad_input"):
-            status |= Status.BAD_INPUT
+            status |= _BAD_INPUT
         return self._reply(srv, seq, ts, status, safe.tobytes(), t0)
 
-    def _reject(self, srv: ServedBundle, seq: int, ts: int, status: Status, t0: int) -> bytes:
-        return self._reply(srv, seq, ts, status | Status.FALLBACK, srv.fallback_bytes, t0)
+    def _reject(self, srv: ServedBundle, seq: int, ts: int, status: int, t0: int) -> bytes:
+        return self._reply(srv, seq, ts, status | _FALLBACK, srv.fallback_bytes, t0)
 
-    def _reply(self, srv: ServedBundle, seq: int, ts: int, status: Status, action: bytes, t0: int) -> bytes:
+    def _reply(self, srv: ServedBundle, seq: int, ts: int, status: int, action: bytes, t0: int) -> bytes:
         stats = self.stats
         latency_us = min((time.perf_counter_ns() - t0) // 1000, _U32_MAX)
         stats.answered += 1
         stats.histogram[latency_bin(latency_us)] += 1
-        if status & Status.FALLBACK:
+        if status & _FALLBACK:
             stats.fallbacks += 1
-        if status & Status.BAD_INPUT:
+        if status & _BAD_INPUT:
             stats.bad_inputs += 1
-        if status & Status.AUTH_FAILED:
+        if status & _AUTH_FAILED:
             stats.auth_failures += 1
         key = self.key
-        frame = (HEADER.pack(MAGIC, PROTOCOL_VERSION, MsgType.ACT_REPLY, Flags.HMAC if key is not None else 0,
+        frame = (HEADER.pack(MAGIC, PROTOCOL_VERSION, _ACT_REPLY, _HMAC if key is not None else 0,
                              seq, ts, ACT_REPLY_HEAD.size + len(action), self._client_id)
                  + ACT_REPLY_HEAD.pack(int(status), latency_us, srv.version, len(action) // 4, 0) + action)
         return frame + sign(key, frame) if key is not None else frame
@@ -373,6 +383,8 @@ def run_cli(args: argparse.Namespace) -> int:
     finally:
         for h in helpers:
             h.stop()
+        for h in helpers:
+            h.join(timeout=5.0)  # a reload in progress finishes before the process exits
         server.close()
         print(f"serve: {server.stats.summary()}", flush=True)
         if shadow_log is not None:

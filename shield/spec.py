@@ -15,7 +15,9 @@ This module owns the schema. A spec holds:
 - the input box, the control latency (steps) predicted through, the margin
   (units of the constrained quantity) covering model error and sensor noise,
   the relative error of the input's effect (actuator gain over mass) the
-  conditions are robust to (`input_gain_error`),
+  conditions are robust to (`input_gain_error`), and the bound on an unknown
+  additive acceleration per position (`disturbance_accel`, units/s^2: wind,
+  gravity-compensation error) the next-step prediction is robust to,
   the constant fallback action, and the assumptions under which the guarantee
   holds (as data plus one human sentence).
 
@@ -134,6 +136,7 @@ class ShieldSpec:
     latency_steps: int = 0
     margin: float = 0.0
     input_gain_error: float = 0.0
+    disturbance_accel: list[float] | None = None
     fallback_action: list[float] | None = None
     assumptions: dict = field(default_factory=dict)
     task: str = ""
@@ -146,6 +149,7 @@ class ShieldSpec:
             _fail("<root>", f"must be a mapping, got {type(d).__name__}")
         known = {"schema_version", "task", "obs_dim", "act_dim", "dt", "action_low", "action_high",
                  "state_index", "model", "kinematics", "constraints", "latency_steps", "margin", "input_gain_error",
+                 "disturbance_accel",
                  "fallback_action", "assumptions"}
         for k in d:
             if k not in known:
@@ -193,6 +197,10 @@ class ShieldSpec:
             _fail("latency_steps", f"must be a non-negative integer, got {latency!r}")
         margin = _number(d.get("margin", 0.0), "margin", 0.0)
         gain_error = _number(d.get("input_gain_error", 0.0), "input_gain_error", 0.0, 0.9)
+        disturbance = _finite(d.get("disturbance_accel", [0.0] * len(pos)), "disturbance_accel", len(pos))
+        for i, w in enumerate(disturbance):
+            if w < 0:
+                _fail(f"disturbance_accel[{i}]", f"must be >= 0, got {w}")
         fallback = d.get("fallback_action")
         if fallback is not None:
             fallback = _finite(fallback, "fallback_action", act_dim)
@@ -208,7 +216,7 @@ class ShieldSpec:
         return cls(obs_dim=obs_dim, act_dim=act_dim, dt=dt, action_low=low, action_high=high,
                    state_index=state_index, model=model, position_index=pos, velocity_index=vel,
                    brake_accel=brake, constraints=constraints, latency_steps=latency, margin=margin,
-                   input_gain_error=gain_error,
+                   input_gain_error=gain_error, disturbance_accel=disturbance,
                    fallback_action=fallback, assumptions=assumptions, task=task)
 
     @staticmethod
@@ -290,7 +298,9 @@ class ShieldSpec:
                            "brake_accel": list(self.brake_accel)},
             "constraints": self.constraints, "latency_steps": self.latency_steps,
             "margin": self.margin,
-            "input_gain_error": self.input_gain_error, "fallback_action": self.fallback_action,
+            "input_gain_error": self.input_gain_error,
+            "disturbance_accel": list(self.disturbance_accel or [0.0] * len(self.position_index)),
+            "fallback_action": self.fallback_action,
             "assumptions": self.assumptions,
         }
 

@@ -20,11 +20,11 @@ class Watchdog(threading.Thread):
     def __init__(self, server: Any, *, stall_s: float = 0.5, silence_s: float = 1.0):
         super().__init__(name="serve-watchdog", daemon=True)
         self.server, self.stall_ns, self.silence_ns = server, int(stall_s * 1e9), int(silence_s * 1e9)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         stalled = silent = False
-        while not self._stop.wait(0.1):
+        while not self._halt.wait(0.1):
             now, busy, last = time.perf_counter_ns(), self.server.busy_since_ns, self.server.last_request_ns
             if busy and now - busy > self.stall_ns and not stalled:
                 print(f"serve: watchdog: one request has taken {(now - busy) / 1e6:.0f} ms", file=sys.stderr)
@@ -35,7 +35,7 @@ class Watchdog(threading.Thread):
             silent = quiet
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
 
 class RegistryWatcher(threading.Thread):
@@ -46,7 +46,7 @@ class RegistryWatcher(threading.Thread):
         super().__init__(name="serve-reload", daemon=True)
         self.server, self.root, self.task, self.loader, self.poll_s = server, Path(models_root), task, loader, poll_s
         self.pointer = self.root / task / "production"
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._seen = self._read()
 
     def _read(self) -> bytes | None:
@@ -58,7 +58,7 @@ class RegistryWatcher(threading.Thread):
     def run(self) -> None:
         from shield.bundle import resolve_production
 
-        while not self._stop.wait(self.poll_s):
+        while not self._halt.wait(self.poll_s):
             current = self._read()
             if current == self._seen or current is None:
                 continue
@@ -72,4 +72,4 @@ class RegistryWatcher(threading.Thread):
                       file=sys.stderr, flush=True)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()

@@ -11,8 +11,8 @@ import torch
 
 from pipeline.export import export_deterministic
 from pipeline.registry import Registry, run_cli
-from shield.bundle import (MANIFEST_FILE, Bundle, BundleError, manifest_bytes, parse_manifest, resolve_production,
-                           seal_manifest, sha256_bytes, verify_bundle, write_bundle)
+from shield.bundle import (MANIFEST_FILE, Bundle, BundleError, make_manifest, manifest_bytes, parse_manifest,
+                           resolve_production, seal_manifest, sha256_bytes, verify_bundle, write_bundle)
 from shield.runtime import EdgeRuntime
 from tests.bundle_helpers import shield_spec, trained_like_policy
 
@@ -64,6 +64,14 @@ def test_shielded_runtime_changes_an_unsafe_action_and_keeps_a_safe_one(bundle):
     assert not info["intervened"] and np.array_equal(safe, raw)
     batch = runtime(np.stack([calm_obs, unsafe_obs]))
     assert batch.shape == (2, 2) and batch[1, 0] <= 0.0
+
+
+def test_wrong_observation_size_is_a_clear_error(bundle):
+    runtime = EdgeRuntime.load(bundle, shield=False)
+    with pytest.raises(ValueError, match="observation must have 4 entries, got 3"):
+        runtime.act(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match=r"observation batch must be \[n, 4\], got shape \(2, 5\)"):
+        runtime.policy(np.zeros((2, 5), np.float32))
 
 
 def test_tampered_policy_is_refused_naming_the_file(bundle):
@@ -140,6 +148,18 @@ def test_registry_verify_cli_names_the_tampered_file_and_fails(bundle, tmp_path,
     assert "planar v2: policy.onnx: sha256 mismatch" in out and "v1" not in out
     Args.version = 1
     assert run_cli(Args) == 0
+
+
+def test_a_sealed_bundle_with_an_invalid_shield_spec_is_refused_at_load(bundle, tmp_path):
+    source = Bundle.load(bundle)
+    spec = dict(source.shield_spec, margin=-1.0)
+    shield_bytes = json.dumps(spec).encode()
+    manifest = make_manifest(task="planar", env_id="x", config_hash="y",
+                             files={"policy.onnx": source.policy_onnx, "shield.json": shield_bytes})
+    out = write_bundle(tmp_path / "bad", policy_onnx=source.policy_onnx, shield_spec=shield_bytes, manifest=manifest)
+    with pytest.raises(BundleError, match=r"^shield\.json in .*: shield spec: margin"):
+        EdgeRuntime.load(out)
+    assert EdgeRuntime.load(out, shield=False).shielded is False
 
 
 def test_write_bundle_refuses_to_overwrite_and_a_mismatched_manifest(bundle, tmp_path):

@@ -30,7 +30,7 @@ def test_config_hash_is_stable_and_sensitive(cartpole_dict):
     a = parse_config(copy.deepcopy(cartpole_dict))
     b = parse_config(copy.deepcopy(cartpole_dict))
     assert a.config_hash() == b.config_hash()
-    cartpole_dict["train"]["lr"] = 1e-3
+    cartpole_dict["train"]["lr"] = 2 * a.train.lr
     assert parse_config(cartpole_dict).config_hash() != a.config_hash()
 
 

@@ -129,8 +129,9 @@ def _run_dir(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    import envs  # noqa: F401  (registers the ids)
     import gymnasium as gym
+
+    import envs  # noqa: F401  (registers the sim2real ids)
     env = gym.make(cfg.task.env_id)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     env.close()

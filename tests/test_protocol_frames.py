@@ -154,7 +154,7 @@ def test_status_reply_layout(bundle):
     assert int(status.histogram.sum()) == 1
 
 
-def test_runtime_failure_and_deadline_get_the_fallback(bundle):
+def test_runtime_failure_and_deadline_get_the_fallback(bundle, tmp_path):
     class Exploding:
         obs_dim, act_dim = 4, 2
 
@@ -165,6 +165,18 @@ def test_runtime_failure_and_deadline_get_the_fallback(bundle):
     server.sock.close()
     reply = decode_act_reply(server.handle(encode_act_request(1, 0, OBS), ADDR))
     assert reply.status == Status.INFERENCE_ERROR | Status.FALLBACK and reply.action.tolist() == [0.0, 0.0]
+    from shield.shadowlog import ShadowLogWriter, read_shadow_log
+
+    log = ShadowLogWriter(tmp_path)
+    shadow = PolicyServer(Exploding(), mode="shadow", shadow_log=log, deadline_us=1e7)
+    shadow.sock.close()
+    legacy = np.array([0.5, -0.25], np.float32)
+    reply = decode_act_reply(shadow.handle(encode_act_request(1, 0, OBS, legacy), ADDR))
+    assert reply.status == Status.SHADOW and reply.action.tobytes() == legacy.tobytes()  # the plant is unaffected
+    log.close()
+    cols, _ = read_shadow_log(tmp_path)
+    assert cols["fallback"].tolist() == [True] and np.isnan(cols["candidate_action"]).all()
+    assert shadow.stats.inference_errors == 1
     slow = _server(bundle, deadline_us=0.0)  # every request overruns a zero deadline
     reply = decode_act_reply(slow.handle(encode_act_request(1, 0, OBS), ADDR))
     assert reply.status == Status.DEADLINE | Status.FALLBACK and slow.stats.deadline_misses == 1

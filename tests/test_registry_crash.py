@@ -83,13 +83,14 @@ def test_sigkill_at_random_instants_leaves_the_registry_consistent(source_bundle
         if production is not None:
             promoted_seen += 1
             assert production in versions
+            assert set(registry.pointer("planar")["history"]) <= set(versions)
             Bundle.load(resolve_production(root, "planar"))
         interrupted += bool(_leftovers(root / "planar"))
 
-    assert len(registry.versions("planar")) >= 10, "the writer must have made real progress"
+    assert len(registry.versions("planar")) >= 5, "the writer must have made real progress"
     assert promoted_seen >= TRIALS // 2
     # Not vacuous: some kills landed inside a write (a temp file or staging dir was left behind)...
-    assert interrupted >= 1
+    assert interrupted >= 1, interrupted
     # ...and the next writer cleans such leftovers up.
     registry.register(source_bundle)
     assert _leftovers(root / "planar") == []

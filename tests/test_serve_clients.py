@@ -187,3 +187,42 @@ def test_status_counts_match_traffic(bundle):
             13, 12, 1, 10, 1)
         sock.close()
         server.stop()
+
+
+def test_serve_cli_errors_are_one_clear_line(bundle, tmp_path, capsys):
+    from argparse import Namespace
+
+    from shield.server import run_cli
+
+    def args(**kw):
+        base = dict(bundle=None, registry=None, models=str(tmp_path / "models"), host="127.0.0.1", port=0,
+                    mode="active", key_file=None, log=None, deadline_us=1000.0)
+        return Namespace(**{**base, **kw})
+
+    short_key = tmp_path / "short"
+    short_key.write_bytes(b"abc\n")
+    cases = [(args(), "exactly one of BUNDLE or --registry"),
+             (args(bundle=str(bundle), registry="planar"), "exactly one of BUNDLE or --registry"),
+             (args(bundle=str(bundle), mode="shadow"), "--mode shadow needs --log"),
+             (args(registry="planar"), "no production version"),
+             (args(bundle=str(tmp_path / "nope")), "not a bundle directory"),
+             (args(bundle=str(bundle), key_file=str(short_key)), "at least 16")]
+    for a, message in cases:
+        assert run_cli(a) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+
+
+def test_watchdog_reports_a_plant_gone_silent(bundle, capsys):
+    from shield.server import PolicyServer
+    from shield.watchers import Watchdog
+
+    server = PolicyServer(EdgeRuntime.load(bundle), deadline_us=1e7)
+    server.last_request_ns = time.perf_counter_ns()  # as if the plant had just sent its last request
+    dog = Watchdog(server, silence_s=0.05)
+    dog.start()
+    time.sleep(0.4)
+    dog.stop()
+    dog.join()
+    server.close()
+    assert capsys.readouterr().err.count("no request for") == 1  # once per silence, not every tick

@@ -150,3 +150,40 @@ def test_domains_from_a_set_name_or_a_yaml_file(tmp_path):
     bad.write_text("joint_damping: {slider: {dist: uniform, low: 3.0, high: 2.0}}\n")
     with pytest.raises(ValueError, match=r"bad\.yaml.*slider"):
         resolve_domains(cfg, str(bad))
+
+
+def test_field_logs_of_another_version_are_refused():
+    from pipeline.shadow import ShadowError, check_log_matches_bundle
+
+    check_log_matches_bundle({"bundle_version": 4}, 4, "log.npz")
+    check_log_matches_bundle({"bundle_versions": [3, 4]}, 4, "logs/")  # a hot reload mid-recording
+    check_log_matches_bundle({"bundle_version": 0}, 4, "log.npz")  # serve of an unregistered bundle: unknown
+    with pytest.raises(ShadowError, match=r"log\.npz.*\[3\].*version 4"):
+        check_log_matches_bundle({"bundle_version": 3}, 4, "log.npz")
+
+
+def test_quadrotor_shadow_covers_every_action_axis_and_constraint(tmp_path):
+    import torch
+
+    from pipeline.config import load_config
+    from pipeline.export import export_deterministic
+    from pipeline.gate import decide
+    from pipeline.model import ActorCritic, DeterministicPolicy
+    from pipeline.shadow import evaluate_candidate
+    from pipeline.shield_spec import build_shield_spec
+
+    cfg = load_config(CARTPOLE_CONFIG.parent / "quadrotor.yaml")
+    cfg.task.max_episode_steps = 60
+    torch.manual_seed(0)
+    ac = ActorCritic(15, 3, cfg.train.hidden_sizes)
+    meta = dict(task="quadrotor", env_id=cfg.task.env_id, updates=0, env_steps=0, **ac.spec())
+    bundle = export_deterministic(DeterministicPolicy(ac), meta, build_shield_spec(cfg), config_hash=cfg.config_hash(),
+                                  out_dir=tmp_path / "quad")["bundle"]
+    runtime = EdgeRuntime.load(bundle)
+    shadow, cf, m = evaluate_candidate(runtime, cfg, episodes=2)
+    names = shadow.meta["constraint_names"]
+    assert names and shadow.columns["h"].shape == (m["steps"], len(names))
+    assert len(m["action_rmse"]) == len(m["action_p95_abs_diff"]) == 3
+    assert len(m["candidate_returns"]) == 2 and cf.states["qpos"].shape[0] > 1
+    failing = decide(m, cfg.gate).failing
+    assert {"gate.min_return_ratio", "gate.max_violations"} <= set(failing)  # a random policy is never promoted

@@ -87,6 +87,9 @@ def run_sb3(cfg, threshold, budget_s) -> dict:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
+    import torch
+
+    torch.set_num_threads(1)  # same as our learner on a full machine; more threads thrash on 2 busy cores
     rand = cfg.randomization["train"].model_dump(mode="json")
     n_envs = cfg.train.num_actors * cfg.train.envs_per_actor
     vec = make_vec_env(lambda: make_env(cfg.task.env_id, rand, cfg.task.max_episode_steps), n_envs=n_envs, seed=0)

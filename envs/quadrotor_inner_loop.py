@@ -36,8 +36,9 @@ class AttitudeThrustLoop:
             [-yaw_coeff, yaw_coeff, -yaw_coeff, yaw_coeff],
         ])
         self.unmix = np.linalg.inv(mix)
-        self.force = np.array([0.0, 0.0, mass * GRAVITY])
-        self.rot_des = np.eye(3)
+        self._unmix_rows = [tuple(float(v) for v in row) for row in self.unmix]
+        self._inertia_flat = tuple(float(v) for v in self.inertia)
+        self.set_acceleration((0.0, 0.0, 0.0))
 
     def set_acceleration(self, accel) -> None:
         """Hold a new world acceleration set-point (m/s^2) until the next call: computes the attitude set-point."""
@@ -50,6 +51,7 @@ class AttitudeThrustLoop:
         if horizontal > limit:
             fx, fy = fx * limit / horizontal, fy * limit / horizontal
         self.force = np.array((fx, fy, fz))
+        self._force_flat = (fx, fy, fz)
         norm = math.sqrt(fx * fx + fy * fy + fz * fz)
         zx, zy, zz = fx / norm, fy / norm, fz / norm
         # y = z x (1, 0, 0) normalized (yaw held at 0); x = y x z.
@@ -58,12 +60,31 @@ class AttitudeThrustLoop:
         yy, yz = yy / n, yz / n
         xx, xy, xz = yy * zz - yz * zy, yz * zx - yx * zz, yx * zy - yy * zx
         self.rot_des = np.array(((xx, yx, zx), (xy, yy, zy), (xz, yz, zz)))
+        self._rot_des_flat = (xx, yx, zx, xy, yy, zy, xz, yz, zz)
 
-    def rotor_thrusts(self, rot: np.ndarray, omega: np.ndarray) -> np.ndarray:
-        """Rotor thrusts (N) from the body rotation matrix (body to world) and body angular velocity (rad/s)."""
-        m = self.rot_des.T @ rot
-        e_r = 0.5 * np.array((m[2, 1] - m[1, 2], m[0, 2] - m[2, 0], m[1, 0] - m[0, 1]))
-        torque = self.inertia * (-self.k_r * e_r - self.k_w * omega)
-        thrust = float(self.force @ rot[:, 2])
-        rotors = self.unmix @ np.array((thrust, torque[0], torque[1], torque[2]))
-        return np.minimum(np.maximum(rotors, 0.0), self.max_thrust)
+    def rotor_thrusts(self, rot, omega) -> list[float]:
+        """Rotor thrusts (N) from the body rotation matrix (body to world, 9 floats row-major) and body rates (rad/s)."""
+        # Plain floats: four calls per control step, where numpy's per-call overhead would dominate.
+        r00, r01, r02, r10, r11, r12, r20, r21, r22 = rot
+        d00, d01, d02, d10, d11, d12, d20, d21, d22 = self._rot_des_flat
+        # e_R = vee(Rd^T R - R^T Rd) / 2, from the antisymmetric part of M = Rd^T R.
+        m01 = d00 * r01 + d10 * r11 + d20 * r21
+        m02 = d00 * r02 + d10 * r12 + d20 * r22
+        m10 = d01 * r00 + d11 * r10 + d21 * r20
+        m12 = d01 * r02 + d11 * r12 + d21 * r22
+        m20 = d02 * r00 + d12 * r10 + d22 * r20
+        m21 = d02 * r01 + d12 * r11 + d22 * r21
+        wx, wy, wz = omega
+        jx, jy, jz = self._inertia_flat
+        kr, kw = self.k_r, self.k_w
+        tx = jx * (-kr * 0.5 * (m21 - m12) - kw * wx)
+        ty = jy * (-kr * 0.5 * (m02 - m20) - kw * wy)
+        tz = jz * (-kr * 0.5 * (m10 - m01) - kw * wz)
+        fx, fy, fz = self._force_flat
+        thrust = fx * r02 + fy * r12 + fz * r22  # the set-point force along the current body z axis
+        top = self.max_thrust
+        out = []
+        for u0, u1, u2, u3 in self._unmix_rows:
+            f = u0 * thrust + u1 * tx + u2 * ty + u3 * tz
+            out.append(0.0 if f < 0.0 else (top if f > top else f))
+        return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -54,8 +55,10 @@ def train_step(config_path: str, runs_dir: str, steps: int | None, ray_address: 
 @task(name="export", retries=1, retry_delay_seconds=2, persist_result=True)
 def export_step(run_dir: str, models_root: str) -> dict:
     """Export the run's policy to a staged bundle; the export refuses on a parity failure."""
+    staged = Path(run_dir) / "bundle"
+    shutil.rmtree(staged, ignore_errors=True)  # a retried attempt starts from a clean staging dir
     _fault_drill("export")
-    return export_policy(run_dir, out_dir=Path(run_dir) / "bundle", registry_root=models_root)
+    return export_policy(run_dir, out_dir=staged, registry_root=models_root)
 
 
 @task(name="shadow", retries=0, persist_result=True)

@@ -70,7 +70,7 @@ class RolloutActor:
     """
 
     def __init__(self, index: int, env_id: str, randomization: Any, max_episode_steps: int | None,
-                 num_envs: int, rollout_length: int, seed: int, model_spec: dict, weight_source=None):
+                 num_envs: int, rollout_length: int, seed: int, model_spec: dict, weight_source: str | None = None):
         torch.set_num_threads(1)  # one core per actor; torch's thread pool would fight the others
         with warnings.catch_warnings():  # Ray marks the property deprecated but offers no replacement
             warnings.simplefilter("ignore")
@@ -82,9 +82,12 @@ class RolloutActor:
         self.life = uuid.uuid4().hex  # changes when Ray restarts this actor; the driver counts restarts by it
         self.model = ActorCritic(**model_spec).eval()
         self.version = -1
-        self.weight_source = weight_source
-        self.torch_gen = torch.Generator().manual_seed(int(self._seed_seq.generate_state(1)[0]))
-        self.env_seeds = self._seed_seq.generate_state(num_envs).tolist()
+        # Looked up by name, not passed as a handle, so a restarted actor finds it without
+        # depending on constructor arguments kept in the object store.
+        self.weight_source = ray.get_actor(weight_source) if weight_source else None
+        sampling_seq, envs_seq = self._seed_seq.spawn(2)  # independent streams: action noise, env resets
+        self.torch_gen = torch.Generator().manual_seed(int(sampling_seq.generate_state(1)[0]))
+        self.env_seeds = envs_seq.generate_state(num_envs).tolist()
         self.envs = [make_env(*self._env_args) for _ in range(num_envs)]
         self.obs = np.stack([self._reset(i, seed=self.env_seeds[i]) for i in range(num_envs)])
         self.ep_return = np.zeros(num_envs)
@@ -149,7 +152,7 @@ class RolloutActor:
                 try:
                     o, r, term, trunc, info = self.envs[i].step(env_actions[i])
                 except Exception:
-                    # Treat the crash as a time-limit cut of an empty tail: no reward, no bootstrap.
+                    # Cut the trace here (discount 0, no reward) and go on with a fresh env.
                     self.obs[i] = self._recreate(i)
                     terminated[t, i] = True
                     continue

@@ -6,6 +6,7 @@ Async (default): each actor always has work queued (at most
 once per update with `ray.put`, and actors pick the newest up between
 batches. Sync (`train.sync`): every actor collects one batch with the current
 weights, the learner takes them all in one update (policy lag 0).
+`ActorPool` (actor_pool.py) owns the requests in flight and actor restarts.
 
 Run directory: config.yaml (resolved config), metrics.jsonl, TensorBoard
 events, checkpoints/ckpt_<updates>.pt.
@@ -18,6 +19,7 @@ import math
 import os
 import sys
 import time
+import uuid
 from collections import deque
 from datetime import datetime
 from pathlib import Path
@@ -27,8 +29,8 @@ import numpy as np
 import ray
 import torch
 import yaml
-from ray.exceptions import ActorUnavailableError, RayActorError
 
+from pipeline.actor_pool import ActorPool
 from pipeline.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
 from pipeline.learner import Learner, resolve_device
 from pipeline.metrics import MetricsLogger
@@ -36,8 +38,6 @@ from pipeline.rollout import RolloutActor, WeightSource, make_env
 
 # final_return = mean return of this many most recent episodes.
 FINAL_RETURN_WINDOW = 20
-# A restarting rollout actor that is still unavailable after this long is given up (s).
-ACTOR_RESTART_TIMEOUT_S = 120.0
 
 
 def _with_overrides(cfg, steps, actors, envs_per_actor):
@@ -127,96 +127,41 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
         local_cpus = None if address else max(os.cpu_count() or 1, math.ceil(tc.num_actors * cfg.ray.actor_num_cpus))
         ray.init(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=True)
 
-    weight_source = ray.remote(num_cpus=0)(WeightSource).remote()
+    weight_source_name = f"sim2real-weights-{uuid.uuid4().hex[:12]}"
+    weight_source = ray.remote(num_cpus=0)(WeightSource).options(name=weight_source_name).remote()
     publisher = _Publisher(learner, weight_source)
     publisher.publish()
+    ray.get(weight_source.latest.remote())  # up and named before any actor looks it up
     # A resumed run seeds its actors differently so it does not replay the episodes of its first life.
     actor_seed = int(np.random.SeedSequence([tc.seed, updates]).generate_state(1)[0])
     actor_cls = ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_num_cpus,
                                                  max_restarts=cfg.ray.max_actor_restarts, max_task_retries=0)
     rollout_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps,
-                                       tc.envs_per_actor, tc.rollout_length, actor_seed, model_spec, weight_source)
+                                       tc.envs_per_actor, tc.rollout_length, actor_seed, model_spec, weight_source_name)
                       for i in range(tc.num_actors)]
+    pool = ActorPool(rollout_actors, tc.max_batches_in_flight)
     logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
 
     def checkpoint() -> None:
-        write_checkpoint(run_dir, updates, dict(
+        # learner.version, not `updates`: after an interrupt they can differ and the weights are the truth.
+        write_checkpoint(run_dir, learner.version, dict(
             learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
-            updates=updates, env_steps=env_steps, episodes=episodes_total, wall_s=prior_wall + time.perf_counter() - start_wall,
+            updates=learner.version, env_steps=env_steps, episodes=episodes_total, wall_s=prior_wall + time.perf_counter() - start_wall,
             torch_rng_state=torch.get_rng_state(), env_id=cfg.task.env_id, task=cfg.task.name,
             config_hash=cfg.config_hash()))
 
     recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
-    alive = list(range(len(rollout_actors)))
-    lives: list[str | None] = [None] * len(rollout_actors)
-    failed_in_a_row = [0] * len(rollout_actors)
-    unavailable_since = [0.0] * len(rollout_actors)
     env_restarts_of = [0] * len(rollout_actors)
-    actor_restarts = 0
     learner_time, loop_start, steps_at_start = 0.0, time.perf_counter(), env_steps
     rate_window: deque[tuple[float, int]] = deque(maxlen=20)
-    pending: dict = {}
-
-    def drop_actor(i: int, why: str) -> None:
-        if i in alive:
-            alive.remove(i)
-            print(f"sim2real train: rollout actor {i} {why}; continuing with {len(alive)}", file=sys.stderr)
-        if not alive:
-            raise RuntimeError(f"all {len(rollout_actors)} rollout actors are gone; see the Ray logs")
-
-    def submit(i: int, weights=None) -> None:
-        pending[rollout_actors[i].rollout.remote(weights)] = i
-
-    def receive(ref):
-        """(actor index, batch), batch None when the actor died or is restarting."""
-        nonlocal actor_restarts
-        i = pending.pop(ref)
-        try:
-            batch = ray.get(ref)
-        except ActorUnavailableError:
-            # Restarting (Ray's max_restarts): the request is resubmitted; don't spin while it boots.
-            unavailable_since[i] = unavailable_since[i] or time.perf_counter()
-            if time.perf_counter() - unavailable_since[i] > ACTOR_RESTART_TIMEOUT_S:
-                drop_actor(i, "did not come back from a restart")
-            time.sleep(0.05)
-            return i, None
-        except RayActorError:
-            # Requests in flight when an actor dies fail too, even when Ray restarts it;
-            # only an actor that fails more requests than could have been in flight is gone.
-            failed_in_a_row[i] += 1
-            if failed_in_a_row[i] > tc.max_batches_in_flight + 1:
-                drop_actor(i, f"died more than {cfg.ray.max_actor_restarts} times (ray.max_actor_restarts)")
-            return i, None
-        unavailable_since[i] = 0.0
-        failed_in_a_row[i] = 0
-        if lives[i] is not None and batch["life"] != lives[i]:
-            actor_restarts += 1  # a new life of actor i: Ray restarted it
-        lives[i] = batch["life"]
-        return i, batch
 
     try:
         if callback:
             callback(dict(updates=updates, env_steps=env_steps, learner=learner, actors=rollout_actors, metrics={}))
         if not tc.sync:
-            for k in range(tc.max_batches_in_flight):
-                submit(alive[k % len(alive)])
-        batches_per_update = tc.num_actors if tc.sync else tc.batches_per_update
+            pool.start()
         while env_steps < tc.total_env_steps:
-            batches: list[dict] = []
-            if tc.sync:
-                weights = publisher.latest
-                for i in alive:
-                    submit(i, weights)
-            while len(batches) < batches_per_update:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                i, batch = receive(ready[0])
-                if i in alive and (not tc.sync or batch is None):
-                    submit(i, publisher.latest if tc.sync else None)
-                if batch is None:
-                    continue
-                batches.append(batch)
-                if tc.sync and len(batches) == len(alive):
-                    break
+            batches = pool.collect_all(publisher.latest) if tc.sync else pool.collect(tc.batches_per_update)
             for batch in batches:
                 env_steps += batch["rewards"].size
                 env_restarts_of[batch["actor"]] = batch["env_restarts"]
@@ -239,7 +184,7 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
                           learner_samples_per_s=stats["samples"] / stats["learner_s"],
                           learner_utilization=learner_time / elapsed,
                           policy_lag_mean=float(np.mean(lags)), policy_lag_max=int(max(lags)),
-                          actor_restarts=actor_restarts, env_restarts=int(sum(env_restarts_of)),
+                          actor_restarts=pool.restarts, env_restarts=int(sum(env_restarts_of)),
                           **{k: v for k, v in stats.items() if k not in ("samples", "learner_s")})
             if len(recent_returns) == FINAL_RETURN_WINDOW:
                 record["episode_return_recent"] = float(np.mean(recent_returns))  # last 20 episodes
@@ -253,10 +198,12 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
                                           actors=rollout_actors, metrics=record)):
                 break
         checkpoint()
+    except KeyboardInterrupt:
+        checkpoint()  # Ctrl-C keeps the work done so far: `--resume RUN_DIR` continues from here
+        raise
     finally:
         logger.close()
-        for actor in rollout_actors:
-            ray.kill(actor)
+        pool.kill_all()
         ray.kill(weight_source)
         if started_ray:
             ray.shutdown()
@@ -266,15 +213,18 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
     final_return = float(np.mean(recent_returns)) if recent_returns else None
     return dict(run_dir=str(run_dir), env_steps=env_steps, updates=updates, final_return=final_return,
                 wall_s=wall_s, env_steps_per_s=(env_steps - steps_at_start) / (time.perf_counter() - loop_start),
-                learner_utilization=learner_time / (time.perf_counter() - loop_start), actor_restarts=actor_restarts)
+                learner_utilization=learner_time / (time.perf_counter() - loop_start), actor_restarts=pool.restarts)
 
 
 def run_cli(args) -> int:
     """`sim2real train`: args.config, steps, actors, envs_per_actor, out, ray_address, resume, json."""
     from pipeline.config import ConfigError, load_config
 
+    from pipeline.cli import DEFAULT_CONFIG
+
     config_path = args.config
-    if config_path is None and args.resume:
+    if args.resume and config_path in (None, DEFAULT_CONFIG):
+        # A resumed run keeps its own resolved config unless another one is named explicitly.
         config_path = Path(args.resume) / "config.yaml"
     if config_path is None:
         print("sim2real train: --config is required (or --resume RUN_DIR)", file=sys.stderr)

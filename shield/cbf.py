@@ -4,7 +4,10 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
 
 1. The shield state ``x = [o[state_index], z]`` (``z``: predicted-only internal
    states such as the realized acceleration of a lagged inner loop) is predicted
-   through the ``latency_steps`` actions already sent but not yet applied.
+   through the ``latency_steps`` actions already sent but not yet applied. With
+   ``input_gain_error`` > 0 there are two cases, the input's effect at
+   (1 - err) and (1 + err) x nominal, each with its own internal states and
+   prediction, and every condition below must hold in both.
 2. Every constraint gives barrier rows ``h_r(x) >= 0``. For a constraint on
    positions (relative degree 2 under force/acceleration input) the barrier is
    the braking-distance form ``h = d - margin - max(0, closing_speed)^2 / (2 a_brake)``,
@@ -13,8 +16,8 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    linearized at the predicted position, which under-estimates the true
    distance, so the linear cut is conservative.
 3. The action solves ``min ||u - u_p||^2`` s.t. ``h_r(x+(u)) >= (1 - gain_r) h_r(x)``
-   and the input box, for the input's effect at (1 +- input_gain_error) x nominal
-   (both ends suffice: h is concave along that scaling) and the worst additive
+   and the input box, in both gain cases (h is concave along the gain scaling, so
+   the two ends bound the gains between, to first order) and for the worst additive
    acceleration within `disturbance_accel` (per row, each axis at the bound
    that lowers it). ``h(x+(u))`` is concave in ``u``; it is linearized and the
    QP re-solved at the new point until the true conditions hold (a few
@@ -40,14 +43,13 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-import daqp
 import numpy as np
 
+from shield.fallback import BoxHalfspaceProjection, maxmin_brake
 from shield.spec import ShieldSpec
 
-_INF = 1e30
-_SQP_ITERS = 6
-_SQP_TOL = 1e-10  # barrier units: how far the true condition may miss after the SQP
+_SQP_ITERS = 8
+_SQP_TOL = 1e-9  # barrier units: how far the true condition may miss after the SQP (the margin covers it)
 
 
 class CbfShield:
@@ -64,7 +66,7 @@ class CbfShield:
         # gain too); h is concave along that scaling, so both ends bound every gain between.
         err = spec.input_gain_error
         self._B_cases = [self._B] if err == 0.0 else [(1.0 - err) * self._B, (1.0 + err) * self._B]
-        self._cases = range(len(self._B_cases))
+        self._B_stack = np.stack(self._B_cases)  # (cases, state, inputs)
         self._n = len(spec.state_index)
         self._nz = model.internal_dim
         self._z0 = (np.zeros(self._nz) if model.internal_init is None
@@ -90,11 +92,7 @@ class CbfShield:
                     E[cols[p], k] = 0.5 * T * T
                     E[cols[v], k] = T
         self._disturbance_offsets()
-        self._H = np.eye(self._m)
-        rows = self._R * len(self._B_cases)
-        self._sense = np.zeros(self._m + rows, dtype=np.int32)
-        self._bupper = np.concatenate([self._high, np.full(rows, _INF)])
-        self._blower = np.concatenate([self._low, np.zeros(rows)])
+        self._projection = BoxHalfspaceProjection(self._low, self._high, self._R * len(self._B_cases))
         self.reset()
 
     # ---- construction ---------------------------------------------------------
@@ -184,7 +182,7 @@ class CbfShield:
         """Forget pending actions and predicted state (call at episode start)."""
         L = self.spec.latency_steps
         self._pending: deque[np.ndarray] = deque([self._fallback.copy() for _ in range(L)], maxlen=max(L, 1))
-        self._x_next: np.ndarray | None = None  # predicted state at the next call
+        self._x_next: np.ndarray | None = None  # (cases, state): predicted state at the next call
 
     # ---- barrier algebra ------------------------------------------------------
     def _linearize_dynamic(self, x: np.ndarray) -> None:
@@ -220,38 +218,33 @@ class CbfShield:
         self._f_next = self._f + np.einsum("ij,ij->i", self._W, e)
         self._closing0_next = self._closing0 - np.einsum("ij,ij->i", self._Wv, e)
 
-    def _barrier(self, x: np.ndarray, nxt: bool = False) -> np.ndarray:
-        """h_r(x) for every row (units of the constrained quantity); nxt: worst case over the disturbance."""
-        f, c0 = (self._f_next, self._closing0_next) if nxt else (self._f, self._closing0)
-        closing = np.maximum(c0 - self._Wv @ x, 0.0)
-        return self._W @ x + f - self._margin - closing * closing * self._inv2a
-
-    def _barrier_grad(self, x: np.ndarray) -> np.ndarray:
-        """Gradient of the next-state (worst-case) barrier rows."""
-        closing = np.maximum(self._closing0_next - self._Wv @ x, 0.0)
-        return self._W + (closing * self._inva)[:, None] * self._Wv
-
-    def _predict(self, x: np.ndarray, B: np.ndarray) -> np.ndarray:
+    def _predict(self, X: np.ndarray) -> np.ndarray:
+        """Each case's state (rows of X) carried through the pending actions."""
         for a in self._pending if self.spec.latency_steps else ():
-            x = self._A @ x + B @ a + self._c
-        return x
+            X = X @ self._A.T + self._B_stack @ a + self._c
+        return X
 
-    def _prepare(self, x0s: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    def _prepare(self, X0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per gain case: free next state (zero action) and required next barrier; and h per constraint now."""
-        xLs = [self._predict(x0, B) for x0, B in zip(x0s, self._B_cases)]
+        XL = self._predict(X0)
         if self._dyn_flat:
-            self._linearize_dynamic(xLs[0])
+            self._linearize_dynamic(XL[0])
             self._disturbance_offsets()
-        hLs = [self._barrier(xL) for xL in xLs]
-        h_now = self._per_constraint(np.minimum.reduce(hLs) if len(hLs) > 1 else hLs[0])
-        requireds = [(1.0 - self._gain) * h for h in hLs]
-        frees = [self._A @ xL + self._c for xL in xLs]
-        return frees, requireds, h_now
+        hL = self._next_barrier(XL, nxt=False)  # (cases, rows)
+        h_now = self._per_constraint(hL.min(axis=0))
+        return XL @ self._A.T + self._c, (1.0 - self._gain) * hL, h_now
+
+    def _next_barrier(self, X: np.ndarray, nxt: bool = True) -> np.ndarray:
+        """h for every case's state (rows of X) and every barrier row: (cases, rows)."""
+        f, c0 = (self._f_next, self._closing0_next) if nxt else (self._f, self._closing0)
+        closing = np.maximum(c0 - X @ self._Wv.T, 0.0)
+        return X @ self._W.T + f - self._margin - closing * closing * self._inv2a
 
     def cbf_conditions(self, obs: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         """For tests and diagnostics: u -> h_r(x+(u)) - (1 - gain_r) h_r(x) per row (>= 0 is safe); no state change."""
         obs = np.asarray(obs, np.float64)
-        frees, requireds, _ = self._prepare([self._state_from(obs, k) for k in self._cases])
+        F, Req, _ = self._prepare(self._state_from(obs))
+        frees, requireds = list(F), list(Req)
         W, Wv, f, c0 = self._W.copy(), self._Wv.copy(), self._f_next.copy(), self._closing0_next.copy()
 
         def conditions(u: np.ndarray) -> np.ndarray:
@@ -264,22 +257,25 @@ class CbfShield:
 
         return conditions
 
-    def _state_from(self, obs: np.ndarray, case: int) -> np.ndarray:
-        z = self._x_next[case][self._n:] if self._x_next is not None else self._z0
-        return np.concatenate([obs[self._state_index], z])
+    def _state_from(self, obs: np.ndarray) -> np.ndarray:
+        """(cases, state): the observed state with each case's predicted internal states."""
+        X = np.empty((len(self._B_cases), self._n + self._nz))
+        X[:, :self._n] = obs[self._state_index]
+        X[:, self._n:] = self._x_next[:, self._n:] if self._x_next is not None else self._z0
+        return X
 
     # ---- the filter -----------------------------------------------------------
     def filter(self, obs: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
         """Return the safe action (float32[act_dim], normalized units) for one observation and the shield info."""
         t0 = time.perf_counter()
         obs = np.asarray(obs)
-        action = np.asarray(action, dtype=np.float32).reshape(self._m)
+        action = np.asarray(action, dtype=np.float32).reshape(-1)
         obs_ok = obs.shape == (self.spec.obs_dim,) and bool(np.isfinite(obs).all())
-        act_ok = bool(np.isfinite(action).all())
+        act_ok = action.shape == (self._m,) and bool(np.isfinite(action).all())
         bad = not (obs_ok and act_ok)
         if obs_ok:
             o = obs.astype(np.float64)
-            x0s = [self._state_from(o, k) for k in self._cases]
+            x0s = self._state_from(o)
         elif self._x_next is not None:
             x0s = self._x_next  # no state observed: trust the prediction from the last good one
         else:
@@ -319,89 +315,37 @@ class CbfShield:
                 break
         return u, True, 0.0
 
-    def _meets(self, frees: list[np.ndarray], u: np.ndarray, requireds: list[np.ndarray], tol: float) -> bool:
+    def _meets(self, F: np.ndarray, u: np.ndarray, Req: np.ndarray, tol: float) -> bool:
         """True when h(x+(u)) >= required - |tol| for every row and every input-gain case."""
-        for free, required, B in zip(frees, requireds, self._B_cases):
-            if not bool(np.all(self._barrier(free + B @ u, True) - required >= tol)):
-                return False
-        return True
+        return bool((self._next_barrier(F + self._B_stack @ u) - Req >= tol).all())
 
-    def _linearized_rows(self, frees: list[np.ndarray], u: np.ndarray,
-                         requireds: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _linearized_rows(self, F: np.ndarray, u: np.ndarray, Req: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tangent cuts G v >= lb of the conditions at u, stacked over the input-gain cases."""
-        Gs, lbs = [], []
-        for free, required, B in zip(frees, requireds, self._B_cases):
-            x = free + B @ u
-            G = self._barrier_grad(x) @ B
-            Gs.append(G)
-            lbs.append(required - self._barrier(x, True) + G @ u)
-        if len(Gs) == 1:
-            return Gs[0], lbs[0]
-        return np.vstack(Gs), np.concatenate(lbs)
+        X = F + self._B_stack @ u  # (cases, state)
+        closing = np.maximum(self._closing0_next - X @ self._Wv.T, 0.0)  # (cases, rows)
+        h = X @ self._W.T + self._f_next - self._margin - closing * closing * self._inv2a
+        # d h / d u = (W + closing / a Wv) B, per case
+        G = self._W @ self._B_stack + (closing * self._inva)[:, :, None] * (self._Wv @ self._B_stack)
+        G = G.reshape(-1, self._m)
+        return G, (Req - h).reshape(-1) + G @ u
 
     def _qp(self, G: np.ndarray, lb: np.ndarray, u_p: np.ndarray) -> np.ndarray | None:
         """argmin ||u - u_p||^2 s.t. G u >= lb, low <= u <= high; None if infeasible."""
-        viol = lb - G @ u_p
-        in_box = bool(np.all(u_p >= self._low) and np.all(u_p <= self._high))
-        if in_box:
-            worst = int(np.argmax(viol))
-            if viol[worst] <= 0.0:
-                return u_p.copy()
-            if np.count_nonzero(viol > 0.0) == 1:
-                g = G[worst]
-                gg = float(g @ g)
-                if gg > 1e-12:
-                    u = u_p + (viol[worst] / gg) * g
-                    # KKT holds (one active row, multiplier > 0, box and other rows inactive): the QP optimum.
-                    if (np.all(u > self._low) and np.all(u < self._high)
-                            and np.all(np.delete(G @ u - lb, worst) >= 0.0)):
-                        return u
-        self._blower[self._m:] = lb
-        x, _, exitflag, _ = daqp.solve(self._H, -u_p, np.ascontiguousarray(G), self._bupper, self._blower,
-                                       self._sense, primal_tol=1e-10)
-        if exitflag < 1:
-            return None
-        return np.clip(x, self._low, self._high)
+        return self._projection.solve(G, lb, u_p)
 
     def _brake(self, G: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, bool, float]:
-        """Infeasible QP: the action that maximizes the worst normalized condition (max-min braking).
+        """Infeasible QP: max-min braking (see shield.fallback)."""
+        u = maxmin_brake(G, lb, self._low, self._high, self._fallback)
+        return u, False, float(max(0.0, np.max(lb - G @ u)))
 
-        Solves max t s.t. G_r u - lb_r >= t |G_r|, u in the box (an LP, given to daqp with a
-        tiny regularization): with one constraint near it is maximal braking away from it, in a
-        corner it brakes away from all at once. Rows the input cannot move are left out.
-        """
-        norms = np.sqrt(np.einsum("ij,ij->i", G, G))
-        live = norms > 1e-9
-        u = None
-        if np.any(live):
-            m = self._m
-            Gl, nl = G[live], norms[live]
-            A = np.hstack([Gl, -nl[:, None]])
-            H = np.diag(np.full(m + 1, 1e-6))
-            f = np.zeros(m + 1)
-            f[m] = -1.0
-            upper = np.concatenate([self._high, [1e3], np.full(len(nl), _INF)])
-            lower = np.concatenate([self._low, [-1e3], lb[live]])
-            x, _, exitflag, _ = daqp.solve(H, f, np.ascontiguousarray(A), upper, lower,
-                                           np.zeros(m + 1 + len(nl), dtype=np.int32))
-            if exitflag >= 1:
-                u = np.clip(x[:m], self._low, self._high)
-        if u is None:  # no row can be moved, or the LP failed: push against the worst row alone
-            best = np.where(G > 0, G * self._high, G * self._low).sum(axis=1)
-            g = G[int(np.argmax(lb - best))]
-            u = np.where(g > 0, self._high, np.where(g < 0, self._low, self._fallback))
-        slack = float(max(0.0, np.max(lb - G @ u)))
-        return u, False, slack
-
-    def _commit(self, x0s: list[np.ndarray] | None, u: np.ndarray) -> None:
+    def _commit(self, x0s: np.ndarray | None, u: np.ndarray) -> None:
         """Remember the sent action and predict each case's state at the next call."""
         L = self.spec.latency_steps
         u = np.asarray(u, np.float64)
         applied = self._pending[0] if L else u
         if L:
             self._pending.append(u.copy())
-        self._x_next = None if x0s is None else [self._A @ x0 + B @ applied + self._c
-                                                 for x0, B in zip(x0s, self._B_cases)]
+        self._x_next = None if x0s is None else x0s @ self._A.T + self._B_stack @ applied + self._c
 
     def _per_constraint(self, h_rows: np.ndarray) -> np.ndarray:
         if not self._R:

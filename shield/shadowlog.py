@@ -148,7 +148,14 @@ class ShadowLogWriter:
             self.flush()
             self._meta = meta
         self._rows.append((t, episode, step, obs, legacy, raw, safe, intervened, fallback, h, latency_us, reward, cost))
-        if len(self._rows) >= self.flush_rows or time.monotonic() - self._last_flush >= self.flush_s:
+        if len(self._rows) >= self.flush_rows:
+            self.flush()
+        else:
+            self.flush_if_due()
+
+    def flush_if_due(self) -> None:
+        """Flush when `flush_s` has passed since the last flush (the server also calls this when idle)."""
+        if self._rows and time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
 
     def flush(self, wait: bool = False) -> None:

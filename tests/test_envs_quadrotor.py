@@ -127,7 +127,7 @@ def test_legacy_pid_reaches_all_waypoints_with_zero_cost(seed):
     total, costs, info, terminated = _fly_legacy(env, controller, obs)
     assert costs == 0.0 and not terminated
     assert info["waypoints_reached"] == task.WAYPOINTS
-    assert total > 100.0
+    assert total > 750.0  # the route flown (hovering in place earns ~450)
 
 
 def test_legacy_pid_detours_around_the_person():

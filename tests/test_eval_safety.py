@@ -15,32 +15,27 @@ from pipeline.evaluate import evaluate, reference_policy
 from pipeline.shield_spec import build_shield_spec
 from shield.spec import ShieldSpec
 
-EPISODES = 200
-# Long enough for the adversary to reach a boundary from any start (cart-pole: ~1.5 s).
-EPISODE_STEPS = {"cartpole": 120, "quadrotor": 150}
-
-
-def _quadrotor_ready() -> bool:
-    from envs import quadrotor_geofence
-
-    return hasattr(quadrotor_geofence, "nominal_model") or "being written" not in (quadrotor_geofence.__doc__ or "")
+EPISODES = 200  # shielded, per policy and domain set
+UNSHIELDED_EPISODES = 50  # the baseline only needs to show that the policies do violate
+# Long enough for the adversary to reach a boundary from any start (unshielded, it
+# violates within ~1.3 s on both tasks); the random walk gets there less often.
+EPISODE_STEPS = {"cartpole": 120, "quadrotor": 80}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
 @pytest.mark.parametrize("domains", ["train", "reality"])
 def test_shield_keeps_random_and_adversarial_policies_safe(task, domains):
-    if task == "quadrotor" and not _quadrotor_ready():
-        pytest.skip("envs/quadrotor_geofence.py is not written yet")
     cfg = load_config(f"configs/{task}.yaml")
     spec = ShieldSpec.from_dict(build_shield_spec(cfg))
     counts = {}
     for name in ("random", "adversarial"):
         for shield in (False, True):
-            result = evaluate(cfg, reference_policy(name, cfg, spec, seed=1), domains=domains, episodes=EPISODES,
-                              seed=10_000, shield=shield, spec=spec, max_episode_steps=EPISODE_STEPS[task])
+            result = evaluate(cfg, reference_policy(name, cfg, spec, seed=1), domains=domains,
+                              episodes=EPISODES if shield else UNSHIELDED_EPISODES, seed=10_000, shield=shield,
+                              spec=spec, max_episode_steps=EPISODE_STEPS[task])
             counts[(name, shield)] = (result["violations"], result["violation_episodes"], result["fallbacks"])
     print(task, domains, counts)  # unshielded counts are part of the record (pytest -s shows them)
-    assert counts[("adversarial", False)][1] >= EPISODES // 4, counts
+    assert counts[("adversarial", False)][1] >= UNSHIELDED_EPISODES // 2, counts
     assert counts[("adversarial", True)][0] == 0, counts
     assert counts[("random", True)][0] == 0, counts

@@ -68,7 +68,7 @@ def _artifacts(flow_run_id: str) -> list:
 def test_flow_promotes_and_retries_a_transient_failure(harness, tmp_path, monkeypatch):
     from flows.retrain import FAULT_DRILL_ENV, retrain
     from pipeline.registry import Registry
-    from shield.bundle import load_manifest
+    from shield.bundle import verify_bundle
 
     monkeypatch.setenv(FAULT_DRILL_ENV, "export:1")  # first export attempt fails on purpose
     models = tmp_path / "models"
@@ -80,9 +80,9 @@ def test_flow_promotes_and_retries_a_transient_failure(harness, tmp_path, monkey
     registry = Registry(models)
     assert registry.production("cartpole") == summary["version"]
     registry.verify("cartpole", summary["version"])
-    manifest = load_manifest(models / "cartpole" / str(summary["version"]))
-    assert manifest["metrics"]["prefect_flow_run_id"] == summary["flow_run_id"] or \
-        manifest.get("extra", {}).get("prefect_flow_run_id") == summary["flow_run_id"]
+    manifest = verify_bundle(registry.bundle_dir("cartpole", summary["version"]))
+    assert manifest["extra"]["prefect_flow_run_id"] == summary["flow_run_id"]
+    assert manifest["metrics"]["gate"]["decision"] == "pass"
 
     runs = _task_runs(summary["flow_run_id"])
     assert runs["export"][0].run_count == 2, "the failed export attempt was retried"

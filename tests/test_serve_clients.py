@@ -20,6 +20,8 @@ from shield.runtime import EdgeRuntime
 from shield.shadowlog import COLUMNS, read_shadow_log
 from tests.serve_bundles import ServerProcess, write_tiny_bundle
 
+pytestmark = pytest.mark.timeout(120)  # a hung server fails the test instead of the CI job
+
 REPO = Path(__file__).resolve().parents[1]
 C_SOURCE = REPO / "examples" / "c_client" / "s2r_client.c"
 NO_DEADLINE = ("--deadline-us", "1e7")  # the parity tests must not depend on this machine's load
@@ -47,7 +49,9 @@ def observations(n: int, seed: int = 0) -> np.ndarray:
 
 
 def run_c(exe, server, obs, key_file=None, legacy=None) -> dict:
-    args = [str(exe)] + (["-k", str(key_file)] if key_file else []) + (["-l", ",".join(f"{v!r}" for v in legacy)] if legacy is not None else [])
+    args = [str(exe)] + (["-k", str(key_file)] if key_file else [])
+    if legacy is not None:
+        args += ["-l", ",".join(repr(float(v)) for v in legacy)]
     out = subprocess.run(args + [server.host, str(server.port)] + [repr(float(v)) for v in obs],
                          capture_output=True, text=True, timeout=10)
     assert out.returncode == 0, out.stderr
@@ -63,7 +67,7 @@ def test_python_and_c_clients_get_the_in_process_shielded_action(bundle, c_clien
     obs_set = observations(40)
     expected = [reference.act(o) for o in obs_set]
     assert any(info["intervened"] for _, _, info in expected), "the set should exercise the shield"
-    with ServerProcess(str(bundle), *NO_DEADLINE) as server, PolicyClient(server.host, server.port) as client:
+    with ServerProcess(str(bundle), *NO_DEADLINE) as server, PolicyClient(server.host, server.port, timeout_s=5.0) as client:
         for obs, (safe, _, info) in zip(obs_set, expected):
             reply = client.act(obs)
             assert reply.action.tobytes() == safe.tobytes()
@@ -82,11 +86,11 @@ def test_auth_rejects_forged_and_replayed_packets_before_the_policy(bundle, c_cl
     reference = EdgeRuntime.load(bundle)
     obs = observations(1, seed=5)[0]
     with ServerProcess(str(bundle), "--key-file", str(key_file), *NO_DEADLINE) as server:
-        client = PolicyClient(server.host, server.port, key=key)
+        client = PolicyClient(server.host, server.port, key=key, timeout_s=5.0)
         captured = [encode_act_request(client.next_seq(), 0, o, key=key, client_id=client.client_id)
                     for o in observations(20, seed=6)]
         raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        raw.settimeout(2.0)
+        raw.settimeout(5.0)
         for frame in captured:  # genuine packets, sent once
             raw.sendto(frame, (server.host, server.port))
             assert decode_act_reply(raw.recv(2048), key).status & Status.AUTH_FAILED == 0
@@ -105,7 +109,7 @@ def test_auth_rejects_forged_and_replayed_packets_before_the_policy(bundle, c_cl
                        encode_act_request(10**18, 0, obs)]  # unsigned
         replays = captured * 3
         attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # another address: still a replay
-        attacker.settimeout(2.0)
+        attacker.settimeout(5.0)
         for i, frame in enumerate(forged + replays):
             sock = attacker if i % 2 else raw
             sock.sendto(frame, (server.host, server.port))
@@ -117,7 +121,8 @@ def test_auth_rejects_forged_and_replayed_packets_before_the_policy(bundle, c_cl
         assert stats["policy_calls"] == calls, "a forged or replayed packet reached the policy"
         assert stats["auth_failures"] == len(forged) + len(replays)
         # The C client without the key is refused too.
-        out = subprocess.run([str(c_client), server.host, str(server.port), *map(str, obs)], capture_output=True, text=True)
+        out = subprocess.run([str(c_client), server.host, str(server.port), *map(str, obs)],
+                             capture_output=True, text=True)
         assert "status=0xa" in out.stdout  # FALLBACK | AUTH_FAILED
         raw.close()
         attacker.close()
@@ -125,22 +130,25 @@ def test_auth_rejects_forged_and_replayed_packets_before_the_policy(bundle, c_cl
         server.stop()
 
 
-def test_shadow_mode_returns_legacy_and_logs_the_candidate(bundle, tmp_path):
+def test_shadow_mode_returns_legacy_and_logs_the_candidate(bundle, c_client, tmp_path):
     reference = EdgeRuntime.load(bundle)
     obs_set = observations(300, seed=9)
     legacy = np.tanh(obs_set[:, :2] * 0.7).astype(np.float32)
     with ServerProcess(str(bundle), "--mode", "shadow", "--log", str(tmp_path / "logs"), *NO_DEADLINE) as server:
-        with PolicyClient(server.host, server.port) as client:
+        with PolicyClient(server.host, server.port, timeout_s=5.0) as client:
             for obs, u in zip(obs_set, legacy):
                 reply = client.act(obs, legacy_action=u)
                 assert reply.action.tobytes() == u.tobytes() and reply.status & Status.SHADOW
             assert client.act(obs_set[0]).status & Status.BAD_INPUT  # shadow mode needs the legacy action
+        from_c = run_c(c_client, server, obs_set[0], legacy=legacy[0])
+        assert from_c["status"] == Status.SHADOW and from_c["action"].tobytes() == legacy[0].tobytes()
         text = server.stop()
     assert "stats:" in text and "shadow log" in text
     cols, meta = read_shadow_log(tmp_path / "logs")
     assert set(COLUMNS) <= set(cols)
     assert {c: cols[c].dtype.str[1:] for c in COLUMNS} == {c: np.dtype(d).str[1:] for c, d in COLUMNS.items()}
-    assert len(cols["t"]) == len(obs_set)
+    assert len(cols["t"]) == len(obs_set) + 1 and cols["episode"][-1] == 1  # the C client is a second episode
+    cols = {c: v[:-1] for c, v in cols.items()}
     assert cols["obs"].tobytes() == obs_set.tobytes() and cols["legacy_action"].tobytes() == legacy.tobytes()
     expected = [reference.act(o) for o in obs_set]
     assert np.stack([e[0] for e in expected]).tobytes() == cols["candidate_action"].tobytes()
@@ -173,13 +181,13 @@ def test_edge_modules_import_nothing_heavy():
 
 
 def test_status_counts_match_traffic(bundle):
-    with ServerProcess(str(bundle), *NO_DEADLINE) as server, PolicyClient(server.host, server.port) as client:
+    with ServerProcess(str(bundle), *NO_DEADLINE) as server, PolicyClient(server.host, server.port, timeout_s=5.0) as client:
         for obs in observations(10, seed=1):
             client.act(obs)
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.sendto(b"short", (server.host, server.port))  # dropped, not answered
         sock.sendto(b"\x00" * HEADER.size, (server.host, server.port))  # answered: bad input
-        sock.settimeout(2.0)
+        sock.settimeout(5.0)
         assert decode_act_reply(sock.recv(2048)).status & Status.BAD_INPUT
         time.sleep(0.05)
         stats = client.status().counters

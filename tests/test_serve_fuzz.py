@@ -22,6 +22,8 @@ from shield.protocol import (MsgType, Status, decode_act_reply, decode_status_re
 from shield.runtime import EdgeRuntime
 from tests.serve_bundles import ServerProcess, write_tiny_bundle
 
+pytestmark = pytest.mark.timeout(240)  # a hung server fails the test instead of the CI job
+
 N_PACKETS = 100_032  # 1563 bursts of 64
 BURST = 64  # in-flight bound: the socket buffers never overflow, so nothing is lost to the kernel
 REJECTED = Status.BAD_INPUT | Status.AUTH_FAILED | Status.INFERENCE_ERROR
@@ -153,3 +155,35 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
     assert stats["policy_calls"] == counts["policy"] + valid_sent, "a rejected packet reached the policy"
     assert stats["status_requests"] == counts["status"] + 1
     assert "Traceback" not in text and "internal error" not in text
+
+
+def test_fuzz_with_a_key_nothing_unsigned_reaches_the_policy(bundle, tmp_path):
+    import hashlib
+    import hmac as hmac_mod
+
+    key = b"k" * 32
+    (tmp_path / "psk").write_bytes(key)
+    rng = np.random.default_rng(99)
+    packets = fuzz_packets(rng, 20_032)
+    # Also packets signed with the wrong key and correctly signed frames carrying bad content.
+    packets += [p + hmac_mod.new(b"w" * 32, p, hashlib.sha256).digest() for p in packets[:2000]]
+    answered = 0
+    with ServerProcess(str(bundle), "--key-file", str(tmp_path / "psk"), "--deadline-us", "1e7") as server:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.settimeout(5.0)
+        for start in range(0, len(packets), BURST):
+            burst = packets[start:start + BURST]
+            for p in burst:
+                sock.sendto(p, (server.host, server.port))
+            for p in burst:
+                if len(p) < 32:
+                    continue
+                reply = decode_act_reply(sock.recv(4096), key)  # refusals are signed too
+                assert reply.status & Status.AUTH_FAILED and reply.action.tolist() == [0.0, 0.0]
+                answered += 1
+        plant = PolicyClient(server.host, server.port, key=key, timeout_s=5.0)
+        stats = plant.status().counters
+        plant.close()
+        sock.close()
+        server.stop()
+    assert stats["policy_calls"] == 0 and stats["auth_failures"] == answered > 15_000

@@ -6,11 +6,14 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from pipeline.registry import Registry
 from shield.client import PolicyClient
 from shield.runtime import EdgeRuntime
 from tests.serve_bundles import ServerProcess, write_tiny_bundle
+
+pytestmark = pytest.mark.timeout(120)  # a hung server fails the test instead of the CI job
 
 AFTER_SWITCH = 200  # requests still sent after each switch is seen
 

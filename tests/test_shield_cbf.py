@@ -91,9 +91,11 @@ def test_bad_input_falls_back_without_exception(bad):
     # bad action with a good observation
     u, info = shield.filter(good, np.array([bad, 0.0], np.float32))
     assert info["bad_input"] and info["fallback"] and info["intervened"] and np.all(np.isfinite(u))
-    # wrong shape is bad input too
+    # wrong shapes are bad input too
     u, info = shield.filter(np.zeros(3, np.float32), np.zeros(2, np.float32))
-    assert info["bad_input"] and np.all(np.isfinite(u))
+    assert info["bad_input"] and np.all(np.isfinite(u)) and u.shape == (2,)
+    u, info = shield.filter(good, np.zeros(5, np.float32))
+    assert info["bad_input"] and info["fallback"] and np.all(np.isfinite(u)) and u.shape == (2,)
 
 
 def _rollout(shield: CbfShield, start: np.ndarray, push: np.ndarray, steps: int, rng, accel_error: float,

@@ -5,6 +5,7 @@ a run stopped after K updates resumes at update K with bit-identical learner
 state; sync mode has zero policy lag; checkpoints load with weights_only.
 """
 
+import argparse
 import json
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from pipeline.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
 from pipeline.config import load_config
 from pipeline.model import load_policy
-from pipeline.train import train
+from pipeline.train import run_cli, train
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def learner_tensors(state: dict) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(300)
-def test_resume_continues_from_checkpoint_state(ray_local, cfg, tmp_path):
+def test_resume_continues_from_checkpoint_state(ray_local, cfg, tmp_path, capsys):
     run_dir = tmp_path / "run"
     first = train(cfg, out_dir=run_dir, steps=4_000, progress=False)
     k = first["updates"]
@@ -96,6 +97,16 @@ def test_resume_continues_from_checkpoint_state(ray_local, cfg, tmp_path):
     assert meta["updates"] == second["updates"] and meta["obs_dim"] == 5 and meta["act_dim"] == 1
     assert policy(torch.zeros(3, 5)).shape == (3, 1)
 
+    # The CLI resumes with the run's own config.yaml and prints exactly one JSON object.
+    args = argparse.Namespace(config=None, steps=10_000, actors=None, envs_per_actor=None, out=None,
+                              ray_address=None, resume=str(run_dir), json=True)
+    capsys.readouterr()
+    assert run_cli(args) == 0
+    third = json.loads(capsys.readouterr().out)
+    assert third["run_dir"] == str(run_dir) and third["updates"] > second["updates"] and third["env_steps"] >= 10_000
+    batch_steps = {r["env_steps"] - p["env_steps"] for p, r in zip(read_metrics(run_dir), read_metrics(run_dir)[1:])}
+    assert batch_steps == {2 * cfg.train.envs_per_actor * cfg.train.rollout_length}  # the run's config, not the default
+
 
 @pytest.mark.timeout(300)
 def test_sync_mode_has_zero_policy_lag_and_impala_runs(ray_local, cfg, tmp_path):
@@ -105,6 +116,11 @@ def test_sync_mode_has_zero_policy_lag_and_impala_runs(ray_local, cfg, tmp_path)
     records = read_metrics(result["run_dir"])
     assert len(records) == result["updates"] > 0
     assert max(r["policy_lag_max"] for r in records) == 0
+    required = {"env_steps", "env_steps_per_s", "learner_samples_per_s", "learner_utilization", "policy_lag_mean",
+                "policy_lag_max", "entropy", "approx_kl", "policy_loss", "value_loss", "grad_norm", "actor_restarts"}
+    assert all(required <= r.keys() for r in records)
+    assert any("episode_return" in r and "episode_cost" in r for r in records)
+    assert list((tmp_path / "run").glob("events.out.tfevents.*"))  # TensorBoard
     assert all(torch.isfinite(torch.tensor(r["policy_loss"])) for r in records)
 
 

@@ -1,0 +1,137 @@
+"""Per-action latency of policy + CBF shield beside the policy alone, and how often the shield intervenes.
+
+    python bench/bench_shield.py [--task cartpole|quadrotor] [--steps 3000] [--episodes 5]
+
+The policy is an onnxruntime session (1 thread, no spinning, as on the edge) of
+a 64-64 tanh MLP built with onnx.helper (random weights: latency does not
+depend on them). States come from the legacy controller flying the task's
+`reality` domains, so the shield sees realistic observations. The intervention
+share is measured for the legacy controller driving with the shield in the
+loop (no trained policy is needed for this figure). Figures are medians of a
+noisy shared machine: read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+
+def mlp_onnx(obs_dim: int, act_dim: int, hidden: int = 64, seed: int = 0) -> bytes:
+    """A obs -> 64 -> 64 -> act tanh MLP as ONNX bytes."""
+    rng = np.random.default_rng(seed)
+    sizes = [obs_dim, hidden, hidden, act_dim]
+    inits, nodes, x = [], [], "obs"
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        w = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}")]
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+                  helper.make_node("Tanh", [f"a{i}"], [f"h{i}"])]
+        x = f"h{i}"
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [None, obs_dim])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, act_dim])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9  # what onnxruntime 1.18+ loads; onnx's default can be newer than the runtime
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def edge_session(model: bytes) -> ort.InferenceSession:
+    """An onnxruntime session with the edge settings (1 thread, no spinning)."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def recorded_observations(cfg, steps: int) -> np.ndarray:
+    """Observations of the legacy controller flying `reality` domains (float32[steps, obs_dim])."""
+    import gymnasium as gym
+
+    import envs
+
+    env = gym.make(cfg.task.env_id, randomization="reality")
+    policy = envs.legacy_controller(cfg.task.env_id)
+    out, seed = [], 0
+    obs, _ = env.reset(seed=seed)
+    while len(out) < steps:
+        out.append(obs)
+        obs, _, terminated, truncated, _ = env.step(policy(obs[None])[0])
+        if terminated or truncated:
+            seed += 1
+            obs, _ = env.reset(seed=seed)
+    env.close()
+    return np.asarray(out, np.float32)
+
+
+def percentiles(us: list[float]) -> dict:
+    a = np.asarray(us)
+    return {"p50_us": round(float(np.percentile(a, 50)), 2), "p99_us": round(float(np.percentile(a, 99)), 2)}
+
+
+def main() -> None:
+    """Print the latency and intervention figures as one JSON object (and a readable summary on stderr)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="cartpole", choices=["cartpole", "quadrotor"])
+    parser.add_argument("--steps", type=int, default=3000, help="timed actions per variant")
+    parser.add_argument("--episodes", type=int, default=5, help="legacy episodes for the intervention share")
+    args = parser.parse_args()
+
+    from pipeline.config import load_config
+    from pipeline.evaluate import evaluate, reference_policy
+    from pipeline.shield_spec import build_shield_spec
+    from shield.cbf import CbfShield
+    from shield.spec import ShieldSpec
+
+    cfg = load_config(f"configs/{args.task}.yaml")
+    spec = ShieldSpec.from_dict(build_shield_spec(cfg))
+    session = edge_session(mlp_onnx(spec.obs_dim, spec.act_dim))
+    observations = recorded_observations(cfg, args.steps)
+    adversary = reference_policy("adversarial", cfg, spec)
+
+    pushes = adversary(observations)  # precomputed: only the policy and the shield are timed
+
+    def run(with_shield: bool, actions: np.ndarray | None = None) -> tuple[dict, float]:
+        shield = CbfShield(spec)
+        times, interventions = [], 0
+        for i, obs in enumerate(observations):
+            t0 = time.perf_counter()
+            raw = session.run(None, {"obs": obs[None]})[0][0]
+            if actions is not None:  # the adversary's action in place of the MLP's: the QP runs often
+                raw = actions[i]
+            if with_shield:
+                _, info = shield.filter(obs, raw)
+                interventions += info["intervened"]
+            times.append((time.perf_counter() - t0) * 1e6)
+        return percentiles(times[50:]), interventions / len(observations)
+
+    policy_only, _ = run(False)
+    shielded, share_mlp = run(True)
+    adversarial, share_adv = run(True, pushes)
+    legacy = evaluate(cfg, reference_policy("legacy", cfg, spec), domains="reality", episodes=args.episodes,
+                      seed=0, shield=True, spec=spec)
+    result = {
+        "task": args.task, "timed_actions": args.steps,
+        "policy_alone": policy_only,
+        "policy_plus_shield": shielded,
+        "ratio_p50": round(shielded["p50_us"] / policy_only["p50_us"], 2),
+        "ratio_p99": round(shielded["p99_us"] / policy_only["p99_us"], 2),
+        "policy_plus_shield_adversarial_actions": adversarial,
+        "intervention_share_random_mlp": round(share_mlp, 4),
+        "intervention_share_adversarial": round(share_adv, 4),
+        "intervention_share_legacy_in_loop": round(legacy["intervention_rate"], 4),
+        "legacy_in_loop_violations": legacy["violations"],
+        "legacy_in_loop_shield_us": {"p50_us": round(legacy["shield_us_p50"], 2), "p99_us": round(legacy["shield_us_p99"], 2)},
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

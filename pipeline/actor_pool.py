@@ -1,0 +1,100 @@
+"""The rollout actors as the driver sees them: requests in flight, back-pressure, deaths and restarts.
+
+Ray restarts a dead actor (`max_restarts`); requests that were in flight when
+it died fail and are simply requested again. A restart is counted when a batch
+arrives from a new life of an actor (each life has its own id), so restarts are
+counted even when no request happened to be in flight at the time of death.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+# A restarting rollout actor that is still unavailable after this long is given up (s).
+ACTOR_RESTART_TIMEOUT_S = 120.0
+
+
+class ActorPool:
+    """Hands out batches from the rollout actors; `collect` (async) or `collect_all` (sync)."""
+
+    def __init__(self, actors: list, max_in_flight: int):
+        self.actors, self.max_in_flight = actors, max_in_flight
+        self.alive = list(range(len(actors)))
+        self.restarts = 0
+        self._pending: dict = {}  # ObjectRef -> actor index
+        self._lives: list[str | None] = [None] * len(actors)
+        self._failed_in_a_row = [0] * len(actors)
+        self._unavailable_since = [0.0] * len(actors)
+
+    def start(self) -> None:
+        """Async mode: fill the pipeline with `max_in_flight` requests, round robin."""
+        for k in range(self.max_in_flight):
+            self._request(self.alive[k % len(self.alive)])
+
+    def collect(self, n: int) -> list[dict]:
+        """Async mode: the next `n` batches as they arrive; each answered actor is asked for another."""
+        batches: list[dict] = []
+        while len(batches) < n:
+            i, batch = self._next()
+            if i in self.alive:
+                self._request(i)  # before learning, so the actor works while the learner does
+            if batch is not None:
+                batches.append(batch)
+        return batches
+
+    def collect_all(self, weights: tuple[int, list]) -> list[dict]:
+        """Sync mode: one batch from every live actor, all collected with `weights`."""
+        for i in self.alive:
+            self._request(i, weights)
+        batches: list[dict] = []
+        while self._pending:
+            i, batch = self._next()
+            if batch is None and i in self.alive:
+                self._request(i, weights)
+            elif batch is not None:
+                batches.append(batch)
+        return batches
+
+    def _request(self, i: int, weights=None) -> None:
+        self._pending[self.actors[i].rollout.remote(weights)] = i
+
+    def _next(self) -> tuple[int, dict | None]:
+        """(actor index, batch) of the first request to finish; batch None when the actor died."""
+        ready, _ = ray.wait(list(self._pending), num_returns=1)
+        i = self._pending.pop(ready[0])
+        try:
+            batch = ray.get(ready[0])
+        except ActorUnavailableError:
+            # Restarting: the caller asks again; don't spin while it boots.
+            self._unavailable_since[i] = self._unavailable_since[i] or time.perf_counter()
+            if time.perf_counter() - self._unavailable_since[i] > ACTOR_RESTART_TIMEOUT_S:
+                self._drop(i, "did not come back from a restart")
+            time.sleep(0.05)
+            return i, None
+        except RayActorError:
+            # Requests in flight when an actor dies fail too, even when Ray restarts it;
+            # only an actor that fails more requests than could have been in flight is gone.
+            self._failed_in_a_row[i] += 1
+            if self._failed_in_a_row[i] > self.max_in_flight + 1:
+                self._drop(i, "died and Ray did not restart it (ray.max_actor_restarts used up?)")
+            return i, None
+        self._unavailable_since[i], self._failed_in_a_row[i] = 0.0, 0
+        if self._lives[i] is not None and batch["life"] != self._lives[i]:
+            self.restarts += 1
+        self._lives[i] = batch["life"]
+        return i, batch
+
+    def _drop(self, i: int, why: str) -> None:
+        if i in self.alive:
+            self.alive.remove(i)
+            print(f"sim2real train: rollout actor {i} {why}; continuing with {len(self.alive)}", file=sys.stderr)
+        if not self.alive:
+            raise RuntimeError(f"all {len(self.actors)} rollout actors are gone; see the Ray logs")
+
+    def kill_all(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)

@@ -1,0 +1,81 @@
+"""The shield's two small optimizations: the minimal-change projection (QP) and the max-min braking fallback.
+
+Both work on linear conditions ``G u >= lb`` over the input ``u`` inside the
+box ``low <= u <= high``; `shield.cbf` builds ``G`` and ``lb`` from the
+barrier functions. Stdlib + numpy + daqp only.
+"""
+
+from __future__ import annotations
+
+import daqp
+import numpy as np
+
+_INF = 1e30
+
+
+class BoxHalfspaceProjection:
+    """argmin ||u - u_p||^2 s.t. G u >= lb, low <= u <= high, with buffers allocated once."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, max_rows: int):
+        self.low, self.high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+        m = len(self.low)
+        self._m = m
+        self._H = np.eye(m)
+        self._sense = np.zeros(m + max_rows, dtype=np.int32)
+        self._upper = np.concatenate([self.high, np.full(max_rows, _INF)])
+        self._lower = np.concatenate([self.low, np.zeros(max_rows)])
+
+    def solve(self, G: np.ndarray, lb: np.ndarray, u_p: np.ndarray) -> np.ndarray | None:
+        """The projection of u_p, or None when no input in the box meets every row."""
+        viol = lb - G @ u_p
+        if bool(np.all(u_p >= self.low) and np.all(u_p <= self.high)):
+            worst = int(np.argmax(viol))
+            if viol[worst] <= 0.0:
+                return u_p.copy()
+            if np.count_nonzero(viol > 0.0) == 1:
+                g = G[worst]
+                gg = float(g @ g)
+                if gg > 1e-12:
+                    u = u_p + (viol[worst] / gg) * g
+                    # Only when KKT holds (one active row with a positive multiplier, the box and
+                    # every other row inactive) is this closed form the QP optimum.
+                    if (np.all(u > self.low) and np.all(u < self.high)
+                            and np.all(np.delete(G @ u - lb, worst) >= 0.0)):
+                        return u
+        rows = len(lb)
+        self._lower[self._m:self._m + rows] = lb
+        n = self._m + rows
+        x, _, exitflag, _ = daqp.solve(self._H, -u_p, np.ascontiguousarray(G), self._upper[:n], self._lower[:n],
+                                       self._sense[:n], primal_tol=1e-10)
+        if exitflag < 1:
+            return None
+        return np.clip(x, self.low, self.high)
+
+
+def maxmin_brake(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: np.ndarray,
+                 constant: np.ndarray) -> np.ndarray:
+    """The input in the box maximizing the worst normalized condition: max t s.t. G_r u - lb_r >= t |G_r|.
+
+    With one constraint near, this is maximal braking away from it; in a corner it
+    brakes away from all of them at once. The LP goes to daqp with a tiny
+    regularization. Rows the input cannot move are left out; if none is left (or
+    the LP fails) each input goes to the box end that best raises the row furthest
+    from satisfiable, or to `constant` where it does not move that row.
+    """
+    m = len(low)
+    norms = np.sqrt(np.einsum("ij,ij->i", G, G))
+    live = norms > 1e-9
+    if np.any(live):
+        A = np.hstack([G[live], -norms[live][:, None]])
+        H = np.diag(np.full(m + 1, 1e-6))
+        f = np.zeros(m + 1)
+        f[m] = -1.0
+        upper = np.concatenate([high, [1e3], np.full(int(live.sum()), _INF)])
+        lower = np.concatenate([low, [-1e3], lb[live]])
+        x, _, exitflag, _ = daqp.solve(H, f, np.ascontiguousarray(A), upper, lower,
+                                       np.zeros(len(upper), dtype=np.int32))
+        if exitflag >= 1:
+            return np.clip(x[:m], low, high)
+    best = np.where(G > 0, G * high, G * low).sum(axis=1)
+    g = G[int(np.argmax(lb - best))]
+    return np.where(g > 0, high, np.where(g < 0, low, constant))

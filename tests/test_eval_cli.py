@@ -1,0 +1,87 @@
+"""`sim2real eval` handler and the reusable `evaluate`: JSON keys, domains files, bundles, clear errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from bench.bench_shield import mlp_onnx
+from pipeline.config import load_config
+from pipeline.evaluate import evaluate, reference_policy, run_cli
+from pipeline.shield_spec import build_shield_spec
+from shield.bundle import make_manifest, write_bundle
+
+KEYS = {"episodes", "return_mean", "return_std", "violations", "violation_episodes", "intervention_rate",
+        "fallbacks", "shield_us_p50", "shield_us_p99"}
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(bundle=None, policy="adversarial", config="configs/cartpole.yaml", domains="reality", episodes=3,
+                no_shield=False, seed=0, json=True)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_cli_prints_one_json_object_with_the_safety_figures(capsys):
+    assert run_cli(_args()) == 0
+    shielded = json.loads(capsys.readouterr().out)
+    assert KEYS <= set(shielded) and shielded["episodes"] == 3 and shielded["violations"] == 0
+    assert shielded["intervention_rate"] > 0  # the adversary is pushing at the rail ends
+    assert run_cli(_args(no_shield=True)) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert bare["violations"] > 0 and bare["intervention_rate"] == 0
+
+
+def test_same_seed_gives_the_same_figures():
+    cfg = load_config("configs/cartpole.yaml")
+    spec = build_shield_spec(cfg)
+    runs = [evaluate(cfg, reference_policy("random", cfg, _spec(spec), seed=5), domains="train", episodes=3,
+                     seed=7, spec=spec) for _ in range(2)]
+    assert runs[0]["returns"] == runs[1]["returns"] and runs[0]["intervention_rate"] == runs[1]["intervention_rate"]
+
+
+def _spec(d):
+    from shield.spec import ShieldSpec
+
+    return ShieldSpec.from_dict(d)
+
+
+def test_domains_from_a_yaml_file(tmp_path, capsys):
+    calm = tmp_path / "calm.yaml"
+    calm.write_text("latency_steps: {low: 2, high: 2}\nobs_noise_std: 0.0\n")
+    assert run_cli(_args(domains=str(calm), policy="legacy")) == 0
+    assert json.loads(capsys.readouterr().out)["violations"] == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("latency_stepz: 3\n")
+    assert run_cli(_args(domains=str(bad))) == 2
+    assert "latency_stepz" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw,culprit", [
+    (dict(domains="nowhere"), "nowhere"),
+    (dict(episodes=0), "--episodes"),
+    (dict(policy=None), "BUNDLE"),
+    (dict(config="configs/missing.yaml"), "missing.yaml"),
+    (dict(policy=None, bundle="no/such/bundle"), "no/such/bundle"),
+])
+def test_bad_arguments_name_the_culprit(kw, culprit, capsys):
+    assert run_cli(_args(**kw)) == 2
+    err = capsys.readouterr().err
+    assert culprit in err and "Traceback" not in err
+
+
+def test_a_bundle_is_evaluated_with_its_own_shield_json(tmp_path, capsys):
+    cfg = load_config("configs/cartpole.yaml")
+    spec = build_shield_spec(cfg)
+    policy = mlp_onnx(5, 1, seed=3)
+    spec_bytes = json.dumps(spec).encode()
+    files = {"policy.onnx": policy, "shield.json": spec_bytes}
+    manifest = make_manifest(task="cartpole", env_id=cfg.task.env_id, files=files, config_hash=cfg.config_hash(),
+                             obs_dim=5, act_dim=1)
+    bundle = write_bundle(tmp_path / "b", policy_onnx=policy, shield_spec=spec_bytes, manifest=manifest)
+    assert run_cli(_args(policy=None, bundle=str(bundle), domains="train", episodes=2)) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["violations"] == 0 and np.isfinite(result["return_mean"])

@@ -13,7 +13,9 @@ import math
 import numpy as np
 
 GRAVITY = 9.81  # m/s^2
-MAX_TILT = math.radians(35.0)  # rad, the attitude set-point never leans further
+# rad, the attitude set-point never leans further. 45 deg keeps the whole action box reachable:
+# at az = -4 m/s^2 the horizontal authority is tan(45 deg) (g - 4) = 5.8 >= 4 sqrt(2) m/s^2.
+MAX_TILT = math.radians(45.0)
 MIN_THRUST_FRACTION = 0.2  # of the hover thrust, so the attitude stays controllable when diving
 ATTITUDE_NATURAL_FREQ = 18.0  # rad/s
 ATTITUDE_DAMPING = 0.9

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -38,7 +45,6 @@ def write_tiny_bundle(out_dir, seed: int = 0, version: int | None = None, latenc
     spec = planar_double_integrator(latency_steps=latency_steps)
     spec["task"] = "planar"
     policy = tiny_policy_onnx(seed)
-    import json
     shield_bytes = json.dumps(spec, indent=2, sort_keys=True).encode()
     manifest = make_manifest(task="planar", env_id="test/Planar-v0", files={"policy.onnx": policy,
                              "shield.json": shield_bytes}, config_hash="0" * 64, version=version,
@@ -50,11 +56,6 @@ class ServerProcess:
     """`python -m shield.server ...` (or `command`) in a subprocess on a free port; waits for its 'listening' line."""
 
     def __init__(self, *args: str, cwd=None, command: tuple[str, ...] | None = None):
-        import os
-        import re
-        import subprocess
-        import sys
-
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         command = command or (sys.executable, "-m", "shield.server")
         self.proc = subprocess.Popen([*command, *args, "--port", "0"],
@@ -71,8 +72,6 @@ class ServerProcess:
 
     def stop(self) -> str:
         """SIGTERM, wait, return everything it printed; asserts a clean exit."""
-        import signal
-
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         out, _ = self.proc.communicate(timeout=20)

@@ -54,7 +54,10 @@ def task_setup(name: str):
         legacy = legacy_return(cfg.task.env_id, rand)
         return cfg, 0.9 * legacy, f"0.9 x legacy LQR return {legacy:.0f}"
     if name == "halfcheetah":
+        from envs.randomization import RandomizationSet
+
         cfg.task.name, cfg.task.env_id = "halfcheetah", "HalfCheetah-v5"
+        cfg.randomization["train"] = RandomizationSet()  # the plain gymnasium task, as SB3's zoo trains it
         t = cfg.train
         t.hidden_sizes, t.lr, t.num_epochs, t.batches_per_update = [256, 256], 3e-4, 4, 4
         t.rollout_length, t.envs_per_actor, t.log_std_init, t.total_env_steps = 64, 4, 0.0, 10_000_000
@@ -175,18 +178,22 @@ def main(argv=None) -> int:
             runs.append(run_sb3(cfg, threshold, args.budget_s))
         report.append(dict(task=name, env_id=cfg.task.env_id, threshold=threshold, threshold_note=note,
                            budget_s=args.budget_s, runs=runs))
+        if not args.json:
+            print_task(report[-1])
     if args.json:
         print(json.dumps(report))
-        return 0
-    for task in report:
-        print(f"{task['env_id']}: threshold {task['threshold']:.0f} ({task['threshold_note']}), budget {task['budget_s']:.0f} s")
-        base = task["runs"][-1]["reached_s"]
-        for r in task["runs"]:
-            reached = f"{r['reached_s']:.1f} s" if r["reached_s"] is not None else "not reached"
-            ratio = f"x{r['reached_s'] / base:.2f}" if r["reached_s"] and base else "-"
-            print(f"  {r['impl']:<36} {reached:>12}  {ratio:>6}  steps {r['env_steps']:>9}  "
-                  f"best mean return {r['best_mean_return']:.0f}  (wall {r['wall_s']:.0f} s)")
     return 0
+
+
+def print_task(task: dict) -> None:
+    """One table per task; ratio = time to threshold / SB3's (the last run)."""
+    print(f"{task['env_id']}: threshold {task['threshold']:.0f} ({task['threshold_note']}), budget {task['budget_s']:.0f} s")
+    base = task["runs"][-1]["reached_s"]
+    for r in task["runs"]:
+        reached = f"{r['reached_s']:.1f} s" if r["reached_s"] is not None else "not reached"
+        ratio = f"x{r['reached_s'] / base:.2f}" if r["reached_s"] and base else "-"
+        print(f"  {r['impl']:<36} {reached:>12}  {ratio:>6}  steps {r['env_steps']:>9}  "
+              f"best mean return {r['best_mean_return']:.0f}  (wall {r['wall_s']:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ class TrainConfig(Section):
     clip_param: float = Field(0.2, gt=0, description="APPO surrogate clip epsilon.")
     kl_coef: float = Field(0.0, ge=0, description="APPO: weight of the KL(behaviour || current) penalty; 0 disables it.")
     num_epochs: int = Field(1, ge=1, description="Passes of SGD over each batch.")
+    num_minibatches: int = Field(1, ge=1, description="Adam steps per epoch; minibatches split the env axis (whole traces).")
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
     checkpoint_every: int = Field(50, ge=1, description="Write an atomic checkpoint every N learner updates (and at the end).")
     log_std_init: float = Field(-0.5, description="Initial log standard deviation of the Gaussian policy.")

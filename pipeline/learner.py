@@ -3,9 +3,9 @@
 One `update(batches)` call:
   1. stacks the actors' time-major batches along the env axis,
   2. merges their observations into the running normalizer,
-  3. for each epoch: evaluates the current policy on the batch, computes
-     V-trace targets against the behaviour log-probs, and takes one Adam
-     step on  policy loss + value_coef * value loss - entropy_coef * entropy
+  3. for each epoch and minibatch (a split of the env axis): evaluates the
+     current policy, computes V-trace targets against the behaviour
+     log-probs, and takes one Adam step on  policy loss + value_coef * value loss - entropy_coef * entropy
      (+ kl_coef * KL(behaviour || current) for APPO),
   4. bumps the policy version.
 """
@@ -75,42 +75,47 @@ class Learner:
             truncation_bootstrap = model(b["final_obs"])[2] * b["truncated"].float()
         rewards = b["rewards"] + cfg.gamma * truncation_bootstrap
 
+        b["discounts"], b["rewards"] = discounts, rewards
         for _ in range(cfg.num_epochs):
-            mean, log_std, values_all = model(b["obs"])
-            mean, log_std = mean[:-1], log_std[:-1]
-            values, bootstrap_value = values_all[:-1], values_all[-1]
-            dist = torch.distributions.Normal(mean, log_std.exp())
-            logp = dist.log_prob(b["actions"]).sum(-1)
-            log_rhos = logp - b["behaviour_logp"]
+            # Minibatches split the env axis, so every minibatch holds whole T-step traces for V-trace.
+            for cols in torch.randperm(B, device=self.device).chunk(cfg.num_minibatches):
+                mb = {k: v[cols] if k == "behaviour_log_std" else v[:, cols] for k, v in b.items()}
+                mean, log_std, values_all = model(mb["obs"])
+                mean, log_std = mean[:-1], log_std[:-1]
+                values, bootstrap_value = values_all[:-1], values_all[-1]
+                dist = torch.distributions.Normal(mean, log_std.exp())
+                logp = dist.log_prob(mb["actions"]).sum(-1)
+                log_rhos = logp - mb["behaviour_logp"]
 
-            vs, pg_advantages = vtrace(log_rhos, discounts, rewards, values, bootstrap_value,
-                                       cfg.clip_rho_threshold, cfg.clip_pg_rho_threshold)
+                vs, pg_advantages = vtrace(log_rhos, mb["discounts"], mb["rewards"], values, bootstrap_value,
+                                           cfg.clip_rho_threshold, cfg.clip_pg_rho_threshold)
 
-            if cfg.algorithm == "impala":
-                policy_loss = -(logp * pg_advantages).mean()
-            else:
-                # APPO: the surrogate's ratio already corrects for the behaviour policy, so the
-                # advantage is the V-trace Q-estimate minus the baseline, without a second rho weight.
-                vs_next = torch.cat([vs[1:], bootstrap_value.detach()[None]], dim=0)
-                advantages = rewards + discounts * vs_next - values.detach()
-                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-                ratio = torch.exp(log_rhos)
-                clipped = torch.clamp(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param)
-                policy_loss = -torch.minimum(ratio * advantages, clipped * advantages).mean()
+                if cfg.algorithm == "impala":
+                    policy_loss = -(logp * pg_advantages).mean()
+                else:
+                    # APPO: the surrogate's ratio already corrects for the behaviour policy, so the
+                    # advantage is the V-trace Q-estimate minus the baseline, without a second rho weight.
+                    vs_next = torch.cat([vs[1:], bootstrap_value.detach()[None]], dim=0)
+                    advantages = mb["rewards"] + mb["discounts"] * vs_next - values.detach()
+                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                    ratio = torch.exp(log_rhos)
+                    clipped = torch.clamp(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param)
+                    policy_loss = -torch.minimum(ratio * advantages, clipped * advantages).mean()
 
-            value_loss = 0.5 * (values - vs).pow(2).mean()
-            entropy = dist.entropy().sum(-1).mean()
-            behaviour = torch.distributions.Normal(b["behaviour_mean"], b["behaviour_log_std"].exp().expand_as(mean))
-            kl = torch.distributions.kl_divergence(behaviour, dist).sum(-1).mean()
+                value_loss = 0.5 * (values - vs).pow(2).mean()
+                entropy = dist.entropy().sum(-1).mean()
+                behaviour = torch.distributions.Normal(mb["behaviour_mean"],
+                                                       mb["behaviour_log_std"].exp().expand_as(mean))
+                kl = torch.distributions.kl_divergence(behaviour, dist).sum(-1).mean()
 
-            loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
-            if cfg.algorithm == "appo" and cfg.kl_coef > 0:
-                loss = loss + cfg.kl_coef * kl
+                loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
+                if cfg.algorithm == "appo" and cfg.kl_coef > 0:
+                    loss = loss + cfg.kl_coef * kl
 
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
 
         self.version += 1
         with torch.no_grad():

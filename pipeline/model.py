@@ -104,9 +104,6 @@ class ActorCritic(nn.Module):
         mean, log_std, value = self(obs_raw)
         return torch.distributions.Normal(mean, log_std.exp()), value
 
-    def clip_action(self, action: torch.Tensor) -> torch.Tensor:
-        return torch.maximum(torch.minimum(action, self.action_high), self.action_low)
-
     def spec(self) -> dict:
         """Constructor arguments, as plain data (checkpoints store this)."""
         return dict(obs_dim=self.obs_dim, act_dim=self.act_dim, hidden_sizes=list(self.hidden_sizes),

@@ -18,7 +18,8 @@ from shield.spec import ShieldSpec, ShieldSpecError
 _STATEMENT = ("No constraint is violated while the actuation latency is at most max_latency_s, the "
               "plant's achievable deceleration is at least brake_accel (per position) despite mass, "
               "gain and disturbance errors up to max_accel_error, the input's effect is within "
-              "(1 +- max_input_gain_error) x nominal, and observation noise stays within "
+              "(1 +- max_input_gain_error) x nominal, an unknown additive acceleration stays within "
+              "max_disturbance_accel (per position), and observation noise stays within "
               "max_obs_noise (absorbed by the margin).")
 
 
@@ -61,11 +62,13 @@ def _latency_steps(cfg) -> int:
     return max(steps, default=0)
 
 
-def _max_obs_noise(cfg, obs_dim: int) -> float:
-    """Largest 3-sigma observation noise over the config's randomization sets."""
+def _max_obs_noise(cfg, positions: list[int]) -> float:
+    """Largest 3-sigma observation noise on the constrained positions over the config's randomization sets."""
     worst = 0.0
     for rset in cfg.randomization.values():
-        worst = max(worst, 3.0 * max(rset.obs_noise_std))
+        std = list(rset.obs_noise_std)
+        values = std if len(std) == 1 else [std[i] for i in positions if i < len(std)]
+        worst = max([worst] + [3.0 * v for v in values])
     return worst
 
 
@@ -128,7 +131,7 @@ def build_shield_spec(cfg) -> dict:
             "max_accel_error": [a - b for a, b in zip(full_accel, brake)],
             "max_input_gain_error": float(sc.input_gain_error),
             "max_disturbance_accel": disturbance,
-            "max_obs_noise": _max_obs_noise(cfg, obs_dim),
+            "max_obs_noise": _max_obs_noise(cfg, pos),
             "statement": _STATEMENT,
         },
     }

@@ -23,10 +23,10 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    QP re-solved at the new point until the true conditions hold (a few
    iterations at most), with a closed-form projection when provably optimal and
    daqp otherwise.
-4. If the QP is infeasible the shield falls back to max-min braking: the input
-   in the box that maximizes the worst (normalized) condition, i.e. maximal
-   braking away from the most-violated constraint, and away from all of them at
-   once in a corner. It never passes the raw action through.
+4. If the QP is infeasible the shield falls back to least-violation braking:
+   the input in the box minimizing the summed squared (normalized) shortfalls,
+   i.e. maximal braking away from the most-violated constraint, and away from
+   all of them at once in a corner. It never passes the raw action through.
 5. A NaN/Inf observation or action is flagged (``bad_input``) and answered with
    the fallback: with a NaN action, the fallback action filtered at the observed
    state; with a NaN observation, the fallback action filtered at the state
@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shield.fallback import BoxHalfspaceProjection, maxmin_brake
+from shield.fallback import BoxHalfspaceProjection, least_violation_brake
 from shield.spec import ShieldSpec
 
 _SQP_ITERS = 8
@@ -67,6 +67,11 @@ class CbfShield:
         err = spec.input_gain_error
         self._B_cases = [self._B] if err == 0.0 else [(1.0 - err) * self._B, (1.0 + err) * self._B]
         self._B_stack = np.stack(self._B_cases)  # (cases, state, inputs)
+        # Hot-path layouts: contiguous transposes and the cases' B stacked as one matrix, so each
+        # prediction is one plain matmul (small batched matmuls cost more than the arithmetic).
+        self._AT = np.ascontiguousarray(self._A.T)
+        self._B_flat = self._B_stack.reshape(-1, self._B.shape[1])
+        self._X_shape = (len(self._B_cases), self._A.shape[0])
         self._n = len(spec.state_index)
         self._nz = model.internal_dim
         self._z0 = (np.zeros(self._nz) if model.internal_init is None
@@ -201,7 +206,7 @@ class CbfShield:
                     Wvf[acols] = self._tau * n
 
     def _disturbance_offsets(self) -> None:
-        """Per row, shift the next-state barrier by the worst additive acceleration (each axis at its bound).
+        """Refresh the row transposes; per row, shift the next-state barrier by the worst additive acceleration.
 
         A constant acceleration w moves a position by w T^2 / 2 and its velocity by w T over
         T seconds. It acts over the latency (T0 = L dt) on the predicted state and one period
@@ -209,6 +214,7 @@ class CbfShield:
         h(x_{L+1}) >= (1 - gain) h(x_L) loses grad h . (E(T1) - (1 - gain) E(T0)) w;
         the worst sign per axis is the one lowering the row.
         """
+        self._WT, self._WvT = np.ascontiguousarray(self._W.T), np.ascontiguousarray(self._Wv.T)
         if self._E1 is None:
             self._f_next, self._closing0_next = self._f, self._closing0
             return
@@ -221,7 +227,7 @@ class CbfShield:
     def _predict(self, X: np.ndarray) -> np.ndarray:
         """Each case's state (rows of X) carried through the pending actions."""
         for a in self._pending if self.spec.latency_steps else ():
-            X = X @ self._A.T + self._B_stack @ a + self._c
+            X = X @ self._AT + (self._B_flat @ a).reshape(self._X_shape) + self._c
         return X
 
     def _prepare(self, X0: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -232,13 +238,13 @@ class CbfShield:
             self._disturbance_offsets()
         hL = self._next_barrier(XL, nxt=False)  # (cases, rows)
         h_now = self._per_constraint(hL.min(axis=0))
-        return XL @ self._A.T + self._c, (1.0 - self._gain) * hL, h_now
+        return XL @ self._AT + self._c, (1.0 - self._gain) * hL, h_now
 
     def _next_barrier(self, X: np.ndarray, nxt: bool = True) -> np.ndarray:
         """h for every case's state (rows of X) and every barrier row: (cases, rows)."""
         f, c0 = (self._f_next, self._closing0_next) if nxt else (self._f, self._closing0)
-        closing = np.maximum(c0 - X @ self._Wv.T, 0.0)
-        return X @ self._W.T + f - self._margin - closing * closing * self._inv2a
+        closing = np.maximum(c0 - X @ self._WvT, 0.0)
+        return X @ self._WT + f - self._margin - closing * closing * self._inv2a
 
     def cbf_conditions(self, obs: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         """For tests and diagnostics: u -> h_r(x+(u)) - (1 - gain_r) h_r(x) per row (>= 0 is safe); no state change."""
@@ -317,13 +323,13 @@ class CbfShield:
 
     def _meets(self, F: np.ndarray, u: np.ndarray, Req: np.ndarray, tol: float) -> bool:
         """True when h(x+(u)) >= required - |tol| for every row and every input-gain case."""
-        return bool((self._next_barrier(F + self._B_stack @ u) - Req >= tol).all())
+        return bool((self._next_barrier(F + (self._B_flat @ u).reshape(self._X_shape)) - Req >= tol).all())
 
     def _linearized_rows(self, F: np.ndarray, u: np.ndarray, Req: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tangent cuts G v >= lb of the conditions at u, stacked over the input-gain cases."""
-        X = F + self._B_stack @ u  # (cases, state)
-        closing = np.maximum(self._closing0_next - X @ self._Wv.T, 0.0)  # (cases, rows)
-        h = X @ self._W.T + self._f_next - self._margin - closing * closing * self._inv2a
+        X = F + (self._B_flat @ u).reshape(self._X_shape)  # (cases, state)
+        closing = np.maximum(self._closing0_next - X @ self._WvT, 0.0)  # (cases, rows)
+        h = X @ self._WT + self._f_next - self._margin - closing * closing * self._inv2a
         # d h / d u = (W + closing / a Wv) B, per case
         G = self._W @ self._B_stack + (closing * self._inva)[:, :, None] * (self._Wv @ self._B_stack)
         G = G.reshape(-1, self._m)
@@ -334,8 +340,8 @@ class CbfShield:
         return self._projection.solve(G, lb, u_p)
 
     def _brake(self, G: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, bool, float]:
-        """Infeasible QP: max-min braking (see shield.fallback)."""
-        u = maxmin_brake(G, lb, self._low, self._high, self._fallback)
+        """Infeasible QP: least-violation braking (see shield.fallback)."""
+        u = least_violation_brake(G, lb, self._low, self._high, self._fallback)
         return u, False, float(max(0.0, np.max(lb - G @ u)))
 
     def _commit(self, x0s: np.ndarray | None, u: np.ndarray) -> None:
@@ -345,7 +351,7 @@ class CbfShield:
         applied = self._pending[0] if L else u
         if L:
             self._pending.append(u.copy())
-        self._x_next = None if x0s is None else x0s @ self._A.T + self._B_stack @ applied + self._c
+        self._x_next = None if x0s is None else x0s @ self._AT + (self._B_flat @ applied).reshape(self._X_shape) + self._c
 
     def _per_constraint(self, h_rows: np.ndarray) -> np.ndarray:
         if not self._R:

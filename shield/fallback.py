@@ -1,4 +1,4 @@
-"""The shield's two small optimizations: the minimal-change projection (QP) and the max-min braking fallback.
+"""The shield's two small optimizations: the minimal-change projection (QP) and the braking fallback.
 
 Both work on linear conditions ``G u >= lb`` over the input ``u`` inside the
 box ``low <= u <= high``; `shield.cbf` builds ``G`` and ``lb`` from the
@@ -52,26 +52,28 @@ class BoxHalfspaceProjection:
         return np.clip(x, self.low, self.high)
 
 
-def maxmin_brake(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: np.ndarray,
-                 constant: np.ndarray) -> np.ndarray:
-    """The input in the box maximizing the worst normalized condition: max t s.t. G_r u - lb_r >= t |G_r|.
+def least_violation_brake(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: np.ndarray,
+                          constant: np.ndarray) -> np.ndarray:
+    """The input in the box that minimizes the summed squared (normalized) shortfalls of G u >= lb.
 
-    With one constraint near, this is maximal braking away from it; in a corner it
-    brakes away from all of them at once. The LP goes to daqp with a tiny
-    regularization. Rows the input cannot move are left out; if none is left (or
-    the LP fails) each input goes to the box end that best raises the row furthest
-    from satisfiable, or to `constant` where it does not move that row.
+    min sum_r s_r^2 s.t. G_r u + |G_r| s_r >= lb_r, s >= 0, u in the box: each
+    violated condition pulls the input toward braking away from its constraint,
+    so near one constraint this is maximal braking away from it and in a corner
+    it brakes away from all of them at once (a max-min LP would leave the inputs
+    that do not touch the single worst row idle). Rows the input cannot move are
+    left out; if none is left (or the solve fails) each input goes to the box end
+    that best raises the row furthest from satisfiable, or to `constant`.
     """
     m = len(low)
     norms = np.sqrt(np.einsum("ij,ij->i", G, G))
     live = norms > 1e-9
-    if np.any(live):
-        A = np.hstack([G[live], -norms[live][:, None]])
-        H = np.diag(np.full(m + 1, 1e-6))
-        f = np.zeros(m + 1)
-        f[m] = -1.0
-        upper = np.concatenate([high, [1e3], np.full(int(live.sum()), _INF)])
-        lower = np.concatenate([low, [-1e3], lb[live]])
+    rows = int(live.sum())
+    if rows:
+        A = np.hstack([G[live], np.diag(norms[live])])
+        H = np.diag(np.concatenate([np.full(m, 1e-6), np.ones(rows)]))  # tiny weight on u: unique
+        f = np.zeros(m + rows)
+        upper = np.concatenate([high, np.full(rows, _INF), np.full(rows, _INF)])
+        lower = np.concatenate([low, np.zeros(rows), lb[live]])
         x, _, exitflag, _ = daqp.solve(H, f, np.ascontiguousarray(A), upper, lower,
                                        np.zeros(len(upper), dtype=np.int32))
         if exitflag >= 1:

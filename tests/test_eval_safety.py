@@ -39,3 +39,15 @@ def test_shield_keeps_random_and_adversarial_policies_safe(task, domains):
     assert counts[("adversarial", False)][1] >= UNSHIELDED_EPISODES // 2, counts
     assert counts[("adversarial", True)][0] == 0, counts
     assert counts[("random", True)][0] == 0, counts
+
+
+@pytest.mark.slow
+def test_full_length_quadrotor_episodes_stay_safe():
+    # 20 s episodes reach the geofence corners (several constraints active at once), which the
+    # short episodes above rarely do.
+    cfg = load_config("configs/quadrotor.yaml")
+    spec = ShieldSpec.from_dict(build_shield_spec(cfg))
+    for name in ("adversarial", "random"):
+        result = evaluate(cfg, reference_policy(name, cfg, spec, seed=2), domains="reality", episodes=8,
+                          seed=20_000, shield=True, spec=spec)
+        assert result["steps"] >= 8 * 900 and result["violations"] == 0, (name, result["violations"])

@@ -186,4 +186,5 @@ def test_quadrotor_shadow_covers_every_action_axis_and_constraint(tmp_path):
     assert len(m["action_rmse"]) == len(m["action_p95_abs_diff"]) == 3
     assert len(m["candidate_returns"]) == 2 and cf.states["qpos"].shape[0] > 1
     failing = decide(m, cfg.gate).failing
-    assert {"gate.min_return_ratio", "gate.max_violations"} <= set(failing)  # a random policy is never promoted
+    assert "gate.min_return_ratio" in failing  # a random policy is never promoted
+    assert m["candidate_violations"] == 0  # ...and even a random policy is kept inside the constraints

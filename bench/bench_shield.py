@@ -7,14 +7,18 @@ a 64-64 tanh MLP built with onnx.helper (random weights: latency does not
 depend on them). States come from the legacy controller flying the task's
 `reality` domains, so the shield sees realistic observations. The intervention
 share is measured for the legacy controller driving with the shield in the
-loop (no trained policy is needed for this figure). Figures are medians of a
-noisy shared machine: read the ratios.
+loop (no trained policy is needed for this figure). Shielded figures are also
+split into safe steps (the action passes unchanged, no QP) and intervening
+steps (the QP runs), with actions from the MLP, the task's adversary and
+full-scale random inputs (bang-bang). Figures are percentiles on a noisy
+shared machine: read the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -71,9 +75,10 @@ def recorded_observations(cfg, steps: int) -> np.ndarray:
     return np.asarray(out, np.float32)
 
 
-def percentiles(us: list[float]) -> dict:
+def percentiles(us) -> dict:
     a = np.asarray(us)
-    return {"p50_us": round(float(np.percentile(a, 50)), 2), "p99_us": round(float(np.percentile(a, 99)), 2)}
+    return {"p50_us": round(float(np.percentile(a, 50)), 2), "p99_us": round(float(np.percentile(a, 99)), 2),
+            "steps": int(a.size)}
 
 
 def main() -> None:
@@ -97,10 +102,13 @@ def main() -> None:
     adversary = reference_policy("adversarial", cfg, spec)
 
     pushes = adversary(observations)  # precomputed: only the policy and the shield are timed
+    # Full-scale random inputs (+-1 per input): most steps need the QP, on every task.
+    bang_bang = np.random.default_rng(0).choice([-1.0, 1.0], size=(len(observations), spec.act_dim))
+    bang_bang = (np.where(bang_bang > 0, spec.action_high, spec.action_low)).astype(np.float32)
 
     def run(with_shield: bool, actions: np.ndarray | None = None) -> tuple[dict, float]:
         shield = CbfShield(spec)
-        times, interventions = [], 0
+        times, intervened = [], []
         for i, obs in enumerate(observations):
             t0 = time.perf_counter()
             raw = session.run(None, {"obs": obs[None]})[0][0]
@@ -108,13 +116,23 @@ def main() -> None:
                 raw = actions[i]
             if with_shield:
                 _, info = shield.filter(obs, raw)
-                interventions += info["intervened"]
+                intervened.append(info["intervened"])
+            else:
+                intervened.append(False)
             times.append((time.perf_counter() - t0) * 1e6)
-        return percentiles(times[50:]), interventions / len(observations)
+        # The first steps warm caches up; then split by what the shield did, since an
+        # intervention runs the QP and a safe action does not.
+        times, hit = np.asarray(times[50:]), np.asarray(intervened[50:], bool)
+        figures = percentiles(times)
+        if with_shield:
+            figures["safe_steps"] = percentiles(times[~hit]) if (~hit).any() else None
+            figures["intervening_steps"] = percentiles(times[hit]) if hit.any() else None
+        return figures, float(np.mean(intervened))
 
     policy_only, _ = run(False)
     shielded, share_mlp = run(True)
     adversarial, share_adv = run(True, pushes)
+    banged, share_bang = run(True, bang_bang)
     legacy = evaluate(cfg, reference_policy("legacy", cfg, spec), domains="reality", episodes=args.episodes,
                       seed=0, shield=True, spec=spec)
     result = {
@@ -124,13 +142,24 @@ def main() -> None:
         "ratio_p50": round(shielded["p50_us"] / policy_only["p50_us"], 2),
         "ratio_p99": round(shielded["p99_us"] / policy_only["p99_us"], 2),
         "policy_plus_shield_adversarial_actions": adversarial,
+        "policy_plus_shield_bang_bang_actions": banged,
         "intervention_share_random_mlp": round(share_mlp, 4),
         "intervention_share_adversarial": round(share_adv, 4),
+        "intervention_share_bang_bang": round(share_bang, 4),
         "intervention_share_legacy_in_loop": round(legacy["intervention_rate"], 4),
         "legacy_in_loop_violations": legacy["violations"],
         "legacy_in_loop_shield_us": {"p50_us": round(legacy["shield_us_p50"], 2), "p99_us": round(legacy["shield_us_p99"], 2)},
     }
     print(json.dumps(result))
+    base = policy_only["p50_us"], policy_only["p99_us"]
+    print(f"policy alone: p50 {base[0]:.1f} us, p99 {base[1]:.1f} us", file=sys.stderr)
+    for name, figures in (("mlp", shielded), ("adversary", adversarial), ("bang-bang", banged)):
+        for part in ("safe_steps", "intervening_steps"):
+            f = figures.get(part)
+            if f:
+                print(f"policy + shield, {name} actions, {part.replace('_', ' ')} ({f['steps']}): p50 {f['p50_us']:.1f} us "
+                      f"(x{f['p50_us'] / base[0]:.1f}), p99 {f['p99_us']:.1f} us (x{f['p99_us'] / base[1]:.1f})",
+                      file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ class BoxHalfspaceProjection:
 
     def __init__(self, low: np.ndarray, high: np.ndarray, max_rows: int):
         self.low, self.high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+        self._low_list, self._high_list = self.low.tolist(), self.high.tolist()  # 1-3 inputs: floats beat arrays
         m = len(self.low)
         self._m = m
         self._H = np.eye(m)
@@ -27,21 +28,24 @@ class BoxHalfspaceProjection:
 
     def solve(self, G: np.ndarray, lb: np.ndarray, u_p: np.ndarray) -> np.ndarray | None:
         """The projection of u_p, or None when no input in the box meets every row."""
-        viol = lb - G @ u_p
-        if bool(np.all(u_p >= self.low) and np.all(u_p <= self.high)):
-            worst = int(np.argmax(viol))
-            if viol[worst] <= 0.0:
+        if all(lo <= x <= hi for x, lo, hi in zip(u_p.tolist(), self._low_list, self._high_list)):
+            viol = lb - G @ u_p
+            worst = int(viol.argmax())
+            v_worst = float(viol[worst])
+            if v_worst <= 0.0:
                 return u_p.copy()
             if np.count_nonzero(viol > 0.0) == 1:
                 g = G[worst]
                 gg = float(g @ g)
                 if gg > 1e-12:
-                    u = u_p + (viol[worst] / gg) * g
+                    u = u_p + (v_worst / gg) * g
                     # Only when KKT holds (one active row with a positive multiplier, the box and
                     # every other row inactive) is this closed form the QP optimum.
-                    if (np.all(u > self.low) and np.all(u < self.high)
-                            and np.all(np.delete(G @ u - lb, worst) >= 0.0)):
-                        return u
+                    if all(lo < x < hi for x, lo, hi in zip(u.tolist(), self._low_list, self._high_list)):
+                        slack = G @ u - lb
+                        slack[worst] = 0.0  # the active row: met by construction, up to rounding
+                        if float(slack.min()) >= 0.0:
+                            return u
         rows = len(lb)
         self._lower[self._m:self._m + rows] = lb
         n = self._m + rows
@@ -81,3 +85,34 @@ def least_violation_brake(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: 
     best = np.where(G > 0, G * high, G * low).sum(axis=1)
     g = G[int(np.argmax(lb - best))]
     return np.where(g > 0, high, np.where(g < 0, low, constant))
+
+
+class LeastViolationBrake:
+    """`least_violation_brake` for a fixed number of rows and box, with the QP's buffers allocated once."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, constant: np.ndarray, rows: int):
+        self.low, self.high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+        self.constant = np.asarray(constant, np.float64)
+        m = self._m = len(self.low)
+        self._rows = rows
+        self._A = np.zeros((rows, m + rows))  # [G | diag(|G_r|)]
+        self._diag = (np.arange(rows), m + np.arange(rows))
+        self._H = np.diag(np.concatenate([np.full(m, 1e-6), np.ones(rows)]))
+        self._f = np.zeros(m + rows)
+        self._upper = np.concatenate([self.high, np.full(2 * rows, _INF)])
+        self._lower = np.concatenate([self.low, np.zeros(2 * rows)])
+        self._sense = np.zeros(m + 2 * rows, dtype=np.int32)
+
+    def __call__(self, G: np.ndarray, lb: np.ndarray) -> np.ndarray:
+        """The braking input for the conditions G u >= lb (see `least_violation_brake`)."""
+        norms = np.sqrt(np.einsum("ij,ij->i", G, G))
+        if len(lb) != self._rows or not float(norms.min()) > 1e-9:  # a row the input cannot move: general form
+            return least_violation_brake(G, lb, self.low, self.high, self.constant)
+        m = self._m
+        self._A[:, :m] = G
+        self._A[self._diag] = norms
+        self._lower[m + self._rows:] = lb
+        x, _, exitflag, _ = daqp.solve(self._H, self._f, self._A, self._upper, self._lower, self._sense)
+        if exitflag >= 1:
+            return np.clip(x[:m], self.low, self.high)
+        return least_violation_brake(G, lb, self.low, self.high, self.constant)  # its box-end rule

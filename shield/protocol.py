@@ -1,6 +1,6 @@
 """The UDP wire protocol between a plant's controller and `sim2real serve`.
 
-Byte-by-byte description: docs/protocol.md. Everything is little-endian; a
+Byte-by-byte description: README.md, "Wire protocol". Everything is little-endian; a
 datagram is a 32-byte header, a payload, and (when a key is configured) a
 32-byte HMAC-SHA256 trailer over header + payload. No pickle, no JSON.
 

@@ -1,6 +1,6 @@
 """`PolicyServer`: serve a shielded policy to a plant's controller over UDP.
 
-One request, one reply, every control period (docs/protocol.md). The serving
+One request, one reply, every control period (README.md, "Wire protocol"). The serving
 loop is a single thread, so each request sees exactly one runtime: a hot reload
 (`RegistryWatcher`, polling the registry's production pointer) builds the new
 runtime in its own thread and swaps one reference between two requests.

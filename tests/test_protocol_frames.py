@@ -1,4 +1,4 @@
-"""Byte-exact frames (built by hand from docs/protocol.md) and how the server classifies every kind of packet."""
+"""Byte-exact frames (built by hand from README.md, "Wire protocol") and how the server classifies every kind of packet."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ ADDR = ("127.0.0.1", 40000)
 
 
 def doc_header(msg_type: int, flags: int, seq: int, ts: int, payload_len: int, client_id: int = 0) -> bytes:
-    """The 32-byte header exactly as the table in docs/protocol.md lays it out."""
+    """The 32-byte header exactly as the table in README.md, "Wire protocol" lays it out."""
     return (b"S2RP" + bytes([1, msg_type]) + flags.to_bytes(2, "little") + seq.to_bytes(8, "little")
             + ts.to_bytes(8, "little") + payload_len.to_bytes(4, "little") + client_id.to_bytes(4, "little"))
 
@@ -200,7 +200,7 @@ def test_runtime_failure_and_deadline_get_the_fallback(bundle, tmp_path):
 def test_the_example_frame_in_the_docs_is_what_the_encoder_writes():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     example = text.split("client_id 99, no key: 52 bytes,")[1].split("`")[1]
     expected = encode_act_request(7, 123456, [0.25, -0.5, 1.0, 0.003], client_id=99)
     assert bytes.fromhex(example.replace(" ", "")) == expected

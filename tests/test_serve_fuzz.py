@@ -1,6 +1,6 @@
 """Fuzz a running `serve` subprocess with >= 100,000 random and mutated datagrams.
 
-Every datagram is classified independently here, from docs/protocol.md alone:
+Every datagram is classified independently here, from the README's "Wire protocol" alone:
 shorter than the header -> dropped; otherwise answered, with the policy's action
 only if the request is fully valid, else the fallback action and a rejection bit.
 Replies come back in send order (one socket, one serving thread), so each one is
@@ -30,7 +30,7 @@ REJECTED = Status.BAD_INPUT | Status.AUTH_FAILED | Status.INFERENCE_ERROR
 
 
 def classify(pkt: bytes) -> str:
-    """What docs/protocol.md says happens to a datagram at a server without a key."""
+    """What the README's "Wire protocol" says happens to a datagram at a server without a key."""
     if len(pkt) < 32:
         return "drop"
     magic, version, msg_type, flags, _, _, payload_len, _ = struct.unpack_from("<4sBBHQQII", pkt)

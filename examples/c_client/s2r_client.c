@@ -1,5 +1,5 @@
 /*
- * s2r_client: a minimal C client for `sim2real serve` (protocol: docs/protocol.md).
+ * s2r_client: a minimal C client for `sim2real serve` (protocol: README.md, "Wire protocol").
  *
  * Plain POSIX sockets, no dependencies; what a PLC gateway or robot firmware
  * would do each control period: frame the observation, send it, wait for the

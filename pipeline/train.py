@@ -31,7 +31,7 @@ import torch
 import yaml
 
 from pipeline.actor_pool import ActorPool
-from pipeline.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
+from pipeline.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint, write_checkpoint
 from pipeline.learner import Learner, resolve_device
 from pipeline.metrics import MetricsLogger
 from pipeline.rollout import RolloutActor, WeightSource, make_env
@@ -42,13 +42,15 @@ FINAL_RETURN_WINDOW = 20
 
 def _with_overrides(cfg, steps, actors, envs_per_actor):
     cfg = cfg.model_copy(deep=True)
-    # validate_assignment on the config sections turns a bad override into an error naming the key.
-    if steps is not None:
-        cfg.train.total_env_steps = steps
-    if actors is not None:
-        cfg.train.num_actors = actors
-    if envs_per_actor is not None:
-        cfg.train.envs_per_actor = envs_per_actor
+    overrides = {"total_env_steps": steps, "num_actors": actors, "envs_per_actor": envs_per_actor}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        try:  # validate_assignment checks the override like the YAML value
+            setattr(cfg.train, key, value)
+        except ValueError as err:
+            reason = err.errors()[0]["msg"] if hasattr(err, "errors") else str(err)
+            raise ValueError(f"train.{key}={value!r}: {reason}") from None
     return cfg
 
 
@@ -233,7 +235,7 @@ def run_cli(args) -> int:
         cfg = load_config(config_path)
         result = train(cfg, out_dir=args.out, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,
                        ray_address=args.ray_address, resume=args.resume, progress=True)
-    except (ConfigError, ValueError) as err:
+    except (ConfigError, CheckpointError, ValueError) as err:
         print(f"sim2real train: {err}", file=sys.stderr)
         return 2
     if args.json:

@@ -76,3 +76,12 @@ def test_deterministic_policy_is_normalized_clipped_mean():
 def test_bad_action_bounds_are_rejected():
     with pytest.raises(ValueError, match="action_low"):
         ActorCritic(5, 1, [8], action_low=1.0, action_high=-1.0)
+
+
+def test_bad_override_names_the_key_before_anything_starts(tmp_path):
+    from pipeline.config import load_config
+    from pipeline.train import train
+
+    with pytest.raises(ValueError, match=r"train\.total_env_steps=-5"):
+        train(load_config("configs/cartpole.yaml"), out_dir=tmp_path / "run", steps=-5, progress=False)
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,197 @@
+"""`BarrierRows`: the shield spec's constraints as barrier rows over the shield state, built once.
+
+Each constraint gives rows ``h_r(x) = d_r(x) - margin - max(0, s_r(x))^2 / (2 a_r)``
+with the distance ``d = W x + f`` and, for positions, the closing speed
+``s = closing0 - Wv x`` braked at ``a_r`` (see `shield.cbf` for the conditions
+built on them). Rows of keep-out zones (cylinders, spheres) are re-linearized at
+the predicted position every call (`linearize_keepouts`). Everything here that
+the hot path reads is laid out for it: both parts of every row in one matrix,
+offsets per predicted state, and the input's effect per gain case.
+Stdlib + numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shield.spec import ShieldSpec
+
+
+class BarrierRows:
+    """Barrier rows of a spec over ``[obs[state_index], internal]``; read by `CbfShield` on every call."""
+
+    def __init__(self, spec: ShieldSpec, internal_dim: int, B: np.ndarray, scales: list[float]):
+        self.spec = spec
+        self._n, self._nz = len(spec.state_index), internal_dim
+        self._B, self._m = B, B.shape[1]
+        self._cases = len(scales)
+        self._scales = np.array(scales)[:, None]
+        self._margin = spec.margin
+        self._w_max = np.asarray(spec.disturbance_accel or [0.0] * len(spec.position_index), np.float64)
+        self._w_list = self._w_max.tolist()
+        self._build_rows()
+        self._build_offsets()
+
+    def _build_rows(self) -> None:
+        """Barrier rows: d = W x + f (distance), closing speed = -(Wv x), per-row gain and braking."""
+        spec = self.spec
+        col = {o: j for j, o in enumerate(spec.state_index)}
+        vel_of = dict(zip(spec.position_index, spec.velocity_index))
+        brake_of = dict(zip(spec.position_index, spec.brake_accel))
+        N = self._n + self._nz
+        W, Wv, f, brake, gain, owner, closing0 = [], [], [], [], [], [], []
+        # With a lagged inner loop (response time tau) the realized acceleration z is an internal
+        # state; braking starts ~tau late, so the closing speed the barrier brakes from is
+        # s + tau (z_n + a_brake + w_n): the speed reached before the commanded deceleration takes
+        # hold, with the worst disturbance w pushing meanwhile.
+        w_of = dict(zip(spec.position_index, self._w_max))
+        tau = float(spec.model.get("response_time_s", 0.0)) if spec.model["type"] == "double_integrator" else 0.0
+        accel_col = {o: self._n + k for k, o in enumerate(spec.position_index)} if self._nz else {}
+        dynamic = []  # (row, state cols, velocity cols or None, center, radius)
+
+        def add_row(weights: dict[int, float], offset: float, g: float, k: int) -> int:
+            w, wv = np.zeros(N), np.zeros(N)
+            for o, v in weights.items():
+                w[col[o]] = v
+            positional = all(o in vel_of for o in weights)
+            if positional:
+                for o, v in weights.items():
+                    wv[col[vel_of[o]]] = v
+                    if o in accel_col:
+                        wv[accel_col[o]] = tau * v
+            a_brake = min(brake_of[o] for o in weights) if positional else math.inf
+            # |n . w| <= sum |n_i| w_i bounds the disturbance along any unit normal n.
+            w_n = sum(abs(v) * w_of[o] for o, v in weights.items()) if positional else 0.0
+            closing0.append(tau * (a_brake + w_n) if positional else 0.0)
+            W.append(w)
+            Wv.append(wv)
+            f.append(offset)
+            brake.append(a_brake)
+            gain.append(g)
+            owner.append(k)
+            return len(W) - 1
+
+        for k, con in enumerate(spec.constraints):
+            g = float(con.get("gain", 0.5))
+            if con["type"] == "halfspace":
+                a = np.asarray(con["a"], np.float64)
+                norm = float(np.linalg.norm(a))
+                # a.o <= b  <=>  d = (b - a.o)/|a| >= 0
+                add_row({i: -a[i] / norm for i in np.flatnonzero(a)}, float(con["b"]) / norm, g, k)
+            elif con["type"] == "box":
+                for i, lo, hi in zip(con["index"], con["low"], con["high"]):
+                    if math.isfinite(hi):
+                        add_row({i: -1.0}, float(hi), g, k)
+                    if math.isfinite(lo):
+                        add_row({i: 1.0}, -float(lo), g, k)
+            else:
+                idx = list(con["index"])
+                r = add_row({i: 1.0 for i in idx}, 0.0, g, k)  # weights filled per step
+                cols = [col[i] for i in idx]
+                vcols = [col[vel_of[i]] for i in idx] if all(i in vel_of for i in idx) else None
+                dynamic.append((r, cols, vcols, np.asarray(con["center"], np.float64), float(con["radius"])))
+        R = self.R = len(W)
+        self._W, self._Wv = np.array(W).reshape(R, N), np.array(Wv).reshape(R, N)
+        self._f = np.array(f, dtype=np.float64)
+        self._closing0 = np.array(closing0, dtype=np.float64)
+        self._closing0_list = list(closing0)
+        self._tau = tau
+        positional = np.isfinite(np.array(brake, dtype=np.float64))
+        # h = d - closing^2 / (2 a): closing speeds are carried scaled by 1 / sqrt(2 a), so h = d - closing'^2.
+        self._root = np.sqrt(np.where(positional, 0.5 / np.where(positional, brake, 1.0), 0.0))
+        self._root_list = self._root.tolist()
+        self.keep = 1.0 - np.array(gain, dtype=np.float64)  # the share of h the next step must keep
+        owner = np.array(owner, dtype=np.intp)
+        self.n_constraints = len(spec.constraints)
+        self.row_start = np.searchsorted(owner, np.arange(self.n_constraints))
+        if R and len(set(owner.tolist())) != self.n_constraints:
+            raise ValueError("shield spec: every constraint needs at least one finite bound")
+        # Keep-out rows as plain lists: (row, position cols, velocity cols, acceleration cols, center, radius).
+        self.dynamic = [(r, cols, vc, None if vc is None or not accel_col else
+                          [accel_col[i] for i in spec.constraints[owner[r]]["index"]],
+                          [float(v) for v in center], radius) for r, cols, vc, center, radius in dynamic]
+
+    def _build_offsets(self) -> None:
+        """Per row, shift the next-state barrier by the worst additive acceleration; allocate the hot-path buffers.
+
+        A constant acceleration w moves a position by w T^2 / 2 and its velocity by w T over
+        T seconds. It acts over the latency (T0 = L dt) on the predicted state and one period
+        more (T1 = T0 + dt) on the next one, so to first order the condition
+        h(x_{L+1}) >= (1 - gain) h(x_L) loses grad h . (E(T1) - (1 - gain) E(T0)) w;
+        the worst sign per axis is the one lowering the row. A keep-out row's normal n changes
+        every call, so for it this keeps the maps n -> grad h . E(T1) (for the sign) and
+        n -> shift per axis, used in `_linearize_keepouts`.
+        """
+        spec, R, N, C = self.spec, self.R, self._n + self._nz, self._cases
+        W, Wv = self._W, self._Wv
+        f_next, closing0_next = self._f.copy(), self._closing0.copy()
+        self._dyn_offsets = [None] * len(self.dynamic)
+        if np.any(self._w_max > 0):
+            cols = {o: j for j, o in enumerate(spec.state_index)}
+            E0, E1 = (np.zeros((N, len(spec.position_index))) for _ in range(2))
+            for E, T in ((E0, spec.latency_steps * spec.dt), (E1, (spec.latency_steps + 1) * spec.dt)):
+                for k, (p, v) in enumerate(zip(spec.position_index, spec.velocity_index)):
+                    E[cols[p], k] = 0.5 * T * T
+                    E[cols[v], k] = T
+            S = (W + Wv) @ E1  # (rows, axes): how each axis's push raises each row
+            w = -self._w_max * np.sign(S)
+            e = w @ E1.T - self.keep[:, None] * (w @ E0.T)  # (rows, state)
+            f_next += np.einsum("ij,ij->i", W, e)
+            closing0_next -= np.einsum("ij,ij->i", Wv, e)
+            for i, (r, pcols, vcols, acols, _, _) in enumerate(self.dynamic):
+                Pw, Pv = np.zeros((len(pcols), N)), np.zeros((len(pcols), N))  # W_r = n Pw, Wv_r = n Pv
+                Pw[range(len(pcols)), pcols] = 1.0
+                if vcols is not None:
+                    Pv[range(len(pcols)), vcols] = 1.0
+                if acols is not None:
+                    Pv[range(len(pcols)), acols] = self._tau
+                Er = E1 - self.keep[r] * E0
+                self._dyn_offsets[i] = tuple([(int(a), int(k), float(X[a, k])) for a, k in zip(*np.nonzero(X))]
+                                             for X in ((Pw + Pv) @ E1, Pw @ Er, Pv @ Er))
+        # Barrier parts per state: Y[0] = distance - margin, Y[1] = closing speed scaled by 1 / sqrt(2 a),
+        # each (states, rows) with rows 0..C-1 for x_L and C..2C-1 for x+. Kept as separate contiguous
+        # blocks: numpy's per-call cost roughly doubles on strided slices at these sizes.
+        root = self._root
+        self._MT = np.ascontiguousarray(np.vstack([W, -Wv * root[:, None]]).T)  # (state, 2 rows)
+        self.MT_parts = (self._MT[:, :R], self._MT[:, R:])
+        self.off = np.stack([np.concatenate([np.tile(self._f - self._margin, (C, 1)), np.tile(f_next - self._margin, (C, 1))]),
+                              np.concatenate([np.tile(self._closing0 * root, (C, 1)), np.tile(closing0_next * root, (C, 1))])])
+        # The input's effect on both parts per gain case, (2, cases, rows, inputs); refreshed when keep-out rows move.
+        self._MB = self._MT.T @ self._B
+        self._scales4 = self._scales[None, :, :, None]
+        self.SMB = self._scales4 * self._MB.reshape(2, 1, R, self._m)
+        self.SMB_flat = self.SMB.reshape(-1, self._m)
+
+    def linearize_keepouts(self, x: np.ndarray) -> None:
+        """Replace each keep-out zone's row by the tangent halfspace at the position in x (plain floats: 2-3 entries)."""
+        MT, R, C, off = self._MT, self.R, self._cases, self.off
+        for (r, pcols, vcols, acols, center, radius), maps in zip(self.dynamic, self._dyn_offsets):
+            xs = x.tolist()
+            diff = [xs[j] - c for j, c in zip(pcols, center)]
+            dist = math.sqrt(sum([d * d for d in diff]))
+            n = [d / dist for d in diff] if dist > 1e-9 else [1.0] + [0.0] * (len(diff) - 1)
+            f = -sum([a * c for a, c in zip(n, center)]) - radius
+            for j, a in zip(pcols, n):
+                MT[j, r] = a
+            root = self._root_list[r]
+            for j, a in zip(vcols or (), n):
+                MT[j, R + r] = -a * root
+            for j, a in zip(acols or (), n):
+                MT[j, R + r] = -self._tau * a * root
+            shift_f = shift_closing = 0.0
+            if maps is not None:  # the worst disturbance for this normal (see `_build_offsets`)
+                Q, Fw, Fv = maps  # nonzero entries (i, axis, value) of the maps from n
+                S = [0.0] * len(self._w_list)
+                for i, k, q in Q:
+                    S[k] += n[i] * q
+                w = [-wm if s > 0.0 else (wm if s < 0.0 else 0.0) for s, wm in zip(S, self._w_list)]
+                shift_f = sum([n[i] * v * w[k] for i, k, v in Fw])
+                shift_closing = sum([n[i] * v * w[k] for i, k, v in Fv])
+            for k in range(C):  # item stores: cheaper than slice stores at this size
+                off[0, k, r] = f - self._margin
+                off[0, C + k, r] = f + shift_f - self._margin
+                off[1, C + k, r] = (self._closing0_list[r] - shift_closing) * root
+        np.dot(MT.T, self._B, out=self._MB)
+        np.multiply(self._scales4, self._MB.reshape(2, 1, R, self._m), out=self.SMB)

@@ -49,7 +49,7 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     _json_flag(p)
 
     p = sub.add_parser("train", help="train a policy with Ray rollout actors and a V-trace learner")
-    _config_flag(p)
+    p.add_argument("--config", help=f"task config YAML (default {DEFAULT_CONFIG}; with --resume, the run's own)")
     p.add_argument("--steps", type=int, help="total env steps (overrides train.total_env_steps)")
     p.add_argument("--actors", type=int, help="rollout actors (overrides train.num_actors)")
     p.add_argument("--envs-per-actor", type=int, help="envs per actor (overrides train.envs_per_actor)")
@@ -68,7 +68,7 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("bundle", nargs="?", help="bundle directory (or use --policy)")
     p.add_argument("--policy", choices=["legacy", "random", "adversarial"], help="reference policy instead of a bundle")
     _config_flag(p)
-    p.add_argument("--domains", default="train", help="randomization set: train, reality, or FILE.yaml")
+    p.add_argument("--domains", default="train", help="randomization set: train, reality, nominal (none), or FILE.yaml")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
     p.add_argument("--no-shield", action="store_true", help="run the policy without the safety shield")
     p.add_argument("--seed", type=int, default=0, help="first episode seed")

@@ -122,9 +122,11 @@ def reference_policy(name: str, cfg, spec: ShieldSpec, seed: int = 0):
 
 
 def resolve_domains(cfg, domains: Any):
-    """A set name from the config, a RandomizationSet, or a YAML file holding one set (the config's format)."""
+    """A set name from the config, `nominal` (no randomization), a RandomizationSet, or a YAML file holding one set."""
     from envs.randomization import RandomizationSet, parse_randomization
 
+    if domains is None or domains == "nominal":
+        return None
     if isinstance(domains, RandomizationSet):
         return domains
     if domains in cfg.randomization:

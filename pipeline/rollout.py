@@ -25,21 +25,29 @@ from pipeline.model import ActorCritic
 MAX_ENV_RESTARTS = 100
 
 
-def make_env(env_id: str, randomization: Any = None, max_episode_steps: int | None = None) -> gym.Env:
+def make_env(env_id: str, randomization: Any = None, max_episode_steps: int | None = None,
+             shield: dict | None = None) -> gym.Env:
     """Create one env by gymnasium id with a domain-randomization set applied.
 
     `randomization` is None, a set name ("train") or a set as a dict/RandomizationSet.
     Our tasks take it as a `gymnasium.make` argument; any other MuJoCo env
     (e.g. HalfCheetah-v5) is wrapped by `envs.randomize` when a set is given.
+    `shield` ({"spec": shield.json dict, "intervention_penalty": float}) puts the
+    CBF shield in the loop, outermost, as on the edge box.
     """
     import envs  # noqa: F401  (registers the sim2real/* ids)
 
     kwargs = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
     if env_id.startswith("sim2real/"):
-        return gym.make(env_id, randomization=randomization, **kwargs)
-    env = gym.make(env_id, **kwargs)
-    if randomization is not None and not isinstance(randomization, str):
-        env = envs.randomize(env, randomization)
+        env = gym.make(env_id, randomization=randomization, **kwargs)
+    else:
+        env = gym.make(env_id, **kwargs)
+        if randomization is not None and not isinstance(randomization, str):
+            env = envs.randomize(env, randomization)
+    if shield is not None:
+        from pipeline.shielded_env import ShieldedEnv
+
+        env = ShieldedEnv(env, shield["spec"], intervention_penalty=shield["intervention_penalty"])
     return env
 
 
@@ -70,14 +78,15 @@ class RolloutActor:
     """
 
     def __init__(self, index: int, env_id: str, randomization: Any, max_episode_steps: int | None,
-                 num_envs: int, rollout_length: int, seed: int, model_spec: dict, weight_source: str | None = None):
+                 num_envs: int, rollout_length: int, seed: int, model_spec: dict, weight_source: str | None = None,
+                 shield: dict | None = None):
         torch.set_num_threads(1)  # one core per actor; torch's thread pool would fight the others
         with warnings.catch_warnings():  # Ray marks the property deprecated but offers no replacement
             warnings.simplefilter("ignore")
             restarted = ray.get_runtime_context().was_current_actor_reconstructed if ray.is_initialized() else False
         # A restarted actor must not replay the episodes its previous life already sent.
         self._seed_seq = np.random.SeedSequence([seed, index, int(time.time_ns() % 2**32) if restarted else 0])
-        self._env_args = (env_id, randomization, max_episode_steps)
+        self._env_args = (env_id, randomization, max_episode_steps, shield)
         self.index, self.num_envs, self.T = index, num_envs, rollout_length
         self.life = uuid.uuid4().hex  # changes when Ray restarts this actor; the driver counts restarts by it
         self.model = ActorCritic(**model_spec).eval()

@@ -53,14 +53,3 @@ class ShieldedEnv(gym.Wrapper):
             reward = float(reward) - self.intervention_penalty
         self._obs = np.asarray(obs, np.float32)
         return obs, reward, terminated, truncated, info
-
-
-def wrap_for_training(env: gym.Env, cfg, spec: dict | None = None) -> gym.Env:
-    """Apply the shield in the training loop when `cfg.shield.train_in_loop` (else return env unchanged)."""
-    if not (cfg.shield.enabled and cfg.shield.train_in_loop):
-        return env
-    if spec is None:
-        from pipeline.shield_spec import build_shield_spec
-
-        spec = build_shield_spec(cfg)
-    return ShieldedEnv(env, spec, intervention_penalty=cfg.shield.intervention_penalty)

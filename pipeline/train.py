@@ -139,7 +139,8 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
     actor_cls = ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_num_cpus,
                                                  max_restarts=cfg.ray.max_actor_restarts, max_task_retries=0)
     rollout_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps,
-                                       tc.envs_per_actor, tc.rollout_length, actor_seed, model_spec, weight_source_name)
+                                       tc.envs_per_actor, tc.rollout_length, actor_seed, model_spec, weight_source_name,
+                                       shield=_shield_in_loop(cfg))
                       for i in range(tc.num_actors)]
     pool = ActorPool(rollout_actors, tc.max_batches_in_flight)
     logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
@@ -218,19 +219,22 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
                 learner_utilization=learner_time / (time.perf_counter() - loop_start), actor_restarts=pool.restarts)
 
 
+def _shield_in_loop(cfg) -> dict | None:
+    """The shield the actors' envs apply when training with it in the loop (`shield.train_in_loop`)."""
+    if not (cfg.shield.enabled and cfg.shield.train_in_loop):
+        return None
+    from pipeline.shield_spec import build_shield_spec
+
+    return {"spec": build_shield_spec(cfg), "intervention_penalty": cfg.shield.intervention_penalty}
+
+
 def run_cli(args) -> int:
     """`sim2real train`: args.config, steps, actors, envs_per_actor, out, ray_address, resume, json."""
+    from pipeline.cli import DEFAULT_CONFIG
     from pipeline.config import ConfigError, load_config
 
-    from pipeline.cli import DEFAULT_CONFIG
-
-    config_path = args.config
-    if args.resume and config_path in (None, DEFAULT_CONFIG):
-        # A resumed run keeps its own resolved config unless another one is named explicitly.
-        config_path = Path(args.resume) / "config.yaml"
-    if config_path is None:
-        print("sim2real train: --config is required (or --resume RUN_DIR)", file=sys.stderr)
-        return 2
+    # A resumed run keeps its own resolved config unless another one is named explicitly.
+    config_path = args.config or (Path(args.resume) / "config.yaml" if args.resume else DEFAULT_CONFIG)
     try:
         cfg = load_config(config_path)
         result = train(cfg, out_dir=args.out, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,

@@ -221,7 +221,7 @@ class CbfShield:
         u, feasible, slack = self._solve(u_p, checked)
         out = u.astype(np.float32)
         pred.commit(u, have_state=True)
-        intervened = bad or not np.array_equal(out, action)
+        intervened = bad or out.tolist() != act_list  # float compare, like np.array_equal
         return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
 
     def note_sent(self, action: np.ndarray) -> None:
@@ -243,11 +243,12 @@ class CbfShield:
         `checked`: u_p is in the box and just failed the conditions, so it is not tried again.
         """
         u = u_p if checked else np.minimum(np.maximum(u_p, self._low), self._high)  # np.clip costs more
+        u_p_in_box = checked or self._projection.in_box(u_p)
         for it in range(_SQP_ITERS):
             if it == 0 and not checked and self._meets(u, 0.0):
                 return u, True, 0.0  # the box projection already meets every condition: it is the optimum
             G, lb = self._linearized_rows(u)  # the last `_conditions` call was at u
-            u_new = self._projection.solve(G, lb, u_p)
+            u_new = self._projection.solve(G, lb, u_p, u_p_in_box)
             if u_new is None:
                 return self._brake(G, lb)
             step = max([abs(a - b) for a, b in zip(u_new.tolist(), u.tolist())])
@@ -261,7 +262,7 @@ class CbfShield:
     def _brake(self, G: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, bool, float]:
         """Infeasible QP: least-violation braking (see shield.fallback)."""
         u = self._least_violation_brake(G, lb)
-        return u, False, float(max(0.0, np.max(lb - G @ u)))
+        return u, False, max(0.0, float((lb - G @ u).max()))
 
     def _per_constraint(self, h_rows: np.ndarray) -> np.ndarray:
         # Rows are contiguous per constraint, so reduceat gives each constraint's worst row.

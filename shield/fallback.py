@@ -26,9 +26,13 @@ class BoxHalfspaceProjection:
         self._upper = np.concatenate([self.high, np.full(max_rows, _INF)])
         self._lower = np.concatenate([self.low, np.zeros(max_rows)])
 
-    def solve(self, G: np.ndarray, lb: np.ndarray, u_p: np.ndarray) -> np.ndarray | None:
+    def in_box(self, u: np.ndarray) -> bool:
+        """low <= u <= high (pass it to `solve` when solving for one u_p several times)."""
+        return all(lo <= x <= hi for x, lo, hi in zip(u.tolist(), self._low_list, self._high_list))
+
+    def solve(self, G: np.ndarray, lb: np.ndarray, u_p: np.ndarray, u_p_in_box: bool | None = None) -> np.ndarray | None:
         """The projection of u_p, or None when no input in the box meets every row."""
-        if all(lo <= x <= hi for x, lo, hi in zip(u_p.tolist(), self._low_list, self._high_list)):
+        if self.in_box(u_p) if u_p_in_box is None else u_p_in_box:
             viol = lb - G @ u_p
             worst = int(viol.argmax())
             v_worst = float(viol[worst])
@@ -46,11 +50,13 @@ class BoxHalfspaceProjection:
                         slack[worst] = 0.0  # the active row: met by construction, up to rounding
                         if float(slack.min()) >= 0.0:
                             return u
-        rows = len(lb)
-        self._lower[self._m:self._m + rows] = lb
-        n = self._m + rows
-        x, _, exitflag, _ = daqp.solve(self._H, -u_p, np.ascontiguousarray(G), self._upper[:n], self._lower[:n],
-                                       self._sense[:n], primal_tol=1e-10)
+        n = self._m + len(lb)
+        self._lower[self._m:n] = lb
+        if n == len(self._lower):  # the usual case: every row, no slicing
+            upper, lower, sense = self._upper, self._lower, self._sense
+        else:
+            upper, lower, sense = self._upper[:n], self._lower[:n], self._sense[:n]
+        x, _, exitflag, _ = daqp.solve(self._H, -u_p, np.ascontiguousarray(G), upper, lower, sense, primal_tol=1e-10)
         if exitflag < 1:
             return None
         return np.minimum(np.maximum(x, self.low, out=x), self.high, out=x)  # np.clip costs more
@@ -114,5 +120,5 @@ class LeastViolationBrake:
         self._lower[m + self._rows:] = lb
         x, _, exitflag, _ = daqp.solve(self._H, self._f, self._A, self._upper, self._lower, self._sense)
         if exitflag >= 1:
-            return np.clip(x[:m], self.low, self.high)
+            return np.minimum(np.maximum(x[:m], self.low), self.high)  # np.clip costs more
         return least_violation_brake(G, lb, self.low, self.high, self.constant)  # its box-end rule

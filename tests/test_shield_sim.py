@@ -13,7 +13,7 @@ import envs
 from envs import cartpole_rail
 from pipeline.config import load_config
 from pipeline.shield_spec import build_shield_spec
-from pipeline.shielded_env import ShieldedEnv, wrap_for_training
+from pipeline.shielded_env import ShieldedEnv
 from shield.spec import ShieldSpec, ShieldSpecError
 
 
@@ -74,11 +74,14 @@ def test_wrapper_filters_actions_and_charges_the_intervention_penalty():
     assert intervened > 0
 
 
-def test_training_wrap_follows_the_config_switch():
+def test_training_envs_follow_the_shield_in_loop_switch():
+    from pipeline.rollout import make_env
+    from pipeline.train import _shield_in_loop
+
     cfg = load_config("configs/cartpole.yaml")
-    env = gym.make(cfg.task.env_id)
-    assert wrap_for_training(env, cfg) is env
+    assert _shield_in_loop(cfg) is None
+    assert not isinstance(make_env(cfg.task.env_id, "train", shield=_shield_in_loop(cfg)), ShieldedEnv)
     cfg.shield.train_in_loop = True
     cfg.shield.intervention_penalty = 0.1
-    wrapped = wrap_for_training(env, cfg)
+    wrapped = make_env(cfg.task.env_id, "train", shield=_shield_in_loop(cfg))
     assert isinstance(wrapped, ShieldedEnv) and wrapped.intervention_penalty == 0.1

@@ -7,18 +7,13 @@ the same train-randomized domains with the same episode seeds.
 
 import numpy as np
 import pytest
-import ray
 
 import envs
-from pipeline.config import load_config
 from pipeline.model import load_policy
 from pipeline.rollout import make_env
-from pipeline.train import train
+from tests.conftest import TRAINED_STEP_BUDGET
 
 ENV_ID = "sim2real/CartPoleRail-v0"
-# Budget: ~250k steps takes ~1.5 min on 2 shared cores; the default config passes the
-# legacy LQR's return (about 450 of a possible 500 on these domains) at ~200k steps.
-STEP_BUDGET = 250_000
 # The promotion gate asks for >= 0.8 x legacy return on held-out domains; require it here too.
 RETURN_RATIO = 0.8
 
@@ -41,18 +36,11 @@ def episode_returns(policy, randomization, seeds) -> np.ndarray:
     return np.asarray(returns)
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.timeout(420)
-def test_cartpole_reaches_legacy_return(ray_local, tmp_path):
-    cfg = load_config("configs/cartpole.yaml")
-    result = train(cfg, out_dir=tmp_path / "run", steps=STEP_BUDGET, progress=False)
-    assert result["env_steps"] >= STEP_BUDGET
+def test_cartpole_reaches_legacy_return(trained_cartpole):
+    """The session's training run (default config, seed 0, fixed budget: tests/conftest.py)."""
+    cfg, result = trained_cartpole.cfg, trained_cartpole.run
+    assert result["env_steps"] >= TRAINED_STEP_BUDGET
     assert result["updates"] > 0
 
     policy, meta = load_policy(result["run_dir"])

@@ -112,6 +112,13 @@ class BarrierRows:
         self.dynamic = [(r, cols, vc, None if vc is None or not accel_col else
                           [accel_col[i] for i in spec.constraints[owner[r]]["index"]],
                           [float(v) for v in center], radius) for r, cols, vc, center, radius in dynamic]
+        # Per keep-out row, the matrix entries its unit normal n sets: (state, column, index into n, factor).
+        self._dyn_writes = {}
+        for r, pcols, vcols, acols, _, _ in self.dynamic:
+            root = self._root_list[r]
+            self._dyn_writes[r] = ([(j, r, i, 1.0) for i, j in enumerate(pcols)]
+                                   + [(j, R + r, i, -root) for i, j in enumerate(vcols or ())]
+                                   + [(j, R + r, i, -self._tau * root) for i, j in enumerate(acols or ())])
 
     def _build_offsets(self) -> None:
         """Per row, shift the next-state barrier by the worst additive acceleration; allocate the hot-path buffers.
@@ -173,13 +180,8 @@ class BarrierRows:
             dist = math.sqrt(sum([d * d for d in diff]))
             n = [d / dist for d in diff] if dist > 1e-9 else [1.0] + [0.0] * (len(diff) - 1)
             f = -sum([a * c for a, c in zip(n, center)]) - radius
-            for j, a in zip(pcols, n):
-                MT[j, r] = a
-            root = self._root_list[r]
-            for j, a in zip(vcols or (), n):
-                MT[j, R + r] = -a * root
-            for j, a in zip(acols or (), n):
-                MT[j, R + r] = -self._tau * a * root
+            for j, col, i, coef in self._dyn_writes[r]:
+                MT[j, col] = coef * n[i]
             shift_f = shift_closing = 0.0
             if maps is not None:  # the worst disturbance for this normal (see `_build_offsets`)
                 Q, Fw, Fv = maps  # nonzero entries (i, axis, value) of the maps from n
@@ -189,9 +191,11 @@ class BarrierRows:
                 w = [-wm if s > 0.0 else (wm if s < 0.0 else 0.0) for s, wm in zip(S, self._w_list)]
                 shift_f = sum([n[i] * v * w[k] for i, k, v in Fw])
                 shift_closing = sum([n[i] * v * w[k] for i, k, v in Fv])
+            f_now, f_next = f - self._margin, f + shift_f - self._margin
+            closing_next = (self._closing0_list[r] - shift_closing) * self._root_list[r]
             for k in range(C):  # item stores: cheaper than slice stores at this size
-                off[0, k, r] = f - self._margin
-                off[0, C + k, r] = f + shift_f - self._margin
-                off[1, C + k, r] = (self._closing0_list[r] - shift_closing) * root
+                off[0, k, r] = f_now
+                off[0, C + k, r] = f_next
+                off[1, C + k, r] = closing_next
         np.dot(MT.T, self._B, out=self._MB)
         np.multiply(self._scales4, self._MB.reshape(2, 1, R, self._m), out=self.SMB)

@@ -52,8 +52,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake
 from shield.barrier import BarrierRows
+from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake
 from shield.prediction import LatencyPredictor
 from shield.spec import ShieldSpec
 
@@ -117,6 +117,15 @@ class CbfShield:
                                            self._z0, self._fallback)
         self._projection = BoxHalfspaceProjection(self._low, self._high, self._R * self._cases)
         self._least_violation_brake = LeastViolationBrake(self._low, self._high, self._fallback, self._R * self._cases)
+        # Without keep-out rows the barrier matrices never change, so the prediction and the rows
+        # compose into one map: v -> Y (offsets in the constant slot's row), one product per call.
+        self._KM = None
+        if not rows.dynamic:
+            K = self._predictor.K
+            KM = np.stack([K.reshape(len(K), 2 * C, -1) @ part for part in self._MT_parts], axis=1)  # (D, 2, 2C, R)
+            KM[-1] += self._off
+            self._KM = KM.reshape(len(K), -1)
+            self._Y_flat = self._Y.reshape(-1)
         self.reset()
 
     def reset(self) -> None:
@@ -126,13 +135,15 @@ class CbfShield:
     def _prepare(self) -> np.ndarray:
         """h at x_L and at the next state under the loaded action, per case and row (self._H); h per constraint now."""
         C, R = self._cases, self._R
-        P = self._predictor.predict()  # rows: each case's x_L, then each case's next state
-        if self._linearize_keepouts is not None:
-            self._linearize_keepouts(P[0])
         Y = self._Y
-        np.dot(P, self._MT_parts[0], out=Y[0])
-        np.dot(P, self._MT_parts[1], out=Y[1])
-        Y += self._off
+        if self._KM is not None:
+            np.dot(self._predictor.v, self._KM, out=self._Y_flat)
+        else:
+            P = self._predictor.predict()  # rows: each case's x_L, then each case's next state
+            self._linearize_keepouts(P[0])
+            np.dot(P, self._MT_parts[0], out=Y[0])
+            np.dot(P, self._MT_parts[1], out=Y[1])
+            Y += self._off
         closing = np.maximum(Y[1], 0.0, out=self._closing)
         np.subtract(Y[0], np.multiply(closing, closing, out=self._closing2), out=self._H)
         np.multiply(self._keep, self._H[:C], out=self._req)  # the condition asks h(x+) >= (1 - gain) h(x_L)

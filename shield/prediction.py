@@ -57,12 +57,13 @@ class LatencyPredictor:
             applied = slice(self._p0, self._p0 + m) if L else slice(self._u0, self._u0 + m)
             K_next[applied, ls] = (s * B).T
             K_next[-1, ls] = c
-        self._K, self._K_next = K, K_next
+        self.K, self._K_next = K, K_next  # K is public: a caller may compose it with its own linear map
         self._out = np.empty(2 * C * N)
         self._next = np.empty(C * N)
         # Observed entries of every case's state, and the state used before any observation.
         self._obs_slots = np.array([k * N + i for k in range(C) for i in range(observed)], dtype=np.intp)
         self._init = np.tile(np.concatenate([np.zeros(observed), internal_init]), C)
+        self._all_observed = observed == N  # no internal states: an observation overwrites every state slot
         self._fallback = np.asarray(fallback, np.float64)
         self.reset()
 
@@ -75,7 +76,8 @@ class LatencyPredictor:
 
     def load_observation(self, observed: np.ndarray) -> None:
         """Each case's state: the observed entries, and the internal ones predicted at the last call."""
-        self.v[:self._p0] = self._next
+        if not self._all_observed:
+            self.v[:self._p0] = self._next
         self.v[self._obs_slots] = observed
 
     def load_prediction(self) -> bool:
@@ -91,7 +93,7 @@ class LatencyPredictor:
 
     def predict(self) -> np.ndarray:
         """(2 cases, states): rows ``0..C-1`` each case's x_L, rows ``C..2C-1`` its next state under the loaded action."""
-        np.dot(self.v, self._K, out=self._out)
+        np.dot(self.v, self.K, out=self._out)
         return self._out.reshape(2 * self.cases, self.states)
 
     def commit(self, u: np.ndarray | None, have_state: bool) -> None:

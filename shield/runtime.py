@@ -71,6 +71,11 @@ class EdgeRuntime:
         info["policy_us"], info["shield_us"] = (t1 - t0) * 1e6, (time.perf_counter() - t1) * 1e6
         return np.asarray(safe, dtype=np.float32), raw, info
 
+    def note_sent(self, action: np.ndarray) -> None:
+        """Tell the shield the plant got `action` instead of the last `act` output (fallback, shadow echo)."""
+        if self.shield is not None:
+            self.shield.note_sent(action)
+
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Batch policy interface: safe actions `float32[n, act_dim]` for `float32[n, obs_dim]`."""
         if self.shield is None:

@@ -218,12 +218,13 @@ class PolicyServer:
             return self._reject(srv, seq, ts, _BAD_INPUT | status, t0)
         obs = floats[:n_obs].astype(np.float32)
         stats.policy_calls += 1
+        raised = False
         try:
             safe, raw, info = srv.runtime.act(obs)
             safe = np.asarray(safe, dtype="<f4").reshape(srv.act_dim)
             failed = not np.isfinite(safe).all()
         except Exception:  # any runtime failure is answered with the fallback, never a crash
-            failed = True
+            failed = raised = True
         if failed:
             stats.inference_errors += 1
             safe = raw = np.full(srv.act_dim, np.nan, np.float32)
@@ -231,10 +232,17 @@ class PolicyServer:
         late = time.perf_counter_ns() - t0 > self.deadline_ns
         if late:
             stats.deadline_misses += 1
+        # The shield predicts through the actions the plant really got: tell it when that
+        # was not its own output. (A runtime that raised may not have filtered: nothing to correct.)
+        note_sent = getattr(srv.runtime, "note_sent", None) if (shadow or late or failed) and not raised else None
         if shadow:  # the candidate's failures and delays are logged; the plant keeps its legacy action
             legacy = floats[n_obs:]
             self._log(srv, addr, obs, legacy, raw, safe, info, t0)
+            if note_sent is not None:
+                note_sent(legacy)
             return self._reply(srv, seq, ts, status | _SHADOW, legacy.tobytes(), t0)
+        if note_sent is not None:
+            note_sent(srv.fallback)
         if failed:
             return self._reject(srv, seq, ts, _INFERENCE_ERROR | status, t0)
         if late:

@@ -24,7 +24,7 @@ def _tiny_config(tmp_path: Path, **gate) -> Path:
     data["task"]["max_episode_steps"] = 100
     data["train"].update(total_env_steps=4096, num_actors=1, envs_per_actor=4, checkpoint_every=1000)
     data["shadow"].update(episodes=2)
-    data["gate"].update(min_return_ratio=0.01, max_intervention_rate=1.0, max_latency_p99_us=1e6, **gate)
+    data["gate"].update({"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6, **gate})
     path = tmp_path / f"tiny-{len(gate)}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

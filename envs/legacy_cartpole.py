@@ -7,34 +7,14 @@ no spring), so u = -K (s - [x_ref, 0, 0, 0]) needs no feed-forward term.
 
 from __future__ import annotations
 
-import mujoco
 import numpy as np
 
 from envs import cartpole_rail
+from envs.linearization import linearize_control_step
 
 # State and action weights (state = [x m, theta rad, x_dot m/s, theta_dot rad/s], action normalized).
 LQR_Q = np.diag([20.0, 20.0, 0.5, 1.0])
 LQR_R = np.array([[1.0]])
-
-
-def linearize_control_step(nominal: cartpole_rail.NominalModel) -> tuple[np.ndarray, np.ndarray]:
-    """Return (A, B) of one control period (ctrl held over the substeps) about the nominal equilibrium."""
-    model = nominal.model
-    data = mujoco.MjData(model)
-    data.qpos[:] = nominal.qpos
-    data.qvel[:] = nominal.qvel
-    data.ctrl[:] = 0.0
-    mujoco.mj_forward(model, data)
-    nx = 2 * model.nv + model.na
-    a1 = np.zeros((nx, nx))
-    b1 = np.zeros((nx, model.nu))
-    mujoco.mjd_transitionFD(model, data, 1e-6, True, a1, b1, None, None)
-    # Zero-order hold over the substeps: x_{k+n} = A1^n x_k + (sum_i A1^i) B1 u.
-    a, b = np.eye(nx), np.zeros_like(b1)
-    for _ in range(nominal.substeps):
-        b = a1 @ b + b1
-        a = a1 @ a
-    return a, b
 
 
 def discrete_lqr(a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray,

@@ -25,22 +25,11 @@ _STATEMENT = ("No constraint is violated while the actuation latency is at most 
 
 def linearize_mujoco(nominal, state_obs: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Discrete model over one control period, x = obs[state_obs], from mujoco.mjd_transitionFD at the equilibrium."""
-    import mujoco
+    from envs.linearization import linearize_control_step
 
     model = nominal.model
-    data = mujoco.MjData(model)
-    data.qpos[:] = nominal.qpos
-    data.qvel[:] = nominal.qvel
-    data.ctrl[:] = 0.0
-    mujoco.mj_forward(model, data)
-    nv, nu = model.nv, model.nu
-    A1 = np.zeros((2 * nv + model.na, 2 * nv + model.na))
-    B1 = np.zeros((2 * nv + model.na, nu))
-    mujoco.mjd_transitionFD(model, data, 1e-6, True, A1, B1, None, None)
-    # The control is held for `substeps` physics steps: compose the one-step map.
-    A, B = np.eye(len(A1)), np.zeros_like(B1)
-    for _ in range(nominal.substeps):
-        A, B = A1 @ A, A1 @ B + B1
+    nv = model.nv
+    A, B = linearize_control_step(nominal)  # the same linearization the legacy LQR is designed on
     if model.nq != nv:
         raise ShieldSpecError("linear shield model: only plants with nq == nv (no free/ball joints) are supported")
     rows = []

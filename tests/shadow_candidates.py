@@ -37,7 +37,7 @@ def cartpole_shield_spec(cfg) -> dict:
 def _stand_in_shield_spec() -> dict:
     # Until pipeline/shield_spec.py lands: the nominal linearization and the rail band.
     from envs import cartpole_rail
-    from envs.legacy_cartpole import linearize_control_step
+    from envs.linearization import linearize_control_step
 
     a, b = linearize_control_step(cartpole_rail.nominal_model())
     return {

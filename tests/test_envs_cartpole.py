@@ -7,7 +7,8 @@ import pytest
 
 import envs
 from envs import cartpole_rail
-from envs.legacy_cartpole import LQR_Q, LQR_R, discrete_lqr, linearize_control_step
+from envs.legacy_cartpole import LQR_Q, LQR_R, discrete_lqr
+from envs.linearization import linearize_control_step
 from envs.safety import violated_constraints
 
 ENV_ID = "sim2real/CartPoleRail-v0"

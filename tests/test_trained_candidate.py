@@ -29,7 +29,7 @@ def test_shield_keeps_trained_return_on_nominal_domains(trained_cartpole):
 def test_trained_candidate_passes_the_gate(trained_cartpole, tmp_path):
     from pipeline.shadow import run_shadow
 
-    result = run_shadow(trained_cartpole.bundle, trained_cartpole.cfg, domains="reality", episodes=5,
+    result = run_shadow(trained_cartpole.bundle, trained_cartpole.cfg, domains="reality", episodes=10,
                         report_dir=tmp_path / "report")
     assert result["decision"] == "pass", result["reasons"]
     assert result["metrics"]["candidate_violations"] == 0

@@ -87,6 +87,8 @@ def main() -> None:
     parser.add_argument("--task", default="cartpole", choices=["cartpole", "quadrotor"])
     parser.add_argument("--steps", type=int, default=3000, help="timed actions per variant")
     parser.add_argument("--episodes", type=int, default=5, help="legacy episodes for the intervention share")
+    parser.add_argument("--bundle", help="a trained bundle: also report its intervention share driving nominal "
+                                         "and reality domains (e.g. models/cartpole/1 after `sim2real run`)")
     args = parser.parse_args()
 
     from pipeline.config import load_config
@@ -150,6 +152,16 @@ def main() -> None:
         "legacy_in_loop_violations": legacy["violations"],
         "legacy_in_loop_shield_us": {"p50_us": round(legacy["shield_us_p50"], 2), "p99_us": round(legacy["shield_us_p99"], 2)},
     }
+    if args.bundle:
+        from shield.runtime import EdgeRuntime
+
+        trained = EdgeRuntime.load(args.bundle, shield=False)  # evaluate() applies the shield itself
+        for domains in ("nominal", "reality"):
+            run_ = evaluate(cfg, trained, domains=domains, episodes=args.episodes, seed=0, shield=True, spec=spec)
+            result[f"intervention_share_trained_{domains}"] = round(run_["intervention_rate"], 4)
+            result[f"trained_{domains}_violations"] = run_["violations"]
+            print(f"trained policy ({args.bundle}) on {domains} domains: shield intervened on "
+                  f"{run_['intervention_rate']:.2%} of {run_['steps']} steps, {run_['violations']} violations", file=sys.stderr)
     print(json.dumps(result))
     base = policy_only["p50_us"], policy_only["p99_us"]
     print(f"policy alone: p50 {base[0]:.1f} us, p99 {base[1]:.1f} us", file=sys.stderr)

@@ -39,6 +39,8 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
+from envs.offscreen import OffscreenRender
+
 ENV_ID = "sim2real/CartPoleRail-v0"
 TASK_NAME = "cartpole"
 ASSET_PATH = Path(__file__).parent / "assets" / "cartpole_rail.xml"
@@ -91,7 +93,7 @@ def nominal_model() -> NominalModel:
     )
 
 
-class CartPoleRailEnv(gym.Env):
+class CartPoleRailEnv(OffscreenRender, gym.Env):
     """Cart-pole on a finite rail tracking a moving set-point; see the module docstring."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1 / CONTROL_PERIOD))}
@@ -149,17 +151,3 @@ class CartPoleRailEnv(gym.Env):
         reward = 1.0 - 0.5 * min(abs(x - self._setpoint), 1.0) - 0.01 * a * a - cost
         terminated = bool(abs(theta) > THETA_LIMIT or not np.isfinite(x))
         return self._obs(), reward, terminated, False, {"cost": cost}
-
-    def render(self):
-        """Return an RGB frame (uint8[480, 640, 3]) when render_mode is "rgb_array"."""
-        if self.render_mode != "rgb_array":
-            return None
-        if self._renderer is None:
-            self._renderer = mujoco.Renderer(self.model, 480, 640)
-        self._renderer.update_scene(self.data)
-        return self._renderer.render()
-
-    def close(self):
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None

@@ -44,6 +44,7 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
+from envs.offscreen import OffscreenRender
 from envs.quadrotor_inner_loop import AttitudeThrustLoop
 from envs.safety import violated_constraints
 
@@ -90,7 +91,7 @@ SAFETY = {
 }
 
 
-class QuadrotorGeofenceEnv(gym.Env):
+class QuadrotorGeofenceEnv(OffscreenRender, gym.Env):
     """Quadrotor with a built-in attitude/thrust loop flying waypoints; see the module docstring."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1 / CONTROL_PERIOD))}
@@ -206,17 +207,3 @@ class QuadrotorGeofenceEnv(gym.Env):
             or not np.all(np.isfinite(pos))
         )
         return obs, reward, terminated, False, {"cost": cost, "waypoints_reached": self.reached_count}
-
-    def render(self):
-        """Return an RGB frame (uint8[480, 640, 3]) when render_mode is "rgb_array"."""
-        if self.render_mode != "rgb_array":
-            return None
-        if self._renderer is None:
-            self._renderer = mujoco.Renderer(self.model, 480, 640)
-        self._renderer.update_scene(self.data)
-        return self._renderer.render()
-
-    def close(self):
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None

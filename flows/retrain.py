@@ -83,10 +83,6 @@ def promote_step(models_root: str, task_name: str, version: int) -> int:
     return version
 
 
-def _gate_table(shadow: dict) -> list[dict]:
-    return [{"check": r} for r in shadow["reasons"]]
-
-
 @flow(name="retrain", log_prints=True)
 def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "models", runs_dir: str = "runs",
             steps: int | None = None, ray_address: str | None = None) -> dict:

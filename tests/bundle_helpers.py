@@ -30,3 +30,14 @@ def trained_like_policy(seed: int = 0, weight_scale: float = 500.0) -> tuple[Det
 def shield_spec() -> dict:
     """A valid shield.json for the 4-obs, 2-action test policy."""
     return planar_double_integrator()
+
+
+def export_test_bundle(tmp_path_factory, name: str):
+    """One real exported (parity-checked) bundle of `trained_like_policy()`; returns (bundle dir, policy)."""
+    from pipeline.export import export_deterministic
+
+    policy, meta = trained_like_policy()
+    out = tmp_path_factory.mktemp(name) / "bundle"
+    export_deterministic(policy, meta, shield_spec(), config_hash="c0ffee", out_dir=out,
+                         registry_root=tmp_path_factory.mktemp("unused"))
+    return out, policy

@@ -9,22 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.export import export_deterministic
 from pipeline.registry import Registry, run_cli
 from shield.bundle import (MANIFEST_FILE, Bundle, BundleError, make_manifest, manifest_bytes, parse_manifest,
                            resolve_production, seal_manifest, sha256_bytes, verify_bundle, write_bundle)
 from shield.runtime import EdgeRuntime
-from tests.bundle_helpers import shield_spec, trained_like_policy
+from tests.bundle_helpers import export_test_bundle
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     """One real exported bundle (parity-checked); tests copy it before tampering."""
-    policy, meta = trained_like_policy()
-    out = tmp_path_factory.mktemp("pristine") / "bundle"
-    export_deterministic(policy, meta, shield_spec(), config_hash="c0ffee", out_dir=out,
-                         registry_root=tmp_path_factory.mktemp("unused"))
-    return out, policy
+    return export_test_bundle(tmp_path_factory, "pristine")
 
 
 @pytest.fixture

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.export import export_deterministic
 from pipeline.registry import Registry
 from shield.bundle import Bundle, resolve_production
-from tests.bundle_helpers import shield_spec, trained_like_policy
+from tests.bundle_helpers import export_test_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = 60
@@ -46,11 +45,7 @@ while True:
 
 @pytest.fixture(scope="module")
 def source_bundle(tmp_path_factory):
-    policy, meta = trained_like_policy()
-    out = tmp_path_factory.mktemp("source") / "bundle"
-    export_deterministic(policy, meta, shield_spec(), config_hash="c0ffee", out_dir=out,
-                         registry_root=tmp_path_factory.mktemp("unused"))
-    return out
+    return export_test_bundle(tmp_path_factory, "source")[0]
 
 
 def _leftovers(task_dir: Path) -> list[str]:

@@ -10,21 +10,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.export import export_deterministic
 from pipeline.registry import Registry, RegistryError, run_cli
 from shield.bundle import BundleError, resolve_production, verify_bundle
-from tests.bundle_helpers import shield_spec, trained_like_policy
+from tests.bundle_helpers import export_test_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def source_bundle(tmp_path_factory):
-    policy, meta = trained_like_policy()
-    out = tmp_path_factory.mktemp("source") / "bundle"
-    export_deterministic(policy, meta, shield_spec(), config_hash="c0ffee", out_dir=out,
-                         registry_root=tmp_path_factory.mktemp("unused"))
-    return out
+    return export_test_bundle(tmp_path_factory, "source")[0]
 
 
 @pytest.fixture

@@ -35,11 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import gymnasium as gym
 import mujoco
 import numpy as np
 
-from envs.offscreen import OffscreenRender
+from envs.mujoco_task import MujocoTaskEnv
 
 ENV_ID = "sim2real/CartPoleRail-v0"
 TASK_NAME = "cartpole"
@@ -93,20 +92,13 @@ def nominal_model() -> NominalModel:
     )
 
 
-class CartPoleRailEnv(OffscreenRender, gym.Env):
+class CartPoleRailEnv(MujocoTaskEnv):
     """Cart-pole on a finite rail tracking a moving set-point; see the module docstring."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1 / CONTROL_PERIOD))}
 
     def __init__(self, render_mode: str | None = None):
-        self.model = mujoco.MjModel.from_xml_path(str(ASSET_PATH))
-        self.data = mujoco.MjData(self.model)
-        self.dt = CONTROL_PERIOD
-        self.render_mode = render_mode
-        self._renderer = None
-        high = np.full(OBS_DIM, np.inf, dtype=np.float32)
-        self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (ACT_DIM,), dtype=np.float32)
+        self._load(ASSET_PATH, OBS_DIM, ACT_DIM, CONTROL_PERIOD, render_mode)
         self._setpoint = 0.0
         self._target = 0.0
         self._hold_left = 0

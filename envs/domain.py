@@ -8,7 +8,6 @@ Nothing here runs per step.
 from __future__ import annotations
 
 import mujoco
-import numpy as np
 
 from envs.randomization import RandomizationError, RandomizationSet
 

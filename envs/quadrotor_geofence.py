@@ -40,11 +40,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gymnasium as gym
 import mujoco
 import numpy as np
 
-from envs.offscreen import OffscreenRender
+from envs.mujoco_task import MujocoTaskEnv
 from envs.quadrotor_inner_loop import AttitudeThrustLoop
 from envs.safety import violated_constraints
 
@@ -91,7 +90,7 @@ SAFETY = {
 }
 
 
-class QuadrotorGeofenceEnv(OffscreenRender, gym.Env):
+class QuadrotorGeofenceEnv(MujocoTaskEnv):
     """Quadrotor with a built-in attitude/thrust loop flying waypoints; see the module docstring."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": int(round(1 / CONTROL_PERIOD))}
@@ -100,14 +99,7 @@ class QuadrotorGeofenceEnv(OffscreenRender, gym.Env):
         """wind_scale multiplies the gusts' bounds WIND_MAX (0 = calm air)."""
         if not wind_scale >= 0.0:
             raise ValueError(f"wind_scale must be >= 0, got {wind_scale!r}")
-        self.model = mujoco.MjModel.from_xml_path(str(ASSET_PATH))
-        self.data = mujoco.MjData(self.model)
-        self.dt = CONTROL_PERIOD
-        self.render_mode = render_mode
-        self._renderer = None
-        high = np.full(OBS_DIM, np.inf, dtype=np.float32)
-        self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (ACT_DIM,), dtype=np.float32)
+        self._load(ASSET_PATH, OBS_DIM, ACT_DIM, CONTROL_PERIOD, render_mode)
         body = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, "quad")
         self._body = body
         # Nominal mass/inertia, read once: the inner loop does not learn a randomized plant.

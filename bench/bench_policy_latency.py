@@ -30,8 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.export import export_deterministic  # noqa: E402
-from pipeline.model import ActorCritic, DeterministicPolicy  # noqa: E402
+from pipeline.deployment.export import export_deterministic  # noqa: E402
+from pipeline.training.model import ActorCritic, DeterministicPolicy  # noqa: E402
 from shield.bundle import Bundle  # noqa: E402
 from shield.policy import OnnxPolicy  # noqa: E402
 from shield.runtime import EdgeRuntime  # noqa: E402
@@ -84,8 +84,8 @@ def _demo_policy(obs_dim: int = 17, act_dim: int = 6) -> tuple[DeterministicPoli
 
 def _run_policy(run_dir: str) -> tuple[DeterministicPolicy, dict, dict]:
     from pipeline.config import load_config
-    from pipeline.model import load_policy
-    from pipeline.shield_spec import build_shield_spec
+    from pipeline.training.model import load_policy
+    from pipeline.safety.shield_spec import build_shield_spec
 
     policy, meta = load_policy(run_dir)
     return policy, meta, build_shield_spec(load_config(Path(run_dir) / "config.yaml"))

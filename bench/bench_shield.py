@@ -92,8 +92,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from pipeline.config import load_config
-    from pipeline.evaluate import evaluate, reference_policy
-    from pipeline.shield_spec import build_shield_spec
+    from pipeline.evaluation.evaluate import evaluate, reference_policy
+    from pipeline.safety.shield_spec import build_shield_spec
     from shield.cbf import CbfShield
     from shield.spec import ShieldSpec
 

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from pipeline.config import load_config
-from pipeline.rollout import make_env
+from pipeline.training.rollout import make_env
 
 WINDOW = 20
 
@@ -66,7 +66,7 @@ def task_setup(name: str):
 
 
 def run_sim2real(cfg, threshold, budget_s, out_dir) -> dict:
-    from pipeline.train import train
+    from pipeline.training.train import train
 
     start = time.perf_counter()
     state = dict(best=-np.inf, reached_s=None)
@@ -120,7 +120,7 @@ def learner_throughput(device: str, seconds: float = 5.0) -> float:
     """Learner samples/s on a synthetic cartpole-sized batch (no Ray, no envs)."""
     import torch
 
-    from pipeline.learner import Learner
+    from pipeline.training.learner import Learner
 
     cfg = load_config("configs/cartpole.yaml").train
     T, B, obs_dim, act_dim = cfg.rollout_length, cfg.envs_per_actor, 5, 1

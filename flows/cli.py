@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-DEFAULT_CONFIG = "configs/cartpole.yaml"
+from pipeline import DEFAULT_CONFIG
 
 
 class RunCommand:

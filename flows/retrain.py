@@ -19,10 +19,10 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.context import get_run_context
 
 from pipeline.config import load_config
-from pipeline.export import export_policy
-from pipeline.registry import Registry
-from pipeline.shadow import run_shadow
-from pipeline.train import train
+from pipeline.deployment.export import export_policy
+from pipeline.deployment.registry import Registry
+from pipeline.evaluation.shadow import run_shadow
+from pipeline.training.train import train
 
 # Fault drills: SIM2REAL_FAULT_DRILL="train:1" makes the first attempt of the
 # `train` task raise a transient error, to exercise retries end to end.

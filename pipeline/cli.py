@@ -16,17 +16,17 @@ import sys
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
-DEFAULT_CONFIG = "configs/cartpole.yaml"
+from pipeline import DEFAULT_CONFIG
 
 # command -> "module:function" that runs it (imported lazily)
 HANDLERS: dict[str, str] = {
     "envs": "pipeline.cli:run_envs",
     "config": "pipeline.cli:run_config",
-    "train": "pipeline.train:run_cli",
-    "export": "pipeline.export:run_cli",
-    "eval": "pipeline.evaluate:run_cli",
-    "shadow": "pipeline.shadow:run_cli",
-    "registry": "pipeline.registry:run_cli",
+    "train": "pipeline.training.train:run_cli",
+    "export": "pipeline.deployment.export:run_cli",
+    "eval": "pipeline.evaluation.evaluate:run_cli",
+    "shadow": "pipeline.evaluation.shadow:run_cli",
+    "registry": "pipeline.deployment.registry:run_cli",
     "serve": "shield.server:run_cli",
 }
 

@@ -68,3 +68,18 @@ class OnnxPolicy:
 
     def reset(self) -> None:
         """Stateless policy: nothing to clear (part of the policy interface)."""
+
+    # ---- per-plant memory ---------------------------------------------------------------
+    # A policy with an observation/action history keeps that history per plant: the server,
+    # eval and both shadow passes hold one memory per plant (per client in `serve`) and pass
+    # it in. A memoryless policy's memory is None and these calls cost nothing.
+    def new_memory(self) -> object | None:
+        """A fresh per-plant memory (observation/action history); None for a memoryless policy."""
+        return None
+
+    def act(self, obs: np.ndarray, memory: object | None = None) -> np.ndarray:
+        """Raw action float32[act_dim] for one plant's observation float32[obs_dim], given its memory."""
+        return self(obs)[0]
+
+    def remember(self, memory: object | None, obs: np.ndarray, sent_action: np.ndarray) -> None:
+        """Record what the plant observed and the action it was really sent (after the shield)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.model import ActorCritic, DeterministicPolicy
+from pipeline.training.model import ActorCritic, DeterministicPolicy
 from tests.shield_specs import planar_double_integrator
 
 OBS_MEAN = [0.3, -1.0, 0.05, 4.0]
@@ -34,7 +34,7 @@ def shield_spec() -> dict:
 
 def export_test_bundle(tmp_path_factory, name: str):
     """One real exported (parity-checked) bundle of `trained_like_policy()`; returns (bundle dir, policy)."""
-    from pipeline.export import export_deterministic
+    from pipeline.deployment.export import export_deterministic
 
     policy, meta = trained_like_policy()
     out = tmp_path_factory.mktemp(name) / "bundle"

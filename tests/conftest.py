@@ -22,8 +22,8 @@ TRAINED_STEP_BUDGET = 250_000
 def trained_cartpole(tmp_path_factory):
     """The default cart-pole config trained once (fixed seed and budget), and its exported bundle."""
     from pipeline.config import load_config
-    from pipeline.export import export_policy
-    from pipeline.train import train
+    from pipeline.deployment.export import export_policy
+    from pipeline.training.train import train
 
     cfg = load_config(ROOT / "configs" / "cartpole.yaml")
     base = tmp_path_factory.mktemp("trained-cartpole")

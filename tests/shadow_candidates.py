@@ -28,7 +28,7 @@ def cartpole_config(episodes: int = 3, max_episode_steps: int = 200):
 def cartpole_shield_spec(cfg) -> dict:
     """The task's shield.json, built the way export builds it."""
     try:
-        from pipeline.shield_spec import build_shield_spec
+        from pipeline.safety.shield_spec import build_shield_spec
     except ImportError:
         return _stand_in_shield_spec()
     return build_shield_spec(cfg)
@@ -86,8 +86,8 @@ def write_random_bundle(out_dir, cfg, seed: int = 0) -> Path:
     """A bundle exported from a freshly initialised ActorCritic (random weights)."""
     import torch
 
-    from pipeline.export import export_deterministic
-    from pipeline.model import ActorCritic, DeterministicPolicy
+    from pipeline.deployment.export import export_deterministic
+    from pipeline.training.model import ActorCritic, DeterministicPolicy
 
     torch.manual_seed(seed)
     ac = ActorCritic(5, 1, cfg.train.hidden_sizes)
@@ -105,7 +105,7 @@ LOOSE_LATENCY_US = 1e6
 def shadow_result(kind: str, base_dir: Path) -> tuple[Path, dict]:
     """(bundle dir, run_shadow result) for kind "lqr" or "random", run once per session under `base_dir`."""
     if kind not in _RUNS:
-        from pipeline.shadow import run_shadow
+        from pipeline.evaluation.shadow import run_shadow
 
         cfg = cartpole_config()
         # The gate's latency threshold is a property of the edge box, not of this shared 2-core test

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.export import export_deterministic
-from pipeline.registry import Registry
+from pipeline.deployment.export import export_deterministic
+from pipeline.deployment.registry import Registry
 from tests.bundle_helpers import shield_spec, trained_like_policy
 
 ROOT = Path(__file__).resolve().parents[1]

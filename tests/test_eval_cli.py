@@ -10,8 +10,8 @@ import pytest
 
 from bench.bench_shield import mlp_onnx
 from pipeline.config import load_config
-from pipeline.evaluate import evaluate, reference_policy, run_cli
-from pipeline.shield_spec import build_shield_spec
+from pipeline.evaluation.evaluate import evaluate, reference_policy, run_cli
+from pipeline.safety.shield_spec import build_shield_spec
 from shield.bundle import make_manifest, write_bundle
 
 KEYS = {"episodes", "return_mean", "return_std", "violations", "violation_episodes", "intervention_rate",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import load_config
-from pipeline.evaluate import evaluate, reference_policy
-from pipeline.shield_spec import build_shield_spec
+from pipeline.evaluation.evaluate import evaluate, reference_policy
+from pipeline.safety.shield_spec import build_shield_spec
 from shield.spec import ShieldSpec
 
 EPISODES = 200  # shielded, per policy and domain set

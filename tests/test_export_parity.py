@@ -10,12 +10,12 @@ import pytest
 import torch
 import yaml
 
-from pipeline.checkpoint import write_checkpoint
+from pipeline.training.checkpoint import write_checkpoint
 from pipeline.config import load_config
-from pipeline.export import (PARITY_TOL, ExportError, check_graph, export_deterministic, export_policy,
+from pipeline.deployment.export import (PARITY_TOL, ExportError, check_graph, export_deterministic, export_policy,
                              parity_observations, run_cli)
-from pipeline.model import ActorCritic, DeterministicPolicy
-from pipeline.registry import Registry
+from pipeline.training.model import ActorCritic, DeterministicPolicy
+from pipeline.deployment.registry import Registry
 from shield.bundle import Bundle
 from shield.policy import OnnxPolicy
 from tests.bundle_helpers import OBS_MEAN, OBS_STD, shield_spec, trained_like_policy
@@ -116,7 +116,7 @@ def test_export_refuses_a_shield_spec_that_does_not_fit_the_policy(tmp_path):
 
 def test_checker_rejects_an_invalid_graph():
     policy, _ = trained_like_policy()
-    from pipeline.export import to_onnx
+    from pipeline.deployment.export import to_onnx
     model = to_onnx(policy, 4, {})
     model.graph.node[-1].input[0] = "no_such_tensor"
     with pytest.raises(ExportError, match=r"policy\.onnx: onnx\.checker rejected"):
@@ -124,7 +124,7 @@ def test_checker_rejects_an_invalid_graph():
 
 
 def _run_dir(tmp_path):
-    """A real run directory: config.yaml + an atomic checkpoint, as pipeline.train writes them."""
+    """A real run directory: config.yaml + an atomic checkpoint, as pipeline.training.train writes them."""
     cfg = load_config("configs/cartpole.yaml")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -143,7 +143,7 @@ def _run_dir(tmp_path):
 
 
 def test_export_policy_from_a_run_dir_registers_the_next_version(tmp_path, capsys):
-    pytest.importorskip("pipeline.shield_spec", reason="pipeline/shield_spec.py not landed yet")
+    pytest.importorskip("pipeline.safety.shield_spec", reason="pipeline/shield_spec.py not landed yet")
     run_dir, cfg = _run_dir(tmp_path)
     models = tmp_path / "models"
     first = export_policy(run_dir, registry_root=models)

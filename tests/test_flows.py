@@ -67,7 +67,7 @@ def _artifacts(flow_run_id: str) -> list:
 @pytest.mark.slow
 def test_flow_promotes_and_retries_a_transient_failure(harness, tmp_path, monkeypatch):
     from flows.retrain import FAULT_DRILL_ENV, retrain
-    from pipeline.registry import Registry
+    from pipeline.deployment.registry import Registry
     from shield.bundle import verify_bundle
 
     monkeypatch.setenv(FAULT_DRILL_ENV, "export:1")  # first export attempt fails on purpose
@@ -95,7 +95,7 @@ def test_flow_promotes_and_retries_a_transient_failure(harness, tmp_path, monkey
 @pytest.mark.slow
 def test_failing_gate_leaves_production_unchanged(harness, tmp_path):
     from flows.retrain import retrain
-    from pipeline.registry import Registry
+    from pipeline.deployment.registry import Registry
 
     models = tmp_path / "models"
     ok = retrain(config_path=str(_tiny_config(tmp_path)), models_root=str(models), runs_dir=str(tmp_path / "runs"))

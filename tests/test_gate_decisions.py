@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import GateConfig
-from pipeline.gate import decide, return_threshold
+from pipeline.evaluation.gate import decide, return_threshold
 
 
 def good_metrics(**overrides) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.registry import Registry
+from pipeline.deployment.registry import Registry
 from shield.bundle import Bundle, resolve_production
 from tests.bundle_helpers import export_test_bundle
 
@@ -21,7 +21,7 @@ TRIALS = 60
 # A long-lived writer: register / promote / rollback / annotate in a loop until killed.
 WRITER = """
 import random, sys
-from pipeline.registry import Registry, RegistryError
+from pipeline.deployment.registry import Registry, RegistryError
 root, source, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rng = random.Random(seed)
 registry = Registry(root)

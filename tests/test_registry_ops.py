@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.registry import Registry, RegistryError, run_cli
+from pipeline.deployment.registry import Registry, RegistryError, run_cli
 from shield.bundle import BundleError, resolve_production, verify_bundle
 from tests.bundle_helpers import export_test_bundle
 
@@ -132,7 +132,7 @@ def test_the_sim2real_cli_exits_nonzero_without_a_traceback(registry, source_bun
 
 
 def test_concurrent_writers_get_distinct_versions(registry, source_bundle):
-    code = ("import sys; from pipeline.registry import Registry; r = Registry(sys.argv[1]); "
+    code = ("import sys; from pipeline.deployment.registry import Registry; r = Registry(sys.argv[1]); "
             "[r.register(sys.argv[2]) for _ in range(5)]")
     writers = [subprocess.Popen([sys.executable, "-c", code, str(registry.root), str(source_bundle)], cwd=ROOT)
                for _ in range(2)]

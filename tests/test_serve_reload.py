@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.registry import Registry
+from pipeline.deployment.registry import Registry
 from shield.client import PolicyClient
 from shield.runtime import EdgeRuntime
 from tests.serve_bundles import ServerProcess, write_tiny_bundle

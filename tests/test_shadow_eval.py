@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.shadow import load_legacy, make_env, resolve_domains, run_cli, run_shadow, shadow_pass
-from pipeline.shadow_metrics import log_metrics
+from pipeline.evaluation.shadow import load_legacy, make_env, resolve_domains, run_cli, run_shadow, shadow_pass
+from pipeline.evaluation.shadow_metrics import log_metrics
 from shield.runtime import EdgeRuntime
 from shield.shadowlog import ShadowLogWriter, read_shadow_log
 from tests.shadow_candidates import CARTPOLE_CONFIG, cartpole_config, shadow_result
@@ -153,7 +153,7 @@ def test_domains_from_a_set_name_or_a_yaml_file(tmp_path):
 
 
 def test_field_logs_of_another_version_are_refused():
-    from pipeline.shadow import ShadowError, check_log_matches_bundle
+    from pipeline.evaluation.shadow import ShadowError, check_log_matches_bundle
 
     check_log_matches_bundle({"bundle_version": 4}, 4, "log.npz")
     check_log_matches_bundle({"bundle_versions": [3, 4]}, 4, "logs/")  # a hot reload mid-recording
@@ -166,11 +166,11 @@ def test_quadrotor_shadow_covers_every_action_axis_and_constraint(tmp_path):
     import torch
 
     from pipeline.config import load_config
-    from pipeline.export import export_deterministic
-    from pipeline.gate import decide
-    from pipeline.model import ActorCritic, DeterministicPolicy
-    from pipeline.shadow import evaluate_candidate
-    from pipeline.shield_spec import build_shield_spec
+    from pipeline.deployment.export import export_deterministic
+    from pipeline.evaluation.gate import decide
+    from pipeline.training.model import ActorCritic, DeterministicPolicy
+    from pipeline.evaluation.shadow import evaluate_candidate
+    from pipeline.safety.shield_spec import build_shield_spec
 
     cfg = load_config(CARTPOLE_CONFIG.parent / "quadrotor.yaml")
     cfg.task.max_episode_steps = 60

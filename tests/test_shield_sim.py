@@ -12,8 +12,8 @@ import pytest
 import envs
 from envs import cartpole_rail
 from pipeline.config import load_config
-from pipeline.shield_spec import build_shield_spec
-from pipeline.shielded_env import ShieldedEnv
+from pipeline.safety.shield_spec import build_shield_spec
+from pipeline.safety.shielded_env import ShieldedEnv
 from shield.spec import ShieldSpec, ShieldSpecError
 
 
@@ -75,8 +75,8 @@ def test_wrapper_filters_actions_and_charges_the_intervention_penalty():
 
 
 def test_training_envs_follow_the_shield_in_loop_switch():
-    from pipeline.rollout import make_env
-    from pipeline.train import _shield_in_loop
+    from pipeline.training.rollout import make_env
+    from pipeline.training.train import _shield_in_loop
 
     cfg = load_config("configs/cartpole.yaml")
     assert _shield_in_loop(cfg) is None

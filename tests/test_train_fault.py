@@ -12,10 +12,10 @@ import pytest
 import ray
 import torch
 
-from pipeline.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
+from pipeline.training.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
 from pipeline.config import load_config
-from pipeline.model import load_policy
-from pipeline.train import run_cli, train
+from pipeline.training.model import load_policy
+from pipeline.training.train import run_cli, train
 
 
 @pytest.fixture(scope="module")

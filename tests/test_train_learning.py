@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import envs
-from pipeline.model import load_policy
-from pipeline.rollout import make_env
+from pipeline.training.model import load_policy
+from pipeline.training.rollout import make_env
 from tests.conftest import TRAINED_STEP_BUDGET
 
 ENV_ID = "sim2real/CartPoleRail-v0"

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.model import ActorCritic, DeterministicPolicy
-from pipeline.rollout import RolloutActor
+from pipeline.training.model import ActorCritic, DeterministicPolicy
+from pipeline.training.rollout import RolloutActor
 
 ENV_ID = "sim2real/CartPoleRail-v0"
 SPEC = dict(obs_dim=5, act_dim=1, hidden_sizes=[16, 16], action_low=[-1.0], action_high=[1.0])
@@ -80,7 +80,7 @@ def test_bad_action_bounds_are_rejected():
 
 def test_bad_override_names_the_key_before_anything_starts(tmp_path):
     from pipeline.config import load_config
-    from pipeline.train import train
+    from pipeline.training.train import train
 
     with pytest.raises(ValueError, match=r"train\.total_env_steps=-5"):
         train(load_config("configs/cartpole.yaml"), out_dir=tmp_path / "run", steps=-5, progress=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.evaluate import evaluate
+from pipeline.evaluation.evaluate import evaluate
 from shield.runtime import EdgeRuntime
 
 
@@ -27,7 +27,7 @@ def test_shield_keeps_trained_return_on_nominal_domains(trained_cartpole):
 
 @pytest.mark.timeout(600)
 def test_trained_candidate_passes_the_gate(trained_cartpole, tmp_path):
-    from pipeline.shadow import run_shadow
+    from pipeline.evaluation.shadow import run_shadow
 
     result = run_shadow(trained_cartpole.bundle, trained_cartpole.cfg, domains="reality", episodes=10,
                         report_dir=tmp_path / "report")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.vtrace import vtrace
+from pipeline.training.vtrace import vtrace
 
 
 def brute_force_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, pg_rho_bar):

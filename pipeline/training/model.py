@@ -140,7 +140,7 @@ def load_policy(run_dir: str | Path) -> tuple[DeterministicPolicy, dict]:
     Returns (policy, meta) with meta = env_id, task, obs_dim, act_dim, action_low,
     action_high, config_hash, updates, env_steps, hidden_sizes.
     """
-    from pipeline.checkpoint import latest_checkpoint, read_checkpoint
+    from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint
 
     path = latest_checkpoint(run_dir)
     ckpt = read_checkpoint(path)

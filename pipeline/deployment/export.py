@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 import torch
 
-from pipeline.registry import Registry
+from pipeline.deployment.registry import Registry
 from shield.bundle import POLICY_FILE, SHIELD_FILE, BundleError, make_manifest, write_bundle
 from shield.policy import OnnxPolicy
 from shield.spec import ShieldSpec, ShieldSpecError
@@ -180,14 +180,14 @@ def _production_or_none(registry, task: str) -> int | None:
 def export_policy(run_dir: str | Path, *, out_dir: str | Path | None = None, registry_root: str | Path = "models") -> dict:
     """Export a run's latest checkpoint to a bundle (registered unless `out_dir`); returns bundle, version, parity."""
     from pipeline.config import load_config
-    from pipeline.model import load_policy
+    from pipeline.training.model import load_policy
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ExportError(f"{run_dir}: no such training run directory")
     cfg = load_config(run_dir / "config.yaml")
     policy, meta = load_policy(run_dir)
-    from pipeline.shield_spec import build_shield_spec  # the config -> shield.json mapping lives with the shield helpers
+    from pipeline.safety.shield_spec import build_shield_spec  # the config -> shield.json mapping lives with the shield helpers
 
     extra = {"run_dir": str(run_dir.resolve())}
     if meta["config_hash"] != cfg.config_hash():
@@ -201,7 +201,7 @@ def export_policy(run_dir: str | Path, *, out_dir: str | Path | None = None, reg
 
 def run_cli(args) -> int:
     """`sim2real export RUN_DIR [--out DIR] [--json]`; 0 on success, 1 if refused."""
-    from pipeline.checkpoint import CheckpointError
+    from pipeline.training.checkpoint import CheckpointError
     from pipeline.config import ConfigError
 
     try:

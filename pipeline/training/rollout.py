@@ -19,7 +19,7 @@ import numpy as np
 import ray
 import torch
 
-from pipeline.model import ActorCritic
+from pipeline.training.model import ActorCritic
 
 # Recreating an env that keeps raising is pointless; the actor gives up after this many.
 MAX_ENV_RESTARTS = 100
@@ -45,7 +45,7 @@ def make_env(env_id: str, randomization: Any = None, max_episode_steps: int | No
         if randomization is not None and not isinstance(randomization, str):
             env = envs.randomize(env, randomization)
     if shield is not None:
-        from pipeline.shielded_env import ShieldedEnv
+        from pipeline.safety.shielded_env import ShieldedEnv
 
         env = ShieldedEnv(env, shield["spec"], intervention_penalty=shield["intervention_penalty"])
     return env

@@ -80,7 +80,7 @@ def return_threshold(legacy_return: float, ratio: float) -> float:
 
 
 def decide(metrics: dict, gate) -> GateDecision:
-    """Apply `gate` (a GateConfig) to shadow `metrics` (pipeline.shadow_metrics keys); every check reported."""
+    """Apply `gate` (a GateConfig) to shadow `metrics` (pipeline.evaluation.shadow_metrics keys); every check reported."""
     checks = []
     r_c, r_l = metrics.get("candidate_return_mean"), metrics.get("legacy_return_mean")
     key = "gate.min_return_ratio"

@@ -5,7 +5,7 @@ imported (the GL backend is chosen at import, and the parent may already have
 imported mujoco with another one). When no renderer is available the caller
 gets a note instead of a file; the report says so.
 
-    python -m pipeline.animation ENV_ID STATES.npz OUT.gif [--width 160 --height 120 --fps 25]
+    python -m pipeline.evaluation.animation ENV_ID STATES.npz OUT.gif [--width 160 --height 120 --fps 25]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def render_animation(env_id: str, states: dict[str, np.ndarray], out_path: str |
         states_path = Path(tmp) / "states.npz"
         np.savez(states_path, **{k: v for k, v in states.items() if k in ("qpos", "qvel", "mocap_pos")})
         env = dict(os.environ, MUJOCO_GL="osmesa", PYOPENGL_PLATFORM="osmesa")
-        cmd = [sys.executable, "-m", "pipeline.animation", env_id, str(states_path), str(out_path),
+        cmd = [sys.executable, "-m", "pipeline.evaluation.animation", env_id, str(states_path), str(out_path),
                "--width", str(width), "--height", str(height), "--fps", str(fps)]
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RENDER_TIMEOUT_S)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.gate import GateDecision, decide
-from pipeline.shadow_metrics import counterfactual_metrics, empty_counterfactual, log_metrics
+from pipeline.evaluation.gate import GateDecision, decide
+from pipeline.evaluation.shadow_metrics import counterfactual_metrics, empty_counterfactual, log_metrics
 
 ANIMATION_FRAMES = 100  # frames of the counterfactual episode kept for the report's animation
 
@@ -296,7 +296,7 @@ def run_shadow(bundle_dir, cfg, *, domains: str = "reality", episodes: int | Non
                                                  legacy_name=legacy)
     decision: GateDecision = decide(metrics, cfg.gate)
     from shield.shadowlog import write_shadow_log
-    from pipeline.report import write_report
+    from pipeline.evaluation.report import write_report
 
     report_dir.mkdir(parents=True, exist_ok=True)
     log_path = None

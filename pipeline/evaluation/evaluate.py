@@ -150,7 +150,7 @@ def evaluate(cfg, policy, *, domains: Any = "train", episodes: int = 20, seed: i
     import envs  # noqa: F401  (registers the task ids)
 
     if spec is None:
-        from pipeline.shield_spec import build_shield_spec
+        from pipeline.safety.shield_spec import build_shield_spec
 
         spec = build_shield_spec(cfg)
     spec = spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)
@@ -239,7 +239,7 @@ def run_cli(args) -> int:
             spec = ShieldSpec.from_dict(runtime.bundle.shield_spec)
             policy = runtime
         else:
-            from pipeline.shield_spec import build_shield_spec
+            from pipeline.safety.shield_spec import build_shield_spec
 
             spec = ShieldSpec.from_dict(build_shield_spec(cfg))
             policy = reference_policy(args.policy, cfg, spec, seed=args.seed)

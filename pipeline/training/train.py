@@ -30,11 +30,11 @@ import ray
 import torch
 import yaml
 
-from pipeline.actor_pool import ActorPool
-from pipeline.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint, write_checkpoint
-from pipeline.learner import Learner, resolve_device
-from pipeline.metrics import MetricsLogger
-from pipeline.rollout import RolloutActor, WeightSource, make_env
+from pipeline.training.actor_pool import ActorPool
+from pipeline.training.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint, write_checkpoint
+from pipeline.training.learner import Learner, resolve_device
+from pipeline.training.metrics import MetricsLogger
+from pipeline.training.rollout import RolloutActor, WeightSource, make_env
 
 # final_return = mean return of this many most recent episodes.
 FINAL_RETURN_WINDOW = 20
@@ -223,14 +223,14 @@ def _shield_in_loop(cfg) -> dict | None:
     """The shield the actors' envs apply when training with it in the loop (`shield.train_in_loop`)."""
     if not (cfg.shield.enabled and cfg.shield.train_in_loop):
         return None
-    from pipeline.shield_spec import build_shield_spec
+    from pipeline.safety.shield_spec import build_shield_spec
 
     return {"spec": build_shield_spec(cfg), "intervention_penalty": cfg.shield.intervention_penalty}
 
 
 def run_cli(args) -> int:
     """`sim2real train`: args.config, steps, actors, envs_per_actor, out, ray_address, resume, json."""
-    from pipeline.cli import DEFAULT_CONFIG
+    from pipeline import DEFAULT_CONFIG
     from pipeline.config import ConfigError, load_config
 
     # A resumed run keeps its own resolved config unless another one is named explicitly.

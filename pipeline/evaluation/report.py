@@ -171,7 +171,7 @@ def write_report(out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, c
     if counterfactual is None:
         parts.append("<p class='note'>animation skipped: field logs have no counterfactual pass</p>")
     else:
-        from pipeline.animation import render_animation
+        from pipeline.evaluation.animation import render_animation
 
         fps = 1.0 / metrics["control_period_s"] if metrics.get("control_period_s") else 25.0
         gif, note = render_animation(cfg.task.env_id, counterfactual.states, out_dir / ANIMATION_FILE, fps=fps)

@@ -17,8 +17,8 @@ import time
 import numpy as np
 import torch
 
-from pipeline.model import ActorCritic
-from pipeline.vtrace import vtrace
+from pipeline.training.model import ActorCritic
+from pipeline.training.vtrace import vtrace
 
 _BATCH_KEYS = ("obs", "actions", "behaviour_logp", "behaviour_mean", "rewards", "terminated", "truncated", "final_obs")
 

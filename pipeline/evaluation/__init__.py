@@ -1,0 +1,1 @@
+"""Evaluation: episodes, eval, shadow mode, the gate, reports."""

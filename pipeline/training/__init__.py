@@ -1,0 +1,1 @@
+"""Training: Ray rollout actors, the V-trace learner, checkpoints and metrics."""

@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from pipeline import DEFAULT_CONFIG
+from shield.serve_cli import add_serve_arguments
 
 # command -> "module:function" that runs it (imported lazily)
 HANDLERS: dict[str, str] = {
@@ -104,17 +105,7 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
         _json_flag(rp)
 
     p = sub.add_parser("serve", help="serve a verified bundle to physical controllers over UDP")
-    p.add_argument("bundle", nargs="?", help="bundle directory (or use --registry)")
-    p.add_argument("--registry", metavar="TASK", help="serve TASK's production bundle and hot-reload on promote")
-    p.add_argument("--models", default="models", help="registry root for --registry (default models/)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=9870, help="UDP port (default 9870; 0 picks a free one)")
-    p.add_argument("--mode", choices=["active", "shadow"], default="active",
-                   help="active: reply with the shielded action; shadow: echo the legacy action and log the candidate")
-    p.add_argument("--key-file", help="pre-shared HMAC-SHA256 key file; requests must be signed")
-    p.add_argument("--log", metavar="DIR", help="write shadow logs (NPZ) here")
-    p.add_argument("--deadline-us", type=float, default=1000.0, help="per-request compute deadline (µs); overruns get the fallback")
-
+    add_serve_arguments(p)  # one definition, shared with `python -m shield.server`
 
 def _plugin_commands() -> dict[str, Any]:
     """Commands contributed by other packages (flows' `run` and `schedule`)."""

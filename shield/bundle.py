@@ -64,11 +64,25 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
+def process_umask() -> int:
+    """The process umask, read without changing it where Linux allows (/proc), else by setting it back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write `data` to `path` via temp file + fsync + rename + directory fsync."""
+    """Write `data` to `path` via temp file + fsync + rename + directory fsync (mode 0666 minus the umask)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~process_umask())  # mkstemp makes 0600 whatever the umask says
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -175,9 +189,16 @@ class Bundle:
         return self.manifest["version"]
 
     @classmethod
-    def load(cls, bundle_dir: str | Path) -> "Bundle":
-        """Read and verify a bundle directory; BundleError naming the file on any mismatch."""
+    def load(cls, bundle_dir: str | Path, pinned: dict | None = None) -> "Bundle":
+        """Read and verify a bundle directory; BundleError naming the file on any mismatch.
+
+        `pinned` ({file: sha256}, the registry pointer's `files`) is checked against the hashes
+        of the bytes read here, the same bytes the runtime is built from: a bundle rewritten
+        after the pointer was read is refused, never served.
+        """
         files, manifest = _read_verified(Path(bundle_dir))
+        if pinned is not None:
+            check_pinned(bundle_dir, manifest, {"files": pinned})
         try:
             shield_spec = json.loads(files[SHIELD_FILE])
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -235,6 +256,7 @@ def write_bundle(out_dir: str | Path, *, policy_onnx: bytes, shield_spec: dict |
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:
+        os.chmod(staging, 0o777 & ~process_umask())  # mkdtemp makes 0700 whatever the umask says
         for name, data in {**payload, MANIFEST_FILE: sealed}.items():
             with open(staging / name, "wb") as f:
                 f.write(data)
@@ -286,15 +308,24 @@ def read_production(task_dir: str | Path) -> dict | None:
     return pointer
 
 
-def resolve_production(models_root: str | Path, task: str) -> Path:
-    """The bundle dir the registry's production pointer names for `task`, its manifest digest checked."""
+def production_target(models_root: str | Path, task: str) -> tuple[Path, dict]:
+    """(bundle dir, pinned {file: sha256}) the registry's production pointer names for `task`; nothing loaded.
+
+    Load it with `Bundle.load(dir, pinned=...)` (or `EdgeRuntime.load`): the pins are then
+    checked on the bytes that are loaded.
+    """
     task_dir = Path(models_root) / task
     pointer = read_production(task_dir)
     if pointer is None:
         raise BundleError(f"{task_dir / PRODUCTION_FILE}: no production version for task {task!r} "
                           f"(promote one with `sim2real registry promote {task} VERSION`)")
-    bundle_dir = task_dir / str(pointer["version"])
-    check_pinned(bundle_dir, verify_bundle(bundle_dir), pointer)
+    return task_dir / str(pointer["version"]), dict(pointer.get("files", {}))
+
+
+def resolve_production(models_root: str | Path, task: str) -> Path:
+    """The bundle dir the registry's production pointer names for `task`, verified and its pins checked (one read)."""
+    bundle_dir, pinned = production_target(models_root, task)
+    Bundle.load(bundle_dir, pinned=pinned)
     return bundle_dir
 
 

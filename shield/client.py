@@ -5,9 +5,12 @@
     reply = client.act(obs, legacy_action=u)     # shadow mode
     if reply.ok: apply(reply.action)
 
-Sequence numbers start at the wall clock in µs, so a restarted client is still
-ahead of the server's replay window (per random 32-bit client_id when keyed); replies whose sequence number does not
-match the request (a late reply to an earlier, timed-out request) are skipped.
+Sequence numbers follow the wall clock: `seq = max(last + 1, now_us)`, which a
+keyed server requires (within its clock window, above its start); each client
+object has a random 32-bit client_id, which names its plant session on the
+server. Replies whose sequence number does not match the request (a late reply
+to an earlier, timed-out request) are skipped; with a key, only replies signed
+with the reply-direction key count.
 """
 
 from __future__ import annotations
@@ -33,13 +36,13 @@ class PolicyClient:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.connect(self.address)  # connected: only the server's datagrams are received
         self.sock.settimeout(timeout_s)
-        self.seq = time.time_ns() // 1000
+        self.seq = 0
         # With a key the server's replay window is per client_id: one random id per client object.
         self.client_id = int.from_bytes(os.urandom(4), "little")
 
     def next_seq(self) -> int:
-        """A fresh, strictly increasing sequence number."""
-        self.seq += 1
+        """A fresh sequence number: max(last + 1, wall clock in µs)."""
+        self.seq = max(self.seq + 1, time.time_ns() // 1000)
         return self.seq
 
     def send_act(self, obs, legacy_action=None) -> int:

@@ -4,13 +4,20 @@ Byte-by-byte description: README.md, "Wire protocol". Everything is little-endia
 datagram is a 32-byte header, a payload, and (when a key is configured) a
 32-byte HMAC-SHA256 trailer over header + payload. No pickle, no JSON.
 
+Version 2 (why it is not 1): the MAC covers a direction. The pre-shared key is
+never used as a MAC key itself; each direction has its own key derived from it,
+`HMAC-SHA256(psk, "S2RP v2 request")` for controller -> server and
+`HMAC-SHA256(psk, "S2RP v2 reply")` for server -> controller, so a signed reply
+can never verify as a request (version 1 signed both with the same key, and a
+reflected refusal passed as a request).
+
 This module only encodes and decodes frames; the server's policy decisions
 (replay window, deadlines, fallback) live in `shield.server`.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import hmac
 import struct
 from dataclasses import dataclass, field
@@ -19,7 +26,9 @@ from enum import IntEnum, IntFlag
 import numpy as np
 
 MAGIC = b"S2RP"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+REQUEST_KEY_LABEL = b"S2RP v2 request"  # derives the controller -> server MAC key from the PSK
+REPLY_KEY_LABEL = b"S2RP v2 reply"      # derives the server -> controller MAC key
 
 # magic, version, type, flags, seq, timestamp_us, payload_len, client_id
 HEADER = struct.Struct("<4sBBHQQII")
@@ -29,21 +38,27 @@ MAC_SIZE = 32  # HMAC-SHA256 digest
 ACT_REQUEST_HEAD = struct.Struct("<HH")
 # status bits, server latency (µs), bundle version, n_act, reserved; then float32 action[n_act]
 ACT_REPLY_HEAD = struct.Struct("<IIIHH")
+# A status request carries this many zero bytes of padding (payload_len >= it), so that its
+# reply is never larger than the request: a spoofed status request amplifies nothing.
+STATUS_REQUEST_PAD = 480
 # Counters in a status reply, in wire order (each u64). Names match ServeStats.
 COUNTER_NAMES = (
-    "requests",          # datagrams received (answered + dropped)
-    "answered",          # replies sent
-    "dropped",           # datagrams too short to hold a header: not answered
-    "policy_calls",      # times the policy (runtime.act) ran
+    "requests",          # datagrams received, whatever they hold (answered + dropped)
+    "answered",          # replies sent (act replies, refusals included, and status replies)
+    "dropped",           # datagrams not answered (too short, not a request, unauthenticated, ...)
+    "policy_calls",      # times the policy ran (one per accepted act request)
     "interventions",     # active replies whose action the shield changed
-    "fallbacks",         # replies carrying the fallback action
-    "bad_inputs",        # malformed or non-finite requests
-    "auth_failures",     # bad MAC, missing MAC, or replayed sequence number
-    "stale",             # (no key) sequence number not newer than the client's last
-    "deadline_misses",   # compute overran --deadline-us: fallback sent instead
-    "inference_errors",  # runtime raised or returned non-finite values
+    "fallbacks",         # act replies carrying the fallback action (refusals included)
+    "bad_inputs",        # malformed or non-finite requests, answered BAD_INPUT
+    "auth_failures",     # missing or wrong MAC (dropped with a key; answered without one)
+    "stale",             # requests refused for their seq: not newer than the client's last, or
+                         # (with a key) outside the server's clock window: replays included
+    "deadline_misses",   # kernel receive -> action computed overran --deadline-us: fallback sent
+    "inference_errors",  # runtime raised, returned non-finite values, or the policy's action was
     "reloads",           # hot reloads of a newly promoted bundle
     "status_requests",   # status requests answered
+    "envelope_flags",    # act replies with ENVELOPE: the plant was outside the declared envelope
+    "plants_evicted",    # plant sessions (shield state, policy memory) dropped to admit a new plant
 )
 # bundle version, uptime (µs), n_counters, n_bins; then u64 counters, u64 histogram bins
 STATUS_REPLY_HEAD = struct.Struct("<IQHH")
@@ -66,6 +81,10 @@ class Flags(IntFlag):
 
     NONE = 0
     HMAC = 0x0001  # a 32-byte HMAC-SHA256 trailer follows the payload
+    RESERVED = 0xFFFE  # must be 0: a frame with any of these bits set is refused
+
+
+REQUEST_TYPES = (1, 3)  # what a server answers; a reply-typed datagram is never answered
 
 
 class Status(IntFlag):
@@ -80,6 +99,12 @@ class Status(IntFlag):
     STALE = 1 << 5            # sequence number not newer than this client's last one
     DEADLINE = 1 << 6         # compute overran the deadline: fallback sent instead
     INFERENCE_ERROR = 1 << 7  # the runtime failed or returned non-finite values
+    ENVELOPE = 1 << 8         # the plant is outside the declared envelope: the shield is in its conservative mode
+
+
+# Bits a controller treats as an alarm (the action is then the fallback, or the policy misbehaved).
+ALARM_BITS = (Status.FALLBACK | Status.BAD_INPUT | Status.AUTH_FAILED | Status.STALE | Status.DEADLINE
+              | Status.INFERENCE_ERROR)
 
 
 def latency_bin(latency_us: float) -> int:
@@ -100,17 +125,28 @@ class PacketError(ValueError):
         self.status = status
 
 
+@functools.lru_cache(maxsize=16)
+def direction_key(psk: bytes, direction: bytes) -> bytes:
+    """The MAC key of one direction: HMAC-SHA256(psk, label), label REQUEST_KEY_LABEL or REPLY_KEY_LABEL."""
+    return hmac.digest(psk, direction, "sha256")
+
+
 def sign(key: bytes, frame: bytes) -> bytes:
-    """HMAC-SHA256 trailer (32 bytes) over a frame's header + payload."""
-    return hmac.new(key, frame, hashlib.sha256).digest()
+    """HMAC-SHA256 trailer (32 bytes) over a frame's header + payload with a direction key."""
+    return hmac.digest(key, frame, "sha256")
+
+
+def _direction(msg_type: int) -> bytes:
+    return REQUEST_KEY_LABEL if msg_type in REQUEST_TYPES else REPLY_KEY_LABEL
 
 
 def _frame(msg_type: MsgType, seq: int, timestamp_us: int, payload: bytes, key: bytes | None,
            client_id: int = 0) -> bytes:
+    """A frame, signed with the PSK's key for its direction (requests vs replies) when `key` (the PSK) is given."""
     flags = Flags.HMAC if key is not None else Flags.NONE
     head = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(msg_type), int(flags), seq, timestamp_us, len(payload), client_id)
     frame = head + payload
-    return frame + sign(key, frame) if key is not None else frame
+    return frame + sign(direction_key(key, _direction(int(msg_type))), frame) if key is not None else frame
 
 
 def _floats(values) -> bytes:
@@ -129,8 +165,8 @@ def encode_act_request(seq: int, timestamp_us: int, obs, legacy_action=None, key
 
 
 def encode_status_request(seq: int, timestamp_us: int, key: bytes | None = None, client_id: int = 0) -> bytes:
-    """Frame a status (counters) request; it has no payload."""
-    return _frame(MsgType.STATUS_REQUEST, seq, timestamp_us, b"", key, client_id)
+    """Frame a status (counters) request; its payload is STATUS_REQUEST_PAD zero bytes."""
+    return _frame(MsgType.STATUS_REQUEST, seq, timestamp_us, bytes(STATUS_REQUEST_PAD), key, client_id)
 
 
 def encode_act_reply(seq: int, timestamp_us: int, status: int, latency_us: int, bundle_version: int,
@@ -173,20 +209,27 @@ def decode_header(data: bytes) -> Header:
 
 
 def open_frame(data: bytes, expected_type: MsgType, key: bytes | None = None) -> tuple[Header, memoryview]:
-    """Check magic, version, type, length and (with a key) the MAC; return header and payload."""
+    """Check type, magic, version, flags, length and (with `key`, the PSK) the MAC; return header and payload.
+
+    The MAC is checked with the key of `expected_type`'s direction, so a frame of the
+    other direction never verifies, whatever its type byte says.
+    """
     head = decode_header(data)
+    if head.msg_type != expected_type:
+        raise PacketError(f"message type {head.msg_type}, expected {int(expected_type)}")
     if head.magic != MAGIC or head.version != PROTOCOL_VERSION:
         raise PacketError(f"bad magic {head.magic!r} or version {head.version}")
+    if head.flags & Flags.RESERVED:
+        raise PacketError(f"reserved flag bits set (flags 0x{head.flags:04x})")
     has_mac = bool(head.flags & Flags.HMAC)
     if key is not None:
         if not has_mac or len(data) < HEADER_SIZE + MAC_SIZE:
             raise PacketError("frame is not signed", Status.AUTH_FAILED)
-        if not hmac.compare_digest(sign(key, data[:-MAC_SIZE]), data[-MAC_SIZE:]):
+        mac = sign(direction_key(key, _direction(int(expected_type))), data[:-MAC_SIZE])
+        if not hmac.compare_digest(mac, data[-MAC_SIZE:]):
             raise PacketError("bad MAC", Status.AUTH_FAILED)
     elif has_mac:
         raise PacketError("frame is signed but no key is configured", Status.AUTH_FAILED)
-    if head.msg_type != expected_type:
-        raise PacketError(f"message type {head.msg_type}, expected {int(expected_type)}")
     if HEADER_SIZE + head.payload_len + (MAC_SIZE if has_mac else 0) != len(data):
         raise PacketError(f"payload_len {head.payload_len} does not match the datagram's {len(data)} bytes")
     return head, memoryview(data)[HEADER_SIZE:HEADER_SIZE + head.payload_len]
@@ -216,8 +259,7 @@ class Reply:
     @property
     def ok(self) -> bool:
         """True when the action came from the (shielded) policy or, in shadow mode, the legacy action."""
-        bad = Status.FALLBACK | Status.BAD_INPUT | Status.AUTH_FAILED | Status.DEADLINE | Status.INFERENCE_ERROR
-        return not (self.status & bad)
+        return not (self.status & ALARM_BITS)
 
 
 @dataclass(frozen=True)
@@ -260,8 +302,10 @@ def decode_status_reply(data: bytes, key: bytes | None = None) -> ServerStatus:
     head, payload = open_frame(data, MsgType.STATUS_REPLY, key)
     version, uptime, n_counters, n_bins = STATUS_REPLY_HEAD.unpack_from(payload)
     need = STATUS_REPLY_HEAD.size + 8 * (n_counters + n_bins)
-    if len(payload) != need or n_counters < len(COUNTER_NAMES):
+    if len(payload) != need:
         raise PacketError(f"status payload of {len(payload)} bytes, expected {need}")
     values = np.frombuffer(payload, dtype="<u8", offset=STATUS_REPLY_HEAD.size)
-    counters = {name: int(values[i]) for i, name in enumerate(COUNTER_NAMES)}
+    # A reader takes the counters it knows and ignores extra ones; one it knows that an
+    # older server does not send is absent from the dict.
+    counters = {name: int(values[i]) for i, name in enumerate(COUNTER_NAMES[:n_counters])}
     return ServerStatus(head.seq, version, uptime, counters, values[n_counters:].astype(np.int64))

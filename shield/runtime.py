@@ -1,11 +1,16 @@
-"""`EdgeRuntime`: a verified bundle's policy wrapped in its CBF safety shield.
+"""`EdgeRuntime`: a verified bundle's policy, and one `PlantSession` (shield + policy memory) per plant.
 
 This is what the edge box runs: `EdgeRuntime.load(bundle_dir)` verifies every
-hash, opens the ONNX policy with edge session settings and builds the shield
-from the bundle's `shield.json`; `act(obs)` returns the safe action, the raw
-policy action and what the shield did. `resolve_production(models_root, task)`
-finds the bundle the registry's production pointer names, so `serve --registry`
-needs nothing from pipeline/.
+hash, opens the ONNX policy with edge session settings and parses the bundle's
+`shield.json`. What belongs to the bundle is shared (the ONNX session, the
+spec); what belongs to one plant is not: `runtime.new_session()` gives a
+`PlantSession` with its own `CbfShield` (the prediction through the control
+latency, the assumption monitor) and its own policy memory
+(`policy.new_memory()`). `sim2real serve` keeps one session per client; the
+in-process interface (`act`, `note_sent`, `reset`, `__call__`) drives a default
+session, as before. `resolve_production(models_root, task)` finds the bundle the
+registry's production pointer names, so `serve --registry` needs nothing from
+pipeline/.
 
 Stdlib + numpy + onnxruntime + daqp only.
 """
@@ -20,75 +25,191 @@ import numpy as np
 from shield.bundle import Bundle, BundleError, resolve_production
 from shield.policy import OnnxPolicy, PolicyError
 
-__all__ = ["EdgeRuntime", "resolve_production", "BundleError"]
+__all__ = ["EdgeRuntime", "PlantSession", "resolve_production", "BundleError"]
+
+
+_BUILD = object()  # PlantSession default: build a fresh shield from the runtime's spec
+
+
+class PlantSession:
+    """One plant's state: its shield (latency prediction, monitor) and its policy memory.
+
+    `act(obs)` computes (safe, raw, info) without committing anything to the policy's
+    memory; `sent(obs, action, replaced)` records what the plant really got (the shield's
+    action, or a fallback / shadow echo that `replaced` it).
+    """
+
+    __slots__ = ("runtime", "policy", "shield", "memory", "episode", "step")
+
+    def __init__(self, runtime: "EdgeRuntime", shield=_BUILD):
+        self.runtime, self.policy = runtime, runtime.policy
+        self.shield = runtime.new_shield() if shield is _BUILD else shield
+        self.memory = self.policy.new_memory()
+        self.episode, self.step = 0, 0  # shadow-log bookkeeping (the server numbers its plants)
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(safe action, raw policy action, info) for one observation float32[obs_dim]; state moves only in the shield."""
+        t0 = time.perf_counter()
+        raw = self.policy.act(obs, self.memory)
+        t1 = time.perf_counter()
+        shield = self.shield
+        if shield is None:
+            return raw.copy(), raw, {"intervened": False, "fallback": False, "policy_us": (t1 - t0) * 1e6,
+                                     "shield_us": 0.0}
+        safe, info = shield.filter(obs, raw)
+        info["policy_us"], info["shield_us"] = (t1 - t0) * 1e6, (time.perf_counter() - t1) * 1e6
+        return safe, raw, info
+
+    def sent(self, obs: np.ndarray, action: np.ndarray, replaced: bool) -> None:
+        """The plant got `action` for `obs`; `replaced`: it is not the shield's output of the last `act`."""
+        if replaced and self.shield is not None:
+            self.shield.note_sent(action)
+        self.policy.remember(self.memory, obs, action)
+
+    def reset(self) -> None:
+        """Episode start: forget pending actions, predicted state and the policy's history."""
+        if self.shield is not None:
+            self.shield.reset()
+        self.memory = self.policy.new_memory()
+
+    def moved_to(self, runtime: "EdgeRuntime", shield=None) -> "PlantSession":
+        """This plant's session under a newly loaded runtime (hot reload): the actions already sent carry over.
+
+        Same shield spec: the shield object itself carries over (pending actions, monitor).
+        Otherwise `shield` (a fresh one for the new spec, built off the hot path) gets this
+        plant's pending actions when the latency and action size agree.
+        """
+        same_spec = runtime.bundle is not None and self.runtime.bundle is not None and \
+            runtime.bundle.shield_json == self.runtime.bundle.shield_json
+        if same_spec or self.shield is None:
+            new_shield = self.shield if runtime.shielded else None
+        else:
+            new_shield = shield if shield is not None else runtime.new_shield()
+            if new_shield is not None:
+                carry_pending_actions(self.shield, new_shield)
+        moved = PlantSession(runtime, shield=new_shield)
+        moved.episode, moved.step = self.episode, self.step
+        return moved
+
+
+def carry_pending_actions(old, new) -> bool:
+    """Copy the actions sent but not yet applied from one CbfShield to another (same latency and action size).
+
+    Reads the shields' `LatencyPredictor` buffers (same package): v = [states..., pending..., u, 1].
+    Returns False (the new shield starts from its reset state) when the layouts differ.
+    """
+    po, pn = getattr(old, "_predictor", None), getattr(new, "_predictor", None)
+    if po is None or pn is None or (po.latency, po.inputs) != (pn.latency, pn.inputs):
+        return False
+    span = po.latency * po.inputs
+    pn.v[pn._u0 - span:pn._u0] = po.v[po._u0 - span:po._u0]
+    pn.committed = po.committed
+    return True
 
 
 class EdgeRuntime:
-    """Policy + shield from one verified bundle; `act(obs_1d) -> (safe_action, raw_action, info)`."""
+    """Shared policy + spec of one verified bundle; `act(obs_1d) -> (safe_action, raw_action, info)` on a default plant."""
 
-    def __init__(self, bundle: Bundle, policy: OnnxPolicy, shield=None):
-        self.bundle, self.policy, self.shield = bundle, policy, shield
+    def __init__(self, bundle: Bundle | None, policy: OnnxPolicy, shield=None, spec=None):
+        self.bundle, self.policy = bundle, policy
+        self.spec = spec if spec is not None else getattr(shield, "spec", None)
         self.obs_dim, self.act_dim = policy.obs_dim, policy.act_dim
+        self._default = PlantSession(self, shield=shield)
         self._batch = None  # ShieldedPolicy for batch calls: one shield state per row
 
     @classmethod
-    def load(cls, bundle_dir: str | Path, *, shield: bool = True) -> "EdgeRuntime":
-        """Verify and load a bundle; `shield=False` serves the bare policy (for comparison only)."""
-        bundle = Bundle.load(bundle_dir)
+    def load(cls, bundle_dir: str | Path, *, shield: bool = True, pinned: dict | None = None) -> "EdgeRuntime":
+        """Verify and load a bundle; `shield=False` serves the bare policy (for comparison only).
+
+        `pinned`: the registry pointer's {file: sha256}; checked on the very bytes that are loaded.
+        """
+        bundle = Bundle.load(bundle_dir, pinned=pinned)
         try:
-            policy = OnnxPolicy(bundle.policy_onnx)
+            policy = OnnxPolicy(bundle.policy_onnx)  # the verified bytes themselves, not a second read
         except PolicyError as err:
             raise BundleError(f"{err} (bundle {bundle_dir})") from None
         manifest = bundle.manifest
         for key, have in (("obs_dim", policy.obs_dim), ("act_dim", policy.act_dim)):
             if key in manifest and manifest[key] != have:
                 raise BundleError(f"policy.onnx: {key} {have} disagrees with manifest.json ({manifest[key]}) in {bundle_dir}")
-        return cls(bundle, policy, _build_shield(bundle, policy) if shield else None)
+        spec = _parse_spec(bundle, policy)
+        runtime = cls(bundle, policy, spec=spec)
+        if shield:
+            runtime._default.shield = runtime.new_shield()
+        else:
+            runtime.spec = None
+        return runtime
 
     @property
     def shielded(self) -> bool:
-        return self.shield is not None
+        return self.spec is not None
 
+    @property
+    def shield(self):
+        """The default plant's shield (None when loaded with shield=False)."""
+        return self._default.shield
+
+    def new_shield(self):
+        """A fresh CbfShield for one plant (None without a spec)."""
+        if self.spec is None:
+            return None
+        from shield.cbf import CbfShield
+
+        return CbfShield(self.spec)
+
+    def new_session(self) -> PlantSession:
+        """A new plant: its own shield state and policy memory."""
+        return PlantSession(self)
+
+    def fallback_action(self) -> np.ndarray:
+        """The constant safe action: the spec's `fallback_action`, else zeros clipped to the box, else zeros."""
+        spec = self.spec
+        if spec is None:
+            return np.zeros(self.act_dim, np.float32)
+        if spec.fallback_action is not None:
+            return np.asarray(spec.fallback_action, np.float32).reshape(self.act_dim)
+        return np.clip(np.zeros(spec.act_dim), spec.action_low, spec.action_high).astype(np.float32)
+
+    def action_bounds(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(low, high) float32 of the action box, or None without a spec."""
+        spec = self.spec
+        if spec is None:
+            return None
+        return np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
+
+    # ---- the in-process interface (eval, shadow, benches): one default plant ---------------
     def reset(self) -> None:
-        """Start of an episode: clear the shield's predicted internal states."""
-        if self.shield is not None:
-            self.shield.reset()
+        """Start of an episode: clear the default plant's predicted states and policy history."""
+        self._default.reset()
         if self._batch is not None:
             self._batch.reset()
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
-        """(safe action, raw policy action, info) for one observation `float32[obs_dim]`."""
+        """(safe action, raw policy action, info) for one observation `float32[obs_dim]` (default plant)."""
         obs = np.asarray(obs, dtype=np.float32).reshape(-1)
         if obs.shape[0] != self.obs_dim:
             raise ValueError(f"observation must have {self.obs_dim} entries, got {obs.shape[0]}")
-        t0 = time.perf_counter()
-        raw = self.policy(obs[None, :])[0]
-        t1 = time.perf_counter()
-        if self.shield is None:
-            return raw.copy(), raw, {"intervened": False, "fallback": False, "policy_us": (t1 - t0) * 1e6, "shield_us": 0.0}
-        safe, info = self.shield.filter(obs, raw)
-        info = dict(info)
-        info["policy_us"], info["shield_us"] = (t1 - t0) * 1e6, (time.perf_counter() - t1) * 1e6
+        safe, raw, info = self._default.act(obs)
+        self._default.sent(obs, safe, replaced=False)
         return np.asarray(safe, dtype=np.float32), raw, info
 
     def note_sent(self, action: np.ndarray) -> None:
-        """Tell the shield the plant got `action` instead of the last `act` output (fallback, shadow echo)."""
-        if self.shield is not None:
-            self.shield.note_sent(action)
+        """Tell the default plant's shield it got `action` instead of the last `act` output (fallback, shadow echo)."""
+        if self._default.shield is not None:
+            self._default.shield.note_sent(action)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Batch policy interface: safe actions `float32[n, act_dim]` for `float32[n, obs_dim]`."""
-        if self.shield is None:
+        if self.spec is None:
             return self.policy(obs)
         if self._batch is None:
             from shield.cbf import ShieldedPolicy
-            self._batch = ShieldedPolicy(self.policy, self.shield.spec)
+            self._batch = ShieldedPolicy(self.policy, self.spec)
         return self._batch(np.asarray(obs, dtype=np.float32).reshape(-1, self.obs_dim))
 
 
-def _build_shield(bundle: Bundle, policy: OnnxPolicy):
-    # Imported here so a shield-free load (and this module's import) stays light.
-    from shield.cbf import CbfShield
+def _parse_spec(bundle: Bundle, policy: OnnxPolicy):
+    # Imported here so this module's import stays light.
     from shield.spec import ShieldSpec, ShieldSpecError
 
     try:
@@ -98,4 +219,4 @@ def _build_shield(bundle: Bundle, policy: OnnxPolicy):
     if (spec.obs_dim, spec.act_dim) != (policy.obs_dim, policy.act_dim):
         raise BundleError(f"shield.json in {bundle.path}: sized for obs {spec.obs_dim}/act {spec.act_dim}, "
                           f"policy.onnx is obs {policy.obs_dim}/act {policy.act_dim}")
-    return CbfShield(spec)
+    return spec

@@ -1,39 +1,40 @@
-"""`PolicyServer`: serve a shielded policy to a plant's controller over UDP.
+"""`PolicyServer`: serve a shielded policy to plants' controllers over UDP.
 
 One request, one reply, every control period (README.md, "Wire protocol"). The serving
 loop is a single thread, so each request sees exactly one runtime: a hot reload
-(`RegistryWatcher`, polling the registry's production pointer) builds the new
-runtime in its own thread and swaps one reference between two requests.
+(`RegistryWatcher`) builds the new runtime in its own thread and the loop adopts it
+between two requests, carrying every plant's pending actions over.
 
-Nothing a client sends can crash the loop or reach the policy unchecked: short
-datagrams are dropped, everything else is answered; a rejected request gets the
-fallback safe action with the status bit that says why. Only stdlib + numpy
-here (the runtime brings onnxruntime and daqp).
+Each plant (client) has its own session: shield state (prediction through the
+latency, monitor) and policy memory, so one sender can never steer the shield of
+another. Nothing a client sends can crash the loop or reach the policy unchecked:
+the type is checked before anything else and a reply-typed datagram is never
+answered; with a key, whatever does not authenticate is dropped without a reply
+and changes nothing; a stale or duplicated request is refused before any state
+moves; everything else that is wrong gets the fallback action with the status
+bit that says why. Only stdlib + numpy here (the runtime brings onnxruntime and daqp).
 
-`run_cli(args)` is `sim2real serve`; `python -m shield.server` is the same
-command for an edge box that has only `pip install .[edge]`.
+`run_cli(args)` is `sim2real serve` (`shield.serve_cli`); `python -m shield.server` is
+the same command for an edge box that has only `pip install .[edge]`.
 """
 
 from __future__ import annotations
 
-import argparse
-import gc
 import hmac
-import signal
 import socket
+import struct
 import sys
 import threading
 import time
-from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shield.protocol import (ACT_REPLY_HEAD, ACT_REQUEST_HEAD, COUNTER_NAMES, HEADER, HEADER_SIZE, LATENCY_BINS,
-                             MAC_SIZE, MAGIC, PROTOCOL_VERSION, Flags, MsgType, Status, encode_status_reply,
-                             latency_bin, sign)
-from shield.watchers import RegistryWatcher, Watchdog
+                             MAC_SIZE, MAGIC, PROTOCOL_VERSION, REPLY_KEY_LABEL, REQUEST_KEY_LABEL,
+                             STATUS_REQUEST_PAD, Flags, MsgType, Status, direction_key, encode_status_reply,
+                             latency_bin)
+from shield.replay import PlantTable, SequenceGuard
 
 _U32_MAX = 2**32 - 1
 # Plain ints on the hot path: IntFlag arithmetic costs a microsecond per operation.
@@ -41,14 +42,22 @@ _INTERVENED, _FALLBACK, _BAD_INPUT, _AUTH_FAILED = (int(Status.INTERVENED), int(
                                                     int(Status.BAD_INPUT), int(Status.AUTH_FAILED))
 _SHADOW, _STALE, _DEADLINE, _INFERENCE_ERROR = (int(Status.SHADOW), int(Status.STALE), int(Status.DEADLINE),
                                                 int(Status.INFERENCE_ERROR))
-_HMAC = int(Flags.HMAC)
+_ENVELOPE = int(Status.ENVELOPE)
+_HMAC, _RESERVED = int(Flags.HMAC), int(Flags.RESERVED)
 _ACT_REQUEST, _ACT_REPLY = int(MsgType.ACT_REQUEST), int(MsgType.ACT_REPLY)
 _STATUS_REQUEST = int(MsgType.STATUS_REQUEST)
-MIN_KEY_BYTES = 16
+_MAX_DATAGRAM = 65535
+# Linux: the kernel stamps each datagram when it is received (CLOCK_REALTIME, struct timespec).
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
+_TIMESPEC = struct.Struct("@qq")
+DEFAULT_DEADLINE_US = 1000.0
+DEFAULT_CLOCK_WINDOW_US = 1_000_000
+DEFAULT_MAX_PLANTS = 64
+SPARE_SESSIONS = 4  # plant sessions built ahead (at load, and when idle), so a new plant's first reply is not late
 
 
 class ServeStats:
-    """Counters (names as in protocol.COUNTER_NAMES) and a log2 latency histogram (µs)."""
+    """Counters (names as in protocol.COUNTER_NAMES) and a log2 latency histogram (µs) of act replies."""
 
     def __init__(self):
         for name in COUNTER_NAMES:
@@ -79,41 +88,24 @@ class ServeStats:
                 f"p99<={self.latency_percentile_us(0.99):g}us")
 
 
-class ReplayWindow:
-    """Last sequence number per client; LRU-bounded so spoofed sources cannot grow it without limit.
+class _SharedStateSession:
+    """Session shim for a runtime without `new_session` (test doubles): every plant shares its one state."""
 
-    With a key the client is the header's authenticated `client_id`, so a captured
-    packet replayed from another address is still a replay; without one it is the
-    sender's address.
-    """
+    def __init__(self, runtime: Any):
+        self.runtime, self.episode, self.step = runtime, 0, 0
 
-    def __init__(self, capacity: int = 4096):
-        self.capacity = capacity
-        self._last: OrderedDict[Any, int] = OrderedDict()
+    def act(self, obs):
+        return self.runtime.act(obs)
 
-    def accept(self, addr: Any, seq: int) -> bool:
-        """True (and remembered) if seq is newer than this address's last one."""
-        last = self._last.get(addr)
-        if last is not None and seq <= last:
-            return False
-        self._last[addr] = seq
-        self._last.move_to_end(addr)
-        if len(self._last) > self.capacity:
-            self._last.popitem(last=False)
-        return True
+    def sent(self, obs, action, replaced: bool) -> None:
+        note = getattr(self.runtime, "note_sent", None)
+        if replaced and note is not None:
+            note(action)
 
-
-def fallback_action(runtime: Any) -> np.ndarray:
-    """The runtime's fallback safe action: its own if it has one, else the shield spec's, else zeros in bounds."""
-    getter = getattr(runtime, "fallback_action", None)
-    if callable(getter):
-        return np.asarray(getter(), dtype=np.float32).reshape(runtime.act_dim)
-    spec = getattr(getattr(runtime, "shield", None), "spec", None)
-    if spec is not None:
-        if spec.fallback_action is not None:
-            return np.asarray(spec.fallback_action, dtype=np.float32)
-        return np.clip(np.zeros(spec.act_dim), spec.action_low, spec.action_high).astype(np.float32)
-    return np.zeros(runtime.act_dim, dtype=np.float32)
+    def moved_to(self, runtime, shield=None):
+        moved = _SharedStateSession(runtime)
+        moved.episode, moved.step = self.episode, self.step
+        return moved
 
 
 class ServedBundle:
@@ -122,105 +114,187 @@ class ServedBundle:
     def __init__(self, runtime: Any):
         self.runtime = runtime
         self.obs_dim, self.act_dim = int(runtime.obs_dim), int(runtime.act_dim)
-        if callable(getattr(runtime, "reset", None)):
+        self.has_sessions = callable(getattr(runtime, "new_session", None))
+        if self.has_sessions:
             # The first calls into onnxruntime and the QP solver are slow: pay them here, off the
-            # hot path (a reload happens in the watcher thread), then forget the warm-up state.
+            # hot path (a reload happens in the watcher thread), on a session that is then dropped.
+            warm = runtime.new_session()
             for _ in range(3):
-                runtime.act(np.zeros(self.obs_dim, dtype=np.float32))
-            runtime.reset()
+                warm.act(np.zeros(self.obs_dim, dtype=np.float32))
         bundle = getattr(runtime, "bundle", None)
         self.version = int(getattr(bundle, "version", None) or getattr(runtime, "version", 0) or 0)
-        self.fallback = fallback_action(runtime)
+        getter = getattr(runtime, "fallback_action", None)
+        self.fallback = (np.asarray(getter(), np.float32).reshape(self.act_dim) if callable(getter)
+                         else np.zeros(self.act_dim, np.float32))
         self.fallback_bytes = self.fallback.astype("<f4").tobytes()
-        shield = getattr(runtime, "shield", None)
-        spec = getattr(shield, "spec", None)
-        self.constraint_names = list(getattr(shield, "constraint_names", []) or [])
+        bounds = runtime.action_bounds() if callable(getattr(runtime, "action_bounds", None)) else None
+        self.low, self.high = bounds if bounds is not None else (None, None)
+        self.min_request = HEADER_SIZE + ACT_REQUEST_HEAD.size + 4 * self.obs_dim
+        # A new plant's shield costs a millisecond or more to build: a few are built here, off the hot path.
+        self.spares = [self.new_session() for _ in range(SPARE_SESSIONS)] if self.has_sessions else []
+        spec = getattr(runtime, "spec", None)
+        self.constraint_names = [c["name"] for c in getattr(spec, "constraints", [])]
         self.meta = {"task": getattr(bundle, "task", "") or "", "bundle_version": self.version,
                      "control_period_s": float(getattr(spec, "dt", float("nan"))),
                      "constraint_names": self.constraint_names, "source": "serve"}
 
+    def new_session(self) -> Any:
+        return self.runtime.new_session() if self.has_sessions else _SharedStateSession(self.runtime)
+
+    def take_session(self) -> Any:
+        """A session for a new plant: a spare one if any is left, else built now."""
+        return self.spares.pop() if self.spares else self.new_session()
+
 
 class PolicyServer:
-    """UDP server: act requests in, shielded (or, in shadow mode, legacy) actions out."""
+    """UDP server: act requests in, shielded (or, in shadow mode, legacy) actions out, one session per plant."""
 
     def __init__(self, runtime: Any, *, host: str = "127.0.0.1", port: int = 0, mode: str = "active",
-                 key: bytes | None = None, shadow_log: Any = None, deadline_us: float = 1000.0):
+                 key: bytes | None = None, shadow_log: Any = None, deadline_us: float = DEFAULT_DEADLINE_US,
+                 max_plants: int = DEFAULT_MAX_PLANTS, clock_window_us: int = DEFAULT_CLOCK_WINDOW_US,
+                 not_before_us: int | None = None, wall_clock_ns=time.time_ns):
         if mode not in ("active", "shadow"):
             raise ValueError(f"mode must be 'active' or 'shadow', got {mode!r}")
-        self.mode, self.key, self.shadow_log = mode, key, shadow_log
+        self.mode, self.shadow_log = mode, shadow_log
+        self.key = key
+        # Never the PSK itself: one derived key per direction (README, "Keys, sequence numbers and replays").
+        self._request_key = direction_key(key, REQUEST_KEY_LABEL) if key is not None else None
+        self._reply_key = direction_key(key, REPLY_KEY_LABEL) if key is not None else None
         self.deadline_ns = int(deadline_us * 1000)
+        self.wall_clock_ns = wall_clock_ns
         self.stats = ServeStats()
-        self.window = ReplayWindow()
+        now_us = wall_clock_ns() // 1000
+        if key is not None:
+            # After a restart nothing the previous run accepted is fresh: it was at most one window ahead of then.
+            floor = now_us + clock_window_us if not_before_us is None else not_before_us
+            self.guard = SequenceGuard(window_us=clock_window_us, not_before_us=floor)
+        else:
+            self.guard = SequenceGuard()
         self.served = ServedBundle(runtime)
-        self._clients: dict[Any, list[int]] = {}  # shadow log: addr -> [episode index, step]
-        self._client_id = 0
+        self._incoming: tuple[ServedBundle, list] | None = None  # a reloaded runtime, adopted between requests
+        self.plants = PlantTable(max_plants, self._new_session)
         self._stop = threading.Event()
         self.busy_since_ns = 0  # watchdog: when the current request started, 0 when idle
         self.last_request_ns = 0
+        # One reply buffer for every reply: act replies, refusals and status replies (<= 1 KiB).
+        self._out = bytearray(1024 + 4 * self.served.act_dim)
+        self._in = bytearray(_MAX_DATAGRAM)
+        self.kernel_timestamps = False
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         # A burst (or a fuzzer) must queue, not be dropped by the kernel.
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        if SO_TIMESTAMPNS is not None:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                self.kernel_timestamps = True
+            except OSError:
+                pass  # fallback: the deadline starts when the loop dequeues the datagram (README)
         self.sock.bind((host, port))
         self.address: tuple[str, int] = self.sock.getsockname()
 
+    def _new_session(self) -> Any:
+        return self.served.take_session()
+
     # ---- reload ----------------------------------------------------------------
-    def swap_runtime(self, runtime: Any) -> None:
-        """Serve `runtime` from the next request on (one reference swap; call from any thread)."""
+    def swap_runtime(self, runtime: Any) -> int:
+        """Serve `runtime` from the next request on (call from any thread); returns its bundle version.
+
+        The new runtime is warmed up here; the serving loop adopts it between two requests
+        and moves every plant's session over (pending actions carried, see PlantSession.moved_to).
+        """
         new = ServedBundle(runtime)
         if (new.obs_dim, new.act_dim) != (self.served.obs_dim, self.served.act_dim):
             raise ValueError(f"new bundle is obs {new.obs_dim}/act {new.act_dim}, the plant speaks "
                              f"obs {self.served.obs_dim}/act {self.served.act_dim}; refusing to switch")
+        # Shields for a changed spec are built here, off the hot path (one per plant now served).
+        same_spec = getattr(getattr(runtime, "bundle", None), "shield_json", None) == \
+            getattr(getattr(self.served.runtime, "bundle", None), "shield_json", None)
+        spares = [] if same_spec or not new.has_sessions else [runtime.new_shield() for _ in range(len(self.plants))]
+        self._incoming = (new, spares)
+        return new.version
+
+    def _adopt(self) -> None:
+        new, spares = self._incoming
+        self._incoming = None
+        sessions = self.plants.sessions
+        for client, session in list(sessions.items()):
+            sessions[client] = session.moved_to(new.runtime, spares.pop() if spares else None)
         self.served = new
         self.stats.reloads += 1
 
     # ---- one datagram ----------------------------------------------------------
     def handle(self, data: bytes, addr: Any, t0_ns: int | None = None) -> bytes | None:
-        """The reply to one datagram, or None when it is dropped (shorter than a header)."""
-        t0 = time.perf_counter_ns() if t0_ns is None else t0_ns
+        """The reply to one datagram, or None when it is dropped. `t0_ns`: receive time (perf_counter_ns)."""
+        n = len(data)
+        self._in[:n] = data
+        size = self._process(memoryview(self._in), n, addr, time.perf_counter_ns() if t0_ns is None else t0_ns)
+        return bytes(self._out[:size]) if size else None
+
+    def _process(self, buf: memoryview, n: int, addr: Any, t0: int) -> int:
+        """Reply to the datagram in buf[:n], written into self._out; returns its size (0: dropped)."""
+        self._t0 = t0
         stats = self.stats
         stats.requests += 1
-        if len(data) < HEADER_SIZE:
+        if self._incoming is not None:
+            self._adopt()
+        if n < HEADER_SIZE:
             stats.dropped += 1
-            return None
+            return 0
+        magic, version, msg_type, flags, seq, ts, payload_len, client_id = HEADER.unpack_from(buf)
+        if msg_type != _ACT_REQUEST and msg_type != _STATUS_REQUEST:
+            stats.dropped += 1  # a reply (or anything else) is never answered: no reflection, no loops
+            return 0
         srv = self.served  # one snapshot per request: a reload never mixes versions in a reply
-        magic, version, msg_type, flags, seq, ts, payload_len, client_id = HEADER.unpack_from(data)
-        self._client_id = client_id  # echoed in the reply
-        key, body_end = self.key, len(data)
+        key, body_end = self._request_key, n
         if key is not None:
-            if (not flags & _HMAC or body_end < HEADER_SIZE + MAC_SIZE
-                    or not hmac.compare_digest(sign(key, data[:-MAC_SIZE]), data[-MAC_SIZE:])):
-                return self._reject(srv, seq, ts, _AUTH_FAILED, t0)
+            if not flags & _HMAC or n < HEADER_SIZE + MAC_SIZE or not hmac.compare_digest(
+                    hmac.digest(key, buf[:n - MAC_SIZE], "sha256"), buf[n - MAC_SIZE:n]):
+                stats.auth_failures += 1
+                stats.dropped += 1  # unauthenticated: no reply (no amplification), no state change
+                return 0
             body_end -= MAC_SIZE
         elif flags & _HMAC:
-            return self._reject(srv, seq, ts, _AUTH_FAILED, t0)  # signed, but this server has no key
-        if magic != MAGIC or version != PROTOCOL_VERSION or payload_len != body_end - HEADER_SIZE:
-            return self._reject(srv, seq, ts, _BAD_INPUT, t0)
-        status = 0
-        if not self.window.accept(client_id if key is not None else addr, seq):
-            if key is not None:  # authenticated but old: a replay
-                return self._reject(srv, seq, ts, _AUTH_FAILED | _STALE, t0)
-            status = _STALE  # unauthenticated: answered, flagged so the controller can drop it
-            stats.stale += 1
-        if msg_type == _STATUS_REQUEST and payload_len == 0:
-            stats.status_requests += 1
-            stats.answered += 1
-            return encode_status_reply(seq, ts, srv.version, int((time.monotonic() - stats.started) * 1e6),
-                                       stats.as_dict(), stats.histogram, key, client_id)
-        if msg_type != _ACT_REQUEST or payload_len < ACT_REQUEST_HEAD.size:
-            return self._reject(srv, seq, ts, _BAD_INPUT | status, t0)
-        n_obs, n_legacy = ACT_REQUEST_HEAD.unpack_from(data, HEADER_SIZE)
+            stats.auth_failures += 1
+            return self._refuse(srv, seq, ts, client_id, _AUTH_FAILED, n)  # signed, but this server has no key
+        if (magic != MAGIC or version != PROTOCOL_VERSION or flags & _RESERVED
+                or payload_len != body_end - HEADER_SIZE):
+            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
+        client = client_id if key is not None else (addr, client_id)
+        guard = self.guard
+        if not guard.fresh(client, seq, self.wall_clock_ns() // 1000):
+            stats.stale += 1  # late, duplicated or replayed: nothing runs, nothing moves
+            return self._refuse(srv, seq, ts, client_id, _STALE, n)
+        if msg_type == _STATUS_REQUEST:
+            if payload_len < STATUS_REQUEST_PAD:
+                return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
+            guard.commit(client, seq)
+            return self._status_reply(srv, seq, ts, client_id)
+        if payload_len < ACT_REQUEST_HEAD.size:
+            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
+        n_obs, n_legacy = ACT_REQUEST_HEAD.unpack_from(buf, HEADER_SIZE)
         shadow = self.mode == "shadow"
         if (n_obs != srv.obs_dim or n_legacy not in ((srv.act_dim,) if shadow else (0, srv.act_dim))
                 or payload_len != ACT_REQUEST_HEAD.size + 4 * (n_obs + n_legacy)):
-            return self._reject(srv, seq, ts, _BAD_INPUT | status, t0)
-        floats = np.frombuffer(data, dtype="<f4", count=n_obs + n_legacy, offset=HEADER_SIZE + ACT_REQUEST_HEAD.size)
+            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
+        floats = np.frombuffer(buf, dtype="<f4", count=n_obs + n_legacy, offset=HEADER_SIZE + ACT_REQUEST_HEAD.size)
         if not np.isfinite(floats).all():
-            return self._reject(srv, seq, ts, _BAD_INPUT | status, t0)
-        obs = floats[:n_obs].astype(np.float32)
+            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
+        legacy = floats[n_obs:].astype(np.float32) if shadow else None
+        if shadow and srv.low is not None and not ((legacy >= srv.low).all() and (legacy <= srv.high).all()):
+            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)  # the plant cannot have applied it
+        obs = floats[:n_obs].astype(np.float32)  # a copy: the receive buffer is reused
+        guard.commit(client, seq)
+        session = self.plants.get(client)
+        stats.plants_evicted = self.plants.evicted
+        return self._act(srv, session, obs, legacy, seq, ts, client_id, t0)
+
+    def _act(self, srv: ServedBundle, session: Any, obs: np.ndarray, legacy, seq: int, ts: int, client_id: int,
+             t0: int) -> int:
+        stats = self.stats
         stats.policy_calls += 1
         raised = False
         try:
-            safe, raw, info = srv.runtime.act(obs)
+            safe, raw, info = session.act(obs)
             safe = np.asarray(safe, dtype="<f4").reshape(srv.act_dim)
             failed = not np.isfinite(safe).all()
         except Exception:  # any runtime failure is answered with the fallback, never a crash
@@ -229,24 +303,24 @@ class PolicyServer:
             stats.inference_errors += 1
             safe = raw = np.full(srv.act_dim, np.nan, np.float32)
             info = {"fallback": True}
+        status = 0
+        if info.get("envelope", False):  # the one place the monitor's flag becomes a status bit
+            status = _ENVELOPE
+            stats.envelope_flags += 1
         late = time.perf_counter_ns() - t0 > self.deadline_ns
         if late:
             stats.deadline_misses += 1
-        # The shield predicts through the actions the plant really got: tell it when that
-        # was not its own output. (A runtime that raised may not have filtered: nothing to correct.)
-        note_sent = getattr(srv.runtime, "note_sent", None) if (shadow or late or failed) and not raised else None
-        if shadow:  # the candidate's failures and delays are logged; the plant keeps its legacy action
-            legacy = floats[n_obs:]
-            self._log(srv, addr, obs, legacy, raw, safe, info, t0)
-            if note_sent is not None:
-                note_sent(legacy)
-            return self._reply(srv, seq, ts, status | _SHADOW, legacy.tobytes(), t0)
-        if note_sent is not None:
-            note_sent(srv.fallback)
-        if failed:
-            return self._reject(srv, seq, ts, _INFERENCE_ERROR | status, t0)
-        if late:
-            return self._reject(srv, seq, ts, _DEADLINE | _FALLBACK | status, t0)
+        if legacy is not None:  # shadow: the candidate's failures and delays are logged; the plant keeps legacy
+            self._log(srv, session, obs, legacy, raw, safe, info, t0)
+            if not raised:
+                session.sent(obs, legacy, replaced=True)
+            return self._reply(srv, seq, ts, client_id, status | _SHADOW, legacy.tobytes())
+        if failed or late:
+            if not raised:  # a runtime that raised may not have filtered: nothing to correct
+                session.sent(obs, srv.fallback, replaced=True)
+            return self._reply(srv, seq, ts, client_id,
+                               status | _FALLBACK | (_INFERENCE_ERROR if failed else _DEADLINE), srv.fallback_bytes)
+        session.sent(obs, safe, replaced=False)
         if info.get("intervened"):
             status |= _INTERVENED
             stats.interventions += 1
@@ -255,51 +329,82 @@ class PolicyServer:
         if info.get("bad_input"):  # the request was checked finite: the policy's own output was not
             status |= _INFERENCE_ERROR
             stats.inference_errors += 1
-        return self._reply(srv, seq, ts, status, safe.tobytes(), t0)
+        return self._reply(srv, seq, ts, client_id, status, safe.tobytes())
 
-    def _reject(self, srv: ServedBundle, seq: int, ts: int, status: int, t0: int) -> bytes:
-        return self._reply(srv, seq, ts, status | _FALLBACK, srv.fallback_bytes, t0)
-
-    def _reply(self, srv: ServedBundle, seq: int, ts: int, status: int, action: bytes, t0: int) -> bytes:
+    def _refuse(self, srv: ServedBundle, seq: int, ts: int, client_id: int, status: int, request_size: int) -> int:
+        """The fallback with `status`; dropped instead when the datagram is shorter than a valid act request
+        (a refusal then amplifies no more than an ordinary act reply does)."""
+        if request_size < srv.min_request + (MAC_SIZE if self.key is not None else 0):
+            self.stats.dropped += 1  # answering would amplify: a short datagram gets nothing back
+            return 0
         stats = self.stats
-        latency_us = min((time.perf_counter_ns() - t0) // 1000, _U32_MAX)
+        if status & _BAD_INPUT:
+            stats.bad_inputs += 1
+        return self._reply(srv, seq, ts, client_id, status | _FALLBACK, srv.fallback_bytes)
+
+    def _reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int, status: int, action: bytes) -> int:
+        """Write an act reply into the preallocated buffer (signed with the reply key); returns its size."""
+        stats = self.stats
+        latency_us = min((time.perf_counter_ns() - self._t0) // 1000, _U32_MAX)
         stats.answered += 1
         stats.histogram[latency_bin(latency_us)] += 1
         if status & _FALLBACK:
             stats.fallbacks += 1
-        if status & _BAD_INPUT:
-            stats.bad_inputs += 1
-        if status & _AUTH_FAILED:
-            stats.auth_failures += 1
-        key = self.key
-        frame = (HEADER.pack(MAGIC, PROTOCOL_VERSION, _ACT_REPLY, _HMAC if key is not None else 0,
-                             seq, ts, ACT_REPLY_HEAD.size + len(action), self._client_id)
-                 + ACT_REPLY_HEAD.pack(int(status), latency_us, srv.version, len(action) // 4, 0) + action)
-        return frame + sign(key, frame) if key is not None else frame
+        key, out = self._reply_key, self._out
+        size = HEADER_SIZE + ACT_REPLY_HEAD.size + len(action)
+        HEADER.pack_into(out, 0, MAGIC, PROTOCOL_VERSION, _ACT_REPLY, _HMAC if key is not None else 0,
+                         seq, ts, ACT_REPLY_HEAD.size + len(action), client_id)
+        ACT_REPLY_HEAD.pack_into(out, HEADER_SIZE, status, latency_us, srv.version, len(action) // 4, 0)
+        out[HEADER_SIZE + ACT_REPLY_HEAD.size:size] = action
+        if key is not None:
+            out[size:size + MAC_SIZE] = hmac.digest(key, memoryview(out)[:size], "sha256")
+            size += MAC_SIZE
+        return size
 
-    def _log(self, srv: ServedBundle, addr: Any, obs, legacy, raw, safe, info: dict, t0: int) -> None:
+    def _status_reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int) -> int:
+        stats = self.stats
+        stats.status_requests += 1
+        stats.answered += 1
+        frame = encode_status_reply(seq, ts, srv.version, int((time.monotonic() - stats.started) * 1e6),
+                                    stats.as_dict(), stats.histogram, self.key, client_id)
+        self._out[:len(frame)] = frame  # the buffer has room for it (sized in __init__)
+        return len(frame)
+
+    def _log(self, srv: ServedBundle, session: Any, obs, legacy, raw, safe, info: dict, t0: int) -> None:
         if self.shadow_log is None:
             return
-        client = self._clients.get(addr)
-        if client is None:
-            client = self._clients[addr] = [len(self._clients), 0]
         h = info.get("h")
         h = (np.full(len(srv.constraint_names), np.nan, np.float32) if h is None
              else np.asarray(h, dtype=np.float32).reshape(-1))
-        self.shadow_log.append(srv.meta, time.time(), client[0], client[1], obs, legacy.copy(),
+        self.shadow_log.append(srv.meta, time.time(), session.episode, session.step, obs, legacy,
                                np.asarray(raw, np.float32).reshape(-1), safe, bool(info.get("intervened")),
                                bool(info.get("fallback")), h, (time.perf_counter_ns() - t0) / 1000.0)
-        client[1] += 1
+        session.step += 1
 
     # ---- the loop ---------------------------------------------------------------
+    def _receive_time(self, ancdata: list) -> int:
+        """perf_counter_ns at which the kernel received the datagram (now, without a kernel timestamp)."""
+        now = time.perf_counter_ns()
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(data)
+                queued = self.wall_clock_ns() - (sec * 1_000_000_000 + nsec)
+                return now - queued if queued > 0 else now
+        return now
+
     def serve_forever(self, poll_s: float = 0.1) -> None:
         """Answer datagrams until `stop()`; never raises on a client's input."""
-        sock, stats = self.sock, self.stats
+        sock, stats, buf = self.sock, self.stats, memoryview(self._in)
+        out = memoryview(self._out)
+        anc = socket.CMSG_SPACE(_TIMESPEC.size) if self.kernel_timestamps else 0
         sock.settimeout(poll_s)
         while not self._stop.is_set():
             try:
-                data, addr = sock.recvfrom(65535)
+                n, ancdata, _, addr = sock.recvmsg_into([buf], anc)
             except socket.timeout:
+                served = self.served
+                if len(served.spares) < SPARE_SESSIONS and served.has_sessions:
+                    served.spares.append(served.new_session())  # idle: make ready for the next new plant
                 if self.shadow_log is not None:
                     self.shadow_log.flush_if_due()  # a plant that stopped talking still gets its log on disk
                 continue
@@ -307,17 +412,17 @@ class PolicyServer:
                 if self._stop.is_set():
                     break
                 continue  # e.g. an ICMP error queued on the socket: nothing to answer
-            t0 = self.busy_since_ns = time.perf_counter_ns()
-            self.last_request_ns = t0
+            t0 = self._receive_time(ancdata)
+            self.busy_since_ns = self.last_request_ns = time.perf_counter_ns()
             try:
-                reply = self.handle(data, addr, t0)
+                size = self._process(buf, n, addr, t0)
             except Exception as err:  # a bug here must cost one reply, not the plant's controller
-                print(f"serve: internal error on a {len(data)}-byte datagram: {err!r}", file=sys.stderr)
-                reply = None
+                print(f"serve: internal error on a {n}-byte datagram: {err!r}", file=sys.stderr)
+                size = 0
                 stats.dropped += 1
-            if reply is not None:
+            if size:
                 try:
-                    sock.sendto(reply, addr)
+                    sock.sendto(out[:size], addr)
                 except OSError:
                     pass  # the client is gone; its next request gets the next reply
             self.busy_since_ns = 0
@@ -334,94 +439,18 @@ class PolicyServer:
         self.sock.close()
 
 
-def read_key_file(path: str | Path) -> bytes:
-    """The pre-shared HMAC key: the file's bytes without trailing whitespace (>= 16 bytes)."""
-    key = Path(path).read_bytes().rstrip(b" \t\r\n")
-    if len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"{path}: key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes")
-    return key
+def run_cli(args) -> int:
+    """`sim2real serve` (see shield.serve_cli)."""
+    from shield.serve_cli import run_cli as run
 
-
-def _load_runtime(bundle_dir: Path) -> Any:
-    from shield.runtime import EdgeRuntime
-
-    return EdgeRuntime.load(bundle_dir)
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """`sim2real serve`: load a verified bundle, answer the plant until SIGTERM/SIGINT, print stats."""
-    from shield.bundle import BundleError, resolve_production
-
-    bundle, task = getattr(args, "bundle", None), getattr(args, "registry", None)
-    mode, log_dir = getattr(args, "mode", "active"), getattr(args, "log", None)
-    if bool(bundle) == bool(task):
-        print("serve: give exactly one of BUNDLE or --registry TASK", file=sys.stderr)
-        return 2
-    if mode == "shadow" and not log_dir:
-        print("serve: --mode shadow needs --log DIR (the shadow log is the point of shadow mode)", file=sys.stderr)
-        return 2
-    models = Path(getattr(args, "models", None) or "models")
-    try:
-        key = read_key_file(args.key_file) if getattr(args, "key_file", None) else None
-        bundle_dir = resolve_production(models, task) if task else Path(bundle)
-        runtime = _load_runtime(bundle_dir)
-    except (BundleError, OSError, ValueError) as err:
-        print(f"serve: {err}", file=sys.stderr)
-        return 2
-    shadow_log = None
-    if mode == "shadow":
-        from shield.shadowlog import ShadowLogWriter
-
-        shadow_log = ShadowLogWriter(log_dir)
-    try:
-        server = PolicyServer(runtime, host=getattr(args, "host", "127.0.0.1"), port=int(getattr(args, "port", 9870)),
-                              mode=mode, key=key, shadow_log=shadow_log,
-                              deadline_us=float(getattr(args, "deadline_us", None) or 1000.0))
-    except OSError as err:
-        print(f"serve: cannot bind {getattr(args, 'host', '')}:{getattr(args, 'port', '')}: {err.strerror}",
-              file=sys.stderr)
-        return 2
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.stop())
-    helpers: list[Any] = [Watchdog(server)]
-    if task:
-        helpers.append(RegistryWatcher(server, models, task, _load_runtime))
-    for h in helpers:
-        h.start()
-    # Everything loaded so far lives as long as the server: keep the cyclic GC from rescanning it
-    # on the hot path (fewer, shorter collector pauses between control periods).
-    gc.collect()
-    gc.freeze()
-    host, port = server.address
-    print(f"serve: listening udp://{host}:{port} task={server.served.meta['task']} "
-          f"version={server.served.version} mode={mode} auth={'hmac' if key else 'off'}", flush=True)
-    try:
-        server.serve_forever()
-    finally:
-        for h in helpers:
-            h.stop()
-        for h in helpers:
-            h.join(timeout=5.0)  # a reload in progress finishes before the process exits
-        server.close()
-        print(f"serve: {server.stats.summary()}", flush=True)
-        if shadow_log is not None:
-            print(f"serve: shadow log: {len(shadow_log.written)} part(s) in {shadow_log.dir}", flush=True)
-    return 0
+    return run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m shield.server`: the same as `sim2real serve`, for an edge box without pipeline/."""
-    p = argparse.ArgumentParser(prog="python -m shield.server", description=run_cli.__doc__)
-    p.add_argument("bundle", nargs="?", help="bundle directory (or use --registry)")
-    p.add_argument("--registry", metavar="TASK", help="serve TASK's production bundle and hot-reload on promote")
-    p.add_argument("--models", default="models", help="registry root for --registry (default models/)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=9870, help="UDP port (default 9870; 0 picks a free one)")
-    p.add_argument("--mode", choices=["active", "shadow"], default="active")
-    p.add_argument("--key-file", help="pre-shared HMAC-SHA256 key file; requests must be signed")
-    p.add_argument("--log", metavar="DIR", help="write shadow logs (NPZ) here")
-    p.add_argument("--deadline-us", type=float, default=1000.0, help="per-request compute deadline (µs)")
-    return run_cli(p.parse_args(argv))
+    from shield.serve_cli import main as cli_main
+
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

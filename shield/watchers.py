@@ -15,7 +15,9 @@ from typing import Any, Callable
 
 
 class Watchdog(threading.Thread):
-    """Warns (stderr) when one request hangs the loop, or when a plant that was talking goes silent."""
+    """Warns (stderr) when one request hangs the loop (`one request has taken N ms`), or when no
+    datagram at all has arrived for `silence_s` after traffic (`no request for N s`: every plant
+    went silent, or the network did). Once per episode, not every tick."""
 
     def __init__(self, server: Any, *, stall_s: float = 0.5, silence_s: float = 1.0):
         super().__init__(name="serve-watchdog", daemon=True)
@@ -39,24 +41,36 @@ class Watchdog(threading.Thread):
 
 
 class RegistryWatcher(threading.Thread):
-    """Polls a task's production pointer; on a change, loads the new bundle off the hot path and swaps it in."""
+    """Polls a task's production pointer; on a change, loads the new bundle off the hot path and hands it over.
+
+    The pins the pointer holds are checked on the bytes the new runtime is built from
+    (`loader(bundle_dir, pinned)`). A pointer that cannot be read is reported once (and
+    again when it changes), never silently skipped; the old version keeps serving.
+    """
 
     def __init__(self, server: Any, models_root: str | Path, task: str,
-                 loader: Callable[[Path], Any], *, poll_s: float = 0.2):
+                 loader: Callable[[Path, dict], Any], *, poll_s: float = 0.2):
         super().__init__(name="serve-reload", daemon=True)
         self.server, self.root, self.task, self.loader, self.poll_s = server, Path(models_root), task, loader, poll_s
         self.pointer = self.root / task / "production"
         self._halt = threading.Event()
+        self._problem: str | None = None
         self._seen = self._read()
 
     def _read(self) -> bytes | None:
         try:
-            return self.pointer.read_bytes()
-        except OSError:
+            data = self.pointer.read_bytes()
+        except OSError as err:
+            problem = f"cannot read {self.pointer} ({err.strerror}); still serving v{self.server.served.version}"
+            if problem != self._problem:
+                print(f"serve: reload watcher: {problem}", file=sys.stderr, flush=True)
+            self._problem = problem
             return None
+        self._problem = None
+        return data
 
     def run(self) -> None:
-        from shield.bundle import resolve_production
+        from shield.bundle import production_target
 
         while not self._halt.wait(self.poll_s):
             current = self._read()
@@ -64,9 +78,9 @@ class RegistryWatcher(threading.Thread):
                 continue
             self._seen = current
             try:
-                bundle_dir = resolve_production(self.root, self.task)
-                self.server.swap_runtime(self.loader(bundle_dir))
-                print(f"serve: reloaded {self.task} v{self.server.served.version} from {bundle_dir}", flush=True)
+                bundle_dir, pinned = production_target(self.root, self.task)
+                version = self.server.swap_runtime(self.loader(bundle_dir, pinned))
+                print(f"serve: reloaded {self.task} v{version} from {bundle_dir}", flush=True)
             except Exception as err:  # a bad promote must not stop the plant: keep serving the old version
                 print(f"serve: reload failed, still serving v{self.server.served.version}: {err}",
                       file=sys.stderr, flush=True)

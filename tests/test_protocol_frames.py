@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -17,13 +18,15 @@ from shield.server import PolicyServer
 from tests.serve_bundles import write_tiny_bundle
 
 KEY = b"0123456789abcdef0123456789abcdef"
+REQUEST_KEY = hmac.new(KEY, b"S2RP v2 request", hashlib.sha256).digest()  # README: keys per direction
+REPLY_KEY = hmac.new(KEY, b"S2RP v2 reply", hashlib.sha256).digest()
 OBS = np.array([-1.0, 1.0, 0.1, 3.0e-3], np.float32)  # far from every constraint: the shield stays out
 ADDR = ("127.0.0.1", 40000)
 
 
 def doc_header(msg_type: int, flags: int, seq: int, ts: int, payload_len: int, client_id: int = 0) -> bytes:
     """The 32-byte header exactly as the table in README.md, "Wire protocol" lays it out."""
-    return (b"S2RP" + bytes([1, msg_type]) + flags.to_bytes(2, "little") + seq.to_bytes(8, "little")
+    return (b"S2RP" + bytes([2, msg_type]) + flags.to_bytes(2, "little") + seq.to_bytes(8, "little")
             + ts.to_bytes(8, "little") + payload_len.to_bytes(4, "little") + client_id.to_bytes(4, "little"))
 
 
@@ -34,7 +37,7 @@ def test_act_request_is_byte_exact():
     assert encode_act_request(7, 123456, OBS, legacy, client_id=99) == frame
     assert len(frame) == 32 + 4 + 24
     signed = doc_header(1, 1, 7, 123456, len(payload), 99) + payload
-    signed += hmac.new(KEY, signed, hashlib.sha256).digest()
+    signed += hmac.new(REQUEST_KEY, signed, hashlib.sha256).digest()
     assert encode_act_request(7, 123456, OBS, legacy, key=KEY, client_id=99) == signed
     req = decode_act_request(signed, KEY)
     assert (req.seq, req.timestamp_us) == (7, 123456)
@@ -51,10 +54,14 @@ def test_act_reply_and_status_request_are_byte_exact():
     assert (reply.seq, reply.timestamp_us, reply.status) == (9, 55, status)
     assert (reply.latency_us, reply.bundle_version) == (42, 3)
     assert reply.action.tobytes() == action.tobytes()
-    assert encode_status_request(11, 12) == doc_header(3, 0, 11, 12, 0)
+    assert encode_status_request(11, 12) == doc_header(3, 0, 11, 12, 480) + bytes(480)  # padded: no amplification
+    signed_reply = frame[:6] + b"\x01\x00" + frame[8:]
+    signed_reply += hmac.new(REPLY_KEY, signed_reply, hashlib.sha256).digest()
+    assert encode_act_reply(9, 55, status, 42, 3, action, key=KEY, client_id=5) == signed_reply
     # Status bits are the documented powers of two.
     assert [int(s) for s in (Status.INTERVENED, Status.FALLBACK, Status.BAD_INPUT, Status.AUTH_FAILED, Status.SHADOW,
-                             Status.STALE, Status.DEADLINE, Status.INFERENCE_ERROR)] == [1 << i for i in range(8)]
+                             Status.STALE, Status.DEADLINE, Status.INFERENCE_ERROR, Status.ENVELOPE)] == [
+        1 << i for i in range(9)]
 
 
 def test_reply_decoding_refuses_forged_and_truncated_frames():
@@ -68,6 +75,12 @@ def test_reply_decoding_refuses_forged_and_truncated_frames():
         decode_act_reply(encode_act_reply(1, 2, 0, 3, 4, [0.5, 0.5]), KEY)  # unsigned reply to a keyed client
     with pytest.raises(PacketError):
         decode_act_reply(frame[:20])
+    with pytest.raises(PacketError) as err:  # a signed request is not a reply, whatever its type byte says
+        request = encode_act_request(1, 2, [0.5, 0.5], key=KEY)
+        decode_act_reply(request[:5] + bytes([2]) + request[6:], KEY)
+    assert err.value.status == Status.AUTH_FAILED
+    with pytest.raises(PacketError):  # reserved flag bits are refused
+        decode_act_reply(frame[:6] + b"\x03\x00" + frame[8:], KEY)
 
 
 def test_latency_bins_are_log2_microseconds():
@@ -96,47 +109,64 @@ def test_server_answers_or_drops_exactly_as_documented(bundle):
     assert reply.action.tobytes() == reference.act(OBS)[0].tobytes()
 
     assert server.handle(b"", ADDR) is None and server.handle(good[:31], ADDR) is None  # shorter than a header
+    assert server.handle(good[:32], ADDR) is None  # shorter than an act request: a refusal would amplify
+    assert server.handle(good[:-1], ADDR) is None and server.handle(encode_act_request(2, 10, OBS[:3]), ADDR) is None
+    assert server.handle(good[:5] + b"\x02" + good[6:], ADDR) is None  # a reply is never answered
+    assert server.handle(good[:5] + b"\x04" + good[6:], ADDR) is None
+    assert server.stats.dropped == 7
     nan_obs = OBS.copy()
     nan_obs[2] = np.nan
     inf_obs = OBS.copy()
     inf_obs[0] = np.inf
     bad = {
         "magic": b"XXXX" + good[4:],
-        "version": good[:4] + b"\x02" + good[5:],
-        "type": good[:5] + b"\x02" + good[6:],
-        "truncated payload": good[:-1],
+        "version": good[:4] + b"\x01" + good[5:],
+        "type": encode_act_request(2, 10, OBS)[:5] + b"\x03" + encode_act_request(2, 10, OBS)[6:],  # a status request, not padded
+        "reserved flag": good[:6] + b"\x02\x00" + good[8:],
+        "payload_len short": good[:24] + (19).to_bytes(4, "little") + good[28:],
         "extra byte": good + b"\x00",
         "payload_len": good[:24] + (999).to_bytes(4, "little") + good[28:],
-        "obs dim": encode_act_request(2, 10, OBS[:3]),
+        "obs dim": encode_act_request(2, 10, np.append(OBS, 0.0)),
         "legacy dim": encode_act_request(2, 10, OBS, [0.1]),
         "nan": encode_act_request(2, 10, nan_obs),
         "inf": encode_act_request(2, 10, inf_obs),
-        "header only": good[:32],
+        "stale seq": encode_act_request(1, 10, OBS),  # not newer than this client's last: nothing runs
     }
     calls = server.stats.policy_calls
     for name, frame in bad.items():
         reply = decode_act_reply(server.handle(frame, ADDR))
-        assert reply.status & Status.BAD_INPUT and reply.status & Status.FALLBACK, name
+        assert reply.status & (Status.BAD_INPUT | Status.STALE) and reply.status & Status.FALLBACK, name
         assert reply.action.tobytes() == fallback.tobytes(), name
         assert reply.seq == int.from_bytes(frame[8:16], "little"), name
     assert server.stats.policy_calls == calls, "a bad packet reached the policy"
-    assert server.stats.bad_inputs == len(bad) and server.stats.dropped == 2
+    assert server.stats.bad_inputs == len(bad) - 1 and server.stats.stale == 1 and server.stats.dropped == 7
     signed = encode_act_request(50, 10, OBS, key=KEY)
     assert decode_act_reply(server.handle(signed, ADDR)).status & Status.AUTH_FAILED  # signed, but no key here
 
 
-def test_stale_sequence_is_flagged_without_a_key_and_rejected_with_one(bundle):
+def test_stale_sequence_is_refused_before_the_policy_with_or_without_a_key(bundle):
     server = _server(bundle)
     assert decode_act_reply(server.handle(encode_act_request(10, 0, OBS), ADDR)).status == Status.OK
     late = decode_act_reply(server.handle(encode_act_request(9, 0, OBS), ADDR))
-    assert late.status == Status.STALE and server.stats.policy_calls == 2
-    keyed = _server(bundle, key=KEY)
-    frame = encode_act_request(10, 0, OBS, key=KEY, client_id=1)
+    assert late.status == Status.STALE | Status.FALLBACK and server.stats.policy_calls == 1
+    # Without a key the client is (source address, client_id): another sender's seq is its own.
+    assert decode_act_reply(server.handle(encode_act_request(9, 0, OBS), ("127.0.0.1", 40001))).status == Status.OK
+    keyed = _server(bundle, key=KEY, not_before_us=0)
+    now = time.time_ns() // 1000
+    frame = encode_act_request(now, 0, OBS, key=KEY, client_id=1)
     assert decode_act_reply(keyed.handle(frame, ADDR), KEY).status == Status.OK
     for addr in (ADDR, ("127.0.0.1", 40001)):  # a replay from any address is a replay
         reply = decode_act_reply(keyed.handle(frame, addr), KEY)
-        assert reply.status & Status.AUTH_FAILED and reply.status & Status.FALLBACK
-    assert keyed.stats.policy_calls == 1 and keyed.stats.auth_failures == 2
+        assert reply.status == Status.STALE | Status.FALLBACK
+    assert keyed.stats.policy_calls == 1 and keyed.stats.stale == 2
+    # Outside the clock window (either side), or signed with the PSK itself (version 1 style): refused.
+    for seq in (now - 5_000_000, now + 5_000_000):
+        assert decode_act_reply(keyed.handle(encode_act_request(seq, 0, OBS, key=KEY, client_id=2), ADDR),
+                                KEY).status == Status.STALE | Status.FALLBACK
+    v1_style = encode_act_request(now + 1, 0, OBS, client_id=3)
+    v1_style = v1_style[:6] + b"\x01\x00" + v1_style[8:]
+    assert keyed.handle(v1_style + hmac.new(KEY, v1_style, hashlib.sha256).digest(), ADDR) is None
+    assert keyed.stats.policy_calls == 1 and keyed.stats.auth_failures == 1
 
 
 def test_status_reply_layout(bundle):
@@ -144,7 +174,8 @@ def test_status_reply_layout(bundle):
     server.handle(encode_act_request(1, 0, OBS), ADDR)
     frame = server.handle(encode_status_request(2, 77), ADDR)
     head = struct.unpack_from("<4sBBHQQII", frame)
-    assert head[:6] == (b"S2RP", 1, MsgType.STATUS_REPLY, 0, 2, 77)
+    assert head[:6] == (b"S2RP", 2, MsgType.STATUS_REPLY, 0, 2, 77)
+    assert len(frame) <= len(encode_status_request(2, 77))  # never larger than the request
     version, uptime, n_counters, n_bins = struct.unpack_from("<IQHH", frame, 32)
     assert (version, n_counters, n_bins) == (5, len(COUNTER_NAMES), LATENCY_BINS)
     assert head[6] == 16 + 8 * (n_counters + n_bins) == len(frame) - 32
@@ -153,6 +184,11 @@ def test_status_reply_layout(bundle):
     status = decode_status_reply(frame)
     assert status.counters["requests"] == 2 and status.counters["status_requests"] == 1
     assert int(status.histogram.sum()) == 1
+    # An older reader that knows only the first 13 counters reads them unchanged (extra ones are appended).
+    assert COUNTER_NAMES[:13] == ("requests", "answered", "dropped", "policy_calls", "interventions", "fallbacks",
+                                  "bad_inputs", "auth_failures", "stale", "deadline_misses", "inference_errors",
+                                  "reloads", "status_requests")
+    assert COUNTER_NAMES[13:] == ("envelope_flags", "plants_evicted")
 
 
 def test_runtime_failure_and_deadline_get_the_fallback(bundle, tmp_path):

@@ -6,6 +6,12 @@
  * reply, check it, apply the action. HMAC-SHA256 is included (a small
  * SHA-256), so it works against a server started with --key-file.
  *
+ * Protocol version 2: the key file's bytes (trailing whitespace stripped, not
+ * hex-decoded, >= 32 bytes) are the pre-shared key PSK; requests are signed with
+ * HMAC-SHA256(PSK, "S2RP v2 request") and replies verified with
+ * HMAC-SHA256(PSK, "S2RP v2 reply"), so a reply can never pass as a request.
+ * seq is the wall clock in µs (a keyed server requires it within its clock window).
+ *
  *   cc -O2 -Wall -Wextra -std=c99 -o s2r_client s2r_client.c
  *   ./s2r_client [-k KEYFILE] [-l LEGACY_CSV] HOST PORT OBS0 OBS1 ...
  *
@@ -31,6 +37,8 @@
 #define MAC_SIZE 32
 #define MAX_FLOATS 256
 #define MAX_KEY 1024
+#define MIN_KEY 32
+#define VERSION 2
 
 enum { ACT_REQUEST = 1, ACT_REPLY = 2 };
 enum { FLAG_HMAC = 1 };
@@ -137,7 +145,7 @@ static size_t read_key(const char *path, uint8_t *key) {
     size_t n = fread(key, 1, MAX_KEY, f);
     fclose(f);
     while (n && (key[n - 1] == '\n' || key[n - 1] == '\r' || key[n - 1] == ' ' || key[n - 1] == '\t')) n--;
-    if (n < 16) { fprintf(stderr, "%s: key shorter than 16 bytes\n", path); exit(1); }
+    if (n < MIN_KEY) { fprintf(stderr, "%s: key shorter than %d bytes\n", path, MIN_KEY); exit(1); }
     return n;
 }
 
@@ -154,6 +162,7 @@ static int parse_csv(const char *s, float *out) {
 
 int main(int argc, char **argv) {
     uint8_t key[MAX_KEY], req[HEADER_SIZE + 4 + 8 * MAX_FLOATS + MAC_SIZE], rep[2048], mac[MAC_SIZE];
+    uint8_t request_key[32], reply_key[32];  /* one MAC key per direction, derived from the PSK */
     size_t klen = 0;
     float legacy[MAX_FLOATS];
     int n_leg = 0, opt;
@@ -172,12 +181,18 @@ int main(int argc, char **argv) {
     addr.sin_port = htons((uint16_t)atoi(argv[optind + 1]));
     if (inet_pton(AF_INET, argv[optind], &addr.sin_addr) != 1) { fprintf(stderr, "bad host %s\n", argv[optind]); return 1; }
 
+    if (klen) {
+        static const char req_label[] = "S2RP v2 request", rep_label[] = "S2RP v2 reply";
+        hmac_sha256(key, klen, (const uint8_t *)req_label, sizeof req_label - 1, request_key);
+        hmac_sha256(key, klen, (const uint8_t *)rep_label, sizeof rep_label - 1, reply_key);
+    }
+
     /* Header: magic, version, type, flags, seq, timestamp_us, payload_len, client_id. */
     uint64_t seq = now_us(CLOCK_REALTIME);  /* ahead of any earlier run: the replay window never trips */
     uint32_t client_id = (uint32_t)(seq ^ ((uint64_t)getpid() << 16));
     uint32_t payload_len = 4 + 4 * (uint32_t)(n_obs + n_leg);
     memcpy(req, "S2RP", 4);
-    req[4] = 1;
+    req[4] = VERSION;
     req[5] = ACT_REQUEST;
     put16(req + 6, klen ? FLAG_HMAC : 0);
     put64(req + 8, seq);
@@ -189,7 +204,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_obs; i++) put32(req + 36 + 4 * i, f32bits(strtof(argv[optind + 2 + i], NULL)));
     for (int i = 0; i < n_leg; i++) put32(req + 36 + 4 * (n_obs + i), f32bits(legacy[i]));
     size_t len = HEADER_SIZE + payload_len;
-    if (klen) { hmac_sha256(key, klen, req, len, req + len); len += MAC_SIZE; }
+    if (klen) { hmac_sha256(request_key, 32, req, len, req + len); len += MAC_SIZE; }
 
     int fd = socket(AF_INET, SOCK_DGRAM, 0);
     struct timeval tv = {1, 0};
@@ -202,11 +217,11 @@ int main(int argc, char **argv) {
         ssize_t n = recv(fd, rep, sizeof rep, 0);
         if (n < 0) { fprintf(stderr, "timeout: %s\n", strerror(errno)); return 2; }
         int signed_reply = n >= HEADER_SIZE && (get16(rep + 6) & FLAG_HMAC);
-        if (n < HEADER_SIZE + 16 + (signed_reply ? MAC_SIZE : 0) || memcmp(rep, "S2RP", 4) || rep[4] != 1 || rep[5] != ACT_REPLY)
+        if (n < HEADER_SIZE + 16 + (signed_reply ? MAC_SIZE : 0) || memcmp(rep, "S2RP", 4) || rep[4] != VERSION || rep[5] != ACT_REPLY)
             continue;  /* not a reply frame: ignore */
         size_t body = (size_t)n - (signed_reply ? MAC_SIZE : 0);
         if (klen) {  /* with a key, only a reply signed with it counts */
-            hmac_sha256(key, klen, rep, body, mac);
+            hmac_sha256(reply_key, 32, rep, body, mac);
             if (!signed_reply || !mac_equal(mac, rep + body)) { fprintf(stderr, "reply MAC mismatch\n"); return 3; }
         }
         if (get64(rep + 8) != seq) continue;  /* a late reply to an earlier request */

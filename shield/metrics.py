@@ -1,0 +1,73 @@
+"""Prometheus text-format endpoint for `sim2real serve --metrics-port P` (optional extra `metrics`).
+
+The counters and the latency histogram are read from `ServeStats` when Prometheus
+scrapes (a collector, in the HTTP server's own thread), so the serving loop pays
+nothing for them. `prometheus-client` is imported only here, only when asked for:
+`import shield` and the edge base install stay light.
+
+Exposed (all counters of the status reply, README.md "Status request"):
+    s2r_serve_<counter>_total          counter, one per COUNTER_NAMES entry
+    s2r_serve_latency_seconds          histogram of act replies (kernel receive -> reply built),
+                                       buckets at the status reply's log2 µs bin edges
+    s2r_serve_bundle_version           gauge
+    s2r_serve_plants                   gauge: plant sessions held now
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shield.protocol import COUNTER_NAMES, LATENCY_BINS
+
+
+class MetricsError(RuntimeError):
+    """The metrics endpoint cannot start (extra not installed, port taken)."""
+
+
+def _collector(server: Any):
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    class ServeCollector:
+        def collect(self):
+            stats = server.stats
+            for name in COUNTER_NAMES:
+                family = CounterMetricFamily(f"s2r_serve_{name}", f"serve counter {name} (README, Status request)")
+                family.add_metric([], getattr(stats, name))
+                yield family
+            hist = list(stats.histogram)
+            buckets, acc = [], 0
+            for i in range(LATENCY_BINS - 1):  # bin i counts latencies below 2**i µs (bin 0: below 1 µs)
+                acc += hist[i]
+                buckets.append((repr(2.0 ** i / 1e6), acc))
+            acc += hist[-1]
+            buckets.append(("+Inf", acc))
+            latency = HistogramMetricFamily("s2r_serve_latency_seconds",
+                                            "act replies: kernel receive to reply built (s)")
+            latency.add_metric([], buckets, sum_value=None)
+            yield latency
+            version = GaugeMetricFamily("s2r_serve_bundle_version", "bundle version being served")
+            version.add_metric([], server.served.version)
+            yield version
+            plants = GaugeMetricFamily("s2r_serve_plants", "plant sessions held")
+            plants.add_metric([], len(server.plants))
+            yield plants
+
+    return ServeCollector()
+
+
+def start_metrics_server(server: Any, port: int, host: str = "127.0.0.1") -> tuple[str, int]:
+    """Serve /metrics for `server` on host:port in a daemon thread; returns the bound (host, port)."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError:
+        raise MetricsError("--metrics-port needs prometheus-client: pip install 'sim2real[metrics]'") from None
+    registry = CollectorRegistry()
+    registry.register(_collector(server))
+    try:
+        httpd, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as err:
+        raise MetricsError(f"cannot serve metrics on {host}:{port}: {err.strerror}") from None
+    except (TypeError, ValueError):  # prometheus-client < 0.20 returns nothing
+        raise MetricsError("--metrics-port needs prometheus-client >= 0.20") from None
+    bound = httpd.server_address
+    return str(bound[0]), int(bound[1])

@@ -1,0 +1,214 @@
+"""`sim2real serve` / `python -m shield.server`: the one definition of the command's arguments and its startup.
+
+`add_serve_arguments(parser)` is used by both entry points (pipeline/cli.py and
+shield.server.main), so their help never drifts. Startup refuses what would be
+unsafe to run: a key file others can read or shorter than 32 bytes, a
+non-loopback bind without a key (unless `--insecure`). `--realtime` asks the OS
+for SCHED_FIFO, locked memory and a pinned CPU, and says what it did not get.
+
+Stdlib at import (the parser is built on every `sim2real --help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import ipaddress
+import os
+import signal
+import socket
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+MIN_KEY_BYTES = 32
+REALTIME_PRIORITY = 50  # SCHED_FIFO priority: above ordinary threads, below the kernel's own (99)
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The `serve` arguments (README.md, "Running the server")."""
+    p.add_argument("bundle", nargs="?", help="bundle directory (or use --registry)")
+    p.add_argument("--registry", metavar="TASK", help="serve TASK's production bundle and hot-reload on promote/rollback")
+    p.add_argument("--models", default="models", help="registry root for --registry (default models/)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="IPv4 address to bind (default 127.0.0.1; any other address needs --key-file or --insecure)")
+    p.add_argument("--port", type=int, default=9870, help="UDP port (default 9870; 0 picks a free one)")
+    p.add_argument("--mode", choices=["active", "shadow"], default="active",
+                   help="active: reply with the shielded action; shadow: echo the legacy action and log the "
+                        "candidate (needs --log)")
+    p.add_argument("--key-file", help="pre-shared key: the file's bytes (not hex-decoded), >= 32 bytes, mode 0600; "
+                                      "requests must be signed")
+    p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without a key")
+    p.add_argument("--log", metavar="DIR", help="write shadow logs (NPZ) here (required with --mode shadow)")
+    p.add_argument("--deadline-us", type=float, default=1000.0,
+                   help="deadline from kernel receive to reply built (µs, default 1000); overruns get the fallback")
+    p.add_argument("--max-plants", type=int, default=64,
+                   help="plant sessions kept (default 64); the least recently seen is evicted for a new one")
+    p.add_argument("--clock-window-ms", type=float, default=1000.0,
+                   help="with a key: a request's seq must be within this of the server's clock (default 1000 ms)")
+    p.add_argument("--realtime", action="store_true",
+                   help="SCHED_FIFO, mlockall and CPU pinning where permitted (README: what it needs)")
+    p.add_argument("--cpu", type=int, help="with --realtime: the CPU to pin the serving thread to")
+    p.add_argument("--metrics-port", type=int,
+                   help="expose counters and the latency histogram for Prometheus on this TCP port "
+                        "(needs the `metrics` extra)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint (default 127.0.0.1)")
+
+
+def read_key_file(path: str | Path) -> bytes:
+    """The pre-shared key: the file's bytes without trailing whitespace; >= 32 bytes, not readable by others."""
+    path = Path(path)
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(f"{path}: key file is accessible to group/others (mode {stat.S_IMODE(mode):04o}); "
+                         f"run `chmod 600 {path}`")
+    key = path.read_bytes().rstrip(b" \t\r\n")
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"{path}: key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes "
+                         f"(e.g. `openssl rand -hex 32 > {path}`: 64 characters, used as they are)")
+    return key
+
+
+def is_loopback(host: str) -> bool:
+    """True when `host` (address or name) is a loopback address."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+        except OSError:
+            return False
+
+
+def go_realtime(cpu: int | None) -> list[str]:
+    """SCHED_FIFO, mlockall(current|future), CPU affinity; returns one line per thing that was not permitted."""
+    problems = []
+    if cpu is not None:
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except (OSError, AttributeError) as err:
+            problems.append(f"CPU affinity to {cpu}: {getattr(err, 'strerror', err)}")
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mlockall(1 | 2) != 0:  # MCL_CURRENT | MCL_FUTURE: no page fault on the hot path
+            problems.append(f"mlockall: {os.strerror(ctypes.get_errno())} (needs CAP_IPC_LOCK or a "
+                            f"large enough `ulimit -l`)")
+    except (OSError, AttributeError) as err:
+        problems.append(f"mlockall: {err}")
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+    except (OSError, AttributeError) as err:
+        problems.append(f"SCHED_FIFO priority {REALTIME_PRIORITY}: {getattr(err, 'strerror', err)} (needs "
+                        f"CAP_SYS_NICE, root, or `ulimit -r` >= {REALTIME_PRIORITY})")
+    return problems
+
+
+def _load_runtime(bundle_dir: Path, pinned: dict | None = None) -> Any:
+    from shield.runtime import EdgeRuntime
+
+    return EdgeRuntime.load(bundle_dir, pinned=pinned)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """`sim2real serve`: load a verified bundle, answer the plants until SIGTERM/SIGINT, print stats."""
+    from shield.bundle import BundleError, production_target
+    from shield.server import PolicyServer
+    from shield.watchers import RegistryWatcher, Watchdog
+
+    bundle, task = getattr(args, "bundle", None), getattr(args, "registry", None)
+    mode, log_dir = getattr(args, "mode", "active"), getattr(args, "log", None)
+    host = getattr(args, "host", "127.0.0.1")
+    if bool(bundle) == bool(task):
+        print("serve: give exactly one of BUNDLE or --registry TASK", file=sys.stderr)
+        return 2
+    if mode == "shadow" and not log_dir:
+        print("serve: --mode shadow needs --log DIR (the shadow log is the point of shadow mode)", file=sys.stderr)
+        return 2
+    if not getattr(args, "key_file", None) and not getattr(args, "insecure", False) and not is_loopback(host):
+        print(f"serve: --host {host} is not loopback and no --key-file is given: anyone on that network could "
+              f"drive the plant. Give a key, or --insecure on a closed control network.", file=sys.stderr)
+        return 2
+    models = Path(getattr(args, "models", None) or "models")
+    try:
+        key = read_key_file(args.key_file) if getattr(args, "key_file", None) else None
+        bundle_dir, pinned = production_target(models, task) if task else (Path(bundle), None)
+        runtime = _load_runtime(bundle_dir, pinned)
+    except (BundleError, OSError, ValueError) as err:
+        print(f"serve: {err}", file=sys.stderr)
+        return 2
+    shadow_log = None
+    if mode == "shadow":
+        from shield.shadowlog import ShadowLogWriter
+
+        shadow_log = ShadowLogWriter(log_dir)
+    try:
+        server = PolicyServer(runtime, host=host, port=int(getattr(args, "port", 9870)), mode=mode, key=key,
+                              shadow_log=shadow_log, deadline_us=float(getattr(args, "deadline_us", None) or 1000.0),
+                              max_plants=int(getattr(args, "max_plants", None) or 64),
+                              clock_window_us=int(1000 * float(getattr(args, "clock_window_ms", None) or 1000.0)))
+    except OSError as err:
+        print(f"serve: cannot bind {host}:{getattr(args, 'port', '')}: {err.strerror}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"serve: {err}", file=sys.stderr)
+        return 2
+    metrics = None
+    if getattr(args, "metrics_port", None) is not None:
+        from shield.metrics import MetricsError, start_metrics_server
+
+        try:
+            metrics = start_metrics_server(server, args.metrics_port, getattr(args, "metrics_host", "127.0.0.1"))
+        except MetricsError as err:
+            print(f"serve: {err}", file=sys.stderr)
+            server.close()
+            return 2
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.stop())
+    helpers: list[Any] = [Watchdog(server)]
+    if task:
+        helpers.append(RegistryWatcher(server, models, task, _load_runtime))
+    for h in helpers:
+        h.start()
+    if getattr(args, "realtime", False):
+        for problem in go_realtime(getattr(args, "cpu", None)):
+            print(f"serve: --realtime: not permitted: {problem}; continuing without it", file=sys.stderr)
+    elif getattr(args, "cpu", None) is not None:
+        print("serve: --cpu only applies with --realtime", file=sys.stderr)
+    if key is not None:
+        # Requests with seq below the start floor are refused (replay protection across restarts):
+        # start answering once a client with a synchronised clock is above it.
+        wait_s = (server.guard.not_before_us - server.wall_clock_ns() // 1000) / 1e6
+        if wait_s > 0:
+            time.sleep(wait_s)
+    # Everything loaded so far lives as long as the server: keep the cyclic GC from rescanning it
+    # on the hot path (fewer, shorter collector pauses between control periods).
+    gc.collect()
+    gc.freeze()
+    bound_host, port = server.address
+    extra = f" metrics=http://{metrics[0]}:{metrics[1]}/metrics" if metrics else ""
+    print(f"serve: listening udp://{bound_host}:{port} task={server.served.meta['task']} "
+          f"version={server.served.version} mode={mode} auth={'hmac' if key else 'off'}"
+          f" timestamps={'kernel' if server.kernel_timestamps else 'dequeue'}{extra}", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        for h in helpers:
+            h.stop()
+        for h in helpers:
+            h.join(timeout=5.0)  # a reload in progress finishes before the process exits
+        server.close()
+        print(f"serve: {server.stats.summary()}", flush=True)
+        if shadow_log is not None:
+            print(f"serve: shadow log: {len(shadow_log.written)} part(s) in {shadow_log.dir}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m shield.server`: the same as `sim2real serve`, for an edge box without pipeline/."""
+    p = argparse.ArgumentParser(prog="python -m shield.server", description=run_cli.__doc__)
+    add_serve_arguments(p)
+    return run_cli(p.parse_args(argv))

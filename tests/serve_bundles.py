@@ -52,6 +52,15 @@ def write_tiny_bundle(out_dir, seed: int = 0, version: int | None = None, latenc
     return write_bundle(out_dir, policy_onnx=policy, shield_spec=shield_bytes, manifest=manifest)
 
 
+def write_key_file(path, key: bytes):
+    """A pre-shared key file as `serve --key-file` accepts it: mode 0600."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    os.chmod(path, 0o600)
+    return path
+
+
 class ServerProcess:
     """`python -m shield.server ...` (or `command`) in a subprocess on a free port; waits for its 'listening' line."""
 

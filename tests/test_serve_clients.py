@@ -18,7 +18,7 @@ from shield.client import PolicyClient
 from shield.protocol import HEADER, MAC_SIZE, Status, decode_act_reply, encode_act_request
 from shield.runtime import EdgeRuntime
 from shield.shadowlog import COLUMNS, read_shadow_log
-from tests.serve_bundles import ServerProcess, write_tiny_bundle
+from tests.serve_bundles import ServerProcess, write_key_file, write_tiny_bundle
 
 pytestmark = pytest.mark.timeout(120)  # a hung server fails the test instead of the CI job
 
@@ -79,10 +79,21 @@ def test_python_and_c_clients_get_the_in_process_shielded_action(bundle, c_clien
         server.stop()
 
 
-def test_auth_rejects_forged_and_replayed_packets_before_the_policy(bundle, c_client, tmp_path):
+def nothing_received(sock) -> bool:
+    """True when no datagram is waiting on `sock` (call after a round trip that follows what was sent)."""
+    sock.setblocking(False)
+    try:
+        sock.recv(4096)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def test_auth_drops_forged_packets_and_refuses_replays_before_the_policy(bundle, c_client, tmp_path):
     key = os.urandom(32).hex().encode()
-    key_file = tmp_path / "psk"
-    key_file.write_bytes(key + b"\n")
+    key_file = write_key_file(tmp_path / "psk", key + b"\n")
     reference = EdgeRuntime.load(bundle)
     obs = observations(1, seed=5)[0]
     with ServerProcess(str(bundle), "--key-file", str(key_file), *NO_DEADLINE) as server:
@@ -96,8 +107,8 @@ def test_auth_rejects_forged_and_replayed_packets_before_the_policy(bundle, c_cl
             assert decode_act_reply(raw.recv(2048), key).status & Status.AUTH_FAILED == 0
         assert client.act(obs).action.tobytes() == reference.act(obs)[0].tobytes()
         assert run_c(c_client, server, obs, key_file=key_file)["action"].tobytes() == reference.act(obs)[0].tobytes()
-        calls = client.status().counters["policy_calls"]
-        assert calls == len(captured) + 2
+        before = client.status().counters
+        assert before["policy_calls"] == len(captured) + 2
 
         rng = np.random.default_rng(0)
         forged = []
@@ -105,25 +116,31 @@ def test_auth_rejects_forged_and_replayed_packets_before_the_policy(bundle, c_cl
             flipped = bytearray(frame)
             flipped[rng.integers(0, len(frame))] ^= 1 << int(rng.integers(0, 8))
             forged += [bytes(flipped), frame[:-MAC_SIZE] + os.urandom(MAC_SIZE), frame[:-MAC_SIZE],
-                       encode_act_request(10**18, 0, obs, key=b"not the key at all, sorry", client_id=client.client_id),
-                       encode_act_request(10**18, 0, obs)]  # unsigned
-        replays = captured * 3
+                       encode_act_request(client.next_seq(), 0, obs, key=b"not the key at all, sorry, not at all",
+                                          client_id=client.client_id),
+                       encode_act_request(client.next_seq(), 0, obs)]  # unsigned
         attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # another address: still a replay
         attacker.settimeout(5.0)
-        for i, frame in enumerate(forged + replays):
+        for i, frame in enumerate(forged):
+            (attacker if i % 2 else raw).sendto(frame, (server.host, server.port))
+        mid = client.status().counters  # a round trip after the forgeries: anything they got back is queued
+        assert nothing_received(raw) and nothing_received(attacker), "an unauthenticated datagram was answered"
+        accepted_forgeries = mid["policy_calls"] - before["policy_calls"]
+        assert accepted_forgeries == 0 and mid["auth_failures"] == len(forged)
+        assert mid["dropped"] - before["dropped"] == len(forged)
+        replays = captured * 3
+        for i, frame in enumerate(replays):  # authenticated but old: refused, signed, before the policy
             sock = attacker if i % 2 else raw
             sock.sendto(frame, (server.host, server.port))
-            reply = sock.recv(2048)
-            status = decode_act_reply(reply, key).status  # the server signs even its refusals
-            assert status & Status.AUTH_FAILED and status & Status.FALLBACK
-            assert decode_act_reply(reply, key).action.tolist() == [0.0, 0.0]
+            reply = decode_act_reply(sock.recv(2048), key)
+            assert reply.status == Status.STALE | Status.FALLBACK and reply.action.tolist() == [0.0, 0.0]
         stats = client.status().counters
-        assert stats["policy_calls"] == calls, "a forged or replayed packet reached the policy"
-        assert stats["auth_failures"] == len(forged) + len(replays)
-        # The C client without the key is refused too.
+        assert stats["policy_calls"] == before["policy_calls"], "a replayed packet reached the policy"
+        assert stats["stale"] == len(replays)
+        # The C client without the key is not answered at all.
         out = subprocess.run([str(c_client), server.host, str(server.port), *map(str, obs)],
                              capture_output=True, text=True)
-        assert "status=0xa" in out.stdout  # FALLBACK | AUTH_FAILED
+        assert out.returncode == 2 and "timeout" in out.stderr
         raw.close()
         attacker.close()
         client.close()
@@ -186,13 +203,15 @@ def test_status_counts_match_traffic(bundle):
             client.act(obs)
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.sendto(b"short", (server.host, server.port))  # dropped, not answered
-        sock.sendto(b"\x00" * HEADER.size, (server.host, server.port))  # answered: bad input
+        sock.sendto(b"\x00" * HEADER.size, (server.host, server.port))  # dropped: shorter than an act request
+        sock.sendto(b"\x00" * 64, (server.host, server.port))  # dropped: type 0 is not a request
+        sock.sendto(b"\x00" * 4 + b"\x02\x01" + b"\x00" * 58, (server.host, server.port))  # answered: bad input
         sock.settimeout(5.0)
         assert decode_act_reply(sock.recv(2048)).status & Status.BAD_INPUT
         time.sleep(0.05)
         stats = client.status().counters
         assert (stats["requests"], stats["answered"], stats["dropped"], stats["policy_calls"], stats["bad_inputs"]) == (
-            13, 12, 1, 10, 1)
+            15, 12, 3, 10, 1)
         sock.close()
         server.stop()
 
@@ -207,14 +226,18 @@ def test_serve_cli_errors_are_one_clear_line(bundle, tmp_path, capsys):
                     mode="active", key_file=None, log=None, deadline_us=1000.0)
         return Namespace(**{**base, **kw})
 
-    short_key = tmp_path / "short"
-    short_key.write_bytes(b"abc\n")
+    short_key = write_key_file(tmp_path / "short", b"0123456789abcdef0123456789abcde\n")  # 31 bytes
+    open_key = tmp_path / "open"
+    open_key.write_bytes(b"k" * 32)
+    open_key.chmod(0o640)
     cases = [(args(), "exactly one of BUNDLE or --registry"),
              (args(bundle=str(bundle), registry="planar"), "exactly one of BUNDLE or --registry"),
              (args(bundle=str(bundle), mode="shadow"), "--mode shadow needs --log"),
              (args(registry="planar"), "no production version"),
              (args(bundle=str(tmp_path / "nope")), "not a bundle directory"),
-             (args(bundle=str(bundle), key_file=str(short_key)), "at least 16")]
+             (args(bundle=str(bundle), key_file=str(short_key)), "at least 32"),
+             (args(bundle=str(bundle), key_file=str(open_key)), "chmod 600"),
+             (args(bundle=str(bundle), host="0.0.0.0"), "not loopback and no --key-file")]
     for a, message in cases:
         assert run_cli(a) == 2
         err = capsys.readouterr().err

@@ -20,38 +20,57 @@ from shield.client import PolicyClient
 from shield.protocol import (MsgType, Status, decode_act_reply, decode_status_reply, encode_act_request,
                              encode_status_request)
 from shield.runtime import EdgeRuntime
-from tests.serve_bundles import ServerProcess, write_tiny_bundle
+from tests.serve_bundles import ServerProcess, write_key_file, write_tiny_bundle
 
 pytestmark = pytest.mark.timeout(240)  # a hung server fails the test instead of the CI job
 
 N_PACKETS = 100_032  # 1563 bursts of 64
 BURST = 64  # in-flight bound: the socket buffers never overflow, so nothing is lost to the kernel
-REJECTED = Status.BAD_INPUT | Status.AUTH_FAILED | Status.INFERENCE_ERROR
+REJECTED = Status.BAD_INPUT | Status.AUTH_FAILED | Status.STALE | Status.INFERENCE_ERROR
 
 
-def classify(pkt: bytes) -> str:
-    """What the README's "Wire protocol" says happens to a datagram at a server without a key."""
-    if len(pkt) < 32:
-        return "drop"
-    magic, version, msg_type, flags, _, _, payload_len, _ = struct.unpack_from("<4sBBHQQII", pkt)
-    if flags & 1 or magic != b"S2RP" or version != 1 or payload_len != len(pkt) - 32:
-        return "reject"
-    if msg_type == 3 and payload_len == 0:
-        return "status"
-    if msg_type != 1 or payload_len < 4:
-        return "reject"
-    n_obs, n_legacy = struct.unpack_from("<HH", pkt, 32)
-    if n_obs != 4 or n_legacy not in (0, 2) or payload_len != 4 + 4 * (n_obs + n_legacy):
-        return "reject"
-    if not np.isfinite(np.frombuffer(pkt, "<f4", n_obs + n_legacy, 36)).all():
-        return "reject"
-    return "policy"
+class Classifier:
+    """What the README's "Wire protocol" says happens to each datagram at a server without a key, in order.
+
+    Stateful like the server: a request is fresh when its seq is above the last accepted one of
+    its client (this sender's address and the header's client_id); only accepted requests count.
+    """
+
+    MIN_ANSWERED = 32 + 4 + 4 * 4  # a refusal is sent only to a datagram as long as a valid act request
+
+    def __init__(self):
+        self.last: dict[int, int] = {}
+
+    def __call__(self, pkt: bytes) -> str:
+        if len(pkt) < 32 or pkt[5] not in (1, 3):
+            return "drop"
+        refuse = "reject" if len(pkt) >= self.MIN_ANSWERED else "drop"
+        magic, version, msg_type, flags, seq, _, payload_len, client_id = struct.unpack_from("<4sBBHQQII", pkt)
+        if flags != 0 or magic != b"S2RP" or version != 2 or payload_len != len(pkt) - 32:
+            return refuse
+        if client_id in self.last and seq <= self.last[client_id]:
+            return refuse
+        if msg_type == 3:
+            if payload_len < 480:
+                return refuse
+            self.last[client_id] = seq
+            return "status"
+        if payload_len < 4:
+            return refuse
+        n_obs, n_legacy = struct.unpack_from("<HH", pkt, 32)
+        if n_obs != 4 or n_legacy not in (0, 2) or payload_len != 4 + 4 * (n_obs + n_legacy):
+            return refuse
+        if not np.isfinite(np.frombuffer(pkt, "<f4", n_obs + n_legacy, 36)).all():
+            return refuse
+        self.last[client_id] = seq
+        return "policy"
 
 
 def fuzz_packets(rng: np.random.Generator, n: int) -> list[bytes]:
     """Random and mutated datagrams, a mix of every way a packet can be wrong (and some right)."""
     # Draw everything up front: per-packet generator calls would dominate the test's time.
-    seqs = rng.integers(0, 2**63, n)
+    # Mostly increasing (fresh), sometimes behind the last accepted one (stale): both paths are exercised.
+    seqs = np.arange(n, dtype=np.int64) * 1000 + rng.integers(0, 1500, n)
     obs_all = rng.normal(0, 1, (n, 4)).astype(np.float32)
     legacy_all = rng.uniform(-1, 1, (n, 2)).astype(np.float32)
     u = rng.random((n, 3))
@@ -72,7 +91,10 @@ def fuzz_packets(rng: np.random.Generator, n: int) -> list[bytes]:
         elif kind == 1:
             b = bytearray(base)
             for j in range(1 + k[i, 1] % 3):
-                b[k[i, 2 + j] % len(b)] = rand[j]
+                pos = k[i, 2 + j] % len(b)
+                # Not the seq: one mutated high seq byte would make every later packet stale (that path
+                # is exercised by the seqs themselves, drawn to run behind now and then).
+                b[pos + 8 if 8 <= pos < 16 else pos] = rand[j]
             pkt = bytes(b)
         elif kind == 2:
             pkt = base[:k[i, 1] % len(base)]
@@ -113,6 +135,7 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
         fuzz.settimeout(5.0)
         plant = PolicyClient(server.host, server.port, timeout_s=5.0)
         packets = fuzz_packets(rng, N_PACKETS)
+        classify = Classifier()
         for start in range(0, N_PACKETS, BURST):
             burst = packets[start:start + BURST]
             kinds = [classify(p) for p in burst]
@@ -157,33 +180,33 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
     assert "Traceback" not in text and "internal error" not in text
 
 
-def test_fuzz_with_a_key_nothing_unsigned_reaches_the_policy(bundle, tmp_path):
+def test_fuzz_with_a_key_nothing_unsigned_is_answered_or_reaches_the_policy(bundle, tmp_path):
     import hashlib
     import hmac as hmac_mod
 
     key = b"k" * 32
-    (tmp_path / "psk").write_bytes(key)
+    write_key_file(tmp_path / "psk", key)
     rng = np.random.default_rng(99)
     packets = fuzz_packets(rng, 20_032)
-    # Also packets signed with the wrong key and correctly signed frames carrying bad content.
-    packets += [p + hmac_mod.new(b"w" * 32, p, hashlib.sha256).digest() for p in packets[:2000]]
-    answered = 0
+    # Also packets signed with the wrong key, with the PSK itself (version 1's scheme) and with the reply key.
+    reply_key = hmac_mod.new(key, b"S2RP v2 reply", hashlib.sha256).digest()
+    for k in (b"w" * 32, key, reply_key):
+        packets += [p + hmac_mod.new(k, p, hashlib.sha256).digest() for p in packets[:2000]]
+    checked = sum(1 for p in packets if len(p) >= 32 and p[5] in (1, 3))
     with ServerProcess(str(bundle), "--key-file", str(tmp_path / "psk"), "--deadline-us", "1e7") as server:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.settimeout(5.0)
-        for start in range(0, len(packets), BURST):
-            burst = packets[start:start + BURST]
-            for p in burst:
-                sock.sendto(p, (server.host, server.port))
-            for p in burst:
-                if len(p) < 32:
-                    continue
-                reply = decode_act_reply(sock.recv(4096), key)  # refusals are signed too
-                assert reply.status & Status.AUTH_FAILED and reply.action.tolist() == [0.0, 0.0]
-                answered += 1
         plant = PolicyClient(server.host, server.port, key=key, timeout_s=5.0)
+        for start in range(0, len(packets), BURST):
+            for p in packets[start:start + BURST]:
+                sock.sendto(p, (server.host, server.port))
+            plant.status()  # paces the bursts: the server has read everything sent before
         stats = plant.status().counters
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            sock.recv(4096)  # not one reply to an unauthenticated datagram
         plant.close()
         sock.close()
         server.stop()
-    assert stats["policy_calls"] == 0 and stats["auth_failures"] == answered > 15_000
+    assert stats["policy_calls"] == 0 and stats["answered"] == stats["status_requests"]
+    assert stats["auth_failures"] == checked > 15_000
+    assert stats["dropped"] == len(packets)

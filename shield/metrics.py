@@ -43,7 +43,7 @@ def _collector(server: Any):
             buckets.append(("+Inf", acc))
             latency = HistogramMetricFamily("s2r_serve_latency_seconds",
                                             "act replies: kernel receive to reply built (s)")
-            latency.add_metric([], buckets, sum_value=None)
+            latency.add_metric([], buckets, sum_value=stats.latency_sum_us / 1e6)
             yield latency
             version = GaugeMetricFamily("s2r_serve_bundle_version", "bundle version being served")
             version.add_metric([], server.served.version)

@@ -63,6 +63,7 @@ class ServeStats:
         for name in COUNTER_NAMES:
             setattr(self, name, 0)
         self.histogram = [0] * LATENCY_BINS
+        self.latency_sum_us = 0  # of act replies (for the Prometheus histogram's _sum)
         self.started = time.monotonic()
 
     def as_dict(self) -> dict[str, int]:
@@ -348,6 +349,7 @@ class PolicyServer:
         latency_us = min((time.perf_counter_ns() - self._t0) // 1000, _U32_MAX)
         stats.answered += 1
         stats.histogram[latency_bin(latency_us)] += 1
+        stats.latency_sum_us += latency_us
         if status & _FALLBACK:
             stats.fallbacks += 1
         key, out = self._reply_key, self._out

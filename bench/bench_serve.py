@@ -13,6 +13,12 @@ around an instant runtime, and a bare UDP echo round trip.
     python bench/bench_serve.py                      # 60 s at 1 kHz, then 60 s at 5 kHz
     python bench/bench_serve.py --seconds 5 --rates 1000 --json
     python bench/bench_serve.py --bundle models/cartpole/3   # any bundle (plant: its first 4 obs as p, v)
+    python bench/bench_serve.py --realtime --cpu 1           # the server with `serve --realtime --cpu 1`
+
+Reported per rate: replies later than 1 ms after their request was sent (the issue's
+criterion, at every rate), replies after the end of their period (deadline misses),
+round-trip and server-side (kernel receive -> reply built, from each reply's
+`latency_us`) percentiles, beside the baselines measured in the same run.
 """
 
 from __future__ import annotations
@@ -124,7 +130,7 @@ def closed_loop(host: str, port: int, rate_hz: float, seconds: float, obs_dim: i
     n = int(seconds * rate_hz)
     rtt, server_us = np.empty(n), np.empty(n)
     sent = np.zeros((n, obs_dim), np.float32)
-    misses = timeouts = alarms = 0
+    misses = timeouts = alarms = late_1ms = 0
     p, v = np.array([-1.0, 1.0]), np.zeros(2)  # clear of the planar spec's pillar and fence
     obs = np.zeros(obs_dim, np.float32)
     rng = np.random.default_rng(0)
@@ -153,12 +159,15 @@ def closed_loop(host: str, port: int, rate_hz: float, seconds: float, obs_dim: i
         except PolicyTimeout:
             timeouts += 1
             misses += 1
+            late_1ms += 1
             rtt[k], server_us[k] = np.nan, np.nan
             continue
         t1 = time.perf_counter_ns()
         rtt[k], server_us[k] = (t1 - t0) / 1e3, reply.latency_us
         if t1 / 1e9 > t_start + period:
             misses += 1
+        if t1 - t0 > 1_000_000:
+            late_1ms += 1
         if reply.status & (Status.FALLBACK | Status.BAD_INPUT | Status.AUTH_FAILED):
             alarms += 1
         a = 4.0 * np.clip(reply.action[:2], -1, 1)  # the planar spec: 4 m/s^2 per unit action
@@ -168,6 +177,7 @@ def closed_loop(host: str, port: int, rate_hz: float, seconds: float, obs_dim: i
     client.close()
     ok = rtt[np.isfinite(rtt)]
     return {"rate_hz": rate_hz, "seconds": elapsed, "periods": n, "deadline_misses": misses, "timeouts": timeouts,
+            "later_than_1ms": late_1ms,
             "skipped_periods": skipped,
             "fallback_or_alarm_replies": alarms, "rtt_us": percentiles(ok),
             "server_us": percentiles(server_us[np.isfinite(server_us)]),
@@ -182,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nice", type=int, default=None,
                    help="niceness for the server and this client (e.g. -10; negative needs root): on a shared "
                         "machine it measures the server rather than the neighbours")
+    p.add_argument("--realtime", action="store_true", help="start the server with --realtime (SCHED_FIFO, mlockall)")
+    p.add_argument("--cpu", type=int, help="with --realtime: pin the server to this CPU")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
 
@@ -193,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     bundle = Path(args.bundle) if args.bundle else write_tiny_bundle(Path(tmp.name) / "bundle", seed=0, version=1)
     probe = EdgeRuntime.load(bundle)
     obs_dim = probe.obs_dim
-    result = {"bundle": str(bundle), "nice": os.getpriority(os.PRIO_PROCESS, 0), "udp_echo_us": udp_echo_floor_us(),
+    result = {"bundle": str(bundle), "nice": os.getpriority(os.PRIO_PROCESS, 0), "realtime": args.realtime,
+              "load_average_before": os.getloadavg(), "udp_echo_us": udp_echo_floor_us(),
               "protocol_overhead_us": server_overhead_us(obs_dim, probe.act_dim), "loops": []}
     for rate in (float(r) for r in args.rates.split(",")):
         # The server's compute deadline is the control period: a later reply is useless to the plant.
-        with ServerProcess(str(bundle), "--deadline-us", str(1e6 / rate)) as server:
+        extra = (["--realtime"] if args.realtime else []) + (["--cpu", str(args.cpu)] if args.cpu is not None else [])
+        with ServerProcess(str(bundle), "--deadline-us", str(1e6 / rate), *extra) as server:
             loop = closed_loop(server.host, server.port, rate, args.seconds, obs_dim)
             with PolicyClient(server.host, server.port) as client:
                 loop["server_counters"] = client.status().counters
@@ -211,14 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, sort_keys=True))
         return 0
     echo, proto = result["udp_echo_us"], result["protocol_overhead_us"]
-    print(f"niceness {result['nice']}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"niceness {result['nice']}; realtime server {result['realtime']}; load average "
+          f"{result['load_average_before'][0]:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
     print(f"baseline: bare UDP echo p50 {echo['p50']:.1f} us, p99 {echo['p99']:.1f} us; "
           f"server protocol overhead (instant runtime) p50 {proto['p50']:.1f} us, p99 {proto['p99']:.1f} us")
     for loop in result["loops"]:
         r, s, act = loop["rtt_us"], loop["server_us"], loop["runtime_act_us"]
         print(f"{loop['rate_hz']:.0f} Hz x {loop['seconds']:.1f} s ({loop['periods']} periods): "
               f"round trip p50 {r['p50']:.1f} p99 {r['p99']:.1f} p99.9 {r['p999']:.1f} max {r['max']:.1f} us; "
-              f"server p50 {s['p50']:.0f} p99 {s['p99']:.0f} us; deadline misses {loop['deadline_misses']} "
+              f"server p50 {s['p50']:.0f} p99 {s['p99']:.0f} us; replies later than 1 ms {loop['later_than_1ms']}; "
+              f"deadline misses {loop['deadline_misses']} "
               f"({100 * loop['deadline_misses'] / loop['periods']:.3f} %; {loop['skipped_periods']} skipped), "
               f"timeouts {loop['timeouts']}, "
               f"fallback replies {loop['fallback_or_alarm_replies']}; "

@@ -240,3 +240,7 @@ def test_the_example_frame_in_the_docs_is_what_the_encoder_writes():
     example = text.split("client_id 99, no key: 52 bytes,")[1].split("`")[1]
     expected = encode_act_request(7, 123456, [0.25, -0.5, 1.0, 0.003], client_id=99)
     assert bytes.fromhex(example.replace(" ", "")) == expected
+    trailer = text.split("flags `0100`, then the trailer")[1].split("`")[1]
+    signed = encode_act_request(7, 123456, [0.25, -0.5, 1.0, 0.003], key=b"0123456789abcdef0123456789abcdef",
+                                client_id=99)
+    assert signed[6:8] == b"\x01\x00" and bytes.fromhex(trailer) == signed[-32:] and len(signed) == 84

@@ -132,12 +132,10 @@ class EdgeRuntime:
         for key, have in (("obs_dim", policy.obs_dim), ("act_dim", policy.act_dim)):
             if key in manifest and manifest[key] != have:
                 raise BundleError(f"policy.onnx: {key} {have} disagrees with manifest.json ({manifest[key]}) in {bundle_dir}")
-        spec = _parse_spec(bundle, policy)
-        runtime = cls(bundle, policy, spec=spec)
-        if shield:
-            runtime._default.shield = runtime.new_shield()
-        else:
-            runtime.spec = None
+        if not shield:  # the bare policy: shield.json is not even parsed
+            return cls(bundle, policy)
+        runtime = cls(bundle, policy, spec=_parse_spec(bundle, policy))
+        runtime._default.shield = runtime.new_shield()
         return runtime
 
     @property

@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
     }
 
     /* Header: magic, version, type, flags, seq, timestamp_us, payload_len, client_id. */
-    uint64_t seq = now_us(CLOCK_REALTIME);  /* ahead of any earlier run: the replay window never trips */
+    uint64_t seq = now_us(CLOCK_REALTIME);  /* wall clock µs: within a keyed server's clock window, ahead of any earlier run */
     uint32_t client_id = (uint32_t)(seq ^ ((uint64_t)getpid() << 16));
     uint32_t payload_len = 4 + 4 * (uint32_t)(n_obs + n_leg);
     memcpy(req, "S2RP", 4);

@@ -240,6 +240,27 @@ def test_a_bundle_rewritten_after_promotion_is_refused_and_a_reload_keeps_pendin
         reference.sent(obs, safe, replaced=False)
         differ += got.action.tobytes() != np.asarray(safe, np.float32).tobytes()
     assert server.stats.reloads == 1 and differ == 0, f"{differ} actions changed across the reload"
+    # A new shield.json (here: another margin, same latency): the pending actions are copied into the new shield.
+    import json
+
+    changed = tmp_path / "changed"
+    spec = json.loads((bundle / "shield.json").read_bytes())
+    spec["margin"] = 0.05
+    shield_json = json.dumps(spec).encode()
+    policy = (bundle / "policy.onnx").read_bytes()
+    from shield.bundle import write_bundle
+
+    write_bundle(changed, policy_onnx=policy, shield_spec=shield_json,
+                 manifest=make_manifest(task="planar", env_id="test/Planar-v0", config_hash="0" * 64, version=4,
+                                        files={"policy.onnx": policy, "shield.json": shield_json}))
+    session = next(iter(server.plants.sessions.values()))
+    sent_before = session.shield._predictor.v[-3 - 2 * 2:-3].copy()  # the two pending actions
+    assert np.abs(sent_before).sum() > 0  # not the reset state
+    server.swap_runtime(EdgeRuntime.load(changed))
+    server.handle(encode_status_request(1000, 0, client_id=9), ("127.0.0.1", 2))  # the loop adopts it
+    moved = next(iter(server.plants.sessions.values()))
+    assert moved.shield is not session.shield and moved.shield.spec.margin == 0.05
+    assert np.array_equal(moved.shield._predictor.v[-3 - 2 * 2:-3], sent_before)
 
 
 def test_registry_files_follow_the_umask_and_the_watcher_reports_an_unreadable_pointer(tmp_path, capfd):

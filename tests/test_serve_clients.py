@@ -257,3 +257,20 @@ def test_watchdog_reports_a_plant_gone_silent(bundle, capsys):
     dog.join()
     server.close()
     assert capsys.readouterr().err.count("no request for") == 1  # once per silence, not every tick
+
+
+def test_serve_has_one_argument_definition_for_both_entry_points():
+    import argparse
+
+    from pipeline.cli import build_parser
+    from shield.serve_cli import add_serve_arguments
+
+    parser, _ = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    edge = argparse.ArgumentParser()
+    add_serve_arguments(edge)
+
+    def options(p):
+        return sorted((tuple(a.option_strings), a.dest, a.default, a.help) for a in p._actions if a.dest != "help")
+
+    assert options(sub) == options(edge)

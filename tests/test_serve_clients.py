@@ -274,3 +274,16 @@ def test_serve_has_one_argument_definition_for_both_entry_points():
         return sorted((tuple(a.option_strings), a.dest, a.default, a.help) for a in p._actions if a.dest != "help")
 
     assert options(sub) == options(edge)
+
+
+def test_realtime_mode_serves_and_says_what_it_was_not_permitted(bundle):
+    with ServerProcess(str(bundle), "--realtime", "--cpu", "0", *NO_DEADLINE) as server:
+        with PolicyClient(server.host, server.port, timeout_s=5.0) as client:
+            obs = observations(1)[0]
+            assert client.act(obs).action.tobytes() == EdgeRuntime.load(bundle).act(obs)[0].tobytes()
+        text = server.stop()
+    # Either it got SCHED_FIFO, mlockall and the CPU, or each refusal is one clear line (never a traceback).
+    for line in text.splitlines():
+        if "--realtime" in line:
+            assert line.startswith("serve: --realtime: not permitted: ") and "continuing without it" in line
+    assert "Traceback" not in text

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from shield.client import PolicyClient
-from shield.protocol import (MAC_SIZE, Status, decode_act_reply, encode_act_request, encode_status_request)
+from shield.protocol import Status, decode_act_reply, encode_act_request, encode_status_request
 from shield.runtime import EdgeRuntime
 from shield.server import PolicyServer
 from tests.serve_bundles import ServerProcess, write_key_file, write_tiny_bundle

@@ -1,0 +1,109 @@
+"""What the serving loop holds besides sockets: its counters, and the hot path's view of one loaded runtime.
+
+`ServedBundle` is computed once per runtime (at load, or in the reload thread) so
+that the hot path reads plain attributes: dimensions, the fallback action's bytes,
+the action box, the shadow log's meta, and a few plant sessions built ahead.
+Stdlib + numpy only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from shield.protocol import ACT_REQUEST_HEAD, COUNTER_NAMES, HEADER_SIZE, LATENCY_BINS
+
+SPARE_SESSIONS = 4  # plant sessions built ahead (at load, and when idle), so a new plant's first reply is not late
+
+
+class ServeStats:
+    """Counters (names as in protocol.COUNTER_NAMES) and a log2 latency histogram (µs) of act replies."""
+
+    def __init__(self):
+        for name in COUNTER_NAMES:
+            setattr(self, name, 0)
+        self.histogram = [0] * LATENCY_BINS
+        self.latency_sum_us = 0  # of act replies (for the Prometheus histogram's _sum)
+        self.started = time.monotonic()
+
+    def as_dict(self) -> dict[str, int]:
+        """Counters by name."""
+        return {name: getattr(self, name) for name in COUNTER_NAMES}
+
+    def latency_percentile_us(self, q: float) -> float:
+        """Upper edge (µs) of the histogram bin holding quantile q in [0, 1]."""
+        total = sum(self.histogram)
+        if total == 0:
+            return float("nan")
+        acc = 0
+        for i, count in enumerate(self.histogram):
+            acc += count
+            if acc >= q * total:
+                return float(2**i)
+        return float("inf")
+
+    def summary(self) -> str:
+        """One line for the log: non-zero counters and latency bins."""
+        counters = " ".join(f"{k}={v}" for k, v in self.as_dict().items() if v)
+        return (f"stats: {counters or 'no requests'} latency_p50<={self.latency_percentile_us(0.5):g}us "
+                f"p99<={self.latency_percentile_us(0.99):g}us")
+
+
+class _SharedStateSession:
+    """Session shim for a runtime without `new_session` (test doubles): every plant shares its one state."""
+
+    def __init__(self, runtime: Any):
+        self.runtime, self.episode, self.step = runtime, 0, 0
+
+    def act(self, obs):
+        return self.runtime.act(obs)
+
+    def sent(self, obs, action, replaced: bool) -> None:
+        note = getattr(self.runtime, "note_sent", None)
+        if replaced and note is not None:
+            note(action)
+
+    def moved_to(self, runtime, shield=None):
+        moved = _SharedStateSession(runtime)
+        moved.episode, moved.step = self.episode, self.step
+        return moved
+
+
+class ServedBundle:
+    """Everything the hot path needs from one runtime, computed once when it is loaded or swapped in."""
+
+    def __init__(self, runtime: Any):
+        self.runtime = runtime
+        self.obs_dim, self.act_dim = int(runtime.obs_dim), int(runtime.act_dim)
+        self.has_sessions = callable(getattr(runtime, "new_session", None))
+        if self.has_sessions:
+            # The first calls into onnxruntime and the QP solver are slow: pay them here, off the
+            # hot path (a reload happens in the watcher thread), on a session that is then dropped.
+            warm = runtime.new_session()
+            for _ in range(3):
+                warm.act(np.zeros(self.obs_dim, dtype=np.float32))
+        bundle = getattr(runtime, "bundle", None)
+        self.version = int(getattr(bundle, "version", None) or getattr(runtime, "version", 0) or 0)
+        getter = getattr(runtime, "fallback_action", None)
+        self.fallback = (np.asarray(getter(), np.float32).reshape(self.act_dim) if callable(getter)
+                         else np.zeros(self.act_dim, np.float32))
+        self.fallback_bytes = self.fallback.astype("<f4").tobytes()
+        bounds = runtime.action_bounds() if callable(getattr(runtime, "action_bounds", None)) else None
+        self.low, self.high = bounds if bounds is not None else (None, None)
+        self.min_request = HEADER_SIZE + ACT_REQUEST_HEAD.size + 4 * self.obs_dim
+        # A new plant's shield costs a millisecond or more to build: a few are built here, off the hot path.
+        self.spares = [self.new_session() for _ in range(SPARE_SESSIONS)] if self.has_sessions else []
+        spec = getattr(runtime, "spec", None)
+        self.constraint_names = [c["name"] for c in getattr(spec, "constraints", [])]
+        self.meta = {"task": getattr(bundle, "task", "") or "", "bundle_version": self.version,
+                     "control_period_s": float(getattr(spec, "dt", float("nan"))),
+                     "constraint_names": self.constraint_names, "source": "serve"}
+
+    def new_session(self) -> Any:
+        return self.runtime.new_session() if self.has_sessions else _SharedStateSession(self.runtime)
+
+    def take_session(self) -> Any:
+        """A session for a new plant: a spare one if any is left, else built now."""
+        return self.spares.pop() if self.spares else self.new_session()

@@ -65,6 +65,7 @@ class LatencyPredictor:
         self._init = np.tile(np.concatenate([np.zeros(observed), internal_init]), C)
         self._all_observed = observed == N  # no internal states: an observation overwrites every state slot
         self._fallback = np.asarray(fallback, np.float64)
+        self.monitor = None  # an AssumptionMonitor fed every committed prediction (set by CbfShield)
         self.reset()
 
     def reset(self) -> None:
@@ -104,6 +105,11 @@ class LatencyPredictor:
         self.committed = True
         if have_state:
             np.dot(self.v, self._K_next, out=self._next)
+        if self.monitor is not None:  # before the pending actions shift: it predicts under each of them
+            if have_state:
+                self.monitor.predict(self.v)
+            else:
+                self.monitor.forget()
         if self.latency:
             # Oldest pending action out, u in (numpy copies overlapping slices correctly).
             self.v[self._p0:self._u0] = self.v[self._p0 + self.inputs:self._u0 + self.inputs]

@@ -53,7 +53,7 @@ from typing import Any, Callable
 import numpy as np
 
 from shield.barrier import BarrierRows
-from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake
+from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake, least_violation_brake
 from shield.monitor import CONSERVATIVE_GAIN_DIVISOR, AssumptionMonitor
 from shield.prediction import LatencyPredictor
 from shield.spec import ShieldSpec
@@ -294,22 +294,26 @@ class CbfShield:
     def _brake_hard(self, u_p: np.ndarray) -> np.ndarray:
         """Some row has h(x_L) < 0 (violated, or its braking distance already used up): brake as hard as the box allows.
 
-        Each such row gets an unreachable target, so the least-violation brake drives the
-        input to the box end that raises it fastest (several at once: the least-squares
-        compromise between them); the other rows keep their usual conditions. Whatever
-        the speed, the action never accelerates toward a violated constraint, even where
-        the model predicts the condition would hold anyway (a damped plant at 100 m/s).
+        Each input the violated rows move goes to the box end that raises the sum of their
+        next-step barrier values fastest (unnormalized: a row the input barely moves, e.g.
+        one the plant already leaves, yields to one it is closing on), whatever the speed:
+        the action never accelerates toward a violated constraint, even where the model
+        predicts the condition would hold anyway (a damped plant at 100 m/s). The other
+        inputs are chosen by the least-violation brake on the remaining rows.
         """
         u = np.minimum(np.maximum(u_p, self._low), self._high)
         self._free_part(u)
         self._conditions(u)
         G, lb = self._linearized_rows(u)
         violated = (self._H[:self._cases] < 0.0).reshape(-1)
-        reach = np.where(G > 0.0, G * self._high, G * self._low).sum(axis=1)  # max of G u over the box
-        # Far out of reach: the violated rows' pull outweighs every other row's, so each input they move
-        # sits at its braking end of the box (the box's multiplier absorbs the others' pulls).
-        lb[violated] = reach[violated] + 1e3 * (np.abs(G[violated]).sum(axis=1) + 1.0)
-        return self._least_violation_brake(G, lb)
+        pull = G[violated].sum(axis=0)
+        moved = np.abs(pull) > 1e-12 * max(1.0, float(np.abs(G[violated]).max()))
+        brake = np.where(pull > 0.0, self._high, self._low)
+        if moved.all():
+            return brake
+        low, high = np.where(moved, brake, self._low), np.where(moved, brake, self._high)
+        lb = np.where(violated, -1e30, lb)  # met by any input: the violated rows have chosen theirs
+        return least_violation_brake(G, lb, low, high, np.where(moved, brake, self._fallback))
 
     def _brake(self, G: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, bool, float]:
         """Infeasible QP: least-violation braking (see shield.fallback)."""

@@ -80,6 +80,45 @@ def pinned_domain(rset, x: np.ndarray) -> dict:
     return doc
 
 
+def envelope_set(cfg):
+    """One set spanning every set of the config: each range the union of theirs, the largest noise and push.
+
+    Its corners are the extreme plants the config admits (the hull may add milder
+    combinations that no single set holds; never harsher ones in any one parameter).
+    """
+    from envs.randomization import parse_randomization
+
+    sets = list(cfg.randomization.values())
+    doc: dict = {}
+    for group in _GROUPS:
+        ranges: dict = {}
+        for rset in sets:
+            for el, r in getattr(rset, group).items():
+                lo, hi = ranges.get(el, (r.low, r.high))
+                ranges[el] = (min(lo, r.low), max(hi, r.high))
+        if ranges:
+            doc[group] = {el: {"low": lo, "high": hi} for el, (lo, hi) in ranges.items()}
+    lat = [r.latency_steps for r in sets if r.latency_steps is not None]
+    if lat:
+        doc["latency_steps"] = {"low": min(x.low for x in lat), "high": max(x.high for x in lat)}
+    grav = [r.gravity_scale for r in sets if r.gravity_scale is not None]
+    if grav:
+        doc["gravity_scale"] = {"low": min(g.low for g in grav), "high": max(g.high for g in grav)}
+    for key in ("obs_noise_std", "action_noise_std"):
+        widest = max((list(getattr(r, key)) for r in sets), key=lambda v: (max(v), len(v)))
+        doc[key] = widest
+    pushes = [r.push for r in sets if r.push is not None]
+    if pushes:
+        doc["push"] = max(pushes, key=lambda p: (p.max_force * p.probability * p.duration_steps)).model_dump(mode="json")
+    return parse_randomization(doc, "envelope")
+
+
+def corner_domains(rset) -> list[dict]:
+    """Every corner of a set: each range at one of its ends, as pinned domain mappings."""
+    k = len(parameters(rset))
+    return [pinned_domain(rset, np.array(c)) for c in itertools.product((0.0, 1.0), repeat=k)]
+
+
 def attack_params(a: np.ndarray, n_constraints: int) -> AdversaryParams:
     """Normalized attack vector -> AdversaryParams (target -1 means the nearest constraint)."""
     a = np.clip(a, 0.0, 1.0)

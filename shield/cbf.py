@@ -119,7 +119,8 @@ class CbfShield:
         # Per plant: is the plant inside the declared envelope? While not, the gains are divided (conservative mode).
         self._monitor = AssumptionMonitor(spec, self._A, self._B, self._c, scales, spec.latency_steps,
                                           len(self._predictor.v))
-        self._predictor.monitor = self._monitor if self._monitor.enabled else None
+        if self._monitor.enabled:
+            self._predictor.attach_monitor(self._monitor)
         self._keep_normal = rows.keep
         self._keep_conservative = 1.0 - (1.0 - rows.keep) / CONSERVATIVE_GAIN_DIVISOR
         self._envelope = False

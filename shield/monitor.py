@@ -74,7 +74,7 @@ class AssumptionMonitor:
                     K[ci * N:(ci + 1) * N, out] = A[r]
                     K[slot:slot + m, out] = s * B[r]
                     K[-1, out] = c[r]
-        self._K = K
+        self.K = K  # v -> predicted velocities; the predictor computes it with its next state
         # Standard deviation of a sum of t residuals (t = 1..window) of each velocity under obs noise.
         sig = np.array([float(noise[o]) for o in spec.state_index])
         Aobs = A[:, :n]
@@ -102,10 +102,9 @@ class AssumptionMonitor:
         self._slot = 0
         self.flagged = False
 
-    def predict(self, v: np.ndarray) -> None:
-        """Store the next velocities predicted from the prediction buffer `v` (before its pending actions shift)."""
-        if self.enabled:
-            self._pred = np.dot(v, self._K).tolist()
+    def take(self, predicted: np.ndarray) -> None:
+        """Store the next velocities predicted per (case, applied action, velocity): `v @ self.K`."""
+        self._pred = predicted.tolist()
 
     def forget(self) -> None:
         """No prediction for the next call (no state was observed)."""

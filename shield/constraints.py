@@ -49,7 +49,8 @@ def _numbers(v: Any, key: str, length: int | None, finite: bool = True) -> list[
     return out
 
 
-def _indices(v: Any, key: str, obs_dim: int) -> list[int]:
+def indices(v: Any, key: str, obs_dim: int) -> list[int]:
+    """Distinct integer observation indices in [0, obs_dim); ConstraintError names the key otherwise."""
     if not isinstance(v, (list, tuple)):
         _fail(key, f"must be a list of indices, got {type(v).__name__}")
     out = []
@@ -160,7 +161,7 @@ class Box(Constraint):
 
     @classmethod
     def parse(cls, con: dict, key: str, obs_dim: int) -> "Box":
-        index = _indices(_need(con, "index", key), f"{key}.index", obs_dim)
+        index = indices(_need(con, "index", key), f"{key}.index", obs_dim)
         low = _numbers(_need(con, "low", key), f"{key}.low", len(index), finite=False)
         high = _numbers(_need(con, "high", key), f"{key}.high", len(index), finite=False)
         for i, (lo, hi) in enumerate(zip(low, high)):
@@ -195,7 +196,7 @@ class Keepout(Constraint):
 
     @classmethod
     def parse(cls, con: dict, key: str, obs_dim: int) -> "Keepout":
-        index = _indices(_need(con, "index", key), f"{key}.index", obs_dim)
+        index = indices(_need(con, "index", key), f"{key}.index", obs_dim)
         if len(index) != cls.dim:
             _fail(f"{key}.index", f"a {cls.kind} takes {cls.dim} indices, got {len(index)}")
         center = _numbers(_need(con, "center", key), f"{key}.center", cls.dim)

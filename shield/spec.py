@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from shield.constraints import CONSTRAINT_TYPES, Constraint, ConstraintError, parse_constraint  # noqa: F401
+from shield.constraints import CONSTRAINT_TYPES, Constraint, ConstraintError, indices, parse_constraint  # noqa: F401
 
 SCHEMA_VERSION = 1
 MODEL_TYPES = ("linear", "double_integrator")
@@ -90,16 +90,10 @@ def _number(value: Any, key: str, low: float | None = None, high: float | None =
 
 
 def _indices(value: Any, key: str, dim: int) -> list[int]:
-    if not isinstance(value, (list, tuple)):
-        _fail(key, f"must be a list of indices, got {type(value).__name__}")
-    out = []
-    for i, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < dim:
-            _fail(f"{key}[{i}]", f"must be an integer index in [0, {dim}), got {v!r}")
-        out.append(v)
-    if len(set(out)) != len(out):
-        _fail(key, "indices must be distinct")
-    return out
+    try:
+        return indices(value, key, dim)
+    except ConstraintError as err:
+        raise ShieldSpecError(f"shield spec: {err}") from None
 
 
 def _matrix(value: Any, key: str, rows: int, cols: int) -> np.ndarray:

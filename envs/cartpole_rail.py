@@ -39,6 +39,7 @@ import mujoco
 import numpy as np
 
 from envs.mujoco_task import MujocoTaskEnv
+from envs.safety import violated_constraints
 
 ENV_ID = "sim2real/CartPoleRail-v0"
 TASK_NAME = "cartpole"
@@ -126,7 +127,8 @@ class CartPoleRailEnv(MujocoTaskEnv):
         return self._obs(), {"cost": self._cost(), "domain": {}}
 
     def _cost(self) -> float:
-        return 1.0 if abs(self.data.qpos[0]) > X_SAFE else 0.0
+        # The one constraint definition (shield.constraints via envs.safety), on the true state.
+        return 1.0 if violated_constraints(SAFETY, self._obs()) else 0.0
 
     def step(self, action):
         a = min(max(float(np.asarray(action, dtype=np.float64).reshape(-1)[0]), -1.0), 1.0)

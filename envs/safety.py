@@ -1,33 +1,28 @@
-"""Evaluates the SAFETY constraints (CONTRACTS.md schema, over observation indices) on an observation.
+"""A task's cost from its SAFETY constraints, through the one constraint definition (`shield.constraints`).
 
 The tasks compute info["cost"] with this on their TRUE (noise-free) observation,
-so the cost is exactly "some constraint in SAFETY is violated".
+so the cost is exactly "some constraint in SAFETY has value h < 0", the same
+objects the shield builds its barrier rows from.
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
-
-def constraint_violated(constraint: dict, obs) -> bool:
-    """True when `obs` (a 1-D observation, SI units) violates one constraint; boundaries count as safe."""
-    kind = constraint["type"]
-    if kind == "halfspace":
-        return sum(a * o for a, o in zip(constraint["a"], obs) if a) > constraint["b"]
-    if kind == "box":
-        for i, lo, hi in zip(constraint["index"], constraint["low"], constraint["high"]):
-            if obs[i] < lo or obs[i] > hi:
-                return True
-        return False
-    if kind in ("cylinder", "sphere"):
-        d2 = sum((obs[i] - c) ** 2 for i, c in zip(constraint["index"], constraint["center"]))
-        return math.sqrt(d2) < constraint["radius"]
-    raise ValueError(f"constraint {constraint.get('name')!r} has unknown type {kind!r}")
+from shield.constraints import parse_constraints
 
 
 def violated_constraints(safety: dict, obs) -> list[str]:
-    """Names of the constraints in `safety` that `obs` violates."""
-    values = obs.tolist() if isinstance(obs, np.ndarray) else list(obs)  # Python floats: fast scalar math
-    return [c["name"] for c in safety["constraints"] if constraint_violated(c, values)]
+    """Names of the constraints in `safety` that `obs` (1-D, SI units) violates; boundaries count as safe."""
+    values = obs.tolist() if hasattr(obs, "tolist") else list(obs)  # Python floats: fast scalar math
+    return [c.name for c in _parsed(safety, len(values)) if c.violated(values)]
+
+
+_CACHE: dict[tuple[int, int], tuple[dict, list]] = {}
+
+
+def _parsed(safety: dict, obs_dim: int) -> list:
+    # Parsed once per SAFETY mapping: this runs every env step.
+    key = (id(safety), obs_dim)
+    hit = _CACHE.get(key)
+    if hit is None or hit[0] is not safety:
+        hit = _CACHE[key] = (safety, parse_constraints(safety["constraints"], obs_dim))
+    return hit[1]

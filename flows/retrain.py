@@ -1,4 +1,4 @@
-"""The nightly `retrain` flow: train -> export -> shadow -> gate -> register -> promote.
+"""The nightly `retrain` flow: train -> export -> falsify -> shadow -> gate -> register -> promote.
 
 Orchestration only: every step is a function of `pipeline`, and tasks pass
 config paths, directories and plain dicts, never live objects (NOTES: unhashable
@@ -61,11 +61,21 @@ def export_step(run_dir: str, models_root: str) -> dict:
     return export_policy(run_dir, out_dir=staged, registry_root=models_root)
 
 
+@task(name="falsify", retries=0, persist_result=True)
+def falsify_step(bundle_dir: str, config_path: str, out_dir: str) -> dict:
+    """Search the config's envelope for a shielded violation of the bundle (budget: falsify.budget_s)."""
+    from pipeline.evaluation.falsify import falsify
+
+    result = falsify(load_config(config_path), bundle=bundle_dir, out_dir=out_dir)
+    return {k: result[k] for k in ("cases_found", "min_h", "worst", "evaluated", "wall_s")}
+
+
 @task(name="shadow", retries=0, persist_result=True)
-def shadow_step(bundle_dir: str, config_path: str, report_dir: str) -> dict:
-    """Shadow pass beside the legacy controller, counterfactual pass, gate decision, report."""
+def shadow_step(bundle_dir: str, config_path: str, report_dir: str, falsification: dict | None = None) -> dict:
+    """Shadow pass beside the legacy controller, counterfactual pass, gate decision (with falsify's cases), report."""
     _fault_drill("shadow")
-    return run_shadow(bundle_dir, load_config(config_path), report_dir=report_dir)
+    cfg = load_config(config_path)
+    return run_shadow(bundle_dir, cfg, domains=cfg.shadow.domains, report_dir=report_dir, falsification=falsification)
 
 
 @task(name="register", retries=1, retry_delay_seconds=2, persist_result=True)
@@ -95,7 +105,10 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
     logger.info("trained %s env steps in %.0f s: %s", trained["env_steps"], trained["wall_s"], trained["run_dir"])
     exported = export_step(trained["run_dir"], models_root)
     logger.info("exported bundle %s (parity max abs err %.2e)", exported["bundle"], exported["parity_max_abs_err"])
-    shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"))
+    falsification = falsify_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "falsify"))
+    logger.info("falsify: %s case(s) in %s candidates, worst h %s", falsification["cases_found"],
+                falsification["evaluated"], falsification["min_h"])
+    shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"), falsification)
 
     metrics = {"shadow": shadow["metrics"], "gate": {"decision": shadow["decision"], "reasons": shadow["reasons"]},
                "train": {k: trained[k] for k in ("env_steps", "updates", "final_return", "wall_s")}}

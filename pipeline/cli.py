@@ -27,6 +27,7 @@ HANDLERS: dict[str, str] = {
     "export": "pipeline.deployment.export:run_cli",
     "eval": "pipeline.evaluation.evaluate:run_cli",
     "shadow": "pipeline.evaluation.shadow:run_cli",
+    "falsify": "pipeline.evaluation.falsify:run_cli",
     "registry": "pipeline.deployment.registry:run_cli",
     "serve": "shield.server:run_cli",
 }
@@ -84,6 +85,14 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="first episode seed (default shadow.seed)")
     p.add_argument("--report", metavar="DIR", help="write the HTML report and logs here")
     p.add_argument("--from-log", metavar="PATH", help="use logs recorded by `sim2real serve --mode shadow` instead of simulating")
+    _json_flag(p)
+
+    p = sub.add_parser("falsify", help="search the config's envelope for a shielded violation (exit 1 if one is found)")
+    _config_flag(p)
+    p.add_argument("--bundle", help="attack this bundle's policy and shield.json (default: the config's spec)")
+    p.add_argument("--budget-s", type=float, help="search budget in seconds (default falsify.budget_s)")
+    p.add_argument("--seed", type=int, help="search seed (default falsify.seed)")
+    p.add_argument("--out", help="where found cases are written (default reports/falsify-<task>-<time>)")
     _json_flag(p)
 
     p = sub.add_parser("registry", help="list, inspect, promote, roll back or verify bundles in models/")
@@ -164,6 +173,10 @@ def run_config(args: argparse.Namespace) -> int:
 
     if args.check:
         cfg = load_config(args.check)
+        if cfg.shield.enabled:  # every randomization set must lie inside the shield's assumptions
+            from pipeline.safety.shield_spec import build_shield_spec
+
+            build_shield_spec(cfg)  # EnvelopeError (a ConfigError) names set, parameter, range and limit
         emit(args, {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash()},
              f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})")
         return 0

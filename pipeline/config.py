@@ -86,7 +86,9 @@ class ShieldConfig(Section):
     input_gain_error: float = Field(0.45, ge=0, lt=0.9, description="Relative error of the input's effect (actuator gain over mass) the CBF conditions hold for: (1 +- this) x nominal.")
     brake_accel: list[Annotated[float, Field(gt=0)]] | None = Field(None, description="Braking acceleration per position of the task's kinematics (units/s^2); overrides brake_fraction.")
     disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Bound on an unknown additive acceleration per position (units/s^2: wind, gravity-compensation error) the conditions are robust to; None: zero.")
-    latency_steps: int | None = Field(None, ge=0, description="Control steps of actuation latency the shield predicts through; None: the largest latency_steps of the `reality` randomization set.")
+    latency_steps: int | None = Field(None, ge=0, description="Control steps of actuation latency the shield predicts through; None: the largest latency_steps of every randomization set.")
+    ambient_disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Additive acceleration per position (units/s^2) present in every domain that no randomization set states (e.g. the quadrotor's built-in wind); counted in the envelope check.")
+    model_ranges: dict[str, Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]] = Field({}, description="Ranges [low, high] of randomized parameters the envelope check cannot derive (damping, friction: `joint_damping.<joint>`), for which the guarantee was established by falsification; a set outside them is refused.")
     train_in_loop: bool = Field(False, description="Train with the shield filtering the actions the env receives.")
     intervention_penalty: float = Field(0.0, ge=0, description="Reward subtracted on each step the shield changes the action (training in the loop).")
 
@@ -100,6 +102,17 @@ class GateConfig(Section):
     max_intervention_rate: float = Field(0.1, ge=0, le=1, description="Largest share of steps the shield may change the candidate's action.")
     max_latency_p99_us: float = Field(2000.0, gt=0, description="Candidate per-action latency p99 (policy + shield), microseconds; "
                                       "the worse of the shadow and counterfactual passes.")
+    waive: list[str] = Field([], description="Checks (by key, e.g. gate.min_return_ratio) a decision may pass without; any other check that could not run makes the decision `inconclusive`.")
+    max_falsification_cases: int = Field(0, ge=0, description="Shielded violations `falsify` may find before the gate fails (the flow runs it before the gate).")
+
+
+class FalsifyConfig(Section):
+    """`sim2real falsify`: the search for a shielded violation inside the config's envelope (a gate step)."""
+
+    budget_s: float = Field(60.0, gt=0, description="Wall-clock budget of one search (s); the retrain flow runs it before the gate.")
+    seed: int = Field(0, ge=0, description="Seed of the search (which corners, draws and episodes).")
+    episode_steps: int = Field(150, gt=0, description="Steps per searched episode (long enough to reach any boundary).")
+    episodes_per_candidate: int = Field(2, ge=1, description="Episodes (seeds) run for each searched domain and attack.")
 
 
 class ShadowConfig(Section):
@@ -122,6 +135,7 @@ class Config(Section):
     shield: ShieldConfig = ShieldConfig()
     gate: GateConfig = GateConfig()
     shadow: ShadowConfig = ShadowConfig()
+    falsify: FalsifyConfig = FalsifyConfig()
 
     @model_validator(mode="after")
     def _needs_train_and_reality(self) -> "Config":

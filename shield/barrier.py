@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from shield.constraints import LinearRow
 from shield.spec import ShieldSpec
 
 
@@ -73,25 +74,16 @@ class BarrierRows:
             owner.append(k)
             return len(W) - 1
 
-        for k, con in enumerate(spec.constraints):
-            g = float(con.get("gain", 0.5))
-            if con["type"] == "halfspace":
-                a = np.asarray(con["a"], np.float64)
-                norm = float(np.linalg.norm(a))
-                # a.o <= b  <=>  d = (b - a.o)/|a| >= 0
-                add_row({i: -a[i] / norm for i in np.flatnonzero(a)}, float(con["b"]) / norm, g, k)
-            elif con["type"] == "box":
-                for i, lo, hi in zip(con["index"], con["low"], con["high"]):
-                    if math.isfinite(hi):
-                        add_row({i: -1.0}, float(hi), g, k)
-                    if math.isfinite(lo):
-                        add_row({i: 1.0}, -float(lo), g, k)
-            else:
-                idx = list(con["index"])
-                r = add_row({i: 1.0 for i in idx}, 0.0, g, k)  # weights filled per step
-                cols = [col[i] for i in idx]
-                vcols = [col[vel_of[i]] for i in idx] if all(i in vel_of for i in idx) else None
-                dynamic.append((r, cols, vcols, np.asarray(con["center"], np.float64), float(con["radius"])))
+        for k, con in enumerate(spec.constraint_objects()):
+            for row in con.rows():
+                if isinstance(row, LinearRow):
+                    add_row(row.weights, row.offset, con.gain, k)
+                else:  # a keep-out zone: weights filled per step
+                    idx = list(row.index)
+                    r = add_row({i: 1.0 for i in idx}, 0.0, con.gain, k)
+                    cols = [col[i] for i in idx]
+                    vcols = [col[vel_of[i]] for i in idx] if all(i in vel_of for i in idx) else None
+                    dynamic.append((r, cols, vcols, np.asarray(row.center, np.float64), float(row.radius)))
         R = self.R = len(W)
         self._W, self._Wv = np.array(W).reshape(R, N), np.array(Wv).reshape(R, N)
         self._f = np.array(f, dtype=np.float64)

@@ -53,7 +53,8 @@ from typing import Any, Callable
 import numpy as np
 
 from shield.barrier import BarrierRows
-from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake
+from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake, least_violation_brake
+from shield.monitor import CONSERVATIVE_GAIN_DIVISOR, AssumptionMonitor
 from shield.prediction import LatencyPredictor
 from shield.spec import ShieldSpec
 
@@ -115,6 +116,14 @@ class CbfShield:
         self._t = self._t_buffer  # the scaled closing speeds at the last point the conditions were evaluated
         self._predictor = LatencyPredictor(self._A, self._B, self._c, scales, spec.latency_steps, self._n,
                                            self._z0, self._fallback)
+        # Per plant: is the plant inside the declared envelope? While not, the gains are divided (conservative mode).
+        self._monitor = AssumptionMonitor(spec, self._A, self._B, self._c, scales, spec.latency_steps,
+                                          len(self._predictor.v))
+        if self._monitor.enabled:
+            self._predictor.attach_monitor(self._monitor)
+        self._keep_normal = rows.keep
+        self._keep_conservative = 1.0 - (1.0 - rows.keep) / CONSERVATIVE_GAIN_DIVISOR
+        self._envelope = False
         self._projection = BoxHalfspaceProjection(self._low, self._high, self._R * self._cases)
         self._least_violation_brake = LeastViolationBrake(self._low, self._high, self._fallback, self._R * self._cases)
         # Without keep-out rows the barrier matrices never change, so the prediction and the rows
@@ -129,8 +138,11 @@ class CbfShield:
         self.reset()
 
     def reset(self) -> None:
-        """Forget pending actions and predicted state (call at episode start)."""
+        """Forget pending actions, predicted state and the monitor's window (call at episode start)."""
         self._predictor.reset()
+        self._monitor.reset()
+        self._envelope = False
+        self._keep = self._keep_normal
 
     def _prepare(self) -> np.ndarray:
         """h at x_L and at the next state under the loaded action, per case and row (self._H); h per constraint now."""
@@ -206,12 +218,16 @@ class CbfShield:
         obs = np.asarray(obs)
         action = np.asarray(action, dtype=np.float32).reshape(-1)
         # Plain floats: for 1-15 entries a list check costs less than one numpy reduction.
-        obs_ok = obs.shape == self._obs_shape and all(map(math.isfinite, obs.tolist()))
+        obs_list = obs.tolist()
+        obs_ok = obs.shape == self._obs_shape and all(map(math.isfinite, obs_list))
         act_list = action.tolist()
         act_ok = action.shape == self._act_shape and all(map(math.isfinite, act_list))
         bad = not (obs_ok and act_ok)
         pred = self._predictor
         if obs_ok:
+            if self._predictor.monitor is not None and self._monitor.observe(obs_list) != self._envelope:
+                self._envelope = self._monitor.flagged
+                self._keep = self._keep_conservative if self._envelope else self._keep_normal
             pred.load_observation(obs[self._obs_src])
         elif not pred.load_prediction():  # no state observed: trust the prediction from the last good one
             u = self._fallback32.copy()
@@ -219,6 +235,12 @@ class CbfShield:
             return u, self._info(True, True, True, np.full(self._n_constraints, np.nan), 0.0, t0)
         pred.load_action(self._fallback if bad else action)
         h_now = self._prepare()
+        if min(h_now.tolist(), default=0.0) < 0.0:  # a barrier is violated at x_L: brake, whatever the action
+            u_p = self._fallback if bad else action.astype(np.float64)
+            u = self._brake_hard(u_p)
+            out = u.astype(np.float32)
+            pred.commit(u, have_state=True)
+            return out, self._info(bad or out.tolist() != act_list, True, bad, h_now, 0.0, t0)
         checked = False
         if not bad and all(lo <= a <= hi for a, lo, hi in zip(act_list, self._low32_list, self._high32_list)):
             if self._loaded_action_is_safe():  # the common case: returned bitwise unchanged, no QP
@@ -270,6 +292,30 @@ class CbfShield:
                 break
         return u, True, 0.0
 
+    def _brake_hard(self, u_p: np.ndarray) -> np.ndarray:
+        """Some row has h(x_L) < 0 (violated, or its braking distance already used up): brake as hard as the box allows.
+
+        Each input the violated rows move goes to the box end that raises the sum of their
+        next-step barrier values fastest (unnormalized: a row the input barely moves, e.g.
+        one the plant already leaves, yields to one it is closing on), whatever the speed:
+        the action never accelerates toward a violated constraint, even where the model
+        predicts the condition would hold anyway (a damped plant at 100 m/s). The other
+        inputs are chosen by the least-violation brake on the remaining rows.
+        """
+        u = np.minimum(np.maximum(u_p, self._low), self._high)
+        self._free_part(u)
+        self._conditions(u)
+        G, lb = self._linearized_rows(u)
+        violated = (self._H[:self._cases] < 0.0).reshape(-1)
+        pull = G[violated].sum(axis=0)
+        moved = np.abs(pull) > 1e-12 * max(1.0, float(np.abs(G[violated]).max()))
+        brake = np.where(pull > 0.0, self._high, self._low)
+        if moved.all():
+            return brake
+        low, high = np.where(moved, brake, self._low), np.where(moved, brake, self._high)
+        lb = np.where(violated, -1e30, lb)  # met by any input: the violated rows have chosen theirs
+        return least_violation_brake(G, lb, low, high, np.where(moved, brake, self._fallback))
+
     def _brake(self, G: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, bool, float]:
         """Infeasible QP: least-violation braking (see shield.fallback)."""
         u = self._least_violation_brake(G, lb)
@@ -279,10 +325,9 @@ class CbfShield:
         # Rows are contiguous per constraint, so reduceat gives each constraint's worst row.
         return np.minimum.reduceat(h_rows, self._row_start)
 
-    @staticmethod
-    def _info(intervened: bool, fallback: bool, bad: bool, h: np.ndarray, slack: float, t0: float) -> dict[str, Any]:
+    def _info(self, intervened: bool, fallback: bool, bad: bool, h: np.ndarray, slack: float, t0: float) -> dict[str, Any]:
         return {"intervened": intervened, "fallback": fallback, "bad_input": bad, "h": h,
-                "slack": slack, "solve_us": (time.perf_counter() - t0) * 1e6}
+                "slack": slack, "envelope": self._envelope, "solve_us": (time.perf_counter() - t0) * 1e6}
 
 
 class ShieldedPolicy:

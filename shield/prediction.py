@@ -59,12 +59,14 @@ class LatencyPredictor:
             K_next[-1, ls] = c
         self.K, self._K_next = K, K_next  # K is public: a caller may compose it with its own linear map
         self._out = np.empty(2 * C * N)
-        self._next = np.empty(C * N)
+        self._next_all = np.empty(C * N)  # the next call's state, then any columns `attach_monitor` adds
+        self._next = self._next_all
         # Observed entries of every case's state, and the state used before any observation.
         self._obs_slots = np.array([k * N + i for k in range(C) for i in range(observed)], dtype=np.intp)
         self._init = np.tile(np.concatenate([np.zeros(observed), internal_init]), C)
         self._all_observed = observed == N  # no internal states: an observation overwrites every state slot
         self._fallback = np.asarray(fallback, np.float64)
+        self.monitor = None  # an AssumptionMonitor fed every committed prediction (set by CbfShield)
         self.reset()
 
     def reset(self) -> None:
@@ -73,6 +75,15 @@ class LatencyPredictor:
         self.has_state = False  # is there a predicted state for the next call?
         self.committed = False  # has an action been committed since reset (for `resend`)?
         self._next[:] = self._init
+
+    def attach_monitor(self, monitor) -> None:
+        """Feed `monitor` (its map `monitor.K` over v) every committed prediction, computed with the next state."""
+        self.monitor = monitor
+        self._n_state = self._K_next.shape[1]
+        self._K_next = np.hstack([self._K_next, monitor.K])
+        self._next_all = np.empty(self._K_next.shape[1])
+        self._next_all[:self._n_state] = self._next
+        self._next = self._next_all[:self._n_state]  # a view: the state part
 
     def load_observation(self, observed: np.ndarray) -> None:
         """Each case's state: the observed entries, and the internal ones predicted at the last call."""
@@ -103,7 +114,12 @@ class LatencyPredictor:
         self.has_state = have_state
         self.committed = True
         if have_state:
-            np.dot(self.v, self._K_next, out=self._next)
+            np.dot(self.v, self._K_next, out=self._next_all)  # with the monitor's columns: one product for both
+        if self.monitor is not None:  # before the pending actions shift: it predicts under each of them
+            if have_state:
+                self.monitor.take(self._next_all[self._n_state:])
+            else:
+                self.monitor.forget()
         if self.latency:
             # Oldest pending action out, u in (numpy copies overlapping slices correctly).
             self.v[self._p0:self._u0] = self.v[self._p0 + self.inputs:self._u0 + self.inputs]
@@ -117,4 +133,4 @@ class LatencyPredictor:
         if self.latency:
             self.v[self._u0 - m:self._u0] = u  # the newest pending action; the state predicted used the oldest
         elif self.has_state:
-            np.dot(self.v, self._K_next, out=self._next)  # no latency: the sent action moves the next state
+            np.dot(self.v, self._K_next, out=self._next_all)  # no latency: the sent action moves the next state

@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from shield.constraints import CONSTRAINT_TYPES, Constraint, ConstraintError, indices, parse_constraint  # noqa: F401
+
 SCHEMA_VERSION = 1
-CONSTRAINT_TYPES = ("halfspace", "box", "cylinder", "sphere")
 MODEL_TYPES = ("linear", "double_integrator")
 
 
@@ -89,16 +90,10 @@ def _number(value: Any, key: str, low: float | None = None, high: float | None =
 
 
 def _indices(value: Any, key: str, dim: int) -> list[int]:
-    if not isinstance(value, (list, tuple)):
-        _fail(key, f"must be a list of indices, got {type(value).__name__}")
-    out = []
-    for i, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < dim:
-            _fail(f"{key}[{i}]", f"must be an integer index in [0, {dim}), got {v!r}")
-        out.append(v)
-    if len(set(out)) != len(out):
-        _fail(key, "indices must be distinct")
-    return out
+    try:
+        return indices(value, key, dim)
+    except ConstraintError as err:
+        raise ShieldSpecError(f"shield spec: {err}") from None
 
 
 def _matrix(value: Any, key: str, rows: int, cols: int) -> np.ndarray:
@@ -247,44 +242,17 @@ class ShieldSpec:
 
     @staticmethod
     def _check_constraint(con: Any, key: str, obs_dim: int, state_index: list[int]) -> None:
-        name = _need(con, "name", key)
-        if not isinstance(name, str) or not name:
-            _fail(f"{key}.name", "must be a non-empty string")
-        ctype = _need(con, "type", key)
-        if ctype not in CONSTRAINT_TYPES:
-            _fail(f"{key}.type", f"must be one of {CONSTRAINT_TYPES}, got {ctype!r}")
-        allowed = {"name", "type", "gain"}
-        gain = con.get("gain", 0.5)
-        _number(gain, f"{key}.gain", 0.0, 1.0, low_open=True)
-        if ctype == "halfspace":
-            allowed |= {"a", "b"}
-            a = _finite(_need(con, "a", key), f"{key}.a", obs_dim)
-            _number(_need(con, "b", key), f"{key}.b")
-            if not any(a):
-                _fail(f"{key}.a", "must not be all zeros")
-            used = [i for i, v in enumerate(a) if v != 0.0]
-        elif ctype == "box":
-            allowed |= {"index", "low", "high"}
-            used = _indices(_need(con, "index", key), f"{key}.index", obs_dim)
-            low = _floats(_need(con, "low", key), f"{key}.low", len(used))
-            high = _floats(_need(con, "high", key), f"{key}.high", len(used))
-            for i, (lo, hi) in enumerate(zip(low, high)):
-                if not lo < hi:
-                    _fail(f"{key}.low[{i}]", f"{lo} must be below high[{i}] = {hi}")
-        else:
-            allowed |= {"index", "center", "radius"}
-            dim = 2 if ctype == "cylinder" else 3
-            used = _indices(_need(con, "index", key), f"{key}.index", obs_dim)
-            if len(used) != dim:
-                _fail(f"{key}.index", f"a {ctype} takes {dim} indices, got {len(used)}")
-            _finite(_need(con, "center", key), f"{key}.center", dim)
-            _number(_need(con, "radius", key), f"{key}.radius", 0.0, low_open=True)
+        try:
+            used = parse_constraint(con, key, obs_dim).used
+        except ConstraintError as err:
+            raise ShieldSpecError(f"shield spec: {err}") from None
         for i in used:
             if i not in state_index:
                 _fail(key, f"observation index {i} is not in state_index")
-        for k in con:
-            if k not in allowed:
-                _fail(f"{key}.{k}", "unknown key")
+
+    def constraint_objects(self) -> list[Constraint]:
+        """The constraints as `shield.constraints` objects (value, violation, barrier rows)."""
+        return [parse_constraint(c, f"constraints[{i}]", self.obs_dim) for i, c in enumerate(self.constraints)]
 
     def to_dict(self) -> dict:
         """The JSON-ready mapping (inverse of `from_dict`)."""

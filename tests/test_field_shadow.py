@@ -50,6 +50,8 @@ def test_serve_shadow_logs_feed_shadow_from_log_and_give_a_report(trained_cartpo
     assert result["metrics"]["steps"] == len(applied)
     assert len(result["metrics"]["action_rmse"]) == 1
     assert any(r.startswith("SKIPPED ") and "min_return_ratio" in r for r in result["reasons"])
+    # Issue 11: skipped checks never pass: inconclusive, non-zero exit (so never promoted).
+    assert result["decision"] == "inconclusive" and out.returncode == 1
     report = Path(result["report"])
     assert report.is_file() and report.parent == report_dir
     assert "<img" in report.read_text()

@@ -24,6 +24,7 @@ def _tiny_config(tmp_path: Path, **gate) -> Path:
     data["task"]["max_episode_steps"] = 100
     data["train"].update(total_env_steps=4096, num_actors=1, envs_per_actor=4, checkpoint_every=1000)
     data["shadow"].update(episodes=2)
+    data["falsify"] = {"budget_s": 10, "episode_steps": 80, "episodes_per_candidate": 1}
     data["gate"].update({"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6, **gate})
     path = tmp_path / f"tiny-{len(gate)}.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -112,6 +113,25 @@ def test_failing_gate_leaves_production_unchanged(harness, tmp_path):
     summary = next(a for a in _artifacts(flow_run_id) if a.key == "retrain-summary")
     assert "FAILED" in summary.data and "return" in summary.data
     assert Registry(models).list("cartpole")[-1]["version"] > before, "the failed candidate is still registered"
+
+
+def test_a_falsified_candidate_fails_the_gate(harness, tmp_path, monkeypatch):
+    # A planted fault: no margin and no latency prediction, against sets with noise and 40 ms latency.
+    # The envelope check would refuse it at export, so it is switched off here; falsify must catch it.
+    from flows.retrain import retrain
+    from pipeline.deployment.registry import Registry
+    from pipeline.safety import shield_spec
+
+    monkeypatch.setattr(shield_spec, "envelope_problems", lambda *a, **k: [])
+    data = yaml.safe_load(_tiny_config(tmp_path).read_text())
+    data["shield"].update(margin=0.0, latency_steps=0)
+    data["falsify"].update(budget_s=120)
+    path = tmp_path / "faulty.yaml"
+    path.write_text(yaml.safe_dump(data))
+    models = tmp_path / "models"
+    state = retrain(config_path=str(path), models_root=str(models), runs_dir=str(tmp_path / "runs"), return_state=True)
+    assert state.is_failed() and "max_falsification_cases" in state.message
+    assert Registry(models).production("cartpole") is None
 
 
 def _free_port() -> int:

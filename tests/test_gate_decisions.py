@@ -59,7 +59,8 @@ def test_field_log_metrics_skip_what_they_cannot_measure():
     metrics = good_metrics(candidate_return_mean=None, candidate_violations=None,
                            candidate_intervention_rate=None, counterfactual_latency_p99_us=None)
     decision = decide(metrics, GateConfig())
-    assert decision.decision == "pass"
+    # Issue 11: a gate never passes on checks it could not run.
+    assert decision.decision == "inconclusive" and not decision.passed
     skipped = [c.key for c in decision.checks if c.passed is None]
     assert skipped == ["gate.min_return_ratio", "gate.max_violations"]
     assert any("SKIPPED gate.max_violations" in r and "counterfactual" in r for r in decision.reasons)
@@ -67,3 +68,19 @@ def test_field_log_metrics_skip_what_they_cannot_measure():
     line = next(r for r in decision.reasons if "max_intervention_rate" in r)
     assert line.startswith("PASS ") and "would-be" in line
     assert not decide({**metrics, "would_be_intervention_rate": 0.5}, GateConfig()).passed
+
+
+def test_a_waived_check_may_be_skipped_and_a_failed_one_still_fails():
+    metrics = good_metrics(candidate_return_mean=None, candidate_violations=None,
+                           candidate_intervention_rate=None, counterfactual_latency_p99_us=None)
+    waived = GateConfig(waive=["gate.min_return_ratio", "gate.max_violations"])
+    assert decide(metrics, waived).decision == "pass"
+    assert decide(metrics, GateConfig(waive=["gate.min_return_ratio"])).decision == "inconclusive"
+    assert decide({**metrics, "would_be_intervention_rate": 0.5}, waived).decision == "fail"
+
+
+def test_falsification_cases_fail_the_gate_and_a_missing_search_is_inconclusive():
+    assert decide(good_metrics(falsification_cases=0, falsification_min_h=0.02), GateConfig()).decision == "pass"
+    failed = decide(good_metrics(falsification_cases=1, falsification_min_h=-0.01), GateConfig())
+    assert failed.decision == "fail" and failed.failing == ["gate.max_falsification_cases"]
+    assert decide(good_metrics(falsification_cases=None), GateConfig()).decision == "inconclusive"

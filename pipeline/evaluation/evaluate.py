@@ -11,7 +11,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -20,105 +20,8 @@ import yaml
 from shield.cbf import CbfShield
 from shield.spec import ShieldSpec
 
-# Tasks whose plant falls over under a full-action push (ending the episode
-# before any constraint is reached): the adversary there is the legacy
-# controller steered to a set-point beyond the nearest constraint, so it keeps
-# the plant up while driving it at the boundary. Value: the set-point's obs index.
-_STEERED_SETPOINT = {"sim2real/CartPoleRail-v0": 4}
-_OVERSHOOT = 0.6  # how far beyond the nearest boundary the steered adversary aims (constraint units)
-
-
-class RandomPolicy:
-    """Uniform random actions in the action box (batch policy interface)."""
-
-    def __init__(self, low: np.ndarray, high: np.ndarray, seed: int = 0):
-        self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
-        self.rng = np.random.default_rng(seed)
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        return self.rng.uniform(self.low, self.high, (len(obs), len(self.low))).astype(np.float32)
-
-
-class AdversarialPolicy:
-    """Drives toward the nearest constraint at full action (or, for a task that would fall over, steers its legacy controller there)."""
-
-    def __init__(self, spec: ShieldSpec, steer: tuple[Callable, int] | None = None):
-        self.spec = spec
-        model = spec.linear_model()
-        cols = {o: j for j, o in enumerate(spec.state_index)}
-        # Velocity change of each position per unit action over one period.
-        self._dv = np.array([model.B[cols[v]] for v in spec.velocity_index]).reshape(len(spec.position_index), spec.act_dim)
-        self._pos = list(spec.position_index)
-        self._low, self._high = np.asarray(spec.action_low), np.asarray(spec.action_high)
-        self._steer = steer
-
-    def reset(self) -> None:
-        """Clear the steered controller's state."""
-        if self._steer is not None and hasattr(self._steer[0], "reset"):
-            self._steer[0].reset()
-
-    def _nearest(self, o: np.ndarray) -> tuple[float, np.ndarray]:
-        """(distance, unit direction over the positions toward violation) of the nearest positional constraint."""
-        best_d, best_n = math.inf, np.zeros(len(self._pos))
-        where = {o_i: k for k, o_i in enumerate(self._pos)}
-        for con in self.spec.constraints:
-            rows = []
-            if con["type"] == "halfspace":
-                a = np.asarray(con["a"])
-                if all(i in where for i in np.flatnonzero(a)):
-                    n = np.zeros(len(self._pos))
-                    for i in np.flatnonzero(a):
-                        n[where[i]] = a[i]
-                    norm = np.linalg.norm(n)
-                    rows.append(((con["b"] - a @ o) / norm, n / norm))
-            elif con["type"] == "box":
-                for i, lo, hi in zip(con["index"], con["low"], con["high"]):
-                    if i in where:
-                        e = np.zeros(len(self._pos))
-                        e[where[i]] = 1.0
-                        rows += [(hi - o[i], e), (o[i] - lo, -e)]
-            elif all(i in where for i in con["index"]):
-                diff = np.array([o[i] - c for i, c in zip(con["index"], con["center"])])
-                dist = float(np.linalg.norm(diff))
-                n = np.zeros(len(self._pos))
-                for i, v in zip(con["index"], diff / max(dist, 1e-9)):
-                    n[where[i]] = -v  # toward the centre of the keep-out zone
-                rows.append((dist - con["radius"], n))
-            for d, n in rows:
-                if math.isfinite(d) and d < best_d:
-                    best_d, best_n = d, n
-        return best_d, best_n
-
-    def __call__(self, obs: np.ndarray) -> np.ndarray:
-        obs = np.asarray(obs, np.float64)
-        out = np.empty((len(obs), self.spec.act_dim), np.float32)
-        for k, o in enumerate(obs):
-            d, n = self._nearest(o)
-            if self._steer is not None:
-                controller, setpoint = self._steer
-                steered = o.astype(np.float32).copy()
-                # One steered position (the set-point's): aim past the boundary.
-                steered[setpoint] = o[self._pos[0]] + (d + _OVERSHOOT) * n[0]
-                out[k] = controller(steered[None])[0]
-            else:
-                push = n @ self._dv  # closing acceleration per unit of each action
-                out[k] = np.where(push > 0, self._high, np.where(push < 0, self._low, 0.0))
-        return out
-
-
-def reference_policy(name: str, cfg, spec: ShieldSpec, seed: int = 0):
-    """The `--policy` choices: legacy (the task's controller), random, adversarial."""
-    import envs
-
-    env_id = cfg.task.env_id
-    if name == "legacy":
-        return envs.legacy_controller(env_id)
-    if name == "random":
-        return RandomPolicy(spec.action_low, spec.action_high, seed)
-    if name == "adversarial":
-        steer = (envs.legacy_controller(env_id), _STEERED_SETPOINT[env_id]) if env_id in _STEERED_SETPOINT else None
-        return AdversarialPolicy(spec, steer)
-    raise ValueError(f"unknown reference policy {name!r}; choose legacy, random or adversarial")
+# The reference policies live in pipeline.evaluation.adversary (re-exported here for callers).
+from pipeline.evaluation.adversary import AdversarialPolicy, RandomPolicy, reference_policy  # noqa: E402,F401
 
 
 def resolve_domains(cfg, domains: Any):
@@ -160,7 +63,8 @@ def evaluate(cfg, policy, *, domains: Any = "train", episodes: int = 20, seed: i
     env = gym.make(cfg.task.env_id, randomization=rset, **kwargs)
     cbf = CbfShield(spec) if shield else None
     returns, lengths, violation_steps, solve_us = [], [], [], []
-    interventions = fallbacks = bad_inputs = 0
+    interventions = fallbacks = bad_inputs = envelope_flags = 0
+    min_h = float("inf")  # the shield's lowest barrier value seen (falsify's objective)
     bar = _progress(episodes, progress)
     try:
         for ep in range(episodes):
@@ -177,6 +81,9 @@ def evaluate(cfg, policy, *, domains: Any = "train", episodes: int = 20, seed: i
                     interventions += info["intervened"]
                     fallbacks += info["fallback"]
                     bad_inputs += info["bad_input"]
+                    envelope_flags += info.get("envelope", False)
+                    if len(info["h"]):
+                        min_h = min(min_h, float(np.min(info["h"])))
                     solve_us.append(info["solve_us"])
                 obs, reward, terminated, truncated, step_info = env.step(action)
                 total += float(reward)
@@ -203,6 +110,8 @@ def evaluate(cfg, policy, *, domains: Any = "train", episodes: int = 20, seed: i
         "violation_episodes": int(sum(v > 0 for v in violation_steps)),
         "intervention_rate": interventions / max(n_steps, 1),
         "fallbacks": int(fallbacks), "bad_inputs": int(bad_inputs),
+        "envelope_rate": envelope_flags / max(n_steps, 1),  # share of steps the assumption monitor flagged
+        "min_h": min_h if math.isfinite(min_h) else None,
         "shield_us_p50": float(np.percentile(us, 50)) if shield else 0.0,
         "shield_us_p99": float(np.percentile(us, 99)) if shield else 0.0,
         "returns": [float(r) for r in returns],

@@ -18,9 +18,15 @@ Checks (each names its config key, its value and its threshold):
 - ``gate.max_latency_p99_us``: p99 of the candidate's per-action latency
   (policy + shield): the worse of the shadow and counterfactual passes' p99.
 
+- ``gate.max_falsification_cases`` (only when a `falsify` result is part of the
+  metrics, as in the retrain flow): shielded violations the search found.
+
 A check whose inputs are missing (field logs have no counterfactual pass and
-may lack rewards) is *skipped*, reported as such, and does not fail the gate;
-the decision is "pass" only if every check that ran passed.
+may lack rewards) is *skipped* and reported as such. A gate never passes on a
+check it could not run: any skipped check makes the decision ``inconclusive``
+(non-zero exit, never promoted) unless the config waives that check by key
+(``gate.waive``). The decision is "pass" only if every check ran and passed
+(or was waived), "fail" if any check failed.
 """
 
 from __future__ import annotations
@@ -51,14 +57,25 @@ class GateDecision:
     """The gate's verdict on one candidate with every check that led to it."""
 
     checks: list[GateCheck] = field(default_factory=list)
+    waived: tuple[str, ...] = ()  # keys of checks that may be skipped without making the decision inconclusive
 
     @property
     def passed(self) -> bool:
-        return all(c.passed is not False for c in self.checks)
+        return self.decision == "pass"
 
     @property
     def decision(self) -> str:
-        return "pass" if self.passed else "fail"
+        """fail (a check failed), inconclusive (a check that is not waived could not run), else pass."""
+        if any(c.passed is False for c in self.checks):
+            return "fail"
+        if any(c.passed is None and c.key not in self.waived for c in self.checks):
+            return "inconclusive"
+        return "pass"
+
+    @property
+    def skipped(self) -> list[str]:
+        """Config keys of the checks that could not run (waived or not)."""
+        return [c.key for c in self.checks if c.passed is None]
 
     @property
     def reasons(self) -> list[str]:
@@ -125,4 +142,16 @@ def decide(metrics: dict, gate) -> GateDecision:
                                 f"candidate latency p99 {p99:.1f} us {'<=' if ok else '>'} {gate.max_latency_p99_us:g} us"))
     else:
         checks.append(GateCheck(key, None, gate.max_latency_p99_us, None, "no latency logged"))
-    return GateDecision(checks)
+
+    if "falsification_cases" in metrics:  # the retrain flow ran `falsify` before the gate
+        cases, key = metrics.get("falsification_cases"), "gate.max_falsification_cases"
+        if _known(cases):
+            ok = cases <= gate.max_falsification_cases
+            worst = metrics.get("falsification_min_h")
+            checks.append(GateCheck(key, cases, gate.max_falsification_cases, ok,
+                                    f"falsify found {int(cases)} shielded violation case(s) "
+                                    f"{'<=' if ok else '>'} {gate.max_falsification_cases}"
+                                    + (f" (worst h {worst:.4f})" if _known(worst) else "")))
+        else:
+            checks.append(GateCheck(key, None, gate.max_falsification_cases, None, "falsify did not run"))
+    return GateDecision(checks, tuple(gate.waive))

@@ -131,6 +131,18 @@ def _gate_table(decision) -> str:
             + "".join(rows) + "</table>")
 
 
+def _safety_case(metrics: dict) -> str:
+    """The assumption monitor's flag rates and the falsification's worst case (lowest h), when known."""
+    rows = [("envelope_rate (shadow pass)", metrics.get("envelope_rate")),
+            ("envelope_rate (candidate driving)", metrics.get("candidate_envelope_rate")),
+            ("falsification cases", metrics.get("falsification_cases")),
+            ("falsification worst h", metrics.get("falsification_min_h"))]
+    body = "".join(f"<tr><td>{k}</td><td>{'n/a' if v is None else html.escape(f'{v:.6g}')}</td></tr>" for k, v in rows)
+    worst = metrics.get("falsification_worst")
+    detail = (f"<p>worst case: <code>{html.escape(json.dumps(worst))}</code></p>" if worst else "")
+    return f"<h2>Safety case: envelope and falsification</h2><table>{body}</table>{detail}"
+
+
 def _metrics_table(metrics: dict) -> str:
     skip = {"legacy_returns", "candidate_returns", "seeds"}
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(json.dumps(v))}</td></tr>"
@@ -141,7 +153,7 @@ def _metrics_table(metrics: dict) -> str:
 _CSS = """body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 tr.fail td{background:#fdd}tr.pass td{background:#dfd}tr.skipped td{background:#eee}
-.verdict{font-size:1.4em;font-weight:bold}.verdict.fail{color:#b00}.verdict.pass{color:#080}
+.verdict{font-size:1.4em;font-weight:bold}.verdict.fail{color:#b00}.verdict.pass{color:#080}.verdict.inconclusive{color:#a60}
 img.plot{display:block;max-width:100%;margin:0.5em 0}.note{color:#666;font-style:italic}"""
 
 
@@ -165,6 +177,7 @@ def write_report(out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, c
         tr = counterfactual.trace
         parts.append(_img(plot_barriers(tr["t"], tr["h"], tr["intervened"], names,
                                         "Counterfactual pass (candidate drives, shielded)"), "h counterfactual"))
+    parts.append(_safety_case(metrics))
     parts += ["<h2>Returns</h2>", _img(plot_returns(metrics), "returns"),
               "<h2>Latency</h2>", _img(plot_latency(cols["latency_us"], metrics.get("control_period_s")), "latency")]
     parts.append("<h2>Counterfactual episode (animation)</h2>")

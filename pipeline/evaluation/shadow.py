@@ -51,6 +51,7 @@ class CounterfactualRun:
     lengths: list[int] = field(default_factory=list)
     interventions: int = 0
     fallbacks: int = 0
+    envelope_flags: int = 0
     latency_us: list[float] = field(default_factory=list)
     trace: dict[str, np.ndarray] = field(default_factory=dict)  # episode 0: t, action, h, intervened
     states: dict[str, np.ndarray] = field(default_factory=dict)  # episode 0: qpos, qvel, mocap_pos (animation)
@@ -185,6 +186,7 @@ def counterfactual_pass(env, candidate, seeds: list[int], dt: float, frames: int
             run.latency_us.append((time.perf_counter_ns() - t0) / 1e3)
             run.interventions += bool(info.get("intervened"))
             run.fallbacks += bool(info.get("fallback"))
+            run.envelope_flags += bool(info.get("envelope"))
             if ep == 0:
                 for key, value in (("t", step * dt), ("action", safe), ("raw", raw), ("h", info.get("h", [])),
                                    ("intervened", bool(info.get("intervened")))):
@@ -240,7 +242,7 @@ def evaluate_candidate(runtime, cfg, *, domains: str = "reality", episodes: int 
         env.close()
     metrics = log_metrics(shadow.columns, dt, cfg.shadow.agreement_tolerance)
     metrics.update(counterfactual_metrics(cf.returns, cf.costs, cf.interventions, cf.fallbacks,
-                                          sum(cf.lengths), np.asarray(cf.latency_us), dt))
+                                          sum(cf.lengths), np.asarray(cf.latency_us), dt, cf.envelope_flags))
     metrics.update(source="sim", domains=domains, seeds=seeds)
     return shadow, cf, metrics
 
@@ -274,7 +276,7 @@ def metrics_from_log(path: str | Path, cfg) -> tuple[ShadowRun, dict]:
 
 
 def run_shadow(bundle_dir, cfg, *, domains: str = "reality", episodes: int | None = None, seed: int | None = None,
-               report_dir=None, legacy: str | None = None, from_log=None) -> dict:
+               report_dir=None, legacy: str | None = None, from_log=None, falsification: dict | None = None) -> dict:
     """Shadow-evaluate a bundle (or field logs), gate it, write the report; returns decision, reasons, metrics, report."""
     from shield.runtime import EdgeRuntime
 
@@ -294,6 +296,10 @@ def run_shadow(bundle_dir, cfg, *, domains: str = "reality", episodes: int | Non
         runtime = EdgeRuntime.load(bundle_dir)  # verifies every hash; BundleError names the file
         shadow, cf, metrics = evaluate_candidate(runtime, cfg, domains=domains, episodes=episodes, seed=seed,
                                                  legacy_name=legacy)
+    if falsification is not None:  # `falsify` ran before the gate (the retrain flow): its cases are a gate check
+        metrics.update(falsification_cases=falsification.get("cases_found"),
+                       falsification_min_h=falsification.get("min_h"),
+                       falsification_worst=falsification.get("worst"))
     decision: GateDecision = decide(metrics, cfg.gate)
     from shield.shadowlog import write_shadow_log
     from pipeline.evaluation.report import write_report

@@ -72,6 +72,8 @@ def log_metrics(cols: dict[str, np.ndarray], control_period_s: float | None, agr
         "agreement_tolerance": agreement_tolerance,
         "would_be_intervention_rate": float(np.mean(cols["intervened"])),
         "would_be_fallback_rate": float(np.mean(cols["fallback"])),
+        # Share of steps the shield's assumption monitor flagged (None for logs without the column).
+        "envelope_rate": float(np.mean(cols["envelope"])) if "envelope" in cols else None,
         "legacy_returns": legacy_returns.tolist() if mean is not None else None,
         "legacy_return_mean": mean,
         "legacy_return_ci95": ci,
@@ -83,7 +85,8 @@ def log_metrics(cols: dict[str, np.ndarray], control_period_s: float | None, agr
 
 
 def counterfactual_metrics(returns: list[float], costs: list[float], interventions: int, fallbacks: int,
-                           steps: int, latency_us: np.ndarray, control_period_s: float | None) -> dict:
+                           steps: int, latency_us: np.ndarray, control_period_s: float | None,
+                           envelope_flags: int | None = None) -> dict:
     """Metrics of the pass where the shielded candidate drives (per-episode returns and cost steps)."""
     mean, ci = mean_ci95(np.asarray(returns))
     lat = latency_stats(latency_us, control_period_s)
@@ -94,6 +97,7 @@ def counterfactual_metrics(returns: list[float], costs: list[float], interventio
         "candidate_violations": int(round(float(np.sum(costs)))),
         "candidate_intervention_rate": interventions / steps if steps else None,
         "candidate_fallback_rate": fallbacks / steps if steps else None,
+        "candidate_envelope_rate": envelope_flags / steps if steps and envelope_flags is not None else None,
         "candidate_steps": steps,
         "counterfactual_latency_p99_us": lat["latency_p99_us"],
         "counterfactual_deadline_misses": lat["deadline_misses"],

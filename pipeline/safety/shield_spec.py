@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.config import ConfigError
+from pipeline.safety.envelope import NOISE_SIGMAS, assumptions, envelope_problems, monitor_bounds, set_envelopes
 from shield.spec import ShieldSpec, ShieldSpecError
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
@@ -47,22 +49,21 @@ def linearize_mujoco(nominal, state_obs: list[int]) -> tuple[np.ndarray, np.ndar
 def _latency_steps(cfg) -> int:
     if cfg.shield.latency_steps is not None:
         return cfg.shield.latency_steps
+    # Every set, not only reality: each one is a promise about where the plant may be.
     steps = [r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None]
     return max(steps, default=0)
 
 
-def _max_obs_noise(cfg, positions: list[int]) -> float:
-    """Largest 3-sigma observation noise on the constrained positions over the config's randomization sets."""
-    worst = 0.0
-    for rset in cfg.randomization.values():
-        std = list(rset.obs_noise_std)
-        values = std if len(std) == 1 else [std[i] for i in positions if i < len(std)]
-        worst = max([worst] + [3.0 * v for v in values])
-    return worst
+class EnvelopeError(ConfigError):
+    """A randomization set admits plants outside the shield's assumptions; the message names set, parameter, range, limit."""
 
 
-def build_shield_spec(cfg) -> dict:
-    """The shield.json content for `cfg.task.env_id`, from envs.safety_spec, the nominal model and cfg.shield."""
+def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
+    """The shield.json content for `cfg.task.env_id`, from envs.safety_spec, the nominal model and cfg.shield.
+
+    With `check_envelope` (always, except to build a deliberately faulty spec in tests) every
+    randomization set is checked against the spec's assumptions (pipeline.safety.envelope).
+    """
     import envs
 
     safety = envs.safety_spec(cfg.task.env_id)
@@ -90,12 +91,14 @@ def build_shield_spec(cfg) -> dict:
         model = {"type": "linear", "A": A.tolist(), "B": B.tolist(), "c": c.tolist()}
         # Nominal full-action acceleration of each position: velocity change per period / dt.
         full_accel = [float(np.abs(B[state_index.index(v)]) @ full / dt) for v in vel]
+        damping = [_joint_damping(nominal, o) for o in pos]  # the model's own damping of each position
     elif safety["model"] == "double_integrator":
         scale = np.asarray(safety["action_scale"], np.float64)
         state_index = pos + vel
         model = {"type": "double_integrator", "accel_per_action": np.diag(scale).tolist(),
                  "response_time_s": float(safety.get("response_time_constant", 0.0))}
         full_accel = [float(scale[i] * full[i]) for i in range(len(pos))]
+        damping = [(0.0, "")] * len(pos)
     else:
         raise ShieldSpecError(f"task {cfg.task.env_id}: unsupported shield model {safety['model']!r}")
     brake = [sc.brake_fraction * a for a in full_accel]
@@ -107,6 +110,7 @@ def build_shield_spec(cfg) -> dict:
     if len(disturbance) != len(pos):
         raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
     latency = _latency_steps(cfg)
+    envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator", full_accel)
     spec = {
         "schema_version": 1, "task": cfg.task.name, "obs_dim": obs_dim, "act_dim": act_dim, "dt": dt,
         "action_low": low.tolist(), "action_high": high.tolist(), "state_index": state_index,
@@ -120,12 +124,27 @@ def build_shield_spec(cfg) -> dict:
             "max_accel_error": [a - b for a, b in zip(full_accel, brake)],
             "max_input_gain_error": float(sc.input_gain_error),
             "max_disturbance_accel": disturbance,
-            "max_obs_noise": _max_obs_noise(cfg, pos),
+            "max_obs_noise": max([NOISE_SIGMAS * e.obs_noise_std[o] for e in envelopes for o in pos], default=0.0),
             "statement": _STATEMENT,
+            **assumptions(envelopes, obs_dim, monitor_bounds(envelopes, full_accel, damping, sc.model_ranges)),
         },
     }
     ShieldSpec.from_dict(spec)  # fail here, at build time, rather than on the edge box
+    if check_envelope:
+        problems = envelope_problems(cfg, spec, envelopes, full_accel)
+        if problems:
+            raise EnvelopeError("the config admits plants the shield cannot keep safe:\n  " + "\n  ".join(problems))
     return spec
+
+
+def _joint_damping(nominal, obs_index: int) -> tuple[float, str]:
+    """(nominal damping N s/m or N m s/rad, joint name) of the dof an observed position reads."""
+    import mujoco
+
+    kind, i = nominal.obs_to_state[obs_index]
+    model = nominal.model
+    joint = int(model.dof_jntid[i])
+    return float(model.dof_damping[i]), mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, joint) or ""
 
 
 def _task_module(env_id: str):

@@ -1,0 +1,126 @@
+"""Reference policies that try to break the shield: uniform random, and an adversary aimed at a constraint.
+
+The adversary's target is read from the same constraint objects the env's cost
+and the shield's barrier use (`shield.constraints`), so it attacks exactly what
+is checked. Its knobs (`AdversaryParams`) are what `sim2real falsify` searches
+over: which constraint, from which step, how hard, how far past the boundary it
+aims, and whether it flips direction every few steps (to fight the latency
+prediction).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from shield.spec import ShieldSpec
+
+# Tasks whose plant falls over under a full-action push (ending the episode
+# before any constraint is reached): the adversary there is the legacy
+# controller steered to a set-point beyond the nearest constraint, so it keeps
+# the plant up while driving it at the boundary. Value: the set-point's obs index.
+_STEERED_SETPOINT = {"sim2real/CartPoleRail-v0": 4}
+
+
+@dataclass(frozen=True)
+class AdversaryParams:
+    """How the adversary attacks: the defaults drive at the nearest constraint at full action from step 0."""
+
+    target: int = -1  # constraint index to attack; -1: whichever is nearest at each step
+    start_step: int = 0  # steps of calm (zero action) before the attack
+    strength: float = 1.0  # share of the full action, in (0, 1]
+    overshoot: float = 0.6  # how far past the boundary a steered adversary aims (constraint units)
+    flip_every: int = 0  # > 0: reverse the push every this many steps (a latency-timed back-and-forth)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RandomPolicy:
+    """Uniform random actions in the action box (batch policy interface)."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, seed: int = 0):
+        self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        return self.rng.uniform(self.low, self.high, (len(obs), len(self.low))).astype(np.float32)
+
+
+class AdversarialPolicy:
+    """Drives toward a constraint at full action (or, for a task that would fall over, steers its legacy controller there)."""
+
+    def __init__(self, spec: ShieldSpec, steer: tuple[Callable, int] | None = None,
+                 params: AdversaryParams = AdversaryParams()):
+        self.spec, self.params = spec, params
+        model = spec.linear_model()
+        cols = {o: j for j, o in enumerate(spec.state_index)}
+        # Velocity change of each position per unit action over one period.
+        self._dv = np.array([model.B[cols[v]] for v in spec.velocity_index]).reshape(len(spec.position_index), spec.act_dim)
+        self._pos = list(spec.position_index)
+        self._where = {o_i: k for k, o_i in enumerate(self._pos)}
+        self._constraints = spec.constraint_objects()
+        self._low, self._high = np.asarray(spec.action_low), np.asarray(spec.action_high)
+        self._steer = steer
+        self._step = 0
+
+    def reset(self) -> None:
+        """Clear the steered controller's state and the step count."""
+        self._step = 0
+        if self._steer is not None and hasattr(self._steer[0], "reset"):
+            self._steer[0].reset()
+
+    def _nearest(self, o: list[float]) -> tuple[float, np.ndarray]:
+        """(distance, unit direction over the positions toward violation) of the targeted positional constraint."""
+        best_d, best_n = math.inf, np.zeros(len(self._pos))
+        t = self.params.target
+        for k, con in enumerate(self._constraints):
+            if t >= 0 and k != t % len(self._constraints):
+                continue
+            d, direction = con.nearest(o)
+            if not direction or not all(i in self._where for i in direction) or not math.isfinite(d):
+                continue
+            if d < best_d:
+                n = np.zeros(len(self._pos))
+                for i, v in direction.items():
+                    n[self._where[i]] = v
+                best_d, best_n = d, n / max(float(np.linalg.norm(n)), 1e-12)
+        return best_d, best_n
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        obs = np.asarray(obs, np.float64)
+        out = np.zeros((len(obs), self.spec.act_dim), np.float32)
+        p = self.params
+        step, self._step = self._step, self._step + 1
+        sign = -1.0 if p.flip_every > 0 and (step // p.flip_every) % 2 else 1.0
+        for k, o in enumerate(obs):
+            d, n = self._nearest(o.tolist())
+            if self._steer is not None:
+                controller, setpoint = self._steer
+                steered = o.astype(np.float32).copy()
+                if step >= p.start_step:  # one steered position (the set-point's): aim past the boundary
+                    steered[setpoint] = o[self._pos[0]] + sign * (d + p.overshoot) * n[0]
+                out[k] = controller(steered[None])[0]
+            elif step >= p.start_step:
+                push = sign * (n @ self._dv)  # closing acceleration per unit of each action
+                full = np.where(push > 0, self._high, np.where(push < 0, self._low, 0.0))
+                out[k] = p.strength * full
+        return out
+
+
+def reference_policy(name: str, cfg, spec: ShieldSpec, seed: int = 0, params: AdversaryParams | None = None):
+    """The `--policy` choices: legacy (the task's controller), random, adversarial (with `params`)."""
+    import envs
+
+    env_id = cfg.task.env_id
+    if name == "legacy":
+        return envs.legacy_controller(env_id)
+    if name == "random":
+        return RandomPolicy(spec.action_low, spec.action_high, seed)
+    if name == "adversarial":
+        steer = (envs.legacy_controller(env_id), _STEERED_SETPOINT[env_id]) if env_id in _STEERED_SETPOINT else None
+        return AdversarialPolicy(spec, steer, params or AdversaryParams())
+    raise ValueError(f"unknown reference policy {name!r}; choose legacy, random or adversarial")

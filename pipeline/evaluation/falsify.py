@@ -1,0 +1,315 @@
+"""`sim2real falsify`: search the config's envelope for a plant and an attack on which the shield lets a violation through.
+
+The search space is every randomization set of the config: each randomized
+scale (`body_mass.cart`, `actuator_gain.rotor0`, ...) and the latency, pinned
+per candidate to one value inside the set's range (noise and pushes stay as the
+set states them), times the adversary's knobs (`AdversaryParams`: which
+constraint, when, how hard, how far past, and a back-and-forth timed against
+the latency). Phases, until the budget (s) is spent or a case is found:
+
+1. every corner of every set (each range at one of its ends) with the default
+   adversary and the random policy (and the bundle's policy, given one);
+2. random draws of domain and attack;
+3. cross-entropy: a Gaussian over the normalized domain and attack
+   parameters, refit to the candidates with the lowest barrier value h.
+
+Each candidate runs `falsify.episodes_per_candidate` shielded episodes of
+`falsify.episode_steps` steps (`pipeline.evaluation.evaluate`); its score is
+the lowest h the shield saw. A case is a candidate with a violating step
+(info["cost"] on the true state): it is written as `case-N.yaml` (the pinned
+domain, usable as `--domains`) and `case-N.json` (set, seed, policy, attack
+and the command that replays it), and the command exits 1.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from pipeline.evaluation.adversary import AdversaryParams, reference_policy
+from pipeline.evaluation.evaluate import evaluate
+
+_GROUPS = ("body_mass", "geom_friction", "joint_damping", "actuator_gain")
+_ELITE = 0.25  # share of a cross-entropy generation that refits the Gaussian
+_GENERATION = 8  # candidates per cross-entropy generation
+_ATTACK_DIMS = 5  # target, start_step, strength, overshoot, flip_every (all normalized to [0, 1])
+
+
+@dataclass
+class Candidate:
+    """One point of the search: a set, a normalized domain x in [0, 1]^k, a policy and an attack."""
+
+    set_name: str
+    x: np.ndarray
+    policy: str
+    attack: np.ndarray  # normalized AdversaryParams
+    seed: int
+
+
+def parameters(rset) -> list[tuple[str, float, float]]:
+    """(name, low, high) of every randomized quantity of a set, latency included (an integer range)."""
+    out = [(f"{g}.{el}", r.low, r.high) for g in _GROUPS for el, r in getattr(rset, g).items()]
+    if rset.gravity_scale is not None:
+        out.append(("gravity_scale", rset.gravity_scale.low, rset.gravity_scale.high))
+    if rset.latency_steps is not None:
+        out.append(("latency_steps", rset.latency_steps.low, rset.latency_steps.high))
+    return out
+
+
+def pinned_domain(rset, x: np.ndarray) -> dict:
+    """The set with every range pinned to one value (x in [0, 1] per parameter), as a plain mapping."""
+    doc = rset.model_dump(mode="json", exclude_none=True)
+    for (name, lo, hi), xi in zip(parameters(rset), np.clip(x, 0.0, 1.0)):
+        if name == "latency_steps":
+            v = int(round(lo + xi * (hi - lo)))
+            doc["latency_steps"] = {"low": v, "high": v}
+        elif name == "gravity_scale":
+            v = float(lo + xi * (hi - lo))
+            doc["gravity_scale"] = {"dist": "uniform", "low": v, "high": v}
+        else:
+            group, el = name.split(".", 1)
+            v = float(lo + xi * (hi - lo))
+            doc[group][el] = {"dist": "uniform", "low": v, "high": v}
+    return doc
+
+
+def envelope_set(cfg):
+    """One set spanning every set of the config: each range the union of theirs, the largest noise and push.
+
+    Its corners are the extreme plants the config admits (the hull may add milder
+    combinations that no single set holds; never harsher ones in any one parameter).
+    """
+    from envs.randomization import parse_randomization
+
+    sets = list(cfg.randomization.values())
+    doc: dict = {}
+    for group in _GROUPS:
+        ranges: dict = {}
+        for rset in sets:
+            for el, r in getattr(rset, group).items():
+                lo, hi = ranges.get(el, (r.low, r.high))
+                ranges[el] = (min(lo, r.low), max(hi, r.high))
+        if ranges:
+            doc[group] = {el: {"low": lo, "high": hi} for el, (lo, hi) in ranges.items()}
+    lat = [r.latency_steps for r in sets if r.latency_steps is not None]
+    if lat:
+        doc["latency_steps"] = {"low": min(x.low for x in lat), "high": max(x.high for x in lat)}
+    grav = [r.gravity_scale for r in sets if r.gravity_scale is not None]
+    if grav:
+        doc["gravity_scale"] = {"low": min(g.low for g in grav), "high": max(g.high for g in grav)}
+    for key in ("obs_noise_std", "action_noise_std"):
+        widest = max((list(getattr(r, key)) for r in sets), key=lambda v: (max(v), len(v)))
+        doc[key] = widest
+    pushes = [r.push for r in sets if r.push is not None]
+    if pushes:
+        doc["push"] = max(pushes, key=lambda p: (p.max_force * p.probability * p.duration_steps)).model_dump(mode="json")
+    return parse_randomization(doc, "envelope")
+
+
+def corner_domains(rset) -> list[dict]:
+    """Every corner of a set: each range at one of its ends, as pinned domain mappings."""
+    k = len(parameters(rset))
+    return [pinned_domain(rset, np.array(c)) for c in itertools.product((0.0, 1.0), repeat=k)]
+
+
+def attack_params(a: np.ndarray, n_constraints: int) -> AdversaryParams:
+    """Normalized attack vector -> AdversaryParams (target -1 means the nearest constraint)."""
+    a = np.clip(a, 0.0, 1.0)
+    return AdversaryParams(target=int(np.floor(a[0] * (n_constraints + 1) - 1e-9)) - 1,
+                           start_step=int(round(a[1] * 50)), strength=float(0.3 + 0.7 * a[2]),
+                           overshoot=float(1.5 * a[3]), flip_every=int(round(a[4] * 6)))
+
+
+_DEFAULT_ATTACK = np.array([0.0, 0.0, 1.0, 0.4, 0.0])  # nearest constraint, at once, full force, 0.6 past
+
+
+class Falsifier:
+    """The search state: config, spec, policies, budget; `run()` returns the summary."""
+
+    def __init__(self, cfg, spec, *, bundle_policy=None, budget_s: float | None = None, seed: int | None = None,
+                 out_dir: str | Path | None = None, progress: bool = False):
+        self.cfg, self.spec = cfg, spec
+        self.bundle_policy = bundle_policy
+        self.budget_s = cfg.falsify.budget_s if budget_s is None else float(budget_s)
+        self.seed = cfg.falsify.seed if seed is None else int(seed)
+        self.rng = np.random.default_rng(self.seed)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.progress = progress
+        self.sets = {name: (rset, parameters(rset)) for name, rset in cfg.randomization.items()}
+        self.policies = ["adversarial", "random"] + (["bundle"] if bundle_policy is not None else [])
+        self.n_constraints = len(spec.constraints)
+        self.evaluated = 0
+        self.best: dict | None = None
+        self.cases: list[dict] = []
+        self._t0 = 0.0
+
+    def _left(self) -> float:
+        return self.budget_s - (time.monotonic() - self._t0)
+
+    def _policy(self, cand: Candidate):
+        if cand.policy == "bundle":
+            return self.bundle_policy
+        params = attack_params(cand.attack, self.n_constraints) if cand.policy == "adversarial" else None
+        return reference_policy(cand.policy, self.cfg, self.spec, seed=cand.seed, params=params)
+
+    def evaluate(self, cand: Candidate) -> dict:
+        """Run one candidate; record it as the best (lowest h) and as a case when it violated."""
+        from envs.randomization import parse_randomization
+
+        rset, _ = self.sets[cand.set_name]
+        domain = pinned_domain(rset, cand.x)
+        result = evaluate(self.cfg, self._policy(cand), domains=parse_randomization(domain), seed=cand.seed,
+                          episodes=self.cfg.falsify.episodes_per_candidate, shield=True, spec=self.spec,
+                          max_episode_steps=self.cfg.falsify.episode_steps)
+        self.evaluated += 1
+        h = result["min_h"] if result["min_h"] is not None else float("inf")
+        record = {"set": cand.set_name, "domain": domain, "seed": cand.seed, "policy": cand.policy,
+                  "attack": attack_params(cand.attack, self.n_constraints).to_dict() if cand.policy == "adversarial" else None,
+                  "episodes": self.cfg.falsify.episodes_per_candidate, "episode_steps": self.cfg.falsify.episode_steps,
+                  "min_h": h, "violations": result["violations"]}
+        if self.best is None or h < self.best["min_h"]:
+            self.best = record
+        if result["violations"] > 0:
+            self.cases.append(self._write_case(record))
+        if self.progress:
+            print(f"falsify: {self.evaluated} evaluated, {len(self.cases)} case(s), worst h "
+                  f"{self.best['min_h']:.4f}, {max(self._left(), 0):.0f} s left", file=sys.stderr, end="\r")
+        return record
+
+    def _write_case(self, record: dict) -> dict:
+        if self.out_dir is None:
+            return record
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        n = len(self.cases)
+        domain_path, case_path = self.out_dir / f"case-{n}.yaml", self.out_dir / f"case-{n}.json"
+        domain_path.write_text(yaml.safe_dump(record["domain"], sort_keys=True))
+        record = dict(record, domain_file=str(domain_path), case_file=str(case_path))
+        case_path.write_text(json.dumps(record, indent=2) + "\n")
+        return record
+
+    def _candidates_corners(self):
+        order = []
+        for name, (_, params) in self.sets.items():
+            for corner in itertools.product((0.0, 1.0), repeat=len(params)):
+                for policy in self.policies:
+                    order.append((name, np.array(corner), policy))
+        for i in self.rng.permutation(len(order)):  # budget-limited: every corner equally likely to be reached
+            name, x, policy = order[i]
+            yield Candidate(name, x, policy, _DEFAULT_ATTACK.copy(), int(self.rng.integers(2**31)))
+
+    def _random(self, name: str) -> Candidate:
+        k = len(self.sets[name][1])
+        return Candidate(name, self.rng.uniform(0, 1, k), "adversarial", self.rng.uniform(0, 1, _ATTACK_DIMS),
+                         int(self.rng.integers(2**31)))
+
+    def run(self) -> dict:
+        """Corners, then random draws, then cross-entropy, until a case is found or the budget is spent."""
+        self._t0 = time.monotonic()
+        phases = {"corners": 0, "random": 0, "cross_entropy": 0}
+        for cand in self._candidates_corners():
+            if self._left() <= 0 or self.cases:
+                break
+            self.evaluate(cand)
+            phases["corners"] += 1
+        names = list(self.sets)
+        for _ in range(2 * _GENERATION):
+            if self._left() <= 0 or self.cases:
+                break
+            self.evaluate(self._random(names[int(self.rng.integers(len(names)))]))
+            phases["random"] += 1
+        # Cross-entropy per set, round robin, each with its own Gaussian over [x, attack].
+        state = {n: (np.full(len(self.sets[n][1]) + _ATTACK_DIMS, 0.5),
+                     np.full(len(self.sets[n][1]) + _ATTACK_DIMS, 0.35)) for n in names}
+        turn = 0
+        while self._left() > 0 and not self.cases:
+            name = names[turn % len(names)]
+            turn += 1
+            mu, sd = state[name]
+            k = len(self.sets[name][1])
+            scored = []
+            for _ in range(_GENERATION):
+                if self._left() <= 0 or self.cases:
+                    break
+                z = np.clip(self.rng.normal(mu, sd), 0.0, 1.0)
+                rec = self.evaluate(Candidate(name, z[:k], "adversarial", z[k:], int(self.rng.integers(2**31))))
+                scored.append((rec["min_h"], z))
+                phases["cross_entropy"] += 1
+            if len(scored) >= 2:
+                scored.sort(key=lambda t: t[0])
+                elite = np.array([z for _, z in scored[:max(2, int(_ELITE * len(scored)))]])
+                state[name] = (elite.mean(axis=0), np.maximum(elite.std(axis=0), 0.05))
+        if self.progress:
+            print(file=sys.stderr)
+        return {"task": self.cfg.task.name, "cases_found": len(self.cases), "cases": self.cases,
+                "min_h": None if self.best is None else self.best["min_h"], "worst": self.best,
+                "evaluated": self.evaluated, "phases": phases, "budget_s": self.budget_s, "seed": self.seed,
+                "wall_s": time.monotonic() - self._t0}
+
+
+def replay_case(cfg, case: dict | str | Path, spec) -> dict:
+    """Run a written case again (same pinned domain, seed, policy, attack); returns evaluate()'s result."""
+    from envs.randomization import parse_randomization
+
+    if not isinstance(case, dict):
+        case = json.loads(Path(case).read_text())
+    params = AdversaryParams(**case["attack"]) if case.get("attack") else None
+    policy = reference_policy(case["policy"], cfg, spec, seed=case["seed"], params=params)
+    return evaluate(cfg, policy, domains=parse_randomization(case["domain"]), seed=case["seed"],
+                    episodes=case["episodes"], shield=True, spec=spec, max_episode_steps=case["episode_steps"])
+
+
+def falsify(cfg, *, bundle: str | None = None, budget_s: float | None = None, seed: int | None = None,
+            out_dir: str | Path | None = None, spec=None, progress: bool = False) -> dict:
+    """Search `cfg`'s envelope (with the bundle's policy and shield.json, or the config's spec); see the module docstring."""
+    from shield.spec import ShieldSpec
+
+    bundle_policy = None
+    if bundle is not None:
+        from shield.runtime import EdgeRuntime
+
+        runtime = EdgeRuntime.load(bundle, shield=False)  # the shield is applied by evaluate, from shield.json
+        spec = ShieldSpec.from_dict(runtime.bundle.shield_spec)
+        bundle_policy = runtime
+    elif spec is None:
+        from pipeline.safety.shield_spec import build_shield_spec
+
+        spec = build_shield_spec(cfg)
+    spec = spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)
+    return Falsifier(cfg, spec, bundle_policy=bundle_policy, budget_s=budget_s, seed=seed, out_dir=out_dir,
+                     progress=progress).run()
+
+
+def run_cli(args) -> int:
+    """Handler of `sim2real falsify`: 0 when nothing was found within the budget, 1 when a case was, 2 on bad input."""
+    from pipeline.config import ConfigError, load_config
+    from shield.runtime import BundleError
+
+    try:
+        cfg = load_config(args.config)
+        if args.budget_s is not None and not args.budget_s > 0:
+            raise ValueError(f"--budget-s must be > 0, got {args.budget_s}")
+        out_dir = args.out or f"reports/falsify-{cfg.task.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        result = falsify(cfg, bundle=args.bundle, budget_s=args.budget_s, seed=args.seed, out_dir=out_dir,
+                         progress=not args.json)
+    except (ConfigError, BundleError, ValueError) as err:
+        print(f"sim2real falsify: error: {err}", file=sys.stderr)
+        return 2
+    result["out"] = out_dir
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        print(f"falsify {cfg.task.name}: {result['evaluated']} candidates in {result['wall_s']:.0f} s "
+              f"({result['phases']}); worst h {result['min_h']}")
+        for case in result["cases"]:
+            print(f"  CASE: set {case['set']}, policy {case['policy']}, seed {case['seed']}: {case['violations']} "
+                  f"violating step(s); domain {case.get('domain_file')}, replay {case.get('case_file')}")
+        if not result["cases"]:
+            print("  no shielded violation found within the budget")
+    return 1 if result["cases"] else 0

@@ -1,0 +1,206 @@
+"""The plants a config admits, per randomization set, and whether the shield's assumptions cover them.
+
+Every randomization set in the config (not only `train`) is a promise about
+where the plant may be. For each set this derives, from its ranges and the
+nominal MuJoCo model:
+
+- the latency range (control steps),
+- the input's effect relative to nominal, ``r = actuator gain / mass`` (gear-
+  weighted mean gain over mass-weighted mean mass of the moving bodies), from
+  the worst corner (weakest actuators on the heaviest body) to the best,
+- the persistent additive acceleration per position: the gravity-compensation
+  error of an acceleration-set-point (double-integrator) plant, ``max(1 - r_lo,
+  r_hi - 1) |g_k|`` (its inner loop compensates gravity for the nominal mass),
+  plus the ambient disturbance the config declares (`shield.ambient_disturbance_accel`:
+  the quadrotor's built-in wind),
+- the transient acceleration of a push: ``max_force / (lightest moving mass)`` on
+  each pushed axis,
+- the observation noise per element (std; the margin is checked at 3 sigma),
+- every other randomized physical parameter (damping, friction, gravity) against
+  the ranges the shield's guarantee was established for (`shield.model_ranges`).
+
+`envelope_problems` lists every way a set leaves what the spec assumes, each
+naming the set, the parameter, its range and the limit it breaks; the spec
+builder refuses with them (`sim2real config --check`, `sim2real export`).
+The limits checked, per position axis k, with full-action acceleration F_k:
+latency <= latency_steps; [r_lo, r_hi] inside 1 +- input_gain_error;
+persistent_k <= disturbance_accel_k; min over r in {r_lo, r_hi} of r F_k - |r - s| g_k - ambient_k >= brake_accel_k
+(enough authority to brake, or to hold a floor against gravity); push_k <=
+that authority (the actuators can cancel a push while it lasts);
+3 sigma of the position noise <= margin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NOISE_SIGMAS = 3.0  # the stated confidence of the observation-noise assumption: 3 sigma (99.7 % per sample)
+_MODEL_RANGE_GROUPS = ("joint_damping", "geom_friction")
+
+
+@dataclass
+class SetEnvelope:
+    """What one randomization set admits (see the module docstring)."""
+
+    name: str
+    latency_max: int
+    ratio: tuple[float, float]
+    persistent_accel: list[float]
+    push_accel: list[float]
+    obs_noise_std: list[float]
+    other: dict[str, tuple[float, float]] = field(default_factory=dict)  # e.g. joint_damping.slider -> (lo, hi)
+    authority: list[float] = field(default_factory=list)  # m/s^2 per position: the weakest plant's full action
+    moving_mass_low: float = 0.0  # kg: the lightest plant's moving mass
+
+
+def _weighted_range(scales: dict, weights: dict[str, float]) -> tuple[float, float]:
+    """(lowest, highest) weighted mean scale: every listed element at its low (high) end, the others at 1."""
+    total = sum(weights.values())
+    lo = sum(w * (scales[n].low if n in scales else 1.0) for n, w in weights.items()) / total
+    hi = sum(w * (scales[n].high if n in scales else 1.0) for n, w in weights.items()) / total
+    return lo, hi
+
+
+def plant_weights(env_id: str) -> tuple[dict[str, float], dict[str, float], float, np.ndarray]:
+    """Nominal masses of the moving bodies (kg), actuator gear magnitudes, moving mass (kg), gravity (m/s^2)."""
+    import gymnasium as gym
+    import mujoco
+
+    import envs  # noqa: F401  (registers the task ids)
+
+    env = gym.make(env_id)
+    try:
+        m = env.unwrapped.model
+        masses = {}
+        for b in range(1, m.nbody):
+            name = mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, b)
+            if m.body_weldid[b] != 0 and m.body_mocapid[b] < 0 and m.body_mass[b] > 0 and name:  # a moving body
+                masses[name] = float(m.body_mass[b])
+        gears = {}
+        for a in range(m.nu):
+            name = mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_ACTUATOR, a)
+            if name:
+                gears[name] = float(np.linalg.norm(m.actuator_gear[a, :3])) or 1.0
+        return masses, gears, sum(masses.values()), np.asarray(m.opt.gravity, np.float64).copy()
+    finally:
+        env.close()
+
+
+def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bool,
+                  full_accel: list[float]) -> list[SetEnvelope]:
+    """One SetEnvelope per randomization set of `cfg`."""
+    masses, gears, moving_mass, gravity = plant_weights(cfg.task.env_id)
+    ambient = list(cfg.shield.ambient_disturbance_accel or [0.0] * len(positions))
+    out = []
+    for name, rset in cfg.randomization.items():
+        m_lo, m_hi = _weighted_range(rset.body_mass, masses)
+        g_lo, g_hi = _weighted_range(rset.actuator_gain, gears) if gears else (1.0, 1.0)
+        grav = rset.gravity_scale
+        s_lo, s_hi = (grav.low, grav.high) if grav is not None else (1.0, 1.0)
+        ratio = (g_lo / m_hi, g_hi / m_lo)
+        persistent, push, authority = [], [], []
+        for k in range(len(positions)):
+            g_k = abs(float(gravity[k])) if double_integrator and k < 3 else 0.0
+            amb = ambient[k] if k < len(ambient) else 0.0
+            # The inner loop holds m_nominal g; the plant feels r g against m g s: the error is g |r - s|.
+            comp = [g_k * max(abs(r - s_lo), abs(r - s_hi)) for r in ratio]
+            persistent.append(max(comp) + amb)
+            # Full action toward safety against that error, at each end of the gain/mass range.
+            authority.append(min(r * full_accel[k] - c for r, c in zip(ratio, comp)) - amb)
+            p = rset.push
+            axes = {"x": 0, "y": 1, "z": 2}
+            pushed = p is not None and k < 3 and any(axes[a] == k for a in p.axes)
+            push.append(p.max_force / (moving_mass * m_lo) if pushed else 0.0)
+        std = list(rset.obs_noise_std)
+        noise = [std[0]] * obs_dim if len(std) == 1 else (std + [0.0] * obs_dim)[:obs_dim]
+        other = {f"{group}.{el}": (r.low, r.high) for group in _MODEL_RANGE_GROUPS
+                 for el, r in getattr(rset, group).items()}
+        if rset.gravity_scale is not None and not double_integrator:
+            other["gravity_scale"] = (s_lo, s_hi)
+        lat = rset.latency_steps.high if rset.latency_steps is not None else 0
+        out.append(SetEnvelope(name, lat, ratio, persistent, push, noise, other, authority, moving_mass * m_lo))
+    return out
+
+
+def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel: list[float]) -> list[str]:
+    """Every way a set admits a plant the spec's assumptions do not cover (empty: all covered)."""
+    problems = []
+    err = spec["input_gain_error"]
+    brake = spec["kinematics"]["brake_accel"]
+    dist = spec["disturbance_accel"]
+    pos = spec["kinematics"]["position_index"]
+    for env in envelopes:
+        where = f"randomization.{env.name}"
+        if env.latency_max > spec["latency_steps"]:
+            problems.append(f"{where}.latency_steps: up to {env.latency_max} steps, beyond the "
+                            f"{spec['latency_steps']} the shield predicts through (shield.latency_steps)")
+        lo, hi = env.ratio
+        if lo < 1.0 - err - 1e-9 or hi > 1.0 + err + 1e-9:
+            problems.append(f"{where}.actuator_gain / body_mass: input gain over mass ranges [{lo:.3f}, {hi:.3f}] x "
+                            f"nominal, outside the [{1 - err:.3f}, {1 + err:.3f}] of shield.input_gain_error = {err:g}")
+        for k, o in enumerate(pos):
+            axis = f"position obs[{o}]"
+            authority = env.authority[k]
+            if env.persistent_accel[k] > dist[k] + 1e-9:
+                problems.append(f"{where}: persistent disturbance on {axis} up to {env.persistent_accel[k]:.3f} "
+                                f"m/s^2 (gravity compensation at gain/mass {lo:.3f}..{hi:.3f} plus "
+                                f"shield.ambient_disturbance_accel), beyond shield.disturbance_accel[{k}] = {dist[k]:g}")
+            if authority < brake[k] - 1e-9:
+                problems.append(f"{where}.actuator_gain / body_mass: at gain/mass {lo:.3f}..{hi:.3f} the plant reaches "
+                                f"{authority:.3f} m/s^2 on {axis} at full action against the persistent disturbance, "
+                                f"below the braking (or floor-holding) acceleration {brake[k]:g} the shield counts on")
+            if env.push_accel[k] > max(authority, 0.0) + 1e-9:
+                problems.append(f"{where}.push.max_force: a push gives {env.push_accel[k]:.3f} m/s^2 on {axis}, more "
+                                f"than the {max(authority, 0.0):.3f} m/s^2 the weakest plant can answer with")
+            noise = NOISE_SIGMAS * env.obs_noise_std[o]
+            if noise > spec["margin"] + 1e-9:
+                problems.append(f"{where}.obs_noise_std[{o}]: {NOISE_SIGMAS:g} sigma = {noise:.4f}, beyond "
+                                f"shield.margin = {spec['margin']:g}")
+        covered = cfg.shield.model_ranges
+        for key, (lo_p, hi_p) in env.other.items():
+            if key not in covered:
+                problems.append(f"{where}.{key}: range [{lo_p:g}, {hi_p:g}] is not among the ranges the shield's "
+                                f"guarantee was established for (shield.model_ranges)")
+            elif lo_p < covered[key][0] - 1e-9 or hi_p > covered[key][1] + 1e-9:
+                problems.append(f"{where}.{key}: range [{lo_p:g}, {hi_p:g}] leaves shield.model_ranges.{key} = "
+                                f"{list(covered[key])}")
+    return problems
+
+
+MONITOR_SLACK = 0.15  # of the full-action acceleration: what the monitor forgives as model error (lag shape, linearization)
+
+
+def monitor_bounds(envelopes: list[SetEnvelope], full_accel: list[float], damping: list[tuple[float, str]],
+                   model_ranges: dict) -> dict:
+    """The monitor's allowed unmodelled acceleration per position: accel + accel_per_speed |v| (m/s^2, 1/s).
+
+    accel: the worst persistent disturbance plus push over every set, plus MONITOR_SLACK of the
+    full-action acceleration. accel_per_speed: for a damping the model includes (nominal N s/m
+    per position, with its joint's `shield.model_ranges` entry), the largest relative damping
+    error over the lightest moving mass.
+    """
+    k = len(full_accel)
+    accel = [max(e.persistent_accel[q] + e.push_accel[q] for e in envelopes) + MONITOR_SLACK * full_accel[q]
+             for q in range(k)]
+    per_speed = []
+    light = min(e.moving_mass_low for e in envelopes)
+    for q, (c, joint) in enumerate(damping):
+        lo, hi = model_ranges.get(f"joint_damping.{joint}", (1.0, 1.0))
+        per_speed.append(max(1.0 - lo, hi - 1.0) * c / light if c > 0 and light > 0 else 0.0)
+    return {"accel": accel, "accel_per_speed": per_speed}
+
+
+def assumptions(envelopes: list[SetEnvelope], obs_dim: int, monitor: dict) -> dict:
+    """The spec's per-set record and the worst case over all sets (the monitor reads obs_noise_std and monitor)."""
+    noise = [max(e.obs_noise_std[i] for e in envelopes) for i in range(obs_dim)] if envelopes else [0.0] * obs_dim
+    return {
+        "obs_noise_std": noise,
+        "obs_noise_sigmas": NOISE_SIGMAS,
+        "monitor": monitor,
+        "sets": {e.name: {"latency_steps_max": e.latency_max, "gain_over_mass": list(e.ratio),
+                          "persistent_accel": e.persistent_accel, "push_accel": e.push_accel,
+                          "authority_accel": e.authority,
+                          "model_ranges": {k: list(v) for k, v in e.other.items()}} for e in envelopes},
+    }

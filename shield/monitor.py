@@ -1,0 +1,135 @@
+"""`AssumptionMonitor`: does the plant still behave as the shield's assumptions say? One per `CbfShield` (per plant).
+
+Each call the shield predicts the next observed velocities from the observed
+state, for every input-gain case and every action that may be applied next
+(the pending ones and the new one: any latency from 0 to the spec's). At the
+next call the observed velocity is compared with that prediction:
+
+    e_t = v_obs - centre of the predicted hull,  a_t = half-width of the hull + allowed_accel(v) * dt
+
+where ``allowed_accel = accel + accel_per_speed * |v|`` per position (the
+spec's ``assumptions.monitor``: disturbances, pushes, model error that grows
+with speed such as a damping range). A single step says little under sensor
+noise, so the statistic is windowed: over the last W steps,
+
+    flag  <=>  |sum e_t| > sum a_t + z * sigma_W
+
+for some velocity, where sigma_W is the standard deviation of the sum of W
+residuals under the declared observation noise (``assumptions.obs_noise_std``;
+for an integrator the noise telescopes, so sigma_W hardly grows with W while a
+persistent model error grows linearly). z = 5: about one false flag per 10^6
+windows per velocity under Gaussian noise.
+
+While flagged the shield runs in its conservative mode (see `shield.cbf`):
+every constraint's class-K gain is divided by CONSERVATIVE_GAIN_DIVISOR, so the
+plant approaches boundaries that much more slowly, and `info["envelope"]` is
+True. The flag clears once the windowed statistic is back within bounds.
+A spec without ``assumptions.obs_noise_std`` (bundles from before the monitor)
+disables it: `envelope` then stays False. Stdlib + numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+WINDOW = 25  # steps
+Z = 5.0  # standard deviations of the windowed noise before a flag
+CONSERVATIVE_GAIN_DIVISOR = 4.0
+
+
+class AssumptionMonitor:
+    """Windowed residual test of observed transitions against the shield's model (see the module docstring)."""
+
+    def __init__(self, spec, A: np.ndarray, B: np.ndarray, c: np.ndarray, scales: list[float], latency: int,
+                 v_size: int, window: int = WINDOW, z: float = Z):
+        a = spec.assumptions or {}
+        noise = a.get("obs_noise_std")
+        mon = a.get("monitor") or {}
+        self.enabled = isinstance(noise, list) and len(noise) == spec.obs_dim
+        self.flagged = False
+        if not self.enabled:
+            return
+        N, m = B.shape
+        n = len(spec.state_index)
+        C, L = len(scales), latency
+        col = {o: j for j, o in enumerate(spec.state_index)}
+        vel = [col[v] for v in spec.velocity_index]
+        k = len(vel)
+        self._k, self._cand = k, L + 1
+        self._vel_obs = list(spec.velocity_index)
+        self._dt = spec.dt
+        self._accel = [float(x) for x in mon.get("accel", [0.0] * k)]
+        self._per_speed = [float(x) for x in mon.get("accel_per_speed", [0.0] * k)]
+        # v layout (shield.prediction): [x per case (N each), pending p_0..p_{L-1} (m each), u (m), 1].
+        # Kmon: v -> predicted next velocity per (case, applied action, velocity).
+        K = np.zeros((v_size, C * self._cand * k))
+        p0 = C * N
+        for ci, s in enumerate(scales):
+            for j in range(self._cand):
+                slot = p0 + j * m  # j == L is the new action's slot (right after the pending ones)
+                for q, r in enumerate(vel):
+                    out = (ci * self._cand + j) * k + q
+                    K[ci * N:(ci + 1) * N, out] = A[r]
+                    K[slot:slot + m, out] = s * B[r]
+                    K[-1, out] = c[r]
+        self.K = K  # v -> predicted velocities; the predictor computes it with its next state
+        # Standard deviation of a sum of t residuals (t = 1..window) of each velocity under obs noise.
+        sig = np.array([float(noise[o]) for o in spec.state_index])
+        Aobs = A[:, :n]
+        self._sigma = []
+        for t in range(1, window + 1):
+            row = []
+            for r in vel:
+                first = sig[r] ** 2 + float(np.sum((Aobs[r] * sig) ** 2))
+                middle = float(np.sum(((np.eye(n)[r] - Aobs[r]) * sig) ** 2))
+                row.append(z * math.sqrt(first + (t - 1) * middle))
+            self._sigma.append(row)
+        self._window = window
+        self.reset()
+
+    def reset(self) -> None:
+        """Episode start: forget the window and the prediction; the flag clears."""
+        if not self.enabled:
+            return
+        self._pred = None
+        self._e = [[0.0] * self._k for _ in range(self._window)]
+        self._a = [[0.0] * self._k for _ in range(self._window)]
+        self._se = [0.0] * self._k
+        self._sa = [0.0] * self._k
+        self._count = 0
+        self._slot = 0
+        self.flagged = False
+
+    def take(self, predicted: np.ndarray) -> None:
+        """Store the next velocities predicted per (case, applied action, velocity): `v @ self.K`."""
+        self._pred = predicted.tolist()
+
+    def forget(self) -> None:
+        """No prediction for the next call (no state was observed)."""
+        if self.enabled:
+            self._pred = None
+
+    def observe(self, obs: list[float]) -> bool:
+        """Compare the observed velocities with the last prediction; returns the flag."""
+        if not self.enabled or self._pred is None:
+            return self.flagged
+        k, pred, dt = self._k, self._pred, self._dt
+        slot = self._slot
+        e_old, a_old = self._e[slot], self._a[slot]
+        e_new, a_new = [0.0] * k, [0.0] * k
+        for q in range(k):
+            values = pred[q::k]
+            lo, hi = min(values), max(values)
+            v = obs[self._vel_obs[q]]
+            e_new[q] = v - 0.5 * (lo + hi)
+            a_new[q] = 0.5 * (hi - lo) + (self._accel[q] + self._per_speed[q] * abs(v)) * dt
+            self._se[q] += e_new[q] - e_old[q]
+            self._sa[q] += a_new[q] - a_old[q]
+        self._e[slot], self._a[slot] = e_new, a_new
+        self._slot = (slot + 1) % self._window
+        self._count = min(self._count + 1, self._window)
+        sigma = self._sigma[self._count - 1]
+        self.flagged = any(abs(self._se[q]) > self._sa[q] + sigma[q] for q in range(k))
+        return self.flagged

@@ -1,0 +1,65 @@
+"""Issue 11 point 1: the shield's assumptions follow from every randomization set, and a set they do not cover is refused.
+
+`sim2real config --check` (and `sim2real export`, through the same spec builder)
+names the set, the parameter, its range and the limit it breaks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _variant(tmp_path, task: str, edit) -> Path:
+    doc = yaml.safe_load((ROOT / "configs" / f"{task}.yaml").read_text())
+    edit(doc)
+    path = tmp_path / f"{task}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
+def test_shipped_configs_are_covered(task, capsys):
+    assert main(["config", "--check", str(ROOT / "configs" / f"{task}.yaml")]) == 0
+    spec = build_shield_spec(load_config(ROOT / "configs" / f"{task}.yaml"))
+    sets = spec["assumptions"]["sets"]
+    assert set(sets) == {"train", "reality"}  # every set, not only train
+    assert spec["latency_steps"] == max(s["latency_steps_max"] for s in sets.values())
+
+
+def _old_quadrotor_reality(doc):
+    doc["randomization"]["reality"]["body_mass"]["quad"]["high"] = 1.2
+    for i in range(4):
+        doc["randomization"]["reality"]["actuator_gain"][f"rotor{i}"]["low"] = 0.85
+
+
+@pytest.mark.parametrize("task,edit,needles", [
+    ("quadrotor", _old_quadrotor_reality,
+     ["randomization.reality.actuator_gain / body_mass", "0.708", "floor-holding", "disturbance_accel[2] = 2.3"]),
+    ("quadrotor", lambda d: d["randomization"]["reality"]["push"].pop("axes"),
+     ["randomization.reality.push.max_force", "1.579 m/s^2 on position obs[2]"]),
+    ("cartpole", lambda d: d["randomization"]["reality"]["joint_damping"]["slider"].update(low=0.5),
+     ["randomization.reality.joint_damping.slider: range [0.5, 1.5] leaves shield.model_ranges.joint_damping.slider"]),
+    ("cartpole", lambda d: d["randomization"]["train"]["actuator_gain"]["cart_force"].update(high=1.4),
+     ["randomization.train.actuator_gain / body_mass", "shield.input_gain_error = 0.47"]),
+    ("cartpole", lambda d: d["randomization"]["reality"].update(latency_steps={"low": 0, "high": 3}) or
+     d["shield"].update(latency_steps=2), ["randomization.reality.latency_steps: up to 3 steps"]),
+    ("cartpole", lambda d: d["randomization"]["reality"].update(obs_noise_std=0.05),
+     ["randomization.reality.obs_noise_std[0]: 3 sigma = 0.1500", "shield.margin = 0.03"]),
+])
+def test_a_set_the_shield_cannot_cover_is_refused_by_name(tmp_path, capsys, task, edit, needles):
+    path = _variant(tmp_path, task, edit)
+    assert main(["config", "--check", str(path)]) == 2
+    err = capsys.readouterr().err
+    for needle in needles:
+        assert needle in err, err
+    with pytest.raises(EnvelopeError):  # the builder `sim2real export` calls
+        build_shield_spec(load_config(path))

@@ -1,0 +1,43 @@
+"""Issue 11: every corner of each shipped config's envelope, shielded, with the adversarial and random policies: 0 violations.
+
+The envelope is the hull of the config's randomization sets (`falsify.envelope_set`):
+each corner pins every range (masses, gains, damping, latency) to one end, with the
+widest noise and push of any set. Per corner 20 episodes (10 adversarial, 10 random),
+long enough for the adversary to reach a boundary from any start (unshielded it
+violates within ~1.3 s), so every corner is run within the CI budget; the bench
+(bench/bench_safety.py) runs thousands of full-length episodes per task.
+The config refuses plants outside the envelope (tests/test_envelope_check.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from envs.randomization import parse_randomization
+from pipeline.config import load_config
+from pipeline.evaluation.adversary import reference_policy
+from pipeline.evaluation.evaluate import evaluate
+from pipeline.evaluation.falsify import corner_domains, envelope_set
+from pipeline.safety.shield_spec import build_shield_spec
+from shield.spec import ShieldSpec
+
+EPISODES = {"adversarial": 10, "random": 10}  # per corner: 20 in all
+EPISODE_STEPS = {"cartpole": 120, "quadrotor": 80}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
+def test_every_corner_of_the_envelope_stays_safe_under_the_shield(task):
+    cfg = load_config(f"configs/{task}.yaml")
+    spec = ShieldSpec.from_dict(build_shield_spec(cfg))
+    corners = corner_domains(envelope_set(cfg))
+    assert len(corners) == 64
+    bad = []
+    for i, domain in enumerate(corners):
+        for name, episodes in EPISODES.items():
+            result = evaluate(cfg, reference_policy(name, cfg, spec, seed=i), domains=parse_randomization(domain),
+                              episodes=episodes, seed=1000 * i, shield=True, spec=spec,
+                              max_episode_steps=EPISODE_STEPS[task])
+            if result["violations"]:
+                bad.append((i, name, result["violations"], domain))
+    assert not bad, bad

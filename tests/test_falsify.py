@@ -1,0 +1,68 @@
+"""Issue 11 point 4: `sim2real falsify` finds a planted fault, writes a replayable case, and the gate fails on it.
+
+The shipped configs' search (nothing found within its budget) runs in
+test_shipped_configs_hold_within_the_budget; the bench runs the long searches.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.evaluation.falsify import falsify, parameters, pinned_domain, replay_case
+from pipeline.evaluation.gate import decide
+from pipeline.safety.shield_spec import build_shield_spec
+from shield.spec import ShieldSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("fault", [{"margin": 0.0, "latency_steps": 0}, {"latency_steps": 0}])
+def test_a_planted_fault_is_found_replayed_and_fails_the_gate(tmp_path, fault):
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    spec = build_shield_spec(cfg, check_envelope=False)
+    spec.update(fault)  # a spec whose margin or latency is too small for the config's sets
+    result = falsify(cfg, spec=spec, budget_s=120, seed=0, out_dir=tmp_path)
+    assert result["cases_found"] == 1 and result["min_h"] < 0
+    case = result["cases"][0]
+    domain_file, case_file = Path(case["domain_file"]), Path(case["case_file"])
+    assert domain_file.is_file() and json.loads(case_file.read_text())["seed"] == case["seed"]
+    replayed = replay_case(cfg, case_file, ShieldSpec.from_dict(spec))
+    assert replayed["violations"] == case["violations"] > 0  # the same episode, step for step
+    gate = decide({"candidate_return_mean": 1.0, "legacy_return_mean": 1.0, "candidate_violations": 0,
+                   "candidate_intervention_rate": 0.0, "latency_p99_us": 1.0,
+                   "falsification_cases": result["cases_found"], "falsification_min_h": result["min_h"]}, cfg.gate)
+    assert gate.decision == "fail" and gate.failing == ["gate.max_falsification_cases"]
+
+
+def test_the_envelope_check_refuses_the_planted_fault():
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    cfg.shield.latency_steps = 0
+    with pytest.raises(Exception, match=r"randomization\.(train|reality)\.latency_steps: up to 2 steps"):
+        build_shield_spec(cfg)
+
+
+def test_corners_pin_every_range_to_an_end():
+    cfg = load_config(ROOT / "configs" / "quadrotor.yaml")
+    rset = cfg.randomization["reality"]
+    names = [n for n, _, _ in parameters(rset)]
+    assert names == ["body_mass.quad"] + [f"actuator_gain.rotor{i}" for i in range(4)] + ["latency_steps"]
+    doc = pinned_domain(rset, [1.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+    assert doc["body_mass"]["quad"] == {"dist": "uniform", "low": 1.1, "high": 1.1}
+    assert doc["actuator_gain"]["rotor0"]["low"] == doc["actuator_gain"]["rotor0"]["high"] == 0.88
+    assert doc["latency_steps"] == {"low": 2, "high": 2} and doc["push"] == rset.push.model_dump(mode="json")
+
+
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
+def test_shipped_configs_hold_within_the_budget(tmp_path, task):
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "falsify", "--config", f"configs/{task}.yaml",
+                          "--budget-s", "20", "--seed", "3", "--out", str(tmp_path), "--json"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["cases_found"] == 0 and result["evaluated"] >= 1

@@ -1,0 +1,98 @@
+"""Issue 11 point 3: the assumption monitor flags a plant outside the envelope and is silent inside it.
+
+- Quadrotor with every rotor at half gain (far outside reality's 0.88..1.05), flown by the
+  legacy PID through the shield on MuJoCo: flagged within FLAG_WITHIN steps (0.8 s) of
+  every episode, and while flagged the shield is in its conservative mode.
+- Plants inside the envelope: the shield's own model with the input's effect at either end
+  of 1 +- input_gain_error, a constant disturbance at the declared bound, any latency from
+  0 to the spec's, and Gaussian observation noise at the declared std, driven by random
+  actions: no flag in 10^5 steps (both tasks' specs together). The MuJoCo plants of
+  `reality` and its corners are counted in bench/bench_safety.py (envelope flags column).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from shield.cbf import CbfShield
+
+FLAG_WITHIN = 40  # steps (0.8 s at 50 Hz)
+
+
+@functools.lru_cache(maxsize=None)
+def _setup(task: str):
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    cfg = load_config(f"configs/{task}.yaml")
+    return cfg, build_shield_spec(cfg)
+
+
+def test_quadrotor_with_rotors_at_half_gain_is_flagged_and_shield_turns_conservative():
+    import envs
+
+    cfg, spec = _setup("quadrotor")
+    half = {"actuator_gain": {f"rotor{i}": {"low": 0.5, "high": 0.5} for i in range(4)}}
+    env = gym.make(cfg.task.env_id, randomization=half, max_episode_steps=FLAG_WITHIN + 10)
+    shield, legacy = CbfShield(spec), envs.legacy_controller(cfg.task.env_id)
+    normal_keep = shield._keep_normal
+    for seed in range(3):
+        obs, _ = env.reset(seed=seed)
+        shield.reset()
+        legacy.reset()
+        flagged_at = None
+        for t in range(FLAG_WITHIN):
+            u, info = shield.filter(obs, legacy(obs[None])[0])
+            if info["envelope"]:
+                flagged_at = t
+                assert shield._keep is shield._keep_conservative
+                assert np.all(shield._keep > normal_keep)  # the gains are divided: a slower approach
+                break
+            obs, _, terminated, truncated, _ = env.step(u)
+            assert not terminated
+        assert flagged_at is not None, f"episode {seed}: not flagged within {FLAG_WITHIN} steps"
+    env.close()
+
+
+def _model_plant_steps(spec: dict, steps: int, rng: np.random.Generator) -> int:
+    """Run the shield on its own model at the envelope's edges; return the number of flagged steps."""
+    shield = CbfShield(spec)
+    s = shield.spec
+    model = s.linear_model()
+    A, B, c = model.A, model.B, model.c
+    n = len(s.state_index)
+    z0 = np.zeros(model.internal_dim) if model.internal_init is None else model.internal_init
+    noise = np.asarray(s.assumptions["obs_noise_std"], np.float64)[s.state_index]
+    cols = {o: j for j, o in enumerate(s.state_index)}
+    flags, done, episode = 0, 0, 0
+    while done < steps:
+        gain = [1.0 - s.input_gain_error, 1.0 + s.input_gain_error, rng.uniform(0.9, 1.1)][episode % 3]
+        w = rng.choice([-1.0, 1.0], len(s.position_index)) * np.asarray(s.disturbance_accel)
+        latency = int(rng.integers(0, s.latency_steps + 1))
+        x = np.concatenate([np.zeros(n), z0])
+        pending = [np.asarray(s.fallback_action, np.float64)] * latency
+        shield.reset()
+        obs = np.zeros(s.obs_dim, np.float32)
+        for _ in range(min(200, steps - done)):  # short: the cart-pole's linear model is unstable
+            obs[s.state_index] = x[:n] + rng.normal(0.0, 1.0, n) * noise
+            u, info = shield.filter(obs, rng.uniform(-1, 1, s.act_dim).astype(np.float32))
+            flags += info["envelope"]
+            pending.append(u.astype(np.float64))
+            applied = pending.pop(0)
+            x = A @ x + gain * (B @ applied) + c
+            for k, (p, v) in enumerate(zip(s.position_index, s.velocity_index)):
+                x[cols[p]] += 0.5 * w[k] * s.dt * s.dt
+                x[cols[v]] += w[k] * s.dt
+            done += 1
+        episode += 1
+    return flags
+
+
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
+def test_plants_inside_the_envelope_are_never_flagged(task):
+    _, spec = _setup(task)
+    assert _model_plant_steps(spec, 50_000, np.random.default_rng(7)) == 0

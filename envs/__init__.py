@@ -8,6 +8,7 @@ in $SIM2REAL_TASKS. `envs` knows nothing of training, Ray or ONNX.
 
 from envs.registry import TaskSpec, UnknownTaskError, find, task
 from envs.tasks import (
+    check_task_file,
     describe_tasks,
     legacy_controller,
     nominal_model,
@@ -27,6 +28,7 @@ __all__ = [
     "TASKS",
     "TaskSpec",
     "UnknownTaskError",
+    "check_task_file",
     "describe_tasks",
     "find",
     "legacy_controller",

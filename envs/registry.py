@@ -10,11 +10,26 @@ known ones, never a fall-through to some other task's settings.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import gymnasium as gym
+
+
+CONFIG_DIR_ENV = "SIM2REAL_CONFIG_DIR"
+
+
+def config_dirs() -> list[Path]:
+    """Directories searched for task YAMLs: $SIM2REAL_CONFIG_DIR, then `configs/` beside the packages if present."""
+    dirs = []
+    if os.environ.get(CONFIG_DIR_ENV):
+        dirs.append(Path(os.environ[CONFIG_DIR_ENV]))
+    beside = Path(__file__).resolve().parent.parent / "configs"
+    if beside.is_dir():
+        dirs.append(beside)
+    return dirs
 
 
 class UnknownTaskError(ValueError):
@@ -32,7 +47,7 @@ class TaskSpec:
 
     env_id: str
     name: str
-    config_path: Path  # the task's YAML: its randomization sets (and its declaration, for declared tasks)
+    config_file: Path | None  # declared tasks: the YAML that declares them; None: <name>.yaml in config_dirs()
     make_env: Callable[..., gym.Env]  # keyword arguments of gymnasium.make (render_mode, ...) -> the bare env
     obs_dim: int
     act_dim: int
@@ -47,6 +62,18 @@ class TaskSpec:
     # that fall over under a plain full-action push (the cart-pole); None: push at full action.
     steerable_setpoint: int | None = None
     declared: bool = field(default=False)  # True when compiled from a YAML declaration
+    fingerprint: str = ""  # declared tasks: hash of the declaration, so an identical copy registers as the same task
+
+    @property
+    def config_path(self) -> Path:
+        """The task's YAML: its randomization sets (and its declaration, for declared tasks)."""
+        if self.config_file is not None:
+            return self.config_file
+        dirs = config_dirs()
+        for d in dirs:
+            if (d / f"{self.name}.yaml").is_file():
+                return d / f"{self.name}.yaml"
+        return (dirs or [Path("configs")])[0] / f"{self.name}.yaml"
 
     def safety_spec(self) -> dict:
         """SAFETY plus dt (s), action bounds, obs/act sizes, action_scale and the shield model's kind."""
@@ -82,8 +109,12 @@ _TASKS: dict[str, TaskSpec] = {}
 def register(spec: TaskSpec) -> TaskSpec:
     """Add a task (idempotent for the same id and config file) and register its gymnasium id."""
     known = _TASKS.get(spec.env_id)
-    if known is not None and Path(known.config_path).resolve() != Path(spec.config_path).resolve():
-        raise ValueError(f"task {spec.env_id} is declared twice: in {known.config_path} and in {spec.config_path}")
+    if known is not None:
+        if known.fingerprint and known.fingerprint == spec.fingerprint:
+            return known  # the same declaration again (e.g. the copy a training run keeps)
+        if known.config_file != spec.config_file:
+            raise ValueError(f"task {spec.env_id} is declared twice, differently: in {known.config_path} "
+                             f"and in {spec.config_path}")
     _TASKS[spec.env_id] = spec
     if spec.env_id not in gym.registry:
         gym.register(id=spec.env_id, entry_point="envs.tasks:make_task_env",

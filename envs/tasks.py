@@ -10,6 +10,8 @@ started afterwards register it too.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import warnings
 from functools import partial
@@ -21,29 +23,10 @@ import yaml
 from envs import cartpole_rail, quadrotor_geofence
 from envs.declaration import DeclarationError, PlantDeclaration, mjcf_path, parse_declaration
 from envs.randomization import RandomizationError, RandomizationSet, load_randomization_sets, parse_randomization
-from envs.registry import TaskSpec, UnknownTaskError, all_tasks, register, task
+from envs.registry import TaskSpec, UnknownTaskError, all_tasks, config_dirs, register, task
 from envs.wrappers import randomize
 
 TASKS_ENV = "SIM2REAL_TASKS"
-CONFIG_DIR_ENV = "SIM2REAL_CONFIG_DIR"
-
-
-def config_dirs() -> list[Path]:
-    """Directories searched for task YAMLs: $SIM2REAL_CONFIG_DIR, then `configs/` beside the packages if present."""
-    dirs = []
-    if os.environ.get(CONFIG_DIR_ENV):
-        dirs.append(Path(os.environ[CONFIG_DIR_ENV]))
-    beside = Path(__file__).resolve().parent.parent / "configs"
-    if beside.is_dir():
-        dirs.append(beside)
-    return dirs
-
-
-def _config_file(name: str) -> Path:
-    for d in config_dirs():
-        if (d / f"{name}.yaml").is_file():
-            return d / f"{name}.yaml"
-    return (config_dirs() or [Path("configs")])[0] / f"{name}.yaml"
 
 
 # -- the code tasks ------------------------------------------------------------------------------------
@@ -64,13 +47,13 @@ def _quadrotor_legacy():
 def _code_tasks() -> list[TaskSpec]:
     cp, qd = cartpole_rail, quadrotor_geofence
     return [
-        TaskSpec(env_id=cp.ENV_ID, name=cp.TASK_NAME, config_path=_config_file(cp.TASK_NAME),
+        TaskSpec(env_id=cp.ENV_ID, name=cp.TASK_NAME, config_file=None,
                  make_env=cp.CartPoleRailEnv, obs_dim=cp.OBS_DIM, act_dim=cp.ACT_DIM, control_period=cp.CONTROL_PERIOD,
                  episode_steps=cp.EPISODE_STEPS, safety=cp.SAFETY,
                  shield_model={"type": "linear", "nominal": cp.nominal_model}, action_scale=[cp.MAX_FORCE],
                  legacy_name="lqr", make_legacy=_cartpole_legacy, steerable_setpoint=4),
         # The inner attitude loop (envs/quadrotor_inner_loop.py) is code, so this task is too.
-        TaskSpec(env_id=qd.ENV_ID, name=qd.TASK_NAME, config_path=_config_file(qd.TASK_NAME),
+        TaskSpec(env_id=qd.ENV_ID, name=qd.TASK_NAME, config_file=None,
                  make_env=qd.QuadrotorGeofenceEnv, obs_dim=qd.OBS_DIM, act_dim=qd.ACT_DIM,
                  control_period=qd.CONTROL_PERIOD, episode_steps=qd.EPISODE_STEPS, safety=qd.SAFETY,
                  shield_model={"type": "double_integrator", "response_time_constant": qd.ACCEL_TIME_CONSTANT},
@@ -135,11 +118,14 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
     else:
         shield_model, scale = {"type": "linear", "nominal": partial(_nominal, decl, path)}, [a.scale for a in decl.actuators]
     steer = decl.index(decl.steerable_setpoint) if decl.steerable_setpoint else None
-    return TaskSpec(env_id=head["env_id"], name=head["name"], config_path=path, make_env=partial(_make_declared, decl, path),
+    canonical = decl.model_dump(mode="json") | {"mjcf": str(mjcf_path(decl, path)), "task": head}
+    fingerprint = hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
+    return TaskSpec(env_id=head["env_id"], name=head["name"], config_file=path, make_env=partial(_make_declared, decl, path),
                     obs_dim=len(decl.observations), act_dim=len(decl.actuators), control_period=decl.control_period,
                     episode_steps=decl.episode_steps, safety=decl.safety(), shield_model=shield_model,
                     action_scale=scale, legacy_name=decl.legacy.name or decl.legacy.type,
-                    make_legacy=partial(_declared_legacy, decl, path), steerable_setpoint=steer, declared=True)
+                    make_legacy=partial(_declared_legacy, decl, path), steerable_setpoint=steer, declared=True,
+                    fingerprint=fingerprint)
 
 
 def register_task_file(path) -> TaskSpec | None:
@@ -152,6 +138,25 @@ def register_task_file(path) -> TaskSpec | None:
     listed = [p for p in os.environ.get(TASKS_ENV, "").split(os.pathsep) if p]
     if str(path) not in listed:
         os.environ[TASKS_ENV] = os.pathsep.join(listed + [str(path)])
+    return spec
+
+
+def check_task_file(path) -> TaskSpec:
+    """Register a task YAML's declaration after building everything it names once: the MJCF and its
+    element names, the reward functions, the legacy controller and (linear) the shield's operating point."""
+    spec = register_task_file(path)
+    if spec is None:
+        raise DeclarationError(f"{path}: has no plant: section")
+    try:
+        env = spec.make_env()
+    except ValueError as err:  # MuJoCo's XML errors are ValueErrors too
+        if isinstance(err, DeclarationError):
+            raise
+        raise DeclarationError(f"plant.mjcf: cannot load {path}'s MJCF: {err}") from None
+    env.close()
+    if spec.shield_model["type"] == "linear":
+        spec.nominal_model()
+    spec.make_legacy()
     return spec
 
 
@@ -227,6 +232,6 @@ def describe_tasks() -> list[dict]:
     return [t.describe() for t in all_tasks()]
 
 
-__all__ = ["UnknownTaskError", "compile_declaration", "config_dirs", "describe_tasks", "legacy_controller",
+__all__ = ["UnknownTaskError", "check_task_file", "compile_declaration", "config_dirs", "describe_tasks", "legacy_controller",
            "make_task_env", "nominal_model", "read_declaration", "register_task_file", "register_tasks",
            "resolve_randomization", "safety_spec", "task_config_path"]

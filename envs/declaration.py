@@ -1,10 +1,10 @@
 """A task declared as data: the `plant:` section of a task YAML, beside its MJCF (schema, checks, compiling).
 
     plant:
-      mjcf: planar_arm.xml            # relative to the YAML
+      mjcf: my_plant.xml              # relative to the YAML
       control_period: 0.02            # s
       episode_steps: 400
-      actuators: [{name: shoulder_motor, scale: 1.0}]     # ctrl = scale x action, action in [-1, 1]
+      actuators: [{name: shoulder_torque, scale: 1.0}]    # ctrl = scale x action, action in [-1, 1]
       targets: {reach: {low: [-1, -1], high: [1, 1], hold_s: [2, 3], speed: 1.0}}
       initial_state: {qpos: {shoulder: [-0.2, 0.2]}, qvel: {shoulder: [-0.05, 0.05]}}
       observations:                   # the observation vector, in order
@@ -301,7 +301,8 @@ def _format(err: ValidationError, prefix: str) -> str:
     for e in err.errors():
         path = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
-        lines.append(f"{path}: {msg}")
+        # The cross-reference checks of the whole section start their message with the key they found.
+        lines.append(f"{path}.{msg}" if not e["loc"] else f"{path}: {msg}")
     return "\n  ".join(lines)
 
 

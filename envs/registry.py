@@ -33,7 +33,7 @@ def config_dirs() -> list[Path]:
 
 
 class UnknownTaskError(ValueError):
-    """An env id that no registered task declares; the message lists the known ones."""
+    """An env id that no registered task declares (or two files declare differently); the message names them."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,8 @@ def register(spec: TaskSpec) -> TaskSpec:
     if known is not None:
         if known.fingerprint and known.fingerprint == spec.fingerprint:
             return known  # the same declaration again (e.g. the copy a training run keeps)
-        if known.config_file != spec.config_file:
-            raise ValueError(f"task {spec.env_id} is declared twice, differently: in {known.config_path} "
+        if known.config_file is None or known.config_file != spec.config_file:
+            raise UnknownTaskError(f"task {spec.env_id} is declared twice, differently: in {known.config_path} "
                              f"and in {spec.config_path}")
     _TASKS[spec.env_id] = spec
     if spec.env_id not in gym.registry:

@@ -118,7 +118,7 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
     else:
         shield_model, scale = {"type": "linear", "nominal": partial(_nominal, decl, path)}, [a.scale for a in decl.actuators]
     steer = decl.index(decl.steerable_setpoint) if decl.steerable_setpoint else None
-    canonical = decl.model_dump(mode="json") | {"mjcf": str(mjcf_path(decl, path)), "task": head}
+    canonical = decl.model_dump(mode="json") | {"mjcf": str(mjcf_path(decl, path)), "task": [head["name"], head["env_id"]]}
     fingerprint = hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
     return TaskSpec(env_id=head["env_id"], name=head["name"], config_file=path, make_env=partial(_make_declared, decl, path),
                     obs_dim=len(decl.observations), act_dim=len(decl.actuators), control_period=decl.control_period,
@@ -128,13 +128,32 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
                     fingerprint=fingerprint)
 
 
-def register_task_file(path) -> TaskSpec | None:
-    """Register the task a YAML declares (None when it declares none) and list it in $SIM2REAL_TASKS."""
+def _check(spec: TaskSpec) -> None:
+    """Build everything a declared task names once: the MJCF and its element names, the reward functions,
+    the legacy controller and (linear) the shield's operating point."""
+    try:
+        env = spec.make_env()
+    except ValueError as err:  # MuJoCo's XML errors are ValueErrors too
+        if isinstance(err, DeclarationError):
+            raise
+        raise DeclarationError(f"plant.mjcf: cannot load the MJCF of {spec.config_file}: {err}") from None
+    env.close()
+    if spec.shield_model["type"] == "linear":
+        spec.nominal_model()
+    spec.make_legacy()
+
+
+def register_task_file(path, check: bool = False) -> TaskSpec | None:
+    """Register the task a YAML declares (None when it declares none) and list it in $SIM2REAL_TASKS,
+    so Ray workers and subprocesses started afterwards register it too. `check` builds it all first."""
     path = Path(path).resolve()
     found = read_declaration(path)
     if found is None:
         return None
-    spec = register(compile_declaration(*found, path))
+    spec = compile_declaration(*found, path)
+    if check:
+        _check(spec)
+    spec = register(spec)
     listed = [p for p in os.environ.get(TASKS_ENV, "").split(os.pathsep) if p]
     if str(path) not in listed:
         os.environ[TASKS_ENV] = os.pathsep.join(listed + [str(path)])
@@ -142,21 +161,10 @@ def register_task_file(path) -> TaskSpec | None:
 
 
 def check_task_file(path) -> TaskSpec:
-    """Register a task YAML's declaration after building everything it names once: the MJCF and its
-    element names, the reward functions, the legacy controller and (linear) the shield's operating point."""
-    spec = register_task_file(path)
+    """Check a task YAML's declaration against its MJCF and entry points, then register it."""
+    spec = register_task_file(path, check=True)
     if spec is None:
         raise DeclarationError(f"{path}: has no plant: section")
-    try:
-        env = spec.make_env()
-    except ValueError as err:  # MuJoCo's XML errors are ValueErrors too
-        if isinstance(err, DeclarationError):
-            raise
-        raise DeclarationError(f"plant.mjcf: cannot load {path}'s MJCF: {err}") from None
-    env.close()
-    if spec.shield_model["type"] == "linear":
-        spec.nominal_model()
-    spec.make_legacy()
     return spec
 
 

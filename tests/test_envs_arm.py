@@ -148,10 +148,3 @@ def test_a_users_plant_in_its_own_folder_registers_for_this_process_and_its_chil
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
     assert out.stdout.strip() == "(6,)"
-
-
-def test_unknown_tasks_fail_loudly():
-    with pytest.raises(envs.UnknownTaskError, match="NoSuchTask.*known tasks"):
-        envs.safety_spec("sim2real/NoSuchTask-v0")
-    with pytest.raises(envs.UnknownTaskError):
-        envs.legacy_controller("HalfCheetah-v5")

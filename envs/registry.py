@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -22,13 +23,14 @@ CONFIG_DIR_ENV = "SIM2REAL_CONFIG_DIR"
 
 
 def config_dirs() -> list[Path]:
-    """Directories searched for task YAMLs: $SIM2REAL_CONFIG_DIR, then `configs/` beside the packages if present."""
+    """Directories searched for task YAMLs: $SIM2REAL_CONFIG_DIR, then `configs/` beside the packages (a
+    checkout), else the copy an installed wheel puts in <prefix>/share/sim2real/configs."""
     dirs = []
     if os.environ.get(CONFIG_DIR_ENV):
         dirs.append(Path(os.environ[CONFIG_DIR_ENV]))
     beside = Path(__file__).resolve().parent.parent / "configs"
-    if beside.is_dir():
-        dirs.append(beside)
+    installed = Path(sysconfig.get_path("data")) / "share" / "sim2real" / "configs"
+    dirs += [d for d in (beside, installed) if d.is_dir()][:1]
     return dirs
 
 

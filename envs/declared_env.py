@@ -119,6 +119,7 @@ class DeclaredTaskEnv(MujocoTaskEnv):
                          resolve_entry_point(t.function, f"plant.reward[{i}].function") if t.function else None)
                         for i, t in enumerate(decl.reward)]
         self._ends = [(decl.index(t.observation), t) for t in decl.termination]
+        self._needs_before = any(t.term == "progress" for t in decl.reward)
         self._init = [(kind, _joint_address(self.model, name, "", "", "pos" if kind == "qpos" else "vel"), lo, hi)
                       for kind, ranges in decl.initial_state.items() for name, (lo, hi) in ranges.items()]
 
@@ -176,7 +177,7 @@ class DeclaredTaskEnv(MujocoTaskEnv):
 
     def step(self, action):
         a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0)
-        before = self._obs()
+        before = self._obs() if self._needs_before else None
         self.data.ctrl[self._binding.ctrl] = a * self._binding.scale
         mujoco.mj_step(self.model, self.data, nstep=self._binding.substeps)
         self._advance_targets()

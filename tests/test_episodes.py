@@ -88,3 +88,28 @@ def test_an_undeclared_sim2real_id_is_a_config_error(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match="Conveyor-v0.*known tasks"):
         load_config(path)
+
+
+def test_every_shield_flag_is_counted_once_for_eval_and_shadow():
+    """A flag in the shield's per-step info (the assumption monitor's `envelope`) reaches both summaries."""
+    import numpy as np
+
+    from pipeline.evaluation.episodes import make_env, run_episodes
+    from pipeline.evaluation.shadow_metrics import counterfactual_metrics
+
+    class Flagging:
+        def __init__(self):
+            self.n = 0
+
+        def reset(self):
+            pass
+
+        def act(self, obs):
+            self.n += 1
+            return np.zeros(1, np.float32), np.zeros(1, np.float32), {"intervened": False, "envelope": self.n % 2 == 0}
+
+    cfg = cartpole_config(max_episode_steps=40)
+    env = make_env(cfg, None)
+    totals = run_episodes(env, Flagging(), [0, 1], dt=0.02)
+    assert totals.steps > 0 and totals.summary()["envelope_rate"] == pytest.approx(0.5, abs=1 / totals.steps)
+    assert counterfactual_metrics(totals, 0.02)["envelope_rate"] == totals.summary()["envelope_rate"]

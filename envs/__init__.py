@@ -1,36 +1,42 @@
 """MuJoCo tasks, domain randomization, latency/noise wrappers, legacy controllers and safety specs.
 
-Importing `envs` registers `sim2real/CartPoleRail-v0` and `sim2real/QuadrotorGeofence-v0`
-with gymnasium. `envs` knows nothing of training, Ray or ONNX.
+Importing `envs` registers every task with gymnasium: `sim2real/CartPoleRail-v0`,
+`sim2real/QuadrotorGeofence-v0`, and each task declared as data (a YAML with a
+`plant:` section beside its MJCF) found by `envs.tasks.config_dirs()` or listed
+in $SIM2REAL_TASKS. `envs` knows nothing of training, Ray or ONNX.
 """
 
+from envs.registry import TaskSpec, UnknownTaskError, find, task
 from envs.tasks import (
-    LEGACY_NAMES,
+    check_task_file,
     describe_tasks,
     legacy_controller,
+    nominal_model,
+    register_task_file,
     register_tasks,
+    resolve_randomization,
     safety_spec,
     task_config_path,
 )
+from envs.wrappers import randomize
 
 register_tasks()
 
 TASKS = {row["env_id"]: row for row in describe_tasks()}
 
-
-def randomize(env, rset):
-    """Wrap any gymnasium MuJoCo env with domain randomization (RandomizationSet or dict, by element name)."""
-    from envs.wrappers import randomize as _randomize
-
-    return _randomize(env, rset)
-
-
 __all__ = [
-    "LEGACY_NAMES",
     "TASKS",
+    "TaskSpec",
+    "UnknownTaskError",
+    "check_task_file",
     "describe_tasks",
+    "find",
     "legacy_controller",
+    "nominal_model",
     "randomize",
+    "register_task_file",
+    "resolve_randomization",
     "safety_spec",
+    "task",
     "task_config_path",
 ]

@@ -32,12 +32,12 @@ Reward per step, in [-1.5, 1]: 1 (alive) - 0.5 min(|x - x_ref|, 1)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import mujoco
 import numpy as np
 
+from envs.linearization import NominalModel
 from envs.mujoco_task import MujocoTaskEnv
 from envs.safety import violated_constraints
 
@@ -67,18 +67,6 @@ SAFETY = {
         {"name": "rail_band", "type": "box", "index": [0], "low": [-X_SAFE], "high": [X_SAFE]},
     ],
 }
-
-
-@dataclass(frozen=True)
-class NominalModel:
-    """The nominal plant for linearization: model, upright equilibrium, obs-to-state map."""
-
-    model: mujoco.MjModel
-    qpos: np.ndarray  # upright equilibrium, rad / m
-    qvel: np.ndarray
-    substeps: int  # physics steps per control step (ctrl held constant)
-    # obs index -> ("qpos" | "qvel", index); the set-point (obs 4) is exogenous and absent.
-    obs_to_state: dict
 
 
 def nominal_model() -> NominalModel:

@@ -10,28 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from envs import cartpole_rail
-from envs.linearization import linearize_control_step
+from envs.linearization import discrete_lqr, linearize_control_step  # noqa: F401  (discrete_lqr re-exported)
 
 # State and action weights (state = [x m, theta rad, x_dot m/s, theta_dot rad/s], action normalized).
 LQR_Q = np.diag([20.0, 20.0, 0.5, 1.0])
 LQR_R = np.array([[1.0]])
-
-
-def discrete_lqr(a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray,
-                 iterations: int = 20000, tol: float = 1e-10) -> np.ndarray:
-    """Solve the discrete Riccati equation by fixed-point iteration; return the gain K (u = -K x)."""
-    p = q.copy()
-    for _ in range(iterations):
-        bt_p = b.T @ p
-        k = np.linalg.solve(r + bt_p @ b, bt_p @ a)
-        p_next = q + a.T @ p @ (a - b @ k)
-        p_next = 0.5 * (p_next + p_next.T)
-        if np.max(np.abs(p_next - p)) <= tol * max(1.0, np.max(np.abs(p))):
-            p = p_next
-            break
-        p = p_next
-    bt_p = b.T @ p
-    return np.linalg.solve(r + bt_p @ b, bt_p @ a)
 
 
 class CartPoleLqr:

@@ -1,13 +1,27 @@
-"""Finite-difference linearization of a MuJoCo plant over one control period.
+"""Finite-difference linearization of a MuJoCo plant over one control period, and the discrete LQR.
 
-Used by the legacy LQR (envs) and by the shield's linear nominal model
-(pipeline/shield_spec.py), so both are designed on the same model.
+Used by the legacy LQRs (envs) and by the shield's linear nominal model
+(pipeline/safety/shield_spec.py), so both are designed on the same model.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mujoco
 import numpy as np
+
+
+@dataclass(frozen=True)
+class NominalModel:
+    """The nominal plant for linearization: model, operating point, obs-to-state map."""
+
+    model: mujoco.MjModel
+    qpos: np.ndarray  # operating point (an equilibrium under zero ctrl), rad / m
+    qvel: np.ndarray
+    substeps: int  # physics steps per control step (ctrl held constant)
+    # obs index -> ("qpos" | "qvel", index); exogenous observations (set-points) are absent.
+    obs_to_state: dict
 
 
 def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
@@ -28,3 +42,20 @@ def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
         b = a1 @ b + b1
         a = a1 @ a
     return a, b
+
+
+def discrete_lqr(a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray,
+                 iterations: int = 20000, tol: float = 1e-10) -> np.ndarray:
+    """Solve the discrete Riccati equation by fixed-point iteration; return the gain K (u = -K x)."""
+    p = q.copy()
+    for _ in range(iterations):
+        bt_p = b.T @ p
+        k = np.linalg.solve(r + bt_p @ b, bt_p @ a)
+        p_next = q + a.T @ p @ (a - b @ k)
+        p_next = 0.5 * (p_next + p_next.T)
+        if np.max(np.abs(p_next - p)) <= tol * max(1.0, np.max(np.abs(p))):
+            p = p_next
+            break
+        p = p_next
+    bt_p = b.T @ p
+    return np.linalg.solve(r + bt_p @ b, bt_p @ a)

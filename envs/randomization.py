@@ -163,24 +163,3 @@ def load_randomization_sets(path) -> dict[str, RandomizationSet]:
     if not isinstance(section, dict):
         raise RandomizationError(f"{path}: randomization must be a mapping of set name -> set")
     return {name: parse_randomization(raw, f"randomization.{name}") for name, raw in section.items()}
-
-
-def resolve_randomization(env_id: str, spec) -> RandomizationSet | None:
-    """Turn None, a set name (looked up in the task YAML), a dict, or a RandomizationSet into a set."""
-    if spec is None or isinstance(spec, RandomizationSet):
-        return spec
-    if isinstance(spec, dict):
-        return parse_randomization(spec)
-    if isinstance(spec, str):
-        from envs.tasks import task_config_path
-
-        path = task_config_path(env_id)
-        sets = load_randomization_sets(path)
-        if spec not in sets:
-            raise RandomizationError(
-                f"randomization set {spec!r} is not in {path}; available: {sorted(sets) or 'none'}"
-            )
-        return sets[spec]
-    raise RandomizationError(
-        f"randomization must be None, a set name, a dict or a RandomizationSet, not {type(spec).__name__}"
-    )

@@ -1,113 +1,245 @@
-"""The task table: ids, config files, safety specs, legacy controllers, and the registered env factories."""
+"""Builds and registers the tasks: the two code tasks, and every task declared in a YAML's `plant:` section.
+
+Where task YAMLs are found (no path relative to a checkout is assumed):
+the directory in $SIM2REAL_CONFIG_DIR, the `configs/` folder beside the
+installed packages when there is one, and every file listed in
+$SIM2REAL_TASKS (os.pathsep-separated). `register_task_file(path)` adds one
+more and lists it in $SIM2REAL_TASKS, so Ray workers and subprocesses
+started afterwards register it too.
+"""
 
 from __future__ import annotations
 
-import copy
+import hashlib
+import json
 import os
+import warnings
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
+import yaml
 
 from envs import cartpole_rail, quadrotor_geofence
+from envs.declaration import DeclarationError, PlantDeclaration, mjcf_path, parse_declaration
+from envs.randomization import RandomizationError, RandomizationSet, load_randomization_sets, parse_randomization
+from envs.registry import TaskSpec, UnknownTaskError, all_tasks, config_dirs, register, task
+from envs.wrappers import randomize
 
-_TASK_MODULES = {m.ENV_ID: m for m in (cartpole_rail, quadrotor_geofence)}
-LEGACY_NAMES = {cartpole_rail.ENV_ID: "lqr", quadrotor_geofence.ENV_ID: "cascaded_pid"}
-
-
-def _task_module(env_id: str):
-    try:
-        return _TASK_MODULES[env_id]
-    except KeyError:
-        raise ValueError(f"unknown task env id {env_id!r}; known: {sorted(_TASK_MODULES)}") from None
+TASKS_ENV = "SIM2REAL_TASKS"
 
 
-def task_config_path(env_id: str) -> Path:
-    """Path of the task's YAML: $SIM2REAL_CONFIG_DIR/<task>.yaml, else <repo>/configs/<task>.yaml."""
-    name = _task_module(env_id).TASK_NAME
-    root = os.environ.get("SIM2REAL_CONFIG_DIR")
-    base = Path(root) if root else Path(__file__).resolve().parent.parent / "configs"
-    return base / f"{name}.yaml"
+# -- the code tasks ------------------------------------------------------------------------------------
 
 
-def safety_spec(env_id: str) -> dict:
-    """Return SAFETY plus dt (s), action bounds, action_scale (physical units per unit action) and model."""
-    module = _task_module(env_id)
-    spec = copy.deepcopy(module.SAFETY)
-    spec.update(
-        dt=module.CONTROL_PERIOD,
-        action_low=[-1.0] * module.ACT_DIM,
-        action_high=[1.0] * module.ACT_DIM,
-        obs_dim=module.OBS_DIM,
-        act_dim=module.ACT_DIM,
-    )
-    if module is cartpole_rail:
-        # Linearize envs.cartpole_rail.nominal_model() (MuJoCo derivatives) for the shield's model.
-        spec.update(action_scale=[cartpole_rail.MAX_FORCE], model="linear", substeps=cartpole_rail.SUBSTEPS)
-    else:
-        spec.update(
-            action_scale=list(quadrotor_geofence.MAX_ACCEL),
-            model="double_integrator",
-            response_time_constant=quadrotor_geofence.ACCEL_TIME_CONSTANT,
-        )
-    return spec
+def _cartpole_legacy():
+    from envs.legacy_cartpole import CartPoleLqr
+
+    return CartPoleLqr()
 
 
-def legacy_controller(env_id: str):
-    """Return the controller the plant runs today: batch policy obs float32[n, obs_dim] -> float32[n, act_dim]."""
-    _task_module(env_id)
-    if env_id == cartpole_rail.ENV_ID:
-        from envs.legacy_cartpole import CartPoleLqr
-
-        return CartPoleLqr()
+def _quadrotor_legacy():
     from envs.legacy_quadrotor import QuadrotorCascadedPid
 
     return QuadrotorCascadedPid()
 
 
-def describe_tasks() -> list[dict]:
-    """One row per task: env_id, task, obs_dim, act_dim, constraints, legacy controller, control period (s)."""
+def _code_tasks() -> list[TaskSpec]:
+    cp, qd = cartpole_rail, quadrotor_geofence
     return [
-        {
-            "env_id": env_id,
-            "task": m.TASK_NAME,
-            "obs_dim": m.OBS_DIM,
-            "act_dim": m.ACT_DIM,
-            "constraints": [c["name"] for c in m.SAFETY["constraints"]],
-            "legacy_controller": LEGACY_NAMES[env_id],
-            "legacy": LEGACY_NAMES[env_id],  # short alias used by `sim2real envs`
-            "control_period_s": m.CONTROL_PERIOD,
-            "dt": m.CONTROL_PERIOD,  # alias of control_period_s (s)
-            "max_episode_steps": m.EPISODE_STEPS,
-        }
-        for env_id, m in _TASK_MODULES.items()
+        TaskSpec(env_id=cp.ENV_ID, name=cp.TASK_NAME, config_file=None,
+                 make_env=cp.CartPoleRailEnv, obs_dim=cp.OBS_DIM, act_dim=cp.ACT_DIM, control_period=cp.CONTROL_PERIOD,
+                 episode_steps=cp.EPISODE_STEPS, safety=cp.SAFETY,
+                 shield_model={"type": "linear", "nominal": cp.nominal_model}, action_scale=[cp.MAX_FORCE],
+                 legacy_name="lqr", make_legacy=_cartpole_legacy, steerable_setpoint=4),
+        # The inner attitude loop (envs/quadrotor_inner_loop.py) is code, so this task is too.
+        TaskSpec(env_id=qd.ENV_ID, name=qd.TASK_NAME, config_file=None,
+                 make_env=qd.QuadrotorGeofenceEnv, obs_dim=qd.OBS_DIM, act_dim=qd.ACT_DIM,
+                 control_period=qd.CONTROL_PERIOD, episode_steps=qd.EPISODE_STEPS, safety=qd.SAFETY,
+                 shield_model={"type": "double_integrator", "response_time_constant": qd.ACCEL_TIME_CONSTANT},
+                 action_scale=list(qd.MAX_ACCEL), legacy_name="cascaded_pid", make_legacy=_quadrotor_legacy),
     ]
 
 
-def _make(env_cls, env_id: str, randomization=None, **kwargs) -> gym.Env:
-    env = env_cls(**kwargs)
-    if randomization is None:
-        return env
-    from envs.randomization import resolve_randomization
-    from envs.wrappers import randomize
-
-    return randomize(env, resolve_randomization(env_id, randomization))
+# -- declared tasks ------------------------------------------------------------------------------------
 
 
-def make_cartpole(randomization=None, **kwargs) -> gym.Env:
-    """Entry point of sim2real/CartPoleRail-v0 (randomization: None, set name, RandomizationSet or dict)."""
-    return _make(cartpole_rail.CartPoleRailEnv, cartpole_rail.ENV_ID, randomization, **kwargs)
+def read_declaration(path: Path) -> tuple[dict, PlantDeclaration] | None:
+    """(task section, declaration) of a task YAML with a `plant:` section; None when it has none."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise DeclarationError(f"cannot read task config {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise DeclarationError(f"task config {path} is not valid YAML: {err}") from None
+    if not isinstance(doc, dict) or doc.get("plant") is None:
+        return None
+    head = doc.get("task")
+    if not isinstance(head, dict) or not isinstance(head.get("env_id"), str) or not isinstance(head.get("name"), str):
+        raise DeclarationError(f"{path}: task.name and task.env_id are needed beside plant:")
+    return head, parse_declaration(doc["plant"])
 
 
-def make_quadrotor(randomization=None, **kwargs) -> gym.Env:
-    """Entry point of sim2real/QuadrotorGeofence-v0 (randomization: None, set name, RandomizationSet or dict)."""
-    return _make(quadrotor_geofence.QuadrotorGeofenceEnv, quadrotor_geofence.ENV_ID, randomization, **kwargs)
+def _make_declared(decl: PlantDeclaration, path: Path, **kwargs) -> gym.Env:
+    from envs.declared_env import DeclaredTaskEnv
+
+    return DeclaredTaskEnv(decl, mjcf_path(decl, path), **kwargs)
+
+
+def _nominal(decl: PlantDeclaration, path: Path):
+    from envs.declared_env import nominal_model
+
+    return nominal_model(decl, mjcf_path(decl, path))
+
+
+def _declared_legacy(decl: PlantDeclaration, path: Path):
+    from envs.declaration import resolve_entry_point
+    from envs.legacy_declared import DeclaredLqr, PidLoops
+
+    legacy = decl.legacy
+    name = legacy.name or legacy.type
+    if legacy.type == "pid":
+        return PidLoops(decl, name)
+    if legacy.type == "lqr":
+        if decl.shield_model.type != "linear":
+            raise DeclarationError("plant.legacy: lqr needs shield_model.type linear (the linearization it is designed on)")
+        return DeclaredLqr(decl, _nominal(decl, path), name)
+    return resolve_entry_point(legacy.callable, "plant.legacy.callable")()
+
+
+def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskSpec:
+    """The TaskSpec of a declared task (nothing is compiled by MuJoCo until an env or a model is asked for)."""
+    path = Path(path).resolve()
+    sm = decl.shield_model
+    if sm.type == "double_integrator":
+        if sm.accel_per_action is None or len(sm.accel_per_action) != len(decl.actuators):
+            raise DeclarationError(f"plant.shield_model.accel_per_action: needs one value per actuator ({len(decl.actuators)})")
+        shield_model, scale = {"type": sm.type, "response_time_constant": sm.response_time_s}, list(sm.accel_per_action)
+    else:
+        shield_model, scale = {"type": "linear", "nominal": partial(_nominal, decl, path)}, [a.scale for a in decl.actuators]
+    steer = decl.index(decl.steerable_setpoint) if decl.steerable_setpoint else None
+    canonical = decl.model_dump(mode="json") | {"mjcf": str(mjcf_path(decl, path)), "task": [head["name"], head["env_id"]]}
+    fingerprint = hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
+    return TaskSpec(env_id=head["env_id"], name=head["name"], config_file=path, make_env=partial(_make_declared, decl, path),
+                    obs_dim=len(decl.observations), act_dim=len(decl.actuators), control_period=decl.control_period,
+                    episode_steps=decl.episode_steps, safety=decl.safety(), shield_model=shield_model,
+                    action_scale=scale, legacy_name=decl.legacy.name or decl.legacy.type,
+                    make_legacy=partial(_declared_legacy, decl, path), steerable_setpoint=steer, declared=True,
+                    fingerprint=fingerprint)
+
+
+def _check(spec: TaskSpec) -> None:
+    """Build everything a declared task names once: the MJCF and its element names, the reward functions,
+    the legacy controller and (linear) the shield's operating point."""
+    try:
+        env = spec.make_env()
+    except ValueError as err:  # MuJoCo's XML errors are ValueErrors too
+        if isinstance(err, DeclarationError):
+            raise
+        raise DeclarationError(f"plant.mjcf: cannot load the MJCF of {spec.config_file}: {err}") from None
+    env.close()
+    if spec.shield_model["type"] == "linear":
+        spec.nominal_model()
+    spec.make_legacy()
+
+
+def register_task_file(path, check: bool = False) -> TaskSpec | None:
+    """Register the task a YAML declares (None when it declares none) and list it in $SIM2REAL_TASKS,
+    so Ray workers and subprocesses started afterwards register it too. `check` builds it all first."""
+    path = Path(path).resolve()
+    found = read_declaration(path)
+    if found is None:
+        return None
+    spec = compile_declaration(*found, path)
+    if check:
+        _check(spec)
+    spec = register(spec)
+    listed = [p for p in os.environ.get(TASKS_ENV, "").split(os.pathsep) if p]
+    if str(path) not in listed:
+        os.environ[TASKS_ENV] = os.pathsep.join(listed + [str(path)])
+    return spec
+
+
+def check_task_file(path) -> TaskSpec:
+    """Check a task YAML's declaration against its MJCF and entry points, then register it."""
+    spec = register_task_file(path, check=True)
+    if spec is None:
+        raise DeclarationError(f"{path}: has no plant: section")
+    return spec
+
+
+def _discover() -> None:
+    """Register the declared tasks found in the config directories and in $SIM2REAL_TASKS."""
+    files = [p for d in config_dirs() for p in sorted(d.glob("*.yaml"))]
+    files += [Path(p) for p in os.environ.get(TASKS_ENV, "").split(os.pathsep) if p]
+    for path in files:
+        try:
+            found = read_declaration(path)
+            if found is not None:
+                register(compile_declaration(*found, path))
+        except (DeclarationError, ValueError) as err:
+            # One broken file must not make every task unimportable; `sim2real config --check` names the key.
+            warnings.warn(f"task declaration {path} skipped: {err}", stacklevel=2)
 
 
 def register_tasks() -> None:
-    """Register both task ids with gymnasium (idempotent)."""
-    for env_id, entry, steps in (
-        (cartpole_rail.ENV_ID, "envs.tasks:make_cartpole", cartpole_rail.EPISODE_STEPS),
-        (quadrotor_geofence.ENV_ID, "envs.tasks:make_quadrotor", quadrotor_geofence.EPISODE_STEPS),
-    ):
-        if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry, max_episode_steps=steps)
+    """Register the code tasks and every declared task that can be found (idempotent)."""
+    for spec in _code_tasks():
+        register(spec)
+    _discover()
+
+
+# -- what the rest of the project calls ------------------------------------------------------------------
+
+
+def resolve_randomization(env_id: str, spec) -> RandomizationSet | None:
+    """Turn None, a set name (looked up in the task's YAML), a dict, or a RandomizationSet into a set."""
+    if spec is None or isinstance(spec, RandomizationSet):
+        return spec
+    if isinstance(spec, dict):
+        return parse_randomization(spec)
+    if isinstance(spec, str):
+        path = task(env_id).config_path
+        sets = load_randomization_sets(path)
+        if spec not in sets:
+            raise RandomizationError(f"randomization set {spec!r} is not in {path}; available: {sorted(sets) or 'none'}")
+        return sets[spec]
+    raise RandomizationError(
+        f"randomization must be None, a set name, a dict or a RandomizationSet, not {type(spec).__name__}")
+
+
+def make_task_env(env_id: str, randomization=None, **kwargs) -> gym.Env:
+    """The gymnasium entry point of every registered task (randomization: None, set name, RandomizationSet or dict)."""
+    env = task(env_id).make_env(**kwargs)
+    rset = resolve_randomization(env_id, randomization)
+    return env if rset is None else randomize(env, rset)
+
+
+def task_config_path(env_id: str) -> Path:
+    """The task's YAML (its randomization sets, and its declaration for declared tasks)."""
+    return task(env_id).config_path
+
+
+def safety_spec(env_id: str) -> dict:
+    """SAFETY plus dt (s), action bounds, action_scale (physical units per unit action) and the shield model's kind."""
+    return task(env_id).safety_spec()
+
+
+def nominal_model(env_id: str):
+    """The nominal plant the linear shield model is linearized from (tasks with a linear shield model)."""
+    return task(env_id).nominal_model()
+
+
+def legacy_controller(env_id: str):
+    """The controller the plant runs today: batch policy obs float32[n, obs_dim] -> float32[n, act_dim]."""
+    return task(env_id).make_legacy()
+
+
+def describe_tasks() -> list[dict]:
+    """One row per task: env_id, task, obs/act sizes, constraints, legacy controller, control period (s)."""
+    return [t.describe() for t in all_tasks()]
+
+
+__all__ = ["UnknownTaskError", "check_task_file", "compile_declaration", "config_dirs", "describe_tasks", "legacy_controller",
+           "make_task_env", "nominal_model", "read_declaration", "register_task_file", "register_tasks",
+           "resolve_randomization", "safety_spec", "task_config_path"]

@@ -80,7 +80,7 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("bundle", help="candidate bundle directory")
     _config_flag(p)
     p.add_argument("--legacy", help="legacy controller name (default: the task's)")
-    p.add_argument("--domains", default=None, help="randomization set: reality (default) or FILE.yaml")
+    p.add_argument("--domains", default=None, help="randomization set, nominal (none), or FILE.yaml (default shadow.domains)")
     p.add_argument("--episodes", type=int, help="episodes per pass (default shadow.episodes)")
     p.add_argument("--seed", type=int, help="first episode seed (default shadow.seed)")
     p.add_argument("--report", metavar="DIR", help="write the HTML report and logs here")

@@ -71,7 +71,6 @@ class RayConfig(Section):
 
     address: str | None = Field(None, description="Ray cluster address; None starts a local instance (RAY_ADDRESS overrides).")
     actor_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per rollout actor.")
-    learner_num_gpus: float = Field(0.0, ge=0, description="GPUs for the learner when it runs as a Ray task/actor.")
     max_actor_restarts: int = Field(3, ge=0, description="Ray restarts a dead rollout actor up to this many times.")
 
 
@@ -128,6 +127,8 @@ class Config(Section):
     """A task config: everything the CLI and the flows need for one task."""
 
     task: TaskConfig
+    plant: dict[str, Any] | None = Field(
+        None, description="The task declared as data beside its MJCF (format: envs/declaration.py); absent for the built-in code tasks.")
     randomization: dict[str, RandomizationSet] = Field(
         description="Named domain-randomization sets; `train` is used for training, `reality` is held out for shadow evaluation.")
     train: TrainConfig = TrainConfig()
@@ -171,6 +172,22 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
         raise ConfigError(_format_errors(err, source)) from None
 
 
+def _check_task(cfg: Config, path: Path) -> None:
+    """The task must be registered (a code task, or the `plant:` this file declares, checked against its MJCF)."""
+    import envs
+    from envs.declaration import DeclarationError
+
+    try:
+        if cfg.plant is not None:
+            spec = envs.check_task_file(path)
+            if spec.env_id != cfg.task.env_id or spec.name != cfg.task.name:
+                raise DeclarationError(f"task: {cfg.task.name}/{cfg.task.env_id} differs from the declared {spec.name}/{spec.env_id}")
+        elif cfg.task.env_id.startswith("sim2real/"):
+            envs.task(cfg.task.env_id)  # any other id is a plain gymnasium env, trainable by id
+    except (DeclarationError, envs.UnknownTaskError) as err:
+        raise ConfigError(f"invalid config {path}:\n  {err}") from None
+
+
 def load_config(path: str | Path) -> Config:
     """Read and validate `configs/<task>.yaml`."""
     path = Path(path)
@@ -182,7 +199,12 @@ def load_config(path: str | Path) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"config {path} is not valid YAML: {err}") from None
-    return parse_config(data, str(path))
+    if isinstance(data, dict) and isinstance(data.get("plant"), dict) and isinstance(data["plant"].get("mjcf"), str):
+        # Absolute, so the copy a training run keeps (runs/<run>/config.yaml) still finds the MJCF.
+        data["plant"]["mjcf"] = str((path.parent / data["plant"]["mjcf"]).resolve())
+    cfg = parse_config(data, str(path))
+    _check_task(cfg, path)
+    return cfg
 
 
 def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:

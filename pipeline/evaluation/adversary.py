@@ -18,13 +18,6 @@ import numpy as np
 
 from shield.spec import ShieldSpec
 
-# Tasks whose plant falls over under a full-action push (ending the episode
-# before any constraint is reached): the adversary there is the legacy
-# controller steered to a set-point beyond the nearest constraint, so it keeps
-# the plant up while driving it at the boundary. Value: the set-point's obs index.
-_STEERED_SETPOINT = {"sim2real/CartPoleRail-v0": 4}
-
-
 @dataclass(frozen=True)
 class AdversaryParams:
     """How the adversary attacks: the defaults drive at the nearest constraint at full action from step 0."""
@@ -115,12 +108,14 @@ def reference_policy(name: str, cfg, spec: ShieldSpec, seed: int = 0, params: Ad
     """The `--policy` choices: legacy (the task's controller), random, adversarial (with `params`)."""
     import envs
 
-    env_id = cfg.task.env_id
+    task = envs.task(cfg.task.env_id)
     if name == "legacy":
-        return envs.legacy_controller(env_id)
+        return task.make_legacy()
     if name == "random":
         return RandomPolicy(spec.action_low, spec.action_high, seed)
     if name == "adversarial":
-        steer = (envs.legacy_controller(env_id), _STEERED_SETPOINT[env_id]) if env_id in _STEERED_SETPOINT else None
+        # A plant that would fall over under a plain full-action push (the cart-pole) declares a
+        # set-point through which the adversary steers its legacy controller at the boundary instead.
+        steer = None if task.steerable_setpoint is None else (task.make_legacy(), task.steerable_setpoint)
         return AdversarialPolicy(spec, steer, params or AdversaryParams())
     raise ValueError(f"unknown reference policy {name!r}; choose legacy, random or adversarial")

@@ -24,6 +24,17 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.evaluation.episodes import (
+    DomainsError,
+    PolicyDriver,
+    RunTotals,
+    RuntimeDriver,
+    Step,
+    control_period_s,
+    make_env,
+    resolve_domains,
+    run_episodes,
+)
 from pipeline.evaluation.gate import GateDecision, decide
 from pipeline.evaluation.shadow_metrics import counterfactual_metrics, empty_counterfactual, log_metrics
 
@@ -44,80 +55,99 @@ class ShadowRun:
 
 @dataclass
 class CounterfactualRun:
-    """The pass where the shielded candidate drives: per-episode totals and the first episode's trace."""
+    """The pass where the shielded candidate drives: its run totals and the first episode's trace."""
 
-    returns: list[float] = field(default_factory=list)
-    costs: list[float] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-    interventions: int = 0
-    fallbacks: int = 0
-    envelope_flags: int = 0
-    latency_us: list[float] = field(default_factory=list)
-    trace: dict[str, np.ndarray] = field(default_factory=dict)  # episode 0: t, action, h, intervened
+    totals: RunTotals
+    trace: dict[str, np.ndarray] = field(default_factory=dict)  # episode 0: t, action, raw, h, intervened
     states: dict[str, np.ndarray] = field(default_factory=dict)  # episode 0: qpos, qvel, mocap_pos (animation)
-
-
-# ----------------------------------------------------------------------------- environment
-
-
-def resolve_domains(cfg, domains: str):
-    """A RandomizationSet from a set name in `cfg.randomization` or a YAML file (a set, or a config's sets)."""
-    if domains in cfg.randomization:
-        return cfg.randomization[domains]
-    path = Path(domains)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        import yaml
-
-        from envs.randomization import RandomizationError, load_randomization_sets, parse_randomization
-
-        try:
-            doc = yaml.safe_load(path.read_text())
-            if isinstance(doc, dict) and "randomization" in doc:
-                sets = load_randomization_sets(path)
-                name = "reality" if "reality" in sets else (next(iter(sets)) if len(sets) == 1 else None)
-                if name is None:
-                    raise ShadowError(f"--domains {domains}: has sets {sorted(sets)}; name one 'reality' or keep one")
-                return sets[name]
-            return parse_randomization(doc or {}, f"{path}")
-        except OSError as err:
-            raise ShadowError(f"--domains {domains}: cannot read ({err.strerror})") from None
-        except yaml.YAMLError as err:
-            raise ShadowError(f"--domains {domains}: not valid YAML ({err})") from None
-        except RandomizationError as err:
-            raise ShadowError(f"--domains {domains}: {err}") from None
-    raise ShadowError(f"--domains {domains!r}: not a randomization set of this config "
-                      f"({sorted(cfg.randomization)}) nor a YAML file")
-
-
-def make_env(cfg, rset):
-    """The task env on the given domains, with the config's episode length."""
-    import gymnasium as gym
-    import envs  # noqa: F401  (registers the task ids)
-
-    kwargs = {"randomization": rset}
-    if cfg.task.max_episode_steps:
-        kwargs["max_episode_steps"] = cfg.task.max_episode_steps
-    return gym.make(cfg.task.env_id, **kwargs)
-
-
-def control_period_s(cfg, env) -> float:
-    """Control period (s): the task's safety spec, else the env's dt."""
-    import envs
-
-    try:
-        return float(envs.safety_spec(cfg.task.env_id)["dt"])
-    except ValueError:
-        return float(getattr(env.unwrapped, "dt"))
 
 
 def load_legacy(env_id: str, name: str | None):
     """The task's legacy controller; `name`, when given, must be the one the task ships."""
     import envs
 
-    expected = envs.LEGACY_NAMES.get(env_id)
-    if name is not None and name != expected:
-        raise ShadowError(f"--legacy {name!r}: task {env_id} has legacy controller {expected!r}")
-    return envs.legacy_controller(env_id)
+    task = envs.task(env_id)
+    if name is not None and name != task.legacy_name:
+        raise ShadowError(f"--legacy {name!r}: task {env_id} has legacy controller {task.legacy_name!r}")
+    return task.make_legacy()
+
+
+# ----------------------------------------------------------------------------- observers of the one runner
+
+
+class ShadowLog:
+    """Observer of the shadow pass: computes the candidate on a copy of each observation (never applied) and
+    keeps every step in the shadow-log columns (`shield.shadowlog`)."""
+
+    KEYS = ("t", "episode", "step", "obs", "legacy_action", "candidate_raw", "candidate_action", "intervened",
+            "fallback", "h", "latency_us", "reward", "cost")
+
+    def __init__(self, candidate, n_h: int, act_dim: int):
+        self.candidate, self.n_h, self.act_dim = candidate, n_h, act_dim
+        self.rows: dict[str, list] = {k: [] for k in self.KEYS}
+
+    def on_reset(self, env, episode: int, seed: int) -> None:
+        if self.candidate is not None:
+            self.candidate.reset()
+
+    def on_step(self, s: Step) -> None:
+        if self.candidate is not None:
+            obs_copy = s.obs.copy()  # the candidate never gets (or mutates) what legacy sees
+            t0 = time.perf_counter_ns()
+            safe, raw, info = self.candidate.act(obs_copy)
+            latency = (time.perf_counter_ns() - t0) / 1e3
+            h = np.asarray(info.get("h", np.full(self.n_h, np.nan)), np.float32).reshape(-1)
+            cand = (np.asarray(raw, np.float32), np.asarray(safe, np.float32), bool(info.get("intervened")),
+                    bool(info.get("fallback")), h, latency)
+        else:
+            nan = np.full(self.act_dim, np.nan, np.float32)
+            cand = (nan, nan, False, False, np.full(self.n_h, np.nan, np.float32), np.nan)
+        values = (s.t, s.episode, s.step, s.obs, s.action) + cand + (s.reward, s.cost)
+        for key, value in zip(self.KEYS, values):
+            self.rows[key].append(value)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The log's columns in the schema's dtypes, so metrics of this run equal those of its log read back."""
+        from shield.shadowlog import COLUMNS
+
+        matrix = ("obs", "legacy_action", "candidate_raw", "candidate_action", "h")
+        cols = {k: (np.stack(v) if k in matrix else np.asarray(v)) for k, v in self.rows.items()}
+        if cols["h"].ndim == 1:  # no constraints: keep the [N, 0] shape
+            cols["h"] = cols["h"].reshape(len(cols["t"]), -1)
+        return {k: np.asarray(v, dtype=COLUMNS[k]) for k, v in cols.items()}
+
+
+class CounterfactualTrace:
+    """Observer of the counterfactual pass: episode 0's actions, barrier values and (for the animation) states."""
+
+    def __init__(self, frames: int = ANIMATION_FRAMES):
+        self.frames = frames
+        self.trace: dict[str, list] = {"t": [], "action": [], "raw": [], "h": [], "intervened": []}
+        self.states: dict[str, list] = {"qpos": [], "qvel": [], "mocap_pos": []}
+
+    def _keep_state(self, env) -> None:
+        data = getattr(env.unwrapped, "data", None)
+        if data is not None and len(self.states["qpos"]) < self.frames:
+            for key in self.states:
+                self.states[key].append(getattr(data, key).copy())
+
+    def on_reset(self, env, episode: int, seed: int) -> None:
+        if episode == 0:
+            self._keep_state(env)
+
+    def on_step(self, s: Step) -> None:
+        if s.episode != 0:
+            return
+        info = s.shield or {}
+        for key, value in (("t", s.t), ("action", s.action), ("raw", s.raw), ("h", info.get("h", []))):
+            self.trace[key].append(np.asarray(value, np.float32))
+        self.trace["intervened"].append(bool(info.get("intervened")))
+        if not s.done:
+            self._keep_state(s.env)
+
+    def result(self) -> tuple[dict, dict]:
+        states = {k: np.stack(v) for k, v in self.states.items()} if self.states["qpos"] else {}
+        return {k: np.asarray(v) for k, v in self.trace.items()}, states
 
 
 # ----------------------------------------------------------------------------- the two passes
@@ -125,83 +155,17 @@ def load_legacy(env_id: str, name: str | None):
 
 def shadow_pass(env, legacy, candidate, seeds: list[int], dt: float, meta: dict) -> ShadowRun:
     """Legacy drives every seed; `candidate.act` (if not None) is computed and logged, never applied."""
-    rows: dict[str, list] = {k: [] for k in ("t", "episode", "step", "obs", "legacy_action", "candidate_raw",
-                                             "candidate_action", "intervened", "fallback", "h", "latency_us",
-                                             "reward", "cost")}
-    n_h = len(meta.get("constraint_names", []))
-    act_dim = env.action_space.shape[0]
-    for ep, seed in enumerate(seeds):
-        obs, _ = env.reset(seed=seed)
-        legacy.reset()
-        if candidate is not None:
-            candidate.reset()
-        step, done = 0, False
-        while not done:
-            if candidate is not None:
-                obs_copy = obs.copy()  # the candidate never gets (or mutates) what legacy sees
-                t0 = time.perf_counter_ns()
-                safe, raw, info = candidate.act(obs_copy)
-                latency = (time.perf_counter_ns() - t0) / 1e3
-                h = np.asarray(info.get("h", np.full(n_h, np.nan)), np.float32).reshape(-1)
-                cand = (np.asarray(raw, np.float32), np.asarray(safe, np.float32), bool(info.get("intervened")),
-                        bool(info.get("fallback")), h, latency)
-            else:
-                nan = np.full(act_dim, np.nan, np.float32)
-                cand = (nan, nan, False, False, np.full(n_h, np.nan, np.float32), np.nan)
-            action = np.asarray(legacy(obs[None, :]), np.float32)[0]
-            next_obs, reward, terminated, truncated, info_env = env.step(action)
-            for key, value in zip(("t", "episode", "step", "obs", "legacy_action"), (step * dt, ep, step, obs, action)):
-                rows[key].append(value)
-            for key, value in zip(("candidate_raw", "candidate_action", "intervened", "fallback", "h", "latency_us"), cand):
-                rows[key].append(value)
-            rows["reward"].append(reward)
-            rows["cost"].append(info_env.get("cost", np.nan))
-            obs, step, done = next_obs, step + 1, terminated or truncated
-    matrix = ("obs", "legacy_action", "candidate_raw", "candidate_action", "h")
-    cols = {k: (np.stack(v) if k in matrix else np.asarray(v)) for k, v in rows.items()}
-    if cols["h"].ndim == 1:  # no constraints: keep the [N, 0] shape
-        cols["h"] = cols["h"].reshape(len(cols["t"]), -1)
-    # Cast to the schema's dtypes now, so metrics of this run equal those of its log read back.
-    from shield.shadowlog import COLUMNS
-
-    return ShadowRun({k: np.asarray(v, dtype=COLUMNS[k]) for k, v in cols.items()}, meta)
+    log = ShadowLog(candidate, len(meta.get("constraint_names", [])), env.action_space.shape[0])
+    run_episodes(env, PolicyDriver(legacy), seeds, dt=dt, observers=[log])
+    return ShadowRun(log.columns(), meta)
 
 
 def counterfactual_pass(env, candidate, seeds: list[int], dt: float, frames: int = ANIMATION_FRAMES) -> CounterfactualRun:
-    """The shielded candidate drives every seed; episode 0's trace and states are kept for the report."""
-    run = CounterfactualRun()
-    trace: dict[str, list] = {"t": [], "action": [], "raw": [], "h": [], "intervened": []}
-    qpos, qvel, mocap = [], [], []
-    for ep, seed in enumerate(seeds):
-        obs, _ = env.reset(seed=seed)
-        candidate.reset()
-        total, cost, step, done = 0.0, 0.0, 0, False
-        while not done:
-            if ep == 0 and step < frames and hasattr(env.unwrapped, "data"):
-                qpos.append(env.unwrapped.data.qpos.copy())
-                qvel.append(env.unwrapped.data.qvel.copy())
-                mocap.append(env.unwrapped.data.mocap_pos.copy())
-            t0 = time.perf_counter_ns()
-            safe, raw, info = candidate.act(obs.copy())
-            run.latency_us.append((time.perf_counter_ns() - t0) / 1e3)
-            run.interventions += bool(info.get("intervened"))
-            run.fallbacks += bool(info.get("fallback"))
-            run.envelope_flags += bool(info.get("envelope"))
-            if ep == 0:
-                for key, value in (("t", step * dt), ("action", safe), ("raw", raw), ("h", info.get("h", [])),
-                                   ("intervened", bool(info.get("intervened")))):
-                    trace[key].append(np.asarray(value, np.float32) if key != "intervened" else value)
-            obs, reward, terminated, truncated, info_env = env.step(np.asarray(safe, np.float32))
-            total += float(reward)
-            cost += float(info_env.get("cost", 0.0))
-            step, done = step + 1, terminated or truncated
-        run.returns.append(total)
-        run.costs.append(cost)
-        run.lengths.append(step)
-    run.trace = {k: np.asarray(v) for k, v in trace.items()}
-    if qpos:
-        run.states = {"qpos": np.stack(qpos), "qvel": np.stack(qvel), "mocap_pos": np.stack(mocap)}
-    return run
+    """The shielded candidate (an EdgeRuntime) drives every seed; episode 0's trace and states are kept for the report."""
+    trace = CounterfactualTrace(frames)
+    totals = run_episodes(env, RuntimeDriver(candidate), seeds, dt=dt, observers=[trace])
+    tr, states = trace.result()
+    return CounterfactualRun(totals, tr, states)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -219,12 +183,15 @@ def _log_meta(cfg, runtime, dt: float) -> dict:
     return {"task": cfg.task.name, "env_id": cfg.task.env_id,
             "bundle_version": runtime.bundle.version if runtime is not None else None,
             "control_period_s": dt, "constraint_names": [c["name"] for c in spec.get("constraints", [])],
-            "legacy": __import__("envs").LEGACY_NAMES.get(cfg.task.env_id), "source": "sim"}
+            "legacy": __import__("envs").task(cfg.task.env_id).legacy_name, "source": "sim"}
 
 
-def evaluate_candidate(runtime, cfg, *, domains: str = "reality", episodes: int | None = None,
+def evaluate_candidate(runtime, cfg, *, domains: str | None = None, episodes: int | None = None,
                        seed: int | None = None, legacy=None, legacy_name: str | None = None):
-    """Run both passes with a loaded candidate (`act`/`reset`); returns (ShadowRun, CounterfactualRun, metrics)."""
+    """Run both passes with a loaded candidate (`act`/`reset`); returns (ShadowRun, CounterfactualRun, metrics).
+
+    Defaults come from the config's `shadow:` section (domains, episodes, first seed)."""
+    domains = cfg.shadow.domains if domains is None else domains
     episodes = cfg.shadow.episodes if episodes is None else episodes
     seed = cfg.shadow.seed if seed is None else seed
     if episodes < 1:
@@ -232,7 +199,7 @@ def evaluate_candidate(runtime, cfg, *, domains: str = "reality", episodes: int 
     rset = resolve_domains(cfg, domains)
     env = make_env(cfg, rset)
     try:
-        dt = control_period_s(cfg, env)
+        dt = control_period_s(cfg)
         legacy = legacy if legacy is not None else load_legacy(cfg.task.env_id, legacy_name)
         seeds = list(range(seed, seed + episodes))
         warm_up(runtime, env.observation_space.shape[0])
@@ -241,8 +208,7 @@ def evaluate_candidate(runtime, cfg, *, domains: str = "reality", episodes: int 
     finally:
         env.close()
     metrics = log_metrics(shadow.columns, dt, cfg.shadow.agreement_tolerance)
-    metrics.update(counterfactual_metrics(cf.returns, cf.costs, cf.interventions, cf.fallbacks,
-                                          sum(cf.lengths), np.asarray(cf.latency_us), dt, cf.envelope_flags))
+    metrics.update(counterfactual_metrics(cf.totals, dt))
     metrics.update(source="sim", domains=domains, seeds=seeds)
     return shadow, cf, metrics
 
@@ -275,9 +241,11 @@ def metrics_from_log(path: str | Path, cfg) -> tuple[ShadowRun, dict]:
     return ShadowRun(cols, meta), metrics
 
 
-def run_shadow(bundle_dir, cfg, *, domains: str = "reality", episodes: int | None = None, seed: int | None = None,
+def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | None = None, seed: int | None = None,
                report_dir=None, legacy: str | None = None, from_log=None, falsification: dict | None = None) -> dict:
-    """Shadow-evaluate a bundle (or field logs), gate it, write the report; returns decision, reasons, metrics, report."""
+    """Shadow-evaluate a bundle (or field logs), gate it, write the report; returns decision, reasons, metrics, report.
+
+    `domains` defaults to the config's `shadow.domains` (a set name, `nominal`, or a YAML file)."""
     from shield.runtime import EdgeRuntime
 
     domains = domains or cfg.shadow.domains
@@ -321,9 +289,9 @@ def run_cli(args) -> int:
 
     try:
         cfg = load_config(args.config)
-        result = run_shadow(args.bundle, cfg, domains=args.domains or cfg.shadow.domains, episodes=args.episodes,
+        result = run_shadow(args.bundle, cfg, domains=args.domains, episodes=args.episodes,
                             seed=args.seed, report_dir=args.report, legacy=args.legacy, from_log=args.from_log)
-    except (ConfigError, BundleError, ShadowError) as err:
+    except (ConfigError, BundleError, ShadowError, DomainsError) as err:
         print(f"sim2real shadow: {err}", file=sys.stderr)
         return 2
     if args.json:

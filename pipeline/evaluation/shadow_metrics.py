@@ -84,26 +84,33 @@ def log_metrics(cols: dict[str, np.ndarray], control_period_s: float | None, agr
     return out
 
 
-def counterfactual_metrics(returns: list[float], costs: list[float], interventions: int, fallbacks: int,
-                           steps: int, latency_us: np.ndarray, control_period_s: float | None,
-                           envelope_flags: int | None = None) -> dict:
-    """Metrics of the pass where the shielded candidate drives (per-episode returns and cost steps)."""
-    mean, ci = mean_ci95(np.asarray(returns))
-    lat = latency_stats(latency_us, control_period_s)
-    return {
-        "candidate_returns": [float(r) for r in returns],
+def counterfactual_metrics(totals, control_period_s: float | None) -> dict:
+    """Metrics of the pass where the shielded candidate drives, from its `RunTotals` (pipeline.evaluation.episodes)."""
+    mean, ci = mean_ci95(np.asarray(totals.returns))
+    lat = latency_stats(np.asarray(totals.latency_us), control_period_s)
+    steps = totals.steps
+    summary = totals.summary() if steps else {}
+    out = {
+        "candidate_returns": [float(r) for r in totals.returns],
         "candidate_return_mean": mean,
         "candidate_return_ci95": ci,
-        "candidate_violations": int(round(float(np.sum(costs)))),
-        "candidate_intervention_rate": interventions / steps if steps else None,
-        "candidate_fallback_rate": fallbacks / steps if steps else None,
-        "candidate_envelope_rate": envelope_flags / steps if steps and envelope_flags is not None else None,
+        "candidate_violations": int(sum(totals.violations)),
+        "candidate_intervention_rate": summary.get("intervention_rate"),
+        "candidate_fallback_rate": summary.get("fallback_rate"),
         "candidate_steps": steps,
         "counterfactual_latency_p99_us": lat["latency_p99_us"],
         "counterfactual_deadline_misses": lat["deadline_misses"],
     }
+    # Further shield flags (e.g. the assumption monitor's `envelope`) under their summary names, prefixed like
+    # the rest of this pass (the shadow pass's own `envelope_rate` comes from the log).
+    out.update({f"candidate_{k}": v for k, v in summary.items()
+                if k.endswith("_rate") and k not in ("intervention_rate", "fallback_rate")})
+    return out
 
 
 def empty_counterfactual() -> dict:
     """The counterfactual keys, all None: field logs have no pass where the candidate drives."""
-    return {k: None for k in counterfactual_metrics([1.0], [0.0], 0, 0, 1, np.array([1.0]), 0.02)}
+    from pipeline.evaluation.episodes import RunTotals
+
+    probe = RunTotals(returns=[0.0], violations=[0], lengths=[1], latency_us=[1.0])
+    return {k: None for k in counterfactual_metrics(probe, 0.02)}

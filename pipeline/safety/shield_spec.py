@@ -66,7 +66,12 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
     """
     import envs
 
-    safety = envs.safety_spec(cfg.task.env_id)
+    try:
+        safety = envs.safety_spec(cfg.task.env_id)
+    except envs.UnknownTaskError as err:  # e.g. a plain gymnasium env: trainable by id, no shield without a declaration
+        from pipeline.config import ConfigError
+
+        raise ConfigError(f"task.env_id: {err}") from None
     sc = cfg.shield
     obs_dim, act_dim, dt = int(safety["obs_dim"]), int(safety["act_dim"]), float(safety["dt"])
     pos = list(safety["kinematics"]["position_index"])
@@ -84,8 +89,7 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
     high = np.asarray(safety["action_high"], np.float64)
     full = np.maximum(np.abs(low), np.abs(high))  # largest action magnitude per input
     if safety["model"] == "linear":
-        task_module = _task_module(cfg.task.env_id)
-        nominal = task_module.nominal_model()
+        nominal = envs.nominal_model(cfg.task.env_id)  # the task registry's, linearized at its operating point
         state_index = sorted(nominal.obs_to_state)
         A, B, c = linearize_mujoco(nominal, state_index)
         model = {"type": "linear", "A": A.tolist(), "B": B.tolist(), "c": c.tolist()}
@@ -146,11 +150,3 @@ def _joint_damping(nominal, obs_index: int) -> tuple[float, str]:
     joint = int(model.dof_jntid[i])
     return float(model.dof_damping[i]), mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, joint) or ""
 
-
-def _task_module(env_id: str):
-    from envs import cartpole_rail, quadrotor_geofence
-
-    for module in (cartpole_rail, quadrotor_geofence):
-        if module.ENV_ID == env_id:
-            return module
-    raise ShieldSpecError(f"no task module for {env_id!r}")

@@ -1,0 +1,332 @@
+"""A task declared as data: the `plant:` section of a task YAML, beside its MJCF (schema, checks, compiling).
+
+    plant:
+      mjcf: my_plant.xml              # relative to the YAML
+      control_period: 0.02            # s
+      episode_steps: 400
+      actuators: [{name: shoulder_torque, scale: 1.0}]    # ctrl = scale x action, action in [-1, 1]
+      targets: {reach: {low: [-1, -1], high: [1, 1], hold_s: [2, 3], speed: 1.0}}
+      initial_state: {qpos: {shoulder: [-0.2, 0.2]}, qvel: {shoulder: [-0.05, 0.05]}}
+      observations:                   # the observation vector, in order
+        - {name: q1, joint: shoulder}               # qpos (rad or m); quantity: vel for qvel
+        - {name: tip_x, site: tip, axis: 0}         # world position of a site (m)
+        - {name: f, sensor: force_sensor, index: 0}
+        - {name: q1_ref, target: reach, index: 0}   # the exogenous set-point
+      reward:                         # the sum of weighted terms
+        - {term: alive, weight: 1.0}
+        - {term: tracking, observations: [q1], targets: [q1_ref], weight: -0.5, clip: 1.0}
+        - {term: effort, weight: -0.01}             # weight x |action|^2
+        - {term: progress, observations: [q1], targets: [q1_ref], weight: 5.0}
+        - {term: violation, weight: -1.0}           # weight x info["cost"]
+        - {function: "my_module:reward", weight: 1.0}   # f(obs, action, cost) -> float
+      termination: [{observation: q1, abs_above: 3.0}]  # also: above, below; non-finite states always end
+      kinematics: {positions: [q1], velocities: [dq1]}   # for the shield's braking barriers
+      constraints:                    # over named observations
+        - {name: shoulder_range, type: box, observations: [q1], low: [-1.4], high: [1.4]}
+        - {name: wall, type: halfspace, a: {tip_x: 1.0}, b: 0.5}       # sum a_i o_i <= b
+        - {name: keepout, type: cylinder, observations: [tip_x, tip_z], center: [0, 0], radius: 0.1}
+      shield_model: {type: linear, operating_point: {shoulder: 0.0}}  # or double_integrator
+      legacy:                         # pid loops, lqr on the linearization, or a callable
+        type: pid
+        loops: [{action: 0, measured: q1, setpoint: q1_ref, rate: dq1, kp: 2.0, kd: 0.3}]
+
+Every error names its key path (`plant.observations[2].joint`). Names are
+checked against the MJCF by `check_against_model` (when the env is built and
+by `sim2real config --check`); `module:function` entries by `resolve_entry_point`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class DeclarationError(ValueError):
+    """A task declaration that cannot be used; the message names the key path."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Actuator(_Strict):
+    """One action element: the named MuJoCo actuator gets ctrl = scale x action."""
+
+    name: str = Field(description="MuJoCo actuator name")
+    scale: float = Field(1.0, gt=0, description="ctrl units per unit action")
+
+
+class Target(_Strict):
+    """An exogenous set-point: drawn uniformly in [low, high], held hold_s, the observed value ramps at speed."""
+
+    low: list[float]
+    high: list[float]
+    hold_s: tuple[float, float] = Field((2.0, 3.0), description="s, how long each target is held (drawn uniformly)")
+    speed: float | None = Field(None, gt=0, description="units/s the observed set-point ramps toward the target; None jumps")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if len(self.low) != len(self.high) or any(lo > hi for lo, hi in zip(self.low, self.high)):
+            raise ValueError("low and high need the same length and low <= high")
+        if not 0 < self.hold_s[0] <= self.hold_s[1]:
+            raise ValueError("hold_s needs 0 < first <= second")
+        return self
+
+
+class Observation(_Strict):
+    """One observation element, from exactly one of joint, site, sensor or target."""
+
+    name: str
+    joint: str | None = None
+    site: str | None = None
+    sensor: str | None = None
+    target: str | None = None
+    quantity: Literal["pos", "vel"] = Field("pos", description="joint: qpos or qvel")
+    axis: int = Field(0, ge=0, le=2, description="site: world axis of its position")
+    index: int = Field(0, ge=0, description="sensor or target: element")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        given = [k for k in ("joint", "site", "sensor", "target") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"needs exactly one of joint, site, sensor, target; got {given or 'none'}")
+        return self
+
+
+class RewardTerm(_Strict):
+    """One weighted reward term from the library, or a `module:function` f(obs, action, cost) -> float."""
+
+    term: Literal["alive", "tracking", "effort", "progress", "violation"] | None = None
+    function: str | None = None
+    weight: float = 1.0
+    observations: list[str] = []
+    targets: list[str] = []
+    clip: float | None = Field(None, gt=0, description="tracking: the distance is clipped here")
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if (self.term is None) == (self.function is None):
+            raise ValueError("needs exactly one of term or function")
+        if self.term in ("tracking", "progress") and (not self.observations or len(self.observations) != len(self.targets)):
+            raise ValueError(f"term {self.term}: needs observations and targets of the same, non-zero length")
+        if self.function is not None and ":" not in self.function:
+            raise ValueError(f"function {self.function!r}: must be 'module:function'")
+        return self
+
+
+class Termination(_Strict):
+    """The episode ends when the named observation crosses a bound."""
+
+    observation: str
+    above: float | None = None
+    below: float | None = None
+    abs_above: float | None = None
+
+
+class Kinematics(_Strict):
+    """Which observations are positions and which their velocities (same order)."""
+
+    positions: list[str] = []
+    velocities: list[str] = []
+
+    @model_validator(mode="after")
+    def _pairs(self):
+        if len(self.positions) != len(self.velocities):
+            raise ValueError("positions and velocities need the same length")
+        return self
+
+
+class Constraint(_Strict):
+    """A safety constraint over named observations (box, halfspace, cylinder, sphere)."""
+
+    name: str
+    type: Literal["box", "halfspace", "cylinder", "sphere"]
+    observations: list[str] = []
+    low: list[float] | None = None
+    high: list[float] | None = None
+    a: dict[str, float] | None = None
+    b: float | None = None
+    center: list[float] | None = None
+    radius: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _fields(self):
+        n = len(self.observations)
+        if self.type == "box":
+            if not n or self.low is None or self.high is None or len(self.low) != n or len(self.high) != n:
+                raise ValueError("box: needs observations, low and high of one length")
+            if any(lo > hi for lo, hi in zip(self.low, self.high)):
+                raise ValueError("box: low must be <= high")
+        elif self.type == "halfspace":
+            if not self.a or self.b is None:
+                raise ValueError("halfspace: needs a (weights by observation name) and b")
+        elif not n or self.center is None or len(self.center) != n or self.radius is None:
+            raise ValueError(f"{self.type}: needs observations, a center of the same length and a radius")
+        return self
+
+
+class ShieldModel(_Strict):
+    """The shield's nominal model: linearized from the MJCF at an operating point, or a double integrator."""
+
+    type: Literal["linear", "double_integrator"]
+    operating_point: dict[str, float] = Field({}, description="linear: qpos by joint name (others at the MJCF's qpos0)")
+    response_time_s: float = Field(0.0, ge=0, description="double_integrator: inner-loop response time (s)")
+    accel_per_action: list[float] | None = Field(None, description="double_integrator: units/s^2 per unit action")
+
+
+class PidLoop(_Strict):
+    """u[action] = kp e + ki int(e) - kd rate (or + kd de/dt without rate), e = setpoint - measured."""
+
+    action: int = Field(ge=0)
+    measured: str
+    setpoint: str | float = 0.0
+    rate: str | None = Field(None, description="observation of d(measured)/dt: damping on the measurement")
+    kp: float = 0.0
+    ki: float = 0.0
+    kd: float = 0.0
+    integral_limit: float = Field(1.0, gt=0, description="normalized action units")
+
+
+class Legacy(_Strict):
+    """The controller the plant runs today."""
+
+    type: Literal["pid", "lqr", "callable"]
+    name: str | None = Field(None, description="shown by `sim2real envs` (default: the type)")
+    loops: list[PidLoop] = []
+    q: list[float] | None = Field(None, description="lqr: state weights, one per linearized state")
+    r: list[float] | None = Field(None, description="lqr: action weights")
+    setpoints: dict[str, str] = Field({}, description="lqr: state observation -> observation of its set-point")
+    callable: str | None = Field(None, description="'module:callable' returning the controller")
+
+    @model_validator(mode="after")
+    def _fields(self):
+        if self.type == "pid" and not self.loops:
+            raise ValueError("pid: needs loops")
+        if self.type == "lqr" and (self.q is None or self.r is None):
+            raise ValueError("lqr: needs q and r")
+        if self.type == "callable" and (not self.callable or ":" not in self.callable):
+            raise ValueError("callable: needs callable: 'module:callable'")
+        return self
+
+
+class PlantDeclaration(_Strict):
+    """The `plant:` section: the whole task as data (see the module docstring)."""
+
+    mjcf: str = Field(description="MJCF file, relative to the task YAML")
+    control_period: float = Field(gt=0, description="s")
+    episode_steps: int = Field(gt=0)
+    actuators: list[Actuator] = Field(min_length=1)
+    observations: list[Observation] = Field(min_length=1)
+    targets: dict[str, Target] = {}
+    initial_state: dict[Literal["qpos", "qvel"], dict[str, tuple[float, float]]] = {}
+    reward: list[RewardTerm] = Field(min_length=1)
+    termination: list[Termination] = []
+    kinematics: Kinematics = Kinematics()
+    constraints: list[Constraint] = []
+    shield_model: ShieldModel
+    legacy: Legacy
+    steerable_setpoint: str | None = Field(None, description="target observation the adversary may steer the legacy controller with")
+
+    @model_validator(mode="after")
+    def _names(self):
+        names = [o.name for o in self.observations]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"observations: duplicate names {dup}")
+        known = set(names)
+
+        def need(name: str, where: str) -> None:
+            if name not in known:
+                raise ValueError(f"{where}: no observation named {name!r}; observations are {names}")
+
+        for i, o in enumerate(self.observations):
+            if o.target is not None:
+                if o.target not in self.targets:
+                    raise ValueError(f"observations[{i}].target: no target named {o.target!r}; targets are {sorted(self.targets)}")
+                if o.index >= len(self.targets[o.target].low):
+                    raise ValueError(f"observations[{i}].index: target {o.target!r} has {len(self.targets[o.target].low)} elements")
+        for i, t in enumerate(self.reward):
+            for n in t.observations + t.targets:
+                need(n, f"reward[{i}]")
+        for i, t in enumerate(self.termination):
+            need(t.observation, f"termination[{i}].observation")
+        for n in self.kinematics.positions + self.kinematics.velocities:
+            need(n, "kinematics")
+        for i, c in enumerate(self.constraints):
+            for n in c.observations + list(c.a or {}):
+                need(n, f"constraints[{i}]")
+        for i, loop in enumerate(self.legacy.loops):
+            if loop.action >= len(self.actuators):
+                raise ValueError(f"legacy.loops[{i}].action: {loop.action} but there are {len(self.actuators)} actuators")
+            for n in [loop.measured, loop.rate] + ([loop.setpoint] if isinstance(loop.setpoint, str) else []):
+                if n is not None:
+                    need(n, f"legacy.loops[{i}]")
+        for k, v in self.legacy.setpoints.items():
+            need(k, "legacy.setpoints")
+            need(v, "legacy.setpoints")
+        if self.steerable_setpoint is not None:
+            need(self.steerable_setpoint, "steerable_setpoint")
+        return self
+
+    def index(self, name: str) -> int:
+        """Observation index of a named observation."""
+        return [o.name for o in self.observations].index(name)
+
+    def safety(self) -> dict:
+        """The constraints and kinematics over observation indices (the shield spec's schema)."""
+        ix, dim = self.index, len(self.observations)
+        out = []
+        for c in self.constraints:
+            if c.type == "box":
+                out.append({"name": c.name, "type": "box", "index": [ix(n) for n in c.observations],
+                            "low": list(c.low), "high": list(c.high)})
+            elif c.type == "halfspace":
+                a = [0.0] * dim
+                for n, w in c.a.items():
+                    a[ix(n)] = float(w)
+                out.append({"name": c.name, "type": "halfspace", "a": a, "b": float(c.b)})
+            else:
+                out.append({"name": c.name, "type": c.type, "index": [ix(n) for n in c.observations],
+                            "center": list(c.center), "radius": float(c.radius)})
+        return {"kinematics": {"position_index": [ix(n) for n in self.kinematics.positions],
+                               "velocity_index": [ix(n) for n in self.kinematics.velocities]},
+                "constraints": out}
+
+
+def _format(err: ValidationError, prefix: str) -> str:
+    lines = []
+    for e in err.errors():
+        path = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        # The cross-reference checks of the whole section start their message with the key they found.
+        lines.append(f"{path}.{msg}" if not e["loc"] else f"{path}: {msg}")
+    return "\n  ".join(lines)
+
+
+def parse_declaration(raw, where: str = "plant") -> PlantDeclaration:
+    """Validate the `plant:` mapping; DeclarationError naming every bad key path."""
+    try:
+        return PlantDeclaration.model_validate(raw)
+    except ValidationError as err:
+        raise DeclarationError(_format(err, where)) from None
+
+
+def resolve_entry_point(spec: str, where: str):
+    """Import 'module:attribute'; DeclarationError naming `where` when it does not resolve."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise DeclarationError(f"{where}: cannot import module {module_name!r} ({err})") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise DeclarationError(f"{where}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def mjcf_path(decl: PlantDeclaration, yaml_path: Path) -> Path:
+    """The MJCF file, relative to the YAML that declares it."""
+    return (Path(yaml_path).parent / decl.mjcf).resolve()

@@ -1,0 +1,261 @@
+"""The one episode runner (eval, both shadow passes, benches and tests), its domain resolver and its totals.
+
+`run_episodes(env, driver, seeds)` resets on each seed, asks the driver for an
+action (a batch policy with or without a `CbfShield`, or an `EdgeRuntime`),
+times that call (policy + shield, µs), steps the env and hands every step to
+the observers (the shadow log and the counterfactual trace are observers).
+Safety is counted one way everywhere: a violation is a step whose
+`info["cost"]` > 0. Every shield flag (`intervened`, `fallback`, `bad_input`,
+`envelope`) is counted from the per-step shield info, so a new flag shows up
+in `summary()` as `<flag>_rate` without touching the loops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+SHIELD_FLAGS = ("intervened", "fallback", "bad_input", "envelope")
+
+
+class DomainsError(ValueError):
+    """A `--domains` value that is not a set of the config, `nominal`, or a readable YAML file; names it."""
+
+
+def resolve_domains(cfg, domains: Any):
+    """None (`nominal` or None: no randomization), a RandomizationSet, a set name of the config, or a YAML file
+    holding one set (or a task config: its `reality` set, or its only set)."""
+    import yaml
+
+    from envs.randomization import RandomizationError, RandomizationSet, load_randomization_sets, parse_randomization
+
+    if domains is None or domains == "nominal":
+        return None
+    if isinstance(domains, RandomizationSet):
+        return domains
+    if isinstance(domains, dict):
+        try:
+            return parse_randomization(domains, "domains")
+        except RandomizationError as err:
+            raise DomainsError(str(err)) from None
+    if domains in cfg.randomization:
+        return cfg.randomization[domains]
+    path = Path(str(domains))
+    if path.suffix not in (".yaml", ".yml") and not path.is_file():
+        raise DomainsError(f"--domains {domains!r}: not a randomization set of this config "
+                           f"({sorted(cfg.randomization)}), nor 'nominal', nor a YAML file")
+    try:
+        doc = yaml.safe_load(path.read_text())
+        if isinstance(doc, dict) and "randomization" in doc:
+            sets = load_randomization_sets(path)
+            name = "reality" if "reality" in sets else (next(iter(sets)) if len(sets) == 1 else None)
+            if name is None:
+                raise DomainsError(f"--domains {domains}: has sets {sorted(sets)}; name one 'reality' or keep one")
+            return sets[name]
+        return parse_randomization(doc or {}, str(path))
+    except OSError as err:
+        raise DomainsError(f"--domains {domains}: cannot read ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise DomainsError(f"--domains {domains}: not valid YAML ({err})") from None
+    except RandomizationError as err:
+        raise DomainsError(f"--domains {domains}: {err}") from None
+
+
+def domains_label(domains: Any) -> str:
+    """How a domains argument is named in results: the set name or file, else `custom`."""
+    return domains if isinstance(domains, str) else ("nominal" if domains is None else "custom")
+
+
+def make_env(cfg, rset, max_episode_steps: int | None = None):
+    """The task env on the given domains (a RandomizationSet or None), with the config's episode length."""
+    import gymnasium as gym
+
+    import envs
+
+    envs.task(cfg.task.env_id)  # an undeclared id fails here, naming the known tasks
+    steps = max_episode_steps or cfg.task.max_episode_steps
+    return gym.make(cfg.task.env_id, randomization=rset, **({"max_episode_steps": steps} if steps else {}))
+
+
+def control_period_s(cfg) -> float:
+    """The task's control period (s), from the task registry."""
+    import envs
+
+    return float(envs.task(cfg.task.env_id).control_period)
+
+
+# ----------------------------------------------------------------------------- drivers
+
+
+class Driver(Protocol):
+    """What drives the plant: `reset()` per episode, `act(obs) -> (applied, raw, shield info or None)`."""
+
+    def reset(self) -> None: ...
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict | None]: ...
+
+
+class PolicyDriver:
+    """A batch policy (obs float32[n, obs_dim] -> float32[n, act_dim], optional `reset`), optionally shielded."""
+
+    def __init__(self, policy, shield=None):
+        self.policy, self.shield = policy, shield
+
+    def reset(self) -> None:
+        if hasattr(self.policy, "reset"):
+            self.policy.reset()
+        if self.shield is not None:
+            self.shield.reset()
+
+    def act(self, obs: np.ndarray):
+        raw = np.asarray(self.policy(np.asarray(obs, np.float32)[None]), np.float32).reshape(-1)
+        if self.shield is None:
+            return raw, raw, None
+        safe, info = self.shield.filter(np.asarray(obs, np.float32), raw)
+        return np.asarray(safe, np.float32), raw, info
+
+
+class RuntimeDriver:
+    """An `EdgeRuntime` (bundle policy + the shield from its shield.json, or bare): exactly what `serve` runs."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def reset(self) -> None:
+        self.runtime.reset()
+
+    def act(self, obs: np.ndarray):
+        safe, raw, info = self.runtime.act(np.asarray(obs, np.float32))
+        return np.asarray(safe, np.float32), np.asarray(raw, np.float32), (info if self.runtime.shielded else None)
+
+
+# ----------------------------------------------------------------------------- the runner
+
+
+@dataclass
+class Step:
+    """One step, as the observers see it: `obs` is what the driver saw, `action` what the plant got."""
+
+    env: Any
+    episode: int
+    step: int
+    t: float  # s since the episode's start
+    obs: np.ndarray
+    action: np.ndarray
+    raw: np.ndarray
+    shield: dict | None
+    latency_us: float  # the driver's act call: policy + shield
+    reward: float
+    cost: float
+    done: bool
+
+
+class Observer(Protocol):
+    """Sees every reset and step of a run (the shadow log, the counterfactual trace)."""
+
+    def on_reset(self, env, episode: int, seed: int) -> None: ...
+
+    def on_step(self, step: Step) -> None: ...
+
+
+@dataclass
+class RunTotals:
+    """Per-episode totals and per-step counts of one run; `summary()` turns them into the shared metric names."""
+
+    seeds: list[int] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    violations: list[int] = field(default_factory=list)  # steps with info["cost"] > 0, per episode
+    lengths: list[int] = field(default_factory=list)
+    flags: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SHIELD_FLAGS, 0))
+    latency_us: list[float] = field(default_factory=list)  # per step: policy + shield
+    shield_us: list[float] = field(default_factory=list)  # per shielded step: the shield's own solve time
+    shielded: bool = False
+    min_h: float = math.inf  # the shield's lowest barrier value seen (falsify's objective)
+
+    @property
+    def steps(self) -> int:
+        return int(sum(self.lengths))
+
+    def summary(self) -> dict:
+        """Returns, violations, shield rates and latencies under the names eval, shadow and the gate share."""
+        n = max(self.steps, 1)
+        lat = np.asarray(self.latency_us) if self.latency_us else np.zeros(1)
+        solve = np.asarray(self.shield_us) if self.shield_us else np.zeros(1)
+        out = {
+            "episodes": len(self.returns), "steps": self.steps, "seeds": list(self.seeds),
+            "returns": [float(r) for r in self.returns],
+            "return_mean": float(np.mean(self.returns)), "return_std": float(np.std(self.returns)),
+            "episode_length_mean": float(np.mean(self.lengths)),
+            "violations": int(sum(self.violations)), "violation_episodes": int(sum(v > 0 for v in self.violations)),
+            "intervention_rate": self.flags["intervened"] / n, "fallback_rate": self.flags["fallback"] / n,
+            "fallbacks": int(self.flags["fallback"]), "bad_inputs": int(self.flags["bad_input"]),
+            "latency_p50_us": float(np.percentile(lat, 50)), "latency_p99_us": float(np.percentile(lat, 99)),
+            "shield_us_p50": float(np.percentile(solve, 50)) if self.shielded else 0.0,
+            "shield_us_p99": float(np.percentile(solve, 99)) if self.shielded else 0.0,
+            "min_h": self.min_h if math.isfinite(self.min_h) else None,
+        }
+        for flag, count in self.flags.items():
+            if flag not in ("intervened", "fallback", "bad_input"):
+                out[f"{flag}_rate"] = count / n
+        return out
+
+
+def run_episodes(env, driver: Driver, seeds: list[int], *, dt: float, observers=(), progress: str | None = None) -> RunTotals:
+    """Run one episode per seed with `driver` acting; observers see every step. Returns the run's totals."""
+    totals = RunTotals(seeds=list(seeds))
+    bar = _progress(len(seeds), progress)
+    try:
+        for ep, seed in enumerate(seeds):
+            obs, _ = env.reset(seed=seed)
+            driver.reset()
+            for o in observers:
+                o.on_reset(env, ep, seed)
+            total, violations, step, done = 0.0, 0, 0, False
+            while not done:
+                t0 = time.perf_counter_ns()
+                action, raw, sinfo = driver.act(obs)
+                latency = (time.perf_counter_ns() - t0) / 1e3
+                next_obs, reward, terminated, truncated, info = env.step(action)
+                cost = float(info.get("cost", 0.0))
+                done = bool(terminated or truncated)
+                total += float(reward)
+                violations += cost > 0.0
+                totals.latency_us.append(latency)
+                if sinfo is not None:
+                    totals.shielded = True
+                    for flag in SHIELD_FLAGS:
+                        totals.flags[flag] += bool(sinfo.get(flag, False))
+                    if "solve_us" in sinfo:
+                        totals.shield_us.append(float(sinfo["solve_us"]))
+                    h = sinfo.get("h")
+                    if h is not None and len(h):
+                        totals.min_h = min(totals.min_h, float(np.min(h)))
+                if observers:
+                    record = Step(env, ep, step, step * dt, obs, action, raw, sinfo, latency, float(reward), cost, done)
+                    for o in observers:
+                        o.on_step(record)
+                obs, step = next_obs, step + 1
+            totals.returns.append(total)
+            totals.violations.append(int(violations))
+            totals.lengths.append(step)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return totals
+
+
+def _progress(total: int, desc: str | None):
+    if not desc:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="ep", file=sys.stderr, desc=desc)

@@ -62,6 +62,8 @@ class TrainConfig(Section):
     batches_per_update: int = Field(1, ge=1, description="Actor batches stacked into one learner update (sync mode: all actors' batches).")
     hidden_sizes: list[int] = Field([64, 64], min_length=1, description="MLP hidden layer widths (policy and value).")
     lr: float = Field(3e-4, gt=0, description="Adam learning rate.")
+    lr_schedule: Literal["constant", "linear"] = Field("constant", description="linear: anneal the learning rate toward "
+                                                       "5% of `lr` at total_env_steps, so late updates refine instead of unlearning.")
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     value_coef: float = Field(0.5, ge=0, description="Value loss weight.")

@@ -85,6 +85,8 @@ def adr_set(rset: RandomizationSet, fraction: float) -> RandomizationSet:
     end, no noise, no pushes). Noise stds and push forces scale by `fraction`.
     """
     f = float(np.clip(fraction, 0.0, 1.0))
+    if f == 1.0:
+        return rset.model_copy(deep=True)  # exactly the declared set (no round trip through log/exp)
     data = rset.model_dump(mode="json")
 
     def narrow(r: dict) -> dict:

@@ -187,6 +187,7 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
             episodes_total += len(episodes)
             recent_returns.extend(episodes[:, 0].tolist())
 
+            learner.set_progress(env_steps / tc.total_env_steps)
             stats = learner.update(batches)
             learner_time += stats["learner_s"]
             updates += 1

@@ -18,6 +18,7 @@ x the best so far; the ranges reached go into the metrics and the manifest.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import ray
 import torch
 
 from envs.randomization import RandomizationSet
-from pipeline.training.checkpoint import write_best
+from pipeline.training.checkpoint import best_checkpoint, read_checkpoint, write_best
 from pipeline.training.model import ActorCritic
 from pipeline.training.rollout import PolicyInputs, make_env, sent_action
 
@@ -128,6 +129,12 @@ class ModelSelection:
         self.since_best = 0
         self.stop_reason: str | None = None
         self.adr_fraction = self.adr.start_fraction if self.adr.enabled else 1.0
+        if best_checkpoint(self.run_dir) is not None:  # a resumed run must beat what its first life kept
+            kept = read_checkpoint(best_checkpoint(self.run_dir))["selection"]
+            self.best = {k: v for k, v in kept.items() if k in ("updates", "env_steps", "validation_return",
+                                                                 "validation_cost", "validation_intervention_rate",
+                                                                 "adr_fraction")}
+            self.adr_fraction = kept.get("adr_fraction", self.adr_fraction)
         actor = ray.remote(ValidationActor).options(num_cpus=0, max_restarts=1)
         self.actor = actor.remote(cfg.task.env_id, cfg.randomization[self.vc.domains].model_dump(mode="json"),
                                   cfg.task.max_episode_steps, self.vc.episodes, self.vc.seed, model_spec, shield)
@@ -156,7 +163,13 @@ class ModelSelection:
         if not block and not ray.wait([ref], timeout=0)[0]:
             return []
         self.pending = None
-        result = ray.get(ref)
+        try:
+            result = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
+            # Training goes on without this evaluation; the best so far stays the best.
+            print(f"sim2real train: validation at update {updates} failed ({type(err).__name__}); skipped",
+                  file=sys.stderr)
+            return []
         record = dict(updates=updates, env_steps=env_steps, validation_return=result["return_mean"],
                       validation_cost=result["cost"], validation_intervention_rate=result["intervention_rate"],
                       adr_fraction=self.adr_fraction)

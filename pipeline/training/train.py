@@ -296,4 +296,8 @@ def run_cli(args) -> int:
         ret = "n/a" if result["final_return"] is None else f"{result['final_return']:.1f}"
         print(f"trained {result['updates']} updates, {result['env_steps']} env steps in {result['wall_s']:.1f} s; "
               f"final return {ret}; run dir {result['run_dir']}")
+        if result["best_updates"] is not None:
+            print(f"selected checkpoint: update {result['best_updates']} (best validation return "
+                  f"{result['best_validation_return']:.1f}; {result['run_dir']}/selection.json)"
+                  + (f"; stopped early: {result['stopped_early']}" if result["stopped_early"] else ""))
     return 0

@@ -21,13 +21,17 @@ from shield.policy import OnnxPolicy
 from tests.bundle_helpers import OBS_MEAN, OBS_STD, shield_spec, trained_like_policy
 
 
+def _export(tmp_path_factory, policy, meta, config_hash):
+    out = tmp_path_factory.mktemp("export") / "bundle"
+    result = export_deterministic(policy, meta, shield_spec(), config_hash=config_hash, out_dir=out,
+                                  registry_root=tmp_path_factory.mktemp("models"))
+    return result, Bundle.load(out)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     policy, meta = trained_like_policy()
-    out = tmp_path_factory.mktemp("export") / "bundle"
-    result = export_deterministic(policy, meta, shield_spec(), config_hash="c0ffee", out_dir=out,
-                                  registry_root=tmp_path_factory.mktemp("models"))
-    return policy, meta, result, Bundle.load(out)
+    return (policy, meta, *_export(tmp_path_factory, policy, meta, "c0ffee"))
 
 
 def test_onnx_matches_torch_on_training_data_and_extremes_at_batch_1_and_64(exported):
@@ -188,10 +192,7 @@ def history_policy(history_length: int = 3, seed: int = 1) -> tuple[Deterministi
 @pytest.fixture(scope="module")
 def exported_history(tmp_path_factory):
     policy, meta = history_policy()
-    out = tmp_path_factory.mktemp("export-history") / "bundle"
-    result = export_deterministic(policy, meta, shield_spec(), config_hash="h1st", out_dir=out,
-                                  registry_root=tmp_path_factory.mktemp("models-h"))
-    return policy, result, Bundle.load(out)
+    return (policy, *_export(tmp_path_factory, policy, meta, "h1st"))
 
 
 def test_history_policy_graph_takes_the_history_and_matches_torch(exported_history):

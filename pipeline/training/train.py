@@ -223,11 +223,8 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
                 break
         checkpoint()
         if selection is not None:
-            final = selection.after_update(updates, env_steps, learner.version, publisher.weights, final=True)
-            if final:
-                record = dict(updates=updates, env_steps=env_steps)
-                _note_validation(record, final, selection, [])
-                logger.log(record)
+            # The final weights compete too; their score goes to selection.json (metrics.jsonl keeps one row per update).
+            selection.after_update(updates, env_steps, learner.version, publisher.weights, final=True)
             (run_dir / "selection.json").write_text(json.dumps(selection.summary(), indent=2))
     except KeyboardInterrupt:
         checkpoint()  # Ctrl-C keeps the work done so far: `--resume RUN_DIR` continues from here

@@ -111,7 +111,10 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
     shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"), falsification)
 
     metrics = {"shadow": shadow["metrics"], "gate": {"decision": shadow["decision"], "reasons": shadow["reasons"]},
-               "train": {k: trained[k] for k in ("env_steps", "updates", "final_return", "wall_s")}}
+               "train": {k: trained.get(k) for k in ("env_steps", "updates", "final_return", "wall_s",
+                                                     # transfer: the checkpoint selected on validation and why (issue 13)
+                                                     "best_updates", "best_validation_return", "stopped_early",
+                                                     "adr_fraction")}}
     version = register_step(exported["bundle"], models_root, metrics, flow_run_id)
     registry = Registry(models_root)
     previous = registry.production(cfg.task.name)

@@ -37,6 +37,17 @@ class TaskConfig(Section):
     max_episode_steps: int | None = Field(None, gt=0, description="Override of the env's episode length (steps).")
 
 
+class AdrConfig(Section):
+    """Automatic domain randomization: `train` ranges start narrow and widen toward their declared bounds."""
+
+    enabled: bool = Field(False, description="Widen the train ranges step by step while validation holds up.")
+    start_fraction: float = Field(0.25, ge=0, le=1, description="Width of the first ranges, as a fraction of the declared ones "
+                                  "(around the nominal value 1.0, or the range's middle when 1.0 lies outside it).")
+    step: float = Field(0.25, gt=0, le=1, description="Fraction added to the width after each validation that holds up.")
+    keep_fraction: float = Field(0.9, gt=0, le=1, description="Widen only while the latest validation return is >= this "
+                                 "fraction of the best seen at the current width.")
+
+
 class TrainConfig(Section):
     """Actor-learner training (IMPALA / APPO with V-trace)."""
 
@@ -51,6 +62,8 @@ class TrainConfig(Section):
     batches_per_update: int = Field(1, ge=1, description="Actor batches stacked into one learner update (sync mode: all actors' batches).")
     hidden_sizes: list[int] = Field([64, 64], min_length=1, description="MLP hidden layer widths (policy and value).")
     lr: float = Field(3e-4, gt=0, description="Adam learning rate.")
+    lr_schedule: Literal["constant", "linear"] = Field("constant", description="linear: anneal the learning rate toward "
+                                                       "5% of `lr` at total_env_steps, so late updates refine instead of unlearning.")
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     value_coef: float = Field(0.5, ge=0, description="Value loss weight.")
@@ -64,6 +77,23 @@ class TrainConfig(Section):
     checkpoint_every: int = Field(50, ge=1, description="Write an atomic checkpoint every N learner updates (and at the end).")
     log_std_init: float = Field(-0.5, description="Initial log standard deviation of the Gaussian policy.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Learner device; auto picks CUDA when torch sees it.")
+    history_length: int = Field(0, ge=0, le=64, description="Past (observation, sent action) pairs the policy sees besides the "
+                                "current observation (implicit system identification, RMA-style); 0: memoryless MLP. "
+                                "The exported ONNX graph then takes a `history` input and the edge keeps one history per plant.")
+    adr: AdrConfig = Field(default_factory=AdrConfig, description="Automatic domain randomization of the `train` set.")
+
+
+class ValidationConfig(Section):
+    """Model selection during training: the deterministic policy on the `validation` randomization set."""
+
+    enabled: bool = Field(True, description="Evaluate during training; export takes the best checkpoint by validation return.")
+    domains: str = Field("validation", description="Randomization set evaluated (held apart from train's seeds and reality).")
+    every_updates: int = Field(20, ge=1, description="Submit an evaluation every N learner updates (one in flight at a time; "
+                               "the learner does not wait for it except with train.sync).")
+    episodes: int = Field(8, ge=1, description="Episodes per evaluation, stepped together as one batch.")
+    seed: int = Field(2000, ge=0, description="First episode seed of every evaluation (the same seeds each time, so returns compare).")
+    patience: int = Field(0, ge=0, description="Stop training after this many evaluations without a new best (0: never stop early).")
+    min_improvement: float = Field(0.0, ge=0, description="A new best must beat the old one by more than this (return units).")
 
 
 class RayConfig(Section):
@@ -137,12 +167,19 @@ class Config(Section):
     gate: GateConfig = GateConfig()
     shadow: ShadowConfig = ShadowConfig()
     falsify: FalsifyConfig = FalsifyConfig()
+    validation: ValidationConfig = ValidationConfig()
 
     @model_validator(mode="after")
     def _needs_train_and_reality(self) -> "Config":
         missing = [name for name in ("train", "reality") if name not in self.randomization]
         if missing:
             raise ValueError(f"randomization: missing set(s) {missing}; both 'train' and 'reality' are required")
+        if self.validation.enabled and self.validation.domains not in self.randomization:
+            raise ValueError(f"validation.domains: no randomization set {self.validation.domains!r} "
+                             f"(have {sorted(self.randomization)}); add it or set validation.enabled: false")
+        if self.validation.enabled and self.validation.domains == self.shadow.domains:
+            raise ValueError(f"validation.domains: {self.validation.domains!r} is the gate's held-out set (shadow.domains); "
+                             f"selecting a model on it would leak the gate's domains into training")
         return self
 
     def config_hash(self) -> str:

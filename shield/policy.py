@@ -6,6 +6,12 @@ a thread pool cannot speed that up, and onnxruntime's default worker threads
 busy-wait after every call, burning a core the control loop and the shield
 need (bench/bench_policy_latency.py measures both effects).
 
+History policies (`train.history_length` > 0) take a second input, `history`
+float32[n, H, obs_dim + act_dim]: the plant's last H (observation, sent action)
+pairs, newest first, zeros before the episode's first step. `HistoryBuffer`
+is the one implementation of that layout; training builds the same inputs
+with it (pipeline/training/rollout.py).
+
 Stdlib + numpy + onnxruntime only: this runs on the edge box.
 """
 
@@ -34,8 +40,43 @@ def edge_session_options() -> ort.SessionOptions:
     return opts
 
 
+class HistoryBuffer:
+    """Last H (observation, sent action) pairs of n plants, newest first: `array` float32[n, H, obs_dim + act_dim]."""
+
+    def __init__(self, rows: int, length: int, obs_dim: int, act_dim: int):
+        self.obs_dim, self.act_dim = int(obs_dim), int(act_dim)
+        self.array = np.zeros((int(rows), int(length), self.obs_dim + self.act_dim), np.float32)
+
+    def clear(self, index: int | None = None) -> None:
+        """Forget everything (index None) or one row's plant (a new episode on that row)."""
+        if index is None:
+            self.array[:] = 0.0
+        else:
+            self.array[index] = 0.0
+
+    def push(self, obs: np.ndarray, action: np.ndarray) -> None:
+        """Append one step for every row: obs float32[n, obs_dim], the action really sent float32[n, act_dim]."""
+        if self.array.shape[1] == 0:
+            return
+        self.array[:, 1:] = self.array[:, :-1]
+        self.array[:, 0, :self.obs_dim] = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
+        self.array[:, 0, self.obs_dim:] = np.asarray(action, np.float32).reshape(-1, self.act_dim)
+
+    def note_sent(self, action: np.ndarray) -> None:
+        """Replace the newest recorded actions with what the plants really got (e.g. after the shield)."""
+        if self.array.shape[1]:
+            self.array[:, 0, self.obs_dim:] = np.asarray(action, np.float32).reshape(-1, self.act_dim)
+
+
 class OnnxPolicy:
-    """Batch policy `obs float32[n, obs_dim] -> action float32[n, act_dim]` backed by onnxruntime."""
+    """Batch policy `obs float32[n, obs_dim] -> action float32[n, act_dim]` backed by onnxruntime.
+
+    A history policy keeps one history per batch row when called as a batch
+    policy: row i of every call is the same plant until `reset(i)` (new
+    episode on that row) or `reset()`; the action recorded is the policy's own
+    unless `note_sent(actions)` says what was really sent. Per-plant callers
+    (server, edge runtime) use `new_memory` / `act` / `remember` instead.
+    """
 
     def __init__(self, model: bytes | str | Path, *, edge: bool = True,
                  session_options: ort.SessionOptions | None = None):
@@ -47,15 +88,32 @@ class OnnxPolicy:
             where = "policy.onnx" if isinstance(model, bytes) else str(model)
             raise PolicyError(f"{where}: onnxruntime cannot load the model ({err})") from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        if len(inputs) != 1 or len(outputs) != 1:
-            raise PolicyError(f"policy.onnx: expected 1 input and 1 output, got {len(inputs)} and {len(outputs)}")
+        if len(inputs) not in (1, 2) or len(outputs) != 1:
+            raise PolicyError(f"policy.onnx: expected 1 input (+ optional history) and 1 output, got {len(inputs)} and {len(outputs)}")
         self.input_name, self.output_name = inputs[0].name, outputs[0].name
         in_shape, out_shape = inputs[0].shape, outputs[0].shape
         if len(in_shape) != 2 or not isinstance(in_shape[1], int) or len(out_shape) != 2 or not isinstance(out_shape[1], int):
             raise PolicyError(f"policy.onnx: expected [batch, obs_dim] -> [batch, act_dim], got {in_shape} -> {out_shape}")
         self.obs_dim, self.act_dim = int(in_shape[1]), int(out_shape[1])
+        self.history_name, self.history_length = None, 0
+        if len(inputs) == 2:
+            h_shape = inputs[1].shape
+            if (len(h_shape) != 3 or not all(isinstance(d, int) for d in h_shape[1:])
+                    or h_shape[2] != self.obs_dim + self.act_dim):
+                raise PolicyError(f"policy.onnx: history input must be [batch, H, {self.obs_dim + self.act_dim}], got {h_shape}")
+            self.history_name, self.history_length = inputs[1].name, int(h_shape[1])
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         self._outputs = [self.output_name]
+        self._rows: HistoryBuffer | None = None  # batch-interface histories, one per row
+
+    def run(self, obs: np.ndarray, history: np.ndarray | None = None) -> np.ndarray:
+        """The graph itself, stateless: obs float32[n, obs_dim] (+ history float32[n, H, obs_dim + act_dim])."""
+        feeds = {self.input_name: np.ascontiguousarray(obs, dtype=np.float32)}
+        if self.history_name is not None:
+            if history is None:
+                raise ValueError(f"this policy takes a history input [n, {self.history_length}, {self.obs_dim + self.act_dim}]")
+            feeds[self.history_name] = np.ascontiguousarray(history, dtype=np.float32)
+        return self.session.run(self._outputs, feeds)[0]
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Actions for a batch of raw observations; a 1-D observation is treated as batch 1."""
@@ -64,10 +122,24 @@ class OnnxPolicy:
             obs = obs[None, :]
         if obs.ndim != 2 or obs.shape[1] != self.obs_dim:
             raise ValueError(f"observation batch must be [n, {self.obs_dim}], got shape {obs.shape}")
-        return self.session.run(self._outputs, {self.input_name: np.ascontiguousarray(obs)})[0]
+        if self.history_name is None:
+            return self.run(obs)
+        if self._rows is None or self._rows.array.shape[0] != obs.shape[0]:
+            # A new batch size is a new set of plants: their histories start empty.
+            self._rows = HistoryBuffer(obs.shape[0], self.history_length, self.obs_dim, self.act_dim)
+        action = self.run(obs, self._rows.array)
+        self._rows.push(obs, action)
+        return action
 
-    def reset(self) -> None:
-        """Stateless policy: nothing to clear (part of the policy interface)."""
+    def reset(self, index: int | None = None) -> None:
+        """New episode: clear every row's history (index None) or row `index`'s; memoryless: nothing to clear."""
+        if self._rows is not None:
+            self._rows.clear(index)
+
+    def note_sent(self, actions: np.ndarray) -> None:
+        """Batch interface: the actions float32[n, act_dim] really sent after the last call (e.g. shielded)."""
+        if self._rows is not None:
+            self._rows.note_sent(actions)
 
     # ---- per-plant memory ---------------------------------------------------------------
     # A policy with an observation/action history keeps that history per plant: the server,
@@ -75,11 +147,20 @@ class OnnxPolicy:
     # it in. A memoryless policy's memory is None and these calls cost nothing.
     def new_memory(self) -> object | None:
         """A fresh per-plant memory (observation/action history); None for a memoryless policy."""
-        return None
+        if self.history_name is None:
+            return None
+        return HistoryBuffer(1, self.history_length, self.obs_dim, self.act_dim)
 
     def act(self, obs: np.ndarray, memory: object | None = None) -> np.ndarray:
         """Raw action float32[act_dim] for one plant's observation float32[obs_dim], given its memory."""
-        return self(obs)[0]
+        obs = np.asarray(obs, dtype=np.float32).reshape(1, -1)
+        if self.history_name is None:
+            return self.run(obs)[0]
+        if not isinstance(memory, HistoryBuffer):
+            raise ValueError("a history policy needs the plant's memory: pass policy.new_memory()'s object")
+        return self.run(obs, memory.array)[0]
 
     def remember(self, memory: object | None, obs: np.ndarray, sent_action: np.ndarray) -> None:
         """Record what the plant observed and the action it was really sent (after the shield)."""
+        if memory is not None:
+            memory.push(np.asarray(obs, np.float32).reshape(1, -1), np.asarray(sent_action, np.float32).reshape(1, -1))

@@ -21,13 +21,17 @@ from shield.policy import OnnxPolicy
 from tests.bundle_helpers import OBS_MEAN, OBS_STD, shield_spec, trained_like_policy
 
 
+def _export(tmp_path_factory, policy, meta, config_hash):
+    out = tmp_path_factory.mktemp("export") / "bundle"
+    result = export_deterministic(policy, meta, shield_spec(), config_hash=config_hash, out_dir=out,
+                                  registry_root=tmp_path_factory.mktemp("models"))
+    return result, Bundle.load(out)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     policy, meta = trained_like_policy()
-    out = tmp_path_factory.mktemp("export") / "bundle"
-    result = export_deterministic(policy, meta, shield_spec(), config_hash="c0ffee", out_dir=out,
-                                  registry_root=tmp_path_factory.mktemp("models"))
-    return policy, meta, result, Bundle.load(out)
+    return (policy, meta, *_export(tmp_path_factory, policy, meta, "c0ffee"))
 
 
 def test_onnx_matches_torch_on_training_data_and_extremes_at_batch_1_and_64(exported):
@@ -167,3 +171,91 @@ def test_export_cli_reports_a_missing_run_dir_cleanly(tmp_path, capsys):
     assert run_cli(Args) == 1
     err = capsys.readouterr().err
     assert err.startswith("error:") and "nope" in err and "Traceback" not in err
+
+
+# ---- history policies (train.history_length > 0): the history is a graph input and part of the parity check
+
+
+def history_policy(history_length: int = 3, seed: int = 1) -> tuple[DeterministicPolicy, dict]:
+    """A 4-obs, 2-action policy over observation + 3 (obs, action) pairs, saturating on part of the data."""
+    torch.manual_seed(seed)
+    ac = ActorCritic(4, 2, (64, 64), action_low=[-1.0, -0.5], action_high=[1.0, 0.5], history_length=history_length)
+    scale = torch.tensor(OBS_STD + history_length * (OBS_STD + [0.6, 0.3]), dtype=torch.float64)
+    shift = torch.tensor(OBS_MEAN + history_length * (OBS_MEAN + [0.0, 0.0]), dtype=torch.float64)
+    ac.obs_rms.update(torch.randn(5000, ac.input_dim, dtype=torch.float64) * scale + shift)
+    with torch.no_grad():
+        ac.pi[-1].weight.mul_(300.0)
+    meta = dict(task="planar", env_id="sim2real/Planar-test", updates=3, env_steps=99, **ac.spec())
+    return DeterministicPolicy(ac), meta
+
+
+@pytest.fixture(scope="module")
+def exported_history(tmp_path_factory):
+    policy, meta = history_policy()
+    return (policy, *_export(tmp_path_factory, policy, meta, "h1st"))
+
+
+def test_history_policy_graph_takes_the_history_and_matches_torch(exported_history):
+    policy, result, bundle = exported_history
+    assert result["parity_max_abs_err"] <= PARITY_TOL and result["parity_observations"] >= 10_000
+    model = onnx.load_from_string(bundle.policy_onnx)
+    names = [i.name for i in model.graph.input]
+    assert names == ["obs", "history"]
+    dims = [d.dim_value or d.dim_param for d in model.graph.input[1].type.tensor_type.shape.dim]
+    assert dims[1:] == [3, 6] and isinstance(dims[0], str)
+    assert bundle.manifest["history_length"] == 3
+    session = OnnxPolicy(bundle.policy_onnx)
+    assert session.history_length == 3
+    # The history really drives the action: same observation, different histories, different actions.
+    obs = np.tile(np.asarray(OBS_MEAN, np.float32), (2, 1))
+    hist = np.random.default_rng(0).normal(size=(2, 3, 6)).astype(np.float32) * 3
+    out = session.run(obs, hist)
+    with torch.no_grad():
+        ref = policy(torch.from_numpy(obs), torch.from_numpy(hist)).numpy()
+    assert np.abs(out - ref).max() <= PARITY_TOL and np.abs(out[0] - out[1]).max() > 1e-3
+
+
+def _torch_rollout(policy, observations, sent):
+    """What the deployed policy must output along a trajectory: torch fed the history built by hand."""
+    history, actions = np.zeros((3, 6), np.float32), []
+    for obs, applied in zip(observations, sent):
+        with torch.no_grad():
+            actions.append(policy(torch.from_numpy(obs[None]), torch.from_numpy(history[None])).numpy()[0])
+        history = np.concatenate([np.concatenate([obs, applied])[None], history[:-1]])
+    return np.asarray(actions)
+
+
+def test_per_plant_memory_keeps_each_plants_history(exported_history):
+    policy, _, bundle = exported_history
+    session = OnnxPolicy(bundle.policy_onnx)
+    rng = np.random.default_rng(3)
+    obs = (rng.normal(size=(2, 12, 4)) * OBS_STD + OBS_MEAN).astype(np.float32)
+    sent = rng.uniform(-0.4, 0.4, size=(2, 12, 2)).astype(np.float32)  # what the shield let through
+    memories = [session.new_memory(), session.new_memory()]
+    got = np.zeros((2, 12, 2), np.float32)
+    for t in range(12):  # two plants interleaved, as two clients of one server
+        for p in (0, 1):
+            got[p, t] = session.act(obs[p, t], memories[p])
+            session.remember(memories[p], obs[p, t], sent[p, t])
+    for p in (0, 1):
+        assert np.abs(got[p] - _torch_rollout(policy, obs[p], sent[p])).max() <= PARITY_TOL
+    from pipeline.deployment.export import to_onnx
+
+    memoryless = OnnxPolicy(to_onnx(trained_like_policy()[0], 4, {}).SerializeToString())
+    assert memoryless.new_memory() is None and memoryless.history_length == 0
+
+
+def test_batch_interface_keeps_one_history_per_row_until_reset(exported_history):
+    policy, _, bundle = exported_history
+    session = OnnxPolicy(bundle.policy_onnx)
+    rng = np.random.default_rng(4)
+    obs = (rng.normal(size=(10, 2, 4)) * OBS_STD + OBS_MEAN).astype(np.float32)
+    got = np.stack([session(obs[t]) for t in range(10)], axis=1)  # rows: two plants; the policy's own actions recorded
+    for row in (0, 1):
+        assert np.abs(got[row] - _torch_rollout(policy, obs[:, row], got[row])).max() <= PARITY_TOL
+    session.reset(1)  # row 1 starts a new episode: its history is empty again, row 0 keeps its own
+    nxt = session(obs[0])
+    with torch.no_grad():
+        fresh = policy(torch.from_numpy(obs[0, 1][None]), torch.zeros(1, 3, 6)).numpy()[0]
+    assert np.abs(nxt[1] - fresh).max() <= PARITY_TOL
+    assert np.abs(nxt[0] - session.run(obs[0, :1], np.zeros((1, 3, 6), np.float32))[0]).max() > 1e-4

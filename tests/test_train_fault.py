@@ -93,7 +93,7 @@ def test_resume_continues_from_checkpoint_state(ray_local, cfg, tmp_path, capsys
     assert second["updates"] > k and second["env_steps"] >= 8_000
     assert [r["updates"] for r in read_metrics(run_dir)] == list(range(1, second["updates"] + 1))
 
-    policy, meta = load_policy(run_dir)
+    policy, meta = load_policy(run_dir, "latest")  # the default, "selected", is the best validation checkpoint
     assert meta["updates"] == second["updates"] and meta["obs_dim"] == 5 and meta["act_dim"] == 1
     assert policy(torch.zeros(3, 5)).shape == (3, 1)
 

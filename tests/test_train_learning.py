@@ -1,8 +1,10 @@
-"""Learning test: the default cartpole config learns to do as well as the legacy controller.
+"""Learning test: the default cartpole config learns to do as well as the legacy controller where it counts.
 
-Real MuJoCo, real Ray (2 CPUs), real torch; fixed seed and step budget. The
-trained deterministic policy (what export ships) and the legacy LQR are run on
-the same train-randomized domains with the same episode seeds.
+Real MuJoCo, real Ray (2 CPUs), real torch; fixed seed and step budget. What
+export ships (the ONNX bundle of the checkpoint selected on validation
+domains) and the legacy LQR are run on the held-out `reality` domains with
+the same episode seeds (not the gate's, not validation's), and on the train
+domains.
 """
 
 import numpy as np
@@ -11,11 +13,15 @@ import pytest
 import envs
 from pipeline.training.model import load_policy
 from pipeline.training.rollout import make_env
+from shield.bundle import Bundle
+from shield.policy import OnnxPolicy
 from tests.conftest import TRAINED_STEP_BUDGET
 
 ENV_ID = "sim2real/CartPoleRail-v0"
-# The promotion gate asks for >= 0.8 x legacy return on held-out domains; require it here too.
-RETURN_RATIO = 0.8
+# On held-out plants the shipped policy must hold its own against the controller it replaces
+# (the gate itself asks for 0.8; issue 13 asks for a median ratio >= 1.0 over fresh runs).
+REALITY_RATIO = 0.95
+TRAIN_RATIO = 0.9
 
 
 def episode_returns(policy, randomization, seeds) -> np.ndarray:
@@ -37,22 +43,26 @@ def episode_returns(policy, randomization, seeds) -> np.ndarray:
 
 
 @pytest.mark.timeout(420)
-def test_cartpole_reaches_legacy_return(trained_cartpole):
+def test_cartpole_matches_legacy_on_reality(trained_cartpole):
     """The session's training run (default config, seed 0, fixed budget: tests/conftest.py)."""
     cfg, result = trained_cartpole.cfg, trained_cartpole.run
-    assert result["env_steps"] >= TRAINED_STEP_BUDGET
+    assert result["env_steps"] >= TRAINED_STEP_BUDGET or result["stopped_early"]
     assert result["updates"] > 0
 
+    # Export took the checkpoint with the best validation return, and says so.
     policy, meta = load_policy(result["run_dir"])
-    assert meta["env_id"] == ENV_ID and meta["updates"] == result["updates"]
-    randomization = cfg.randomization["train"].model_dump(mode="json")
+    assert meta["env_id"] == ENV_ID and meta["updates"] == result["best_updates"]
+    manifest = Bundle.load(trained_cartpole.bundle).manifest
+    assert manifest["extra"]["selection"]["updates"] == result["best_updates"]
+
+    shipped = OnnxPolicy(Bundle.load(trained_cartpole.bundle).policy_onnx)
+    legacy = envs.legacy_controller(ENV_ID)
+    seeds = np.arange(3_000, 3_020)
+    reality = cfg.randomization["reality"].model_dump(mode="json")
+    learned_r, legacy_r = episode_returns(shipped, reality, seeds), episode_returns(legacy, reality, seeds)
+    assert learned_r.mean() >= REALITY_RATIO * legacy_r.mean(), (learned_r.mean(), legacy_r.mean())
+
+    train_set = cfg.randomization["train"].model_dump(mode="json")
     seeds = np.arange(10_000, 10_010)  # not the actors' seeds
-
-    def trained(obs):
-        import torch
-        with torch.no_grad():
-            return policy(torch.from_numpy(obs)).numpy()
-
-    learned = episode_returns(trained, randomization, seeds)
-    legacy = episode_returns(envs.legacy_controller(ENV_ID), randomization, seeds)
-    assert learned.mean() >= RETURN_RATIO * legacy.mean(), (learned.mean(), legacy.mean())
+    learned_t, legacy_t = episode_returns(shipped, train_set, seeds), episode_returns(legacy, train_set, seeds)
+    assert learned_t.mean() >= TRAIN_RATIO * legacy_t.mean(), (learned_t.mean(), legacy_t.mean())

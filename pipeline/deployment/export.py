@@ -8,6 +8,13 @@ action bounds, action out. Nothing is written until the graph passes
 observation distribution (the normalizer's mean and std), +-10 sigma extremes
 and zeros. Without `--out` the bundle is registered as the task's next version
 (not promoted).
+
+A history policy (`train.history_length` H > 0) has a second input,
+`history` float32[batch, H, obs_dim + act_dim] (shield.policy.HistoryBuffer's
+layout); the parity check then draws observation and history together from
+the training input distribution. The manifest records which checkpoint was
+exported and why (`selection`: best validation return) and, with ADR, the
+train ranges reached.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ PARITY_TOL = 1e-5
 PARITY_SAMPLES = 10_000
 PARITY_BATCHES = (1, 64)
 EXTREME_SIGMA = 10.0
-INPUT_NAME, OUTPUT_NAME = "obs", "action"
+INPUT_NAME, HISTORY_NAME, OUTPUT_NAME = "obs", "history", "action"
 
 
 class ExportError(RuntimeError):
@@ -56,13 +63,18 @@ def git_commit() -> str:
 def to_onnx(policy: torch.nn.Module, obs_dim: int, metadata: dict[str, str]) -> onnx.ModelProto:
     """Trace `policy` to an ONNX model with a dynamic batch axis and `metadata` in metadata_props."""
     buf = io.BytesIO()
+    history_length = int(getattr(policy, "history_length", 0))
+    args, names = (torch.zeros(1, obs_dim),), [INPUT_NAME]
+    if history_length:
+        args += (torch.zeros(1, history_length, obs_dim + int(policy.act_dim)),)
+        names.append(HISTORY_NAME)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         # dynamo=False: the TorchScript exporter works offline (no onnxscript) and
         # yields a small Gemm/Tanh/Clip graph for these MLPs.
-        torch.onnx.export(policy.eval(), (torch.zeros(1, obs_dim),), buf, input_names=[INPUT_NAME],
+        torch.onnx.export(policy.eval(), args, buf, input_names=names,
                           output_names=[OUTPUT_NAME], opset_version=OPSET, dynamo=False,
-                          dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}})
+                          dynamic_axes={**{n: {0: "batch"} for n in names}, OUTPUT_NAME: {0: "batch"}})
     model = onnx.load_from_string(buf.getvalue())
     for key, value in sorted(metadata.items()):
         entry = model.metadata_props.add()
@@ -104,15 +116,26 @@ def parity_observations(obs_mean: np.ndarray, obs_std: np.ndarray, n: int = PARI
     return np.concatenate([sampled, *[np.atleast_2d(e) for e in extremes]]).astype(np.float32)
 
 
-def parity_error(policy: torch.nn.Module, onnx_bytes: bytes, obs: np.ndarray,
+def split_inputs(policy: torch.nn.Module, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Flat network inputs [n, input_dim] -> (obs [n, obs_dim], history [n, H, obs_dim + act_dim] or None)."""
+    obs_dim, history_length = int(policy.obs_dim), int(getattr(policy, "history_length", 0))
+    if not history_length:
+        return inputs, None
+    return (np.ascontiguousarray(inputs[:, :obs_dim]),
+            np.ascontiguousarray(inputs[:, obs_dim:].reshape(len(inputs), history_length, -1)))
+
+
+def parity_error(policy: torch.nn.Module, onnx_bytes: bytes, inputs: np.ndarray,
                  batches: tuple[int, ...] = PARITY_BATCHES) -> dict[int, float]:
-    """Max |onnxruntime - torch| over `obs`, run through the edge session at each batch size."""
+    """Max |onnxruntime - torch| over flat `inputs` (observation [+ history]), through the edge session at each batch size."""
+    obs, history = split_inputs(policy, inputs)
     with torch.no_grad():
-        reference = policy(torch.from_numpy(obs)).numpy()
+        reference = policy(*[torch.from_numpy(a) for a in (obs, history) if a is not None]).numpy()
     session = OnnxPolicy(onnx_bytes)
     errors = {}
     for batch in batches:
-        actions = np.concatenate([session(obs[i:i + batch]) for i in range(0, len(obs), batch)])
+        actions = np.concatenate([session.run(obs[i:i + batch], None if history is None else history[i:i + batch])
+                                  for i in range(0, len(obs), batch)])
         if actions.shape != reference.shape:
             raise ExportError(f"{POLICY_FILE}: onnxruntime returned shape {actions.shape}, torch {reference.shape}")
         errors[batch] = float(np.max(np.abs(actions.astype(np.float64) - reference)))
@@ -133,7 +156,7 @@ def export_deterministic(policy: torch.nn.Module, meta: dict, shield_spec: dict,
                     action_low=json.dumps([float(v) for v in np.broadcast_to(meta["action_low"], (act_dim,))]),
                     action_high=json.dumps([float(v) for v in np.broadcast_to(meta["action_high"], (act_dim,))]),
                     obs_clip_sigma=EXTREME_SIGMA, bundle_version=BUNDLE_VERSION, config_hash=config_hash,
-                    git_commit=commit)
+                    git_commit=commit, history_length=int(meta.get("history_length", 0)))
     model = to_onnx(policy, obs_dim, metadata)
     check_graph(model)
     onnx_bytes = model.SerializeToString()
@@ -150,12 +173,20 @@ def export_deterministic(policy: torch.nn.Module, meta: dict, shield_spec: dict,
     parent = _production_or_none(registry, meta["task"])
     all_metrics = {"parity_max_abs_err": worst, "parity_observations": int(len(obs)),
                    "train_updates": meta.get("updates"), "train_env_steps": meta.get("env_steps"), **(metrics or {})}
+    if meta.get("selection"):
+        sel = meta["selection"]
+        all_metrics["validation_return"] = sel.get("validation_return")
+        # Which checkpoint and why; the train ranges it was trained on (ADR: the ranges reached, fraction < 1).
+        extra = {**(extra or {}), "selection": {k: v for k, v in sel.items() if k != "train_randomization"},
+                 "checkpoint": meta.get("checkpoint"), "adr_fraction": sel.get("adr_fraction"),
+                 "train_randomization": sel.get("train_randomization")}
     shield_bytes = json.dumps(shield_spec, indent=2, sort_keys=True).encode()
     manifest = make_manifest(task=meta["task"], env_id=meta["env_id"], config_hash=config_hash, git_commit=commit,
                              parent=parent, files={POLICY_FILE: onnx_bytes, SHIELD_FILE: shield_bytes},
                              metrics=all_metrics, extra=extra, obs_dim=obs_dim, act_dim=act_dim,
                              action_low=metadata["action_low"], action_high=metadata["action_high"],
-                             hidden_sizes=list(meta.get("hidden_sizes", [])), opset=OPSET)
+                             hidden_sizes=list(meta.get("hidden_sizes", [])), opset=OPSET,
+                             history_length=int(meta.get("history_length", 0)))
     result = {"task": meta["task"], "parity_max_abs_err": worst, "parity_by_batch": errors,
               "parity_observations": int(len(obs)), "parent": parent, "config_hash": config_hash}
     if out_dir is not None:

@@ -57,7 +57,8 @@ class ActorPool:
                 self._request(i, weights)
             elif batch is not None:
                 batches.append(batch)
-        return batches
+        # Arrival order is a race; actor order makes a seeded sync run repeat exactly.
+        return sorted(batches, key=lambda b: b["actor"])
 
     def _request(self, i: int, weights=None) -> None:
         self._pending[self.actors[i].rollout.remote(weights)] = i

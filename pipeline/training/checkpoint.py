@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 CHECKPOINT_DIR = "checkpoints"
+BEST_NAME = "best.pt"  # the best weights by validation return (model selection); never pruned
 _NAME = re.compile(r"^ckpt_(\d{8})\.pt$")
 
 
@@ -25,9 +26,26 @@ class CheckpointError(RuntimeError):
 
 def write_checkpoint(run_dir: str | Path, updates: int, state: dict, keep: int = 3) -> Path:
     """Atomically write `state` as the checkpoint for `updates`; keep the newest `keep`."""
-    ckpt_dir = Path(run_dir) / CHECKPOINT_DIR
+    final = _atomic_save(Path(run_dir) / CHECKPOINT_DIR / f"ckpt_{updates:08d}.pt", state)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def write_best(run_dir: str | Path, state: dict) -> Path:
+    """Atomically write the best checkpoint so far (model weights, spec, `selection`: why it is the best)."""
+    return _atomic_save(Path(run_dir) / CHECKPOINT_DIR / BEST_NAME, state)
+
+
+def best_checkpoint(run_dir: str | Path) -> Path | None:
+    """Path of the run's best checkpoint by validation return, or None."""
+    path = Path(run_dir) / CHECKPOINT_DIR / BEST_NAME
+    return path if path.is_file() else None
+
+
+def _atomic_save(final: Path, state: dict) -> Path:
+    ckpt_dir = final.parent
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    final = ckpt_dir / f"ckpt_{updates:08d}.pt"
     tmp = final.with_suffix(".pt.tmp")
     with open(tmp, "wb") as f:
         torch.save(state, f)
@@ -40,8 +58,6 @@ def write_checkpoint(run_dir: str | Path, updates: int, state: dict, keep: int =
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        old.unlink(missing_ok=True)
     return final
 
 

@@ -20,6 +20,7 @@ import torch
 from pipeline.training.model import ActorCritic
 from pipeline.training.vtrace import vtrace
 
+LR_FLOOR = 0.05  # linear schedule: the learning rate never drops below this share of train.lr
 _BATCH_KEYS = ("obs", "actions", "behaviour_logp", "behaviour_mean", "rewards", "terminated", "truncated", "final_obs")
 
 
@@ -54,6 +55,13 @@ class Learner:
         self.model = ActorCritic(**model_spec, log_std_init=log_std_init).to(device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.lr, eps=1e-5)
         self.version = 0
+
+    def set_progress(self, fraction: float) -> None:
+        """Share of the env-step budget used so far; sets the learning rate under `train.lr_schedule`."""
+        if self.cfg.lr_schedule == "linear":
+            lr = self.cfg.lr * max(LR_FLOOR, 1.0 - fraction)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
 
     def cpu_weights(self) -> dict[str, torch.Tensor]:
         """state_dict on the CPU (weights + normalizer), the form actors and checkpoints take."""
@@ -124,7 +132,7 @@ class Learner:
             explained_var = 1 - (vs - values).var() / (vs.var() + 1e-8)
         return dict(policy_loss=policy_loss.item(), value_loss=value_loss.item(), entropy=entropy.item(),
                     approx_kl=approx_kl.item(), kl=kl.item(), grad_norm=float(grad_norm),
-                    explained_variance=float(explained_var), samples=T * B,
+                    explained_variance=float(explained_var), lr=self.optimizer.param_groups[0]["lr"], samples=T * B,
                     learner_s=time.perf_counter() - start)
 
     def state_dict(self) -> dict:

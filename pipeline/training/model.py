@@ -2,7 +2,14 @@
 
 `ActorCritic` is what the learner trains and the rollout actors sample from.
 `DeterministicPolicy` is the deployable slice of it (normalize -> mean -> clip)
-that export turns into ONNX. `load_policy(run_dir)` rebuilds it from a run.
+that export turns into ONNX. `load_policy(run_dir)` rebuilds it from a run:
+the best checkpoint by validation return when the run has one, else the latest.
+
+With `history_length` H > 0 the network's input is the current observation
+followed by the flattened history (shield.policy.HistoryBuffer's layout:
+H rows of [obs, sent action], newest first), input_dim = obs_dim + H * (obs_dim + act_dim).
+The learner and the normalizer see only that flat input; the deterministic
+policy takes (obs, history) separately, as the ONNX graph does.
 """
 
 from __future__ import annotations
@@ -79,12 +86,14 @@ class ActorCritic(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: Sequence[int] = (64, 64),
                  action_low: Sequence[float] | float = -1.0, action_high: Sequence[float] | float = 1.0,
-                 log_std_init: float = -0.5):
+                 log_std_init: float = -0.5, history_length: int = 0):
         super().__init__()
         self.obs_dim, self.act_dim, self.hidden_sizes = int(obs_dim), int(act_dim), [int(h) for h in hidden_sizes]
-        self.obs_rms = RunningMeanStd(self.obs_dim)
-        self.pi = _mlp([self.obs_dim, *self.hidden_sizes, self.act_dim], out_gain=0.01)
-        self.v = _mlp([self.obs_dim, *self.hidden_sizes, 1], out_gain=1.0)
+        self.history_length = int(history_length)
+        self.input_dim = input_dim(self.obs_dim, self.act_dim, self.history_length)
+        self.obs_rms = RunningMeanStd(self.input_dim)
+        self.pi = _mlp([self.input_dim, *self.hidden_sizes, self.act_dim], out_gain=0.01)
+        self.v = _mlp([self.input_dim, *self.hidden_sizes, 1], out_gain=1.0)
         self.log_std = nn.Parameter(torch.full((self.act_dim,), float(log_std_init)))
         low = torch.as_tensor(np.broadcast_to(np.asarray(action_low, np.float32), (self.act_dim,)).copy())
         high = torch.as_tensor(np.broadcast_to(np.asarray(action_high, np.float32), (self.act_dim,)).copy())
@@ -94,7 +103,7 @@ class ActorCritic(nn.Module):
         self.register_buffer("action_high", high)
 
     def forward(self, obs_raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(action mean, log-std broadcast to the batch, value) for raw observations `[..., obs_dim]`."""
+        """(action mean, log-std broadcast to the batch, value) for raw inputs `[..., input_dim]`."""
         x = self.obs_rms(obs_raw)
         mean = self.pi(x)
         return mean, self.log_std.expand_as(mean), self.v(x).squeeze(-1)
@@ -107,19 +116,27 @@ class ActorCritic(nn.Module):
     def spec(self) -> dict:
         """Constructor arguments, as plain data (checkpoints store this)."""
         return dict(obs_dim=self.obs_dim, act_dim=self.act_dim, hidden_sizes=list(self.hidden_sizes),
-                    action_low=self.action_low.tolist(), action_high=self.action_high.tolist())
+                    action_low=self.action_low.tolist(), action_high=self.action_high.tolist(),
+                    history_length=self.history_length)
+
+
+def input_dim(obs_dim: int, act_dim: int, history_length: int) -> int:
+    """Width of the network input: the observation plus H (observation, action) pairs."""
+    return obs_dim + history_length * (obs_dim + act_dim)
 
 
 class DeterministicPolicy(nn.Module):
-    """obs_raw float32[n, obs_dim] -> action float32[n, act_dim]: normalize, mean head, clip.
+    """(obs_raw float32[n, obs_dim] [, history float32[n, H, obs_dim + act_dim]]) -> action float32[n, act_dim].
 
-    No data-dependent control flow, so `torch.onnx.export` with a dynamic batch
-    axis captures normalization and clipping inside the graph.
+    Normalize, mean head, clip. No data-dependent control flow, so
+    `torch.onnx.export` with a dynamic batch axis captures normalization and
+    clipping inside the graph. `obs_mean`/`obs_std` cover the whole flat input.
     """
 
     def __init__(self, actor_critic: ActorCritic):
         super().__init__()
-        self.pi = _mlp([actor_critic.obs_dim, *actor_critic.hidden_sizes, actor_critic.act_dim], out_gain=0.01)
+        self.history_length = actor_critic.history_length
+        self.pi = _mlp([actor_critic.input_dim, *actor_critic.hidden_sizes, actor_critic.act_dim], out_gain=0.01)
         self.pi.load_state_dict(actor_critic.pi.state_dict())
         # Normalizer precomputed in float32 so the exported graph holds no float64 ops.
         self.register_buffer("obs_mean", actor_critic.obs_rms.mean.float().clone())
@@ -129,24 +146,37 @@ class DeterministicPolicy(nn.Module):
         self.obs_dim, self.act_dim = actor_critic.obs_dim, actor_critic.act_dim
         self.eval()
 
-    def forward(self, obs_raw: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs_raw: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
+        if self.history_length:
+            obs_raw = torch.cat([obs_raw, history.reshape(obs_raw.shape[0], -1)], dim=-1)
         x = torch.clamp((obs_raw - self.obs_mean) / self.obs_std, -OBS_CLIP, OBS_CLIP)
         return torch.maximum(torch.minimum(self.pi(x), self.action_high), self.action_low)
 
 
-def load_policy(run_dir: str | Path) -> tuple[DeterministicPolicy, dict]:
-    """Rebuild the deterministic policy from a run directory's latest checkpoint.
+def load_policy(run_dir: str | Path, which: str = "selected") -> tuple[DeterministicPolicy, dict]:
+    """Rebuild the deterministic policy from a run directory.
 
-    Returns (policy, meta) with meta = env_id, task, obs_dim, act_dim, action_low,
-    action_high, config_hash, updates, env_steps, hidden_sizes.
+    which: "selected" (the best checkpoint by validation return when the run
+    has one, else the latest), "best" or "latest". Returns (policy, meta) with
+    meta = env_id, task, obs_dim, act_dim, action_low, action_high,
+    history_length, config_hash, updates, env_steps, hidden_sizes, checkpoint,
+    and `selection` (why this checkpoint) when it is the best one.
     """
-    from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint
+    from pipeline.training.checkpoint import best_checkpoint, latest_checkpoint, read_checkpoint
 
-    path = latest_checkpoint(run_dir)
+    path = best_checkpoint(run_dir) if which in ("selected", "best") else None
+    if path is None and which == "best":
+        from pipeline.training.checkpoint import CheckpointError
+
+        raise CheckpointError(f"{run_dir}: no best checkpoint (was validation enabled?)")
+    path = path or latest_checkpoint(run_dir)
     ckpt = read_checkpoint(path)
     spec = ckpt["model_spec"]
     model = ActorCritic(**spec)
     model.load_state_dict(ckpt["model"])
     meta = dict(env_id=ckpt["env_id"], task=ckpt["task"], config_hash=ckpt["config_hash"],
-                updates=int(ckpt["updates"]), env_steps=int(ckpt["env_steps"]), **spec)
+                updates=int(ckpt["updates"]), env_steps=int(ckpt["env_steps"]), checkpoint=Path(path).name,
+                **{"history_length": 0, **spec})
+    if "selection" in ckpt:
+        meta["selection"] = ckpt["selection"]
     return DeterministicPolicy(model), meta

@@ -20,6 +20,7 @@ import ray
 import torch
 
 from pipeline.training.model import ActorCritic
+from shield.policy import HistoryBuffer
 
 # Recreating an env that keeps raising is pointless; the actor gives up after this many.
 MAX_ENV_RESTARTS = 100
@@ -49,6 +50,39 @@ def make_env(env_id: str, randomization: Any = None, max_episode_steps: int | No
 
         env = ShieldedEnv(env, shield["spec"], intervention_penalty=shield["intervention_penalty"])
     return env
+
+
+class PolicyInputs:
+    """The network inputs of M envs: observation + (history policies) the last H (obs, sent action) pairs.
+
+    Uses the edge's `HistoryBuffer`, so training sees exactly the layout the
+    exported graph gets on the plant. For a memoryless policy the input is the observation.
+    """
+
+    def __init__(self, num_envs: int, obs_dim: int, act_dim: int, history_length: int):
+        self.history = HistoryBuffer(num_envs, history_length, obs_dim, act_dim) if history_length else None
+
+    def of(self, obs: np.ndarray, rows=slice(None)) -> np.ndarray:
+        """float32[m, input_dim] for obs float32[m, obs_dim] of the given rows."""
+        if self.history is None:
+            return np.asarray(obs, np.float32)
+        hist = self.history.array[rows]
+        return np.concatenate([obs, hist.reshape(hist.shape[0], -1)], axis=1).astype(np.float32)
+
+    def record(self, obs: np.ndarray, sent: np.ndarray) -> None:
+        """After a step of every env: the observation each acted on and the action it really got."""
+        if self.history is not None:
+            self.history.push(obs, sent)
+
+    def clear(self, i: int) -> None:
+        """Env i starts a new episode."""
+        if self.history is not None:
+            self.history.clear(i)
+
+
+def sent_action(info: dict, action: np.ndarray) -> np.ndarray:
+    """The action the plant really got: the shield's when it is in the loop, else the one given."""
+    return np.asarray(info.get("shield_action", action), np.float32)
 
 
 class WeightSource:
@@ -90,6 +124,7 @@ class RolloutActor:
         self.index, self.num_envs, self.T = index, num_envs, rollout_length
         self.life = uuid.uuid4().hex  # changes when Ray restarts this actor; the driver counts restarts by it
         self.model = ActorCritic(**model_spec).eval()
+        self.inputs = PolicyInputs(num_envs, self.model.obs_dim, self.model.act_dim, self.model.history_length)
         self.version = -1
         # Looked up by name, not passed as a handle, so a restarted actor finds it without
         # depending on constructor arguments kept in the object store.
@@ -103,10 +138,23 @@ class RolloutActor:
         self.ep_cost = np.zeros(num_envs)
         self.ep_len = np.zeros(num_envs, dtype=np.int64)
         self.env_restarts = 0
+        self.domain_changes = 0
 
     def _reset(self, i: int, seed: int | None = None) -> np.ndarray:
         obs, _ = self.envs[i].reset(seed=seed)
+        self.inputs.clear(i)
         return np.asarray(obs, dtype=np.float32)
+
+    def set_randomization(self, randomization: Any) -> None:
+        """Train on new domain ranges from now on (ADR): every env is rebuilt; episodes in progress are dropped."""
+        self.domain_changes += 1
+        self._env_args = (self._env_args[0], randomization, *self._env_args[2:])
+        seeds = np.random.SeedSequence([*self._seed_seq.entropy, self.domain_changes]).generate_state(self.num_envs)
+        for i in range(self.num_envs):
+            self.envs[i].close()
+            self.envs[i] = make_env(*self._env_args)
+            self.obs[i] = self._reset(i, seed=int(seeds[i]))
+        self.ep_return[:] = self.ep_cost[:] = self.ep_len[:] = 0
 
     def _recreate(self, i: int) -> np.ndarray:
         """Replace env i after it raised; the episode in progress is dropped."""
@@ -134,10 +182,11 @@ class RolloutActor:
     def rollout(self, weights: tuple[int, list] | None = None) -> dict:
         """Collect T steps from every env. `weights` pins a version (sync mode); else the newest is used."""
         self._refresh_weights(weights)
-        T, M, obs_dim = self.T, self.num_envs, self.obs.shape[1]
+        T, M, in_dim = self.T, self.num_envs, self.model.input_dim
         act_dim = self.model.act_dim
-        obs_buf = np.zeros((T + 1, M, obs_dim), np.float32)
-        final_obs = np.zeros((T, M, obs_dim), np.float32)
+        # obs/final_obs hold the network inputs (observation + history for a history policy).
+        obs_buf = np.zeros((T + 1, M, in_dim), np.float32)
+        final_obs = np.zeros((T, M, in_dim), np.float32)
         actions = np.zeros((T, M, act_dim), np.float32)
         logp = np.zeros((T, M), np.float32)
         behaviour_mean = np.zeros((T, M, act_dim), np.float32)
@@ -149,14 +198,15 @@ class RolloutActor:
         low, high = self.model.action_low.numpy(), self.model.action_high.numpy()
 
         for t in range(T):
-            obs_buf[t] = self.obs
+            obs_buf[t] = self.inputs.of(self.obs)
             with torch.no_grad():
-                dist, _ = self.model.distribution(torch.from_numpy(self.obs))
+                dist, _ = self.model.distribution(torch.from_numpy(obs_buf[t]))
                 sample = dist.mean + dist.stddev * torch.randn(dist.mean.shape, generator=self.torch_gen)
                 logp[t] = dist.log_prob(sample).sum(-1).numpy()
                 behaviour_mean[t] = dist.mean.numpy()
             actions[t] = sample.numpy()
             env_actions = np.clip(actions[t], low, high)
+            sent, stepped, ended, recreated = env_actions.copy(), self.obs.copy(), [], []
             for i in range(M):
                 try:
                     o, r, term, trunc, info = self.envs[i].step(env_actions[i])
@@ -164,20 +214,27 @@ class RolloutActor:
                     # Cut the trace here (discount 0, no reward) and go on with a fresh env.
                     self.obs[i] = self._recreate(i)
                     terminated[t, i] = True
+                    recreated.append(i)
                     continue
+                sent[i] = sent_action(info, env_actions[i])
                 rewards[t, i] = r
                 costs[t, i] = float(info.get("cost", 0.0))
                 self.ep_return[i] += r
                 self.ep_cost[i] += costs[t, i]
                 self.ep_len[i] += 1
                 terminated[t, i], truncated[t, i] = term, trunc and not term
+                self.obs[i] = o
                 if term or trunc:
-                    final_obs[t, i] = o
+                    ended.append(i)
                     episodes.append((float(self.ep_return[i]), float(self.ep_cost[i]), int(self.ep_len[i])))
                     self.ep_return[i] = self.ep_cost[i] = self.ep_len[i] = 0
-                    o = self._reset(i)
-                self.obs[i] = o
-        obs_buf[T] = self.obs
+            self.inputs.record(stepped, sent)  # before the resets below clear the ended envs' histories
+            for i in ended:
+                final_obs[t, i] = self.inputs.of(self.obs[i:i + 1], rows=slice(i, i + 1))[0]
+                self.obs[i] = self._reset(i)
+            for i in recreated:
+                self.inputs.clear(i)
+        obs_buf[T] = self.inputs.of(self.obs)
 
         return dict(obs=obs_buf, actions=actions, behaviour_logp=logp, rewards=rewards, costs=costs,
                     terminated=terminated, truncated=truncated, final_obs=final_obs,

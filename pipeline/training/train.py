@@ -8,8 +8,14 @@ batches. Sync (`train.sync`): every actor collects one batch with the current
 weights, the learner takes them all in one update (policy lag 0).
 `ActorPool` (actor_pool.py) owns the requests in flight and actor restarts.
 
+Validation (`validation`, selection.py): an evaluation actor scores the
+deterministic policy on the `validation` domains every K updates; the best
+one is kept as checkpoints/best.pt (what export takes), the run can stop
+early when it stops improving, and ADR widens the train ranges.
+
 Run directory: config.yaml (resolved config), metrics.jsonl, TensorBoard
-events, checkpoints/ckpt_<updates>.pt.
+events, checkpoints/ckpt_<updates>.pt, checkpoints/best.pt and
+selection.json (which checkpoint was selected and why).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pipeline.training.checkpoint import CheckpointError, latest_checkpoint, rea
 from pipeline.training.learner import Learner, resolve_device
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.rollout import RolloutActor, WeightSource, make_env
+from pipeline.training.selection import ModelSelection
 
 # final_return = mean return of this many most recent episodes.
 FINAL_RETURN_WINDOW = 20
@@ -64,7 +71,8 @@ def model_spec_for(cfg) -> tuple[dict, object]:
             raise ValueError(f"{cfg.task.env_id}: needs flat Box observations and actions, got "
                              f"{obs_space} and {act_space}")
         spec = dict(obs_dim=obs_space.shape[0], act_dim=act_space.shape[0], hidden_sizes=list(cfg.train.hidden_sizes),
-                    action_low=act_space.low.astype(float).tolist(), action_high=act_space.high.astype(float).tolist())
+                    action_low=act_space.low.astype(float).tolist(), action_high=act_space.high.astype(float).tolist(),
+                    history_length=cfg.train.history_length)
     finally:
         env.close()
     return spec, randomization
@@ -74,10 +82,11 @@ class _Publisher:
     """Puts the learner's weights into the object store once per update and tells the WeightSource."""
 
     def __init__(self, learner: Learner, weight_source):
-        self.learner, self.weight_source, self.latest = learner, weight_source, None
+        self.learner, self.weight_source, self.latest, self.weights = learner, weight_source, None, None
 
     def publish(self) -> tuple[int, list]:
-        ref = ray.put(self.learner.cpu_weights())
+        self.weights = self.learner.cpu_weights()  # kept: validation evaluates (and best.pt stores) these
+        ref = ray.put(self.weights)
         self.latest = (self.learner.version, [ref])  # the driver owns the ref; keeping it keeps it alive
         self.weight_source.publish.remote(*self.latest)
         return self.latest
@@ -136,6 +145,11 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
     ray.get(weight_source.latest.remote())  # up and named before any actor looks it up
     # A resumed run seeds its actors differently so it does not replay the episodes of its first life.
     actor_seed = int(np.random.SeedSequence([tc.seed, updates]).generate_state(1)[0])
+    selection = None
+    if cfg.validation.enabled:
+        selection = ModelSelection(cfg, run_dir, model_spec, _shield_in_loop(cfg), dict(
+            env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash()))
+        randomization = selection.train_randomization()  # ADR: the narrow start
     actor_cls = ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_num_cpus,
                                                  max_restarts=cfg.ray.max_actor_restarts, max_task_retries=0)
     rollout_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps,
@@ -173,6 +187,7 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
             episodes_total += len(episodes)
             recent_returns.extend(episodes[:, 0].tolist())
 
+            learner.set_progress(env_steps / tc.total_env_steps)
             stats = learner.update(batches)
             learner_time += stats["learner_s"]
             updates += 1
@@ -194,19 +209,31 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
             if len(episodes):
                 record.update(episode_return=float(episodes[:, 0].mean()), episode_cost=float(episodes[:, 1].mean()),
                               episode_length=float(episodes[:, 2].mean()), episodes=episodes_total)
+            if selection is not None:
+                _note_validation(record, selection.after_update(updates, env_steps, learner.version, publisher.weights),
+                                 selection, rollout_actors)
             logger.log(record)
             if updates % tc.checkpoint_every == 0:
                 checkpoint()
             if callback and callback(dict(updates=updates, env_steps=env_steps, learner=learner,
                                           actors=rollout_actors, metrics=record)):
                 break
+            if selection is not None and selection.stop_reason:
+                print(f"sim2real train: stopping early at update {updates}: {selection.stop_reason}", file=sys.stderr)
+                break
         checkpoint()
+        if selection is not None:
+            # The final weights compete too; their score goes to selection.json (metrics.jsonl keeps one row per update).
+            selection.after_update(updates, env_steps, learner.version, publisher.weights, final=True)
+            (run_dir / "selection.json").write_text(json.dumps(selection.summary(), indent=2))
     except KeyboardInterrupt:
         checkpoint()  # Ctrl-C keeps the work done so far: `--resume RUN_DIR` continues from here
         raise
     finally:
         logger.close()
         pool.kill_all()
+        if selection is not None:
+            selection.close()
         ray.kill(weight_source)
         if started_ray:
             ray.shutdown()
@@ -214,9 +241,27 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
 
     wall_s = time.perf_counter() - start_wall
     final_return = float(np.mean(recent_returns)) if recent_returns else None
+    summary = selection.summary() if selection is not None else None
     return dict(run_dir=str(run_dir), env_steps=env_steps, updates=updates, final_return=final_return,
                 wall_s=wall_s, env_steps_per_s=(env_steps - steps_at_start) / (time.perf_counter() - loop_start),
-                learner_utilization=learner_time / (time.perf_counter() - loop_start), actor_restarts=pool.restarts)
+                learner_utilization=learner_time / (time.perf_counter() - loop_start), actor_restarts=pool.restarts,
+                best_updates=summary["best"]["updates"] if summary and summary["best"] else None,
+                best_validation_return=summary["best"]["validation_return"] if summary and summary["best"] else None,
+                stopped_early=summary["stopped_early"] if summary else None,
+                adr_fraction=summary["adr"]["fraction"] if summary and summary["adr"] else None)
+
+
+def _note_validation(record: dict, results: list[dict], selection: ModelSelection, actors: list) -> None:
+    """Fold finished validation results into this update's metrics; push widened ADR ranges to the actors."""
+    for result in results:
+        record.update({k: v for k, v in result.items() if k.startswith("validation_")})
+        record["validation_best"] = selection.best["validation_return"]
+        if selection.adr.enabled:
+            record["adr_fraction"] = selection.adr_fraction
+        if result.get("adr_widen") and actors:
+            widened = selection.train_randomization()
+            for actor in actors:
+                actor.set_randomization.remote(widened)
 
 
 def _shield_in_loop(cfg) -> dict | None:
@@ -248,4 +293,8 @@ def run_cli(args) -> int:
         ret = "n/a" if result["final_return"] is None else f"{result['final_return']:.1f}"
         print(f"trained {result['updates']} updates, {result['env_steps']} env steps in {result['wall_s']:.1f} s; "
               f"final return {ret}; run dir {result['run_dir']}")
+        if result["best_updates"] is not None:
+            print(f"selected checkpoint: update {result['best_updates']} (best validation return "
+                  f"{result['best_validation_return']:.1f}; {result['run_dir']}/selection.json)"
+                  + (f"; stopped early: {result['stopped_early']}" if result["stopped_early"] else ""))
     return 0

@@ -28,6 +28,7 @@ HANDLERS: dict[str, str] = {
     "shadow": "pipeline.evaluation.shadow:run_cli",
     "registry": "pipeline.deployment.registry:run_cli",
     "serve": "shield.server:run_cli",
+    "calibrate": "pipeline.calibration.cli:run_cli",
 }
 
 
@@ -83,6 +84,12 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="first episode seed (default shadow.seed)")
     p.add_argument("--report", metavar="DIR", help="write the HTML report and logs here")
     p.add_argument("--from-log", metavar="PATH", help="use logs recorded by `sim2real serve --mode shadow` instead of simulating")
+    _json_flag(p)
+
+    p = sub.add_parser("calibrate", help="fit the twin's randomized parameters and latency to shadow logs: a calibrated set")
+    _config_flag(p)
+    p.add_argument("--from-log", required=True, metavar="PATH", help="shadow logs (file or directory) from `serve --mode shadow`")
+    p.add_argument("--out", metavar="FILE.yaml", help="write the calibrated randomization set here (usable as --domains)")
     _json_flag(p)
 
     p = sub.add_parser("registry", help="list, inspect, promote, roll back or verify bundles in models/")

@@ -17,40 +17,12 @@ import numpy as np
 from pipeline.calibration.fit import (BOUND_WIDEN, POSTERIOR_SHRINK, Problem, cut_windows, identifiability,
                                       one_step_noise, solve)
 from pipeline.calibration.logs import CalibrationError, load_field_log
-from pipeline.calibration.twin import PHYSICAL_GROUPS, Twin
+from pipeline.calibration.sets import kept_range, obs_noise_vector, calibrated_set, configured_ranges
+from pipeline.calibration.twin import Twin
 
-HORIZON_STEPS = 15  # control steps per prediction window (0.3 s on the cart-pole: shorter than its fall time)
 CHUNKS = 5  # the log is split in this many time slices, fitted apart, for the calibrated ranges
 MIN_RELATIVE_HALF_WIDTH = 0.02  # a calibrated range is at least +-2 % around the identified scale
 PRIOR_WEIGHT = 1e-2  # the prior's pull, relative to one normalized residual
-
-
-def configured_ranges(cfg) -> dict[str, tuple[float, float]]:
-    """Hull over the config's sets of every physical scale range, by parameter name."""
-    hull: dict[str, tuple[float, float]] = {}
-    for rset in cfg.randomization.values():
-        items = [(f"{g}.{el}", r) for g in PHYSICAL_GROUPS for el, r in getattr(rset, g).items()]
-        if rset.gravity_scale is not None:
-            items.append(("gravity_scale", rset.gravity_scale))
-        for name, r in items:
-            lo, hi = hull.get(name, (r.low, r.high))
-            hull[name] = (min(lo, r.low), max(hi, r.high))
-    return hull
-
-
-def _kept_range(cfg, name: str) -> tuple[float, float]:
-    """The range an unidentified parameter keeps: `reality`'s, else `train`'s, else the hull's."""
-    for set_name in ("reality", "train"):
-        rset = cfg.randomization.get(set_name)
-        if rset is None:
-            continue
-        if name == "gravity_scale" and rset.gravity_scale is not None:
-            return rset.gravity_scale.low, rset.gravity_scale.high
-        group, _, element = name.partition(".")
-        r = getattr(rset, group, {}).get(element) if group in PHYSICAL_GROUPS else None
-        if r is not None:
-            return r.low, r.high
-    return configured_ranges(cfg)[name]
 
 
 def _latency_candidates(cfg) -> list[int]:
@@ -67,11 +39,11 @@ def _prediction_error(problem: Problem, theta: np.ndarray) -> dict:
             "final_step_rms_per_state_obs": [float(v) for v in np.sqrt(np.mean(physical[:, -1] ** 2, axis=0))]}
 
 
-def calibrate(cfg, logs, *, known: dict[str, float] | None = None, horizon: int = HORIZON_STEPS,
-              min_seconds: float = 10.0) -> dict:
-    """Fit the twin to shadow logs at `logs` (file or directory); see the module docstring."""
+def calibrate(cfg, logs) -> dict:
+    """Fit the twin to shadow logs at `logs` (file or directory) per `cfg.calibration`; see the module docstring."""
     import envs
 
+    known, horizon, min_seconds = cfg.calibration.known, cfg.calibration.horizon_steps, cfg.calibration.min_log_seconds
     t0 = time.perf_counter()
     task = envs.TASKS.get(cfg.task.env_id)
     if task is None:
@@ -136,7 +108,7 @@ def calibrate(cfg, logs, *, known: dict[str, float] | None = None, horizon: int 
             rng = (max(min(spread.min(), centre_s - half), 1e-3), max(spread.max(), centre_s + half))
         else:
             unidentified.append(name)
-            rng = _kept_range(cfg, name)
+            rng = kept_range(cfg, name)
         parameters[name] = {"nominal": 1.0, "configured": list(hull[name]), "identified": centre_s,
                             "identified_ok": identified, "posterior_to_prior_std": float(shrink[i]),
                             "chunk_fits": [float(math.exp(t)) for t in chunk_theta[:, i]],
@@ -147,7 +119,7 @@ def calibrate(cfg, logs, *, known: dict[str, float] | None = None, horizon: int 
 
     noise = one_step_noise(twin, log, scales, latency)
     reality = cfg.randomization.get("reality") or cfg.randomization["train"]
-    obs_noise = _obs_noise_vector(reality.obs_noise_std, task["obs_dim"])
+    obs_noise = obs_noise_vector(reality.obs_noise_std, task["obs_dim"])
     for o, std in zip(twin.state_obs, noise):
         obs_noise[o] = float(std)
     result = {
@@ -170,27 +142,3 @@ def calibrate(cfg, logs, *, known: dict[str, float] | None = None, horizon: int 
     return result
 
 
-def _obs_noise_vector(std: list[float], dim: int) -> list[float]:
-    return [float(std[0])] * dim if len(std) == 1 else [float(s) for s in std]
-
-
-def calibrated_set(result: dict, reality) -> dict:
-    """The `calibrated` RandomizationSet dict (YAML format) of a calibration result.
-
-    Action noise and pushes are not visible in the logs as such: they keep `reality`'s.
-    """
-    out: dict = {}
-    for name, p in result["parameters"].items():
-        r = {"dist": "uniform", "low": p["range"][0], "high": p["range"][1]}
-        if name == "gravity_scale":
-            out["gravity_scale"] = r
-        else:
-            group, element = name.split(".", 1)
-            out.setdefault(group, {})[element] = r
-    lat = result["latency_steps"]["identified"]
-    out["latency_steps"] = {"low": lat, "high": lat}
-    out["obs_noise_std"] = list(result["obs_noise_std"])
-    out["action_noise_std"] = list(reality.action_noise_std)
-    if reality.push is not None:
-        out["push"] = reality.push.model_dump()
-    return out

@@ -49,14 +49,14 @@ def calibrate(cfg, logs) -> dict:
     if task is None:
         raise CalibrationError(f"task.env_id {cfg.task.env_id!r}: not a known task")
     twin = Twin(cfg.task.env_id)
-    log = load_field_log(logs, task=cfg.task.name, obs_dim=task["obs_dim"], act_dim=task["act_dim"],
-                         dt=task["control_period_s"], min_seconds=min_seconds)
     hull = configured_ranges(cfg)
     known = dict(known or {})
     unknown_known = sorted(set(known) - set(hull))
     if unknown_known:
         raise CalibrationError(f"calibration.known: {unknown_known} not randomized by the config; "
                                f"randomized parameters: {sorted(hull)}")
+    log = load_field_log(logs, task=cfg.task.name, obs_dim=task["obs_dim"], act_dim=task["act_dim"],
+                         dt=task["control_period_s"], min_seconds=min_seconds)
     names = [n for n in sorted(hull) if n not in known]
     lo = np.log([hull[n][0] for n in names]) if names else np.zeros(0)
     hi = np.log([hull[n][1] for n in names]) if names else np.zeros(0)

@@ -46,9 +46,17 @@ class FieldLog:
 
 
 def _gaps(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float) -> tuple[list[int], list[int]]:
-    """Row indices where a new run starts (a new episode) and where a step is missing inside one."""
+    """Row indices where a new run starts (a new episode) and where a step is missing inside one.
+
+    The step counter shows requests the server never saw; the clock shows lost
+    time only when the log ran in real time (median row interval within 25 % of
+    dt): a simulated plant stepping faster than real time has a meaningless clock.
+    """
     same_episode = episode[1:] == episode[:-1]
-    skipped = (step[1:] != step[:-1] + 1) | (np.diff(t) > GAP_PERIODS * dt)
+    skipped = step[1:] != step[:-1] + 1
+    intervals = np.diff(t)[same_episode]
+    if len(intervals) and abs(float(np.median(intervals)) / dt - 1.0) < 0.25:
+        skipped |= np.diff(t) > GAP_PERIODS * dt
     starts = [0] + [int(i) + 1 for i in np.flatnonzero(~same_episode)]
     missing = [int(i) + 1 for i in np.flatnonzero(same_episode & skipped)]
     return starts, missing

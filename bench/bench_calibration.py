@@ -36,13 +36,9 @@ LOG_STEPS = 3000  # 60 s at 50 Hz
 
 def hidden_plant(cfg) -> dict:
     """The hidden plant as a fixed randomization set, with `reality`'s noise and pushes."""
-    reality = cfg.randomization["reality"]
-    out: dict = {"latency_steps": {"low": LATENCY, "high": LATENCY}, "obs_noise_std": reality.obs_noise_std,
-                 "action_noise_std": reality.action_noise_std, "push": reality.push.model_dump()}
-    for name, s in HIDDEN.items():
-        group, element = name.split(".")
-        out.setdefault(group, {})[element] = {"low": s, "high": s}
-    return out
+    from pipeline.calibration.twin import fixed_set
+
+    return fixed_set(HIDDEN, latency=LATENCY, like=cfg.randomization["reality"])
 
 
 def record_log(cfg, path: Path) -> Path:

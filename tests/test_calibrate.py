@@ -10,6 +10,7 @@ server that writes the log. 60 s of control at 50 Hz.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ import envs
 from envs.randomization import parse_randomization
 from pipeline.calibration.calibrate import calibrate
 from pipeline.calibration.logs import CalibrationError, load_field_log
+from pipeline.calibration.twin import fixed_set
 from pipeline.config import load_config, parse_config
 from shield.client import PolicyClient
 from shield.shadowlog import read_shadow_log, write_shadow_log
@@ -40,14 +42,11 @@ LATENCY = 2
 def _hidden_plant(cfg) -> dict:
     """The plant as a fixed randomization set (low == high), with reality's noise and pushes."""
     reality = cfg.randomization["reality"]
-    hidden: dict = {"latency_steps": {"low": LATENCY, "high": LATENCY}, "obs_noise_std": reality.obs_noise_std,
-                    "action_noise_std": reality.action_noise_std, "push": reality.push.model_dump()}
     for name, s in TRUTH.items():
         group, element = name.split(".")
         r = getattr(reality, group)[element]
         assert r.low <= s <= r.high, f"{name} = {s} is not inside reality"
-        hidden.setdefault(group, {})[element] = {"low": s, "high": s}
-    return hidden
+    return fixed_set(TRUTH, latency=LATENCY, like=reality)
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +190,90 @@ def test_a_known_scale_the_config_does_not_randomize_is_a_config_error():
     data["calibration"] = {"known": {"body_mass.wheel": 1.0}}
     with pytest.raises(CalibrationError, match=r"calibration.known: \['body_mass.wheel'\]"):
         calibrate(parse_config(data), "/nonexistent")
+
+
+def _calibration_result(cfg) -> dict:
+    """A calibration result as `calibrate` returns it: cart mass and gain identified, the pole not."""
+    from pipeline.calibration.sets import calibrated_set
+
+    params = {"body_mass.cart": {"identified": 1.3, "identified_ok": True, "range": [1.25, 1.36]},
+              "actuator_gain.cart_force": {"identified": 0.8, "identified_ok": True, "range": [0.78, 0.82]},
+              "body_mass.pole": {"identified": 1.8, "identified_ok": False, "range": [0.9, 1.5]}}
+    result = {"parameters": params, "latency_steps": {"identified": 2},
+              "obs_noise_std": [0.003, 0.006, 0.013, 0.025, 0.0]}
+    result["calibrated"] = calibrated_set(result, cfg.randomization["reality"])
+    return result
+
+
+def test_training_ranges_move_onto_the_calibrated_set_within_the_configured_hull():
+    from pipeline.calibration.sets import recentred_training
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    data = recentred_training(cfg, _calibration_result(cfg))
+    derived = parse_config(data, "derived")
+    train, calibrated = derived.randomization["train"], derived.randomization["calibrated"]
+    cart, gain = train.body_mass["cart"], train.actuator_gain["cart_force"]
+    # Re-centred (geometric centre on the identified scale) but clipped to the hull of the configured sets.
+    assert cart.high == 1.4 and cart.low == pytest.approx(1.3 / math.sqrt(1.3 / 0.8))
+    assert gain.low == 0.75 and gain.high == pytest.approx(0.8 * math.sqrt(1.15 / 0.8))
+    for name in ("cart", "pole"):  # every calibrated range is covered by training
+        assert train.body_mass[name].low <= calibrated.body_mass[name].low
+        assert calibrated.body_mass[name].high <= train.body_mass[name].high
+    assert (train.latency_steps.low, train.latency_steps.high) == (0, 2)
+    assert train.obs_noise_std[2] == 0.013  # widened to the calibrated noise where it is larger
+    build_shield_spec(derived)  # the shield spec (and its envelope check) accepts the calibrated config
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+def _tiny_flow_config(base: Path) -> Path:
+    data = yaml.safe_load((ROOT / "configs" / "cartpole.yaml").read_text())
+    data["task"]["max_episode_steps"] = 100
+    data["train"].update(total_env_steps=4096, num_actors=1, envs_per_actor=4, checkpoint_every=1000)
+    data["shadow"].update(episodes=2)
+    data["gate"].update({"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6})
+    data["calibration"] = {"known": {"joint_damping.slider": TRUTH["joint_damping.slider"]}}
+    path = base / "tiny-flow.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_flow_from_field_logs_calibrates_trains_around_it_and_gates_on_both(harness, field_log):
+    from flows.retrain import retrain
+
+    logs, base = field_log
+    state = retrain(config_path=str(_tiny_flow_config(base)), models_root=str(base / "models"),
+                    runs_dir=str(base / "runs"), from_log=str(logs), return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    cal = summary["calibration"]
+    assert cal["latency_steps"] == LATENCY
+    assert abs(cal["parameters"]["body_mass.cart"]["identified"] / TRUTH["body_mass.cart"] - 1) < 0.10
+    assert cal["prediction_error_after"] < cal["prediction_error_before"]
+    derived = load_config(cal["config"])
+    assert "calibrated" in derived.randomization
+    train_cart = derived.randomization["train"].body_mass["cart"]
+    assert train_cart.low <= TRUTH["body_mass.cart"] <= train_cart.high
+    assert any(r.startswith("calibrated: ") for r in summary["reasons"])  # gated on the calibrated set too
+
+
+@pytest.mark.slow
+def test_flow_with_an_unusable_log_stops_before_training_with_the_reason(harness, field_log, tmp_path):
+    from flows.retrain import retrain
+
+    path = _bad_log(field_log, "nan-flow", _nan_rows)
+    state = retrain(config_path=str(_tiny_flow_config(tmp_path)), models_root=str(tmp_path / "models"),
+                    runs_dir=str(tmp_path / "runs"), from_log=str(path), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(CalibrationError, match="NaN"):
+        state.result()
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("cartpole-*"))

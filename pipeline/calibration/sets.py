@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.calibration.twin import PHYSICAL_GROUPS
+from pipeline.calibration.twin import PHYSICAL_GROUPS, put_range
 
 
 def configured_ranges(cfg) -> dict[str, tuple[float, float]]:
@@ -46,12 +46,7 @@ def calibrated_set(result: dict, reality) -> dict:
     """
     out: dict = {}
     for name, p in result["parameters"].items():
-        r = {"dist": "uniform", "low": p["range"][0], "high": p["range"][1]}
-        if name == "gravity_scale":
-            out["gravity_scale"] = r
-        else:
-            group, element = name.split(".", 1)
-            out.setdefault(group, {})[element] = r
+        put_range(out, name, {"dist": "uniform", "low": p["range"][0], "high": p["range"][1]})
     lat = result["latency_steps"]["identified"]
     out["latency_steps"] = {"low": lat, "high": lat}
     out["obs_noise_std"] = list(result["obs_noise_std"])
@@ -92,12 +87,7 @@ def recentred_training(cfg, result: dict) -> dict:
             lo, hi = min(lo, max(c / half, lo_h)), max(hi, min(c * half, hi_h))
         elif current is not None:
             lo, hi = min(lo, current["low"]), max(hi, current["high"])
-        entry = {"dist": "uniform", "low": lo, "high": hi}
-        if name == "gravity_scale":
-            train["gravity_scale"] = entry
-        else:
-            group, element = name.split(".", 1)
-            train.setdefault(group, {})[element] = entry
+        put_range(train, name, {"dist": "uniform", "low": lo, "high": hi})
     lat = calibrated["latency_steps"]
     old = train.get("latency_steps") or lat
     train["latency_steps"] = {"low": min(old["low"], lat["low"]), "high": max(old["high"], lat["high"])}

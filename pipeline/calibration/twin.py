@@ -21,16 +21,30 @@ from pipeline.calibration.logs import CalibrationError
 PHYSICAL_GROUPS = ("body_mass", "geom_friction", "joint_damping", "actuator_gain")
 
 
-def fixed_set(scales: dict[str, float]) -> dict:
-    """A RandomizationSet dict (YAML format) whose every range is the single given scale."""
+def put_range(rset: dict, name: str, entry: dict) -> None:
+    """Set parameter `name` (`group.element` or `gravity_scale`) of a set dict (YAML format) to `entry`."""
+    if name == "gravity_scale":
+        rset["gravity_scale"] = entry
+    else:
+        group, element = name.split(".", 1)
+        rset.setdefault(group, {})[element] = entry
+
+
+def fixed_set(scales: dict[str, float], latency: int | None = None, like=None) -> dict:
+    """A RandomizationSet dict (YAML format) whose every range is the single given scale.
+
+    latency: whole control steps (fixed); like: a RandomizationSet whose noise and
+    pushes are copied (a simulated plant with a fixed body and a realistic gap).
+    """
     out: dict = {}
     for name, s in scales.items():
-        point = {"low": float(s), "high": float(s)}
-        if name == "gravity_scale":
-            out["gravity_scale"] = point
-        else:
-            group, element = name.split(".", 1)
-            out.setdefault(group, {})[element] = point
+        put_range(out, name, {"low": float(s), "high": float(s)})
+    if latency is not None:
+        out["latency_steps"] = {"low": int(latency), "high": int(latency)}
+    if like is not None:
+        out.update(obs_noise_std=list(like.obs_noise_std), action_noise_std=list(like.action_noise_std))
+        if like.push is not None:
+            out["push"] = like.push.model_dump()
     return out
 
 

@@ -137,8 +137,8 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
     logger.info("exported bundle %s (parity max abs err %.2e)", exported["bundle"], exported["parity_max_abs_err"])
     shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"))
     if calibration is not None:
-        on_calibrated = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report-calibrated"),
-                                    domains="calibrated")
+        report_calibrated = str(Path(trained["run_dir"]) / "report-calibrated")
+        on_calibrated = shadow_step(exported["bundle"], config_path, report_calibrated, domains="calibrated")
         shadow = _gate_on_both(shadow, on_calibrated)
 
     metrics = {"shadow": shadow["metrics"], "gate": {"decision": shadow["decision"], "reasons": shadow["reasons"]},
@@ -192,9 +192,9 @@ def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: 
 
     verdict = "PASSED, promoted" if summary["decision"] == "pass" else "FAILED, not promoted"
     reasons = "\n".join(f"- {r}" for r in summary["reasons"])
-    calibrated = ("" if calibration is None else
-                  "\n## Calibration (identified vs nominal)\n" + "\n".join(f"- {line}" for line in summary_lines(calibration))
-                  + f"\n- calibrated set: `{summary['calibration']['calibrated_set']}`\n")
+    calibrated = "" if calibration is None else (
+        "\n## Calibration (identified vs nominal)\n" + "\n".join(f"- {line}" for line in summary_lines(calibration))
+        + f"\n- calibrated set: `{summary['calibration']['calibrated_set']}`\n")
     create_markdown_artifact(
         key="retrain-summary",
         markdown=(f"# Retrain {summary['task']}: gate {verdict}\n\n"

@@ -18,10 +18,11 @@ def summary_lines(result: dict) -> list[str]:
     The flow's markdown artifact uses the same lines (as a Markdown list).
     """
     err = result["prediction_error"]
-    lines = [f"calibration of {result['task']} from {result['log']['seconds']:.0f} s of log "
-             f"({result['log']['windows']} windows of {result['log']['horizon_steps']} steps, {result['wall_s']:.1f} s)",
-             f"prediction error (normalized RMS over the window): nominal twin {err['before']['rms_normalized']:.2f}"
-             f" -> calibrated {err['after']['rms_normalized']:.2f}",
+    log = result["log"]
+    lines = [f"calibration of {result['task']} from {log['seconds']:.0f} s of log "
+             f"({log['windows']} windows of {log['horizon_steps']} steps, {result['wall_s']:.1f} s)",
+             f"prediction error (RMS over the window, in noise std units): "
+             f"nominal twin {err['before']['rms_normalized']:.2f} -> calibrated {err['after']['rms_normalized']:.2f}",
              f"latency: {result['latency_steps']['identified']} control steps"]
     for name, p in sorted(result["parameters"].items()):
         lo, hi = p["range"]

@@ -22,6 +22,8 @@ class RunCommand:
         p.add_argument("--models", default="models", help="registry root (default models/)")
         p.add_argument("--runs", default="runs", help="where training runs and reports go (default runs/)")
         p.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else local)")
+        p.add_argument("--from-log", metavar="LOGS", help="field shadow logs (file or directory): calibrate the twin "
+                       "to them first, train around the calibrated set, gate on it as well as on reality")
         p.add_argument("--json", action="store_true", help="print one JSON summary object")
 
     @staticmethod

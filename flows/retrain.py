@@ -1,4 +1,9 @@
-"""The nightly `retrain` flow: train -> export -> falsify -> shadow -> gate -> register -> promote.
+"""The nightly `retrain` flow: [calibrate ->] train -> export -> falsify -> shadow -> gate -> register -> promote.
+
+With field logs (`from_log`), the flow first calibrates the twin to them
+(pipeline.calibration), trains on `train` ranges re-centred on what was
+identified, shadow-evaluates on the `calibrated` set as well as `reality`, and
+the candidate must pass the gate on both.
 
 Orchestration only: every step is a function of `pipeline`, and tasks pass
 config paths, directories and plain dicts, never live objects (NOTES: unhashable
@@ -13,6 +18,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
+import yaml
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
@@ -43,6 +50,30 @@ def _fault_drill(step: str) -> None:
         raise TransientFault(f"fault drill: {step} attempt {get_run_context().task_run.run_count} fails on purpose")
 
 
+@task(name="calibrate", retries=0, persist_result=True)
+def calibrate_step(config_path: str, from_log: str, runs_dir: str) -> dict:
+    """Fit the twin to field logs; write the re-centred config; stop if the shield's envelope misses the result."""
+    from pipeline.calibration.calibrate import calibrate
+    from pipeline.calibration.cli import write_calibrated_yaml
+    from pipeline.calibration.sets import recentred_training
+    from pipeline.config import parse_config
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    cfg = load_config(config_path)
+    result = calibrate(cfg, from_log)
+    out = Path(runs_dir) / f"calibration-{get_run_context().task_run.id.hex[:8]}"
+    out.mkdir(parents=True, exist_ok=True)
+    write_calibrated_yaml(result, out / "calibrated.yaml")
+    derived = out / f"{cfg.task.name}-calibrated.yaml"
+    data = recentred_training(cfg, result)
+    derived.write_text(yaml.safe_dump(data, sort_keys=False))
+    # The shield's assumptions must still hold on every set the candidate meets, the calibrated one included:
+    # building the spec for the derived config runs the safety case's envelope check, whose error stops the flow.
+    build_shield_spec(parse_config(data, str(derived)))
+    (out / "calibration.json").write_text(json.dumps(result, indent=1, default=float))
+    return {"config_path": str(derived), "calibrated": str(out / "calibrated.yaml"), "result": result}
+
+
 @task(name="train", retries=2, retry_delay_seconds=5, persist_result=True)
 def train_step(config_path: str, runs_dir: str, steps: int | None, ray_address: str | None) -> dict:
     """Train on Ray (local, or the cluster at ray_address / RAY_ADDRESS)."""
@@ -71,11 +102,13 @@ def falsify_step(bundle_dir: str, config_path: str, out_dir: str) -> dict:
 
 
 @task(name="shadow", retries=0, persist_result=True)
-def shadow_step(bundle_dir: str, config_path: str, report_dir: str, falsification: dict | None = None) -> dict:
+def shadow_step(bundle_dir: str, config_path: str, report_dir: str, falsification: dict | None = None,
+                domains: str | None = None) -> dict:
     """Shadow pass beside the legacy controller, counterfactual pass, gate decision (with falsify's cases), report."""
     _fault_drill("shadow")
     cfg = load_config(config_path)
-    return run_shadow(bundle_dir, cfg, domains=cfg.shadow.domains, report_dir=report_dir, falsification=falsification)
+    return run_shadow(bundle_dir, cfg, domains=domains or cfg.shadow.domains, report_dir=report_dir,
+                      falsification=falsification)
 
 
 @task(name="register", retries=1, retry_delay_seconds=2, persist_result=True)
@@ -95,12 +128,20 @@ def promote_step(models_root: str, task_name: str, version: int) -> int:
 
 @flow(name="retrain", log_prints=True)
 def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "models", runs_dir: str = "runs",
-            steps: int | None = None, ray_address: str | None = None) -> dict:
-    """Nightly retraining: promotes the new policy only if it passes the shadow gate."""
+            steps: int | None = None, ray_address: str | None = None, from_log: str | None = None) -> dict:
+    """Nightly retraining: promotes the new policy only if it passes the shadow gate.
+
+    from_log: field shadow logs (file or directory); calibrate first and gate on the calibrated set too.
+    """
     logger = get_run_logger()
     cfg = load_config(config_path)  # fail fast, before any Ray work, on a bad config
     flow_run_id = str(get_run_context().flow_run.id)
 
+    calibration = None
+    if from_log:
+        calibration = calibrate_step(config_path, from_log, runs_dir)
+        config_path = calibration["config_path"]  # train and shadow on the calibrated config from here on
+        logger.info("calibrated to %s in %.0f s: %s", from_log, calibration["result"]["wall_s"], config_path)
     trained = train_step(config_path, runs_dir, steps, ray_address)
     logger.info("trained %s env steps in %.0f s: %s", trained["env_steps"], trained["wall_s"], trained["run_dir"])
     exported = export_step(trained["run_dir"], models_root)
@@ -109,12 +150,19 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
     logger.info("falsify: %s case(s) in %s candidates, worst h %s", falsification["cases_found"],
                 falsification["evaluated"], falsification["min_h"])
     shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"), falsification)
+    if calibration is not None:
+        report_calibrated = str(Path(trained["run_dir"]) / "report-calibrated")
+        on_calibrated = shadow_step(exported["bundle"], config_path, report_calibrated, falsification,
+                                    domains="calibrated")
+        shadow = _gate_on_both(shadow, on_calibrated)
 
     metrics = {"shadow": shadow["metrics"], "gate": {"decision": shadow["decision"], "reasons": shadow["reasons"]},
                "train": {k: trained.get(k) for k in ("env_steps", "updates", "final_return", "wall_s",
                                                      # transfer: the checkpoint selected on validation and why (issue 13)
                                                      "best_updates", "best_validation_return", "stopped_early",
                                                      "adr_fraction")}}
+    if calibration is not None:
+        metrics["calibration"] = _calibration_metrics(calibration["result"])
     version = register_step(exported["bundle"], models_root, metrics, flow_run_id)
     registry = Registry(models_root)
     previous = registry.production(cfg.task.name)
@@ -127,23 +175,51 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
         "production": registry.production(cfg.task.name), "previous_production": previous,
         "report": shadow["report"], "run_dir": trained["run_dir"], "flow_run_id": flow_run_id,
     }
-    _publish_artifacts(summary, shadow, trained)
+    if calibration is not None:
+        summary["calibration"] = {**metrics["calibration"], "calibrated_set": calibration["calibrated"],
+                                  "config": calibration["config_path"]}
+    _publish_artifacts(summary, shadow, trained, calibration["result"] if calibration else None)
     if not passed:
         raise GateFailed(f"gate failed for {cfg.task.name} v{version}; production stays at {previous}: "
                          + "; ".join(shadow["reasons"]))
     return summary
 
 
-def _publish_artifacts(summary: dict, shadow: dict, trained: dict) -> None:
+def _gate_on_both(reality: dict, calibrated: dict) -> dict:
+    """One decision from the shadow runs on `reality` and on the calibrated set: pass only if both pass."""
+    decision = "pass" if reality["decision"] == calibrated["decision"] == "pass" else "fail"
+    reasons = list(reality["reasons"]) + [f"calibrated: {r}" for r in calibrated["reasons"]]
+    metrics = {**reality["metrics"], "calibrated": calibrated["metrics"]}
+    return {**reality, "decision": decision, "reasons": reasons, "metrics": metrics,
+            "report_calibrated": calibrated["report"]}
+
+
+def _calibration_metrics(result: dict) -> dict:
+    """What the registry keeps of a calibration: identified vs nominal, error before/after, wall time."""
+    return {"latency_steps": result["latency_steps"]["identified"],
+            "parameters": {n: {k: p[k] for k in ("nominal", "identified", "identified_ok", "range")}
+                           for n, p in result["parameters"].items()},
+            "unidentified": result["unidentified"],
+            "prediction_error_before": result["prediction_error"]["before"]["rms_normalized"],
+            "prediction_error_after": result["prediction_error"]["after"]["rms_normalized"],
+            "wall_s": result["wall_s"]}
+
+
+def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: dict | None = None) -> None:
+    from pipeline.calibration.cli import summary_lines
+
     verdict = "PASSED, promoted" if summary["decision"] == "pass" else "FAILED, not promoted"
     reasons = "\n".join(f"- {r}" for r in summary["reasons"])
+    calibrated = "" if calibration is None else (
+        "\n## Calibration (identified vs nominal)\n" + "\n".join(f"- {line}" for line in summary_lines(calibration))
+        + f"\n- calibrated set: `{summary['calibration']['calibrated_set']}`\n")
     create_markdown_artifact(
         key="retrain-summary",
         markdown=(f"# Retrain {summary['task']}: gate {verdict}\n\n"
                   f"- version: **{summary['version']}**\n- production: **{summary['production']}** "
                   f"(was {summary['previous_production']})\n- training: {trained['env_steps']} env steps, "
                   f"{trained['wall_s']:.0f} s, final return {trained['final_return']:.1f}\n"
-                  f"- report: `{summary['report']}`\n\n## Gate\n{reasons}\n"),
+                  f"- report: `{summary['report']}`\n\n## Gate\n{reasons}\n{calibrated}"),
         description=f"gate {summary['decision']}")
     rows = [{"metric": k, "value": json.dumps(v) if isinstance(v, (dict, list)) else v}
             for k, v in _flatten(shadow["metrics"]).items()]
@@ -167,7 +243,7 @@ def run_cli(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     state = retrain(config_path=args.config, models_root=args.models, runs_dir=args.runs, steps=args.steps,
-                    ray_address=args.ray_address, return_state=True)
+                    ray_address=args.ray_address, from_log=getattr(args, "from_log", None), return_state=True)
     if state.is_completed():
         summary = state.result()
     else:

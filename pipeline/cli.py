@@ -30,6 +30,7 @@ HANDLERS: dict[str, str] = {
     "falsify": "pipeline.evaluation.falsify:run_cli",
     "registry": "pipeline.deployment.registry:run_cli",
     "serve": "shield.server:run_cli",
+    "calibrate": "pipeline.calibration.cli:run_cli",
 }
 
 
@@ -93,6 +94,12 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-s", type=float, help="search budget in seconds (default falsify.budget_s)")
     p.add_argument("--seed", type=int, help="search seed (default falsify.seed)")
     p.add_argument("--out", help="where found cases are written (default reports/falsify-<task>-<time>)")
+    _json_flag(p)
+
+    p = sub.add_parser("calibrate", help="fit the twin's randomized parameters and latency to shadow logs: a calibrated set")
+    _config_flag(p)
+    p.add_argument("--from-log", required=True, metavar="PATH", help="shadow logs (file or directory) from `serve --mode shadow`")
+    p.add_argument("--out", metavar="FILE.yaml", help="write the calibrated randomization set here (usable as --domains)")
     _json_flag(p)
 
     p = sub.add_parser("registry", help="list, inspect, promote, roll back or verify bundles in models/")

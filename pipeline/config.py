@@ -153,6 +153,18 @@ class ShadowConfig(Section):
     seed: int = Field(1000, ge=0, description="First episode seed; held out from training seeds.")
 
 
+class CalibrationConfig(Section):
+    """Real-to-sim calibration from field logs (`sim2real calibrate`, `sim2real run --from-log`)."""
+
+    known: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        {}, description="Scales measured on the bench, by parameter name (e.g. joint_damping.slider: 1.2 from the "
+                        "motor's back-EMF constant): held fixed. Kinematic logs only pin ratios of masses, dampings "
+                        "and gains; one known force-unit parameter fixes their common scale.")
+    horizon_steps: int = Field(15, ge=2, le=200, description="Control steps per prediction window (keep it shorter "
+                                                             "than the plant's open-loop divergence time).")
+    min_log_seconds: float = Field(10.0, gt=0, description="Shortest usable log, s of control.")
+
+
 class Config(Section):
     """A task config: everything the CLI and the flows need for one task."""
 
@@ -168,6 +180,7 @@ class Config(Section):
     shadow: ShadowConfig = ShadowConfig()
     falsify: FalsifyConfig = FalsifyConfig()
     validation: ValidationConfig = ValidationConfig()
+    calibration: CalibrationConfig = CalibrationConfig()
 
     @model_validator(mode="after")
     def _needs_train_and_reality(self) -> "Config":

@@ -1,0 +1,107 @@
+"""Field logs for calibration: read `sim2real serve --mode shadow` logs and refuse what cannot be used.
+
+A shadow log (shield/shadowlog.py, docs/CONTRACTS.md) records, per control
+step, the observation the plant sent and the legacy action it applied. For
+system identification that is a (state, input) trajectory, usable only if it
+is the right task, finite, contiguous (no missing control steps) and long
+enough. Every refusal is a `CalibrationError` whose message names the file and
+the problem, so `sim2real calibrate` prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# A row later than this many control periods after the previous one means a missing step.
+GAP_PERIODS = 1.5
+
+
+class CalibrationError(ValueError):
+    """Logs or settings that calibration cannot use; the message names the culprit.
+
+    Named `...Error` with ValueError so the CLI reports it as a user error (exit 2).
+    """
+
+
+
+
+@dataclass(frozen=True)
+class FieldLog:
+    """A validated log: contiguous runs of (observation, applied action) at one control period."""
+
+    obs: np.ndarray  # float64[N, obs_dim], as the plant sent them
+    action: np.ndarray  # float64[N, act_dim], the legacy action the plant applied (normalized)
+    runs: list[tuple[int, int]]  # [start, stop) row ranges without a missing step
+    dt: float  # control period, s
+    source: str
+
+    @property
+    def seconds(self) -> float:
+        """Total logged control time, s."""
+        return len(self.obs) * self.dt
+
+
+def _gaps(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float) -> tuple[list[int], list[int]]:
+    """Row indices where a new run starts (a new episode) and where a step is missing inside one.
+
+    The step counter shows requests the server never saw; the clock shows lost
+    time only when the log ran in real time (median row interval within 25 % of
+    dt): a simulated plant stepping faster than real time has a meaningless clock.
+    """
+    same_episode = episode[1:] == episode[:-1]
+    skipped = step[1:] != step[:-1] + 1
+    intervals = np.diff(t)[same_episode]
+    if len(intervals) and abs(float(np.median(intervals)) / dt - 1.0) < 0.25:
+        skipped |= np.diff(t) > GAP_PERIODS * dt
+    starts = [0] + [int(i) + 1 for i in np.flatnonzero(~same_episode)]
+    missing = [int(i) + 1 for i in np.flatnonzero(same_episode & skipped)]
+    return starts, missing
+
+
+def load_field_log(path: str | Path, *, task: str, obs_dim: int, act_dim: int, dt: float,
+                   min_seconds: float = 10.0) -> FieldLog:
+    """Read and validate shadow logs (a file or a directory of parts) for calibrating `task`.
+
+    Refuses (CalibrationError) another task's log, other dimensions or control
+    period, NaN/inf rows, a gap of more than a control period inside an
+    episode, and less than `min_seconds` of control. dt in s.
+    """
+    from shield.shadowlog import ShadowLogError, read_shadow_log
+
+    try:
+        cols, meta = read_shadow_log(path)
+    except ShadowLogError as err:
+        raise CalibrationError(f"--from-log {err}") from None
+    where = f"--from-log {path}"
+    logged_task = meta.get("task")
+    if logged_task not in (None, "", task):
+        raise CalibrationError(f"{where}: logged for task {logged_task!r}, the config is {task!r}")
+    obs, action = cols["obs"].astype(np.float64), cols["legacy_action"].astype(np.float64)
+    if obs.shape[1] != obs_dim or action.shape[1] != act_dim:
+        raise CalibrationError(f"{where}: observations x actions are {obs.shape[1]} x {action.shape[1]}, "
+                               f"task {task} has {obs_dim} x {act_dim}")
+    logged_dt = meta.get("control_period_s")
+    if isinstance(logged_dt, (int, float)) and math.isfinite(logged_dt) and abs(logged_dt - dt) > 1e-6 * dt:
+        raise CalibrationError(f"{where}: control period {logged_dt} s, task {task} runs at {dt} s")
+    bad = ~(np.isfinite(obs).all(axis=1) & np.isfinite(action).all(axis=1) & np.isfinite(cols["t"]))
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        raise CalibrationError(f"{where}: {len(rows)} row(s) with NaN or inf in obs/legacy_action/t "
+                               f"(first at row {rows[0]}); drop them or cut the log there")
+    starts, missing = _gaps(cols["episode"], cols["step"], cols["t"], dt)
+    if missing:
+        i = missing[0]
+        raise CalibrationError(
+            f"{where}: {len(missing)} gap(s) longer than a control period ({dt} s), first at row {i} "
+            f"(episode {cols['episode'][i]}, step {cols['step'][i - 1]} -> {cols['step'][i]}, "
+            f"{cols['t'][i] - cols['t'][i - 1]:.3f} s); a replay across a gap would be wrong")
+    seconds = len(obs) * dt
+    if seconds < min_seconds:
+        raise CalibrationError(f"{where}: only {seconds:.1f} s of control ({len(obs)} steps); "
+                               f"calibration needs at least {min_seconds:.0f} s")
+    runs = list(zip(starts, starts[1:] + [len(obs)]))
+    return FieldLog(obs=obs, action=action, runs=runs, dt=dt, source=str(path))

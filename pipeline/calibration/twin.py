@@ -1,0 +1,127 @@
+"""The MuJoCo twin as calibration sees it: scales in, open-loop multi-step predictions out.
+
+Parameters are the positive scales a RandomizationSet uses, by element name
+(`body_mass.cart`, `actuator_gain.cart_force`, `gravity_scale`, ...). A model
+with given scales is built through envs' public API (a fixed randomization set,
+low == high, then a reset applies it), so calibration writes parameters exactly
+the way training samples them. Replay is `mujoco.rollout` (C, batched): one call
+predicts every log window at once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import mujoco
+import numpy as np
+from mujoco import rollout
+
+from pipeline.calibration.logs import CalibrationError
+
+PHYSICAL_GROUPS = ("body_mass", "geom_friction", "joint_damping", "actuator_gain")
+
+
+def put_range(rset: dict, name: str, entry: dict) -> None:
+    """Set parameter `name` (`group.element` or `gravity_scale`) of a set dict (YAML format) to `entry`."""
+    if name == "gravity_scale":
+        rset["gravity_scale"] = entry
+    else:
+        group, element = name.split(".", 1)
+        rset.setdefault(group, {})[element] = entry
+
+
+def fixed_set(scales: dict[str, float], latency: int | None = None, like=None) -> dict:
+    """A RandomizationSet dict (YAML format) whose every range is the single given scale.
+
+    latency: whole control steps (fixed); like: a RandomizationSet whose noise and
+    pushes are copied (a simulated plant with a fixed body and a realistic gap).
+    """
+    out: dict = {}
+    for name, s in scales.items():
+        put_range(out, name, {"low": float(s), "high": float(s)})
+    if latency is not None:
+        out["latency_steps"] = {"low": int(latency), "high": int(latency)}
+    if like is not None:
+        out.update(obs_noise_std=list(like.obs_noise_std), action_noise_std=list(like.action_noise_std))
+        if like.push is not None:
+            out["push"] = like.push.model_dump()
+    return out
+
+
+class Twin:
+    """The task's plant with chosen scales; predicts observations from logged states and actions.
+
+    Needs the task to expose `nominal_model()` with `obs_to_state` (obs index ->
+    qpos/qvel index) and `substeps`: the cart-pole does; a task whose
+    observation is not its MuJoCo state (the quadrotor) cannot be replayed.
+    """
+
+    CACHE = 64  # models kept (least squares re-evaluates the same points)
+
+    def __init__(self, env_id: str):
+        import envs  # noqa: F401  (registers the task ids)
+        from pipeline.safety.shield_spec import _task_module
+
+        nominal = getattr(_task_module(env_id), "nominal_model", None)
+        if nominal is None:
+            raise CalibrationError(f"task {env_id}: calibration replays logged states through the twin, "
+                                   f"and this task's observation is not its MuJoCo state (no nominal_model())")
+        nominal = nominal()
+        self.env_id = env_id
+        self.substeps = int(nominal.substeps)
+        self.obs_to_state = dict(nominal.obs_to_state)
+        self.state_obs = sorted(self.obs_to_state)  # obs indices the twin predicts
+        self._models: OrderedDict = OrderedDict()
+        base = self.model({})
+        self._data = mujoco.MjData(base)
+        self._spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
+        self._qpos0 = mujoco.mj_stateSize(base, mujoco.mjtState.mjSTATE_TIME)
+        self._qvel0 = self._qpos0 + base.nq
+        self.nu = base.nu
+
+    def model(self, scales: dict[str, float]) -> mujoco.MjModel:
+        """An MjModel with `scales` applied (nominal where absent), via a fixed randomization set."""
+        key = tuple(sorted((k, round(float(v), 12)) for k, v in scales.items()))
+        if key in self._models:
+            self._models.move_to_end(key)
+            return self._models[key]
+        import gymnasium as gym
+
+        env = gym.make(self.env_id, randomization=fixed_set(scales) if scales else None, disable_env_checker=True)
+        env.reset(seed=0)
+        model = env.unwrapped.model
+        env.close()
+        self._models[key] = model
+        if len(self._models) > self.CACHE:
+            self._models.popitem(last=False)
+        return model
+
+    def _columns(self) -> list[int]:
+        """Full-physics-state columns of the state observations, in `state_obs` order."""
+        return [(self._qpos0 if kind == "qpos" else self._qvel0) + i
+                for kind, i in (self.obs_to_state[o] for o in self.state_obs)]
+
+    def initial_states(self, obs: np.ndarray) -> np.ndarray:
+        """Full physics states (n, nstate) with qpos/qvel taken from observations (n, obs_dim)."""
+        model = self.model({})
+        mujoco.mj_resetData(model, self._data)
+        template = np.empty(mujoco.mj_stateSize(model, self._spec))
+        mujoco.mj_getState(model, self._data, template, self._spec)
+        return self.set_states(np.repeat(template[None], len(obs), axis=0), obs[:, self.state_obs])
+
+    def set_states(self, states: np.ndarray, state_obs: np.ndarray) -> np.ndarray:
+        """A copy of `states` (n, nstate) with the state observations (n, len(state_obs)) written in."""
+        out = states.copy()
+        out[:, self._columns()] = state_obs
+        return out
+
+    def predict(self, scales: dict[str, float], states: np.ndarray, controls: np.ndarray) -> np.ndarray:
+        """Predicted state observations (n, H, len(state_obs)) after each of H control steps.
+
+        controls: (n, H, nu) normalized actions, held over each control period's substeps.
+        """
+        model = self.model(scales)
+        ctrl = np.repeat(np.clip(controls, -1.0, 1.0), self.substeps, axis=1)
+        out, _ = rollout.rollout(model, self._data, states, ctrl)
+        out = out[:, self.substeps - 1::self.substeps]  # the state at each control step's end
+        return out[:, :, self._columns()]

@@ -244,9 +244,12 @@ class NStepBuilder:
         self.shapes = {"obs": (obs_dim,), "action": (act_dim,), "reward": (), "next_obs": (obs_dim,), "discount": ()}
         self.pending: list[list[tuple[np.ndarray, np.ndarray, float]]] = [[] for _ in range(num_envs)]
 
-    def step(self, obs, action, reward, next_obs, terminated, truncated) -> dict:
+    def step(self, obs, action, reward, next_obs, terminated, truncated, active=None) -> dict:
+        """Arrays over envs for one step; envs with `active[i]` False (e.g. a broken env) are skipped."""
         out: dict[str, list] = {k: [] for k in TRANSITION_KEYS}
         for i, queue in enumerate(self.pending):
+            if active is not None and not active[i]:
+                continue
             queue.append((obs[i], action[i], float(reward[i])))
             if terminated[i] or truncated[i]:
                 while queue:  # flush: every pending start gets its shortened return

@@ -211,10 +211,15 @@ class ReplayClient:
 
 
 def _save_replay(run_dir: Path, shards: list) -> None:
-    """Snapshot every shard to run_dir/replay/shard_<k>.npz (temp file + rename, as checkpoints)."""
+    """Snapshot every shard to run_dir/replay/shard_<k>.npz (temp file + rename, as checkpoints).
+    A shard that is down keeps its previous snapshot (older, but consistent in itself)."""
     folder = run_dir / REPLAY_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    for k, state in enumerate(ray.get([s.state.remote() for s in shards])):
+    for k, ref in enumerate([s.state.remote() for s in shards]):
+        try:
+            state = ray.get(ref)
+        except (RayActorError, ActorUnavailableError):
+            continue
         tmp = folder / f"shard_{k}.tmp.npz"
         np.savez(tmp, **state)
         os.replace(tmp, folder / f"shard_{k}.npz")
@@ -324,6 +329,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
 
     recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
     episodes_since_log: list[np.ndarray] = []
+    lags: list[int] = []
     nodes: dict[str, set] = dict(actors=set(), shards=set())
     loop_start, steps_at_start, learned_at_start = time.perf_counter(), env_steps, learned
     learner_time, last_log = 0.0, (time.perf_counter(), env_steps, learned, 0, 0)
@@ -347,7 +353,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
                       replay_insert_per_s=max(0, inserted - inserted0) / dt, replay_sample_per_s=max(0, sampled - sampled0) / dt,
                       priority_max=max((s["max_priority"] for s in shard_stats), default=0.0),
                       priority_mass_total=sum(s["total_mass"] for s in shard_stats),
-                      policy_lag_mean=float(learner.version - publisher.latest[0]),
+                      policy_lag_mean=float(np.mean(lags)) if lags else 0.0, policy_lag_max=max(lags, default=0),
                       actor_restarts=c["actor"], shard_restarts=c["shard"], transitions_lost=c["lost"],
                       **{k: v for k, v in stats.items() if k != "learner_s"})
         if len(recent_returns) == FINAL_RETURN_WINDOW:
@@ -358,6 +364,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
                           episode_length=float(eps[:, 2].mean()), episodes=episodes_total)
             episodes_since_log.clear()
         last_log = (now, env_steps, learned, inserted, sampled)
+        lags.clear()
         logger.log(record)
         return record
 
@@ -380,6 +387,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
                     env_steps += r["steps"]
                     lost_by_actor[r["actor"]] = r["lost"]
                     nodes["actors"].add(r["node_id"])
+                    lags.append(learner.version - r["version"])  # learner steps behind, at the chunk's start
                     episodes_total += len(r["episodes"])
                     recent_returns.extend(r["episodes"][:, 0].tolist())
                     if len(r["episodes"]):

@@ -58,7 +58,7 @@ def in_process(args) -> dict:
 def ray_shards(k: int, args) -> dict:
     import ray
 
-    from pipeline.training.offpolicy import ReplayClient
+    from pipeline.training.replay import ReplayClient
 
     rng = np.random.default_rng(k)
     cls = ray.remote(ReplayShard).options(num_cpus=0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -224,6 +224,8 @@ def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[t
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         ann = field.annotation
+        # An optional section (train.sac: SacConfig | None) lists its fields like any other.
+        ann = next((a for a in get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             rows.append((key, "", (ann.__doc__ or "").strip().splitlines()[0]))
             rows.extend(describe_fields(ann, key + "."))

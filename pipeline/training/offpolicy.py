@@ -41,14 +41,12 @@ from pipeline.training.actor_pool import ActorPool
 from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
 from pipeline.training.learner import resolve_device
 from pipeline.training.metrics import MetricsLogger
-from pipeline.training.replay import NStepBuilder, ReplayShard, allocate, combine_samples
+from pipeline.training.replay import NStepBuilder, ReplayClient, ReplayShard, load_snapshot, save_snapshot
 from pipeline.training.rollout import RolloutActor, WeightSource
 from pipeline.training.sac import SacLearner, SquashedGaussianActor
 from pipeline.training.train import FINAL_RETURN_WINDOW, _Publisher, _shield_in_loop, _with_overrides, model_spec_for
 
 REPLAY_DIR = "replay"
-# A shard that does not answer a stats poll within this long counts as down for now (s).
-SHARD_POLL_TIMEOUT_S = 2.0
 
 
 def exploration_levels(base: float, alpha: float, num_actors: int) -> list[float]:
@@ -124,120 +122,6 @@ class ExploringActor(RolloutActor):
         return 0
 
 
-class ReplayClient:
-    """The learner's side of the shards: prefetched prioritized samples, batched async priority updates,
-    stats polls, and the restarts and transitions lost when a shard's node dies.
-
-    One request per shard fetches `prefetch` minibatches at once and the next request is issued as soon
-    as a group arrives, so sampling overlaps learning; new priorities are sent per group (one call per
-    shard), which makes them at most about two groups stale, as in Ape-X's asynchronous learner."""
-
-    def __init__(self, shards: list, batch_size: int, prefetch: int, seed: int):
-        self.shards, self.batch_size, self.prefetch = shards, batch_size, prefetch
-        self.rng = np.random.default_rng(seed)
-        self.mass = [0.0] * len(shards)  # each shard's total p^alpha, as last seen
-        self.lives: list[str | None] = [None] * len(shards)
-        self.sizes = [0] * len(shards)
-        self.restarts, self.transitions_lost = 0, 0
-        self._in_flight: list | None = None
-        self._ready: list[dict] = []
-        self._priorities: list[tuple[dict, np.ndarray]] = []
-
-    def _note(self, k: int, life: str, size: int, mass: float) -> None:
-        if self.lives[k] is not None and life != self.lives[k]:
-            self.restarts += 1
-            self.transitions_lost += self.sizes[k]
-        self.lives[k], self.sizes[k], self.mass[k] = life, size, mass
-
-    def _request(self) -> None:
-        self._flush_priorities()  # same caller, same actor: Ray runs them before the sample
-        mass = self.mass if sum(self.mass) > 0 else [1.0] * len(self.shards)
-        counts = allocate(self.batch_size * self.prefetch, mass, self.rng)
-        self._in_flight = [self.shards[k].sample.remote(int(n)) if n else None for k, n in enumerate(counts)]
-
-    def sample(self, beta: float) -> dict:
-        """A prioritized batch from all shards (short while a shard is down; {} if all are down or empty)."""
-        if self._ready:
-            return self._ready.pop()
-        if self._in_flight is None:
-            self._request()
-        samples = []
-        for k, ref in enumerate(self._in_flight):
-            if ref is None:
-                continue
-            try:
-                s = ray.get(ref)
-            except (RayActorError, ActorUnavailableError):
-                self.mass[k] = 0.0  # down: asked again after the next stats poll
-                continue
-            self._note(k, s["life"], int(s["size"]), float(s["total_mass"]))
-            samples.append(s)
-        self._request()
-        group = combine_samples(samples, beta)
-        if not group:
-            return {}
-        order = self.rng.permutation(len(group["reward"]))
-        self._ready = [{k: v[rows] for k, v in group.items()} for rows in np.array_split(order, self.prefetch) if len(rows)]
-        return self._ready.pop()
-
-    def update_priorities(self, batch: dict, priorities: np.ndarray) -> None:
-        self._priorities.append((batch, priorities))
-
-    def _flush_priorities(self) -> None:
-        if not self._priorities:
-            return
-        shard = np.concatenate([b["shard"] for b, _ in self._priorities])
-        index = np.concatenate([b["index"] for b, _ in self._priorities])
-        generation = np.concatenate([b["generation"] for b, _ in self._priorities])
-        priorities = np.concatenate([p for _, p in self._priorities])
-        self._priorities.clear()
-        for k in np.unique(shard):
-            rows = shard == k
-            self.shards[int(k)].update_priorities.remote(index[rows], generation[rows], priorities[rows])
-
-    def poll(self) -> list[dict]:
-        """Stats of every shard that answers; also revives the sampling mass of restarted shards."""
-        refs = [s.stats.remote() for s in self.shards]
-        out = []
-        for k, ref in enumerate(refs):
-            try:
-                st = ray.get(ref, timeout=SHARD_POLL_TIMEOUT_S)
-            except (RayActorError, ActorUnavailableError, GetTimeoutError):
-                self.mass[k] = 0.0
-                continue
-            self._note(k, st["life"], int(st["size"]), float(st["total_mass"]))
-            out.append(st)
-        return out
-
-
-def _save_replay(run_dir: Path, shards: list) -> None:
-    """Snapshot every shard to run_dir/replay/shard_<k>.npz (temp file + rename, as checkpoints).
-    A shard that is down keeps its previous snapshot (older, but consistent in itself)."""
-    folder = run_dir / REPLAY_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    for k, ref in enumerate([s.state.remote() for s in shards]):
-        try:
-            state = ray.get(ref)
-        except (RayActorError, ActorUnavailableError):
-            continue
-        tmp = folder / f"shard_{k}.tmp.npz"
-        np.savez(tmp, **state)
-        os.replace(tmp, folder / f"shard_{k}.npz")
-
-
-def _load_replay(run_dir: Path, shards: list) -> int:
-    """Refill the shards from a run's snapshot; returns the transitions restored (0 when there is none)."""
-    files = [run_dir / REPLAY_DIR / f"shard_{k}.npz" for k in range(len(shards))]
-    if not all(f.exists() for f in files):
-        return 0
-    states = []
-    for f in files:
-        with np.load(f, allow_pickle=False) as data:
-            states.append({k: data[k] for k in data.files})
-    ray.get([s.load_state.remote(st) for s, st in zip(shards, states)])
-    return int(sum(st["scalars"][0] for st in states))
-
-
 def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ray_address=None, resume=None,
                     progress=True, callback: Callable[[dict], None] | None = None) -> dict:
     """`train()` for train.algorithm 'sac'; same arguments and result keys (+ replay figures).
@@ -297,7 +181,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
                                                    model_spec["act_dim"], rc.alpha, tc.seed)
               for k, name in enumerate(shard_names)]
     replay = ReplayClient(shards, sc.batch_size, sc.prefetch_batches, tc.seed)
-    restored = _load_replay(run_dir, shards) if ckpt is not None else 0
+    restored = load_snapshot(run_dir / REPLAY_DIR, shards) if ckpt is not None else 0
     replay.poll()
 
     updates = learner.version
@@ -320,7 +204,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
 
     def checkpoint() -> None:
         if rc.checkpoint:
-            _save_replay(run_dir, shards)
+            save_snapshot(run_dir / REPLAY_DIR, shards)
         write_checkpoint(run_dir, learner.version, dict(
             algorithm="sac", learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
             updates=learner.version, env_steps=env_steps, learned_samples=learned, episodes=episodes_total,
@@ -403,7 +287,8 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
                 stop = bool(callback and callback(state(log_record())))
             if learner.version % sc.checkpoint_every == 0:
                 checkpoint()
-        log_record()
+        if learner.version % sc.log_every or learner.version == 0:  # what happened since the last record
+            log_record()
         checkpoint()
     except KeyboardInterrupt:
         checkpoint()

@@ -23,14 +23,19 @@ terminal step), which is what the actors insert.
 
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
 
 import numpy as np
 import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 # Added to |TD error| so no transition's priority is ever exactly zero.
 PRIORITY_EPS = 1e-6
 TRANSITION_KEYS = ("obs", "action", "reward", "next_obs", "discount")
+# A shard that does not answer a stats poll within this long counts as down for now (s).
+SHARD_POLL_TIMEOUT_S = 2.0
 
 
 class SumTree:
@@ -229,6 +234,120 @@ class ReplayShard:
 
     def load_state(self, state: dict) -> None:
         self.replay.load_state(state)
+
+
+class ReplayClient:
+    """The learner's side of the shards: prefetched prioritized samples, batched async priority updates,
+    stats polls, and the restarts and transitions lost when a shard's node dies.
+
+    One request per shard fetches `prefetch` minibatches at once and the next request is issued as soon
+    as a group arrives, so sampling overlaps learning; new priorities are sent per group (one call per
+    shard), which makes them at most about two groups stale, as in Ape-X's asynchronous learner."""
+
+    def __init__(self, shards: list, batch_size: int, prefetch: int, seed: int):
+        self.shards, self.batch_size, self.prefetch = shards, batch_size, prefetch
+        self.rng = np.random.default_rng(seed)
+        self.mass = [0.0] * len(shards)  # each shard's total p^alpha, as last seen
+        self.lives: list[str | None] = [None] * len(shards)
+        self.sizes = [0] * len(shards)
+        self.restarts, self.transitions_lost = 0, 0
+        self._in_flight: list | None = None
+        self._ready: list[dict] = []
+        self._priorities: list[tuple[dict, np.ndarray]] = []
+
+    def _note(self, k: int, life: str, size: int, mass: float) -> None:
+        if self.lives[k] is not None and life != self.lives[k]:
+            self.restarts += 1
+            self.transitions_lost += self.sizes[k]
+        self.lives[k], self.sizes[k], self.mass[k] = life, size, mass
+
+    def _request(self) -> None:
+        self._flush_priorities()  # same caller, same actor: Ray runs them before the sample
+        mass = self.mass if sum(self.mass) > 0 else [1.0] * len(self.shards)
+        counts = allocate(self.batch_size * self.prefetch, mass, self.rng)
+        self._in_flight = [self.shards[k].sample.remote(int(n)) if n else None for k, n in enumerate(counts)]
+
+    def sample(self, beta: float) -> dict:
+        """A prioritized batch from all shards (short while a shard is down; {} if all are down or empty)."""
+        if self._ready:
+            return self._ready.pop()
+        if self._in_flight is None:
+            self._request()
+        samples = []
+        for k, ref in enumerate(self._in_flight):
+            if ref is None:
+                continue
+            try:
+                s = ray.get(ref)
+            except (RayActorError, ActorUnavailableError):
+                self.mass[k] = 0.0  # down: asked again after the next stats poll
+                continue
+            self._note(k, s["life"], int(s["size"]), float(s["total_mass"]))
+            samples.append(s)
+        self._request()
+        group = combine_samples(samples, beta)
+        if not group:
+            return {}
+        order = self.rng.permutation(len(group["reward"]))
+        self._ready = [{k: v[rows] for k, v in group.items()} for rows in np.array_split(order, self.prefetch) if len(rows)]
+        return self._ready.pop()
+
+    def update_priorities(self, batch: dict, priorities: np.ndarray) -> None:
+        self._priorities.append((batch, priorities))
+
+    def _flush_priorities(self) -> None:
+        if not self._priorities:
+            return
+        shard = np.concatenate([b["shard"] for b, _ in self._priorities])
+        index = np.concatenate([b["index"] for b, _ in self._priorities])
+        generation = np.concatenate([b["generation"] for b, _ in self._priorities])
+        priorities = np.concatenate([p for _, p in self._priorities])
+        self._priorities.clear()
+        for k in np.unique(shard):
+            rows = shard == k
+            self.shards[int(k)].update_priorities.remote(index[rows], generation[rows], priorities[rows])
+
+    def poll(self) -> list[dict]:
+        """Stats of every shard that answers; also revives the sampling mass of restarted shards."""
+        refs = [s.stats.remote() for s in self.shards]
+        out = []
+        for k, ref in enumerate(refs):
+            try:
+                st = ray.get(ref, timeout=SHARD_POLL_TIMEOUT_S)
+            except (RayActorError, ActorUnavailableError, GetTimeoutError):
+                self.mass[k] = 0.0
+                continue
+            self._note(k, st["life"], int(st["size"]), float(st["total_mass"]))
+            out.append(st)
+        return out
+
+
+def save_snapshot(folder: Path, shards: list) -> None:
+    """Snapshot every shard to folder/shard_<k>.npz (temp file + rename, as checkpoints).
+    A shard that is down keeps its previous snapshot (older, but consistent in itself)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, ref in enumerate([s.state.remote() for s in shards]):
+        try:
+            state = ray.get(ref)
+        except (RayActorError, ActorUnavailableError):
+            continue
+        tmp = folder / f"shard_{k}.tmp.npz"
+        np.savez(tmp, **state)
+        os.replace(tmp, folder / f"shard_{k}.npz")
+
+
+def load_snapshot(folder: Path, shards: list) -> int:
+    """Refill the shards from a run's snapshot; returns the transitions restored (0 when there is none)."""
+    files = [folder / f"shard_{k}.npz" for k in range(len(shards))]
+    if not all(f.exists() for f in files):
+        return 0
+    states = []
+    for f in files:
+        with np.load(f, allow_pickle=False) as data:
+            states.append({k: data[k] for k in data.files})
+    ray.get([s.load_state.remote(st) for s, st in zip(shards, states)])
+    return int(sum(st["scalars"][0] for st in states))
+
 
 
 class NStepBuilder:

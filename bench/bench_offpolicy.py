@@ -98,6 +98,11 @@ def run_sb3(algo: str, budget_s: float, episodes: int) -> dict:
         def _on_training_start(self) -> None:
             self.start = time.perf_counter()
 
+    import torch
+
+    # The torch thread count our learner uses beside its one actor (train.py's rule), so neither
+    # side's thread pool oversubscribes the cores the other lacks.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
     model = (SAC if algo == "sac" else PPO)("MlpPolicy", gym.make(ENV_ID), seed=0, verbose=0)
     start = time.perf_counter()
     model.learn(total_timesteps=10_000_000, callback=WallClock())

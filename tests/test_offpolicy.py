@@ -23,7 +23,7 @@ from pipeline.training.model import load_policy
 from pipeline.training.train import train
 from tests.test_train_learning import ENV_ID, RETURN_RATIO, episode_returns
 
-SAC_STEP_BUDGET = 20_000
+SAC_STEP_BUDGET = 30_000
 
 
 @pytest.fixture(scope="module")

@@ -284,7 +284,8 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
             if learner.version % sc.publish_every == 0:
                 publisher.publish()
             if learner.version % sc.log_every == 0:
-                stop = bool(callback and callback(state(log_record())))
+                record = log_record()
+                stop = bool(callback and callback(state(record)))
             if learner.version % sc.checkpoint_every == 0:
                 checkpoint()
         if learner.version % sc.log_every or learner.version == 0:  # what happened since the last record

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -48,10 +48,42 @@ class AdrConfig(Section):
                                  "fraction of the best seen at the current width.")
 
 
-class TrainConfig(Section):
-    """Actor-learner training (IMPALA / APPO with V-trace)."""
+class SacConfig(Section):
+    """Off-policy SAC learner and its Ape-X actors (train.algorithm: sac); rollout_length = env steps per actor request."""
 
-    algorithm: Literal["impala", "appo"] = Field("appo", description="impala: V-trace actor-critic; appo: V-trace targets + clipped surrogate.")
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate (actor, critics and temperature).")
+    batch_size: int = Field(256, ge=1, description="Transitions per learner step, drawn from all replay shards.")
+    replay_ratio: float = Field(64.0, gt=0, description="Transitions learned per transition collected (batch_size / env steps per update).")
+    learning_starts: int = Field(2000, ge=0, description="Env steps collected before the first learner step.")
+    n_step: int = Field(3, ge=1, description="Steps summed into each transition's return (n-step TD targets).")
+    tau: float = Field(0.005, gt=0, le=1, description="Polyak rate of the target critics per learner step.")
+    init_temperature: float = Field(0.2, gt=0, description="Initial entropy temperature; tuned toward target_entropy.")
+    target_entropy: float | None = Field(None, description="Entropy target (nats); None: -act_dim.")
+    exploration_noise: float = Field(0.3, ge=0, description="Ape-X levels: actor i adds N(0, s_i^2) to its actions, s_i = this^(1 + "
+                                     "exploration_alpha * i / (num_actors - 1)) (normalized action units).")
+    exploration_alpha: float = Field(7.0, ge=0, description="Spread of the per-actor exploration levels (Ape-X uses 7).")
+    prefetch_batches: int = Field(4, ge=1, description="Minibatches fetched from the shards per request (fewer round trips; priorities that much staler).")
+    publish_every: int = Field(10, ge=1, description="Broadcast actor weights every N learner steps.")
+    log_every: int = Field(50, ge=1, description="Write a metrics record every N learner steps.")
+    checkpoint_every: int = Field(5000, ge=1, description="Checkpoint (learner and replay snapshot) every N learner steps, and at the end.")
+
+
+class ReplayConfig(Section):
+    """Sharded prioritized replay (train.algorithm: sac)."""
+
+    capacity: int = Field(200_000, ge=1, description="Transitions kept over all shards (each holds capacity / num_shards).")
+    num_shards: int = Field(2, ge=1, description="Replay shards (Ray actors, spread over the cluster's nodes).")
+    alpha: float = Field(0.6, ge=0, description="Prioritization exponent: P(i) ~ p_i^alpha (0 = uniform).")
+    beta: float = Field(0.4, ge=0, le=1, description="Importance-weight exponent at the start; annealed to 1 at total_env_steps.")
+    shard_num_cpus: float = Field(0.25, ge=0, description="CPUs reserved per shard (fractional leaves room for restarts after a node loss).")
+    checkpoint: bool = Field(True, description="Save the shards' contents with every checkpoint (replay/shard_<k>.npz) for --resume.")
+
+
+class TrainConfig(Section):
+    """Actor-learner training: IMPALA / APPO with V-trace (on-policy), or SAC with sharded prioritized replay."""
+
+    algorithm: Literal["impala", "appo", "sac"] = Field("appo", description="impala: V-trace actor-critic; appo: V-trace targets + "
+                                                       "clipped surrogate; sac: off-policy SAC with Ape-X replay (train.sac, train.replay).")
     sync: bool = Field(False, description="Actors wait for fresh weights after every batch (policy lag 0), for comparison.")
     seed: int = Field(0, ge=0, description="Master seed: actors, envs and the learner derive theirs from it.")
     total_env_steps: int = Field(400_000, gt=0, description="Stop after this many env steps (all actors together).")
@@ -81,6 +113,21 @@ class TrainConfig(Section):
                                 "current observation (implicit system identification, RMA-style); 0: memoryless MLP. "
                                 "The exported ONNX graph then takes a `history` input and the edge keeps one history per plant.")
     adr: AdrConfig = Field(default_factory=AdrConfig, description="Automatic domain randomization of the `train` set.")
+    sac: SacConfig | None = Field(None, description="SAC settings; only with algorithm: sac (defaults filled in then).")
+    replay: ReplayConfig | None = Field(None, description="Replay settings; only with algorithm: sac (defaults filled in then).")
+
+    @model_validator(mode="after")
+    def _off_policy_sections(self) -> "TrainConfig":
+        if self.algorithm != "sac":
+            for key in ("sac", "replay"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"train.{key} is only read when train.algorithm is 'sac' (it is {self.algorithm!r})")
+        else:
+            if self.sac is None:
+                self.sac = SacConfig()
+            if self.replay is None:
+                self.replay = ReplayConfig()
+        return self
 
 
 class ValidationConfig(Section):
@@ -263,6 +310,8 @@ def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[t
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         ann = field.annotation
+        # An optional section (train.sac: SacConfig | None) lists its fields like any other.
+        ann = next((a for a in get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             rows.append((key, "", (ann.__doc__ or "").strip().splitlines()[0]))
             rows.extend(describe_fields(ann, key + "."))

@@ -172,11 +172,15 @@ def load_policy(run_dir: str | Path, which: str = "selected") -> tuple[Determini
     path = path or latest_checkpoint(run_dir)
     ckpt = read_checkpoint(path)
     spec = ckpt["model_spec"]
-    model = ActorCritic(**spec)
-    model.load_state_dict(ckpt["model"])
     meta = dict(env_id=ckpt["env_id"], task=ckpt["task"], config_hash=ckpt["config_hash"],
                 updates=int(ckpt["updates"]), env_steps=int(ckpt["env_steps"]), checkpoint=Path(path).name,
                 **{"history_length": 0, **spec})
     if "selection" in ckpt:
         meta["selection"] = ckpt["selection"]
+    if ckpt.get("algorithm") == "sac":  # tanh-squashed actor: its own deployable slice, same interface
+        from pipeline.training.sac import policy_from_checkpoint
+
+        return policy_from_checkpoint(ckpt), meta
+    model = ActorCritic(**spec)
+    model.load_state_dict(ckpt["model"])
     return DeterministicPolicy(model), meta

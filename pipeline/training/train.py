@@ -102,6 +102,11 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
     it returns True the run stops early (e.g. a return threshold was reached), with
     a final checkpoint as usual.
     """
+    if cfg.train.algorithm == "sac":  # off-policy (Ape-X) loop: pipeline/training/offpolicy.py
+        from pipeline.training.offpolicy import train_offpolicy
+
+        return train_offpolicy(cfg, out_dir=out_dir, steps=steps, actors=actors, envs_per_actor=envs_per_actor,
+                               ray_address=ray_address, resume=resume, progress=progress, callback=callback)
     start_wall = time.perf_counter()
     if resume is not None:
         run_dir = Path(resume)

@@ -1,0 +1,199 @@
+"""Off-policy (SAC + sharded prioritized replay) benchmarks: same-wall-time returns, and scaling.
+
+`--compare`: HalfCheetah-v5 (plain gymnasium task, no randomization). Ours
+(`train.algorithm: sac`, Ray actors + replay shards), Stable-Baselines3 SAC
+and SB3 PPO (their default hyperparameters, one env) each train for
+`--budget-s` seconds of wall time in this one invocation; then each final
+deterministic policy is evaluated on the same `--eval-episodes` seeds.
+
+`--scaling`: collection throughput of K exploring actors inserting into K
+shards (learning off), K = 1 .. `--max-k` (default: all cores), and the
+learner-side sample + priority-update rate from K shards; efficiency =
+throughput(K) / (K x throughput(1)). Run it on the largest machine you have:
+a 2-core figure says little.
+
+    python bench/bench_offpolicy.py --compare [--budget-s 300] [--eval-episodes 5]
+    python bench/bench_offpolicy.py --scaling [--max-k 16] [--steps-per-actor 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ENV_ID = "HalfCheetah-v5"
+EVAL_SEED = 70_000
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def evaluate(act, episodes: int) -> float:
+    """Mean return of a deterministic `act(obs[1, d]) -> action[1, a]` over fixed seeds."""
+    import gymnasium as gym
+
+    env, returns = gym.make(ENV_ID), []
+    for k in range(episodes):
+        obs, _ = env.reset(seed=EVAL_SEED + k)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(np.asarray(act(obs[None].astype(np.float32)))[0])
+            total, done = total + reward, terminated or truncated
+        returns.append(total)
+    env.close()
+    return float(np.mean(returns))
+
+
+def cheetah_config(out_budget_steps: int = 10_000_000):
+    from envs.randomization import RandomizationSet
+    from pipeline.config import load_config
+
+    cfg = load_config("configs/cartpole.yaml")
+    cfg.task.name, cfg.task.env_id = "halfcheetah", ENV_ID
+    cfg.randomization["train"] = RandomizationSet()
+    cfg.shield.enabled = False
+    t = cfg.train
+    t.algorithm, t.hidden_sizes, t.total_env_steps = "sac", [256, 256], out_budget_steps
+    t.num_actors, t.envs_per_actor, t.rollout_length = 1, 1, 64
+    # SB3's SAC defaults: batch 256, one gradient step per env step (ratio 256), lr 3e-4, tau 0.005.
+    for key, value in dict(batch_size=256, replay_ratio=256.0, lr=3e-4, learning_starts=1000, n_step=1,
+                           log_every=100, checkpoint_every=10**9).items():
+        setattr(t.sac, key, value)
+    t.replay.capacity, t.replay.num_shards, t.replay.checkpoint = 1_000_000, 1, False
+    cfg.ray.actor_num_cpus = 0.5
+    return cfg
+
+
+def run_ours(budget_s: float, episodes: int, out_dir: str) -> dict:
+    import torch
+
+    from pipeline.training.model import load_policy
+    from pipeline.training.train import train
+
+    start = time.perf_counter()
+    result = train(cheetah_config(), out_dir=out_dir, progress=False,
+                   callback=lambda s: time.perf_counter() - start >= budget_s)
+    policy, _ = load_policy(result["run_dir"])
+    ret = evaluate(lambda o: policy(torch.from_numpy(o)).detach().numpy(), episodes)
+    return dict(name="ours SAC (Ray, 1 actor, 1 shard)", env_steps=result["env_steps"], wall_s=result["wall_s"],
+                eval_return=ret, train_return_recent=result["final_return"])
+
+
+def run_sb3(algo: str, budget_s: float, episodes: int) -> dict:
+    import gymnasium as gym
+    from stable_baselines3 import PPO, SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class WallClock(BaseCallback):
+        def _on_step(self) -> bool:
+            return time.perf_counter() - self.start < budget_s
+
+        def _on_training_start(self) -> None:
+            self.start = time.perf_counter()
+
+    import torch
+
+    # The torch thread count our learner uses beside its one actor (train.py's rule), so neither
+    # side's thread pool oversubscribes the cores the other lacks.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
+    model = (SAC if algo == "sac" else PPO)("MlpPolicy", gym.make(ENV_ID), seed=0, verbose=0)
+    start = time.perf_counter()
+    model.learn(total_timesteps=10_000_000, callback=WallClock())
+    wall = time.perf_counter() - start
+    ret = evaluate(lambda o: model.predict(o, deterministic=True)[0], episodes)
+    return dict(name=f"SB3 {algo.upper()} (defaults, 1 env)", env_steps=int(model.num_timesteps), wall_s=wall, eval_return=ret)
+
+
+def compare(args) -> list[dict]:
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rows.append(run_ours(args.budget_s, args.eval_episodes, f"{tmp}/ours"))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    for algo in ("sac", "ppo"):
+        rows.append(run_sb3(algo, args.budget_s, args.eval_episodes))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def scaling(args) -> list[dict]:
+    import tempfile
+
+    import ray
+
+    from bench.bench_replay import ray_shards
+    from pipeline.config import load_config
+    from pipeline.training.train import train
+
+    rows = []
+    ray.init(num_cpus=max(os.cpu_count() or 1, args.max_k), include_dashboard=False, log_to_driver=False)
+    try:
+        for k in range(1, args.max_k + 1):
+            cfg = load_config("configs/cartpole.yaml")
+            cfg.train.algorithm = "sac"
+            cfg.train.num_actors, cfg.train.replay.num_shards = k, k
+            cfg.train.sac.learning_starts = 10**9  # collection only
+            cfg.train.replay.checkpoint = False
+            cfg.ray.actor_num_cpus, cfg.train.replay.shard_num_cpus = 1.0, 0.0
+            with tempfile.TemporaryDirectory() as tmp:
+                result = train(cfg, out_dir=tmp, steps=args.steps_per_actor * k, progress=False)
+            shard_rates = ray_shards(k, argparse.Namespace(obs_dim=5, act_dim=1, seconds=args.seconds, inflight=4, prefetch=4))
+            rows.append(dict(k=k, collect_steps_per_s=result["env_steps_per_s"],
+                             sample_update_per_s=shard_rates["sample_update_per_s"], insert_per_s=shard_rates["insert_per_s"]))
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    finally:
+        ray.shutdown()
+    for r in rows:
+        for key in ("collect_steps_per_s", "insert_per_s", "sample_update_per_s"):
+            r[key.replace("_per_s", "_efficiency")] = r[key] / (r["k"] * rows[0][key])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", action="store_true")
+    parser.add_argument("--scaling", action="store_true")
+    parser.add_argument("--budget-s", type=float, default=300.0)
+    parser.add_argument("--eval-episodes", type=int, default=5)
+    parser.add_argument("--max-k", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--steps-per-actor", type=int, default=20_000)
+    parser.add_argument("--seconds", type=float, default=3.0, help="per replay-rate measurement")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not (args.compare or args.scaling):
+        parser.error("choose --compare and/or --scaling")
+    import torch
+
+    out = dict(machine=f"{os.cpu_count()} CPUs, CUDA: {torch.cuda.is_available()}", load_before=uptime())
+    if args.compare:
+        out["compare"] = compare(args)
+    if args.scaling:
+        out["scaling"] = scaling(args)
+    out["load_after"] = uptime()
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"machine: {out['machine']}\nload before: {out['load_before']}\nload after:  {out['load_after']}")
+    if args.compare:
+        print(f"\n{ENV_ID}, {args.budget_s:.0f} s of wall time each; eval = deterministic policy, "
+              f"{args.eval_episodes} episodes, same seeds")
+        print(f"{'run':<36} {'env steps':>10} {'wall s':>7} {'eval return':>12}")
+        for r in out["compare"]:
+            print(f"{r['name']:<36} {r['env_steps']:>10,} {r['wall_s']:>7.0f} {r['eval_return']:>12.1f}")
+    if args.scaling:
+        print(f"\n{'K':>3} {'collect steps/s':>16} {'eff':>5} {'shard insert/s':>15} {'eff':>5} {'sample+upd/s':>13} {'eff':>5}")
+        for r in out["scaling"]:
+            print(f"{r['k']:>3} {r['collect_steps_per_s']:>16,.0f} {r['collect_efficiency']:>5.2f} {r['insert_per_s']:>15,.0f} "
+                  f"{r['insert_efficiency']:>5.2f} {r['sample_update_per_s']:>13,.0f} {r['sample_update_efficiency']:>5.2f}")
+
+
+if __name__ == "__main__":
+    main()

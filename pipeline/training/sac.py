@@ -1,0 +1,216 @@
+"""Soft actor-critic with n-step targets and prioritized-replay importance weights.
+
+Networks work in normalized action units a in [-1, 1] (a tanh-squashed Gaussian);
+the env receives low + (a + 1) (high - low) / 2. Observations pass through a
+running normalizer (the same `RunningMeanStd` as the on-policy model), updated
+by the learner from the observations it samples and shipped to the actors with
+the weights.
+
+One `update(batch)`:
+  y      = R^(n) + discount * (min_k Q'_k(s', a') - temperature * log pi(a'|s')),  a' ~ pi(.|s')
+           (discount = gamma^n, or 0 when the episode terminated inside the n steps)
+  critic = sum_k mean_i w_i (Q_k(s_i, a_i) - y_i)^2 / 2     (w: importance weights of the draw)
+  actor  = mean_i temperature * log pi(a~|s_i) - min_k Q_k(s_i, a~),  a~ ~ pi(.|s_i)
+  temperature: log alpha follows -(log pi + target_entropy)
+  targets: Polyak averaging with rate tau; new priorities |Q_1 - y|.
+
+`SacDeterministicPolicy` is what export ships: normalize -> mean -> tanh -> scale,
+with the same `obs_mean` / `obs_std` buffers as the on-policy `DeterministicPolicy`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeline.training.learner import _to_cpu
+from pipeline.training.model import _VAR_EPS, OBS_CLIP, RunningMeanStd, _mlp
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+class SquashedGaussianActor(nn.Module):
+    """Raw observation -> tanh-squashed Gaussian over normalized actions; owns the obs normalizer."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: Sequence[int] = (64, 64),
+                 action_low: Sequence[float] | float = -1.0, action_high: Sequence[float] | float = 1.0):
+        super().__init__()
+        self.obs_dim, self.act_dim, self.hidden_sizes = int(obs_dim), int(act_dim), [int(h) for h in hidden_sizes]
+        self.obs_rms = RunningMeanStd(self.obs_dim)
+        self.pi = _mlp([self.obs_dim, *self.hidden_sizes, 2 * self.act_dim], out_gain=0.01)  # mean, log-std
+        low = np.broadcast_to(np.asarray(action_low, np.float32), (self.act_dim,)).copy()
+        high = np.broadcast_to(np.asarray(action_high, np.float32), (self.act_dim,)).copy()
+        if not np.all(low < high):
+            raise ValueError(f"action_low {low.tolist()} must be below action_high {high.tolist()}")
+        self.register_buffer("action_low", torch.as_tensor(low))
+        self.register_buffer("action_high", torch.as_tensor(high))
+
+    def normalize(self, obs_raw: torch.Tensor) -> torch.Tensor:
+        return self.obs_rms(obs_raw)
+
+    def sample(self, obs_norm: torch.Tensor, generator: torch.Generator | None = None,
+               deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(action in [-1, 1], log-probability of it) for normalized observations (reparameterized)."""
+        mean, log_std = self.pi(obs_norm).split(self.act_dim, dim=-1)
+        if deterministic:
+            return torch.tanh(mean), torch.zeros(mean.shape[:-1], device=mean.device)
+        log_std = torch.clamp(log_std, LOG_STD_MIN, LOG_STD_MAX)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        u = mean + log_std.exp() * noise
+        action = torch.tanh(u)
+        # log N(u) - sum log(1 - tanh(u)^2), the latter written stably as 2 (log 2 - u - softplus(-2u)).
+        logp = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        logp = logp - (2 * (math.log(2) - u - nn.functional.softplus(-2 * u))).sum(-1)
+        return action, logp
+
+    def to_env(self, action: np.ndarray) -> np.ndarray:
+        """Normalized action in [-1, 1] -> env units."""
+        low, high = self.action_low.cpu().numpy(), self.action_high.cpu().numpy()
+        return low + (np.clip(action, -1.0, 1.0) + 1.0) * 0.5 * (high - low)
+
+    def spec(self) -> dict:
+        return dict(obs_dim=self.obs_dim, act_dim=self.act_dim, hidden_sizes=list(self.hidden_sizes),
+                    action_low=self.action_low.tolist(), action_high=self.action_high.tolist())
+
+
+class TwinCritic(nn.Module):
+    """Two Q networks of (normalized observation, normalized action), evaluated together:
+    each layer is one batched matmul over a leading axis of 2 (half the kernel launches of two MLPs)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: Sequence[int]):
+        super().__init__()
+        sizes = [obs_dim + act_dim, *hidden_sizes, 1]
+        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
+        for i in range(len(sizes) - 1):
+            weight = torch.empty(2, sizes[i + 1], sizes[i])
+            for k in range(2):  # the same init as `_mlp`, per network
+                nn.init.orthogonal_(weight[k], 1.0 if i == len(sizes) - 2 else np.sqrt(2))
+            self.weights.append(nn.Parameter(weight.transpose(1, 2).contiguous()))
+            self.biases.append(nn.Parameter(torch.zeros(2, 1, sizes[i + 1])))
+
+    def forward(self, obs_norm: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([obs_norm, action], dim=-1).expand(2, -1, -1)
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(bias, x, weight)
+            if i < len(self.weights) - 1:
+                x = torch.tanh(x)
+        return x[0, :, 0], x[1, :, 0]
+
+
+class SacDeterministicPolicy(nn.Module):
+    """obs_raw float32[n, obs_dim] -> action float32[n, act_dim]: normalize, mean, tanh, scale to the bounds."""
+
+    def __init__(self, actor: SquashedGaussianActor):
+        super().__init__()
+        self.pi = _mlp([actor.obs_dim, *actor.hidden_sizes, 2 * actor.act_dim], out_gain=0.01)
+        self.pi.load_state_dict(actor.pi.state_dict())
+        self.register_buffer("obs_mean", actor.obs_rms.mean.float().clone())
+        self.register_buffer("obs_std", torch.sqrt(actor.obs_rms.var + _VAR_EPS).float().clone())
+        self.register_buffer("action_mid", ((actor.action_high + actor.action_low) / 2).float().clone())
+        self.register_buffer("action_half", ((actor.action_high - actor.action_low) / 2).float().clone())
+        self.obs_dim, self.act_dim = actor.obs_dim, actor.act_dim
+        self.eval()
+
+    def forward(self, obs_raw: torch.Tensor) -> torch.Tensor:
+        x = torch.clamp((obs_raw - self.obs_mean) / self.obs_std, -OBS_CLIP, OBS_CLIP)
+        return self.action_mid + self.action_half * torch.tanh(self.pi(x)[..., :self.act_dim])
+
+
+def policy_from_checkpoint(ckpt: dict) -> SacDeterministicPolicy:
+    """The deployable policy of a SAC checkpoint (`load_policy` calls this for algorithm 'sac')."""
+    actor = SquashedGaussianActor(**ckpt["model_spec"])
+    actor.load_state_dict(ckpt["model"])
+    return SacDeterministicPolicy(actor)
+
+
+class SacLearner:
+    """Actor, twin critics, their targets, the temperature and three Adam optimizers."""
+
+    def __init__(self, model_spec: dict, sac_cfg, gamma: float, device: torch.device):
+        self.cfg, self.device, self.gamma = sac_cfg, device, gamma
+        self.actor = SquashedGaussianActor(**model_spec).to(device)
+        obs_dim, act_dim, hidden = model_spec["obs_dim"], model_spec["act_dim"], model_spec["hidden_sizes"]
+        self.critic = TwinCritic(obs_dim, act_dim, hidden).to(device)
+        self.critic_target = TwinCritic(obs_dim, act_dim, hidden).to(device)
+        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.critic_target.requires_grad_(False)
+        self.log_temperature = torch.tensor(math.log(sac_cfg.init_temperature), device=device, requires_grad=True)
+        self.target_entropy = -float(act_dim) if sac_cfg.target_entropy is None else float(sac_cfg.target_entropy)
+        self.actor_optim = torch.optim.Adam(self.actor.pi.parameters(), lr=sac_cfg.lr)
+        self.critic_optim = torch.optim.Adam(self.critic.parameters(), lr=sac_cfg.lr)
+        self.temperature_optim = torch.optim.Adam([self.log_temperature], lr=sac_cfg.lr)
+        self.version = 0
+
+    def cpu_weights(self) -> dict[str, torch.Tensor]:
+        """The actor's state_dict on the CPU (weights + normalizer): what actors, export and checkpoints take."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.actor.state_dict().items()}
+
+    def update(self, batch: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
+        """One gradient step on a prioritized batch (with `weight`); returns (stats, new |TD| priorities)."""
+        start = time.perf_counter()
+        t = {k: torch.as_tensor(batch[k], device=self.device)
+             for k in ("obs", "action", "reward", "next_obs", "discount", "weight")}
+        self.actor.obs_rms.update(t["obs"])
+        obs, next_obs = self.actor.normalize(t["obs"]), self.actor.normalize(t["next_obs"])
+        temperature = self.log_temperature.exp().detach()
+
+        # One actor pass for s and s': the s' half feeds the target without gradients.
+        both_action, both_logp = self.actor.sample(torch.cat([obs, next_obs]))
+        n = obs.shape[0]
+        action, logp = both_action[:n], both_logp[:n]
+        with torch.no_grad():
+            next_action, next_logp = both_action[n:].detach(), both_logp[n:].detach()
+            q1_t, q2_t = self.critic_target(next_obs, next_action)
+            target = t["reward"] + t["discount"] * (torch.minimum(q1_t, q2_t) - temperature * next_logp)
+        q1, q2 = self.critic(obs, t["action"])
+        td = q1 - target
+        critic_loss = 0.5 * (t["weight"] * (td.pow(2) + (q2 - target).pow(2))).mean()
+        self.critic_optim.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_optim.step()
+
+        q_pi = torch.minimum(*self.critic(obs, action))
+        actor_loss = (temperature * logp - q_pi).mean()
+        self.actor_optim.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_optim.step()
+
+        temperature_loss = -(self.log_temperature * (logp.detach() + self.target_entropy)).mean()
+        self.temperature_optim.zero_grad(set_to_none=True)
+        temperature_loss.backward()
+        self.temperature_optim.step()
+
+        with torch.no_grad():
+            for p, p_t in zip(self.critic.parameters(), self.critic_target.parameters()):
+                p_t.lerp_(p, self.cfg.tau)
+        self.version += 1
+        priorities = td.detach().abs().cpu().numpy()
+        stats = dict(critic_loss=critic_loss.item(), actor_loss=actor_loss.item(), temperature=float(temperature),
+                     entropy=-logp.detach().mean().item(), q_mean=q1.detach().mean().item(),
+                     td_abs_mean=float(priorities.mean()), is_weight_mean=float(batch["weight"].mean()),
+                     learner_s=time.perf_counter() - start)
+        return stats, priorities
+
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly: networks, normalizer, targets, temperature, optimizers, version."""
+        return dict(actor=self.cpu_weights(), critic=_to_cpu(self.critic.state_dict()),
+                    critic_target=_to_cpu(self.critic_target.state_dict()),
+                    log_temperature=self.log_temperature.detach().cpu().clone(),
+                    actor_optim=_to_cpu(self.actor_optim.state_dict()), critic_optim=_to_cpu(self.critic_optim.state_dict()),
+                    temperature_optim=_to_cpu(self.temperature_optim.state_dict()), version=self.version)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        with torch.no_grad():
+            self.log_temperature.copy_(state["log_temperature"])
+        self.actor_optim.load_state_dict(state["actor_optim"])
+        self.critic_optim.load_state_dict(state["critic_optim"])
+        self.temperature_optim.load_state_dict(state["temperature_optim"])
+        self.version = int(state["version"])

@@ -67,6 +67,7 @@ def test_a_plain_gymnasium_env_trains_by_id_and_export_eval_say_why_not(tmp_path
     doc = yaml.safe_load(CARTPOLE_CONFIG.read_text())
     doc["task"] = {"name": "cheetah", "env_id": "HalfCheetah-v5"}
     doc["randomization"] = {"train": {"body_mass": {"torso": {"low": 0.9, "high": 1.1}}}, "reality": {}}
+    doc["validation"] = {"enabled": False}  # no validation set declared: model selection is off, explicitly
     path = tmp_path / "cheetah.yaml"
     path.write_text(yaml.safe_dump(doc))
     cfg = load_config(path)  # valid: trainable by id

@@ -8,8 +8,9 @@ trainings with the same seed and budget: `baseline` on the config's `train`
 set, `calibrated` on train re-centred on the calibrated set (what
 `sim2real run --from-log` trains on). Each candidate (shield on) is evaluated on
 the hidden plant with the same evaluation seeds, beside the legacy LQR.
+`--plant edge` puts the hidden plant at reality's far end, beyond train's ranges.
 
-    nice -n 10 python bench/bench_calibration.py [--runs 5] [--steps 100000] [--episodes 10] [--json]
+    nice -n 10 python bench/bench_calibration.py [--plant inside|edge] [--runs 5] [--steps 60000] [--episodes 10]
 
 Figures depend on the machine's load: the script prints `uptime` with them.
 """
@@ -27,26 +28,30 @@ import gymnasium as gym
 import numpy as np
 
 ENV_ID = "sim2real/CartPoleRail-v0"
-HIDDEN = {"body_mass.cart": 1.3, "body_mass.pole": 1.1, "joint_damping.slider": 1.2, "joint_damping.hinge": 2.0,
-          "actuator_gain.cart_force": 0.8}
+PLANTS = {  # scales of the hidden plant; `edge` sits at reality's far end, beyond train's ranges
+    "inside": {"body_mass.cart": 1.3, "body_mass.pole": 1.1, "joint_damping.slider": 1.2, "joint_damping.hinge": 2.0,
+               "actuator_gain.cart_force": 0.8},
+    "edge": {"body_mass.cart": 1.35, "body_mass.pole": 1.5, "joint_damping.slider": 1.2, "joint_damping.hinge": 4.0,
+             "actuator_gain.cart_force": 0.75},
+}
 LATENCY = 2
 EVAL_SEED = 90_000
 LOG_STEPS = 3000  # 60 s at 50 Hz
 
 
-def hidden_plant(cfg) -> dict:
+def hidden_plant(cfg, plant: str) -> dict:
     """The hidden plant as a fixed randomization set, with `reality`'s noise and pushes."""
     from pipeline.calibration.twin import fixed_set
 
-    return fixed_set(HIDDEN, latency=LATENCY, like=cfg.randomization["reality"])
+    return fixed_set(PLANTS[plant], latency=LATENCY, like=cfg.randomization["reality"])
 
 
-def record_log(cfg, path: Path) -> Path:
+def record_log(cfg, plant: str, path: Path) -> Path:
     """60 s of the legacy LQR on the hidden plant, written in the shadow-log schema."""
     import envs
     from shield.shadowlog import write_shadow_log
 
-    env = gym.make(ENV_ID, randomization=hidden_plant(cfg), max_episode_steps=LOG_STEPS)
+    env = gym.make(ENV_ID, randomization=hidden_plant(cfg, plant), max_episode_steps=LOG_STEPS)
     legacy = envs.legacy_controller(ENV_ID)
     obs, _ = env.reset(seed=7)
     rows_obs, rows_u = [], []
@@ -88,8 +93,9 @@ def train_and_evaluate(cfg, hidden, seed: int, steps: int, episodes: int, work: 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5, help="fresh trainings per arm")
-    p.add_argument("--steps", type=int, default=100_000, help="env steps per training")
+    p.add_argument("--steps", type=int, default=60_000, help="env steps per training")
     p.add_argument("--episodes", type=int, default=10, help="evaluation episodes on the hidden plant")
+    p.add_argument("--plant", choices=sorted(PLANTS), default="inside", help="which hidden plant (default inside)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
 
@@ -104,10 +110,10 @@ def main() -> int:
     from pipeline.safety.shield_spec import build_shield_spec
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "cartpole.yaml")
-    cfg.calibration.known = {"joint_damping.slider": HIDDEN["joint_damping.slider"]}
-    hidden = parse_randomization(hidden_plant(cfg))
+    cfg.calibration.known = {"joint_damping.slider": PLANTS[args.plant]["joint_damping.slider"]}
+    hidden = parse_randomization(hidden_plant(cfg, args.plant))
     work = Path(tempfile.mkdtemp(prefix="bench-calibration-"))
-    log = record_log(cfg, work / "field.npz")
+    log = record_log(cfg, args.plant, work / "field.npz")
     t0 = time.perf_counter()
     result = calibrate(cfg, log)
     calibrate_s = time.perf_counter() - t0
@@ -130,12 +136,12 @@ def main() -> int:
                      "return_std": float(np.std([r["return_mean"] for r in v])),
                      "violations": int(sum(r["violations"] for r in v)),
                      "train_s_mean": float(np.mean([r["train_s"] for r in v]))} for arm, v in rows.items()}
-    out = {"runs": rows, "summary": summary, "legacy_return": legacy, "calibrate_s": calibrate_s,
+    out = {"plant": args.plant, "runs": rows, "summary": summary, "legacy_return": legacy, "calibrate_s": calibrate_s,
            "steps": args.steps, "episodes": args.episodes, "load": os.getloadavg()}
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"hidden plant, {args.episodes} eval episodes (seeds {EVAL_SEED}+), {args.steps} training steps, "
+        print(f"hidden plant {args.plant} {PLANTS[args.plant]}, {args.episodes} eval episodes (seeds {EVAL_SEED}+), {args.steps} training steps, "
               f"load {os.getloadavg()[0]:.1f}")
         print(f"  legacy LQR          return {legacy:7.1f}")
         for arm, s in summary.items():

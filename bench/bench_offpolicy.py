@@ -191,7 +191,7 @@ def main() -> None:
     if args.scaling:
         print(f"\n{'K':>3} {'collect steps/s':>16} {'eff':>5} {'shard insert/s':>15} {'eff':>5} {'sample+upd/s':>13} {'eff':>5}")
         for r in out["scaling"]:
-            print(f"{r['k']:>3} {r['collect_steps_per_s']:>16,.0f} {r['collect_efficiency']:>5.2f} {r['insert_per_s']:>15,.0f} "
+            print(f"{r['k']:>3} {r['collect_steps_per_s']:>16,.0f} {r['collect_steps_efficiency']:>5.2f} {r['insert_per_s']:>15,.0f} "
                   f"{r['insert_efficiency']:>5.2f} {r['sample_update_per_s']:>13,.0f} {r['sample_update_efficiency']:>5.2f}")
 
 

@@ -59,14 +59,13 @@ class Twin:
     CACHE = 64  # models kept (least squares re-evaluates the same points)
 
     def __init__(self, env_id: str):
-        import envs  # noqa: F401  (registers the task ids)
-        from pipeline.safety.shield_spec import _task_module
+        import envs
 
-        nominal = getattr(_task_module(env_id), "nominal_model", None)
-        if nominal is None:
+        spec = envs.task(env_id)
+        if spec.shield_model["type"] != "linear":
             raise CalibrationError(f"task {env_id}: calibration replays logged states through the twin, "
                                    f"and this task's observation is not its MuJoCo state (no nominal_model())")
-        nominal = nominal()
+        nominal = spec.nominal_model()
         self.env_id = env_id
         self.substeps = int(nominal.substeps)
         self.obs_to_state = dict(nominal.obs_to_state)

@@ -31,7 +31,7 @@ def test_shipped_configs_are_covered(task, capsys):
     assert main(["config", "--check", str(ROOT / "configs" / f"{task}.yaml")]) == 0
     spec = build_shield_spec(load_config(ROOT / "configs" / f"{task}.yaml"))
     sets = spec["assumptions"]["sets"]
-    assert set(sets) == {"train", "reality"}  # every set, not only train
+    assert set(sets) == {"train", "validation", "reality"}  # every set, not only train
     assert spec["latency_steps"] == max(s["latency_steps_max"] for s in sets.values())
 
 

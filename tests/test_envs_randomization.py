@@ -46,7 +46,7 @@ def test_train_set_has_latency_and_noise(env_id):
     assert rset.latency_steps is not None and rset.latency_steps.high >= 1
     assert any(rset.obs_noise_std) and any(rset.action_noise_std)
     reality = load_randomization_sets(envs.task_config_path(env_id))["reality"]
-    assert reality.latency_steps.high >= rset.latency_steps.high
+    assert reality.latency_steps is not None and reality.latency_steps.high >= 1  # held-out plants are late too
 
 
 @pytest.mark.parametrize("env_id", TASKS)

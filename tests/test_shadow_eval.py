@@ -112,7 +112,13 @@ def test_cli_exit_code_follows_the_gate(base, capsys):
     assert run_cli(_args(bundle=str(bundle), config=strict, from_log=sim["log"], report=str(base / "cli1"), json=True)) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["decision"] == "fail" and out["failing"] == ["gate.max_latency_p99_us"]
-    assert run_cli(_args(bundle=str(bundle), config=loose, from_log=sim["log"], report=str(base / "cli2"))) == 0
+    # Field logs cannot run the return and violation checks: inconclusive (exit 1, never promoted)...
+    assert run_cli(_args(bundle=str(bundle), config=loose, from_log=sim["log"], report=str(base / "cli2"))) == 1
+    assert "gate: INCONCLUSIVE" in capsys.readouterr().out
+    # ...unless the config waives exactly those checks.
+    waived = _config_with_gate(base / "waived.yaml", max_latency_p99_us=1e6,
+                               waive=["gate.min_return_ratio", "gate.max_violations"])
+    assert run_cli(_args(bundle=str(bundle), config=waived, from_log=sim["log"], report=str(base / "cli3"))) == 0
     assert "gate: PASS" in capsys.readouterr().out
 
 

@@ -123,6 +123,8 @@ class TrainConfig(Section):
                 if getattr(self, key) is not None:
                     raise ValueError(f"train.{key} is only read when train.algorithm is 'sac' (it is {self.algorithm!r})")
         else:
+            if self.history_length:
+                raise ValueError("train.history_length: the SAC learner's actor is memoryless; set it to 0 with algorithm 'sac'")
             if self.sac is None:
                 self.sac = SacConfig()
             if self.replay is None:

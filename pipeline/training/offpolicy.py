@@ -140,6 +140,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
     model_spec, randomization = model_spec_for(cfg)
+    model_spec.pop("history_length", None)  # the SAC actor is memoryless (the config refuses a history with sac)
     device = resolve_device(tc.device)
     torch_threads = torch.get_num_threads()
     if device.type == "cpu":

@@ -89,6 +89,25 @@ class ActorPool:
         self._lives[i] = batch["life"]
         return i, batch
 
+    def settle(self, timeout_s: float = 30.0) -> int:
+        """End of a run: ask every live actor which life answers, and count the restarts no batch showed yet.
+
+        An actor whose node died after its last batch is restarted by Ray without any request
+        failing; without this it would go uncounted. Returns the restarts it added.
+        """
+        refs = {i: self.actors[i].life_id.remote() for i in self.alive}
+        added = 0
+        for i, ref in refs.items():
+            try:
+                life = ray.get(ref, timeout=timeout_s)
+            except (RayActorError, ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                continue
+            if self._lives[i] is not None and life != self._lives[i]:
+                added += 1
+            self._lives[i] = life
+        self.restarts += added
+        return added
+
     def _drop(self, i: int, why: str) -> None:
         if i in self.alive:
             self.alive.remove(i)

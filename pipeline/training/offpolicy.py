@@ -289,7 +289,8 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
                 stop = bool(callback and callback(state(record)))
             if learner.version % sc.checkpoint_every == 0:
                 checkpoint()
-        if learner.version % sc.log_every or learner.version == 0:  # what happened since the last record
+        settled = pool.settle()  # actors Ray restarted after their last batch (a node lost late in the run)
+        if settled or learner.version % sc.log_every or learner.version == 0:  # what happened since the last record
             log_record()
         checkpoint()
     except KeyboardInterrupt:

@@ -179,6 +179,10 @@ class RolloutActor:
         if weights is not None and weights[0] > self.version and weights[1] is not None:
             self.set_weights(weights[0], ray.get(weights[1][0]))
 
+    def life_id(self) -> str:
+        """Which life of this actor answers (a new one after every restart by Ray)."""
+        return self.life
+
     def rollout(self, weights: tuple[int, list] | None = None) -> dict:
         """Collect T steps from every env. `weights` pins a version (sync mode); else the newest is used."""
         self._refresh_weights(weights)

@@ -89,22 +89,31 @@ class ActorPool:
         self._lives[i] = batch["life"]
         return i, batch
 
-    def settle(self, timeout_s: float = 30.0) -> int:
+    def settle(self, timeout_s: float = 60.0) -> int:
         """End of a run: ask every live actor which life answers, and count the restarts no batch showed yet.
 
         An actor whose node died after its last batch is restarted by Ray without any request
-        failing; without this it would go uncounted. Returns the restarts it added.
+        of the run failing; without this it would go uncounted. A call that reaches the dead
+        life fails once Ray notices the death (node health checks take seconds), so it is
+        asked again until the new life answers or `timeout_s` passes. Returns the restarts added.
         """
-        refs = {i: self.actors[i].life_id.remote() for i in self.alive}
-        added = 0
-        for i, ref in refs.items():
-            try:
-                life = ray.get(ref, timeout=timeout_s)
-            except (RayActorError, ActorUnavailableError, ray.exceptions.GetTimeoutError):
-                continue
-            if self._lives[i] is not None and life != self._lives[i]:
-                added += 1
-            self._lives[i] = life
+        deadline = time.perf_counter() + timeout_s
+        waiting, added = set(self.alive), 0
+        while waiting and time.perf_counter() < deadline:
+            for i in sorted(waiting):
+                left = deadline - time.perf_counter()
+                try:
+                    life = ray.get(self.actors[i].life_id.remote(), timeout=max(left, 0.1))
+                except (RayActorError, ActorUnavailableError):
+                    time.sleep(0.2)  # the old life is gone and the new one is booting: ask again
+                    continue
+                except ray.exceptions.GetTimeoutError:
+                    waiting.clear()
+                    break
+                waiting.discard(i)
+                if self._lives[i] is not None and life != self._lives[i]:
+                    added += 1
+                self._lives[i] = life
         self.restarts += added
         return added
 

@@ -182,6 +182,7 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
             callback(dict(updates=updates, env_steps=env_steps, learner=learner, actors=rollout_actors, metrics={}))
         if not tc.sync:
             pool.start()
+        record = None  # the last metrics record
         while env_steps < tc.total_env_steps:
             batches = pool.collect_all(publisher.latest) if tc.sync else pool.collect(tc.batches_per_update)
             for batch in batches:
@@ -226,6 +227,8 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
             if selection is not None and selection.stop_reason:
                 print(f"sim2real train: stopping early at update {updates}: {selection.stop_reason}", file=sys.stderr)
                 break
+        if pool.settle() and record is not None:  # actors Ray restarted after their last batch: the last record says so
+            logger.log(dict(record, actor_restarts=pool.restarts))
         checkpoint()
         if selection is not None:
             # The final weights compete too; their score goes to selection.json (metrics.jsonl keeps one row per update).

@@ -53,8 +53,7 @@ def _fault_drill(step: str) -> None:
 @task(name="calibrate", retries=0, persist_result=True)
 def calibrate_step(config_path: str, from_log: str, runs_dir: str) -> dict:
     """Fit the twin to field logs; write the re-centred config; stop if the shield's envelope misses the result."""
-    from pipeline.calibration.calibrate import calibrate
-    from pipeline.calibration.cli import write_calibrated_yaml
+    from pipeline.calibration.calibrate import calibrate, write_calibrated_yaml
     from pipeline.calibration.sets import recentred_training
     from pipeline.config import parse_config
     from pipeline.safety.shield_spec import build_shield_spec
@@ -206,7 +205,7 @@ def _calibration_metrics(result: dict) -> dict:
 
 
 def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: dict | None = None) -> None:
-    from pipeline.calibration.cli import summary_lines
+    from pipeline.calibration.calibrate import summary_lines
 
     verdict = "PASSED, promoted" if summary["decision"] == "pass" else "FAILED, not promoted"
     reasons = "\n".join(f"- {r}" for r in summary["reasons"])

@@ -1,8 +1,10 @@
 """The `sim2real` command line: one entry point, a subcommand per pipeline step.
 
 Parsers are defined here so `--help` is complete and fast; each command's work
-lives in its own module (`run_cli(args) -> int`), imported only when that
-command runs. The orchestration commands (`run`, `schedule`) belong to `flows/`,
+lives in its own module of `pipeline.commands` (`run(args) -> int`), imported
+only when that command runs. The output helper and the exit-code policy (0 ok,
+1 the check failed, 2 a user error in one line, 130 interrupted) are in
+`pipeline.commands` and apply to every command, the plugged-in ones too. The orchestration commands (`run`, `schedule`) belong to `flows/`,
 which depends on `pipeline` and not the other way round, so they are found
 through the `sim2real.commands` entry-point group instead of an import.
 """
@@ -11,26 +13,26 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from pipeline import DEFAULT_CONFIG
+from pipeline.commands import guarded
 from shield.serve_cli import add_serve_arguments
 
 # command -> "module:function" that runs it (imported lazily)
 HANDLERS: dict[str, str] = {
-    "envs": "pipeline.cli:run_envs",
-    "config": "pipeline.cli:run_config",
-    "train": "pipeline.training.train:run_cli",
-    "export": "pipeline.deployment.export:run_cli",
-    "eval": "pipeline.evaluation.evaluate:run_cli",
-    "shadow": "pipeline.evaluation.shadow:run_cli",
-    "falsify": "pipeline.evaluation.falsify:run_cli",
-    "registry": "pipeline.deployment.registry:run_cli",
+    "envs": "pipeline.commands.envs:run",
+    "config": "pipeline.commands.config:run",
+    "train": "pipeline.commands.train:run",
+    "export": "pipeline.commands.export:run",
+    "eval": "pipeline.commands.eval:run",
+    "shadow": "pipeline.commands.shadow:run",
+    "falsify": "pipeline.commands.falsify:run",
+    "registry": "pipeline.commands.registry:run",
     "serve": "shield.server:run_cli",
-    "calibrate": "pipeline.calibration.cli:run_cli",
+    "calibrate": "pipeline.commands.calibrate:run",
 }
 
 
@@ -145,55 +147,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     return parser, plugin_handlers
 
 
-def emit(args: argparse.Namespace, result: dict, human: str) -> None:
-    """Print a command's result: one JSON object with --json, else the human text."""
-    if getattr(args, "json", False):
-        print(json.dumps(result, default=_json_default))
-    else:
-        print(human)
-
-
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
-
-
-def run_envs(args: argparse.Namespace) -> int:
-    """`sim2real envs`: the tasks with their sizes, constraints and legacy controller."""
-    import envs
-
-    tasks = envs.describe_tasks()
-    lines = []
-    for t in tasks:
-        lines.append(f"{t['env_id']}  (task {t['task']})")
-        lines.append(f"  obs {t['obs_dim']}  act {t['act_dim']}  control period {t['dt']} s")
-        lines.append(f"  constraints: {', '.join(t['constraints'])}")
-        lines.append(f"  legacy controller: {t['legacy']}")
-    emit(args, {"tasks": tasks}, "\n".join(lines))
-    return 0
-
-
-def run_config(args: argparse.Namespace) -> int:
-    """`sim2real config`: document every key, or validate a file."""
-    from pipeline.config import describe_fields, load_config
-
-    if args.check:
-        cfg = load_config(args.check)
-        if cfg.shield.enabled:  # every randomization set must lie inside the shield's assumptions
-            from pipeline.safety.shield_spec import build_shield_spec
-
-            build_shield_spec(cfg)  # EnvelopeError (a ConfigError) names set, parameter, range and limit
-        emit(args, {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash()},
-             f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})")
-        return 0
-    rows = describe_fields()
-    width = max(len(k) for k, _, _ in rows)
-    human = "\n".join(f"{k:<{width}}  {d}" + (f"  [default {v}]" if v else "") for k, v, d in rows)
-    emit(args, {"fields": [{"key": k, "default": v, "description": d} for k, v, d in rows]}, human)
-    return 0
-
-
 def _resolve(spec: str) -> Callable[[argparse.Namespace], int]:
     module, func = spec.split(":")
     return getattr(importlib.import_module(module), func)
@@ -204,22 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser, plugin_handlers = build_parser()
     args = parser.parse_args(argv)
     handler = plugin_handlers.get(args.command) or _resolve(HANDLERS[args.command])
-    try:
-        return int(handler(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as err:  # user-facing errors become one clear line
-        if _is_user_error(err):
-            print(f"sim2real {args.command}: error: {err}", file=sys.stderr)
-            return 2
-        raise
-
-
-def _is_user_error(err: Exception) -> bool:
-    """Errors a user can cause (bad config, bundle, path) are reported without a traceback."""
-    names = {cls.__name__ for cls in type(err).__mro__}
-    return bool(names & {"ConfigError", "BundleError", "RegistryError", "UserError", "FileNotFoundError"})
+    return guarded(args.command, handler, args)  # the one exit-code policy (pipeline.commands)
 
 
 if __name__ == "__main__":

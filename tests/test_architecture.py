@@ -45,3 +45,33 @@ def test_envs_imports_nothing_of_pipeline_shield_or_flows():
             "and m not in ('shield', 'shield.constraints')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_help_and_every_command_module_load_nothing_heavy():
+    # `sim2real --help` must stay fast: parsers and command modules import torch/Ray/MuJoCo only when a command runs.
+    from pipeline.cli import HANDLERS
+
+    modules = sorted({spec.split(":")[0] for spec in HANDLERS.values()})
+    imports = "; ".join(f"import {m}" for m in modules)
+    assert _loaded_after(f"from pipeline.cli import build_parser; build_parser(); {imports}") == []
+
+
+def test_every_pipeline_command_runs_from_pipeline_commands():
+    from pipeline.cli import HANDLERS
+
+    outside = {name: spec for name, spec in HANDLERS.items()
+               if not spec.startswith("pipeline.commands.") and name != "serve"}  # serve is the edge's own CLI
+    assert outside == {}
+
+
+def _library_modules() -> list[str]:
+    # Not library: the command line itself, and the rendering subprocess, whose `main` isolates MuJoCo's renderer.
+    paths = (str(p.relative_to(ROOT / "pipeline")) for p in (ROOT / "pipeline").rglob("*.py"))
+    return sorted(p for p in paths if not p.startswith("commands/") and p not in ("cli.py", "evaluation/animation.py"))
+
+
+@pytest.mark.parametrize("path", _library_modules())
+def test_library_modules_hold_no_command_line_code(path):
+    # Output, argument handling and exit codes live in pipeline/commands/ (one policy); the library returns and raises.
+    source = (ROOT / "pipeline" / path).read_text()
+    assert not any(word in source for word in ("def run_cli", "argparse", "sys.exit(")), path

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.deployment.registry import Registry, run_cli
+from pipeline.commands.registry import run as run_cli
+from pipeline.deployment.registry import Registry
 from shield.bundle import (MANIFEST_FILE, Bundle, BundleError, make_manifest, manifest_bytes, parse_manifest,
                            resolve_production, seal_manifest, sha256_bytes, verify_bundle, write_bundle)
 from shield.runtime import EdgeRuntime

@@ -11,7 +11,7 @@ import yaml
 from pipeline.config import ConfigError, load_config
 from pipeline.evaluation.episodes import DomainsError, resolve_domains
 from pipeline.evaluation.evaluate import evaluate
-from pipeline.evaluation.evaluate import run_cli as eval_cli
+from pipeline.commands.eval import run as eval_cli
 from pipeline.evaluation.shadow import evaluate_candidate, run_shadow
 from shield.runtime import EdgeRuntime
 from tests.shadow_candidates import CARTPOLE_CONFIG, cartpole_config, write_random_bundle

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from bench.bench_shield import mlp_onnx
+from pipeline.commands.eval import run as run_cli
 from pipeline.config import load_config
-from pipeline.evaluation.evaluate import evaluate, reference_policy, run_cli
+from pipeline.evaluation.evaluate import evaluate, reference_policy
 from pipeline.safety.shield_spec import build_shield_spec
 from shield.bundle import make_manifest, write_bundle
 

@@ -10,10 +10,11 @@ import pytest
 import torch
 import yaml
 
+from pipeline.commands.export import run as run_cli
 from pipeline.training.checkpoint import write_checkpoint
 from pipeline.config import load_config
 from pipeline.deployment.export import (PARITY_TOL, ExportError, check_graph, export_deterministic, export_policy,
-                             parity_observations, run_cli)
+                             parity_observations)
 from pipeline.training.model import ActorCritic, DeterministicPolicy
 from pipeline.deployment.registry import Registry
 from shield.bundle import Bundle
@@ -168,9 +169,10 @@ def test_export_policy_from_a_run_dir_registers_the_next_version(tmp_path, capsy
 def test_export_cli_reports_a_missing_run_dir_cleanly(tmp_path, capsys):
     class Args:
         run_dir, out, registry, json = str(tmp_path / "nope"), None, str(tmp_path / "models"), False
-    assert run_cli(Args) == 1
+    assert run_cli(Args) == 2  # a user error (pipeline.commands: exit 2, one line on stderr)
     err = capsys.readouterr().err
-    assert err.startswith("error:") and "nope" in err and "Traceback" not in err
+    assert err.startswith("sim2real export: error:") and "nope" in err and "Traceback" not in err
+    assert err.count("\n") == 1
 
 
 # ---- history policies (train.history_length > 0): the history is a graph input and part of the parity check

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.deployment.registry import Registry, RegistryError, run_cli
+from pipeline.commands.registry import run as run_cli
+from pipeline.deployment.registry import Registry, RegistryError
 from shield.bundle import BundleError, resolve_production, verify_bundle
 from tests.bundle_helpers import export_test_bundle
 
@@ -78,7 +79,7 @@ def test_promote_of_an_unknown_version_or_task_fails_cleanly(registry, source_bu
         registry.promote("../planar", 1)
     with pytest.raises(RegistryError, match="unknown task 'nope'"):
         registry.verify("nope")
-    assert _cli(registry, "promote", "planar", 9) == 1
+    assert _cli(registry, "promote", "planar", 9) == 2  # a user error; 1 is for a verify that finds a mismatch
     assert "error: planar: version 9 does not exist" in capsys.readouterr().err
     assert registry.production("planar") is None
 
@@ -88,7 +89,7 @@ def test_rollback_without_history_fails_cleanly(registry, source_bundle, capsys)
     with pytest.raises(RegistryError, match="no version is in production"):
         registry.rollback("planar")
     registry.promote("planar", 1)
-    assert _cli(registry, "rollback", "planar") == 1
+    assert _cli(registry, "rollback", "planar") == 2
     assert "nothing to roll back to" in capsys.readouterr().err
     assert registry.production("planar") == 1
 
@@ -127,7 +128,7 @@ def test_the_sim2real_cli_exits_nonzero_without_a_traceback(registry, source_bun
     registry.register(source_bundle)
     out = subprocess.run([sys.executable, "-m", "pipeline.cli", "registry", "promote", "planar", "7",
                           "--root", str(registry.root)], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0
+    assert out.returncode == 2
     assert "version 7 does not exist" in out.stderr and "Traceback" not in out.stderr
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.evaluation.shadow import load_legacy, make_env, resolve_domains, run_cli, run_shadow, shadow_pass
+from pipeline.commands.shadow import run as run_cli
+from pipeline.evaluation.shadow import load_legacy, make_env, resolve_domains, run_shadow, shadow_pass
 from pipeline.evaluation.shadow_metrics import log_metrics
 from shield.runtime import EdgeRuntime
 from shield.shadowlog import ShadowLogWriter, read_shadow_log

@@ -15,7 +15,8 @@ import torch
 from pipeline.training.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
 from pipeline.config import load_config
 from pipeline.training.model import load_policy
-from pipeline.training.train import run_cli, train
+from pipeline.commands.train import run as run_cli
+from pipeline.training.train import train
 
 
 @pytest.fixture(scope="module")

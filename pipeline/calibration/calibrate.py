@@ -5,14 +5,18 @@ configured and identified scale and the calibrated range; the latency found;
 observation noise; which parameters the logs cannot pin down (they keep their
 configured `reality` range, else `train`'s); the prediction error before (the
 nominal twin, no latency) and after; and `calibrated`, a RandomizationSet dict.
+`summary_lines(result)` is its human summary (the CLI and the flow's artifact);
+`write_calibrated_yaml` writes the calibrated set as a `--domains` file.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import numpy as np
+import yaml
 
 from pipeline.calibration.fit import (BOUND_WIDEN, POSTERIOR_SHRINK, Problem, cut_windows, identifiability,
                                       one_step_noise, solve)
@@ -142,3 +146,40 @@ def calibrate(cfg, logs) -> dict:
     return result
 
 
+def summary_lines(result: dict) -> list[str]:
+    """Identified vs nominal, per parameter, latency, noise and prediction error: the human summary.
+
+    The flow's markdown artifact uses the same lines (as a Markdown list).
+    """
+    err = result["prediction_error"]
+    log = result["log"]
+    lines = [f"calibration of {result['task']} from {log['seconds']:.0f} s of log "
+             f"({log['windows']} windows of {log['horizon_steps']} steps, {result['wall_s']:.1f} s)",
+             f"prediction error (RMS over the window, in noise std units): "
+             f"nominal twin {err['before']['rms_normalized']:.2f} -> calibrated {err['after']['rms_normalized']:.2f}",
+             f"latency: {result['latency_steps']['identified']} control steps"]
+    for name, p in sorted(result["parameters"].items()):
+        lo, hi = p["range"]
+        if p.get("known"):
+            status = "known (calibration.known)"
+        elif p["identified_ok"]:
+            status = f"identified, calibrated range {lo:.3f}..{hi:.3f}"
+        else:
+            status = f"NOT identified by the logs (best fit {p['identified']:.3f}); keeps {lo:.3f}..{hi:.3f}"
+        lines.append(f"{name}: nominal 1.000, identified {p['identified']:.3f}: {status}")
+    for d in result["flat_directions"]:
+        combo = " + ".join(f"{w:+.2f} log {n}" for n, w in d["weights"].items())
+        lines.append(f"flat direction (logs cannot pin it): {combo}")
+    noise = ", ".join(f"{v:.4f}" for v in result["obs_noise_std"])
+    lines.append(f"observation noise std: [{noise}]; action noise and pushes keep the configured values")
+    return lines
+
+
+def write_calibrated_yaml(result: dict, path: str | Path) -> Path:
+    """The calibrated set as a bare RandomizationSet YAML (usable as --domains), the summary as comments."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = "".join(f"# {line}\n" for line in ["calibrated randomization set (sim2real calibrate)",
+                                                 *summary_lines(result)])
+    path.write_text(header + yaml.safe_dump(result["calibrated"], sort_keys=True))
+    return path

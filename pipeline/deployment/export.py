@@ -1,4 +1,4 @@
-"""`sim2real export`: a training run's deterministic policy -> a parity-checked ONNX bundle.
+"""Export (`sim2real export`, pipeline.commands.export): a training run's deterministic policy -> a parity-checked ONNX bundle.
 
 The exported graph is the whole deployable policy: raw observation in,
 normalization (clipped to +-10 sigma), the mean head, clipping to the env's
@@ -228,22 +228,3 @@ def export_policy(run_dir: str | Path, *, out_dir: str | Path | None = None, reg
         extra["config_yaml_hash"] = cfg.config_hash()
     return export_deterministic(policy, meta, build_shield_spec(cfg), config_hash=meta["config_hash"],
                                 out_dir=out_dir, registry_root=registry_root, extra=extra)
-
-
-def run_cli(args) -> int:
-    """`sim2real export RUN_DIR [--out DIR] [--json]`; 0 on success, 1 if refused."""
-    from pipeline.training.checkpoint import CheckpointError
-    from pipeline.config import ConfigError
-
-    try:
-        result = export_policy(args.run_dir, out_dir=args.out, registry_root=getattr(args, "registry", "models"))
-    except (ExportError, BundleError, CheckpointError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(result, sort_keys=True))
-    else:
-        where = f"registered as {result['task']} v{result['version']}" if result["version"] else "standalone bundle"
-        print(f"exported {result['bundle']} ({where}); parity max abs err {result['parity_max_abs_err']:.2e} "
-              f"on {result['parity_observations']} observations")
-    return 0

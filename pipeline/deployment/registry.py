@@ -24,7 +24,6 @@ import fcntl
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -212,66 +211,3 @@ def _remove_leftovers(task_dir: Path) -> None:
     for p in [*task_dir.iterdir(), *task_dir.glob("[0-9]*/.*.tmp")]:
         if p.name.startswith(".") and (".staging-" in p.name or p.name.endswith(".tmp")):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-
-
-# ---------------------------------------------------------------------- CLI
-
-def run_cli(args) -> int:
-    """`sim2real registry list|show|promote|rollback|verify`; 0 on success, 1 on a refused operation."""
-    registry = Registry(args.root)
-    cmd, task, version, as_json = args.registry_cmd, getattr(args, "task", None), getattr(args, "version", None), args.json
-    try:
-        if cmd == "list":
-            rows = registry.list(task)
-            out = {"versions": rows, "production": {t: registry.production(t) for t in ([task] if task else registry.tasks())}}
-            _print(out, as_json, _format_list(rows))
-        elif cmd == "show":
-            info = registry.show(task, version)
-            _print(info, as_json, json.dumps(info, indent=2, sort_keys=True))
-        elif cmd == "promote":
-            was = registry.promote(task, version)
-            _print({"task": task, "production": version, "previous": was}, as_json,
-                   f"{task}: production -> {version} (was {was if was is not None else 'none'})")
-        elif cmd == "rollback":
-            was = registry.production(task)
-            now = registry.rollback(task)
-            _print({"task": task, "production": now, "previous": was}, as_json, f"{task}: production rolled back {was} -> {now}")
-        elif cmd == "verify":
-            return _verify_cli(registry, task, version, as_json)
-        else:
-            raise RegistryError(f"unknown registry command {cmd!r}")
-    except (RegistryError, BundleError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _verify_cli(registry: Registry, task: str | None, version: int | None, as_json: bool) -> int:
-    results = []
-    for name in [task] if task else registry.tasks():
-        try:
-            checked = registry.verify(name, version)
-            results.append({"task": name, "ok": True, "versions": checked})
-        except (BundleError, RegistryError) as err:
-            results.append({"task": name, "ok": False, "error": str(err)})
-    lines = [f"{r['task']}: ok ({len(r['versions'])} version(s))" if r["ok"] else f"{r['task']}: FAILED\n  {r['error']}"
-             for r in results]
-    _print({"ok": all(r["ok"] for r in results), "tasks": results}, as_json, "\n".join(lines) or "registry is empty")
-    return 0 if all(r["ok"] for r in results) else 1
-
-
-def _format_list(rows: list[dict]) -> str:
-    if not rows:
-        return "no versions registered"
-    lines = [f"{'TASK':<12} {'VER':>4} {'PROD':<4} {'CREATED (UTC)':<20} {'PARENT':>6}  CONFIG"]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"{r['task']:<12} {r['version']:>4} {'*' if r['production'] else '':<4} ERROR: {r['error']}")
-            continue
-        lines.append(f"{r['task']:<12} {r['version']:>4} {'*' if r['production'] else '':<4} "
-                     f"{r['created_utc'][:19]:<20} {str(r['parent'] or '-'):>6}  {r['config_hash'][:12]}")
-    return "\n".join(lines)
-
-
-def _print(obj: dict, as_json: bool, text: str) -> None:
-    print(json.dumps(obj, sort_keys=True) if as_json else text)

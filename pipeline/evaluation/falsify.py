@@ -1,4 +1,4 @@
-"""`sim2real falsify`: search the config's envelope for a plant and an attack on which the shield lets a violation through.
+"""Search the config's envelope for a plant and an attack on which the shield lets a violation through.
 
 The search space is every randomization set of the config: each randomized
 scale (`body_mass.cart`, `actuator_gain.rotor0`, ...) and the latency, pinned
@@ -18,7 +18,7 @@ Each candidate runs `falsify.episodes_per_candidate` shielded episodes of
 the lowest h the shield saw. A case is a candidate with a violating step
 (info["cost"] on the true state): it is written as `case-N.yaml` (the pinned
 domain, usable as `--domains`) and `case-N.json` (set, seed, policy, attack
-and the command that replays it), and the command exits 1.
+and the command that replays it); `sim2real falsify` then exits 1.
 """
 
 from __future__ import annotations
@@ -284,32 +284,3 @@ def falsify(cfg, *, bundle: str | None = None, budget_s: float | None = None, se
     spec = spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)
     return Falsifier(cfg, spec, bundle_policy=bundle_policy, budget_s=budget_s, seed=seed, out_dir=out_dir,
                      progress=progress).run()
-
-
-def run_cli(args) -> int:
-    """Handler of `sim2real falsify`: 0 when nothing was found within the budget, 1 when a case was, 2 on bad input."""
-    from pipeline.config import ConfigError, load_config
-    from shield.runtime import BundleError
-
-    try:
-        cfg = load_config(args.config)
-        if args.budget_s is not None and not args.budget_s > 0:
-            raise ValueError(f"--budget-s must be > 0, got {args.budget_s}")
-        out_dir = args.out or f"reports/falsify-{cfg.task.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-        result = falsify(cfg, bundle=args.bundle, budget_s=args.budget_s, seed=args.seed, out_dir=out_dir,
-                         progress=not args.json)
-    except (ConfigError, BundleError, ValueError) as err:
-        print(f"sim2real falsify: error: {err}", file=sys.stderr)
-        return 2
-    result["out"] = out_dir
-    if args.json:
-        print(json.dumps(result, default=str))
-    else:
-        print(f"falsify {cfg.task.name}: {result['evaluated']} candidates in {result['wall_s']:.0f} s "
-              f"({result['phases']}); worst h {result['min_h']}")
-        for case in result["cases"]:
-            print(f"  CASE: set {case['set']}, policy {case['policy']}, seed {case['seed']}: {case['violations']} "
-                  f"violating step(s); domain {case.get('domain_file')}, replay {case.get('case_file')}")
-        if not result["cases"]:
-            print("  no shielded violation found within the budget")
-    return 1 if result["cases"] else 0

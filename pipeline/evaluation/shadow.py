@@ -16,8 +16,6 @@ the gate says which checks it skipped.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.evaluation.episodes import (
-    DomainsError,
     PolicyDriver,
     RunTotals,
     RuntimeDriver,
@@ -280,29 +277,3 @@ def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | N
                           shadow=shadow, counterfactual=cf)
     return {"decision": decision.decision, "reasons": decision.reasons, "failing": decision.failing,
             "metrics": metrics, "report": str(report), "log": str(log_path) if log_path else None}
-
-
-def run_cli(args) -> int:
-    """`sim2real shadow`: exit 0 when the gate passes, 1 when it fails, 2 on bad input."""
-    from pipeline.config import ConfigError, load_config
-    from shield.bundle import BundleError
-
-    try:
-        cfg = load_config(args.config)
-        result = run_shadow(args.bundle, cfg, domains=args.domains, episodes=args.episodes,
-                            seed=args.seed, report_dir=args.report, legacy=args.legacy, from_log=args.from_log)
-    except (ConfigError, BundleError, ShadowError, DomainsError) as err:
-        print(f"sim2real shadow: {err}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
-    else:
-        m = result["metrics"]
-        print(f"{m['episodes']} episodes, {m['steps']} steps ({m['source']}): action RMSE "
-              f"{[round(x, 4) for x in m['action_rmse']]}, agreement {m['agreement_rate']:.3f}, "
-              f"would-be interventions {m['would_be_intervention_rate']:.3f}")
-        print(f"gate: {result['decision'].upper()}")
-        for reason in result["reasons"]:
-            print(f"  {reason}")
-        print(f"report: {result['report']}")
-    return 0 if result["decision"] == "pass" else 1

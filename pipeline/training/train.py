@@ -37,7 +37,7 @@ import torch
 import yaml
 
 from pipeline.training.actor_pool import ActorPool
-from pipeline.training.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint, write_checkpoint
+from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
 from pipeline.training.learner import Learner, resolve_device
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.rollout import RolloutActor, WeightSource, make_env
@@ -279,30 +279,3 @@ def _shield_in_loop(cfg) -> dict | None:
     from pipeline.safety.shield_spec import build_shield_spec
 
     return {"spec": build_shield_spec(cfg), "intervention_penalty": cfg.shield.intervention_penalty}
-
-
-def run_cli(args) -> int:
-    """`sim2real train`: args.config, steps, actors, envs_per_actor, out, ray_address, resume, json."""
-    from pipeline import DEFAULT_CONFIG
-    from pipeline.config import ConfigError, load_config
-
-    # A resumed run keeps its own resolved config unless another one is named explicitly.
-    config_path = args.config or (Path(args.resume) / "config.yaml" if args.resume else DEFAULT_CONFIG)
-    try:
-        cfg = load_config(config_path)
-        result = train(cfg, out_dir=args.out, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,
-                       ray_address=args.ray_address, resume=args.resume, progress=True)
-    except (ConfigError, CheckpointError, ValueError) as err:
-        print(f"sim2real train: {err}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result))
-    else:
-        ret = "n/a" if result["final_return"] is None else f"{result['final_return']:.1f}"
-        print(f"trained {result['updates']} updates, {result['env_steps']} env steps in {result['wall_s']:.1f} s; "
-              f"final return {ret}; run dir {result['run_dir']}")
-        if result["best_updates"] is not None:
-            print(f"selected checkpoint: update {result['best_updates']} (best validation return "
-                  f"{result['best_validation_return']:.1f}; {result['run_dir']}/selection.json)"
-                  + (f"; stopped early: {result['stopped_early']}" if result["stopped_early"] else ""))
-    return 0

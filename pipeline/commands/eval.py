@@ -1,0 +1,41 @@
+"""`sim2real eval`: a bundle or a reference policy on randomized domains, with or without the shield."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeline.commands import UsageError, command, emit
+
+_SUMMARY_KEYS = ("policy", "task", "domains", "shield", "episodes", "return_mean", "return_std", "violations",
+                 "violation_episodes", "intervention_rate", "fallbacks", "shield_us_p50", "shield_us_p99")
+
+
+@command("eval")
+def run(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
+    from pipeline.evaluation.evaluate import evaluate, reference_policy
+    from pipeline.evaluation.episodes import resolve_domains
+    from shield.spec import ShieldSpec
+
+    cfg = load_config(args.config)
+    if bool(args.bundle) == bool(args.policy):
+        raise UsageError("give exactly one of BUNDLE or --policy legacy|random|adversarial")
+    if args.episodes < 1:
+        raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
+    spec = None
+    resolve_domains(cfg, args.domains)  # fail on a bad --domains before any episode runs
+    use_shield = cfg.shield.enabled and not args.no_shield
+    if args.bundle:
+        from shield.runtime import EdgeRuntime
+
+        policy = EdgeRuntime.load(args.bundle, shield=use_shield)  # the bundle's own shield.json, as `serve` runs it
+    else:
+        from pipeline.safety.shield_spec import build_shield_spec
+
+        spec = ShieldSpec.from_dict(build_shield_spec(cfg))
+        policy = reference_policy(args.policy, cfg, spec, seed=args.seed)
+    result = evaluate(cfg, policy, domains=args.domains, episodes=args.episodes, seed=args.seed,
+                      shield=use_shield, spec=spec, progress=not args.json and args.episodes > 1)
+    result["policy"] = args.bundle or args.policy
+    emit(args, result, "\n".join(f"{key:>20}: {result[key]}" for key in _SUMMARY_KEYS))
+    return 0

@@ -1,0 +1,68 @@
+"""`sim2real registry list|show|promote|rollback|verify`: the model registry in models/ (exit 1 when verify fails)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
+
+
+@command("registry")
+def run(args: argparse.Namespace) -> int:
+    from pipeline.deployment.registry import Registry
+
+    registry = Registry(args.root)
+    cmd, task, version = args.registry_cmd, getattr(args, "task", None), getattr(args, "version", None)
+    if cmd == "list":
+        rows = registry.list(task)
+        out = {"versions": rows, "production": {t: registry.production(t) for t in ([task] if task else registry.tasks())}}
+        emit(args, out, _format_list(rows))
+    elif cmd == "show":
+        info = registry.show(task, version)
+        emit(args, info, json.dumps(info, indent=2, sort_keys=True))
+    elif cmd == "promote":
+        was = registry.promote(task, version)
+        emit(args, {"task": task, "production": version, "previous": was},
+             f"{task}: production -> {version} (was {was if was is not None else 'none'})")
+    elif cmd == "rollback":
+        was = registry.production(task)
+        now = registry.rollback(task)
+        emit(args, {"task": task, "production": now, "previous": was}, f"{task}: production rolled back {was} -> {now}")
+    elif cmd == "verify":
+        return _verify(args, registry, task, version)
+    else:
+        raise UsageError(f"unknown registry command {cmd!r}")
+    return OK
+
+
+def _verify(args: argparse.Namespace, registry, task: str | None, version: int | None) -> int:
+    """Every file hash of one version, a task's versions or every task's; a mismatch is named and exits 1."""
+    from pipeline.deployment.registry import RegistryError
+    from shield.bundle import BundleError
+
+    results = []
+    for name in [task] if task else registry.tasks():
+        try:
+            checked = registry.verify(name, version)
+            results.append({"task": name, "ok": True, "versions": checked})
+        except (BundleError, RegistryError) as err:  # the finding this command reports, not a usage error
+            results.append({"task": name, "ok": False, "error": str(err)})
+    lines = [f"{r['task']}: ok ({len(r['versions'])} version(s))" if r["ok"] else f"{r['task']}: FAILED\n  {r['error']}"
+             for r in results]
+    ok = all(r["ok"] for r in results)
+    emit(args, {"ok": ok, "tasks": results}, "\n".join(lines) or "registry is empty")
+    return OK if ok else CHECK_FAILED
+
+
+def _format_list(rows: list[dict]) -> str:
+    if not rows:
+        return "no versions registered"
+    lines = [f"{'TASK':<12} {'VER':>4} {'PROD':<4} {'CREATED (UTC)':<20} {'PARENT':>6}  CONFIG"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['task']:<12} {r['version']:>4} {'*' if r['production'] else '':<4} ERROR: {r['error']}")
+            continue
+        lines.append(f"{r['task']:<12} {r['version']:>4} {'*' if r['production'] else '':<4} "
+                     f"{r['created_utc'][:19]:<20} {str(r['parent'] or '-'):>6}  {r['config_hash'][:12]}")
+    return "\n".join(lines)

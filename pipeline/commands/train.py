@@ -1,0 +1,31 @@
+"""`sim2real train`: train a policy (pipeline.training.train) and say where the run went."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.commands import command, emit
+
+
+@command("train")
+def run(args: argparse.Namespace) -> int:
+    """args: config, steps, actors, envs_per_actor, out, ray_address, resume, json."""
+    from pipeline import DEFAULT_CONFIG
+    from pipeline.config import load_config
+    from pipeline.training.train import train
+
+    # A resumed run keeps its own resolved config unless another one is named explicitly.
+    config_path = args.config or (Path(args.resume) / "config.yaml" if args.resume else DEFAULT_CONFIG)
+    cfg = load_config(config_path)
+    result = train(cfg, out_dir=args.out, steps=args.steps, actors=args.actors, envs_per_actor=args.envs_per_actor,
+                   ray_address=args.ray_address, resume=args.resume, progress=True)
+    ret = "n/a" if result["final_return"] is None else f"{result['final_return']:.1f}"
+    lines = [f"trained {result['updates']} updates, {result['env_steps']} env steps in {result['wall_s']:.1f} s; "
+             f"final return {ret}; run dir {result['run_dir']}"]
+    if result["best_updates"] is not None:
+        lines.append(f"selected checkpoint: update {result['best_updates']} (best validation return "
+                     f"{result['best_validation_return']:.1f}; {result['run_dir']}/selection.json)"
+                     + (f"; stopped early: {result['stopped_early']}" if result["stopped_early"] else ""))
+    emit(args, result, "\n".join(lines))
+    return 0

@@ -1,11 +1,16 @@
 """`sim2real run` and `sim2real schedule`: the Prefect commands, plugged into pipeline's CLI.
 
 Kept free of heavy imports: Prefect is imported only when a command runs.
+flows/retrain.py and flows/schedule.py are library only; what these commands
+print is decided here. `pipeline.cli.main` applies pipeline's exit-code policy
+to them too (0 promoted / scheduled, 1 the gate did not pass, 2 a user error).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 from pipeline import DEFAULT_CONFIG
 
@@ -28,9 +33,15 @@ class RunCommand:
 
     @staticmethod
     def run_cli(args: argparse.Namespace) -> int:
-        from flows.retrain import run_cli
+        """The flow on embedded defaults, with a summary at the end; 0 only when the candidate was promoted."""
+        from flows.retrain import retrain
 
-        return run_cli(args)
+        _prefect_defaults()
+        state = retrain(config_path=args.config, models_root=args.models, runs_dir=args.runs, steps=args.steps,
+                        ray_address=args.ray_address, from_log=getattr(args, "from_log", None), return_state=True)
+        summary = state.result() if state.is_completed() else _summary_after_failure(args, state)
+        print(json.dumps(summary, default=str) if args.json else _human_summary(summary))
+        return 0 if summary.get("decision") == "pass" else 1
 
 
 class ScheduleCommand:
@@ -50,6 +61,43 @@ class ScheduleCommand:
 
     @staticmethod
     def run_cli(args: argparse.Namespace) -> int:
-        from flows.schedule import run_cli
+        from flows.schedule import schedule
 
-        return run_cli(args)
+        _prefect_defaults()
+        result = schedule(args.config, args.cron, name=args.name, timezone=args.timezone, serve=args.serve)
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print(f"deployment {result['deployment']} scheduled '{result['cron']}' ({result.get('timezone', '')})")
+            if not result.get("served"):
+                print(f"start a worker from the repository root: prefect worker start --pool {result['work_pool']}")
+        return 0
+
+
+def _prefect_defaults() -> None:
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def _summary_after_failure(args: argparse.Namespace, state) -> dict:
+    from pipeline.config import load_config
+    from pipeline.deployment.registry import Registry
+
+    cfg = load_config(args.config)
+    return {"task": cfg.task.name, "decision": "fail", "state": state.name, "error": str(state.message),
+            "production": Registry(args.models).production(cfg.task.name)}
+
+
+def _human_summary(s: dict) -> str:
+    lines = [f"sim2real run: {s['task']}: gate {s['decision'].upper()}"]
+    if "version" in s:
+        lines.append(f"  registered version {s['version']}; production -> {s['production']}"
+                     f" (was {s.get('previous_production')})")
+    else:
+        lines.append(f"  flow ended {s.get('state')}: {s.get('error')}")
+        lines.append(f"  production unchanged: {s.get('production')}")
+    for r in s.get("reasons", []):
+        lines.append(f"  - {r}")
+    if s.get("report"):
+        lines.append(f"  report: {s['report']}")
+    return "\n".join(lines)

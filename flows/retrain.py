@@ -12,11 +12,9 @@ inputs break caching). All Ray work stays inside the one coarse `train` task.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import yaml
@@ -235,41 +233,3 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """`sim2real run`: the flow on embedded defaults, with a summary at the end."""
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    state = retrain(config_path=args.config, models_root=args.models, runs_dir=args.runs, steps=args.steps,
-                    ray_address=args.ray_address, from_log=getattr(args, "from_log", None), return_state=True)
-    if state.is_completed():
-        summary = state.result()
-    else:
-        summary = _summary_after_failure(args, state)
-    if args.json:
-        print(json.dumps(summary, default=str))
-    else:
-        print(_human_summary(summary), file=sys.stdout)
-    return 0 if summary.get("decision") == "pass" else 1
-
-
-def _summary_after_failure(args: argparse.Namespace, state) -> dict:
-    cfg = load_config(args.config)
-    return {"task": cfg.task.name, "decision": "fail", "state": state.name, "error": str(state.message),
-            "production": Registry(args.models).production(cfg.task.name)}
-
-
-def _human_summary(s: dict) -> str:
-    lines = [f"sim2real run: {s['task']}: gate {s['decision'].upper()}"]
-    if "version" in s:
-        lines.append(f"  registered version {s['version']}; production -> {s['production']}"
-                     f" (was {s.get('previous_production')})")
-    else:
-        lines.append(f"  flow ended {s.get('state')}: {s.get('error')}")
-        lines.append(f"  production unchanged: {s.get('production')}")
-    for r in s.get("reasons", []):
-        lines.append(f"  - {r}")
-    if s.get("report"):
-        lines.append(f"  report: {s['report']}")
-    return "\n".join(lines)

@@ -11,9 +11,7 @@ server at PREFECT_API_URL:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 from pathlib import Path
 
@@ -54,17 +52,3 @@ def schedule(config_path: str, cron: str, name: str | None = None, timezone: str
     return {"deployment": f"retrain/{name}", "deployment_id": str(deployment_id), "cron": cron,
             "timezone": timezone, "work_pool": WORK_POOL,
             "api": os.environ.get("PREFECT_API_URL", "ephemeral")}
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """`sim2real schedule --cron ...`"""
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    result = schedule(args.config, args.cron, name=args.name, timezone=args.timezone, serve=args.serve)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"deployment {result['deployment']} scheduled '{result['cron']}' ({result.get('timezone', '')})")
-        if not result.get("served"):
-            print(f"start a worker from the repository root: prefect worker start --pool {result['work_pool']}")
-    return 0

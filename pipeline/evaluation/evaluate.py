@@ -24,6 +24,8 @@ from pipeline.evaluation.episodes import (
 from shield.cbf import CbfShield
 from shield.spec import ShieldSpec
 
+__all__ = ["evaluate", "reference_policy"]
+
 
 def evaluate(cfg, policy, *, domains: Any = "train", episodes: int = 20, seed: int = 0, shield: bool = True,
              spec: dict | ShieldSpec | None = None, max_episode_steps: int | None = None,

@@ -10,6 +10,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import yaml
 
 import envs
 from shield.client import PolicyClient
@@ -41,9 +42,15 @@ def test_serve_shadow_logs_feed_shadow_from_log_and_give_a_report(trained_cartpo
                     break
         server.stop()
 
+    # The checks the log can answer get limits it meets on any machine (the server's latency
+    # under a loaded CI box is not what this test is about), so the decision turns on the skipped ones.
+    config = yaml.safe_load((ROOT / "configs" / "cartpole.yaml").read_text())
+    config["gate"].update(max_latency_p99_us=1e9, max_intervention_rate=1.0)
+    config_file = tmp_path / "cartpole.yaml"
+    config_file.write_text(yaml.safe_dump(config))
     report_dir = tmp_path / "report"
     out = subprocess.run([sys.executable, "-m", "pipeline.cli", "shadow", str(trained_cartpole.bundle),
-                          "--config", str(ROOT / "configs" / "cartpole.yaml"), "--from-log", str(logs),
+                          "--config", str(config_file), "--from-log", str(logs),
                           "--report", str(report_dir), "--json"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode in (0, 1), out.stderr  # 0 pass, 1 fail: a decision either way, never a crash
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -51,7 +58,7 @@ def test_serve_shadow_logs_feed_shadow_from_log_and_give_a_report(trained_cartpo
     assert len(result["metrics"]["action_rmse"]) == 1
     assert any(r.startswith("SKIPPED ") and "min_return_ratio" in r for r in result["reasons"])
     # Issue 11: skipped checks never pass: inconclusive, non-zero exit (so never promoted).
-    assert result["decision"] == "inconclusive" and out.returncode == 1
+    assert result["decision"] == "inconclusive" and out.returncode == 1, result["reasons"]
     report = Path(result["report"])
     assert report.is_file() and report.parent == report_dir
     assert "<img" in report.read_text()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -65,20 +67,29 @@ def _artifacts(flow_run_id: str) -> list:
     return asyncio.run(read())
 
 
-@pytest.mark.slow
-def test_flow_promotes_and_retries_a_transient_failure(harness, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def promoted(harness, tmp_path_factory):
+    """One promoting retrain (its first export attempt fails on purpose), shared by the tests that need a registry."""
     from flows.retrain import FAULT_DRILL_ENV, retrain
+
+    base = tmp_path_factory.mktemp("promoted")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(FAULT_DRILL_ENV, "export:1")
+        state = retrain(config_path=str(_tiny_config(base)), models_root=str(base / "models"),
+                        runs_dir=str(base / "runs"), return_state=True)
+    return SimpleNamespace(models=base / "models", state=state)
+
+
+@pytest.mark.slow
+def test_flow_promotes_and_retries_a_transient_failure(promoted):
     from pipeline.deployment.registry import Registry
     from shield.bundle import verify_bundle
 
-    monkeypatch.setenv(FAULT_DRILL_ENV, "export:1")  # first export attempt fails on purpose
-    models = tmp_path / "models"
-    state = retrain(config_path=str(_tiny_config(tmp_path)), models_root=str(models), runs_dir=str(tmp_path / "runs"),
-                    return_state=True)
+    state = promoted.state
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["decision"] == "pass"
-    registry = Registry(models)
+    registry = Registry(promoted.models)
     assert registry.production("cartpole") == summary["version"]
     registry.verify("cartpole", summary["version"])
     manifest = verify_bundle(registry.bundle_dir("cartpole", summary["version"]))
@@ -94,14 +105,14 @@ def test_flow_promotes_and_retries_a_transient_failure(harness, tmp_path, monkey
 
 
 @pytest.mark.slow
-def test_failing_gate_leaves_production_unchanged(harness, tmp_path):
+def test_failing_gate_leaves_production_unchanged(promoted, tmp_path):
     from flows.retrain import retrain
     from pipeline.deployment.registry import Registry
 
     models = tmp_path / "models"
-    ok = retrain(config_path=str(_tiny_config(tmp_path)), models_root=str(models), runs_dir=str(tmp_path / "runs"))
+    shutil.copytree(promoted.models, models)  # a registry with a production version
     before = Registry(models).production("cartpole")
-    assert before == ok["version"]
+    assert before == promoted.state.result()["version"]
 
     forced = _tiny_config(tmp_path, max_violations=0, min_return_ratio=1000.0)
     state = retrain(config_path=str(forced), models_root=str(models), runs_dir=str(tmp_path / "runs"),

@@ -166,8 +166,8 @@ class BarrierRows:
     def linearize_keepouts(self, x: np.ndarray) -> None:
         """Replace each keep-out zone's row by the tangent halfspace at the position in x (plain floats: 2-3 entries)."""
         MT, R, C, off = self._MT, self.R, self._cases, self.off
+        xs = x.tolist()
         for (r, pcols, vcols, acols, center, radius), maps in zip(self.dynamic, self._dyn_offsets):
-            xs = x.tolist()
             diff = [xs[j] - c for j, c in zip(pcols, center)]
             dist = math.sqrt(sum([d * d for d in diff]))
             n = [d / dist for d in diff] if dist > 1e-9 else [1.0] + [0.0] * (len(diff) - 1)

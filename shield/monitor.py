@@ -62,6 +62,9 @@ class AssumptionMonitor:
         self._dt = spec.dt
         self._accel = [float(x) for x in mon.get("accel", [0.0] * k)]
         self._per_speed = [float(x) for x in mon.get("accel_per_speed", [0.0] * k)]
+        # Per velocity: (obs index, allowed accel * dt, allowed accel per speed * dt), for the hot path.
+        self._per_velocity = [(o, a * self._dt, b * self._dt)
+                              for o, a, b in zip(self._vel_obs, self._accel, self._per_speed)]
         # v layout (shield.prediction): [x per case (N each), pending p_0..p_{L-1} (m each), u (m), 1].
         # Kmon: v -> predicted next velocity per (case, applied action, velocity).
         K = np.zeros((v_size, C * self._cand * k))
@@ -115,21 +118,24 @@ class AssumptionMonitor:
         """Compare the observed velocities with the last prediction; returns the flag."""
         if not self.enabled or self._pred is None:
             return self.flagged
-        k, pred, dt = self._k, self._pred, self._dt
+        k, pred = self._k, self._pred
         slot = self._slot
-        e_old, a_old = self._e[slot], self._a[slot]
-        e_new, a_new = [0.0] * k, [0.0] * k
-        for q in range(k):
+        e_row, a_row = self._e[slot], self._a[slot]  # the oldest entries, overwritten in place
+        se, sa = self._se, self._sa
+        self._count = count = min(self._count + 1, self._window)
+        sigma = self._sigma[count - 1]
+        flagged = False
+        for q, (o, accel_dt, per_speed_dt) in enumerate(self._per_velocity):
             values = pred[q::k]
             lo, hi = min(values), max(values)
-            v = obs[self._vel_obs[q]]
-            e_new[q] = v - 0.5 * (lo + hi)
-            a_new[q] = 0.5 * (hi - lo) + (self._accel[q] + self._per_speed[q] * abs(v)) * dt
-            self._se[q] += e_new[q] - e_old[q]
-            self._sa[q] += a_new[q] - a_old[q]
-        self._e[slot], self._a[slot] = e_new, a_new
-        self._slot = (slot + 1) % self._window
-        self._count = min(self._count + 1, self._window)
-        sigma = self._sigma[self._count - 1]
-        self.flagged = any(abs(self._se[q]) > self._sa[q] + sigma[q] for q in range(k))
-        return self.flagged
+            v = obs[o]
+            e = v - 0.5 * (lo + hi)
+            a = 0.5 * (hi - lo) + accel_dt + per_speed_dt * abs(v)
+            sum_e = se[q] + e - e_row[q]
+            sum_a = sa[q] + a - a_row[q]
+            se[q], sa[q], e_row[q], a_row[q] = sum_e, sum_a, e, a
+            if abs(sum_e) > sum_a + sigma[q]:
+                flagged = True
+        self._slot = slot + 1 if slot + 1 < self._window else 0
+        self.flagged = flagged
+        return flagged

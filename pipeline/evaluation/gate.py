@@ -96,6 +96,14 @@ def return_threshold(legacy_return: float, ratio: float) -> float:
     return legacy_return + (ratio - 1.0) * abs(legacy_return)
 
 
+def _at_most(key: str, value, limit, describe, missing: str) -> GateCheck:
+    """The check `value <= limit`, described by `describe(value, "<=" or ">")`; skipped with `missing` if unknown."""
+    if not _known(value):
+        return GateCheck(key, None, limit, None, missing)
+    ok = value <= limit
+    return GateCheck(key, value, limit, ok, describe(value, "<=" if ok else ">"))
+
+
 def decide(metrics: dict, gate) -> GateDecision:
     """Apply `gate` (a GateConfig) to shadow `metrics` (pipeline.evaluation.shadow_metrics keys); every check reported."""
     checks = []
@@ -112,46 +120,29 @@ def decide(metrics: dict, gate) -> GateDecision:
         checks.append(GateCheck(key, None, gate.min_return_ratio, None, f"no {missing}"))
 
     v = metrics.get("candidate_violations")
-    key = "gate.max_violations"
-    if _known(v):
-        ok = v <= gate.max_violations
-        checks.append(GateCheck(key, v, gate.max_violations, ok,
-                                f"candidate violating steps {int(v)} {'<=' if ok else '>'} {gate.max_violations}"))
-    else:
-        checks.append(GateCheck(key, None, gate.max_violations, None,
-                                "candidate violations: they need the counterfactual pass"))
+    checks.append(_at_most("gate.max_violations", v, gate.max_violations,
+                           lambda x, op: f"candidate violating steps {int(x)} {op} {gate.max_violations}",
+                           "candidate violations: they need the counterfactual pass"))
 
     rate, source = metrics.get("candidate_intervention_rate"), "candidate driving"
     if not _known(rate):
         rate, source = metrics.get("would_be_intervention_rate"), "would-be, legacy driving"
-    key = "gate.max_intervention_rate"
-    if _known(rate):
-        ok = rate <= gate.max_intervention_rate
-        checks.append(GateCheck(key, rate, gate.max_intervention_rate, ok,
-                                f"shield intervention rate {rate:.4f} {'<=' if ok else '>'} "
-                                f"{gate.max_intervention_rate:g} ({source})"))
-    else:
-        checks.append(GateCheck(key, None, gate.max_intervention_rate, None, "no steps logged"))
+    checks.append(_at_most("gate.max_intervention_rate", rate, gate.max_intervention_rate,
+                           lambda x, op: f"shield intervention rate {x:.4f} {op} {gate.max_intervention_rate:g} ({source})",
+                           "no steps logged"))
 
     known_p99 = [x for x in (metrics.get("latency_p99_us"), metrics.get("counterfactual_latency_p99_us")) if _known(x)]
     p99 = max(known_p99) if known_p99 else None  # the worse pass decides
-    key = "gate.max_latency_p99_us"
-    if _known(p99):
-        ok = p99 <= gate.max_latency_p99_us
-        checks.append(GateCheck(key, p99, gate.max_latency_p99_us, ok,
-                                f"candidate latency p99 {p99:.1f} us {'<=' if ok else '>'} {gate.max_latency_p99_us:g} us"))
-    else:
-        checks.append(GateCheck(key, None, gate.max_latency_p99_us, None, "no latency logged"))
+    checks.append(_at_most("gate.max_latency_p99_us", p99, gate.max_latency_p99_us,
+                           lambda x, op: f"candidate latency p99 {x:.1f} us {op} {gate.max_latency_p99_us:g} us",
+                           "no latency logged"))
 
     if "falsification_cases" in metrics:  # the retrain flow ran `falsify` before the gate
-        cases, key = metrics.get("falsification_cases"), "gate.max_falsification_cases"
-        if _known(cases):
-            ok = cases <= gate.max_falsification_cases
-            worst = metrics.get("falsification_min_h")
-            checks.append(GateCheck(key, cases, gate.max_falsification_cases, ok,
-                                    f"falsify found {int(cases)} shielded violation case(s) "
-                                    f"{'<=' if ok else '>'} {gate.max_falsification_cases}"
-                                    + (f" (worst h {worst:.4f})" if _known(worst) else "")))
-        else:
-            checks.append(GateCheck(key, None, gate.max_falsification_cases, None, "falsify did not run"))
+        worst = metrics.get("falsification_min_h")
+        checks.append(_at_most("gate.max_falsification_cases", metrics.get("falsification_cases"),
+                               gate.max_falsification_cases,
+                               lambda x, op: f"falsify found {int(x)} shielded violation case(s) "
+                                             f"{op} {gate.max_falsification_cases}"
+                                             + (f" (worst h {worst:.4f})" if _known(worst) else ""),
+                               "falsify did not run"))
     return GateDecision(checks, tuple(gate.waive))

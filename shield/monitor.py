@@ -58,13 +58,10 @@ class AssumptionMonitor:
         vel = [col[v] for v in spec.velocity_index]
         k = len(vel)
         self._k, self._cand = k, L + 1
-        self._vel_obs = list(spec.velocity_index)
-        self._dt = spec.dt
-        self._accel = [float(x) for x in mon.get("accel", [0.0] * k)]
-        self._per_speed = [float(x) for x in mon.get("accel_per_speed", [0.0] * k)]
+        accel = [float(x) for x in mon.get("accel", [0.0] * k)]
+        per_speed = [float(x) for x in mon.get("accel_per_speed", [0.0] * k)]
         # Per velocity: (obs index, allowed accel * dt, allowed accel per speed * dt), for the hot path.
-        self._per_velocity = [(o, a * self._dt, b * self._dt)
-                              for o, a, b in zip(self._vel_obs, self._accel, self._per_speed)]
+        self._per_velocity = [(o, a * spec.dt, b * spec.dt) for o, a, b in zip(spec.velocity_index, accel, per_speed)]
         # v layout (shield.prediction): [x per case (N each), pending p_0..p_{L-1} (m each), u (m), 1].
         # Kmon: v -> predicted next velocity per (case, applied action, velocity).
         K = np.zeros((v_size, C * self._cand * k))

@@ -27,8 +27,7 @@ class ActorPool:
         self.restarts = 0
         self._pending: dict = {}  # ObjectRef -> actor index
         self._lives: list[str | None] = [None] * len(actors)
-        self._failed_in_a_row = [0] * len(actors)
-        self._unavailable_since = [0.0] * len(actors)
+        self._failing_since = [0.0] * len(actors)  # first failed request of the current outage, or 0
 
     def start(self) -> None:
         """Async mode: fill the pipeline with `max_in_flight` requests, round robin."""
@@ -69,21 +68,19 @@ class ActorPool:
         i = self._pending.pop(ready[0])
         try:
             batch = ray.get(ready[0])
-        except ActorUnavailableError:
-            # Restarting: the caller asks again; don't spin while it boots.
-            self._unavailable_since[i] = self._unavailable_since[i] or time.perf_counter()
-            if time.perf_counter() - self._unavailable_since[i] > ACTOR_RESTART_TIMEOUT_S:
-                self._drop(i, "did not come back from a restart")
-            time.sleep(0.05)
-            return i, None
         except RayActorError:
-            # Requests in flight when an actor dies fail too, even when Ray restarts it;
-            # only an actor that fails more requests than could have been in flight is gone.
-            self._failed_in_a_row[i] += 1
-            if self._failed_in_a_row[i] > self.max_in_flight + 1:
-                self._drop(i, "died and Ray did not restart it (ray.max_actor_restarts used up?)")
+            # A restarting actor fails the requests that were in flight at its death (ActorDiedError)
+            # and may refuse new ones while it boots (ActorUnavailableError); the caller asks again.
+            # How many fail depends on how fast Ray notices the death, so only an outage that
+            # outlasts a restart drops the actor: counting failures dropped actors mid-restart on
+            # loaded machines, and their restarts then went uncounted.
+            now = time.perf_counter()
+            self._failing_since[i] = self._failing_since[i] or now
+            if now - self._failing_since[i] > ACTOR_RESTART_TIMEOUT_S:
+                self._drop(i, "did not come back (died and Ray did not restart it: ray.max_actor_restarts used up?)")
+            time.sleep(0.05)  # don't spin while it boots
             return i, None
-        self._unavailable_since[i], self._failed_in_a_row[i] = 0.0, 0
+        self._failing_since[i] = 0.0
         if self._lives[i] is not None and batch["life"] != self._lives[i]:
             self.restarts += 1
         self._lives[i] = batch["life"]

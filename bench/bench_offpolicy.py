@@ -13,7 +13,12 @@ throughput(K) / (K x throughput(1)). Run it on the largest machine you have:
 a 2-core figure says little.
 
     python bench/bench_offpolicy.py --compare [--budget-s 300] [--eval-episodes 5]
-    python bench/bench_offpolicy.py --scaling [--max-k 16] [--steps-per-actor 20000]
+    python bench/bench_offpolicy.py --compare --parallel --budget-s 900   # the three at once, on disjoint cores
+    python bench/bench_offpolicy.py --scaling [--max-k 16 | --ks 1 2 4 8 16] [--steps-per-actor 20000]
+
+`--parallel` runs the three trainings at the same time, each pinned to its own third
+of the cores (ours gets the remainder), so one invocation of B seconds compares
+B seconds of each: same machine, same wall-clock window.
 """
 
 from __future__ import annotations
@@ -102,7 +107,7 @@ def run_sb3(algo: str, budget_s: float, episodes: int) -> dict:
 
     # The torch thread count our learner uses beside its one actor (train.py's rule), so neither
     # side's thread pool oversubscribes the cores the other lacks.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
+    torch.set_num_threads(max(1, int(os.environ.get("SIM2REAL_BENCH_CPUS", os.cpu_count() or 1)) - 1))
     model = (SAC if algo == "sac" else PPO)("MlpPolicy", gym.make(ENV_ID), seed=0, verbose=0)
     start = time.perf_counter()
     model.learn(total_timesteps=10_000_000, callback=WallClock())
@@ -111,16 +116,44 @@ def run_sb3(algo: str, budget_s: float, episodes: int) -> dict:
     return dict(name=f"SB3 {algo.upper()} (defaults, 1 env)", env_steps=int(model.num_timesteps), wall_s=wall, eval_return=ret)
 
 
+RUNS = ("ours", "sac", "ppo")
+
+
+def run_one(which: str, budget_s: float, episodes: int, out_dir: str) -> dict:
+    return run_ours(budget_s, episodes, out_dir) if which == "ours" else run_sb3(which, budget_s, episodes)
+
+
+def core_split(n_cores: int) -> dict[str, list[int]]:
+    """Disjoint core sets for the parallel comparison: SB3's runs a quarter each, ours the rest."""
+    quarter = max(1, n_cores // 4)
+    cores = list(range(n_cores))
+    return {"sac": cores[:quarter], "ppo": cores[quarter:2 * quarter], "ours": cores[2 * quarter:] or cores[:1]}
+
+
 def compare(args) -> list[dict]:
     import tempfile
 
-    rows = []
+    if not args.parallel:
+        rows = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for which in RUNS:
+                rows.append(run_one(which, args.budget_s, args.eval_episodes, f"{tmp}/ours"))
+                print(json.dumps(rows[-1]), file=sys.stderr)
+        return rows
+    split, procs = core_split(os.cpu_count() or 1), {}
     with tempfile.TemporaryDirectory() as tmp:
-        rows.append(run_ours(args.budget_s, args.eval_episodes, f"{tmp}/ours"))
-        print(json.dumps(rows[-1]), file=sys.stderr)
-    for algo in ("sac", "ppo"):
-        rows.append(run_sb3(algo, args.budget_s, args.eval_episodes))
-        print(json.dumps(rows[-1]), file=sys.stderr)
+        for which in RUNS:
+            cmd = [sys.executable, __file__, "--one", which, "--budget-s", str(args.budget_s),
+                   "--eval-episodes", str(args.eval_episodes), "--out", f"{tmp}/{which}",
+                   "--cpus", ",".join(map(str, split[which]))]
+            procs[which] = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        rows = []
+        for which, proc in procs.items():
+            out, _ = proc.communicate()
+            if proc.returncode != 0:
+                raise SystemExit(f"bench_offpolicy: the {which} run failed (exit {proc.returncode})")
+            rows.append(dict(json.loads(out.strip().splitlines()[-1]), cores=len(split[which])))
+            print(json.dumps(rows[-1]), file=sys.stderr)
     return rows
 
 
@@ -129,14 +162,15 @@ def scaling(args) -> list[dict]:
 
     import ray
 
-    from bench.bench_replay import ray_shards
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_replay import ray_shards
     from pipeline.config import load_config
     from pipeline.training.train import train
 
     rows = []
     ray.init(num_cpus=max(os.cpu_count() or 1, args.max_k), include_dashboard=False, log_to_driver=False)
     try:
-        for k in range(1, args.max_k + 1):
+        for k in (args.ks or range(1, args.max_k + 1)):
             cfg = load_config("configs/cartpole.yaml")
             cfg.train.algorithm = "sac"
             cfg.train.num_actors, cfg.train.replay.num_shards = k, k
@@ -166,8 +200,21 @@ def main() -> None:
     parser.add_argument("--max-k", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--steps-per-actor", type=int, default=20_000)
     parser.add_argument("--seconds", type=float, default=3.0, help="per replay-rate measurement")
+    parser.add_argument("--ks", type=int, nargs="+", help="scaling: these K only (K=1 first: the baseline)")
+    parser.add_argument("--parallel", action="store_true", help="compare: the three runs at once on disjoint cores")
+    parser.add_argument("--one", choices=RUNS, help=argparse.SUPPRESS)  # a --parallel child
+    parser.add_argument("--cpus", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.one:
+        cpus = [int(c) for c in args.cpus.split(",")]
+        os.sched_setaffinity(0, cpus)  # inherited by Ray's workers
+        os.environ["SIM2REAL_BENCH_CPUS"] = str(len(cpus))
+        print(json.dumps(run_one(args.one, args.budget_s, args.eval_episodes, args.out)))
+        return
+    if args.ks and args.ks[0] != 1:
+        parser.error("--ks must start with 1 (efficiency is relative to K = 1)")
     if not (args.compare or args.scaling):
         parser.error("choose --compare and/or --scaling")
     import torch
@@ -183,7 +230,7 @@ def main() -> None:
         return
     print(f"machine: {out['machine']}\nload before: {out['load_before']}\nload after:  {out['load_after']}")
     if args.compare:
-        print(f"\n{ENV_ID}, {args.budget_s:.0f} s of wall time each; eval = deterministic policy, "
+        print(f"\n{ENV_ID}, {args.budget_s:.0f} s of wall time each{' (at once, disjoint cores)' if args.parallel else ''}; eval = deterministic policy, "
               f"{args.eval_episodes} episodes, same seeds")
         print(f"{'run':<36} {'env steps':>10} {'wall s':>7} {'eval return':>12}")
         for r in out["compare"]:

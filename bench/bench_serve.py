@@ -14,6 +14,12 @@ around an instant runtime, and a bare UDP echo round trip.
     python bench/bench_serve.py --seconds 5 --rates 1000 --json
     python bench/bench_serve.py --bundle models/cartpole/3   # any bundle (plant: its first 4 obs as p, v)
     python bench/bench_serve.py --realtime --cpu 1           # the server with `serve --realtime --cpu 1`
+    python bench/bench_serve.py --bundle models/cartpole/3 --plant twin   # the bundle's own task as the plant
+
+`--plant twin` steps the bundle's task env (its `reality` set) with each reply, so the
+server sees the states a deployed policy produces (a trained policy rarely needs the
+shield); the default planar plant with the tiny random-weight policy makes the shield
+intervene on most steps: a worst case for the compute, not a deployment.
 
 Reported per rate: replies later than 1 ms after their request was sent (the issue's
 criterion, at every rate), replies after the end of their period (deadline misses),
@@ -123,17 +129,52 @@ def udp_echo_floor_us(n: int = 5000) -> dict:
     return percentiles(out)
 
 
-def closed_loop(host: str, port: int, rate_hz: float, seconds: float, obs_dim: int) -> dict:
-    """Drive a planar double-integrator plant at rate_hz for `seconds`; returns round-trip figures (µs)."""
+class PlanarPlant:
+    """A planar double integrator at the control rate (the tiny bundle's nominal model)."""
+
+    def __init__(self, obs_dim: int, period: float):
+        self.period, self.obs = period, np.zeros(obs_dim, np.float32)
+        self.p, self.v = np.array([-1.0, 1.0]), np.zeros(2)  # clear of the planar spec's pillar and fence
+        self.rng = np.random.default_rng(0)
+
+    def observe(self) -> np.ndarray:
+        self.obs[:4] = np.concatenate([self.p, self.v]) + self.rng.normal(0, 1e-3, 4)
+        return self.obs
+
+    def apply(self, action: np.ndarray) -> None:
+        a = 4.0 * np.clip(action[:2], -1, 1)  # the planar spec: 4 m/s^2 per unit action
+        self.v = self.v + self.period * a
+        self.p = np.clip(self.p + self.period * self.v, -3, 3)
+
+
+class TwinPlant:
+    """The bundle's own task env (`reality` randomization), one env step per control period, reset on episode end."""
+
+    def __init__(self, env_id: str, seed: int = 0):
+        from pipeline.training.rollout import make_env
+
+        self.env, self.seed = make_env(env_id, "reality"), seed
+        self.obs, _ = self.env.reset(seed=seed)
+        self.episodes = 0
+
+    def observe(self) -> np.ndarray:
+        return np.asarray(self.obs, np.float32)
+
+    def apply(self, action: np.ndarray) -> None:
+        self.obs, _, terminated, truncated, _ = self.env.step(np.asarray(action, np.float32))
+        if terminated or truncated:
+            self.episodes += 1
+            self.obs, _ = self.env.reset(seed=self.seed + self.episodes)
+
+
+def closed_loop(host: str, port: int, rate_hz: float, seconds: float, plant) -> dict:
+    """Drive `plant` at rate_hz for `seconds` through the server; returns round-trip figures (µs)."""
     period = 1.0 / rate_hz
     client = PolicyClient(host, port, timeout_s=max(10 * period, 0.05))
     n = int(seconds * rate_hz)
     rtt, server_us = np.empty(n), np.empty(n)
-    sent = np.zeros((n, obs_dim), np.float32)
-    misses = timeouts = alarms = late_1ms = 0
-    p, v = np.array([-1.0, 1.0]), np.zeros(2)  # clear of the planar spec's pillar and fence
-    obs = np.zeros(obs_dim, np.float32)
-    rng = np.random.default_rng(0)
+    sent = np.zeros((n, len(plant.observe())), np.float32)
+    misses = timeouts = alarms = late_1ms = intervened = 0
     start = time.perf_counter() + 0.05
     skipped = 0
     for k in range(n):
@@ -151,7 +192,7 @@ def closed_loop(host: str, port: int, rate_hz: float, seconds: float, obs_dim: i
             misses += 1
             rtt[k], server_us[k] = np.nan, np.nan
             continue
-        obs[:4] = np.concatenate([p, v]) + rng.normal(0, 1e-3, 4)
+        obs = plant.observe()
         sent[k] = obs
         t0 = time.perf_counter_ns()
         try:
@@ -170,15 +211,15 @@ def closed_loop(host: str, port: int, rate_hz: float, seconds: float, obs_dim: i
             late_1ms += 1
         if reply.status & (Status.FALLBACK | Status.BAD_INPUT | Status.AUTH_FAILED):
             alarms += 1
-        a = 4.0 * np.clip(reply.action[:2], -1, 1)  # the planar spec: 4 m/s^2 per unit action
-        v = v + period * a
-        p = np.clip(p + period * v, -3, 3)
+        if reply.status & Status.INTERVENED:
+            intervened += 1
+        plant.apply(reply.action)
     elapsed = time.perf_counter() - start
     client.close()
     ok = rtt[np.isfinite(rtt)]
     return {"rate_hz": rate_hz, "seconds": elapsed, "periods": n, "deadline_misses": misses, "timeouts": timeouts,
             "later_than_1ms": late_1ms,
-            "skipped_periods": skipped,
+            "skipped_periods": skipped, "intervened_replies": intervened,
             "fallback_or_alarm_replies": alarms, "rtt_us": percentiles(ok),
             "server_us": percentiles(server_us[np.isfinite(server_us)]),
             "observations": sent[np.isfinite(rtt)]}
@@ -189,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="duration per rate (s)")
     p.add_argument("--rates", default="1000,5000", help="control rates to run (Hz), comma-separated")
     p.add_argument("--bundle", help="bundle to serve (default: a tiny planar double-integrator bundle)")
+    p.add_argument("--plant", choices=["planar", "twin"], default="planar",
+                   help="planar: a double integrator (the tiny bundle's model); twin: the bundle's task env")
     p.add_argument("--nice", type=int, default=None,
                    help="niceness for the server and this client (e.g. -10; negative needs root): on a shared "
                         "machine it measures the server rather than the neighbours")
@@ -205,14 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     bundle = Path(args.bundle) if args.bundle else write_tiny_bundle(Path(tmp.name) / "bundle", seed=0, version=1)
     probe = EdgeRuntime.load(bundle)
     obs_dim = probe.obs_dim
-    result = {"bundle": str(bundle), "nice": os.getpriority(os.PRIO_PROCESS, 0), "realtime": args.realtime,
+    result = {"bundle": str(bundle), "plant": args.plant, "nice": os.getpriority(os.PRIO_PROCESS, 0), "realtime": args.realtime,
               "load_average_before": os.getloadavg(), "udp_echo_us": udp_echo_floor_us(),
               "protocol_overhead_us": server_overhead_us(obs_dim, probe.act_dim), "loops": []}
     for rate in (float(r) for r in args.rates.split(",")):
         # The server's compute deadline is the control period: a later reply is useless to the plant.
         extra = (["--realtime"] if args.realtime else []) + (["--cpu", str(args.cpu)] if args.cpu is not None else [])
         with ServerProcess(str(bundle), "--deadline-us", str(1e6 / rate), *extra) as server:
-            loop = closed_loop(server.host, server.port, rate, args.seconds, obs_dim)
+            plant = (TwinPlant(probe.bundle.manifest["env_id"]) if args.plant == "twin"
+                     else PlanarPlant(obs_dim, 1.0 / rate))
+            loop = closed_loop(server.host, server.port, rate, args.seconds, plant)
             with PolicyClient(server.host, server.port) as client:
                 loop["server_counters"] = client.status().counters
             server.stop()
@@ -225,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, sort_keys=True))
         return 0
     echo, proto = result["udp_echo_us"], result["protocol_overhead_us"]
-    print(f"niceness {result['nice']}; realtime server {result['realtime']}; load average "
+    print(f"plant {result['plant']}; niceness {result['nice']}; realtime server {result['realtime']}; load average "
           f"{result['load_average_before'][0]:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
     print(f"baseline: bare UDP echo p50 {echo['p50']:.1f} us, p99 {echo['p99']:.1f} us; "
           f"server protocol overhead (instant runtime) p50 {proto['p50']:.1f} us, p99 {proto['p99']:.1f} us")
@@ -237,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
               f"deadline misses {loop['deadline_misses']} "
               f"({100 * loop['deadline_misses'] / loop['periods']:.3f} %; {loop['skipped_periods']} skipped), "
               f"timeouts {loop['timeouts']}, "
-              f"fallback replies {loop['fallback_or_alarm_replies']}; "
+              f"intervened replies {loop['intervened_replies']}, fallback replies {loop['fallback_or_alarm_replies']}; "
               f"in-process act on the same states p50 {act['p50']:.0f} p99 {act['p99']:.0f} us; "
               f"p50 round trip = {r['p50'] / act['p50']:.2f}x in-process act, "
               f"{r['p50'] / echo['p50']:.2f}x bare UDP echo")

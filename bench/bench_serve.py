@@ -14,6 +14,7 @@ around an instant runtime, and a bare UDP echo round trip.
     python bench/bench_serve.py --seconds 5 --rates 1000 --json
     python bench/bench_serve.py --bundle models/cartpole/3   # any bundle (plant: its first 4 obs as p, v)
     python bench/bench_serve.py --realtime --cpu 1           # the server with `serve --realtime --cpu 1`
+    python bench/bench_serve.py --realtime --cpu 1 --busy-poll   # ... and both ends spinning on their sockets
     python bench/bench_serve.py --bundle models/cartpole/3 --plant twin   # the bundle's own task as the plant
 
 `--plant twin` steps the bundle's task env (its `reality` set) with each reply, so the
@@ -167,10 +168,10 @@ class TwinPlant:
             self.obs, _ = self.env.reset(seed=self.seed + self.episodes)
 
 
-def closed_loop(host: str, port: int, rate_hz: float, seconds: float, plant) -> dict:
+def closed_loop(host: str, port: int, rate_hz: float, seconds: float, plant, busy_poll: bool = False) -> dict:
     """Drive `plant` at rate_hz for `seconds` through the server; returns round-trip figures (µs)."""
     period = 1.0 / rate_hz
-    client = PolicyClient(host, port, timeout_s=max(10 * period, 0.05))
+    client = PolicyClient(host, port, timeout_s=max(10 * period, 0.05), busy_poll=busy_poll)
     n = int(seconds * rate_hz)
     rtt, server_us = np.empty(n), np.empty(n)
     sent = np.zeros((n, len(plant.observe())), np.float32)
@@ -237,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                         "machine it measures the server rather than the neighbours")
     p.add_argument("--realtime", action="store_true", help="start the server with --realtime (SCHED_FIFO, mlockall)")
     p.add_argument("--cpu", type=int, help="with --realtime: pin the server to this CPU")
+    p.add_argument("--busy-poll", action="store_true",
+                   help="server (`serve --busy-poll`) and client spin on their sockets instead of sleeping")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
 
@@ -248,16 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     bundle = Path(args.bundle) if args.bundle else write_tiny_bundle(Path(tmp.name) / "bundle", seed=0, version=1)
     probe = EdgeRuntime.load(bundle)
     obs_dim = probe.obs_dim
-    result = {"bundle": str(bundle), "plant": args.plant, "nice": os.getpriority(os.PRIO_PROCESS, 0), "realtime": args.realtime,
+    result = {"bundle": str(bundle), "plant": args.plant, "busy_poll": args.busy_poll, "nice": os.getpriority(os.PRIO_PROCESS, 0), "realtime": args.realtime,
               "load_average_before": os.getloadavg(), "udp_echo_us": udp_echo_floor_us(),
               "protocol_overhead_us": server_overhead_us(obs_dim, probe.act_dim), "loops": []}
     for rate in (float(r) for r in args.rates.split(",")):
         # The server's compute deadline is the control period: a later reply is useless to the plant.
-        extra = (["--realtime"] if args.realtime else []) + (["--cpu", str(args.cpu)] if args.cpu is not None else [])
+        extra = ((["--realtime"] if args.realtime else []) + (["--cpu", str(args.cpu)] if args.cpu is not None else [])
+                 + (["--busy-poll"] if args.busy_poll else []))
         with ServerProcess(str(bundle), "--deadline-us", str(1e6 / rate), *extra) as server:
             plant = (TwinPlant(probe.bundle.manifest["env_id"]) if args.plant == "twin"
                      else PlanarPlant(obs_dim, 1.0 / rate))
-            loop = closed_loop(server.host, server.port, rate, args.seconds, plant)
+            loop = closed_loop(server.host, server.port, rate, args.seconds, plant, args.busy_poll)
             with PolicyClient(server.host, server.port) as client:
                 loop["server_counters"] = client.status().counters
             server.stop()

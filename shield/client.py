@@ -30,8 +30,11 @@ class PolicyTimeout(TimeoutError):
 class PolicyClient:
     """Blocking UDP client: one request, one reply."""
 
-    def __init__(self, host: str, port: int, key: bytes | None = None, *, timeout_s: float = 1.0):
+    def __init__(self, host: str, port: int, key: bytes | None = None, *, timeout_s: float = 1.0,
+                 busy_poll: bool = False):
+        """`busy_poll`: wait for replies by spinning (no wake-up latency, one CPU busy while waiting)."""
         self.address = (host, int(port))
+        self.busy_poll = busy_poll
         self.key = key
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.connect(self.address)  # connected: only the server's datagrams are received
@@ -52,13 +55,27 @@ class PolicyClient:
                                           self.client_id))
         return seq
 
+    def _recv(self, deadline: float) -> bytes:
+        """The next datagram, or PolicyTimeout once `deadline` (time.monotonic) has passed."""
+        if not self.busy_poll:
+            try:
+                return self.sock.recv(65535)
+            except socket.timeout:
+                raise PolicyTimeout(f"no reply from {self.address[0]}:{self.address[1]}") from None
+        while True:
+            try:
+                return self.sock.recv(65535, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise PolicyTimeout(f"no reply from {self.address[0]}:{self.address[1]}") from None
+
     def recv_reply(self, seq: int) -> Reply:
         """Wait for the reply to request `seq`, skipping stale replies to earlier ones."""
         deadline = time.monotonic() + (self.sock.gettimeout() or 1.0)
         while True:
             try:
-                data = self.sock.recv(65535)
-            except socket.timeout:
+                data = self._recv(deadline)
+            except PolicyTimeout:
                 raise PolicyTimeout(f"no reply to seq {seq} from {self.address[0]}:{self.address[1]}") from None
             try:
                 reply = decode_act_reply(data, self.key)
@@ -80,8 +97,8 @@ class PolicyClient:
         deadline = time.monotonic() + (self.sock.gettimeout() or 1.0)
         while time.monotonic() <= deadline:
             try:
-                data = self.sock.recv(65535)
-            except socket.timeout:
+                data = self._recv(deadline)
+            except PolicyTimeout:
                 break
             if len(data) >= HEADER.size and data[5] == MsgType.STATUS_REPLY:
                 try:

@@ -307,21 +307,39 @@ class PolicyServer:
                 return now - queued if queued > 0 else now
         return now
 
-    def serve_forever(self, poll_s: float = 0.1) -> None:
-        """Answer datagrams until `stop()`; never raises on a client's input."""
+    def _idle(self) -> None:
+        """Between requests: make a plant session ready for the next new plant; flush a due shadow log."""
+        served = self.served
+        if len(served.spares) < SPARE_SESSIONS and served.has_sessions:
+            served.spares.append(served.new_session())
+        if self.shadow_log is not None:
+            self.shadow_log.flush_if_due()  # a plant that stopped talking still gets its log on disk
+
+    def serve_forever(self, poll_s: float = 0.1, busy_poll: bool = False) -> None:
+        """Answer datagrams until `stop()`; never raises on a client's input.
+
+        `busy_poll`: spin on a non-blocking socket instead of sleeping in the kernel. A
+        sleeping thread pays the scheduler's wake-up (tens of µs on bare metal, 100-200 µs
+        on a VM whose idle vCPU halts) on every request; spinning pays one CPU at 100 %.
+        """
         sock, stats, buf = self.sock, self.stats, memoryview(self._in)
         out = memoryview(self._out)
         anc = socket.CMSG_SPACE(_TIMESPEC.size) if self.kernel_timestamps else 0
-        sock.settimeout(poll_s)
+        if busy_poll:
+            sock.setblocking(False)
+            idle_every_ns, next_idle = int(poll_s * 1e9), time.perf_counter_ns()
+        else:
+            sock.settimeout(poll_s)
         while not self._stop.is_set():
             try:
                 n, ancdata, _, addr = sock.recvmsg_into([buf], anc)
+            except BlockingIOError:  # busy-poll: nothing yet
+                if time.perf_counter_ns() >= next_idle:
+                    self._idle()
+                    next_idle = time.perf_counter_ns() + idle_every_ns
+                continue
             except socket.timeout:
-                served = self.served
-                if len(served.spares) < SPARE_SESSIONS and served.has_sessions:
-                    served.spares.append(served.new_session())  # idle: make ready for the next new plant
-                if self.shadow_log is not None:
-                    self.shadow_log.flush_if_due()  # a plant that stopped talking still gets its log on disk
+                self._idle()
                 continue
             except OSError:
                 if self._stop.is_set():

@@ -287,3 +287,17 @@ def test_realtime_mode_serves_and_says_what_it_was_not_permitted(bundle):
         if "--realtime" in line:
             assert line.startswith("serve: --realtime: not permitted: ") and "continuing without it" in line
     assert "Traceback" not in text
+
+
+def test_busy_poll_server_and_client_answer_byte_exact(bundle):
+    """`serve --busy-poll` and `PolicyClient(busy_poll=True)` spin instead of sleeping: same replies, same state."""
+    reference = EdgeRuntime.load(bundle)
+    obs_set = observations(30)
+    expected = [reference.act(o)[0] for o in obs_set]  # one plant: the shield's state carries over the sequence
+    with ServerProcess(str(bundle), "--busy-poll", *NO_DEADLINE) as server:
+        with PolicyClient(server.host, server.port, timeout_s=5.0, busy_poll=True) as client:
+            for obs, safe in zip(obs_set, expected):
+                assert client.act(obs).action.tobytes() == safe.tobytes()
+            assert client.status().counters["policy_calls"] == len(obs_set)
+        text = server.stop()
+    assert "Traceback" not in text

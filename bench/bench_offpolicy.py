@@ -107,7 +107,9 @@ def run_sb3(algo: str, budget_s: float, episodes: int) -> dict:
 
     # The torch thread count our learner uses beside its one actor (train.py's rule), so neither
     # side's thread pool oversubscribes the cores the other lacks.
-    torch.set_num_threads(max(1, int(os.environ.get("SIM2REAL_BENCH_CPUS", os.cpu_count() or 1)) - 1))
+    from pipeline.training.learner import usable_cpus
+
+    torch.set_num_threads(max(1, usable_cpus() - 1))
     model = (SAC if algo == "sac" else PPO)("MlpPolicy", gym.make(ENV_ID), seed=0, verbose=0)
     start = time.perf_counter()
     model.learn(total_timesteps=10_000_000, callback=WallClock())
@@ -209,8 +211,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         cpus = [int(c) for c in args.cpus.split(",")]
-        os.sched_setaffinity(0, cpus)  # inherited by Ray's workers
-        os.environ["SIM2REAL_BENCH_CPUS"] = str(len(cpus))
+        os.sched_setaffinity(0, cpus)  # inherited by Ray's workers; our learner and SB3 size their threads by it
         print(json.dumps(run_one(args.one, args.budget_s, args.eval_episodes, args.out)))
         return
     if args.ks and args.ks[0] != 1:

@@ -12,6 +12,8 @@ One `update(batches)` call:
 
 from __future__ import annotations
 
+import os
+
 import time
 
 import numpy as np
@@ -31,6 +33,14 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("train.device is 'cuda' but torch sees no CUDA device; use 'auto' or 'cpu'")
     return torch.device(name)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (taskset, a container's cpuset), not the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def stack_batches(batches: list[dict], device: torch.device) -> dict[str, torch.Tensor]:

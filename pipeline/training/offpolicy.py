@@ -39,7 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.training.actor_pool import ActorPool
 from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
-from pipeline.training.learner import resolve_device
+from pipeline.training.learner import resolve_device, usable_cpus
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.replay import NStepBuilder, ReplayClient, ReplayShard, load_snapshot, save_snapshot
 from pipeline.training.rollout import RolloutActor, WeightSource
@@ -144,7 +144,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
     device = resolve_device(tc.device)
     torch_threads = torch.get_num_threads()
     if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) - math.ceil(tc.num_actors * cfg.ray.actor_num_cpus)))
+        torch.set_num_threads(max(1, usable_cpus() - math.ceil(tc.num_actors * cfg.ray.actor_num_cpus)))
     torch.manual_seed(tc.seed)
     learner = SacLearner(model_spec, sc, tc.gamma, device)
     env_steps, learned, episodes_total, prior_wall = 0, 0, 0, 0.0
@@ -162,7 +162,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
     address = ray_address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
     started_ray = not ray.is_initialized()
     if started_ray:
-        local_cpus = None if address else max(os.cpu_count() or 1, math.ceil(
+        local_cpus = None if address else max(usable_cpus(), math.ceil(
             tc.num_actors * cfg.ray.actor_num_cpus + rc.num_shards * rc.shard_num_cpus))
         ray.init(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=True)
 

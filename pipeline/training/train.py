@@ -38,7 +38,7 @@ import yaml
 
 from pipeline.training.actor_pool import ActorPool
 from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
-from pipeline.training.learner import Learner, resolve_device
+from pipeline.training.learner import Learner, resolve_device, usable_cpus
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.rollout import RolloutActor, WeightSource, make_env
 from pipeline.training.selection import ModelSelection
@@ -125,7 +125,7 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
     if device.type == "cpu":
         # The learner shares the machine with the local actors; an oversubscribed torch
         # thread pool is ~10x slower than one thread on a busy 2-core box.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) - math.ceil(tc.num_actors * cfg.ray.actor_num_cpus)))
+        torch.set_num_threads(max(1, usable_cpus() - math.ceil(tc.num_actors * cfg.ray.actor_num_cpus)))
     torch.manual_seed(tc.seed)
     learner = Learner(model_spec, tc, device, log_std_init=tc.log_std_init)
     updates, env_steps, episodes_total, prior_wall = 0, 0, 0, 0.0
@@ -140,7 +140,7 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
     address = ray_address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
     started_ray = not ray.is_initialized()
     if started_ray:
-        local_cpus = None if address else max(os.cpu_count() or 1, math.ceil(tc.num_actors * cfg.ray.actor_num_cpus))
+        local_cpus = None if address else max(usable_cpus(), math.ceil(tc.num_actors * cfg.ray.actor_num_cpus))
         ray.init(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=True)
 
     weight_source_name = f"sim2real-weights-{uuid.uuid4().hex[:12]}"

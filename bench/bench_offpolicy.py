@@ -16,9 +16,10 @@ a 2-core figure says little.
     python bench/bench_offpolicy.py --compare --parallel --budget-s 900   # the three at once, on disjoint cores
     python bench/bench_offpolicy.py --scaling [--max-k 16 | --ks 1 2 4 8 16] [--steps-per-actor 20000]
 
-`--parallel` runs the three trainings at the same time, each pinned to its own third
-of the cores (ours gets the remainder), so one invocation of B seconds compares
-B seconds of each: same machine, same wall-clock window.
+`--parallel` runs the three trainings at the same time on disjoint cores of this
+process's affinity set (SB3 SAC and SB3 PPO a quarter each, ours the other half),
+so one invocation of B seconds compares B seconds of each: same machine, same
+wall-clock window.
 """
 
 from __future__ import annotations
@@ -125,10 +126,9 @@ def run_one(which: str, budget_s: float, episodes: int, out_dir: str) -> dict:
     return run_ours(budget_s, episodes, out_dir) if which == "ours" else run_sb3(which, budget_s, episodes)
 
 
-def core_split(n_cores: int) -> dict[str, list[int]]:
-    """Disjoint core sets for the parallel comparison: SB3's runs a quarter each, ours the rest."""
-    quarter = max(1, n_cores // 4)
-    cores = list(range(n_cores))
+def core_split(cores: list[int]) -> dict[str, list[int]]:
+    """Disjoint sets of `cores` for the parallel comparison: SB3's runs a quarter each, ours the rest."""
+    quarter = max(1, len(cores) // 4)
     return {"sac": cores[:quarter], "ppo": cores[quarter:2 * quarter], "ours": cores[2 * quarter:] or cores[:1]}
 
 
@@ -142,7 +142,7 @@ def compare(args) -> list[dict]:
                 rows.append(run_one(which, args.budget_s, args.eval_episodes, f"{tmp}/ours"))
                 print(json.dumps(rows[-1]), file=sys.stderr)
         return rows
-    split, procs = core_split(os.cpu_count() or 1), {}
+    split, procs = core_split(sorted(os.sched_getaffinity(0))), {}
     with tempfile.TemporaryDirectory() as tmp:
         for which in RUNS:
             cmd = [sys.executable, __file__, "--one", which, "--budget-s", str(args.budget_s),

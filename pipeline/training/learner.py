@@ -13,7 +13,6 @@ One `update(batches)` call:
 from __future__ import annotations
 
 import os
-
 import time
 
 import numpy as np

@@ -162,7 +162,9 @@ class ShieldConfig(Section):
     margin: float = Field(0.03, ge=0, description="Safety margin in each constraint's units (m for positions), covering model error and sensor noise.")
     brake_fraction: float = Field(0.4, gt=0, le=1, description="Share of the nominal full-action deceleration the braking-distance barrier counts on; the rest absorbs mass, gain and disturbance mismatch.")
     input_gain_error: float = Field(0.45, ge=0, lt=0.9, description="Relative error of the input's effect (actuator gain over mass) the CBF conditions hold for: (1 +- this) x nominal.")
-    brake_accel: list[Annotated[float, Field(gt=0)]] | None = Field(None, description="Braking acceleration per position of the task's kinematics (units/s^2); overrides brake_fraction.")
+    brake_accel: list[Annotated[float, Field(gt=0)] | Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]] | None = Field(
+        None, description="Braking acceleration per position of the task's kinematics (units/s^2), each a number or [toward -, toward +] "
+                          "where the plant brakes harder one way (gravity helps a quadrotor brake a climb); overrides brake_fraction.")
     disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Bound on an unknown additive acceleration per position (units/s^2: wind, gravity-compensation error) the conditions are robust to; None: zero.")
     latency_steps: int | None = Field(None, ge=0, description="Control steps of actuation latency the shield predicts through; None: the largest latency_steps of every randomization set.")
     ambient_disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Additive acceleration per position (units/s^2) present in every domain that no randomization set states (e.g. the quadrotor's built-in wind); counted in the envelope check.")

@@ -40,7 +40,8 @@ class BarrierRows:
         spec = self.spec
         col = {o: j for j, o in enumerate(spec.state_index)}
         vel_of = dict(zip(spec.position_index, spec.velocity_index))
-        brake_of = dict(zip(spec.position_index, spec.brake_accel))
+        # Per position: the braking acceleration toward - and toward + (a row brakes toward its normal).
+        brake_of = dict(zip(spec.position_index, spec.brake_accel_pairs))
         N = self._n + self._nz
         W, Wv, f, brake, gain, owner, closing0 = [], [], [], [], [], [], []
         # With a lagged inner loop (response time tau) the realized acceleration z is an internal
@@ -52,7 +53,7 @@ class BarrierRows:
         accel_col = {o: self._n + k for k, o in enumerate(spec.position_index)} if self._nz else {}
         dynamic = []  # (row, state cols, velocity cols or None, center, radius)
 
-        def add_row(weights: dict[int, float], offset: float, g: float, k: int) -> int:
+        def add_row(weights: dict[int, float], offset: float, g: float, k: int, directional: bool = True) -> int:
             w, wv = np.zeros(N), np.zeros(N)
             for o, v in weights.items():
                 w[col[o]] = v
@@ -62,7 +63,11 @@ class BarrierRows:
                     wv[col[vel_of[o]]] = v
                     if o in accel_col:
                         wv[accel_col[o]] = tau * v
-            a_brake = min(brake_of[o] for o in weights) if positional else math.inf
+            # The distance grows along +weights: braking accelerates that way, so a positive weight
+            # counts on the position's toward-+ braking and a negative one on its toward-- braking.
+            # A keep-out row's normal changes every step (not directional): the weaker direction.
+            a_brake = (min(brake_of[o][v > 0] if directional else min(brake_of[o]) for o, v in weights.items())
+                       if positional else math.inf)
             # |n . w| <= sum |n_i| w_i bounds the disturbance along any unit normal n.
             w_n = sum(abs(v) * w_of[o] for o, v in weights.items()) if positional else 0.0
             closing0.append(tau * (a_brake + w_n) if positional else 0.0)
@@ -80,7 +85,7 @@ class BarrierRows:
                     add_row(row.weights, row.offset, con.gain, k)
                 else:  # a keep-out zone: weights filled per step
                     idx = list(row.index)
-                    r = add_row({i: 1.0 for i in idx}, 0.0, con.gain, k)
+                    r = add_row({i: 1.0 for i in idx}, 0.0, con.gain, k, directional=False)
                     cols = [col[i] for i in idx]
                     vcols = [col[vel_of[i]] for i in idx] if all(i in vel_of for i in idx) else None
                     dynamic.append((r, cols, vcols, np.asarray(row.center, np.float64), float(row.radius)))

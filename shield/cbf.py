@@ -85,8 +85,8 @@ class CbfShield:
         self._cases = len(scales)
         self._n = len(spec.state_index)
         self._nz = model.internal_dim
-        self._z0 = (np.zeros(self._nz) if model.internal_init is None
-                    else np.asarray(model.internal_init, np.float64))
+        offsets = [model.offset(s) for s in scales]  # per case: part of the drift may scale with the gain
+        inits = [model.initial_internal(s) for s in scales]
         self._state_index = np.asarray(spec.state_index, dtype=np.intp)
         self._m = spec.act_dim
         self._low = np.asarray(spec.action_low, np.float64)
@@ -114,10 +114,10 @@ class CbfShield:
         self._V_flat = self._V.reshape(-1)
         self._req, self._t_buffer, self._t2, self._cond = (np.empty((C, R)) for _ in range(4))
         self._t = self._t_buffer  # the scaled closing speeds at the last point the conditions were evaluated
-        self._predictor = LatencyPredictor(self._A, self._B, self._c, scales, spec.latency_steps, self._n,
-                                           self._z0, self._fallback)
+        self._predictor = LatencyPredictor(self._A, self._B, offsets, scales, spec.latency_steps, self._n,
+                                           inits, self._fallback)
         # Per plant: is the plant inside the declared envelope? While not, the gains are divided (conservative mode).
-        self._monitor = AssumptionMonitor(spec, self._A, self._B, self._c, scales, spec.latency_steps,
+        self._monitor = AssumptionMonitor(spec, self._A, self._B, offsets, scales, spec.latency_steps,
                                           len(self._predictor.v))
         if self._monitor.enabled:
             self._predictor.attach_monitor(self._monitor)

@@ -42,7 +42,7 @@ CONSERVATIVE_GAIN_DIVISOR = 4.0
 class AssumptionMonitor:
     """Windowed residual test of observed transitions against the shield's model (see the module docstring)."""
 
-    def __init__(self, spec, A: np.ndarray, B: np.ndarray, c: np.ndarray, scales: list[float], latency: int,
+    def __init__(self, spec, A: np.ndarray, B: np.ndarray, offsets: list[np.ndarray], scales: list[float], latency: int,
                  v_size: int, window: int = WINDOW, z: float = Z):
         a = spec.assumptions or {}
         noise = a.get("obs_noise_std")
@@ -66,7 +66,7 @@ class AssumptionMonitor:
         # Kmon: v -> predicted next velocity per (case, applied action, velocity).
         K = np.zeros((v_size, C * self._cand * k))
         p0 = C * N
-        for ci, s in enumerate(scales):
+        for ci, (s, c) in enumerate(zip(scales, offsets)):  # c: the case's affine term
             for j in range(self._cand):
                 slot = p0 + j * m  # j == L is the new action's slot (right after the pending ones)
                 for q, r in enumerate(vel):

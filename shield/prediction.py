@@ -1,12 +1,14 @@
 """`LatencyPredictor`: the shield's state through the pending (sent, not yet applied) actions, as one matrix product.
 
 The shield state of each input-gain case ``k`` (scale ``s_k`` on the input's
-effect) evolves as ``x+ = A x + s_k B u + c``. With ``L`` actions sent but not
+effect) evolves as ``x+ = A x + s_k B u + c_k`` (``c_k``: the case's affine term,
+`LinearModel.offset`; it differs between cases where part of the plant's drift
+scales with its gain, e.g. gravity compensation). With ``L`` actions sent but not
 yet applied, the state the next action acts on is
 
-    x_L = A^L x + sum_j A^(L-1-j) (s_k B p_j + c)        (p_0: the oldest pending action)
+    x_L = A^L x + sum_j A^(L-1-j) (s_k B p_j + c_k)        (p_0: the oldest pending action)
 
-and the next state under the new action ``u`` is ``A x_L + s_k B u + c``. Both,
+and the next state under the new action ``u`` is ``A x_L + s_k B u + c_k``. Both,
 and the state predicted at the next call, are affine in one buffer
 
     v = [x_0, ..., x_(C-1), p_0, ..., p_(L-1), u, 1]
@@ -25,8 +27,9 @@ import numpy as np
 class LatencyPredictor:
     """Per-case state buffer and the affine maps over it; `predict()` and `commit(u)` are the hot path."""
 
-    def __init__(self, A: np.ndarray, B: np.ndarray, c: np.ndarray, scales: list[float], latency_steps: int,
-                 observed: int, internal_init: np.ndarray, fallback: np.ndarray):
+    def __init__(self, A: np.ndarray, B: np.ndarray, offsets: list[np.ndarray], scales: list[float], latency_steps: int,
+                 observed: int, internal_inits: list[np.ndarray], fallback: np.ndarray):
+        """`offsets` and `internal_inits`: per input-gain case (with `scales`), its c_k and internal states after reset."""
         N, m = B.shape
         C, L = len(scales), latency_steps
         self.cases, self.states, self.inputs, self.latency = C, N, m, L
@@ -41,8 +44,8 @@ class LatencyPredictor:
         powers = [np.eye(N)]
         for _ in range(L + 1):
             powers.append(A @ powers[-1])
-        drift = sum((powers[j] @ c for j in range(L)), np.zeros(N))  # sum_{j<L} A^j c
-        for k, s in enumerate(scales):
+        for k, (s, c) in enumerate(zip(scales, offsets)):
+            drift = sum((powers[j] @ c for j in range(L)), np.zeros(N))  # sum_{j<L} A^j c_k
             xs, ls, fs = slice(k * N, (k + 1) * N), slice(k * N, (k + 1) * N), slice((C + k) * N, (C + k + 1) * N)
             K[xs, ls] = powers[L].T
             K[xs, fs] = powers[L + 1].T
@@ -63,7 +66,7 @@ class LatencyPredictor:
         self._next = self._next_all
         # Observed entries of every case's state, and the state used before any observation.
         self._obs_slots = np.array([k * N + i for k in range(C) for i in range(observed)], dtype=np.intp)
-        self._init = np.tile(np.concatenate([np.zeros(observed), internal_init]), C)
+        self._init = np.concatenate([np.concatenate([np.zeros(observed), z0]) for z0 in internal_inits])
         self._all_observed = observed == N  # no internal states: an observation overwrites every state slot
         self._fallback = np.asarray(fallback, np.float64)
         self.monitor = None  # an AssumptionMonitor fed every committed prediction (set by CbfShield)

@@ -7,9 +7,14 @@ This module owns the schema. A spec holds:
   ``x+ = A x + B u + c`` over ``[obs[state_index], internal]``; the internal
   states are predicted only, e.g. an actuator lag) or ``double_integrator``
   (acceleration set-points through a first-order inner loop with response time
-  ``response_time_s``), converted to the linear form by `linear_model()`,
+  ``response_time_s``; ``gain_scaled_accel``: an acceleration the inner loop adds
+  to every set-point that scales with the plant's input gain like the action,
+  e.g. gravity compensation computed for the nominal mass), converted to the
+  linear form by `linear_model()`,
 - which observation entries are positions and which their velocities, with the
-  braking acceleration the shield may count on per position (units/s^2),
+  braking acceleration the shield may count on per position (units/s^2): one
+  number for both directions, or ``[toward -, toward +]`` where the plant brakes
+  harder one way (a quadrotor brakes a climb with gravity's help),
 - constraints over the observation (halfspace, box, cylinder, sphere), each
   with its own class-K gain in (0, 1],
 - the input box, the control latency (steps) predicted through, the margin
@@ -111,6 +116,20 @@ class LinearModel:
     c: np.ndarray
     internal_dim: int
     internal_init: np.ndarray | None = None  # value of the internal states after reset
+    # The parts of c and internal_init that scale with the input's gain: an input-gain case
+    # with scale s has offset c + (s - 1) c_gain (see `offset`), e.g. gravity compensation
+    # for the nominal mass, which a light or strong plant over-delivers.
+    c_gain: np.ndarray | None = None
+    internal_init_gain: np.ndarray | None = None
+
+    def offset(self, scale: float) -> np.ndarray:
+        """The affine term of the input-gain case with the input's effect at `scale` x nominal."""
+        return self.c if self.c_gain is None else self.c + (scale - 1.0) * self.c_gain
+
+    def initial_internal(self, scale: float) -> np.ndarray:
+        """The internal states after reset in the input-gain case `scale` (zeros without internal states)."""
+        z0 = np.zeros(self.internal_dim) if self.internal_init is None else np.asarray(self.internal_init, np.float64)
+        return z0 if self.internal_init_gain is None else z0 + (scale - 1.0) * self.internal_init_gain
 
 
 @dataclass
@@ -126,7 +145,7 @@ class ShieldSpec:
     model: dict
     position_index: list[int]
     velocity_index: list[int]
-    brake_accel: list[float]
+    brake_accel: list[float]  # per position, the smaller of its two directions
     constraints: list[dict]
     latency_steps: int = 0
     margin: float = 0.0
@@ -135,6 +154,12 @@ class ShieldSpec:
     fallback_action: list[float] | None = None
     assumptions: dict = field(default_factory=dict)
     task: str = ""
+    # Per position: (acceleration the plant can brake with toward -, toward +); default both brake_accel.
+    brake_accel_pairs: list[tuple[float, float]] | None = None
+
+    def __post_init__(self):
+        if self.brake_accel_pairs is None:
+            self.brake_accel_pairs = [(float(a), float(a)) for a in self.brake_accel]
 
     # ---- (de)serialization -------------------------------------------------
     @classmethod
@@ -172,10 +197,8 @@ class ShieldSpec:
             for i in idx:
                 if i not in state_index:
                     _fail(k, f"observation index {i} is not in state_index")
-        brake = _finite(_need(kin, "brake_accel", "kinematics"), "kinematics.brake_accel", len(pos))
-        for i, a in enumerate(brake):
-            if a <= 0:
-                _fail(f"kinematics.brake_accel[{i}]", f"must be > 0, got {a}")
+        brake_pairs = _brake_pairs(_need(kin, "brake_accel", "kinematics"), len(pos))
+        brake = [min(p) for p in brake_pairs]
         model = _need(d, "model", "")
         cls._check_model(model, len(state_index), act_dim, state_index, pos, vel)
         constraints = _need(d, "constraints", "")
@@ -210,7 +233,7 @@ class ShieldSpec:
             _fail("task", "must be a string")
         return cls(obs_dim=obs_dim, act_dim=act_dim, dt=dt, action_low=low, action_high=high,
                    state_index=state_index, model=model, position_index=pos, velocity_index=vel,
-                   brake_accel=brake, constraints=constraints, latency_steps=latency, margin=margin,
+                   brake_accel=brake, brake_accel_pairs=brake_pairs, constraints=constraints, latency_steps=latency, margin=margin,
                    input_gain_error=gain_error, disturbance_accel=disturbance,
                    fallback_action=fallback, assumptions=assumptions, task=task)
 
@@ -233,11 +256,12 @@ class ShieldSpec:
             k_axes = len(pos)
             _matrix(_need(model, "accel_per_action", "model"), "model.accel_per_action", k_axes, m)
             _finite(model.get("accel_offset", [0.0] * k_axes), "model.accel_offset", k_axes)
+            _finite(model.get("gain_scaled_accel", [0.0] * k_axes), "model.gain_scaled_accel", k_axes)
             _number(model.get("response_time_s", 0.0), "model.response_time_s", 0.0)
             if sorted(state_index) != sorted(pos + vel):
                 _fail("state_index", "a double_integrator state is exactly the positions and velocities")
             for k in model:
-                if k not in ("type", "accel_per_action", "accel_offset", "response_time_s"):
+                if k not in ("type", "accel_per_action", "accel_offset", "gain_scaled_accel", "response_time_s"):
                     _fail(f"model.{k}", "unknown key")
 
     @staticmethod
@@ -263,7 +287,7 @@ class ShieldSpec:
             "state_index": list(self.state_index), "model": self.model,
             "kinematics": {"position_index": list(self.position_index),
                            "velocity_index": list(self.velocity_index),
-                           "brake_accel": list(self.brake_accel)},
+                           "brake_accel": [lo if lo == hi else [lo, hi] for lo, hi in self.brake_accel_pairs]},
             "constraints": self.constraints, "latency_steps": self.latency_steps,
             "margin": self.margin,
             "input_gain_error": self.input_gain_error,
@@ -299,10 +323,32 @@ class ShieldSpec:
             nz = int(m.get("internal_dim", 0))
             return LinearModel(np.asarray(m["A"], np.float64), np.asarray(m["B"], np.float64),
                                np.asarray(m["c"], np.float64), nz)
-        return double_integrator_model(self.state_index, self.position_index, self.velocity_index,
-                                       np.asarray(m["accel_per_action"], np.float64),
-                                       np.asarray(m.get("accel_offset", [0.0] * len(self.position_index)), np.float64),
-                                       float(m.get("response_time_s", 0.0)), self.dt)
+        k = len(self.position_index)
+        args = (self.state_index, self.position_index, self.velocity_index, np.asarray(m["accel_per_action"], np.float64))
+        offset = np.asarray(m.get("accel_offset", [0.0] * k), np.float64)
+        tau = float(m.get("response_time_s", 0.0))
+        model = double_integrator_model(*args, offset, tau, self.dt)
+        scaled = np.asarray(m.get("gain_scaled_accel", [0.0] * k), np.float64)
+        if np.any(scaled != 0.0):  # the model is affine in the offset: its gain-scaled part is a difference
+            with_scaled = double_integrator_model(*args, offset + scaled, tau, self.dt)
+            model.c_gain = with_scaled.c - model.c
+            model.internal_init_gain = scaled.copy() if model.internal_dim else None
+        return model
+
+
+def _brake_pairs(value: Any, k: int) -> list[tuple[float, float]]:
+    """`kinematics.brake_accel`: per position a number (both directions) or [toward -, toward +], each > 0."""
+    key = "kinematics.brake_accel"
+    if not isinstance(value, (list, tuple)) or len(value) != k:
+        _fail(key, f"must be a list of {k} entries (a number, or [toward -, toward +]), got {value!r}")
+    out = []
+    for i, v in enumerate(value):
+        pair = _finite(v, f"{key}[{i}]", 2) if isinstance(v, (list, tuple)) else _finite([v], f"{key}[{i}]")
+        for a in pair:
+            if a <= 0:
+                _fail(f"{key}[{i}]", f"must be > 0, got {v!r}")
+        out.append((pair[0], pair[-1]))
+    return out
 
 
 def double_integrator_model(state_index: list[int], pos: list[int], vel: list[int], accel_per_action: np.ndarray,

@@ -43,7 +43,13 @@ def _old_quadrotor_reality(doc):
 
 @pytest.mark.parametrize("task,edit,needles", [
     ("quadrotor", _old_quadrotor_reality,
-     ["randomization.reality.actuator_gain / body_mass", "0.708", "floor-holding", "disturbance_accel[2] = 2.3"]),
+     ["randomization.reality.actuator_gain / body_mass", "0.708", "shield.input_gain_error = 0.2",
+      "floor-holding", "toward + on position obs[2]", "shield.brake_accel[2]"]),
+    # Braking a climb at 2.6 m/s^2: the light, strong train plant (gain/mass 1.2) over-delivers its
+    # gravity compensation by 1.96 m/s^2 and reaches only 2.54 downward.
+    ("quadrotor", lambda d: d["shield"].update(brake_accel=[1.5, 1.5, [2.6, 0.6]]),
+     ["randomization.train.actuator_gain / body_mass", "2.538 m/s^2 toward - on position obs[2]",
+      "shield.brake_accel[2]"]),
     ("quadrotor", lambda d: d["randomization"]["reality"]["push"].pop("axes"),
      ["randomization.reality.push.max_force", "1.579 m/s^2 on position obs[2]"]),
     ("cartpole", lambda d: d["randomization"]["reality"]["joint_damping"]["slider"].update(low=0.5),

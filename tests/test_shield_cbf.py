@@ -107,7 +107,7 @@ def _rollout(shield: CbfShield, start: np.ndarray, push: np.ndarray, steps: int,
     """Simulate the planar plant (with its own latency, lag and acceleration error); return min distance, fallbacks."""
     A, B, c = shield._A, shield._B, shield._c  # the true plant = nominal model, another gain, a disturbance
     B = B * rng.uniform(0.75, 1.25)
-    x = np.concatenate([start, shield._z0])
+    x = np.concatenate([start, shield.spec.linear_model().initial_internal(1.0)])
     pending = deque([np.zeros(2)] * latency)
     worst, fallbacks = np.inf, 0
     for _ in range(steps):
@@ -148,3 +148,21 @@ def test_shielded_policy_batches_one_shield_per_row():
     assert out.shape == (2, 2) and out.dtype == np.float32
     assert not policy.last_infos[0]["intervened"] and policy.last_infos[1]["intervened"]
     np.testing.assert_array_equal(out[0], [1, 1])
+
+
+@pytest.mark.parametrize("speed", [-3.0, -1.0, 0.0, 1.0, 3.0])
+def test_each_bound_brakes_with_the_acceleration_of_its_own_direction(speed):
+    """A vertical axis braking at 3.0 m/s^2 toward - (gravity helps stop a climb) and 0.5 toward +:
+    h = distance - margin - closing^2 / (2 a), with a the braking that points away from that bound."""
+    spec = {
+        "schema_version": 1, "obs_dim": 2, "act_dim": 1, "dt": 0.02, "action_low": [-1.0], "action_high": [1.0],
+        "state_index": [0, 1], "model": {"type": "double_integrator", "accel_per_action": [[4.0]]},
+        "kinematics": {"position_index": [0], "velocity_index": [1], "brake_accel": [[3.0, 0.5]]},
+        "constraints": [{"name": "floor_ceiling", "type": "box", "index": [0], "low": [0.0], "high": [10.0],
+                         "gain": 0.3}],
+        "margin": 0.1,
+    }
+    _, info = CbfShield(spec).filter(np.array([5.0, speed], np.float32), np.zeros(1, np.float32))
+    ceiling = 5.0 - 0.1 - max(speed, 0.0) ** 2 / (2 * 3.0)  # a climb is braked toward -
+    floor = 5.0 - 0.1 - max(-speed, 0.0) ** 2 / (2 * 0.5)  # a descent is braked toward +
+    assert info["h"][0] == pytest.approx(min(ceiling, floor), abs=1e-9)

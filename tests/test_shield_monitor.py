@@ -63,9 +63,8 @@ def _model_plant_steps(spec: dict, steps: int, rng: np.random.Generator) -> int:
     shield = CbfShield(spec)
     s = shield.spec
     model = s.linear_model()
-    A, B, c = model.A, model.B, model.c
+    A, B = model.A, model.B
     n = len(s.state_index)
-    z0 = np.zeros(model.internal_dim) if model.internal_init is None else model.internal_init
     noise = np.asarray(s.assumptions["obs_noise_std"], np.float64)[s.state_index]
     cols = {o: j for j, o in enumerate(s.state_index)}
     flags, done, episode = 0, 0, 0
@@ -73,7 +72,8 @@ def _model_plant_steps(spec: dict, steps: int, rng: np.random.Generator) -> int:
         gain = [1.0 - s.input_gain_error, 1.0 + s.input_gain_error, rng.uniform(0.9, 1.1)][episode % 3]
         w = rng.choice([-1.0, 1.0], len(s.position_index)) * np.asarray(s.disturbance_accel)
         latency = int(rng.integers(0, s.latency_steps + 1))
-        x = np.concatenate([np.zeros(n), z0])
+        c = model.offset(gain)  # the plant's drift at this gain (gravity compensation scales with it)
+        x = np.concatenate([np.zeros(n), model.initial_internal(gain)])
         pending = [np.asarray(s.fallback_action, np.float64)] * latency
         shield.reset()
         obs = np.zeros(s.obs_dim, np.float32)

@@ -34,6 +34,10 @@ def test_round_trip_through_a_file(tmp_path):
     (lambda d: d["constraints"][3].update(gain=0.0), "constraints[3].gain"),
     (lambda d: d["constraints"][0].update(index=[0, 9]), "constraints[0].index[1]"),
     (lambda d: d["kinematics"].update(brake_accel=[1.0, float("nan")]), "kinematics.brake_accel[1]"),
+    (lambda d: d["kinematics"].update(brake_accel=[1.0, [2.0, 0.0]]), "kinematics.brake_accel[1]"),
+    (lambda d: d["kinematics"].update(brake_accel=[1.0, [2.0, 1.0, 3.0]]), "kinematics.brake_accel[1]"),
+    (lambda d: d["kinematics"].update(brake_accel=[1.0]), "kinematics.brake_accel"),
+    (lambda d: d["model"].update(gain_scaled_accel=[9.81]), "model.gain_scaled_accel"),
     (lambda d: d["model"].update(accel_per_action=[[1.0, 0.0]]), "model.accel_per_action"),
     (lambda d: d.update(latency_steps=-1), "latency_steps"),
     (lambda d: d.update(fallback_action=[2.0, 0.0]), "fallback_action[0]"),
@@ -65,6 +69,39 @@ def test_double_integrator_model_integrates_a_constant_acceleration():
     dt, a = spec.dt, 2.0  # 0.5 x 4 m/s^2
     # 50 semi-implicit Euler substeps: p = v dt + a dt^2 (1 + 1/50) / 2
     np.testing.assert_allclose(x, [dt + a * dt * dt * (1 + 1 / 50) / 2, 0.0, 1.0 + a * dt, 0.0], rtol=1e-12)
+
+
+def test_directional_braking_round_trips_and_the_weaker_direction_is_the_symmetric_figure():
+    d = planar_double_integrator()
+    d["kinematics"]["brake_accel"] = [2.5, [3.0, 0.5]]  # y: 3.0 toward -y, 0.5 toward +y
+    spec = ShieldSpec.from_dict(d)
+    assert spec.brake_accel_pairs == [(2.5, 2.5), (3.0, 0.5)] and spec.brake_accel == [2.5, 0.5]
+    assert spec.to_dict()["kinematics"]["brake_accel"] == [2.5, [3.0, 0.5]]
+    assert ShieldSpec.from_dict(spec.to_dict()).brake_accel_pairs == spec.brake_accel_pairs
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.1])
+@pytest.mark.parametrize("scale", [0.8, 1.0, 1.25])
+def test_gain_scaled_acceleration_is_the_model_of_a_plant_whose_gain_scales_its_compensation(scale, tau):
+    """A vertical axis whose inner loop adds g for the nominal mass: a plant with gain/mass r feels r (4 u + g) - g.
+
+    The input-gain case at scale r must be exactly the double integrator of that plant:
+    A, r B and offset(r) equal the model built with accel r x 4 per action and offset (r - 1) g.
+    """
+    from shield.spec import double_integrator_model
+
+    d = planar_double_integrator(response_time_s=tau)
+    d["model"]["gain_scaled_accel"] = [0.0, 9.81]
+    m = ShieldSpec.from_dict(d).linear_model()
+    plant = double_integrator_model([0, 1, 2, 3], [0, 1], [2, 3], scale * np.diag([4.0, 4.0]),
+                                    np.array([0.0, (scale - 1.0) * 9.81]), tau, d["dt"])
+    np.testing.assert_allclose(m.A, plant.A, atol=1e-12)
+    np.testing.assert_allclose(scale * m.B, plant.B, atol=1e-12)
+    np.testing.assert_allclose(m.offset(scale), plant.c, atol=1e-12)
+    z0 = plant.internal_init if tau else np.zeros(0)
+    np.testing.assert_allclose(m.initial_internal(scale), z0, atol=1e-12)
+    if scale == 1.0:  # the nominal plant's gravity is compensated exactly: no drift
+        np.testing.assert_array_equal(m.offset(1.0), np.zeros(len(m.c)))
 
 
 def test_importing_the_shield_pulls_in_no_training_stack():

@@ -8,11 +8,13 @@ nominal MuJoCo model:
 - the input's effect relative to nominal, ``r = actuator gain / mass`` (gear-
   weighted mean gain over mass-weighted mean mass of the moving bodies), from
   the worst corner (weakest actuators on the heaviest body) to the best,
-- the persistent additive acceleration per position: the gravity-compensation
-  error of an acceleration-set-point (double-integrator) plant, ``max(1 - r_lo,
-  r_hi - 1) |g_k|`` (its inner loop compensates gravity for the nominal mass),
-  plus the ambient disturbance the config declares (`shield.ambient_disturbance_accel`:
-  the quadrotor's built-in wind),
+- the persistent additive acceleration per position that the shield's model
+  does not predict: for an acceleration-set-point (double-integrator) plant
+  whose inner loop compensates gravity g_c = -g for the nominal mass, the plant
+  feels ``r (u + g_c) - s g_c`` (s: the set's gravity scale); the model's
+  input-gain cases scale u and g_c together (`gain_scaled_accel`), so what is
+  left is ``|1 - s| |g_k|``, plus the ambient disturbance the config declares
+  (`shield.ambient_disturbance_accel`: the quadrotor's built-in wind),
 - the transient acceleration of a push: ``max_force / (lightest moving mass)`` on
   each pushed axis,
 - the observation noise per element (std; the margin is checked at 3 sigma),
@@ -24,9 +26,11 @@ naming the set, the parameter, its range and the limit it breaks; the spec
 builder refuses with them (`sim2real config --check`, `sim2real export`).
 The limits checked, per position axis k, with full-action acceleration F_k:
 latency <= latency_steps; [r_lo, r_hi] inside 1 +- input_gain_error;
-persistent_k <= disturbance_accel_k; min over r in {r_lo, r_hi} of r F_k - |r - s| g_k - ambient_k >= brake_accel_k
-(enough authority to brake, or to hold a floor against gravity); push_k <=
-that authority (the actuators can cancel a push while it lasts);
+persistent_k <= disturbance_accel_k; per direction, the weakest plant's full action toward it,
+min over r in {r_lo, r_hi}, s in {s_lo, s_hi} of r (F_k +- g_c,k) -+ s g_c,k - ambient_k,
+>= brake_accel_k toward that direction (enough authority to brake, or to hold a
+floor against gravity); push_k <= the weaker direction's authority (the actuators
+can cancel a push while it lasts);
 3 sigma of the position noise <= margin.
 """
 
@@ -51,7 +55,8 @@ class SetEnvelope:
     push_accel: list[float]
     obs_noise_std: list[float]
     other: dict[str, tuple[float, float]] = field(default_factory=dict)  # e.g. joint_damping.slider -> (lo, hi)
-    authority: list[float] = field(default_factory=list)  # m/s^2 per position: the weakest plant's full action
+    # m/s^2 per position, (toward -, toward +): the weakest plant's full action against the persistent disturbance
+    authority: list[tuple[float, float]] = field(default_factory=list)
     moving_mass_low: float = 0.0  # kg: the lightest plant's moving mass
 
 
@@ -89,9 +94,9 @@ def plant_weights(env_id: str) -> tuple[dict[str, float], dict[str, float], floa
 
 
 def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bool,
-                  full_accel: list[float]) -> list[SetEnvelope]:
-    """One SetEnvelope per randomization set of `cfg`."""
-    masses, gears, moving_mass, gravity = plant_weights(cfg.task.env_id)
+                  full_accel: list[float], plant: tuple | None = None) -> list[SetEnvelope]:
+    """One SetEnvelope per randomization set of `cfg` (`plant`: `plant_weights(cfg.task.env_id)` if already read)."""
+    masses, gears, moving_mass, gravity = plant if plant is not None else plant_weights(cfg.task.env_id)
     ambient = list(cfg.shield.ambient_disturbance_accel or [0.0] * len(positions))
     out = []
     for name, rset in cfg.randomization.items():
@@ -102,13 +107,15 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
         ratio = (g_lo / m_hi, g_hi / m_lo)
         persistent, push, authority = [], [], []
         for k in range(len(positions)):
-            g_k = abs(float(gravity[k])) if double_integrator and k < 3 else 0.0
+            # The inner loop adds g_c = -g (for the nominal mass); the plant feels r (u + g_c) - s g_c.
+            g_c = -float(gravity[k]) if double_integrator and k < 3 else 0.0
             amb = ambient[k] if k < len(ambient) else 0.0
-            # The inner loop holds m_nominal g; the plant feels r g against m g s: the error is g |r - s|.
-            comp = [g_k * max(abs(r - s_lo), abs(r - s_hi)) for r in ratio]
-            persistent.append(max(comp) + amb)
-            # Full action toward safety against that error, at each end of the gain/mass range.
-            authority.append(min(r * full_accel[k] - c for r, c in zip(ratio, comp)) - amb)
+            # The model's gain cases scale g_c with u: only the gravity scale's error is unpredicted.
+            persistent.append(abs(g_c) * max(abs(1.0 - s_lo), abs(1.0 - s_hi)) + amb)
+            # Full action toward each direction, at every end of the gain/mass and gravity ranges.
+            F = full_accel[k]
+            authority.append((min(r * (F - g_c) + s * g_c for r in ratio for s in (s_lo, s_hi)) - amb,
+                              min(r * (F + g_c) - s * g_c for r in ratio for s in (s_lo, s_hi)) - amb))
             p = rset.push
             axes = {"x": 0, "y": 1, "z": 2}
             pushed = p is not None and k < 3 and any(axes[a] == k for a in p.axes)
@@ -128,7 +135,7 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
     """Every way a set admits a plant the spec's assumptions do not cover (empty: all covered)."""
     problems = []
     err = spec["input_gain_error"]
-    brake = spec["kinematics"]["brake_accel"]
+    brake = [a if isinstance(a, list) else [a, a] for a in spec["kinematics"]["brake_accel"]]  # (toward -, toward +)
     dist = spec["disturbance_accel"]
     pos = spec["kinematics"]["position_index"]
     for env in envelopes:
@@ -142,15 +149,17 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
                             f"nominal, outside the [{1 - err:.3f}, {1 + err:.3f}] of shield.input_gain_error = {err:g}")
         for k, o in enumerate(pos):
             axis = f"position obs[{o}]"
-            authority = env.authority[k]
             if env.persistent_accel[k] > dist[k] + 1e-9:
                 problems.append(f"{where}: persistent disturbance on {axis} up to {env.persistent_accel[k]:.3f} "
                                 f"m/s^2 (gravity compensation at gain/mass {lo:.3f}..{hi:.3f} plus "
                                 f"shield.ambient_disturbance_accel), beyond shield.disturbance_accel[{k}] = {dist[k]:g}")
-            if authority < brake[k] - 1e-9:
-                problems.append(f"{where}.actuator_gain / body_mass: at gain/mass {lo:.3f}..{hi:.3f} the plant reaches "
-                                f"{authority:.3f} m/s^2 on {axis} at full action against the persistent disturbance, "
-                                f"below the braking (or floor-holding) acceleration {brake[k]:g} the shield counts on")
+            for d, sign in enumerate("-+"):
+                if env.authority[k][d] < brake[k][d] - 1e-9:
+                    problems.append(f"{where}.actuator_gain / body_mass: at gain/mass {lo:.3f}..{hi:.3f} the plant reaches "
+                                    f"{env.authority[k][d]:.3f} m/s^2 toward {sign} on {axis} at full action against the "
+                                    f"persistent disturbance, below the braking (or floor-holding) acceleration "
+                                    f"{brake[k][d]:g} the shield counts on (shield.brake_accel[{k}])")
+            authority = min(env.authority[k])
             if env.push_accel[k] > max(authority, 0.0) + 1e-9:
                 problems.append(f"{where}.push.max_force: a push gives {env.push_accel[k]:.3f} m/s^2 on {axis}, more "
                                 f"than the {max(authority, 0.0):.3f} m/s^2 the weakest plant can answer with")

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.config import ConfigError
-from pipeline.safety.envelope import NOISE_SIGMAS, assumptions, envelope_problems, monitor_bounds, set_envelopes
+from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, envelope_problems, monitor_bounds, plant_weights,
+                                     set_envelopes)
 from shield.spec import ShieldSpec, ShieldSpecError
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
@@ -85,6 +86,7 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         con = dict(con)
         con["gain"] = float(sc.gains.get(con["name"], sc.gain))
         constraints.append(con)
+    plant = plant_weights(cfg.task.env_id)  # nominal masses, gears, moving mass, gravity
     low = np.asarray(safety["action_low"], np.float64)
     high = np.asarray(safety["action_high"], np.float64)
     full = np.maximum(np.abs(low), np.abs(high))  # largest action magnitude per input
@@ -99,7 +101,12 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
     elif safety["model"] == "double_integrator":
         scale = np.asarray(safety["action_scale"], np.float64)
         state_index = pos + vel
+        # The inner loop compensates gravity for the nominal mass (envs: acceleration set-points, gravity
+        # excluded), so a plant with gain/mass r feels r (u + g_c) - g: the compensation g_c scales with
+        # the input's gain like the action, and each input-gain case predicts with its own drift.
+        compensation = [0.0 - float(g) for g in plant[3][:len(pos)]]  # 0.0 - : no -0.0 in the JSON
         model = {"type": "double_integrator", "accel_per_action": np.diag(scale).tolist(),
+                 "gain_scaled_accel": compensation,
                  "response_time_s": float(safety.get("response_time_constant", 0.0))}
         full_accel = [float(scale[i] * full[i]) for i in range(len(pos))]
         damping = [(0.0, "")] * len(pos)
@@ -109,12 +116,13 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
     if sc.brake_accel is not None:
         if len(sc.brake_accel) != len(pos):
             raise ShieldSpecError(f"shield.brake_accel: needs {len(pos)} values (one per position), got {len(sc.brake_accel)}")
-        brake = [float(a) for a in sc.brake_accel]
+        brake = [[float(v) for v in a] if isinstance(a, list) else float(a) for a in sc.brake_accel]
+    brake_min = [min(a) if isinstance(a, list) else a for a in brake]
     disturbance = [0.0] * len(pos) if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
     if len(disturbance) != len(pos):
         raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
     latency = _latency_steps(cfg)
-    envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator", full_accel)
+    envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator", full_accel, plant)
     spec = {
         "schema_version": 1, "task": cfg.task.name, "obs_dim": obs_dim, "act_dim": act_dim, "dt": dt,
         "action_low": low.tolist(), "action_high": high.tolist(), "state_index": state_index,
@@ -125,7 +133,7 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         "fallback_action": np.clip(0.0, low, high).tolist(),
         "assumptions": {
             "max_latency_s": latency * dt,
-            "max_accel_error": [a - b for a, b in zip(full_accel, brake)],
+            "max_accel_error": [a - b for a, b in zip(full_accel, brake_min)],
             "max_input_gain_error": float(sc.input_gain_error),
             "max_disturbance_accel": disturbance,
             "max_obs_noise": max([NOISE_SIGMAS * e.obs_noise_std[o] for e in envelopes for o in pos], default=0.0),

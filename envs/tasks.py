@@ -116,7 +116,8 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
             raise DeclarationError(f"plant.shield_model.accel_per_action: needs one value per actuator ({len(decl.actuators)})")
         shield_model, scale = {"type": sm.type, "response_time_constant": sm.response_time_s}, list(sm.accel_per_action)
     else:
-        shield_model, scale = {"type": "linear", "nominal": partial(_nominal, decl, path)}, [a.scale for a in decl.actuators]
+        shield_model = {"type": "linear", "nominal": partial(_nominal, decl, path)}
+        scale = [a.scale if a.units_per_action is None else a.units_per_action for a in decl.actuators]
     steer = decl.index(decl.steerable_setpoint) if decl.steerable_setpoint else None
     canonical = decl.model_dump(mode="json") | {"mjcf": str(mjcf_path(decl, path)), "task": [head["name"], head["env_id"]]}
     fingerprint = hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()

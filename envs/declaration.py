@@ -1,7 +1,7 @@
 """A task declared as data: the `plant:` section of a task YAML, beside its MJCF (schema, checks, compiling).
 
     plant:
-      mjcf: my_plant.xml              # relative to the YAML
+      mjcf: my_plant.xml              # relative to the YAML (else found by name in the config folders)
       control_period: 0.02            # s
       episode_steps: 400
       actuators: [{name: shoulder_torque, scale: 1.0, units_per_action: 30.0}]
@@ -367,6 +367,13 @@ def resolve_entry_point(spec: str, where: str):
         raise DeclarationError(f"{where}: module {module_name!r} has no attribute {attr!r}") from None
 
 
-def mjcf_path(decl: PlantDeclaration, yaml_path: Path) -> Path:
-    """The MJCF file, relative to the YAML that declares it."""
-    return (Path(yaml_path).parent / decl.mjcf).resolve()
+def mjcf_path(decl: PlantDeclaration, yaml_path: Path, search=()) -> Path:
+    """The MJCF file, relative to the YAML that declares it; when it is not there, the first file of its name
+    in the `search` folders (so a copy of a shipped task YAML, edited elsewhere, still finds the shipped MJCF)."""
+    path = (Path(yaml_path).parent / decl.mjcf).resolve()
+    if not path.is_file():
+        for folder in search:
+            found = Path(folder) / Path(decl.mjcf).name
+            if found.is_file():
+                return found.resolve()
+    return path

@@ -1,4 +1,4 @@
-"""Builds and registers the tasks: the two code tasks, and every task declared in a YAML's `plant:` section.
+"""Builds and registers the tasks: the code task (the quadrotor) and every task declared in a YAML's `plant:` section.
 
 Where task YAMLs are found (no path relative to a checkout is assumed):
 the directory in $SIM2REAL_CONFIG_DIR, the `configs/` folder beside the
@@ -20,7 +20,7 @@ from pathlib import Path
 import gymnasium as gym
 import yaml
 
-from envs import cartpole_rail, quadrotor_geofence
+from envs import quadrotor_geofence
 from envs.declaration import DeclarationError, PlantDeclaration, mjcf_path, parse_declaration
 from envs.randomization import RandomizationError, RandomizationSet, load_randomization_sets, parse_randomization
 from envs.registry import TaskSpec, UnknownTaskError, all_tasks, config_dirs, register, task
@@ -29,13 +29,7 @@ from envs.wrappers import randomize
 TASKS_ENV = "SIM2REAL_TASKS"
 
 
-# -- the code tasks ------------------------------------------------------------------------------------
-
-
-def _cartpole_legacy():
-    from envs.legacy_cartpole import CartPoleLqr
-
-    return CartPoleLqr()
+# -- the code task --------------------------------------------------------------------------------------
 
 
 def _quadrotor_legacy():
@@ -45,13 +39,8 @@ def _quadrotor_legacy():
 
 
 def _code_tasks() -> list[TaskSpec]:
-    cp, qd = cartpole_rail, quadrotor_geofence
+    qd = quadrotor_geofence
     return [
-        TaskSpec(env_id=cp.ENV_ID, name=cp.TASK_NAME, config_file=None,
-                 make_env=cp.CartPoleRailEnv, obs_dim=cp.OBS_DIM, act_dim=cp.ACT_DIM, control_period=cp.CONTROL_PERIOD,
-                 episode_steps=cp.EPISODE_STEPS, safety=cp.SAFETY,
-                 shield_model={"type": "linear", "nominal": cp.nominal_model}, action_scale=[cp.MAX_FORCE],
-                 legacy_name="lqr", make_legacy=_cartpole_legacy, steerable_setpoint=4),
         # The inner attitude loop (envs/quadrotor_inner_loop.py) is code, so this task is too.
         TaskSpec(env_id=qd.ENV_ID, name=qd.TASK_NAME, config_file=None,
                  make_env=qd.QuadrotorGeofenceEnv, obs_dim=qd.OBS_DIM, act_dim=qd.ACT_DIM,
@@ -186,7 +175,7 @@ def _discover() -> None:
 
 
 def register_tasks() -> None:
-    """Register the code tasks and every declared task that can be found (idempotent)."""
+    """Register the code task and every declared task that can be found (idempotent)."""
     for spec in _code_tasks():
         register(spec)
     _discover()

@@ -1,9 +1,10 @@
 """MuJoCo tasks, domain randomization, latency/noise wrappers, legacy controllers and safety specs.
 
-Importing `envs` registers every task with gymnasium: `sim2real/CartPoleRail-v0`,
+Importing `envs` registers every task with gymnasium: the code task
 `sim2real/QuadrotorGeofence-v0`, and each task declared as data (a YAML with a
-`plant:` section beside its MJCF) found by `envs.tasks.config_dirs()` or listed
-in $SIM2REAL_TASKS. `envs` knows nothing of training, Ray or ONNX.
+`plant:` section beside its MJCF, as every other task in configs/ is) found by
+`envs.tasks.config_dirs()` or listed in $SIM2REAL_TASKS. `envs` knows nothing
+of training, Ray or ONNX.
 """
 
 from envs.registry import TaskSpec, UnknownTaskError, find, task

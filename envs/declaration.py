@@ -1,10 +1,12 @@
 """A task declared as data: the `plant:` section of a task YAML, beside its MJCF (schema, checks, compiling).
 
     plant:
-      mjcf: my_plant.xml              # relative to the YAML
+      mjcf: my_plant.xml              # relative to the YAML (else found by name in the config folders)
       control_period: 0.02            # s
       episode_steps: 400
-      actuators: [{name: shoulder_torque, scale: 1.0}]    # ctrl = scale x action, action in [-1, 1]
+      actuators: [{name: shoulder_torque, scale: 1.0, units_per_action: 30.0}]
+                                      # ctrl = scale x action, action in [-1, 1]; units_per_action (N, N m):
+                                      # the task's action_scale (default: scale, i.e. ctrl units)
       targets: {reach: {low: [-1, -1], high: [1, 1], hold_s: [2, 3], speed: 1.0}}
       initial_state: {qpos: {shoulder: [-0.2, 0.2]}, qvel: {shoulder: [-0.05, 0.05]}}
       observations:                   # the observation vector, in order
@@ -20,6 +22,7 @@
         - {term: violation, weight: -1.0}           # weight x info["cost"]
         - {function: "my_module:reward", weight: 1.0}   # f(obs, action, cost) -> float
       termination: [{observation: q1, abs_above: 3.0}]  # also: above, below; non-finite states always end
+      numerics: {values: observation, effort: dot}      # floating-point details (defaults shown), below
       kinematics: {positions: [q1], velocities: [dq1]}   # for the shield's braking barriers
       constraints:                    # over named observations
         - {name: shoulder_range, type: box, observations: [q1], low: [-1.4], high: [1.4]}
@@ -29,9 +32,31 @@
       legacy:                         # pid loops, lqr on the linearization, or a callable
         type: pid
         loops: [{action: 0, measured: q1, setpoint: q1_ref, rate: dq1, kp: 2.0, kd: 0.3}]
+        # lqr: {type: lqr, q: [...], r: [...], setpoints: {x: x_ref}}: u = -K (x - x_op), the error of
+        # a state with a set-point taken from its set-point observation
+      steerable_setpoint: q1_ref      # optional: the target observation an adversary may steer the
+                                      # legacy controller with (plants that fall under a plain push)
+
+`numerics` fixes the floating-point evaluation, so a plant ported from code
+reproduces its old env bit for bit. `values: observation` (default): reward
+terms (a function term's obs too) and termination read the float32
+observation vector; `values: state`: the float64 values it is rounded from
+(qpos, qvel, site positions, sensor data, set-points). `effort: dot` (default) is weight x (a . a); `effort:
+elementwise` is sum_i (weight x a_i) x a_i. info["cost"] always reads the
+float32 observation. A one-element tracking or progress distance is |d|.
+The reward is summed in the declared order, starting from 0.0.
+
+Reset draws from the env's Generator in a fixed order: each initial_state
+entry as written (one uniform each), then per target its first goal (one
+uniform per element) and its hold (integers in [round(hold_s[0] / dt),
+round(hold_s[1] / dt)]); the observed set-point starts at the middle of its
+box when it ramps, at the goal when it jumps. A step clips the action, holds
+ctrl over the physics substeps, ramps each set-point by at most speed x dt
+toward its goal, counts the hold down (drawing the next goal and hold at 0),
+then observes, costs, rewards and terminates.
 
 Every error names its key path (`plant.observations[2].joint`). Names are
-checked against the MJCF by `check_against_model` (when the env is built and
+checked against the MJCF by `envs.declared_env.bind` (when the env is built and
 by `sim2real config --check`); `module:function` entries by `resolve_entry_point`.
 """
 
@@ -57,6 +82,8 @@ class Actuator(_Strict):
 
     name: str = Field(description="MuJoCo actuator name")
     scale: float = Field(1.0, gt=0, description="ctrl units per unit action")
+    units_per_action: float | None = Field(None, gt=0, description="physical units (N, N m) per unit action, the "
+                                           "task's action_scale; default: scale (ctrl units)")
 
 
 class Target(_Strict):
@@ -124,6 +151,16 @@ class Termination(_Strict):
     above: float | None = None
     below: float | None = None
     abs_above: float | None = None
+
+
+class Numerics(_Strict):
+    """The floating-point evaluation of the reward and termination (see the module docstring)."""
+
+    values: Literal["observation", "state"] = Field(
+        "observation", description="reward terms and termination read the float32 observation, or the float64 "
+                                   "values it is rounded from")
+    effort: Literal["dot", "elementwise"] = Field(
+        "dot", description="effort term: weight x (a . a), or sum_i (weight x a_i) x a_i")
 
 
 class Kinematics(_Strict):
@@ -224,6 +261,7 @@ class PlantDeclaration(_Strict):
     initial_state: dict[Literal["qpos", "qvel"], dict[str, tuple[float, float]]] = {}
     reward: list[RewardTerm] = Field(min_length=1)
     termination: list[Termination] = []
+    numerics: Numerics = Numerics()
     kinematics: Kinematics = Kinematics()
     constraints: list[Constraint] = []
     shield_model: ShieldModel
@@ -269,6 +307,8 @@ class PlantDeclaration(_Strict):
             need(v, "legacy.setpoints")
         if self.steerable_setpoint is not None:
             need(self.steerable_setpoint, "steerable_setpoint")
+            if self.observations[names.index(self.steerable_setpoint)].target is None:
+                raise ValueError(f"steerable_setpoint: {self.steerable_setpoint!r} is not a target observation")
         return self
 
     def index(self, name: str) -> int:
@@ -327,6 +367,13 @@ def resolve_entry_point(spec: str, where: str):
         raise DeclarationError(f"{where}: module {module_name!r} has no attribute {attr!r}") from None
 
 
-def mjcf_path(decl: PlantDeclaration, yaml_path: Path) -> Path:
-    """The MJCF file, relative to the YAML that declares it."""
-    return (Path(yaml_path).parent / decl.mjcf).resolve()
+def mjcf_path(decl: PlantDeclaration, yaml_path: Path, search=()) -> Path:
+    """The MJCF file, relative to the YAML that declares it; when it is not there, the first file of its name
+    in the `search` folders (so a copy of a shipped task YAML, edited elsewhere, still finds the shipped MJCF)."""
+    path = (Path(yaml_path).parent / decl.mjcf).resolve()
+    if not path.is_file():
+        for folder in search:
+            found = Path(folder) / Path(decl.mjcf).name
+            if found.is_file():
+                return found.resolve()
+    return path

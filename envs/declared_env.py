@@ -3,7 +3,9 @@
 `bind(decl, model)` resolves every MuJoCo name once (and is the check `sim2real
 config --check` runs); the env's hot path then reads plain index lists.
 info["cost"] is 1.0 when a declared constraint is violated by the TRUE
-observation (noise is added outside, by the wrappers).
+observation (noise is added outside, by the wrappers). The reward terms and
+termination read the float32 observation, or (`numerics.values: state`) the
+float64 values it is rounded from.
 """
 
 from __future__ import annotations
@@ -112,48 +114,59 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         b = bind(decl, self.model, Path(mjcf).name)
         self._binding = b
         self._safety = decl.safety()
-        self._targets = {name: np.zeros(len(t.low)) for name, t in decl.targets.items()}
-        self._goals = {name: np.zeros(len(t.low)) for name, t in decl.targets.items()}
+        # Set-points and goals are Python floats: the same IEEE arithmetic as numpy's, without its per-call cost.
+        self._targets = {name: [0.0] * len(t.low) for name, t in decl.targets.items()}
+        self._goals = {name: [0.0] * len(t.low) for name, t in decl.targets.items()}
         self._hold = {name: 0 for name in decl.targets}
-        self._reward = [(t, [decl.index(n) for n in t.observations], [decl.index(n) for n in t.targets],
+        self._ramps = [(name, None if t.speed is None else t.speed * decl.control_period) for name, t in decl.targets.items()]
+        dt = decl.control_period
+        self._draws = {name: (list(zip(t.low, t.high)), round(t.hold_s[0] / dt), round(t.hold_s[1] / dt) + 1)
+                       for name, t in decl.targets.items()}
+        self._reward = [(t.term or "function", t.weight, [decl.index(n) for n in t.observations],
+                         [decl.index(n) for n in t.targets], t.clip,
                          resolve_entry_point(t.function, f"plant.reward[{i}].function") if t.function else None)
                         for i, t in enumerate(decl.reward)]
-        self._ends = [(decl.index(t.observation), t) for t in decl.termination]
+        self._ends = [(decl.index(t.observation), t.above, t.below, t.abs_above) for t in decl.termination]
         self._needs_before = any(t.term == "progress" for t in decl.reward)
+        self._state_values = decl.numerics.values == "state"
+        self._elementwise_effort = decl.numerics.effort == "elementwise"
         self._init = [(kind, _joint_address(self.model, name, "", "", "pos" if kind == "qpos" else "vel"), lo, hi)
                       for kind, ranges in decl.initial_state.items() for name, (lo, hi) in ranges.items()]
+        self._gather = _gathers(b.sources)
+        self._ctrl = _index(b.ctrl)
+        self._scale = None if bool(np.all(b.scale == 1.0)) else b.scale  # x 1.0 is exact: skipped
+        self._from_targets = [(i, s[1], s[2]) for i, s in enumerate(b.sources) if s[0] == "target"]
 
     def _obs(self) -> np.ndarray:
+        """The observation (float32)."""
+        return self._values().astype(np.float32)
+
+    def _values(self) -> np.ndarray:
+        """The observation's float64 values, before rounding to float32."""
         d = self.data
-        out = np.empty(len(self._binding.sources), np.float32)
-        for i, s in enumerate(self._binding.sources):
-            kind = s[0]
-            if kind == "qpos":
-                out[i] = d.qpos[s[1]]
-            elif kind == "qvel":
-                out[i] = d.qvel[s[1]]
-            elif kind == "site":
-                out[i] = d.site_xpos[s[1], s[2]]
-            elif kind == "sensor":
-                out[i] = d.sensordata[s[1]]
-            else:
-                out[i] = self._targets[s[1]][s[2]]
+        out = np.empty(len(self._binding.sources))
+        for field, dst, src in self._gather:
+            out[dst] = getattr(d, field)[src]
+        for i, name, k in self._from_targets:
+            out[i] = self._targets[name][k]
         return out
 
     def _new_goal(self, name: str) -> None:
-        t, rng = self.decl.targets[name], self.np_random
-        self._goals[name] = rng.uniform(t.low, t.high)
-        lo, hi = t.hold_s
-        dt = self.decl.control_period
-        self._hold[name] = int(rng.integers(round(lo / dt), round(hi / dt) + 1))
+        # One scalar uniform per element: the same draws and values as one vector call, at a fraction of its cost.
+        box, hold_lo, hold_end = self._draws[name]
+        rng = self.np_random
+        self._goals[name] = [rng.uniform(lo, hi) for lo, hi in box]
+        self._hold[name] = int(rng.integers(hold_lo, hold_end))
 
     def _advance_targets(self) -> None:
-        for name, t in self.decl.targets.items():
-            if t.speed is None:
-                self._targets[name] = self._goals[name].copy()
+        for name, ramp in self._ramps:
+            goal = self._goals[name]
+            if ramp is None:
+                self._targets[name] = list(goal)
             else:
-                ramp = t.speed * self.decl.control_period
-                self._targets[name] += np.clip(self._goals[name] - self._targets[name], -ramp, ramp)
+                cur = self._targets[name]
+                for i, g in enumerate(goal):
+                    cur[i] += min(max(g - cur[i], -ramp), ramp)
             self._hold[name] -= 1
             if self._hold[name] <= 0:
                 self._new_goal(name)
@@ -171,43 +184,84 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         for name, t in self.decl.targets.items():
             self._new_goal(name)
             # The observed set-point starts at the goal when it jumps, else at the middle of its box.
-            self._targets[name] = self._goals[name].copy() if t.speed is None else 0.5 * (np.asarray(t.low) + np.asarray(t.high))
+            self._targets[name] = list(self._goals[name]) if t.speed is None else \
+                [0.5 * (lo + hi) for lo, hi in zip(t.low, t.high)]
         obs = self._obs()
         return obs, {"cost": self._cost(obs), "domain": {}}
 
+    def _read(self) -> np.ndarray:
+        """What the reward terms and termination read: the float32 observation or its float64 values."""
+        return self._values() if self._state_values else self._obs()
+
     def step(self, action):
-        a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0)
-        before = self._obs() if self._needs_before else None
-        self.data.ctrl[self._binding.ctrl] = a * self._binding.scale
+        a = np.minimum(np.maximum(np.asarray(action, dtype=np.float64).reshape(-1), -1.0), 1.0)  # np.clip, faster
+        before = self._read() if self._needs_before else None
+        self.data.ctrl[self._ctrl] = a if self._scale is None else a * self._scale
         mujoco.mj_step(self.model, self.data, nstep=self._binding.substeps)
         self._advance_targets()
-        obs = self._obs()
+        values = self._values()
+        obs = values.astype(np.float32)
         cost = self._cost(obs)
+        read = values if self._state_values else obs
+        listed = read.tolist()
         reward = 0.0
-        for term, obs_ix, ref_ix, fn in self._reward:
-            reward += term.weight * self._term(term, obs_ix, ref_ix, fn, before, obs, a, cost)
-        terminated = not bool(np.all(np.isfinite(obs)))
-        for i, t in self._ends:
-            v = float(obs[i])
-            if (t.above is not None and v > t.above) or (t.below is not None and v < t.below) or \
-                    (t.abs_above is not None and abs(v) > t.abs_above):
+        for term in self._reward:
+            reward += self._term(term, before, read, listed, a, cost, self._elementwise_effort)
+        terminated = not all(map(math.isfinite, listed))
+        for i, above, below, abs_above in self._ends:
+            v = listed[i]
+            if (above is not None and v > above) or (below is not None and v < below) or \
+                    (abs_above is not None and abs(v) > abs_above):
                 terminated = True
         return obs, float(reward), terminated, False, {"cost": cost}
 
     @staticmethod
-    def _term(term, obs_ix, ref_ix, fn, before, obs, a, cost) -> float:
-        if fn is not None:
-            return float(fn(obs, a, cost))
-        kind = term.term
+    def _term(term, before, obs, listed, a, cost, elementwise_effort: bool) -> float:
+        """One term times its weight (`obs` and `before` are what `_read` gives, `listed` is obs.tolist())."""
+        kind, w, obs_ix, ref_ix, clip, fn = term
         if kind == "alive":
-            return 1.0
+            return w * 1.0
+        if kind == "tracking" and len(obs_ix) == 1:  # |d|, from Python floats (the same values)
+            dist = abs(listed[obs_ix[0]] - listed[ref_ix[0]])
+            return w * (min(dist, clip) if clip is not None else dist)
         if kind == "effort":
-            return float(a @ a)
+            if elementwise_effort:
+                total = 0.0
+                for ai in a.tolist():
+                    total += w * ai * ai
+                return total
+            return w * float(a @ a)
         if kind == "violation":
-            return cost
-        dist = float(np.linalg.norm(obs[obs_ix].astype(np.float64) - obs[ref_ix]))
+            return w * cost
+        if kind == "function":
+            return w * float(fn(obs, a, cost))
+        dist = _distance(obs, obs_ix, obs, ref_ix)
         if kind == "tracking":
-            return min(dist, term.clip) if term.clip is not None else dist
+            return w * (min(dist, clip) if clip is not None else dist)
         # progress: distance closed this step, toward the set-point observed before it
-        return float(np.linalg.norm(before[obs_ix].astype(np.float64) - before[ref_ix])) - \
-            float(np.linalg.norm(obs[obs_ix].astype(np.float64) - before[ref_ix]))
+        return w * (_distance(before, obs_ix, before, ref_ix) - _distance(obs, obs_ix, before, ref_ix))
+
+
+def _index(ix: list[int]):
+    """A slice for consecutive indices (slices read and assign in a fraction of the time), else the array."""
+    return slice(ix[0], ix[0] + len(ix)) if ix == list(range(ix[0], ix[0] + len(ix))) else np.array(ix)
+
+
+def _gathers(sources: list[tuple]) -> list[tuple]:
+    """(MjData field, observation indices, field indices) for each kind of MuJoCo source, read in one go."""
+    out = []
+    for kind, field in (("qpos", "qpos"), ("qvel", "qvel"), ("sensor", "sensordata"), ("site", "site_xpos")):
+        rows = [(i, s[1:]) for i, s in enumerate(sources) if s[0] == kind]
+        if rows:
+            dst = _index([i for i, _ in rows])
+            src = [r for _, r in rows]
+            index = _index([r[0] for r in src]) if kind != "site" else tuple(np.array(k) for k in zip(*src))
+            out.append((field, dst, index))
+    return out
+
+
+def _distance(x: np.ndarray, x_ix: list[int], y: np.ndarray, y_ix: list[int]) -> float:
+    """Euclidean distance of x[x_ix] from y[y_ix] in float64; |d| for one element."""
+    if len(x_ix) == 1:
+        return abs(float(x[x_ix[0]]) - float(y[y_ix[0]]))
+    return float(np.linalg.norm(x[x_ix].astype(np.float64) - y[y_ix]))

@@ -1,4 +1,4 @@
-"""Builds and registers the tasks: the two code tasks, and every task declared in a YAML's `plant:` section.
+"""Builds and registers the tasks: the code task (the quadrotor) and every task declared in a YAML's `plant:` section.
 
 Where task YAMLs are found (no path relative to a checkout is assumed):
 the directory in $SIM2REAL_CONFIG_DIR, the `configs/` folder beside the
@@ -20,7 +20,7 @@ from pathlib import Path
 import gymnasium as gym
 import yaml
 
-from envs import cartpole_rail, quadrotor_geofence
+from envs import quadrotor_geofence
 from envs.declaration import DeclarationError, PlantDeclaration, mjcf_path, parse_declaration
 from envs.randomization import RandomizationError, RandomizationSet, load_randomization_sets, parse_randomization
 from envs.registry import TaskSpec, UnknownTaskError, all_tasks, config_dirs, register, task
@@ -29,13 +29,7 @@ from envs.wrappers import randomize
 TASKS_ENV = "SIM2REAL_TASKS"
 
 
-# -- the code tasks ------------------------------------------------------------------------------------
-
-
-def _cartpole_legacy():
-    from envs.legacy_cartpole import CartPoleLqr
-
-    return CartPoleLqr()
+# -- the code task --------------------------------------------------------------------------------------
 
 
 def _quadrotor_legacy():
@@ -45,13 +39,8 @@ def _quadrotor_legacy():
 
 
 def _code_tasks() -> list[TaskSpec]:
-    cp, qd = cartpole_rail, quadrotor_geofence
+    qd = quadrotor_geofence
     return [
-        TaskSpec(env_id=cp.ENV_ID, name=cp.TASK_NAME, config_file=None,
-                 make_env=cp.CartPoleRailEnv, obs_dim=cp.OBS_DIM, act_dim=cp.ACT_DIM, control_period=cp.CONTROL_PERIOD,
-                 episode_steps=cp.EPISODE_STEPS, safety=cp.SAFETY,
-                 shield_model={"type": "linear", "nominal": cp.nominal_model}, action_scale=[cp.MAX_FORCE],
-                 legacy_name="lqr", make_legacy=_cartpole_legacy, steerable_setpoint=4),
         # The inner attitude loop (envs/quadrotor_inner_loop.py) is code, so this task is too.
         TaskSpec(env_id=qd.ENV_ID, name=qd.TASK_NAME, config_file=None,
                  make_env=qd.QuadrotorGeofenceEnv, obs_dim=qd.OBS_DIM, act_dim=qd.ACT_DIM,
@@ -80,19 +69,19 @@ def read_declaration(path: Path) -> tuple[dict, PlantDeclaration] | None:
     return head, parse_declaration(doc["plant"])
 
 
-def _make_declared(decl: PlantDeclaration, path: Path, **kwargs) -> gym.Env:
+def _make_declared(decl: PlantDeclaration, mjcf: Path, **kwargs) -> gym.Env:
     from envs.declared_env import DeclaredTaskEnv
 
-    return DeclaredTaskEnv(decl, mjcf_path(decl, path), **kwargs)
+    return DeclaredTaskEnv(decl, mjcf, **kwargs)
 
 
-def _nominal(decl: PlantDeclaration, path: Path):
+def _nominal(decl: PlantDeclaration, mjcf: Path):
     from envs.declared_env import nominal_model
 
-    return nominal_model(decl, mjcf_path(decl, path))
+    return nominal_model(decl, mjcf)
 
 
-def _declared_legacy(decl: PlantDeclaration, path: Path):
+def _declared_legacy(decl: PlantDeclaration, mjcf: Path):
     from envs.declaration import resolve_entry_point
     from envs.legacy_declared import DeclaredLqr, PidLoops
 
@@ -103,28 +92,31 @@ def _declared_legacy(decl: PlantDeclaration, path: Path):
     if legacy.type == "lqr":
         if decl.shield_model.type != "linear":
             raise DeclarationError("plant.legacy: lqr needs shield_model.type linear (the linearization it is designed on)")
-        return DeclaredLqr(decl, _nominal(decl, path), name)
+        return DeclaredLqr(decl, _nominal(decl, mjcf), name)
     return resolve_entry_point(legacy.callable, "plant.legacy.callable")()
 
 
 def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskSpec:
     """The TaskSpec of a declared task (nothing is compiled by MuJoCo until an env or a model is asked for)."""
     path = Path(path).resolve()
+    # Beside the YAML, else by name in the config folders (a copy of a shipped YAML edited elsewhere).
+    mjcf = mjcf_path(decl, path, config_dirs())
     sm = decl.shield_model
     if sm.type == "double_integrator":
         if sm.accel_per_action is None or len(sm.accel_per_action) != len(decl.actuators):
             raise DeclarationError(f"plant.shield_model.accel_per_action: needs one value per actuator ({len(decl.actuators)})")
         shield_model, scale = {"type": sm.type, "response_time_constant": sm.response_time_s}, list(sm.accel_per_action)
     else:
-        shield_model, scale = {"type": "linear", "nominal": partial(_nominal, decl, path)}, [a.scale for a in decl.actuators]
+        shield_model = {"type": "linear", "nominal": partial(_nominal, decl, mjcf)}
+        scale = [a.scale if a.units_per_action is None else a.units_per_action for a in decl.actuators]
     steer = decl.index(decl.steerable_setpoint) if decl.steerable_setpoint else None
-    canonical = decl.model_dump(mode="json") | {"mjcf": str(mjcf_path(decl, path)), "task": [head["name"], head["env_id"]]}
+    canonical = decl.model_dump(mode="json") | {"mjcf": str(mjcf), "task": [head["name"], head["env_id"]]}
     fingerprint = hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
-    return TaskSpec(env_id=head["env_id"], name=head["name"], config_file=path, make_env=partial(_make_declared, decl, path),
+    return TaskSpec(env_id=head["env_id"], name=head["name"], config_file=path, make_env=partial(_make_declared, decl, mjcf),
                     obs_dim=len(decl.observations), act_dim=len(decl.actuators), control_period=decl.control_period,
                     episode_steps=decl.episode_steps, safety=decl.safety(), shield_model=shield_model,
                     action_scale=scale, legacy_name=decl.legacy.name or decl.legacy.type,
-                    make_legacy=partial(_declared_legacy, decl, path), steerable_setpoint=steer, declared=True,
+                    make_legacy=partial(_declared_legacy, decl, mjcf), steerable_setpoint=steer, declared=True,
                     fingerprint=fingerprint)
 
 
@@ -183,7 +175,7 @@ def _discover() -> None:
 
 
 def register_tasks() -> None:
-    """Register the code tasks and every declared task that can be found (idempotent)."""
+    """Register the code task and every declared task that can be found (idempotent)."""
     for spec in _code_tasks():
         register(spec)
     _discover()

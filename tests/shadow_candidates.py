@@ -36,12 +36,12 @@ def cartpole_shield_spec(cfg) -> dict:
 
 def _stand_in_shield_spec() -> dict:
     # Until pipeline/shield_spec.py lands: the nominal linearization and the rail band.
-    from envs import cartpole_rail
+    import envs
     from envs.linearization import linearize_control_step
 
-    a, b = linearize_control_step(cartpole_rail.nominal_model())
+    a, b = linearize_control_step(envs.nominal_model(ENV_ID))
     return {
-        "schema_version": 1, "task": "cartpole", "obs_dim": 5, "act_dim": 1, "dt": cartpole_rail.CONTROL_PERIOD,
+        "schema_version": 1, "task": "cartpole", "obs_dim": 5, "act_dim": 1, "dt": envs.task(ENV_ID).control_period,
         "action_low": [-1.0], "action_high": [1.0], "state_index": [0, 1, 2, 3],
         "model": {"type": "linear", "A": a.tolist(), "B": b.tolist(), "c": [0.0] * 4},
         "kinematics": {"position_index": [0], "velocity_index": [2], "brake_accel": [20.0]},

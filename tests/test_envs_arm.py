@@ -16,6 +16,7 @@ import yaml
 import envs
 from envs.safety import violated_constraints
 from pipeline.cli import main as sim2real
+from tests.repo_files import files_naming
 
 REPO = Path(__file__).resolve().parent.parent
 ARM_CONFIG = REPO / "configs" / "arm.yaml"
@@ -24,17 +25,7 @@ ARM = "sim2real/PlanarArm-v0"
 
 def test_no_code_outside_configs_names_the_arm():
     """The arm is data: no module, no project file outside configs/ knows its names (tests and docs aside)."""
-    names = ("planar_arm", "PlanarArm", "arm.yaml", "joint_pd", "shoulder_motor")
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    offenders = []
-    for rel in tracked:
-        if rel.startswith(("configs/", "tests/", "docs/")) or rel.endswith(".md"):
-            continue
-        path = REPO / rel
-        if path.suffix not in (".py", ".toml", ".yaml", ".yml", ".cfg", ".txt", ".xml", ".json") or not path.is_file():
-            continue
-        text = path.read_text(errors="replace")
-        offenders += [f"{rel}: {n}" for n in names if n in text]
+    offenders = files_naming(("planar_arm", "PlanarArm", "arm.yaml", "joint_pd", "shoulder_motor"))
     assert not offenders, offenders
 
 

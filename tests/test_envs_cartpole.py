@@ -1,4 +1,8 @@
-"""CartPoleRail-v0: spaces, true-state cost, termination, braking authority, and the legacy LQR."""
+"""CartPoleRail-v0, declared as data (configs/cartpole.yaml + configs/cartpole_rail.xml): spaces, true-state
+cost, termination, braking authority, the legacy LQR, and bit-identity with the code env it replaced."""
+
+import hashlib
+from pathlib import Path
 
 import gymnasium as gym
 import mujoco
@@ -6,12 +10,18 @@ import numpy as np
 import pytest
 
 import envs
-from envs import cartpole_rail
-from envs.legacy_cartpole import LQR_Q, LQR_R, discrete_lqr
-from envs.linearization import linearize_control_step
+from envs.linearization import discrete_lqr, linearize_control_step
 from envs.safety import violated_constraints
+from envs.tasks import read_declaration
+from tests.repo_files import files_naming, tracked_files
 
+REPO = Path(__file__).resolve().parent.parent
 ENV_ID = "sim2real/CartPoleRail-v0"
+PLANT = read_declaration(REPO / "configs" / "cartpole.yaml")[1]  # the declaration: the task's numbers live there
+RAIL = PLANT.targets["rail"]
+X_SAFE = PLANT.constraints[0].high[0]  # m, the safe band's half-width
+THETA_LIMIT = PLANT.termination[0].abs_above  # rad
+MAX_FORCE = PLANT.actuators[0].units_per_action  # N per unit action
 
 
 def test_registered_with_documented_spaces_and_length():
@@ -32,9 +42,9 @@ def test_action_scales_to_max_force():
     env.reset(seed=1)
     env.step(np.float32([0.5]))
     data = env.unwrapped.data
-    assert data.qfrc_actuator[0] == pytest.approx(0.5 * cartpole_rail.MAX_FORCE)  # N on the slider
+    assert MAX_FORCE == 30.0 and data.qfrc_actuator[0] == pytest.approx(0.5 * MAX_FORCE)  # N on the slider
     env.step(np.float32([7.0]))  # out-of-range actions are clipped to full scale
-    assert data.qfrc_actuator[0] == pytest.approx(cartpole_rail.MAX_FORCE)
+    assert data.qfrc_actuator[0] == pytest.approx(MAX_FORCE)
 
 
 def test_cost_is_band_violation_of_true_state_and_matches_safety():
@@ -46,8 +56,8 @@ def test_cost_is_band_violation_of_true_state_and_matches_safety():
     for t in range(150):
         obs, _, terminated, _, info = env.step(np.float32([1.0 if t < 60 else -1.0]))
         true_obs = env.unwrapped._obs()
-        expected = 1.0 if violated_constraints(cartpole_rail.SAFETY, true_obs) else 0.0
-        assert info["cost"] == expected == (1.0 if abs(data.qpos[0]) > cartpole_rail.X_SAFE else 0.0)
+        expected = 1.0 if violated_constraints(envs.task(ENV_ID).safety, true_obs) else 0.0
+        assert info["cost"] == expected == (1.0 if abs(data.qpos[0]) > X_SAFE else 0.0)
         costs.append(info["cost"])
         data.qpos[1] = data.qvel[1] = 0.0  # hold the pole up by hand so the cart can reach the stops
     assert max(costs) == 1.0, "full force toward a stop must leave the safe band"
@@ -60,7 +70,7 @@ def test_pole_fall_terminates_beyond_documented_limit():
         obs, _, terminated, truncated, _ = env.step(np.float32([0.0]))
         if terminated:
             break
-    assert terminated and abs(obs[1]) > cartpole_rail.THETA_LIMIT
+    assert terminated and THETA_LIMIT == 0.6 and abs(obs[1]) > THETA_LIMIT
 
 
 def test_full_reverse_force_stops_cart_from_terminal_speed_within_documented_distance():
@@ -87,15 +97,15 @@ def test_setpoint_stays_in_range_and_ramps_at_documented_speed():
         refs.append(obs[4])
         env.unwrapped.data.qpos[1] = 0.0  # keep the pole up so the episode runs on
     refs = np.array(refs, dtype=np.float64)
-    assert np.all(np.abs(refs) <= cartpole_rail.SETPOINT_RANGE + 1e-6)
-    step = cartpole_rail.SETPOINT_SPEED * cartpole_rail.CONTROL_PERIOD
+    assert np.all(np.abs(refs) <= RAIL.high[0] + 1e-6) and RAIL.low[0] == -RAIL.high[0] == -0.85
+    step = RAIL.speed * PLANT.control_period
     assert np.max(np.abs(np.diff(refs))) <= step + 1e-6
     assert np.ptp(refs) > 0.5, "the set-point must move along the rail"
 
 
 def test_nominal_model_maps_obs_to_state():
-    nominal = cartpole_rail.nominal_model()
-    assert nominal.substeps * nominal.model.opt.timestep == pytest.approx(cartpole_rail.CONTROL_PERIOD)
+    nominal = envs.nominal_model(ENV_ID)
+    assert nominal.substeps * nominal.model.opt.timestep == pytest.approx(PLANT.control_period)
     env = gym.make(ENV_ID)
     obs, _ = env.reset(seed=6)
     data = env.unwrapped.data
@@ -108,10 +118,12 @@ def test_nominal_model_maps_obs_to_state():
 
 def test_riccati_iteration_matches_scipy():
     linalg = pytest.importorskip("scipy.linalg")
-    a, b = linearize_control_step(cartpole_rail.nominal_model())
-    k = discrete_lqr(a, b, LQR_Q, LQR_R)
-    p = linalg.solve_discrete_are(a, b, LQR_Q, LQR_R)
-    k_ref = np.linalg.solve(LQR_R + b.T @ p @ b, b.T @ p @ a)
+    a, b = linearize_control_step(envs.nominal_model(ENV_ID))
+    q, r = np.diag(PLANT.legacy.q), np.diag(PLANT.legacy.r)
+    k = discrete_lqr(a, b, q, r)
+    assert np.array_equal(k, envs.legacy_controller(ENV_ID).gain)  # the declared LQR is this design
+    p = linalg.solve_discrete_are(a, b, q, r)
+    k_ref = np.linalg.solve(r + b.T @ p @ b, b.T @ p @ a)
     np.testing.assert_allclose(k, k_ref, rtol=1e-6)
     assert np.all(np.abs(np.linalg.eigvals(a - b @ k)) < 1.0)
 
@@ -149,3 +161,82 @@ def test_legacy_lqr_is_batched_and_tracks_the_setpoint():
     assert act[3, 0] > 0.0  # move the cart under the falling pole
     rows = np.concatenate([controller(o[None, :]) for o in obs])
     np.testing.assert_array_equal(rows, act)
+
+
+def test_registered_from_its_declaration_with_the_code_tasks_settings():
+    spec = envs.task(ENV_ID)
+    assert spec.declared and spec.config_path == REPO / "configs" / "cartpole.yaml"
+    assert spec.steerable_setpoint == 4 and spec.legacy_name == "lqr" and spec.action_scale == [30.0]
+    assert spec.safety == {"kinematics": {"position_index": [0], "velocity_index": [2]},
+                           "constraints": [{"name": "rail_band", "type": "box", "index": [0], "low": [-1.0], "high": [1.0]}]}
+    nominal = envs.nominal_model(ENV_ID)
+    assert nominal.obs_to_state == {0: ("qpos", 0), 1: ("qpos", 1), 2: ("qvel", 0), 3: ("qvel", 1)}
+    assert not nominal.qpos.any() and not nominal.qvel.any() and nominal.substeps == 4
+
+
+def test_no_python_names_the_cartpole():
+    """The cart-pole is data: no module of its own, and no project file outside configs/ knows its code names."""
+    modules = [rel for rel in tracked_files() if "cartpole" in Path(rel).name.lower()
+               and not rel.startswith(("configs/", "tests/"))]
+    assert not modules, modules
+    offenders = files_naming(("cartpole_rail", "legacy_cartpole", "CartPoleLqr", "CartPoleRailEnv"))
+    assert not offenders, offenders
+
+
+# -- bit-identity with the code env the declaration replaced --------------------------------------------
+#
+# Recorded from the code env (envs/cartpole_rail.py and envs/legacy_cartpole.py at commit 4d920dc, MuJoCo
+# 4.0.0, numpy 2.4.6) just before the cart-pole became a declaration; the declaration reproduced every
+# value bit for bit then (and a side-by-side run: 20 seeds x 500 steps x {nominal, train, validation,
+# reality} x {random actions, the LQR, the LQR steered past the band}). A MuJoCo or numpy upgrade may
+# move the physics' last bits: re-record only after checking the old code env (git show 4d920dc) agrees.
+
+def _digest(randomization, policy: str, seeds=(0, 1, 2), steps: int = 300) -> str:
+    """sha256 over reset observations and domains, then every step's action, obs, reward, flags and cost."""
+    h = hashlib.sha256()
+    lqr = envs.legacy_controller(ENV_ID)
+    for seed in seeds:
+        env = gym.make(ENV_ID, randomization=randomization)
+        obs, info = env.reset(seed=seed)
+        h.update(obs.tobytes() + repr(sorted(info["domain"].items())).encode() + np.float64(info["cost"]).tobytes())
+        rng = np.random.default_rng(1000 + seed)
+        for _ in range(steps):
+            action = rng.uniform(-1.2, 1.2, 1).astype(np.float32) if policy == "random" else lqr(obs[None])[0]
+            obs, reward, terminated, truncated, info = env.step(action)
+            h.update(obs.tobytes() + np.float64(reward).tobytes() + bytes([terminated, truncated])
+                     + np.float64(info["cost"]).tobytes() + np.float32(action).tobytes())
+            if terminated or truncated:
+                obs, info = env.reset()
+                h.update(obs.tobytes())
+        env.close()
+    return h.hexdigest()
+
+
+CODE_ENV_DIGESTS = {
+    (None, "random"): "b638d88b6c98cae0f2e2862d80eee441ffd3cfca5a73d842e8e0aadb25e68fcd",
+    (None, "lqr"): "0903137f678eca1aa5938f2448dc51693660c311342a0f96e07900451fcdc593",
+    ("train", "random"): "078da7b7c865c882db42a3c398cfb4b13ef042e236bbfb017be0ca68f7073320",
+    ("validation", "random"): "50201388f36c2a7a3f36713a49fb70564dde80896d9bccef02803715a8141162",
+    ("reality", "random"): "b84304d9d4906342a00cc055fb39e4b333aae2c86adbde0bd7c168d690dc7c97",
+    ("reality", "lqr"): "8bdd5e23d9eb872431d911fe20acd50369a42710e52d224455ee66709360dd90",
+}
+
+
+@pytest.mark.parametrize("randomization,policy", list(CODE_ENV_DIGESTS))
+def test_trajectories_are_bit_identical_to_the_code_env(randomization, policy):
+    assert _digest(randomization, policy) == CODE_ENV_DIGESTS[(randomization, policy)]
+
+
+def test_first_steps_and_lqr_gain_are_the_code_envs_values():
+    env = gym.make(ENV_ID)
+    obs, _ = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    rewards = []
+    for _ in range(25):
+        obs, reward, *_ = env.step(rng.uniform(-1.0, 1.0, 1).astype(np.float32))
+        rewards.append(reward)
+    assert obs.tolist() == [0.042978640645742416, -0.12703949213027954, -0.10394185036420822,
+                            -0.4256168007850647, 0.25]
+    assert rewards[-1] == 0.895956770468693 and sum(rewards) == 23.862606065147304
+    assert envs.legacy_controller(ENV_ID).gain.tolist() == [[-2.8201161346908807, -10.155079488988148,
+                                                             -2.745618909850008, -2.5575941930883377]]

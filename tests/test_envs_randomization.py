@@ -80,7 +80,7 @@ def test_sampled_parameters_differ_by_seed_and_stay_in_range(env_id):
     # The live model carries the sampled values.
     model = env.unwrapped.model
     for name, scale in ((k.split(".", 1)[1], v) for k, v in domain.items() if k.startswith("body_mass.")):
-        pristine = type(env.unwrapped)().model
+        pristine = gym.make(env_id).unwrapped.model  # a fresh, unrandomized plant
         bid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
         assert model.body_mass[bid] == pytest.approx(pristine.body_mass[bid] * scale)
 
@@ -176,15 +176,18 @@ def test_bad_values_are_rejected_with_the_key_path(raw, path, words):
 
 
 def test_bad_set_in_task_yaml_names_the_key_at_make(tmp_path, monkeypatch):
-    (tmp_path / "cartpole.yaml").write_text(
-        "randomization:\n  train:\n    body_mass:\n      cart: {dist: uniform, low: 1.5, high: 1.1}\n"
+    # The code task's YAML is looked up in $SIM2REAL_CONFIG_DIR when a set is asked for (a declared
+    # task's is the file that declares it).
+    quadrotor = "sim2real/QuadrotorGeofence-v0"
+    (tmp_path / "quadrotor.yaml").write_text(
+        "randomization:\n  train:\n    body_mass:\n      quad: {dist: uniform, low: 1.5, high: 1.1}\n"
     )
     monkeypatch.setenv("SIM2REAL_CONFIG_DIR", str(tmp_path))
-    with pytest.raises(RandomizationError, match=r"randomization\.train\.body_mass\.cart\.high"):
-        gym.make(CARTPOLE, randomization="train")
-    (tmp_path / "cartpole.yaml").write_text("randomization:\n  train: {gravity_scale: {low: 0.9, high: 1}}\n")
+    with pytest.raises(RandomizationError, match=r"randomization\.train\.body_mass\.quad\.high"):
+        gym.make(quadrotor, randomization="train")
+    (tmp_path / "quadrotor.yaml").write_text("randomization:\n  train: {gravity_scale: {low: 0.9, high: 1}}\n")
     with pytest.raises(RandomizationError, match="'reality' is not in"):
-        gym.make(CARTPOLE, randomization="reality")
+        gym.make(quadrotor, randomization="reality")
 
 
 def test_unknown_element_in_a_task_is_an_error_naming_it():

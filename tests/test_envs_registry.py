@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -41,11 +42,32 @@ def test_every_task_is_one_spec_and_unknown_ids_fail_loudly():
 
 
 def test_a_set_name_is_read_from_the_tasks_yaml(tmp_path, monkeypatch):
-    """$SIM2REAL_CONFIG_DIR is consulted when a set is asked for, not frozen at import."""
-    (tmp_path / "cartpole.yaml").write_text("randomization:\n  calm: {obs_noise_std: 0.0}\n")
+    """A code task's YAML: $SIM2REAL_CONFIG_DIR is consulted when a set is asked for, not frozen at import.
+    A declared task's YAML is the file that declares it."""
+    (tmp_path / "quadrotor.yaml").write_text("randomization:\n  calm: {obs_noise_std: 0.0}\n")
     monkeypatch.setenv("SIM2REAL_CONFIG_DIR", str(tmp_path))
-    assert envs.task_config_path("sim2real/CartPoleRail-v0") == tmp_path / "cartpole.yaml"
-    assert envs.resolve_randomization("sim2real/CartPoleRail-v0", "calm").is_empty()
+    assert envs.task_config_path("sim2real/QuadrotorGeofence-v0") == tmp_path / "quadrotor.yaml"
+    assert envs.resolve_randomization("sim2real/QuadrotorGeofence-v0", "calm").is_empty()
+    declared = envs.task_config_path("sim2real/CartPoleRail-v0")
+    assert declared == Path(__file__).resolve().parents[1] / "configs" / "cartpole.yaml"
+
+
+def test_a_copy_of_a_shipped_yaml_elsewhere_is_the_same_task(tmp_path):
+    """An edited copy (other sets, same plant) finds the shipped MJCF by name and registers as the shipped task."""
+    import yaml
+
+    from envs.tasks import register_task_file
+
+    root = Path(__file__).resolve().parents[1]
+    doc = yaml.safe_load((root / "configs" / "cartpole.yaml").read_text())
+    doc["randomization"]["reality"]["latency_steps"] = {"low": 1, "high": 1}
+    copy = tmp_path / "my_cartpole.yaml"
+    copy.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert register_task_file(copy, check=True) is envs.task("sim2real/CartPoleRail-v0")
+    doc["plant"]["episode_steps"] = 100  # a different plant under the same id is refused
+    copy.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(envs.UnknownTaskError, match="declared twice"):
+        register_task_file(copy)
 
 
 def test_an_installed_wheel_finds_the_task_yamls_without_a_checkout(tmp_path):

@@ -65,6 +65,7 @@ def test_one_domain_resolver():
 
 def test_a_plain_gymnasium_env_trains_by_id_and_export_eval_say_why_not(tmp_path, capsys):
     doc = yaml.safe_load(CARTPOLE_CONFIG.read_text())
+    del doc["plant"]  # the cart-pole's declaration: this config declares no task
     doc["task"] = {"name": "cheetah", "env_id": "HalfCheetah-v5"}
     doc["randomization"] = {"train": {"body_mass": {"torso": {"low": 0.9, "high": 1.1}}}, "reality": {}}
     doc["validation"] = {"enabled": False}  # no validation set declared: model selection is off, explicitly
@@ -84,6 +85,7 @@ def test_a_plain_gymnasium_env_trains_by_id_and_export_eval_say_why_not(tmp_path
 
 def test_an_undeclared_sim2real_id_is_a_config_error(tmp_path):
     doc = yaml.safe_load(CARTPOLE_CONFIG.read_text())
+    del doc["plant"]  # the cart-pole's declaration: this config declares no task
     doc["task"]["env_id"] = "sim2real/Conveyor-v0"
     path = tmp_path / "conveyor.yaml"
     path.write_text(yaml.safe_dump(doc))

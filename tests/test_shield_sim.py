@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import envs
-from envs import cartpole_rail
 from pipeline.config import load_config
 from pipeline.safety.shield_spec import build_shield_spec
 from pipeline.safety.shielded_env import ShieldedEnv
@@ -20,7 +19,7 @@ from shield.spec import ShieldSpec, ShieldSpecError
 def test_cartpole_spec_predicts_mujoco_one_control_step_ahead():
     spec = ShieldSpec.from_dict(json.loads(json.dumps(build_shield_spec(load_config("configs/cartpole.yaml")))))
     model = spec.linear_model()
-    nominal = cartpole_rail.nominal_model()
+    nominal = envs.nominal_model("sim2real/CartPoleRail-v0")
     data = mujoco.MjData(nominal.model)
     rng = np.random.default_rng(0)
     for _ in range(20):

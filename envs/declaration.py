@@ -62,6 +62,7 @@ by `sim2real config --check`); `module:function` entries by `resolve_entry_point
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from pathlib import Path
 from typing import Literal
@@ -365,6 +366,16 @@ def resolve_entry_point(spec: str, where: str):
         return getattr(module, attr)
     except AttributeError:
         raise DeclarationError(f"{where}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def mjcf_identity(path: str | Path) -> str:
+    """The MJCF as it identifies a task: its file name and the sha256 of its bytes, not where it lies, so two
+    checkouts (or a copy of a shipped YAML beside a copy of its MJCF) agree; an unreadable file: its name."""
+    path = Path(path)
+    try:
+        return f"{path.name}#sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
+    except OSError:
+        return path.name
 
 
 def mjcf_path(decl: PlantDeclaration, yaml_path: Path, search=()) -> Path:

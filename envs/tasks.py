@@ -21,7 +21,7 @@ import gymnasium as gym
 import yaml
 
 from envs import quadrotor_geofence
-from envs.declaration import DeclarationError, PlantDeclaration, mjcf_path, parse_declaration
+from envs.declaration import DeclarationError, PlantDeclaration, mjcf_identity, mjcf_path, parse_declaration
 from envs.randomization import RandomizationError, RandomizationSet, load_randomization_sets, parse_randomization
 from envs.registry import TaskSpec, UnknownTaskError, all_tasks, config_dirs, register, task
 from envs.wrappers import randomize
@@ -110,7 +110,7 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
         shield_model = {"type": "linear", "nominal": partial(_nominal, decl, mjcf)}
         scale = [a.scale if a.units_per_action is None else a.units_per_action for a in decl.actuators]
     steer = decl.index(decl.steerable_setpoint) if decl.steerable_setpoint else None
-    canonical = decl.model_dump(mode="json") | {"mjcf": str(mjcf), "task": [head["name"], head["env_id"]]}
+    canonical = decl.model_dump(mode="json") | {"mjcf": mjcf_identity(mjcf), "task": [head["name"], head["env_id"]]}
     fingerprint = hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
     return TaskSpec(env_id=head["env_id"], name=head["name"], config_file=path, make_env=partial(_make_declared, decl, mjcf),
                     obs_dim=len(decl.observations), act_dim=len(decl.actuators), control_period=decl.control_period,

@@ -221,7 +221,7 @@ class Config(Section):
 
     task: TaskConfig
     plant: dict[str, Any] | None = Field(
-        None, description="The task declared as data beside its MJCF (format: envs/declaration.py); absent for the built-in code tasks.")
+        None, description="The task declared as data beside its MJCF (format: envs/declaration.py); absent for a task whose parts must stay code (the quadrotor).")
     randomization: dict[str, RandomizationSet] = Field(
         description="Named domain-randomization sets; `train` is used for training, `reality` is held out for shadow evaluation.")
     train: TrainConfig = TrainConfig()
@@ -247,8 +247,19 @@ class Config(Section):
         return self
 
     def config_hash(self) -> str:
-        """sha256 of the canonical JSON of the validated config (identifies a training setup)."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical JSON of the validated config (identifies a training setup).
+
+        A declared plant's MJCF enters by name and content (sha256 of its bytes), not by the
+        absolute path `load_config` resolved, so the hash is the same wherever the checkout lives
+        and changes when the MJCF does.
+        """
+        data = self.model_dump(mode="json")
+        plant = data.get("plant")
+        if isinstance(plant, dict) and isinstance(plant.get("mjcf"), str):
+            from envs.declaration import mjcf_identity
+
+            plant["mjcf"] = mjcf_identity(plant["mjcf"])
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -110,3 +110,22 @@ def test_an_installed_wheel_finds_the_task_yamls_without_a_checkout(tmp_path):
     shipped = {p.stem for p in (root / "configs").glob("*.yaml")}
     assert set(configs) == shipped and all(c.startswith(str(env_dir / "share" / "sim2real" / "configs")) for c in configs.values())
     assert len(obs) > 0
+
+
+def test_a_checkout_elsewhere_is_the_same_task_with_the_same_config_hash(tmp_path):
+    """The task's identity and the config hash read the MJCF's name and bytes, not its absolute path:
+    a copy of configs/ (YAML beside its MJCF) is the same task with the same hash; an edited MJCF is not."""
+    import shutil
+
+    from envs.tasks import register_task_file
+    from pipeline.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    for name in ("cartpole.yaml", "cartpole_rail.xml"):
+        shutil.copy(root / "configs" / name, tmp_path / name)
+    assert register_task_file(tmp_path / "cartpole.yaml", check=True) is envs.task("sim2real/CartPoleRail-v0")
+    assert load_config(tmp_path / "cartpole.yaml").config_hash() == load_config(root / "configs" / "cartpole.yaml").config_hash()
+    with open(tmp_path / "cartpole_rail.xml", "a") as f:
+        f.write("<!-- edited -->\n")
+    with pytest.raises(envs.UnknownTaskError, match="declared twice"):
+        register_task_file(tmp_path / "cartpole.yaml")

@@ -12,7 +12,6 @@ import yaml
 
 from pipeline.commands.shadow import run as run_cli
 from pipeline.evaluation.shadow import load_legacy, make_env, resolve_domains, run_shadow, shadow_pass
-from pipeline.evaluation.shadow_metrics import log_metrics
 from shield.runtime import EdgeRuntime
 from shield.shadowlog import ShadowLogWriter, read_shadow_log
 from tests.shadow_candidates import CARTPOLE_CONFIG, cartpole_config, shadow_result

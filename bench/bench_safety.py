@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     p.add_argument("--episodes", type=int, default=100, help="episodes per policy on train and on reality")
     p.add_argument("--corner-episodes", type=int, default=8, help="episodes per policy on each envelope corner")
     p.add_argument("--steps", type=int, default=150, help="steps per episode (the tasks' own length: 0)")
-    p.add_argument("--unshielded-share", type=float, default=0.25, help="share of the episodes also run unshielded")
+    p.add_argument("--unshielded-share", type=float, default=0.25, help="share of the episodes also run unshielded (at least one per domain and policy: the baseline beside each row)")
     p.add_argument("--bundle", nargs="*", default=[], metavar="TASK=DIR", help="a trained bundle per task")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

@@ -133,3 +133,17 @@ def test_corrupt_or_missing_checkpoint_is_a_clear_error(tmp_path):
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):
         load_policy(tmp_path)
+
+
+def test_a_restart_counts_even_when_the_first_life_never_answered():
+    """On a loaded machine an actor can be killed while still booting: the driver never saw its first
+    life, yet Ray rebuilt it. The rebuilt life says so and counts once; a life change counts once too."""
+    from pipeline.training.actor_pool import ActorPool
+
+    pool = ActorPool([object(), object()], max_in_flight=2)
+    assert pool._note_life(0, "b", reconstructed=True) == 1  # first life never seen: still a restart
+    assert pool._note_life(0, "b", reconstructed=True) == 0  # the same life again
+    assert pool._note_life(1, "x", reconstructed=False) == 0  # a first life
+    assert pool._note_life(1, "y", reconstructed=True) == 1  # a new life
+    assert pool._note_life(1, "z", reconstructed=False) == 1  # a new life even without the flag
+    assert pool.restarts == 3

@@ -3,7 +3,9 @@
 Ray restarts a dead actor (`max_restarts`); requests that were in flight when
 it died fail and are simply requested again. A restart is counted when a batch
 arrives from a new life of an actor (each life has its own id), so restarts are
-counted even when no request happened to be in flight at the time of death.
+counted even when no request happened to be in flight at the time of death; a
+life Ray reconstructed counts even when the driver never heard from the life
+before it (an actor killed while still booting, on a loaded machine).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class ActorPool:
         self.restarts = 0
         self._pending: dict = {}  # ObjectRef -> actor index
         self._lives: list[str | None] = [None] * len(actors)
+        self._counted: set[str] = set()  # lives already counted as restarts
         self._failing_since = [0.0] * len(actors)  # first failed request of the current outage, or 0
 
     def start(self) -> None:
@@ -81,10 +84,17 @@ class ActorPool:
             time.sleep(0.05)  # don't spin while it boots
             return i, None
         self._failing_since[i] = 0.0
-        if self._lives[i] is not None and batch["life"] != self._lives[i]:
-            self.restarts += 1
-        self._lives[i] = batch["life"]
+        self._note_life(i, batch["life"], bool(batch.get("reconstructed", False)))
         return i, batch
+
+    def _note_life(self, i: int, life: str, reconstructed: bool) -> int:
+        """Record which life of actor i answered; 1 if it is a restart not counted yet (a new life, or one Ray rebuilt)."""
+        new = life != self._lives[i] and (reconstructed or self._lives[i] is not None) and life not in self._counted
+        self._lives[i] = life
+        if new:
+            self._counted.add(life)
+            self.restarts += 1
+        return int(new)
 
     def settle(self, timeout_s: float = 60.0) -> int:
         """End of a run: ask every live actor which life answers, and count the restarts no batch showed yet.
@@ -100,7 +110,7 @@ class ActorPool:
             for i in sorted(waiting):
                 left = deadline - time.perf_counter()
                 try:
-                    life = ray.get(self.actors[i].life_id.remote(), timeout=max(left, 0.1))
+                    life, reconstructed = ray.get(self.actors[i].life_info.remote(), timeout=max(left, 0.1))
                 except (RayActorError, ActorUnavailableError):
                     time.sleep(0.2)  # the old life is gone and the new one is booting: ask again
                     continue
@@ -108,10 +118,7 @@ class ActorPool:
                     waiting.clear()
                     break
                 waiting.discard(i)
-                if self._lives[i] is not None and life != self._lives[i]:
-                    added += 1
-                self._lives[i] = life
-        self.restarts += added
+                added += self._note_life(i, life, reconstructed)
         return added
 
     def _drop(self, i: int, why: str) -> None:

@@ -123,6 +123,7 @@ class RolloutActor:
         self._env_args = (env_id, randomization, max_episode_steps, shield)
         self.index, self.num_envs, self.T = index, num_envs, rollout_length
         self.life = uuid.uuid4().hex  # changes when Ray restarts this actor; the driver counts restarts by it
+        self.reconstructed = bool(restarted)  # a restart even when the driver never saw the life before it
         self.model = ActorCritic(**model_spec).eval()
         self.inputs = PolicyInputs(num_envs, self.model.obs_dim, self.model.act_dim, self.model.history_length)
         self.version = -1
@@ -179,9 +180,9 @@ class RolloutActor:
         if weights is not None and weights[0] > self.version and weights[1] is not None:
             self.set_weights(weights[0], ray.get(weights[1][0]))
 
-    def life_id(self) -> str:
-        """Which life of this actor answers (a new one after every restart by Ray)."""
-        return self.life
+    def life_info(self) -> tuple[str, bool]:
+        """Which life of this actor answers (a new one after every restart by Ray), and whether Ray restarted it."""
+        return self.life, self.reconstructed
 
     def rollout(self, weights: tuple[int, list] | None = None) -> dict:
         """Collect T steps from every env. `weights` pins a version (sync mode); else the newest is used."""
@@ -243,5 +244,5 @@ class RolloutActor:
         return dict(obs=obs_buf, actions=actions, behaviour_logp=logp, rewards=rewards, costs=costs,
                     terminated=terminated, truncated=truncated, final_obs=final_obs,
                     behaviour_mean=behaviour_mean, behaviour_log_std=self.model.log_std.detach().numpy().copy(),
-                    version=self.version, actor=self.index, life=self.life,
+                    version=self.version, actor=self.index, life=self.life, reconstructed=self.reconstructed,
                     episodes=np.asarray(episodes, np.float64).reshape(-1, 3), env_restarts=self.env_restarts)

@@ -197,8 +197,8 @@ class ShieldSpec:
             for i in idx:
                 if i not in state_index:
                     _fail(k, f"observation index {i} is not in state_index")
-        brake_pairs = _brake_pairs(_need(kin, "brake_accel", "kinematics"), len(pos))
-        brake = [min(p) for p in brake_pairs]
+        pairs = brake_pairs(_need(kin, "brake_accel", "kinematics"), len(pos))
+        brake = [min(p) for p in pairs]
         model = _need(d, "model", "")
         cls._check_model(model, len(state_index), act_dim, state_index, pos, vel)
         constraints = _need(d, "constraints", "")
@@ -233,7 +233,7 @@ class ShieldSpec:
             _fail("task", "must be a string")
         return cls(obs_dim=obs_dim, act_dim=act_dim, dt=dt, action_low=low, action_high=high,
                    state_index=state_index, model=model, position_index=pos, velocity_index=vel,
-                   brake_accel=brake, brake_accel_pairs=brake_pairs, constraints=constraints, latency_steps=latency, margin=margin,
+                   brake_accel=brake, brake_accel_pairs=pairs, constraints=constraints, latency_steps=latency, margin=margin,
                    input_gain_error=gain_error, disturbance_accel=disturbance,
                    fallback_action=fallback, assumptions=assumptions, task=task)
 
@@ -336,8 +336,9 @@ class ShieldSpec:
         return model
 
 
-def _brake_pairs(value: Any, k: int) -> list[tuple[float, float]]:
-    """`kinematics.brake_accel`: per position a number (both directions) or [toward -, toward +], each > 0."""
+def brake_pairs(value: Any, k: int) -> list[tuple[float, float]]:
+    """`kinematics.brake_accel` as (toward -, toward +) per position: each entry a number (both directions) or
+    [toward -, toward +], each > 0 (the one parser of the form: the spec builder and the envelope check use it too)."""
     key = "kinematics.brake_accel"
     if not isinstance(value, (list, tuple)) or len(value) != k:
         _fail(key, f"must be a list of {k} entries (a number, or [toward -, toward +]), got {value!r}")

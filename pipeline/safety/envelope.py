@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shield.spec import brake_pairs
+
 NOISE_SIGMAS = 3.0  # the stated confidence of the observation-noise assumption: 3 sigma (99.7 % per sample)
 _MODEL_RANGE_GROUPS = ("joint_damping", "geom_friction")
 
@@ -94,9 +96,9 @@ def plant_weights(env_id: str) -> tuple[dict[str, float], dict[str, float], floa
 
 
 def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bool,
-                  full_accel: list[float], plant: tuple | None = None) -> list[SetEnvelope]:
-    """One SetEnvelope per randomization set of `cfg` (`plant`: `plant_weights(cfg.task.env_id)` if already read)."""
-    masses, gears, moving_mass, gravity = plant if plant is not None else plant_weights(cfg.task.env_id)
+                  full_accel: list[float], plant: tuple) -> list[SetEnvelope]:
+    """One SetEnvelope per randomization set of `cfg`; `plant`: `plant_weights(cfg.task.env_id)`."""
+    masses, gears, moving_mass, gravity = plant
     ambient = list(cfg.shield.ambient_disturbance_accel or [0.0] * len(positions))
     out = []
     for name, rset in cfg.randomization.items():
@@ -135,7 +137,7 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
     """Every way a set admits a plant the spec's assumptions do not cover (empty: all covered)."""
     problems = []
     err = spec["input_gain_error"]
-    brake = [a if isinstance(a, list) else [a, a] for a in spec["kinematics"]["brake_accel"]]  # (toward -, toward +)
+    brake = brake_pairs(spec["kinematics"]["brake_accel"], len(spec["kinematics"]["position_index"]))  # (toward -, toward +)
     dist = spec["disturbance_accel"]
     pos = spec["kinematics"]["position_index"]
     for env in envelopes:

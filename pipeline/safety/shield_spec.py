@@ -15,7 +15,7 @@ import numpy as np
 from pipeline.config import ConfigError
 from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, envelope_problems, monitor_bounds, plant_weights,
                                      set_envelopes)
-from shield.spec import ShieldSpec, ShieldSpecError
+from shield.spec import ShieldSpec, ShieldSpecError, brake_pairs
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
 _STATEMENT = ("No constraint is violated while the actuation latency is at most max_latency_s, the "
@@ -117,7 +117,7 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         if len(sc.brake_accel) != len(pos):
             raise ShieldSpecError(f"shield.brake_accel: needs {len(pos)} values (one per position), got {len(sc.brake_accel)}")
         brake = [[float(v) for v in a] if isinstance(a, list) else float(a) for a in sc.brake_accel]
-    brake_min = [min(a) if isinstance(a, list) else a for a in brake]
+    brake_min = [min(pair) for pair in brake_pairs(brake, len(pos))]
     disturbance = [0.0] * len(pos) if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
     if len(disturbance) != len(pos):
         raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")

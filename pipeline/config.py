@@ -165,6 +165,8 @@ class ShieldConfig(Section):
     brake_accel: list[Annotated[float, Field(gt=0)] | Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]] | None = Field(
         None, description="Braking acceleration per position of the task's kinematics (units/s^2), each a number or [toward -, toward +] "
                           "where the plant brakes harder one way (gravity helps a quadrotor brake a climb); overrides brake_fraction.")
+    keepout_steering: bool = Field(True, description="Keep-out zones (cylinders, spheres) credit the plant's sideways speed: it may pass a zone "
+                                   "rather than stop before it (shield/barrier.py). Needs each axis's authority to brake and hold against the disturbance at once (checked).")
     disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Bound on an unknown additive acceleration per position (units/s^2: wind, gravity-compensation error) the conditions are robust to; None: zero.")
     latency_steps: int | None = Field(None, ge=0, description="Control steps of actuation latency the shield predicts through; None: the largest latency_steps of every randomization set.")
     ambient_disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Additive acceleration per position (units/s^2) present in every domain that no randomization set states (e.g. the quadrotor's built-in wind); counted in the envelope check.")

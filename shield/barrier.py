@@ -109,13 +109,25 @@ class BarrierRows:
         self.dynamic = [(r, cols, vc, None if vc is None or not accel_col else
                           [accel_col[i] for i in spec.constraints[owner[r]]["index"]],
                           [float(v) for v in center], radius) for r, cols, vc, center, radius in dynamic]
-        # Per keep-out row, the matrix entries its unit normal n sets: (state, column, index into n, factor).
+        # Per keep-out row, the matrix entries its unit normal n sets: the distance's (state, index into n) and
+        # the closing speed's (state, index into n, factor); with steering, the sideways speed's entries in the
+        # distance part (state, index into the sideways direction, factor).
         self._dyn_writes = {}
-        for r, pcols, vcols, acols, _, _ in self.dynamic:
+        self._credited = [False] * R  # per row: are its sideways-speed entries nonzero now?
+        self.steering = bool(spec.keepout_steering)
+        T0, T1 = spec.latency_steps * spec.dt, (spec.latency_steps + 1) * spec.dt
+        for r, pcols, vcols, acols, _, radius in self.dynamic:
             root = self._root_list[r]
-            self._dyn_writes[r] = ([(j, r, i, 1.0) for i, j in enumerate(pcols)]
-                                   + [(j, R + r, i, -root) for i, j in enumerate(vcols or ())]
-                                   + [(j, R + r, i, -self._tau * root) for i, j in enumerate(acols or ())])
+            speed = ([(j, i, 1.0) for i, j in enumerate(vcols or ())]
+                     + [(j, i, self._tau) for i, j in enumerate(acols or ())])
+            keep = float(self.keep[r])
+            # Steering: (R = radius + margin, 1 / (2 a), sideways-speed entries, position and velocity exposure
+            # to a push over the step, as in `_build_offsets`), or None.
+            axes = spec.constraints[owner[r]]["index"]
+            steer = ((radius + self._margin, root * root, speed, 0.5 * (T1 * T1 - keep * T0 * T0), T1 - keep * T0,
+                      [float(w_of[o]) for o in axes], self._closing0_list[r])
+                     if self.steering and vcols is not None else None)
+            self._dyn_writes[r] = ([(j, i) for i, j in enumerate(pcols)], [(j, i, -root * f) for j, i, f in speed], steer)
 
     def _build_offsets(self) -> None:
         """Per row, shift the next-state barrier by the worst additive acceleration; allocate the hot-path buffers.
@@ -167,18 +179,75 @@ class BarrierRows:
         self._scales4 = self._scales[None, :, :, None]
         self.SMB = self._scales4 * self._MB.reshape(2, 1, R, self._m)
         self.SMB_flat = self.SMB.reshape(-1, self._m)
+        self._input_effect_stale = False
+        self.steer_now = True  # `CbfShield._brake_hard` turns the keep-outs' steering credit off while it brakes
 
     def linearize_keepouts(self, x: np.ndarray) -> None:
-        """Replace each keep-out zone's row by the tangent halfspace at the position in x (plain floats: 2-3 entries)."""
+        """Replace each keep-out zone's row by the tangent halfspace at the position in x (plain floats: 2-3 entries).
+
+        With steering (`ShieldSpec.keepout_steering`) the row also credits the speed past the zone.
+        For a point at distance r from the centre, closing at s and moving sideways at q, braking
+        radially at a (and holding q against pushes) conserves the "energy" of the radial motion,
+        so the closest approach stays outside R exactly when
+
+            h = (r - R) - s^2 / (2 a) + (r^2 / R^2 - 1) q^2 / (2 a)  >=  0
+
+        (with q = 0 the braking-distance form). Kept linear in the state like every row: q^2 by
+        its tangent at this state's q (a lower bound, the square is convex), r^2 / R^2 by its
+        tangent (convex too) with r by n . (p - c) <= r, and q reduced by what the worst push can
+        take off it over the inner loop's lag. Outside R the credit is 0. A violated row brakes
+        without it (`CbfShield._brake_hard` turns it off): never toward the zone.
+        """
         MT, R, C, off = self._MT, self.R, self._cases, self.off
         xs = x.tolist()
+        steering = self.steering and self.steer_now
         for (r, pcols, vcols, acols, center, radius), maps in zip(self.dynamic, self._dyn_offsets):
             diff = [xs[j] - c for j, c in zip(pcols, center)]
             dist = math.sqrt(sum([d * d for d in diff]))
             n = [d / dist for d in diff] if dist > 1e-9 else [1.0] + [0.0] * (len(diff) - 1)
-            f = -sum([a * c for a, c in zip(n, center)]) - radius
-            for j, col, i, coef in self._dyn_writes[r]:
-                MT[j, col] = coef * n[i]
+            nc = sum([a * c for a, c in zip(n, center)])
+            f = -nc - radius
+            pos_writes, closing_writes, steer = self._dyn_writes[r]
+            grow = 1.0  # the distance's weight (1 + the credit's growth with r)
+            credit_f = credit_shift = 0.0
+            if steer is not None:
+                big_r, k2, speed, e_pos, e_vel, w_row, closing0 = steer
+                q0 = 0.0
+                if steering and dist > big_r:
+                    ve = [0.0] * len(n)
+                    for j, i, fac in speed:
+                        ve[i] += fac * xs[j]
+                    # Far from the zone (braking from the full speed, any direction, takes under half the gap)
+                    # the row cannot bind this step: no credit, and none of its per-step work.
+                    full = math.sqrt(sum([a * a for a in ve])) + closing0
+                    if k2 * full * full > 0.5 * (dist - big_r):
+                        vn = sum([a * b for a, b in zip(n, ve)])
+                        side = [a - vn * b for a, b in zip(ve, n)]
+                        q = math.sqrt(sum([a * a for a in side]))
+                        t = [a / q for a in side] if q > 1e-12 else side
+                        lost = self._tau * sum([abs(a) * w for a, w in zip(t, w_row)])  # pushes during the lag
+                        q0 = q - lost
+                if q0 > 0.0:
+                    rho = dist * dist / (big_r * big_r) - 1.0
+                    kappa = k2 * 2.0 * dist / (big_r * big_r) * q0 * q0
+                    g = 2.0 * k2 * rho * q0
+                    grow = 1.0 + kappa
+                    f -= kappa * (nc + dist)
+                    credit_f = -k2 * rho * q0 * (q0 + 2.0 * lost)
+                    for j, i, fac in speed:
+                        MT[j, r] = g * fac * t[i]
+                    self._credited[r] = True
+                    # The worst push on the credit's own terms, axis by axis (on top of the row's own shift).
+                    credit_shift = -sum([(kappa * abs(a) * e_pos + g * abs(b) * e_vel) * w
+                                         for a, b, w in zip(n, t, w_row)])
+                elif self._credited[r]:
+                    for j, i, fac in speed:
+                        MT[j, r] = 0.0
+                    self._credited[r] = False
+            for j, i in pos_writes:
+                MT[j, r] = grow * n[i]
+            for j, i, coef in closing_writes:
+                MT[j, R + r] = coef * n[i]
             shift_f = shift_closing = 0.0
             if maps is not None:  # the worst disturbance for this normal (see `_build_offsets`)
                 Q, Fw, Fv = maps  # nonzero entries (i, axis, value) of the maps from n
@@ -188,11 +257,18 @@ class BarrierRows:
                 w = [-wm if s > 0.0 else (wm if s < 0.0 else 0.0) for s, wm in zip(S, self._w_list)]
                 shift_f = sum([n[i] * v * w[k] for i, k, v in Fw])
                 shift_closing = sum([n[i] * v * w[k] for i, k, v in Fv])
-            f_now, f_next = f - self._margin, f + shift_f - self._margin
+            f_now = f + credit_f - self._margin
+            f_next = f_now + shift_f + credit_shift
             closing_next = (self._closing0_list[r] - shift_closing) * self._root_list[r]
             for k in range(C):  # item stores: cheaper than slice stores at this size
                 off[0, k, r] = f_now
                 off[0, C + k, r] = f_next
                 off[1, C + k, r] = closing_next
-        np.dot(MT.T, self._B, out=self._MB)
-        np.multiply(self._scales4, self._MB.reshape(2, 1, R, self._m), out=self.SMB)
+        self._input_effect_stale = True
+
+    def refresh_input_effect(self) -> None:
+        """Recompute the input's effect on the rows (`SMB`) after `linearize_keepouts` moved them (QP paths only)."""
+        if self._input_effect_stale:
+            np.dot(self._MT.T, self._B, out=self._MB)
+            np.multiply(self._scales4, self._MB.reshape(2, 1, self.R, self._m), out=self.SMB)
+            self._input_effect_stale = False

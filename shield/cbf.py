@@ -107,6 +107,7 @@ class CbfShield:
         self._R, self._keep, self._row_start, self._n_constraints = R, rows.keep, rows.row_start, rows.n_constraints
         self._MT_parts, self._off, self._SMB, self._SMB_flat = rows.MT_parts, rows.off, rows.SMB, rows.SMB_flat
         self._linearize_keepouts = rows.linearize_keepouts if rows.dynamic else None
+        self._rows = rows
         # Per-call buffers: H (states, rows) is h at x_L (first C) and at x+; V, Z (2 parts, cases, rows).
         self._Y, self._H = np.empty((2, 2 * C, R)), np.empty((2 * C, R))
         self._closing, self._closing2 = np.empty((2 * C, R)), np.empty((2 * C, R))
@@ -168,6 +169,8 @@ class CbfShield:
     def _free_part(self, u_loaded: np.ndarray) -> None:
         """self._Z: the conditions' part that does not depend on the action, so `_conditions(u)` is cheap for any u."""
         C = self._cases
+        if self._linearize_keepouts is not None:
+            self._rows.refresh_input_effect()  # only paths past the safe-action check read the input's effect
         np.dot(self._SMB_flat, u_loaded, out=self._V_flat)
         np.subtract(self._Y[:, C:], self._V, out=self._Z)
         self._Z[0] -= self._req
@@ -193,14 +196,21 @@ class CbfShield:
         G = G.reshape(-1, self._m)
         return G, G @ u - self._cond.reshape(-1)
 
-    def cbf_conditions(self, obs: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-        """For tests and diagnostics: u -> h_r(x+(u)) - (1 - gain_r) h_r(x) per row (>= 0 is safe); no state change."""
+    def cbf_conditions(self, obs: np.ndarray, steering: bool = True) -> Callable[[np.ndarray], np.ndarray]:
+        """For tests and diagnostics: u -> h_r(x+(u)) - (1 - gain_r) h_r(x) per row (>= 0 is safe); no state change.
+
+        `steering=False`: the keep-out rows without their credit for passing (what a violated row brakes on).
+        """
         pred = self._predictor
         saved = pred.v.copy()
         pred.load_observation(np.asarray(obs, np.float64)[self._obs_src])
         pred.load_action(self._fallback)
-        self._prepare()
-        self._free_part(self._fallback)
+        self._rows.steer_now = steering
+        try:
+            self._prepare()
+            self._free_part(self._fallback)
+        finally:
+            self._rows.steer_now = True
         pred.v[:] = saved
         Z, SMB = self._Z.copy(), self._SMB_flat.copy()
 
@@ -300,9 +310,19 @@ class CbfShield:
         one the plant already leaves, yields to one it is closing on), whatever the speed:
         the action never accelerates toward a violated constraint, even where the model
         predicts the condition would hold anyway (a damped plant at 100 m/s). The other
-        inputs are chosen by the least-violation brake on the remaining rows.
+        inputs are chosen by the least-violation brake on the remaining rows. Keep-out rows brake
+        without their credit for passing (`shield.barrier`): steering past a zone the plant can no
+        longer clear could point the input toward it.
         """
         u = np.minimum(np.maximum(u_p, self._low), self._high)
+        if self._rows.steering:  # the rows violated with or without the credit, braked on without it
+            H_steer = self._H[:self._cases].copy()
+            self._rows.steer_now = False
+            try:
+                self._prepare()
+            finally:
+                self._rows.steer_now = True
+            np.minimum(self._H[:self._cases], H_steer, out=self._H[:self._cases])
         self._free_part(u)
         self._conditions(u)
         G, lb = self._linearized_rows(u)

@@ -14,7 +14,10 @@ This module owns the schema. A spec holds:
 - which observation entries are positions and which their velocities, with the
   braking acceleration the shield may count on per position (units/s^2): one
   number for both directions, or ``[toward -, toward +]`` where the plant brakes
-  harder one way (a quadrotor brakes a climb with gravity's help),
+  harder one way (a quadrotor brakes a climb with gravity's help), and
+  whether a keep-out zone's barrier credits passing it (``keepout_steering``:
+  a plant moving sideways past a cylinder or sphere need not stop before it,
+  see `shield.barrier`),
 - constraints over the observation (halfspace, box, cylinder, sphere), each
   with its own class-K gain in (0, 1],
 - the input box, the control latency (steps) predicted through, the margin
@@ -156,6 +159,8 @@ class ShieldSpec:
     task: str = ""
     # Per position: (acceleration the plant can brake with toward -, toward +); default both brake_accel.
     brake_accel_pairs: list[tuple[float, float]] | None = None
+    # Keep-out rows credit the plant's sideways speed (it may pass the zone, not only stop before it).
+    keepout_steering: bool = False
 
     def __post_init__(self):
         if self.brake_accel_pairs is None:
@@ -199,6 +204,12 @@ class ShieldSpec:
                     _fail(k, f"observation index {i} is not in state_index")
         pairs = brake_pairs(_need(kin, "brake_accel", "kinematics"), len(pos))
         brake = [min(p) for p in pairs]
+        for k in kin:
+            if k not in ("position_index", "velocity_index", "brake_accel", "keepout_steering"):
+                _fail(f"kinematics.{k}", "unknown key")
+        steering = kin.get("keepout_steering", False)
+        if not isinstance(steering, bool):
+            _fail("kinematics.keepout_steering", f"must be true or false, got {steering!r}")
         model = _need(d, "model", "")
         cls._check_model(model, len(state_index), act_dim, state_index, pos, vel)
         constraints = _need(d, "constraints", "")
@@ -235,7 +246,7 @@ class ShieldSpec:
                    state_index=state_index, model=model, position_index=pos, velocity_index=vel,
                    brake_accel=brake, brake_accel_pairs=pairs, constraints=constraints, latency_steps=latency, margin=margin,
                    input_gain_error=gain_error, disturbance_accel=disturbance,
-                   fallback_action=fallback, assumptions=assumptions, task=task)
+                   fallback_action=fallback, assumptions=assumptions, task=task, keepout_steering=steering)
 
     @staticmethod
     def _check_model(model: Any, n: int, m: int, state_index: list[int], pos: list[int], vel: list[int]) -> None:
@@ -287,7 +298,8 @@ class ShieldSpec:
             "state_index": list(self.state_index), "model": self.model,
             "kinematics": {"position_index": list(self.position_index),
                            "velocity_index": list(self.velocity_index),
-                           "brake_accel": [lo if lo == hi else [lo, hi] for lo, hi in self.brake_accel_pairs]},
+                           "brake_accel": [lo if lo == hi else [lo, hi] for lo, hi in self.brake_accel_pairs],
+                           **({"keepout_steering": True} if self.keepout_steering else {})},
             "constraints": self.constraints, "latency_steps": self.latency_steps,
             "margin": self.margin,
             "input_gain_error": self.input_gain_error,

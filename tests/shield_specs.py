@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def planar_double_integrator(latency_steps: int = 0, response_time_s: float = 0.0, margin: float = 0.02,
-                             input_gain_error: float = 0.0) -> dict:
+                             input_gain_error: float = 0.0, keepout_steering: bool = False) -> dict:
     """A point mass in the plane: obs [px, py, vx, vy], action = acceleration set-point / 4 m/s^2."""
     return {
         "schema_version": 1, "task": "planar", "obs_dim": 4, "act_dim": 2, "dt": 0.05,
@@ -12,7 +12,8 @@ def planar_double_integrator(latency_steps: int = 0, response_time_s: float = 0.
         "state_index": [0, 1, 2, 3],
         "model": {"type": "double_integrator", "accel_per_action": [[4.0, 0.0], [0.0, 4.0]],
                   "response_time_s": response_time_s},
-        "kinematics": {"position_index": [0, 1], "velocity_index": [2, 3], "brake_accel": [2.5, 2.5]},
+        "kinematics": {"position_index": [0, 1], "velocity_index": [2, 3], "brake_accel": [2.5, 2.5],
+                       "keepout_steering": keepout_steering},
         "constraints": [
             {"name": "fence", "type": "box", "index": [0, 1], "low": [-2.0, -2.0], "high": [2.0, 2.0], "gain": 0.3},
             {"name": "diagonal_wall", "type": "halfspace", "a": [1.0, 1.0, 0.0, 0.0], "b": 3.0, "gain": 0.5},

@@ -30,7 +30,8 @@ persistent_k <= disturbance_accel_k; per direction, the weakest plant's full act
 min over r in {r_lo, r_hi}, s in {s_lo, s_hi} of r (F_k +- g_c,k) -+ s g_c,k - ambient_k,
 >= brake_accel_k toward that direction (enough authority to brake, or to hold a
 floor against gravity); push_k <= the weaker direction's authority (the actuators
-can cancel a push while it lasts);
+can cancel a push while it lasts); with `keepout_steering`, on each axis of a
+keep-out zone sqrt(a^2 + push_k^2) <= that authority (a: the zone's braking);
 3 sigma of the position noise <= margin.
 """
 
@@ -169,6 +170,8 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
             if noise > spec["margin"] + 1e-9:
                 problems.append(f"{where}.obs_noise_std[{o}]: {NOISE_SIGMAS:g} sigma = {noise:.4f}, beyond "
                                 f"shield.margin = {spec['margin']:g}")
+        if spec["kinematics"].get("keepout_steering"):
+            problems += _steering_problems(where, spec, env, brake)
         covered = cfg.shield.model_ranges
         for key, (lo_p, hi_p) in env.other.items():
             if key not in covered:
@@ -177,6 +180,26 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
             elif lo_p < covered[key][0] - 1e-9 or hi_p > covered[key][1] + 1e-9:
                 problems.append(f"{where}.{key}: range [{lo_p:g}, {hi_p:g}] leaves shield.model_ranges.{key} = "
                                 f"{list(covered[key])}")
+    return problems
+
+
+def _steering_problems(where: str, spec: dict, env: SetEnvelope, brake: list[tuple[float, float]]) -> list[str]:
+    """A keep-out row that credits passing (`keepout_steering`) brakes radially at its weakest axis's braking a
+    while holding the sideways speed against a push w: per axis a |n_k| + w |t_k| <= sqrt(a^2 + w^2) at most."""
+    problems = []
+    pos = spec["kinematics"]["position_index"]
+    for con in spec["constraints"]:
+        if con["type"] not in ("cylinder", "sphere"):
+            continue
+        axes = [pos.index(o) for o in con["index"]]
+        a = min(min(brake[k]) for k in axes)
+        for k in axes:
+            need = float(np.hypot(a, env.push_accel[k]))
+            if min(env.authority[k]) < need - 1e-9:
+                problems.append(f"{where}.push.max_force: passing the keep-out {con['name']!r} the plant brakes at {a:g} "
+                                f"and holds its sideways speed against a {env.push_accel[k]:.3f} m/s^2 push at once, "
+                                f"{need:.3f} m/s^2 on position obs[{pos[k]}], more than the {min(env.authority[k]):.3f} "
+                                f"the weakest plant has (lower shield.brake_accel, or set shield.keepout_steering: false)")
     return problems
 
 

@@ -147,3 +147,13 @@ def test_a_restart_counts_even_when_the_first_life_never_answered():
     assert pool._note_life(1, "y", reconstructed=True) == 1  # a new life
     assert pool._note_life(1, "z", reconstructed=False) == 1  # a new life even without the flag
     assert pool.restarts == 3
+    # The off-policy replay shards count the same way (pipeline.training.actor_pool.Lives), with what a
+    # restarted shard held when last seen counted as lost.
+    from pipeline.training.replay import ReplayClient
+
+    client = ReplayClient([object(), object()], batch_size=8, prefetch=1, seed=0)
+    client._note(0, dict(life="a", reconstructed=True, size=0, total_mass=0.0))  # rebuilt before the first poll
+    client._note(1, dict(life="x", size=500, total_mass=9.0))
+    client._note(1, dict(life="x", size=700, total_mass=9.0))
+    client._note(1, dict(life="y", reconstructed=True, size=0, total_mass=0.0))
+    assert client.restarts == 2 and client.transitions_lost == 700

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
@@ -20,16 +21,43 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 ACTOR_RESTART_TIMEOUT_S = 120.0
 
 
+def ray_restarted() -> bool:
+    """Inside a Ray actor's constructor: is this a life Ray rebuilt after the previous one died?"""
+    with warnings.catch_warnings():  # Ray marks the property deprecated but offers no replacement
+        warnings.simplefilter("ignore")
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed) if ray.is_initialized() else False
+
+
+class Lives:
+    """Restarts of N Ray actors, counted from the life id each report carries (actors, replay shards).
+
+    A new life of actor i counts once: when it differs from the last life seen, or when Ray
+    says it rebuilt it (`ray_restarted`) even though the life before it was never seen.
+    """
+
+    def __init__(self, n: int):
+        self.last: list[str | None] = [None] * n
+        self.restarts = 0
+        self._counted: set[str] = set()
+
+    def note(self, i: int, life: str, reconstructed: bool) -> int:
+        """Record which life of actor i answered; 1 if it is a restart not counted yet."""
+        new = life != self.last[i] and (reconstructed or self.last[i] is not None) and life not in self._counted
+        self.last[i] = life
+        if new:
+            self._counted.add(life)
+            self.restarts += 1
+        return int(new)
+
+
 class ActorPool:
     """Hands out batches from the rollout actors; `collect` (async) or `collect_all` (sync)."""
 
     def __init__(self, actors: list, max_in_flight: int):
         self.actors, self.max_in_flight = actors, max_in_flight
         self.alive = list(range(len(actors)))
-        self.restarts = 0
+        self.lives = Lives(len(actors))
         self._pending: dict = {}  # ObjectRef -> actor index
-        self._lives: list[str | None] = [None] * len(actors)
-        self._counted: set[str] = set()  # lives already counted as restarts
         self._failing_since = [0.0] * len(actors)  # first failed request of the current outage, or 0
 
     def start(self) -> None:
@@ -87,14 +115,13 @@ class ActorPool:
         self._note_life(i, batch["life"], bool(batch.get("reconstructed", False)))
         return i, batch
 
+    @property
+    def restarts(self) -> int:
+        return self.lives.restarts
+
     def _note_life(self, i: int, life: str, reconstructed: bool) -> int:
-        """Record which life of actor i answered; 1 if it is a restart not counted yet (a new life, or one Ray rebuilt)."""
-        new = life != self._lives[i] and (reconstructed or self._lives[i] is not None) and life not in self._counted
-        self._lives[i] = life
-        if new:
-            self._counted.add(life)
-            self.restarts += 1
-        return int(new)
+        """Record which life of actor i answered; 1 if it is a restart not counted yet (see `Lives`)."""
+        return self.lives.note(i, life, reconstructed)
 
     def settle(self, timeout_s: float = 60.0) -> int:
         """End of a run: ask every live actor which life answers, and count the restarts no batch showed yet.

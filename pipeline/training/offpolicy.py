@@ -106,7 +106,8 @@ class ExploringActor(RolloutActor):
             chunks.append(self.nstep.step(obs, action, rewards, next_obs, terminated, truncated, active=ok))
         batch = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
         inserted = self._insert(batch)
-        return dict(actor=self.index, life=self.life, node_id=self.node_id, version=self.version,
+        return dict(actor=self.index, life=self.life, reconstructed=self.reconstructed, node_id=self.node_id,
+                    version=self.version,
                     steps=self.T * M, inserted=inserted, lost=self.lost, env_restarts=self.env_restarts,
                     episodes=np.asarray(episodes, np.float64).reshape(-1, 3))
 

@@ -31,6 +31,8 @@ import numpy as np
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
+from pipeline.training.actor_pool import Lives, ray_restarted
+
 # Added to |TD error| so no transition's priority is ever exactly zero.
 PRIORITY_EPS = 1e-6
 TRANSITION_KEYS = ("obs", "action", "reward", "next_obs", "discount")
@@ -210,6 +212,7 @@ class ReplayShard:
         self.replay = PrioritizedReplay(capacity, obs_dim, act_dim, alpha, seed=int(
             np.random.SeedSequence([seed, index, uuid.uuid4().int % 2**32]).generate_state(1)[0]))
         self.life = uuid.uuid4().hex
+        self.reconstructed = ray_restarted()  # counted even when the driver never saw the life before it
         self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
     def add(self, batch: dict) -> int:
@@ -217,7 +220,7 @@ class ReplayShard:
 
     def sample(self, n: int) -> dict:
         out = self.replay.sample(n)
-        out.update(shard=self.index, life=self.life)
+        out.update(shard=self.index, life=self.life, reconstructed=self.reconstructed)
         return out
 
     def update_priorities(self, index, generation, priorities) -> int:
@@ -225,7 +228,8 @@ class ReplayShard:
 
     def stats(self) -> dict:
         r = self.replay
-        return dict(shard=self.index, life=self.life, node_id=self.node_id, size=r.size, inserted=r.inserted,
+        return dict(shard=self.index, life=self.life, reconstructed=self.reconstructed, node_id=self.node_id,
+                    size=r.size, inserted=r.inserted,
                     sampled=r.sampled, total_mass=r.tree.total, min_mass=r.tree.min if r.size else 0.0,
                     max_priority=r.max_priority, capacity=r.capacity)
 
@@ -248,18 +252,21 @@ class ReplayClient:
         self.shards, self.batch_size, self.prefetch = shards, batch_size, prefetch
         self.rng = np.random.default_rng(seed)
         self.mass = [0.0] * len(shards)  # each shard's total p^alpha, as last seen
-        self.lives: list[str | None] = [None] * len(shards)
+        self.lives = Lives(len(shards))
         self.sizes = [0] * len(shards)
-        self.restarts, self.transitions_lost = 0, 0
+        self.transitions_lost = 0
         self._in_flight: list | None = None
         self._ready: list[dict] = []
         self._priorities: list[tuple[dict, np.ndarray]] = []
 
-    def _note(self, k: int, life: str, size: int, mass: float) -> None:
-        if self.lives[k] is not None and life != self.lives[k]:
-            self.restarts += 1
-            self.transitions_lost += self.sizes[k]
-        self.lives[k], self.sizes[k], self.mass[k] = life, size, mass
+    @property
+    def restarts(self) -> int:
+        return self.lives.restarts
+
+    def _note(self, k: int, report: dict) -> None:
+        if self.lives.note(k, report["life"], bool(report.get("reconstructed", False))):
+            self.transitions_lost += self.sizes[k]  # what it held when last seen (0 if never seen)
+        self.sizes[k], self.mass[k] = int(report["size"]), float(report["total_mass"])
 
     def _request(self) -> None:
         self._flush_priorities()  # same caller, same actor: Ray runs them before the sample
@@ -282,7 +289,7 @@ class ReplayClient:
             except (RayActorError, ActorUnavailableError):
                 self.mass[k] = 0.0  # down: asked again after the next stats poll
                 continue
-            self._note(k, s["life"], int(s["size"]), float(s["total_mass"]))
+            self._note(k, s)
             samples.append(s)
         self._request()
         group = combine_samples(samples, beta)
@@ -317,7 +324,7 @@ class ReplayClient:
             except (RayActorError, ActorUnavailableError, GetTimeoutError):
                 self.mass[k] = 0.0
                 continue
-            self._note(k, st["life"], int(st["size"]), float(st["total_mass"]))
+            self._note(k, st)
             out.append(st)
         return out
 

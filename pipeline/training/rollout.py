@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 import uuid
-import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -19,6 +18,7 @@ import numpy as np
 import ray
 import torch
 
+from pipeline.training.actor_pool import ray_restarted
 from pipeline.training.model import ActorCritic
 from shield.policy import HistoryBuffer
 
@@ -115,9 +115,7 @@ class RolloutActor:
                  num_envs: int, rollout_length: int, seed: int, model_spec: dict, weight_source: str | None = None,
                  shield: dict | None = None):
         torch.set_num_threads(1)  # one core per actor; torch's thread pool would fight the others
-        with warnings.catch_warnings():  # Ray marks the property deprecated but offers no replacement
-            warnings.simplefilter("ignore")
-            restarted = ray.get_runtime_context().was_current_actor_reconstructed if ray.is_initialized() else False
+        restarted = ray_restarted()
         # A restarted actor must not replay the episodes its previous life already sent.
         self._seed_seq = np.random.SeedSequence([seed, index, int(time.time_ns() % 2**32) if restarted else 0])
         self._env_args = (env_id, randomization, max_episode_steps, shield)

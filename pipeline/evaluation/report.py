@@ -140,6 +140,9 @@ def _safety_case(metrics: dict) -> str:
     body = "".join(f"<tr><td>{k}</td><td>{'n/a' if v is None else html.escape(f'{v:.6g}')}</td></tr>" for k, v in rows)
     worst = metrics.get("falsification_worst")
     detail = (f"<p>worst case: <code>{html.escape(json.dumps(worst))}</code></p>" if worst else "")
+    detail += ("<p class=\"note\">worst h: the lowest barrier value the shield saw in the search. Below 0 the plant "
+               "was inside the shield's margin or braking distance, which the shield answers by braking; a case is "
+               "the constraint itself crossed.</p>" if metrics.get("falsification_min_h") is not None else "")
     return f"<h2>Safety case: envelope and falsification</h2><table>{body}</table>{detail}"
 
 

@@ -173,6 +173,8 @@ class ShieldConfig(Section):
     model_ranges: dict[str, Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]] = Field({}, description="Ranges [low, high] of randomized parameters the envelope check cannot derive (damping, friction: `joint_damping.<joint>`), for which the guarantee was established by falsification; a set outside them is refused.")
     train_in_loop: bool = Field(False, description="Train with the shield filtering the actions the env receives.")
     intervention_penalty: float = Field(0.0, ge=0, description="Reward subtracted on each step the shield changes the action (training in the loop).")
+    train_margin: float | None = Field(None, ge=0, description="Margin of the shield in the training loop and in model selection (train_in_loop); None: `margin`. "
+                                       "Wider than `margin`, the policy learns to keep that clearance itself, so the deployed shield seldom has to act.")
 
 
 class GateConfig(Section):

@@ -85,3 +85,29 @@ def test_bad_override_names_the_key_before_anything_starts(tmp_path):
     with pytest.raises(ValueError, match=r"train\.total_env_steps=-5"):
         train(load_config("configs/cartpole.yaml"), out_dir=tmp_path / "run", steps=-5, progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_training_shield_keeps_its_own_margin_and_the_bundle_the_deployed_one():
+    # shield.train_margin: the policy trains (and is selected) behind a wider clearance than the edge box enforces.
+    from pathlib import Path
+
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import build_shield_spec
+    from pipeline.training.rollout import make_env
+    from pipeline.training.train import _shield_in_loop
+    from shield.cbf import CbfShield
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "quadrotor.yaml")
+    assert _shield_in_loop(cfg)["spec"]["margin"] == cfg.shield.margin == 0.1
+    cfg.shield.train_margin = 0.3
+    loop = _shield_in_loop(cfg)
+    assert loop["spec"]["margin"] == 0.3 and build_shield_spec(cfg)["margin"] == 0.1  # export builds the latter
+    # At rest 1.25 m from the person's axis (radius 1.0): inside the training margin, outside the deployed one.
+    obs = np.zeros(15, np.float32)
+    obs[:3], obs[11] = (1.25, 0.0, 1.5), 1.0
+    hover = np.zeros(3, np.float32)
+    assert CbfShield(loop["spec"]).filter(obs, hover)[1]["intervened"]
+    assert not CbfShield(build_shield_spec(cfg)).filter(obs, hover)[1]["intervened"]
+    assert make_env(cfg.task.env_id, None, 50, loop).shield.spec.margin == 0.3  # what the actors' envs run
+    cfg.shield.train_in_loop = False
+    assert _shield_in_loop(cfg) is None

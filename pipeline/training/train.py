@@ -278,4 +278,7 @@ def _shield_in_loop(cfg) -> dict | None:
         return None
     from pipeline.safety.shield_spec import build_shield_spec
 
-    return {"spec": build_shield_spec(cfg), "intervention_penalty": cfg.shield.intervention_penalty}
+    spec = build_shield_spec(cfg)
+    if cfg.shield.train_margin is not None:  # train (and select) to keep a wider clearance than the deployed shield's
+        spec["margin"] = float(cfg.shield.train_margin)
+    return {"spec": spec, "intervention_penalty": cfg.shield.intervention_penalty}

@@ -114,6 +114,9 @@ class BarrierRows:
         # distance part (state, index into the sideways direction, factor).
         self._dyn_writes = {}
         self._credited = [False] * R  # per row: are its sideways-speed entries nonzero now?
+        # Per keep-out row, each of its positions' index among the spec's positions (the disturbance's axes).
+        self._zone_axes = {r: [spec.position_index.index(o) for o in spec.constraints[owner[r]]["index"]]
+                           for r, *_ in self.dynamic}
         self.steering = bool(spec.keepout_steering)
         T0, T1 = spec.latency_steps * spec.dt, (spec.latency_steps + 1) * spec.dt
         for r, pcols, vcols, acols, _, radius in self.dynamic:
@@ -195,8 +198,13 @@ class BarrierRows:
         (with q = 0 the braking-distance form). Kept linear in the state like every row: q^2 by
         its tangent at this state's q (a lower bound, the square is convex), r^2 / R^2 by its
         tangent (convex too) with r by n . (p - c) <= r, and q reduced by what the worst push can
-        take off it over the inner loop's lag. Outside R the credit is 0. A violated row brakes
-        without it (`CbfShield._brake_hard` turns it off): never toward the zone.
+        take off it over the inner loop's lag. Inside R the credit is 0, and so it is far from the
+        zone (braking from the full speed in any direction takes under half the gap: the row cannot
+        bind this step, and the credit would only cost time). A violated row brakes without it
+        (`CbfShield._brake_hard` turns it off): never toward the zone. The worst push is chosen for
+        the whole row at once: per axis, the sign that lowers distance, closing speed and credit
+        together (a push cannot both close on the zone and slow the sideways speed at full
+        strength unless the axes allow it).
         """
         MT, R, C, off = self._MT, self.R, self._cases, self.off
         xs = x.tolist()
@@ -209,7 +217,7 @@ class BarrierRows:
             f = -nc - radius
             pos_writes, closing_writes, steer = self._dyn_writes[r]
             grow = 1.0  # the distance's weight (1 + the credit's growth with r)
-            credit_f = credit_shift = 0.0
+            credit_f = credit_shift = beta = 0.0
             if steer is not None:
                 big_r, k2, speed, e_pos, e_vel, w_row, closing0 = steer
                 q0 = 0.0
@@ -237,9 +245,10 @@ class BarrierRows:
                     for j, i, fac in speed:
                         MT[j, r] = g * fac * t[i]
                     self._credited[r] = True
-                    # The worst push on the credit's own terms, axis by axis (on top of the row's own shift).
-                    credit_shift = -sum([(kappa * abs(a) * e_pos + g * abs(b) * e_vel) * w
-                                         for a, b, w in zip(n, t, w_row)])
+                    # How a push along n and along t raises the row over the step: distance (with the
+                    # credit's growth) and closing speed (at this state's), and the credit's speed part.
+                    alpha = grow * e_pos + 2.0 * k2 * max(closing0 - vn, 0.0) * e_vel
+                    beta = g * e_vel
                 elif self._credited[r]:
                     for j, i, fac in speed:
                         MT[j, r] = 0.0
@@ -254,9 +263,15 @@ class BarrierRows:
                 S = [0.0] * len(self._w_list)
                 for i, k, q in Q:
                     S[k] += n[i] * q
+                if beta:  # with the credit: the sign that lowers the whole row, per axis of the zone
+                    for (k, a, b) in zip(self._zone_axes[r], n, t):
+                        S[k] = alpha * a + beta * b
                 w = [-wm if s > 0.0 else (wm if s < 0.0 else 0.0) for s, wm in zip(S, self._w_list)]
                 shift_f = sum([n[i] * v * w[k] for i, k, v in Fw])
                 shift_closing = sum([n[i] * v * w[k] for i, k, v in Fv])
+                if beta:  # the credit's own terms under that push
+                    credit_shift = sum([(kappa * a * e_pos + g * b * e_vel) * w[k]
+                                        for k, a, b in zip(self._zone_axes[r], n, t)])
             f_now = f + credit_f - self._margin
             f_next = f_now + shift_f + credit_shift
             closing_next = (self._closing0_list[r] - shift_closing) * self._root_list[r]

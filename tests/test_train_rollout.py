@@ -98,6 +98,8 @@ def test_the_training_shield_keeps_its_own_margin_and_the_bundle_the_deployed_on
     from shield.cbf import CbfShield
 
     cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "quadrotor.yaml")
+    assert _shield_in_loop(cfg)["spec"]["margin"] == cfg.shield.train_margin  # the shipped config sets one
+    cfg.shield.train_margin = None  # unset: the loop runs the deployed margin
     assert _shield_in_loop(cfg)["spec"]["margin"] == cfg.shield.margin == 0.1
     cfg.shield.train_margin = 0.3
     loop = _shield_in_loop(cfg)

@@ -73,13 +73,17 @@ class SumTree:
             self.mins[nodes] = np.minimum(self.mins[2 * nodes], self.mins[2 * nodes + 1])
 
     def find(self, mass: np.ndarray) -> np.ndarray:
-        """Leaf index i per value m in [0, total): the first i with cumulative sum up to i > m."""
+        """Leaf index i per value m in [0, total): the first i with cumulative sum up to i > m.
+
+        Never a leaf of zero priority while the total is positive: a branch whose sum is zero is
+        never taken, even where rounding leaves m at or past the total (tiny or subnormal sums).
+        """
         mass = np.array(mass, np.float64)
         nodes = np.ones(mass.shape, np.int64)
         for _ in range(self.depth):
             left = 2 * nodes
             left_sum = self.sums[left]
-            go_right = mass >= left_sum
+            go_right = (mass >= left_sum) & (self.sums[left + 1] > 0.0)
             mass = np.where(go_right, mass - left_sum, mass)
             nodes = np.where(go_right, left + 1, left)
         return nodes - self.capacity

@@ -13,6 +13,7 @@ Stdlib + numpy only.
 from __future__ import annotations
 
 import math
+from operator import mul
 
 import numpy as np
 
@@ -93,7 +94,7 @@ class BarrierRows:
         self._W, self._Wv = np.array(W).reshape(R, N), np.array(Wv).reshape(R, N)
         self._f = np.array(f, dtype=np.float64)
         self._closing0 = np.array(closing0, dtype=np.float64)
-        self._closing0_list = list(closing0)
+        self._closing0_list = [float(c) for c in closing0]  # plain floats: numpy scalars cost ~10x in the hot loop
         self._tau = tau
         positional = np.isfinite(np.array(brake, dtype=np.float64))
         # h = d - closing^2 / (2 a): closing speeds are carried scaled by 1 / sqrt(2 a), so h = d - closing'^2.
@@ -131,6 +132,7 @@ class BarrierRows:
                       [float(w_of[o]) for o in axes], self._closing0_list[r])
                      if self.steering and vcols is not None else None)
             self._dyn_writes[r] = ([(j, i) for i, j in enumerate(pcols)], [(j, i, -root * f) for j, i, f in speed], steer)
+        self.credits = any(w[2] is not None for w in self._dyn_writes.values())  # some row can credit a pass
 
     def _build_offsets(self) -> None:
         """Per row, shift the next-state barrier by the worst additive acceleration; allocate the hot-path buffers.
@@ -184,6 +186,21 @@ class BarrierRows:
         self.SMB_flat = self.SMB.reshape(-1, self._m)
         self._input_effect_stale = False
         self.steer_now = True  # `CbfShield._brake_hard` turns the keep-outs' steering credit off while it brakes
+        # The keep-out rows' hot loop writes single entries: through flat memoryviews of the (contiguous) matrix
+        # and offsets, a few times cheaper per store than numpy's item assignment. Per row, flat indices of
+        # what it writes: MT[state, r] = W, MT[state, R + r] = -Wv / sqrt(2a), off[part, state, r].
+        self._MT_mv, self._off_mv = memoryview(self._MT.reshape(-1)), memoryview(self.off.reshape(-1))
+        two_r = 2 * R
+        self._hot = []
+        for (r, pcols, _, _, center, radius), maps in zip(self.dynamic, self._dyn_offsets):
+            pos_writes, closing_writes, steer = self._dyn_writes[r]
+            if steer is not None:  # the sideways-speed entries' flat indices in place of their state columns
+                steer = steer[:2] + ([(j * two_r + r, i, fac) for j, i, fac in steer[2]], *steer[2:]) + (
+                    [j * two_r + r for j, _, _ in steer[2]],)
+            self._hot.append((r, pcols, center, radius, [(j * two_r + r, i) for j, i in pos_writes],
+                              [(j * two_r + R + r, i, coef) for j, i, coef in closing_writes], steer, maps,
+                              self._zone_axes[r], [k * R + r for k in range(C)], [(C + k) * R + r for k in range(C)],
+                              [(3 * C + k) * R + r for k in range(C)], self._closing0_list[r], self._root_list[r]))
 
     def linearize_keepouts(self, x: np.ndarray) -> None:
         """Replace each keep-out zone's row by the tangent halfspace at the position in x (plain floats: 2-3 entries).
@@ -206,34 +223,34 @@ class BarrierRows:
         together (a push cannot both close on the zone and slow the sideways speed at full
         strength unless the axes allow it).
         """
-        MT, R, C, off = self._MT, self.R, self._cases, self.off
+        MT, off, tau, w_list = self._MT_mv, self._off_mv, self._tau, self._w_list
         xs = x.tolist()
         steering = self.steering and self.steer_now
-        for (r, pcols, vcols, acols, center, radius), maps in zip(self.dynamic, self._dyn_offsets):
+        for (r, pcols, center, radius, pos_writes, closing_writes, steer, maps, zone_axes, i_now, i_next, i_closing,
+             closing0_r, root_r) in self._hot:
             diff = [xs[j] - c for j, c in zip(pcols, center)]
-            dist = math.sqrt(sum([d * d for d in diff]))
+            dist = math.sqrt(sum(map(mul, diff, diff)))
             n = [d / dist for d in diff] if dist > 1e-9 else [1.0] + [0.0] * (len(diff) - 1)
-            nc = sum([a * c for a, c in zip(n, center)])
+            nc = sum(map(mul, n, center))
             f = -nc - radius
-            pos_writes, closing_writes, steer = self._dyn_writes[r]
             grow = 1.0  # the distance's weight (1 + the credit's growth with r)
             credit_f = credit_shift = beta = 0.0
             if steer is not None:
-                big_r, k2, speed, e_pos, e_vel, w_row, closing0 = steer
+                big_r, k2, speed, speed_cols, e_pos, e_vel, w_row, closing0, credit_idx = steer
                 q0 = 0.0
                 if steering and dist > big_r:
                     ve = [0.0] * len(n)
-                    for j, i, fac in speed:
+                    for j, i, fac in speed_cols:
                         ve[i] += fac * xs[j]
                     # Far from the zone (braking from the full speed, any direction, takes under half the gap)
                     # the row cannot bind this step: no credit, and none of its per-step work.
-                    full = math.sqrt(sum([a * a for a in ve])) + closing0
+                    full = math.sqrt(sum(map(mul, ve, ve))) + closing0
                     if k2 * full * full > 0.5 * (dist - big_r):
-                        vn = sum([a * b for a, b in zip(n, ve)])
+                        vn = sum(map(mul, n, ve))
                         side = [a - vn * b for a, b in zip(ve, n)]
-                        q = math.sqrt(sum([a * a for a in side]))
+                        q = math.sqrt(sum(map(mul, side, side)))
                         t = [a / q for a in side] if q > 1e-12 else side
-                        lost = self._tau * sum([abs(a) * w for a, w in zip(t, w_row)])  # pushes during the lag
+                        lost = tau * sum(map(mul, map(abs, t), w_row))  # pushes during the lag
                         q0 = q - lost
                 if q0 > 0.0:
                     rho = dist * dist / (big_r * big_r) - 1.0
@@ -242,43 +259,45 @@ class BarrierRows:
                     grow = 1.0 + kappa
                     f -= kappa * (nc + dist)
                     credit_f = -k2 * rho * q0 * (q0 + 2.0 * lost)
-                    for j, i, fac in speed:
-                        MT[j, r] = g * fac * t[i]
+                    for a, i, fac in speed:
+                        MT[a] = g * fac * t[i]
                     self._credited[r] = True
                     # How a push along n and along t raises the row over the step: distance (with the
                     # credit's growth) and closing speed (at this state's), and the credit's speed part.
                     alpha = grow * e_pos + 2.0 * k2 * max(closing0 - vn, 0.0) * e_vel
                     beta = g * e_vel
                 elif self._credited[r]:
-                    for j, i, fac in speed:
-                        MT[j, r] = 0.0
+                    for a in credit_idx:
+                        MT[a] = 0.0
                     self._credited[r] = False
-            for j, i in pos_writes:
-                MT[j, r] = grow * n[i]
-            for j, i, coef in closing_writes:
-                MT[j, R + r] = coef * n[i]
+            for a, i in pos_writes:
+                MT[a] = grow * n[i]
+            for a, i, coef in closing_writes:
+                MT[a] = coef * n[i]
             shift_f = shift_closing = 0.0
             if maps is not None:  # the worst disturbance for this normal (see `_build_offsets`)
                 Q, Fw, Fv = maps  # nonzero entries (i, axis, value) of the maps from n
-                S = [0.0] * len(self._w_list)
+                S = [0.0] * len(w_list)
                 for i, k, q in Q:
                     S[k] += n[i] * q
                 if beta:  # with the credit: the sign that lowers the whole row, per axis of the zone
-                    for (k, a, b) in zip(self._zone_axes[r], n, t):
+                    for (k, a, b) in zip(zone_axes, n, t):
                         S[k] = alpha * a + beta * b
-                w = [-wm if s > 0.0 else (wm if s < 0.0 else 0.0) for s, wm in zip(S, self._w_list)]
+                w = [-wm if s > 0.0 else (wm if s < 0.0 else 0.0) for s, wm in zip(S, w_list)]
                 shift_f = sum([n[i] * v * w[k] for i, k, v in Fw])
                 shift_closing = sum([n[i] * v * w[k] for i, k, v in Fv])
                 if beta:  # the credit's own terms under that push
                     credit_shift = sum([(kappa * a * e_pos + g * b * e_vel) * w[k]
-                                        for k, a, b in zip(self._zone_axes[r], n, t)])
+                                        for k, a, b in zip(zone_axes, n, t)])
             f_now = f + credit_f - self._margin
             f_next = f_now + shift_f + credit_shift
-            closing_next = (self._closing0_list[r] - shift_closing) * self._root_list[r]
-            for k in range(C):  # item stores: cheaper than slice stores at this size
-                off[0, k, r] = f_now
-                off[0, C + k, r] = f_next
-                off[1, C + k, r] = closing_next
+            closing_next = (closing0_r - shift_closing) * root_r
+            for a in i_now:
+                off[a] = f_now
+            for a in i_next:
+                off[a] = f_next
+            for a in i_closing:
+                off[a] = closing_next
         self._input_effect_stale = True
 
     def refresh_input_effect(self) -> None:

@@ -34,6 +34,10 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    spec's constant `fallback_action` if there was none.
 
 When the policy's action satisfies every condition it is returned unchanged (bitwise).
+Keep-out rows that credit a plant passing them (`shield.barrier`) are first evaluated
+without the credit: an action those rows accept, from a state where they hold, is
+safe (h >= 0 without the credit implies it with), so the credit is computed only when
+they would intervene; `info["h"]` is then the uncredited (lower) value.
 If the server sends the plant something else (a deadline overrun answered with the
 fallback), `note_sent(action)` keeps the latency prediction on what was really sent.
 
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import math
 import time
+from operator import le
 from typing import Any, Callable
 
 import numpy as np
@@ -107,9 +112,15 @@ class CbfShield:
         self._R, self._keep, self._row_start, self._n_constraints = R, rows.keep, rows.row_start, rows.n_constraints
         self._MT_parts, self._off, self._SMB, self._SMB_flat = rows.MT_parts, rows.off, rows.SMB, rows.SMB_flat
         self._linearize_keepouts = rows.linearize_keepouts if rows.dynamic else None
+        self._credits = rows.credits
         self._rows = rows
         # Per-call buffers: H (states, rows) is h at x_L (first C) and at x+; V, Z (2 parts, cases, rows).
         self._Y, self._H = np.empty((2, 2 * C, R)), np.empty((2 * C, R))
+        # Views bound once: at these sizes creating a slice costs about as much as the arithmetic on it.
+        self._Y0, self._Y1, self._H_now, self._H_next = self._Y[0], self._Y[1], self._H[:C], self._H[C:]
+        self._MT0, self._MT1 = self._MT_parts
+        self._h_rows = np.empty(R)  # h per row now: the worst case's
+        self._H_now_cases = tuple(self._H[k] for k in range(C))
         self._closing, self._closing2 = np.empty((2 * C, R)), np.empty((2 * C, R))
         self._V, self._Z = np.empty((2, C, R)), np.empty((2, C, R))
         self._V_flat = self._V.reshape(-1)
@@ -147,24 +158,27 @@ class CbfShield:
 
     def _prepare(self) -> np.ndarray:
         """h at x_L and at the next state under the loaded action, per case and row (self._H); h per constraint now."""
-        C, R = self._cases, self._R
         Y = self._Y
         if self._KM is not None:
             np.dot(self._predictor.v, self._KM, out=self._Y_flat)
         else:
             P = self._predictor.predict()  # rows: each case's x_L, then each case's next state
             self._linearize_keepouts(P[0])
-            np.dot(P, self._MT_parts[0], out=Y[0])
-            np.dot(P, self._MT_parts[1], out=Y[1])
+            np.dot(P, self._MT0, out=self._Y0)
+            np.dot(P, self._MT1, out=self._Y1)
             Y += self._off
-        closing = np.maximum(Y[1], 0.0, out=self._closing)
-        np.subtract(Y[0], np.multiply(closing, closing, out=self._closing2), out=self._H)
-        np.multiply(self._keep, self._H[:C], out=self._req)  # the condition asks h(x+) >= (1 - gain) h(x_L)
-        return self._per_constraint(self._H[:C].min(axis=0)) if R else np.zeros(0)
+        closing = np.maximum(self._Y1, 0.0, out=self._closing)
+        np.subtract(self._Y0, np.multiply(closing, closing, out=self._closing2), out=self._H)
+        np.multiply(self._keep, self._H_now, out=self._req)  # the condition asks h(x+) >= (1 - gain) h(x_L)
+        if not self._R:
+            return np.zeros(0)
+        # The worst case per row (a binary ufunc costs less than a reduction along an axis), then per constraint.
+        h_rows = np.minimum(*self._H_now_cases, out=self._h_rows) if self._cases == 2 else self._H_now_cases[0]
+        return self._per_constraint(h_rows)
 
     def _loaded_action_is_safe(self) -> bool:
         """True when the loaded action meets every condition in every case (from `_prepare`, no more products)."""
-        return not self._R or float(np.subtract(self._H[self._cases:], self._req, out=self._cond).min()) >= 0.0
+        return not self._R or float(np.subtract(self._H_next, self._req, out=self._cond).min()) >= 0.0
 
     def _free_part(self, u_loaded: np.ndarray) -> None:
         """self._Z: the conditions' part that does not depend on the action, so `_conditions(u)` is cheap for any u."""
@@ -196,22 +210,33 @@ class CbfShield:
         G = G.reshape(-1, self._m)
         return G, G @ u - self._cond.reshape(-1)
 
-    def cbf_conditions(self, obs: np.ndarray, steering: bool = True) -> Callable[[np.ndarray], np.ndarray]:
-        """For tests and diagnostics: u -> h_r(x+(u)) - (1 - gain_r) h_r(x) per row (>= 0 is safe); no state change.
-
-        `steering=False`: the keep-out rows without their credit for passing (what a violated row brakes on).
-        """
+    def _at(self, obs: np.ndarray, steering: bool) -> np.ndarray:
+        """Evaluate the rows at `obs` (the fallback action loaded), leaving the per-call buffers set; no state change."""
         pred = self._predictor
         saved = pred.v.copy()
         pred.load_observation(np.asarray(obs, np.float64)[self._obs_src])
         pred.load_action(self._fallback)
         self._rows.steer_now = steering
         try:
-            self._prepare()
+            h = self._prepare()
             self._free_part(self._fallback)
         finally:
             self._rows.steer_now = True
-        pred.v[:] = saved
+            pred.v[:] = saved
+        return h
+
+    def barrier_values(self, obs: np.ndarray, steering: bool = True) -> np.ndarray:
+        """For tests and diagnostics: h per constraint at the state predicted from `obs`, with (by default) the
+        keep-outs' passing credit. `filter` reports the same, except on steps it accepts without the credit
+        (`info["h"]` is then the lower, uncredited value); no state change."""
+        return self._at(obs, steering).copy()
+
+    def cbf_conditions(self, obs: np.ndarray, steering: bool = True) -> Callable[[np.ndarray], np.ndarray]:
+        """For tests and diagnostics: u -> h_r(x+(u)) - (1 - gain_r) h_r(x) per row (>= 0 is safe); no state change.
+
+        `steering=False`: the keep-out rows without their credit for passing (what a violated row brakes on).
+        """
+        self._at(obs, steering)
         Z, SMB = self._Z.copy(), self._SMB_flat.copy()
 
         def conditions(u: np.ndarray) -> np.ndarray:  # the arithmetic of `_conditions`
@@ -244,6 +269,18 @@ class CbfShield:
             pred.commit(u, have_state=False)
             return u, self._info(True, True, True, np.full(self._n_constraints, np.nan), 0.0, t0)
         pred.load_action(self._fallback if bad else action)
+        in_box = not bad and all(map(le, self._low32_list, act_list)) and all(map(le, act_list, self._high32_list))
+        if self._credits:
+            # The keep-out rows without their passing credit first: the rows the shield had before it, sound on
+            # their own, and cheaper. An action they accept from a state they hold in (h >= 0) is safe (h >= 0
+            # there implies the credited h >= 0 too, and they keep it so); the credit is computed only when
+            # they would intervene, so it can only spare the policy an intervention.
+            self._rows.steer_now = False
+            h_now = self._prepare()
+            self._rows.steer_now = True
+            if in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe():
+                pred.commit(None, have_state=True)
+                return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
         h_now = self._prepare()
         if min(h_now.tolist(), default=0.0) < 0.0:  # a barrier is violated at x_L: brake, whatever the action
             u_p = self._fallback if bad else action.astype(np.float64)
@@ -252,7 +289,7 @@ class CbfShield:
             pred.commit(u, have_state=True)
             return out, self._info(bad or out.tolist() != act_list, True, bad, h_now, 0.0, t0)
         checked = False
-        if not bad and all(lo <= a <= hi for a, lo, hi in zip(act_list, self._low32_list, self._high32_list)):
+        if in_box:
             if self._loaded_action_is_safe():  # the common case: returned bitwise unchanged, no QP
                 pred.commit(None, have_state=True)
                 return action.copy(), self._info(False, False, False, h_now, 0.0, t0)

@@ -78,8 +78,14 @@ def test_the_shield_row_is_that_closed_form_at_the_state(r, angle, s, q):
     far = (s * s + q * q) / (2 * a) <= 0.5 * (r - R)
     credit = 0.0 if far else max(r * r / (R * R) - 1, 0.0) * q * q / (2 * a)
     expected = (r - R) - max(s, 0.0) ** 2 / (2 * a) + credit
-    _, info = CbfShield(_spec(True)).filter(obs, np.zeros(2, np.float32))
-    assert info["h"][0] == pytest.approx(expected, abs=1e-6)
+    shield = CbfShield(_spec(True))
+    assert shield.barrier_values(obs)[0] == pytest.approx(expected, abs=1e-6)
+    # What `filter` reports: that, or (on a step the uncredited row accepts) the lower uncredited value.
+    uncredited = (r - R) - max(s, 0.0) ** 2 / (2 * a)
+    assert shield.barrier_values(obs, steering=False)[0] == pytest.approx(uncredited, abs=1e-6)
+    _, info = shield.filter(obs, np.zeros(2, np.float32))
+    if info["h"][0] != pytest.approx(expected, abs=1e-6):  # accepted by the uncredited row, from a state it holds
+        assert info["h"][0] == pytest.approx(uncredited, abs=1e-6) and uncredited >= 0 and not info["intervened"]
 
 
 def _spec(steering: bool, latency: int = 0, tau: float = 0.0, gain_error: float = 0.0) -> dict:

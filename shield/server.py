@@ -221,19 +221,21 @@ class PolicyServer:
         if info.get("envelope", False):  # the one place the monitor's flag becomes a status bit
             status = _ENVELOPE
             stats.envelope_flags += 1
-        late = time.perf_counter_ns() - t0 > self.deadline_ns
+        decided = time.perf_counter_ns()  # one clock reading decides `late` and is the reply's latency_us
+        late = decided - t0 > self.deadline_ns
         if late:
             stats.deadline_misses += 1
         if legacy is not None:  # shadow: the candidate's failures and delays are logged; the plant keeps legacy
             self._log(srv, session, obs, legacy, raw, safe, info, t0)
             if not raised:
                 session.sent(obs, legacy, replaced=True)
-            return self._reply(srv, seq, ts, client_id, status | _SHADOW, legacy.tobytes())
+            return self._reply(srv, seq, ts, client_id, status | _SHADOW, legacy.tobytes(), decided)
         if failed or late:
             if not raised:  # a runtime that raised may not have filtered: nothing to correct
                 session.sent(obs, srv.fallback, replaced=True)
             return self._reply(srv, seq, ts, client_id,
-                               status | _FALLBACK | (_INFERENCE_ERROR if failed else _DEADLINE), srv.fallback_bytes)
+                               status | _FALLBACK | (_INFERENCE_ERROR if failed else _DEADLINE), srv.fallback_bytes,
+                               decided)
         session.sent(obs, safe, replaced=False)
         if info.get("intervened"):
             status |= _INTERVENED
@@ -243,7 +245,7 @@ class PolicyServer:
         if info.get("bad_input"):  # the request was checked finite: the policy's own output was not
             status |= _INFERENCE_ERROR
             stats.inference_errors += 1
-        return self._reply(srv, seq, ts, client_id, status, safe.tobytes())
+        return self._reply(srv, seq, ts, client_id, status, safe.tobytes(), decided)
 
     def _refuse(self, srv: ServedBundle, seq: int, ts: int, client_id: int, status: int, request_size: int) -> int:
         """The fallback with `status`; dropped instead when the datagram is shorter than a valid act request
@@ -256,10 +258,17 @@ class PolicyServer:
             stats.bad_inputs += 1
         return self._reply(srv, seq, ts, client_id, status | _FALLBACK, srv.fallback_bytes)
 
-    def _reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int, status: int, action: bytes) -> int:
-        """Write an act reply into the preallocated buffer (signed with the reply key); returns its size."""
+    def _reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int, status: int, action: bytes,
+               decided_ns: int | None = None) -> int:
+        """Write an act reply into the preallocated buffer (signed with the reply key); returns its size.
+
+        `decided_ns`: the clock reading that decided whether the reply is late; its latency_us is that
+        reading, so a reply that says it was on time was judged on time by the same figure (a preemption
+        between the decision and this line cannot make an on-time verdict carry a late latency).
+        """
         stats = self.stats
-        latency_us = min((time.perf_counter_ns() - self._t0) // 1000, _U32_MAX)
+        latency_us = min(((time.perf_counter_ns() if decided_ns is None else decided_ns) - self._t0) // 1000,
+                         _U32_MAX)
         stats.answered += 1
         stats.histogram[latency_bin(latency_us)] += 1
         stats.latency_sum_us += latency_us

@@ -314,6 +314,42 @@ def test_after_a_flood_a_late_reply_never_says_it_was_on_time(bundle):
         server.stop()
 
 
+def test_a_reply_says_deadline_exactly_when_its_latency_is_past_the_deadline(bundle, monkeypatch):
+    """The verdict and the reported latency come from one clock reading: no reply carries a latency past
+    the deadline without DEADLINE, none says DEADLINE short of it. CI once saw the first under load (the
+    verdict was read a few microseconds before the latency, and the thread was preempted between). Here
+    a clock that moves 170 us at every reading makes any gap between two readings visible, and receive
+    times are swept across the deadline."""
+    import shield.server
+
+    class SlowClock:  # the module's `time`, except that every perf_counter_ns() reading costs 170 us
+        now = time.perf_counter_ns()
+
+        def perf_counter_ns(self) -> int:
+            SlowClock.now += 170_000
+            return SlowClock.now
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+    deadline_us = 1000
+    server = PolicyServer(EdgeRuntime.load(bundle), deadline_us=deadline_us)
+    monkeypatch.setattr(shield.server, "time", SlowClock())
+    try:
+        verdicts, unflagged_late = set(), 0
+        for i in range(400):
+            t0 = SlowClock.now - (deadline_us - 400 + 2 * i) * 1000
+            reply = decode_act_reply(server.handle(encode_act_request(i + 1, 0, OBS, client_id=1), ("x", 1), t0))
+            late = bool(reply.status & Status.DEADLINE)
+            unflagged_late += reply.latency_us > deadline_us and not late
+            assert not late or reply.latency_us >= deadline_us, (i, reply.latency_us)
+            verdicts.add(late)
+        assert unflagged_late == 0
+        assert verdicts == {True, False}  # the sweep crossed the deadline
+    finally:
+        server.close()
+
+
 # ---- item 6: amplification ----------------------------------------------------------------------
 def test_no_reply_is_larger_than_an_unauthenticated_request_and_open_binds_need_a_key(bundle, tmp_path):
     rng = np.random.default_rng(6)

@@ -223,14 +223,12 @@ class BarrierRows:
         together (a push cannot both close on the zone and slow the sideways speed at full
         strength unless the axes allow it).
         """
-        MT, off, tau, w_list = self._MT_mv, self._off_mv, self._tau, self._w_list
+        MT, off, w_list = self._MT_mv, self._off_mv, self._w_list
         xs = x.tolist()
         steering = self.steering and self.steer_now
         for (r, pcols, center, radius, pos_writes, closing_writes, steer, maps, zone_axes, i_now, i_next, i_closing,
              closing0_r, root_r) in self._hot:
-            diff = [xs[j] - c for j, c in zip(pcols, center)]
-            dist = math.sqrt(sum(map(mul, diff, diff)))
-            n = [d / dist for d in diff] if dist > 1e-9 else [1.0] + [0.0] * (len(diff) - 1)
+            dist, n = _normal(xs, pcols, center)
             nc = sum(map(mul, n, center))
             f = -nc - radius
             grow = 1.0  # the distance's weight (1 + the credit's growth with r)
@@ -239,19 +237,7 @@ class BarrierRows:
                 big_r, k2, speed, speed_cols, e_pos, e_vel, w_row, closing0, credit_idx = steer
                 q0 = 0.0
                 if steering and dist > big_r:
-                    ve = [0.0] * len(n)
-                    for j, i, fac in speed_cols:
-                        ve[i] += fac * xs[j]
-                    # Far from the zone (braking from the full speed, any direction, takes under half the gap)
-                    # the row cannot bind this step: no credit, and none of its per-step work.
-                    full = math.sqrt(sum(map(mul, ve, ve))) + closing0
-                    if k2 * full * full > 0.5 * (dist - big_r):
-                        vn = sum(map(mul, n, ve))
-                        side = [a - vn * b for a, b in zip(ve, n)]
-                        q = math.sqrt(sum(map(mul, side, side)))
-                        t = [a / q for a in side] if q > 1e-12 else side
-                        lost = tau * sum(map(mul, map(abs, t), w_row))  # pushes during the lag
-                        q0 = q - lost
+                    q0, lost, t, vn = self._sideways(steer, xs, n, dist)
                 if q0 > 0.0:
                     rho = dist * dist / (big_r * big_r) - 1.0
                     kappa = k2 * 2.0 * dist / (big_r * big_r) * q0 * q0
@@ -300,9 +286,49 @@ class BarrierRows:
                 off[a] = closing_next
         self._input_effect_stale = True
 
+    def _sideways(self, steer: tuple, xs: list, n: list, dist: float) -> tuple:
+        """A keep-out row's speed past its zone, (q0, lost, t, vn): q0 the sideways speed the credit may count
+        on (<= 0: none), less `lost` to pushes over the lag, along unit t; vn the speed along the normal."""
+        big_r, k2, _, speed_cols, _, _, w_row, closing0, _ = steer
+        ve = [0.0] * len(n)
+        for j, i, fac in speed_cols:
+            ve[i] += fac * xs[j]
+        # Far from the zone (braking from the full speed, any direction, takes under half the gap)
+        # the row cannot bind this step: no credit, and none of its per-step work.
+        full = math.sqrt(sum(map(mul, ve, ve))) + closing0
+        if k2 * full * full <= 0.5 * (dist - big_r):
+            return 0.0, 0.0, None, 0.0
+        vn = sum(map(mul, n, ve))
+        side = [a - vn * b for a, b in zip(ve, n)]
+        q = math.sqrt(sum(map(mul, side, side)))
+        t = [a / q for a in side] if q > 1e-12 else side
+        lost = self._tau * sum(map(mul, map(abs, t), w_row))  # pushes during the lag
+        return q - lost, lost, t, vn
+
+    def credit_applies(self, x: np.ndarray) -> bool:
+        """Would some keep-out row at the predicted state x carry a passing credit? False: the credited rows
+        are the uncredited ones (what `linearize_keepouts` wrote with `steer_now` off), nothing to redo."""
+        if not self.steering:
+            return False
+        xs = x.tolist()
+        for hot in self._hot:
+            steer = hot[6]
+            if steer is not None:
+                dist, n = _normal(xs, hot[1], hot[2])
+                if dist > steer[0] and self._sideways(steer, xs, n, dist)[0] > 0.0:
+                    return True
+        return False
+
     def refresh_input_effect(self) -> None:
         """Recompute the input's effect on the rows (`SMB`) after `linearize_keepouts` moved them (QP paths only)."""
         if self._input_effect_stale:
             np.dot(self._MT.T, self._B, out=self._MB)
             np.multiply(self._scales4, self._MB.reshape(2, 1, self.R, self._m), out=self.SMB)
             self._input_effect_stale = False
+
+
+def _normal(xs: list, pcols: list, center: list) -> tuple[float, list]:
+    """Distance of the position in xs (at pcols) from a zone's centre, and the unit normal from the centre."""
+    diff = [xs[j] - c for j, c in zip(pcols, center)]
+    dist = math.sqrt(sum(map(mul, diff, diff)))
+    return dist, ([d / dist for d in diff] if dist > 1e-9 else [1.0] + [0.0] * (len(diff) - 1))

@@ -163,6 +163,7 @@ class CbfShield:
             np.dot(self._predictor.v, self._KM, out=self._Y_flat)
         else:
             P = self._predictor.predict()  # rows: each case's x_L, then each case's next state
+            self._x_L = P[0]
             self._linearize_keepouts(P[0])
             np.dot(P, self._MT0, out=self._Y0)
             np.dot(P, self._MT1, out=self._Y1)
@@ -281,10 +282,14 @@ class CbfShield:
             if in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe():
                 pred.commit(None, have_state=True)
                 return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
-        h_now = self._prepare()
+            credited = self._rows.credit_applies(self._x_L)  # no credit here: the rows just evaluated are final
+        else:
+            credited = True
+        if credited:
+            h_now = self._prepare()
         if min(h_now.tolist(), default=0.0) < 0.0:  # a barrier is violated at x_L: brake, whatever the action
             u_p = self._fallback if bad else action.astype(np.float64)
-            u = self._brake_hard(u_p)
+            u = self._brake_hard(u_p, credited)
             out = u.astype(np.float32)
             pred.commit(u, have_state=True)
             return out, self._info(bad or out.tolist() != act_list, True, bad, h_now, 0.0, t0)
@@ -339,7 +344,7 @@ class CbfShield:
                 break
         return u, True, 0.0
 
-    def _brake_hard(self, u_p: np.ndarray) -> np.ndarray:
+    def _brake_hard(self, u_p: np.ndarray, credited: bool = True) -> np.ndarray:
         """Some row has h(x_L) < 0 (violated, or its braking distance already used up): brake as hard as the box allows.
 
         Each input the violated rows move goes to the box end that raises the sum of their
@@ -349,10 +354,11 @@ class CbfShield:
         predicts the condition would hold anyway (a damped plant at 100 m/s). The other
         inputs are chosen by the least-violation brake on the remaining rows. Keep-out rows brake
         without their credit for passing (`shield.barrier`): steering past a zone the plant can no
-        longer clear could point the input toward it.
+        longer clear could point the input toward it. `credited`: the rows in place carry the credit
+        (False: they are the uncredited rows already).
         """
         u = np.minimum(np.maximum(u_p, self._low), self._high)
-        if self._rows.steering:  # the rows violated with or without the credit, braked on without it
+        if self._rows.steering and credited:  # the rows violated with or without the credit, braked on without it
             H_steer = self._H[:self._cases].copy()
             self._rows.steer_now = False
             try:

@@ -213,3 +213,37 @@ def test_steering_needs_the_authority_to_brake_and_hold_against_a_push_at_once(t
     assert main(["config", "--check", str(path)]) == 0  # braking alone needs only the 1.5
     # The shipped quadrotor config credits passing the person.
     assert build_shield_spec(load_config(ROOT / "configs" / "quadrotor.yaml"))["kinematics"]["keepout_steering"] is True
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), latency=st.integers(0, 3), gain_error=st.sampled_from([0.0, 0.3]),
+       task=st.sampled_from(["planar", "quadrotor"]))
+def test_the_credit_is_only_skipped_where_it_is_zero(seed, latency, gain_error, task):
+    # `filter` re-evaluates the keep-outs with their credit only where `credit_applies` says some row carries
+    # one. Skipping it must change nothing: the same actions and h, bit for bit, as a shield that always
+    # re-evaluates, on trajectories that pass, graze and hit the zones; and where it says no credit, the
+    # credited and uncredited barriers are equal.
+    rng = np.random.default_rng(seed)
+    if task == "planar":
+        spec = planar_double_integrator(latency, 0.05, margin=0.03, input_gain_error=gain_error, keepout_steering=True)
+        zone = PILLAR
+    else:
+        spec = build_shield_spec(load_config(ROOT / "configs" / "quadrotor.yaml"))
+        zone = np.array(next(c for c in spec["constraints"] if c["type"] in ("cylinder", "sphere"))["center"][:2])
+    lazy, eager = CbfShield(spec), CbfShield(spec)
+    eager._rows.credit_applies = lambda x: True
+    obs_dim, low, high = lazy.spec.obs_dim, np.array(lazy.spec.action_low), np.array(lazy.spec.action_high)
+    pos = lazy.spec.position_index[:2]
+    for _ in range(4):
+        obs = rng.normal(0.0, 0.3, obs_dim).astype(np.float32)
+        obs[pos] = zone + rng.uniform(-1.5, 1.5, 2)
+        for _ in range(30):
+            obs = (obs + rng.normal(0.0, 0.05, obs_dim)).astype(np.float32)
+            action = rng.uniform(low * 1.1, high * 1.1).astype(np.float32)
+            a1, i1 = lazy.filter(obs, action)
+            a2, i2 = eager.filter(obs, action)
+            assert a1.tobytes() == a2.tobytes() and np.array_equal(i1["h"], i2["h"], equal_nan=True)
+            assert i1["intervened"] == i2["intervened"] and i1["fallback"] == i2["fallback"]
+            h_credited = lazy.barrier_values(obs)
+            if not lazy._rows.credit_applies(lazy._x_L):
+                assert np.array_equal(h_credited, lazy.barrier_values(obs, steering=False))

@@ -311,11 +311,10 @@ class BarrierRows:
         if not self.steering:
             return False
         xs = x.tolist()
-        for hot in self._hot:
-            steer = hot[6]
+        for _, pcols, center, _, _, _, steer, *_ in self._hot:
             if steer is not None:
-                dist, n = _normal(xs, hot[1], hot[2])
-                if dist > steer[0] and self._sideways(steer, xs, n, dist)[0] > 0.0:
+                dist, n = _normal(xs, pcols, center)
+                if dist > steer[0] and self._sideways(steer, xs, n, dist)[0] > 0.0:  # steer[0]: R (radius + margin)
                     return True
         return False
 

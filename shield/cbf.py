@@ -344,7 +344,7 @@ class CbfShield:
                 break
         return u, True, 0.0
 
-    def _brake_hard(self, u_p: np.ndarray, credited: bool = True) -> np.ndarray:
+    def _brake_hard(self, u_p: np.ndarray, credited: bool) -> np.ndarray:
         """Some row has h(x_L) < 0 (violated, or its braking distance already used up): brake as hard as the box allows.
 
         Each input the violated rows move goes to the box end that raises the sum of their

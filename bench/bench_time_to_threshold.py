@@ -4,13 +4,15 @@ Both run on this machine in the same invocation, on the same envs (same
 domain randomization), and both are judged the same way: the mean return of
 the last 20 finished training episodes. Each run stops at the threshold or at
 `--budget-s`, whichever comes first; the table reports what was reached.
+`--runs N` repeats both with seeds 0..N-1 (ours: train.seed; SB3: its seed) and
+compares the medians: one run of either is a noisy figure.
 
 Tasks:
   cartpole     sim2real/CartPoleRail-v0 under `train` randomization; threshold =
                0.9 x the legacy LQR's mean return on the same domains (measured here).
   halfcheetah  HalfCheetah-v5, threshold 1500 (may need far more than a 2-core budget).
 
-    python bench/bench_time_to_threshold.py [--tasks cartpole halfcheetah] [--budget-s 300] [--skip-sb3] [--json]
+    python bench/bench_time_to_threshold.py [--tasks cartpole halfcheetah] [--runs 5] [--budget-s 300] [--skip-sb3] [--json]
     python bench/bench_time_to_threshold.py --learner-only --device cuda   # learner samples/s, CUDA vs CPU
 """
 
@@ -65,9 +67,11 @@ def task_setup(name: str):
     raise SystemExit(f"unknown task {name!r}; choose cartpole or halfcheetah")
 
 
-def run_sim2real(cfg, threshold, budget_s, out_dir) -> dict:
+def run_sim2real(cfg, threshold, budget_s, out_dir, seed: int = 0) -> dict:
     from pipeline.training.train import train
 
+    cfg = cfg.model_copy(deep=True)
+    cfg.train.seed = seed
     start = time.perf_counter()
     state = dict(best=-np.inf, reached_s=None)
 
@@ -81,11 +85,11 @@ def run_sim2real(cfg, threshold, budget_s, out_dir) -> dict:
         return time.perf_counter() - start > budget_s
 
     result = train(cfg, out_dir=out_dir, progress=False, callback=stop_at_threshold)
-    return dict(impl="sim2real appo (ray)", reached_s=state["reached_s"], env_steps=result["env_steps"],
+    return dict(impl="sim2real appo (ray)", seed=seed, reached_s=state["reached_s"], env_steps=result["env_steps"],
                 best_mean_return=state["best"], wall_s=time.perf_counter() - start)
 
 
-def run_sb3(cfg, threshold, budget_s) -> dict:
+def run_sb3(cfg, threshold, budget_s, seed: int = 0) -> dict:
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -95,7 +99,7 @@ def run_sb3(cfg, threshold, budget_s) -> dict:
     torch.set_num_threads(1)  # same as our learner on a full machine; more threads thrash on 2 busy cores
     rand = cfg.randomization["train"].model_dump(mode="json")
     n_envs = cfg.train.num_actors * cfg.train.envs_per_actor
-    vec = make_vec_env(lambda: make_env(cfg.task.env_id, rand, cfg.task.max_episode_steps), n_envs=n_envs, seed=0)
+    vec = make_vec_env(lambda: make_env(cfg.task.env_id, rand, cfg.task.max_episode_steps), n_envs=n_envs, seed=seed)
     start = time.perf_counter()
     state = dict(best=-np.inf, reached_s=None)
 
@@ -109,10 +113,10 @@ def run_sb3(cfg, threshold, budget_s) -> dict:
                     return False
             return time.perf_counter() - start < budget_s
 
-    model = PPO("MlpPolicy", vec, seed=0, device="cpu", n_steps=max(2048 // n_envs, 16), verbose=0)
+    model = PPO("MlpPolicy", vec, seed=seed, device="cpu", n_steps=max(2048 // n_envs, 16), verbose=0)
     model.learn(total_timesteps=10**9, callback=StopAtThreshold())
     vec.close()
-    return dict(impl="stable-baselines3 PPO (1 process)", reached_s=state["reached_s"], env_steps=model.num_timesteps,
+    return dict(impl="stable-baselines3 PPO (1 process)", seed=seed, reached_s=state["reached_s"], env_steps=model.num_timesteps,
                 best_mean_return=state["best"], wall_s=time.perf_counter() - start)
 
 
@@ -147,6 +151,7 @@ def learner_throughput(device: str, seconds: float = 5.0) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["cartpole"], choices=["cartpole", "halfcheetah"])
+    parser.add_argument("--runs", type=int, default=3, help="runs per implementation (seeds 0..N-1); medians compared")
     parser.add_argument("--budget-s", type=float, default=300.0, help="wall-clock cap per run (s)")
     parser.add_argument("--skip-sb3", action="store_true", help="only run sim2real")
     parser.add_argument("--learner-only", action="store_true", help="only measure learner samples/s")
@@ -173,11 +178,14 @@ def main(argv=None) -> int:
     report = []
     for name in args.tasks:
         cfg, threshold, note = task_setup(name)
-        runs = [run_sim2real(cfg, threshold, args.budget_s, os.path.join(args.out, f"{name}-{int(time.time())}"))]
-        if not args.skip_sb3:
-            runs.append(run_sb3(cfg, threshold, args.budget_s))
+        runs = []
+        for seed in range(args.runs):  # interleaved, so a slow spell of the machine hits both
+            runs.append(run_sim2real(cfg, threshold, args.budget_s,
+                                     os.path.join(args.out, f"{name}-{seed}-{int(time.time())}"), seed))
+            if not args.skip_sb3:
+                runs.append(run_sb3(cfg, threshold, args.budget_s, seed))
         report.append(dict(task=name, env_id=cfg.task.env_id, threshold=threshold, threshold_note=note,
-                           budget_s=args.budget_s, runs=runs))
+                           budget_s=args.budget_s, runs=runs, summary=summarize(runs)))
         if not args.json:
             print_task(report[-1])
     if args.json:
@@ -185,15 +193,29 @@ def main(argv=None) -> int:
     return 0
 
 
+def summarize(runs: list[dict]) -> list[dict]:
+    """Per implementation: runs, how many reached the threshold, median time and env steps to it (a run that
+    did not reach it counts as its whole budget, so the median never flatters a failing implementation)."""
+    rows = []
+    for impl in dict.fromkeys(r["impl"] for r in runs):
+        mine = [r for r in runs if r["impl"] == impl]
+        times = [r["reached_s"] if r["reached_s"] is not None else r["wall_s"] for r in mine]
+        rows.append(dict(impl=impl, runs=len(mine), reached=sum(r["reached_s"] is not None for r in mine),
+                         median_s=float(np.median(times)), median_env_steps=float(np.median([r["env_steps"] for r in mine]))))
+    return rows
+
+
 def print_task(task: dict) -> None:
-    """One table per task; ratio = time to threshold / SB3's (the last run)."""
+    """One line per run, then the medians; ratio = median time to threshold / SB3's (the last implementation)."""
     print(f"{task['env_id']}: threshold {task['threshold']:.0f} ({task['threshold_note']}), budget {task['budget_s']:.0f} s")
-    base = task["runs"][-1]["reached_s"]
     for r in task["runs"]:
         reached = f"{r['reached_s']:.1f} s" if r["reached_s"] is not None else "not reached"
-        ratio = f"x{r['reached_s'] / base:.2f}" if r["reached_s"] and base else "-"
-        print(f"  {r['impl']:<36} {reached:>12}  {ratio:>6}  steps {r['env_steps']:>9}  "
+        print(f"  {r['impl']:<36} seed {r['seed']:>2} {reached:>12}  steps {r['env_steps']:>9}  "
               f"best mean return {r['best_mean_return']:.0f}  (wall {r['wall_s']:.0f} s)", flush=True)
+    base = task["summary"][-1]["median_s"]
+    for row in task["summary"]:
+        print(f"  median {row['impl']:<29} {row['median_s']:>8.1f} s  x{row['median_s'] / base:.2f}  "
+              f"steps {row['median_env_steps']:>9.0f}  reached {row['reached']}/{row['runs']}", flush=True)
 
 
 if __name__ == "__main__":

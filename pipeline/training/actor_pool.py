@@ -1,4 +1,5 @@
-"""The rollout actors as the driver sees them: requests in flight, back-pressure, deaths and restarts.
+"""The rollout actors as the driver sees them: requests in flight, back-pressure, deaths and restarts;
+and the weight source they take the newest policy from.
 
 Ray restarts a dead actor (`max_restarts`); requests that were in flight when
 it died fail and are simply requested again. A restart is counted when a batch
@@ -16,6 +17,26 @@ import warnings
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
+
+class WeightSource:
+    """The newest published policy: (version, [ObjectRef of the state_dict]).
+
+    Here, in a module that imports only Ray, so its worker process starts in a
+    fraction of the time a rollout actor's (torch, MuJoCo) takes.
+
+    The ref is wrapped in a list so Ray passes the reference itself instead of
+    resolving it; an actor fetches the weights only when the version changed.
+    """
+
+    def __init__(self):
+        self._version, self._ref = -1, None
+
+    def publish(self, version: int, wrapped_ref: list) -> None:
+        self._version, self._ref = version, wrapped_ref
+
+    def latest(self) -> tuple[int, list | None]:
+        return self._version, self._ref
+
 
 # A restarting rollout actor that is still unavailable after this long is given up (s).
 ACTOR_RESTART_TIMEOUT_S = 120.0

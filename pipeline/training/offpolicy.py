@@ -37,12 +37,12 @@ import yaml
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from pipeline.training.actor_pool import ActorPool
+from pipeline.training.actor_pool import ActorPool, WeightSource
 from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
 from pipeline.training.learner import resolve_device, usable_cpus
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.replay import NStepBuilder, ReplayClient, ReplayShard, load_snapshot, save_snapshot
-from pipeline.training.rollout import RolloutActor, WeightSource
+from pipeline.training.rollout import RolloutActor
 from pipeline.training.sac import SacLearner, SquashedGaussianActor
 from pipeline.training.train import FINAL_RETURN_WINDOW, _Publisher, _shield_in_loop, _with_overrides, model_spec_for
 

@@ -1,10 +1,10 @@
-"""Rollout side of the actor-learner split: env creation, the weight source, the rollout actor.
+"""Rollout side of the actor-learner split: env creation and the rollout actor.
 
 `RolloutActor` steps M randomized envs with a CPU copy of the policy and
 returns fixed-length, time-major trajectory batches as numpy arrays (they go
-through the Ray object store zero-copy). `WeightSource` holds the newest
-published weights; actors ask it for them between batches, so they never
-wait for the learner.
+through the Ray object store zero-copy). It asks the `WeightSource`
+(actor_pool.py) for the newest published weights between batches, so it never
+waits for the learner.
 """
 
 from __future__ import annotations
@@ -83,23 +83,6 @@ class PolicyInputs:
 def sent_action(info: dict, action: np.ndarray) -> np.ndarray:
     """The action the plant really got: the shield's when it is in the loop, else the one given."""
     return np.asarray(info.get("shield_action", action), np.float32)
-
-
-class WeightSource:
-    """The newest published policy: (version, [ObjectRef of the state_dict]).
-
-    The ref is wrapped in a list so Ray passes the reference itself instead of
-    resolving it; an actor fetches the weights only when the version changed.
-    """
-
-    def __init__(self):
-        self._version, self._ref = -1, None
-
-    def publish(self, version: int, wrapped_ref: list) -> None:
-        self._version, self._ref = version, wrapped_ref
-
-    def latest(self) -> tuple[int, list | None]:
-        return self._version, self._ref
 
 
 class RolloutActor:

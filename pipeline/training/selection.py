@@ -135,9 +135,15 @@ class ModelSelection:
                                                                  "validation_cost", "validation_intervention_rate",
                                                                  "adr_fraction")}
             self.adr_fraction = kept.get("adr_fraction", self.adr_fraction)
+        self.shield = shield
+        self.actor = None
+
+    def start(self) -> None:
+        """Start the evaluation actor (after the rollout actors: they are on the critical path)."""
         actor = ray.remote(ValidationActor).options(num_cpus=0, max_restarts=1)
-        self.actor = actor.remote(cfg.task.env_id, cfg.randomization[self.vc.domains].model_dump(mode="json"),
-                                  cfg.task.max_episode_steps, self.vc.episodes, self.vc.seed, model_spec, shield)
+        self.actor = actor.remote(self.cfg.task.env_id, self.cfg.randomization[self.vc.domains].model_dump(mode="json"),
+                                  self.cfg.task.max_episode_steps, self.vc.episodes, self.vc.seed, self.model_spec,
+                                  self.shield)
 
     def train_randomization(self) -> dict:
         """The train set at the current ADR width (the declared set when ADR is off)."""
@@ -210,4 +216,5 @@ class ModelSelection:
                              train_randomization=self.train_randomization()) if self.adr.enabled else None)
 
     def close(self) -> None:
-        ray.kill(self.actor)
+        if self.actor is not None:
+            ray.kill(self.actor)

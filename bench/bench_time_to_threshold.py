@@ -195,7 +195,7 @@ def main(argv=None) -> int:
 
 def summarize(runs: list[dict]) -> list[dict]:
     """Per implementation: runs, how many reached the threshold, median time and env steps to it (a run that
-    did not reach it counts as its whole budget, so the median never flatters a failing implementation)."""
+    did not reach it counts with its whole wall time, so the median never flatters a failing implementation)."""
     rows = []
     for impl in dict.fromkeys(r["impl"] for r in runs):
         mine = [r for r in runs if r["impl"] == impl]

@@ -18,6 +18,7 @@ import warnings
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+
 class WeightSource:
     """The newest published policy: (version, [ObjectRef of the state_dict]).
 

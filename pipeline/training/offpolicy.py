@@ -173,8 +173,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
     weight_source = ray.remote(num_cpus=0)(WeightSource).options(
         name=f"sim2real-weights-{run_id}", scheduling_strategy=here).remote()
     publisher = _Publisher(learner, weight_source)
-    publisher.publish()
-    ray.get(weight_source.latest.remote())
+    publisher.publish()  # nothing waits for it to boot here (train.py's start-up order): checked below
 
     shard_names = [f"sim2real-replay-{run_id}-{k}" for k in range(rc.num_shards)]
     shard_cls = ray.remote(ReplayShard)
@@ -195,6 +194,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
                                          tc.rollout_length, actor_seed, model_spec, f"sim2real-weights-{run_id}",
                                          shard_names, noise[i], sc.n_step, tc.gamma, shield=_shield_in_loop(cfg))
                         for i in range(tc.num_actors)]
+    ray.get(weight_source.latest.remote())  # published before the first batch is asked for
     pool = ActorPool(exploring_actors, tc.max_batches_in_flight)
     logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
 

@@ -19,8 +19,11 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    and the input box, in both gain cases (h is concave along the gain scaling, so
    the two ends bound the gains between, to first order) and for the worst additive
    acceleration within `disturbance_accel` (per row, each axis at the bound
-   that lowers it). ``h(x+(u))`` is concave in ``u``; it is linearized and the
-   QP re-solved at the new point until the true conditions hold (a few
+   that lowers it). ``h(x+(u))`` is concave in ``u``. Usually one condition binds:
+   the action is first projected onto it exactly (a scalar Newton solve on its
+   KKT conditions, `_project_on_row`), which is the optimum when every other
+   condition and the box hold there. Otherwise the conditions are linearized and
+   the QP re-solved at the new point until the true conditions hold (a few
    iterations at most), with a closed-form projection when provably optimal and
    daqp otherwise.
 4. If the QP is infeasible the shield falls back to least-violation braking:
@@ -52,7 +55,7 @@ from __future__ import annotations
 
 import math
 import time
-from operator import le
+from operator import le, mul
 from typing import Any, Callable
 
 import numpy as np
@@ -64,6 +67,7 @@ from shield.prediction import LatencyPredictor
 from shield.spec import ShieldSpec
 
 _SQP_ITERS = 8
+_ROW_NEWTON_ITERS = 30
 _SQP_TOL = 1e-9  # barrier units: how far the true condition may miss after the SQP (the margin covers it)
 
 
@@ -123,7 +127,7 @@ class CbfShield:
         self._H_now_cases = tuple(self._H[k] for k in range(C))
         self._closing, self._closing2 = np.empty((2 * C, R)), np.empty((2 * C, R))
         self._V, self._Z = np.empty((2, C, R)), np.empty((2, C, R))
-        self._V_flat = self._V.reshape(-1)
+        self._V_flat, self._Z_flat = self._V.reshape(-1), self._Z.reshape(-1)
         self._req, self._t_buffer, self._t2, self._cond = (np.empty((C, R)) for _ in range(4))
         self._t = self._t_buffer  # the scaled closing speeds at the last point the conditions were evaluated
         self._predictor = LatencyPredictor(self._A, self._B, offsets, scales, spec.latency_steps, self._n,
@@ -325,14 +329,39 @@ class CbfShield:
     def _solve(self, u_p: np.ndarray, checked: bool) -> tuple[np.ndarray, bool, float]:
         """Sequential linearization of the concave barrier conditions; QP each time. Returns (u, feasible, slack).
 
-        `checked`: u_p is in the box and just failed the conditions, so it is not tried again.
+        `checked`: u_p is in the box and just failed the conditions (left in self._cond), so it is
+        not tried again. Usually one condition binds: with u_p in the box it is first projected onto
+        the most violated condition alone, exactly (`_project_on_row`); when that meets every
+        condition it is the optimum (KKT: one active concave constraint, the rest and the box
+        inactive, on a convex set). Otherwise the cuts are taken there, and the condition it
+        violates most is cut at its own exact projection: where two conditions bind on separate
+        inputs (a fence's corner) that QP is already the optimum.
         """
         u = u_p if checked else np.minimum(np.maximum(u_p, self._low), self._high)  # np.clip costs more
+        if not checked and self._meets(u, 0.0):
+            return u, True, 0.0  # the box projection already meets every condition: it is the optimum
         u_p_in_box = checked or self._projection.in_box(u_p)
-        for it in range(_SQP_ITERS):
-            if it == 0 and not checked and self._meets(u, 0.0):
-                return u, True, 0.0  # the box projection already meets every condition: it is the optimum
-            G, lb = self._linearized_rows(u)  # the last `_conditions` call was at u
+        cuts = None
+        if u_p_in_box:
+            up = u_p.tolist()
+            one = self._project_on_row(up, int(self._cond.argmin()))
+            if one is not None:
+                u = np.array(one)
+                if self._meets(u, -_SQP_TOL) and self._projection.in_box(u):
+                    return u, True, 0.0
+                G, lb = self._linearized_rows(u)  # `_meets` just evaluated the conditions at u
+                k = int(self._cond.argmin())
+                other = self._project_on_row(up, k)
+                if other is not None:
+                    a, b, c, d = self._row(k)
+                    sigma = max(0.0, sum(map(mul, c, other)) + d)
+                    g = [ai - 2.0 * sigma * ci for ai, ci in zip(a, c)]
+                    G[k] = g
+                    lb[k] = sum(map(mul, g, other)) - (sum(map(mul, a, other)) + b - sigma * sigma)
+                cuts = G, lb
+        for _ in range(_SQP_ITERS):
+            G, lb = cuts if cuts is not None else self._linearized_rows(u)  # the last `_conditions` call was at u
+            cuts = None
             u_new = self._projection.solve(G, lb, u_p, u_p_in_box)
             if u_new is None:
                 return self._brake(G, lb)
@@ -343,6 +372,15 @@ class CbfShield:
             if step < 1e-12 or self._meets(u, -_SQP_TOL):
                 break
         return u, True, 0.0
+
+    def _row(self, j: int) -> tuple[list, float, list, float]:
+        """Condition j (flat over cases and rows) as h(u) = a.u + b - max(0, c.u + d)^2 (after `_free_part`)."""
+        CR, SMB, Z = self._cases * self._R, self._SMB_flat, self._Z_flat
+        return SMB[j].tolist(), float(Z[j]), SMB[CR + j].tolist(), float(Z[CR + j])
+
+    def _project_on_row(self, up: list, j: int) -> list | None:
+        """The projection of u_p (as floats) onto condition j alone (`_project_on_row`), or None."""
+        return _project_on_row(up, *self._row(j))
 
     def _brake_hard(self, u_p: np.ndarray, credited: bool) -> np.ndarray:
         """Some row has h(x_L) < 0 (violated, or its braking distance already used up): brake as hard as the box allows.
@@ -424,3 +462,48 @@ class ShieldedPolicy:
             s.reset()
         if hasattr(self.policy, "reset"):
             self.policy.reset()
+
+
+def _project_on_row(up: list, a: list, b: float, c: list, d: float) -> list | None:
+    """argmin ||u - up||^2 s.t. h(u) = a.u + b - max(0, c.u + d)^2 >= 0, for h(up) < 0 (plain floats: 1-3 inputs).
+
+    One barrier condition alone (concave in u, so its superlevel set is convex): on the KKT
+    path u(lam) = up + lam grad h(u(lam)) the closing speed s = c.u + d has the closed form
+    sigma = max(0, t) / (1 + 2 lam |c|^2) with t = s_p + lam c.a, and h(u(lam)) grows with lam;
+    its root is found by Newton's method inside a bisection bracket. None when it does not
+    converge (no input meets the row, or a degenerate row): the caller solves the QP instead.
+    """
+    hp = sum(map(mul, a, up)) + b
+    sp = sum(map(mul, c, up)) + d
+    A2, C2, ca = sum(map(mul, a, a)), sum(map(mul, c, c)), sum(map(mul, c, a))
+    s0 = sp if sp > 0.0 else 0.0
+    g2 = A2 - 4.0 * s0 * ca + 4.0 * s0 * s0 * C2  # |grad h(up)|^2
+    if not g2 > 1e-300:
+        return None
+    lam, lo, hi = -(hp - s0 * s0) / g2, 0.0, math.inf  # the tangent's step: h is concave, so below the root
+    tol = 1e-13 * (1.0 + abs(hp))
+    for _ in range(_ROW_NEWTON_ITERS):
+        t = sp + lam * ca
+        if t > 0.0:
+            q = 1.0 + 2.0 * lam * C2
+            sigma = t / q
+            dsigma = (ca - 2.0 * C2 * sigma) / q
+            phi = hp + lam * (A2 - 2.0 * sigma * ca) - sigma * sigma
+            dphi = A2 - 2.0 * sigma * ca - 2.0 * (lam * ca + sigma) * dsigma
+        else:
+            sigma, phi, dphi = 0.0, hp + lam * A2, A2
+        if abs(phi) <= tol:  # the caller checks the conditions at u with its own tolerance
+            u = [x + lam * (ai - 2.0 * sigma * ci) for x, ai, ci in zip(up, a, c)]
+            s = sum(map(mul, c, u)) + d
+            h = sum(map(mul, a, u)) + b - (s * s if s > 0.0 else 0.0)
+            # Evaluated at u itself: far out (a row no input meets) the closed form can cancel to 0.
+            return u if abs(h) <= 1e3 * tol else None
+        if lam > 1e12:
+            return None  # no input meets the row (its gradient vanishes along the path)
+        if phi > 0.0:
+            hi = lam
+        else:
+            lo = lam
+        step = lam - phi / dphi if dphi > 0.0 else math.nan
+        lam = step if lo < step < hi else (0.5 * (lo + hi) if hi < math.inf else 2.0 * lam + 1e-12)
+    return None

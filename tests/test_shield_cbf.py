@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from scipy.optimize import minimize
 
-from shield.cbf import CbfShield, ShieldedPolicy
+from pipeline.config import load_config
+from pipeline.safety.shield_spec import build_shield_spec
+from shield.cbf import CbfShield, ShieldedPolicy, _project_on_row
 from tests.shield_specs import planar_double_integrator
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _reference(conditions, u_p: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
@@ -166,3 +173,67 @@ def test_each_bound_brakes_with_the_acceleration_of_its_own_direction(speed):
     ceiling = 5.0 - 0.1 - max(speed, 0.0) ** 2 / (2 * 3.0)  # a climb is braked toward -
     floor = 5.0 - 0.1 - max(-speed, 0.0) ** 2 / (2 * 0.5)  # a descent is braked toward +
     assert info["h"][0] == pytest.approx(min(ceiling, floor), abs=1e-9)
+
+
+finite = st.floats(-3.0, 3.0, allow_nan=False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(m=st.integers(1, 3), data=st.data())
+def test_projection_onto_one_condition_is_the_kkt_point(m, data):
+    """`_project_on_row` (the shield's exact one-condition projection): h(u) = 0 and u - u_p = lam grad h(u), lam > 0.
+
+    h is concave, so its superlevel set is convex and those KKT conditions make u the
+    projection; it must converge whenever some input meets the condition.
+    """
+    a = np.array(data.draw(st.lists(finite, min_size=m, max_size=m)))
+    c = np.array(data.draw(st.lists(finite, min_size=m, max_size=m)))
+    up = np.array(data.draw(st.lists(finite, min_size=m, max_size=m)))
+    b, d = data.draw(finite), data.draw(finite)
+
+    def h(u):
+        return a @ u + b - max(0.0, c @ u + d) ** 2
+
+    assume(h(up) < -1e-6)
+    # Along a - (c.a / |c|^2) c the closing speed is constant and h grows without bound: some input meets it.
+    reachable = a @ a - (c @ a) ** 2 / max(c @ c, 1e-300) > 1e-6 or (c @ c < 1e-12 and a @ a > 1e-6)
+    u = _project_on_row(up.tolist(), a.tolist(), b, c.tolist(), d)
+    if u is None:
+        assert not reachable
+        return
+    u = np.array(u)
+    scale = 1.0 + abs(h(up))
+    assert -1e-9 * scale <= h(u) <= 1e-9 * scale
+    grad = a - 2.0 * max(0.0, c @ u + d) * c
+    lam = float((u - up) @ grad) / float(grad @ grad)
+    assert lam > 0.0
+    np.testing.assert_allclose(u - up, lam * grad, atol=1e-7 * (1.0 + np.abs(u - up).max()))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_quadrotor_filter_matches_reference_qp_near_its_constraints(seed):
+    """The quadrotor's spec (3 inputs, two input-gain cases, a keep-out credited for passing it): the
+    filter's action is the exact projection wherever it is not braking a violated barrier."""
+    spec = build_shield_spec(load_config(ROOT / "configs" / "quadrotor.yaml"))
+    shield = CbfShield(spec)
+    low, high = np.array(spec["action_low"]), np.array(spec["action_high"])
+    pos, vel = shield.spec.position_index, shield.spec.velocity_index
+    rng = np.random.default_rng(seed)
+    compared = intervened = 0
+    for _ in range(400):
+        shield.reset()
+        obs = np.zeros(shield.spec.obs_dim, np.float32)
+        # Anywhere inside the fence, the person's cylinder included, at up to ~2 m/s per axis.
+        obs[pos] = rng.uniform([-4.0, -4.0, 0.5], [4.0, 4.0, 3.5])
+        obs[vel] = rng.normal(0.0, 0.7, 3)
+        u_p = rng.uniform(low * 1.2, high * 1.2).astype(np.float32)
+        conditions = shield.cbf_conditions(obs)
+        u, info = shield.filter(obs, u_p)
+        if np.nanmin(info["h"]) < 0 or info["fallback"]:
+            continue  # braking, not the projection (tests/test_shield_soundness.py)
+        ref = _reference(conditions, u_p.astype(np.float64), low, high)
+        compared += 1
+        intervened += info["intervened"]
+        np.testing.assert_allclose(u, ref, atol=1e-5, rtol=0)
+        assert np.min(conditions(u.astype(np.float64))) >= -1e-6
+    assert compared > 100 and intervened > 30, (compared, intervened)

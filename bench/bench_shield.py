@@ -1,6 +1,7 @@
 """Per-action latency of policy + CBF shield beside the policy alone, and how often the shield intervenes.
 
     python bench/bench_shield.py [--task cartpole|quadrotor] [--steps 3000] [--episodes 5]
+    python bench/bench_shield.py --task quadrotor --steps 20000 --realtime --cpu 1   # as `serve --realtime --cpu 1`
 
 The policy is an onnxruntime session (1 thread, no spinning, as on the edge) of
 a 64-64 tanh MLP built with onnx.helper (random weights: latency does not
@@ -11,12 +12,15 @@ loop (no trained policy is needed for this figure). Shielded figures are also
 split into safe steps (the action passes unchanged, no QP) and intervening
 steps (the QP runs), with actions from the MLP, the task's adversary and
 full-scale random inputs (bang-bang). Figures are percentiles on a noisy
-shared machine: read the ratios.
+shared machine: read the ratios. As in `serve`, the cyclic GC is frozen after
+loading; `--realtime` also takes what `serve --realtime` takes (SCHED_FIFO,
+mlockall, `--cpu`), so the tail is the code's rather than the neighbours'.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -89,6 +93,10 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=5, help="legacy episodes for the intervention share")
     parser.add_argument("--bundle", help="a trained bundle: also report its intervention share driving nominal "
                                          "and reality domains (e.g. models/cartpole/1 after `sim2real run`)")
+    parser.add_argument("--realtime", action="store_true",
+                        help="time under SCHED_FIFO with memory locked, as `serve --realtime` runs (needs root or "
+                             "CAP_SYS_NICE; what is not permitted is said and skipped)")
+    parser.add_argument("--cpu", type=int, help="with --realtime: pin to this CPU, as `serve --cpu`")
     args = parser.parse_args()
 
     from pipeline.config import load_config
@@ -107,6 +115,16 @@ def main() -> None:
     # Full-scale random inputs (+-1 per input): most steps need the QP, on every task.
     bang_bang = np.random.default_rng(0).choice([-1.0, 1.0], size=(len(observations), spec.act_dim))
     bang_bang = (np.where(bang_bang > 0, spec.action_high, spec.action_low)).astype(np.float32)
+
+    problems = []
+    if args.realtime:
+        from shield.serve_cli import go_realtime
+
+        problems = go_realtime(args.cpu)
+        for problem in problems:
+            print(f"--realtime: not permitted: {problem}; timing without it", file=sys.stderr)
+    gc.collect()
+    gc.freeze()  # what `serve` does once its bundle is loaded
 
     def run(with_shield: bool, actions: np.ndarray | None = None) -> tuple[dict, float]:
         shield = CbfShield(spec)
@@ -138,7 +156,8 @@ def main() -> None:
     legacy = evaluate(cfg, reference_policy("legacy", cfg, spec), domains="reality", episodes=args.episodes,
                       seed=0, shield=True, spec=spec)
     result = {
-        "task": args.task, "timed_actions": args.steps,
+        "task": args.task, "timed_actions": args.steps, "realtime": args.realtime, "realtime_not_permitted": problems,
+        "cpu": args.cpu,
         "policy_alone": policy_only,
         "policy_plus_shield": shielded,
         "ratio_p50": round(shielded["p50_us"] / policy_only["p50_us"], 2),

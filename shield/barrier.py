@@ -115,6 +115,10 @@ class BarrierRows:
         # distance part (state, index into the sideways direction, factor).
         self._dyn_writes = {}
         self._credited = [False] * R  # per row: are its sideways-speed entries nonzero now?
+        # Per keep-out row, its normal and sideways speed at the last state seen (`_geometry`): a call
+        # evaluates the rows without the credit, asks whether it applies, and with it, all at one state.
+        self._geo_xs: list | None = None
+        self._geo: list = []
         # Per keep-out row, each of its positions' index among the spec's positions (the disturbance's axes).
         self._zone_axes = {r: [spec.position_index.index(o) for o in spec.constraints[owner[r]]["index"]]
                            for r, *_ in self.dynamic}
@@ -226,9 +230,10 @@ class BarrierRows:
         MT, off, w_list = self._MT_mv, self._off_mv, self._w_list
         xs = x.tolist()
         steering = self.steering and self.steer_now
-        for (r, pcols, center, radius, pos_writes, closing_writes, steer, maps, zone_axes, i_now, i_next, i_closing,
-             closing0_r, root_r) in self._hot:
-            dist, n = _normal(xs, pcols, center)
+        geo = self._geometry(xs)
+        for k, (r, pcols, center, radius, pos_writes, closing_writes, steer, maps, zone_axes, i_now, i_next, i_closing,
+                closing0_r, root_r) in enumerate(self._hot):
+            dist, n = geo[k][0], geo[k][1]
             nc = sum(map(mul, n, center))
             f = -nc - radius
             grow = 1.0  # the distance's weight (1 + the credit's growth with r)
@@ -237,7 +242,7 @@ class BarrierRows:
                 big_r, k2, speed, speed_cols, e_pos, e_vel, w_row, closing0, credit_idx = steer
                 q0 = 0.0
                 if steering and dist > big_r:
-                    q0, lost, t, vn = self._sideways(steer, xs, n, dist)
+                    q0, lost, t, vn = self._sideways_at(k, steer, xs)
                 if q0 > 0.0:
                     rho = dist * dist / (big_r * big_r) - 1.0
                     kappa = k2 * 2.0 * dist / (big_r * big_r) * q0 * q0
@@ -311,12 +316,26 @@ class BarrierRows:
         if not self.steering:
             return False
         xs = x.tolist()
-        for _, pcols, center, _, _, _, steer, *_ in self._hot:
+        geo = self._geometry(xs)
+        for k, (_, _, _, _, _, _, steer, *_) in enumerate(self._hot):
             if steer is not None:
-                dist, n = _normal(xs, pcols, center)
-                if dist > steer[0] and self._sideways(steer, xs, n, dist)[0] > 0.0:  # steer[0]: R (radius + margin)
+                if geo[k][0] > steer[0] and self._sideways_at(k, steer, xs)[0] > 0.0:  # steer[0]: R (radius + margin)
                     return True
         return False
+
+    def _geometry(self, xs: list) -> list:
+        """Per keep-out row [distance, unit normal, sideways speed or None] at the state xs (kept while xs repeats)."""
+        if xs != self._geo_xs:
+            self._geo_xs = xs
+            self._geo = [[*_normal(xs, pcols, center), None] for _, pcols, center, *_ in self._hot]
+        return self._geo
+
+    def _sideways_at(self, k: int, steer: tuple, xs: list) -> tuple:
+        """`_sideways` for keep-out row k at the state `_geometry` was last given (xs), computed once per state."""
+        g = self._geo[k]
+        if g[2] is None:
+            g[2] = self._sideways(steer, xs, g[1], g[0])
+        return g[2]
 
     def refresh_input_effect(self) -> None:
         """Recompute the input's effect on the rows (`SMB`) after `linearize_keepouts` moved them (QP paths only)."""

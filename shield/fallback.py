@@ -71,10 +71,19 @@ def least_violation_brake(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: 
     so near one constraint this is maximal braking away from it and in a corner
     it brakes away from all of them at once (a max-min LP would leave the inputs
     that do not touch the single worst row idle). Rows the input cannot move are
-    left out; if none is left (or the solve fails) each input goes to the box end
-    that best raises the row furthest from satisfiable, or to `constant`.
+    left out, and so are rows no input in the box can violate (no shortfall whatever
+    the input: they never bind, and leaving them out shrinks the QP); if every row
+    is such, the answer is the smallest input in the box. If no row is left that the
+    input moves (or the solve fails) each input goes to the box end that best raises
+    the row furthest from satisfiable, or to `constant`.
     """
     m = len(low)
+    reach = np.minimum(G * low, G * high).sum(axis=1)  # each row's lowest value over the box
+    binding = reach < lb
+    if not binding.any():
+        return np.minimum(np.maximum(0.0, low), high)
+    if not binding.all():
+        G, lb = G[binding], lb[binding]
     norms = np.sqrt(np.einsum("ij,ij->i", G, G))
     live = norms > 1e-9
     rows = int(live.sum())

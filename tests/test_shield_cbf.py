@@ -237,3 +237,28 @@ def test_quadrotor_filter_matches_reference_qp_near_its_constraints(seed):
         np.testing.assert_allclose(u, ref, atol=1e-5, rtol=0)
         assert np.min(conditions(u.astype(np.float64))) >= -1e-6
     assert compared > 100 and intervened > 30, (compared, intervened)
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=st.integers(1, 3), rows=st.integers(1, 6), data=st.data())
+def test_least_violation_brake_minimizes_the_summed_shortfalls(m, rows, data):
+    """The braking fallback is the box input with the least sum of squared normalized shortfalls (a small
+    weight on |u| makes it unique), with or without the rows no input in the box can violate."""
+    from shield.fallback import least_violation_brake
+
+    G = np.array(data.draw(st.lists(st.lists(finite, min_size=m, max_size=m), min_size=rows, max_size=rows)))
+    lb = np.array(data.draw(st.lists(finite, min_size=rows, max_size=rows)))
+    low = -np.array(data.draw(st.lists(st.floats(0.1, 2.0), min_size=m, max_size=m)))
+    high = np.array(data.draw(st.lists(st.floats(0.1, 2.0), min_size=m, max_size=m)))
+    norms = np.linalg.norm(G, axis=1)
+    assume(np.all(norms > 1e-3))
+
+    def cost(u):
+        short = np.maximum(0.0, lb - G @ u) / norms
+        return float(short @ short + 1e-6 * (u @ u))
+
+    u = least_violation_brake(G, lb, low, high, np.zeros(m))
+    assert np.all(u >= low) and np.all(u <= high)
+    best = minimize(cost, np.clip(np.zeros(m), low, high), method="L-BFGS-B", bounds=list(zip(low, high)),
+                    options={"ftol": 1e-15, "gtol": 1e-12})
+    assert cost(u) <= cost(best.x) + 1e-7 * (1.0 + cost(best.x))

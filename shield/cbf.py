@@ -61,7 +61,7 @@ from typing import Any, Callable
 import numpy as np
 
 from shield.barrier import BarrierRows
-from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake, least_violation_brake
+from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake
 from shield.monitor import CONSERVATIVE_GAIN_DIVISOR, AssumptionMonitor
 from shield.prediction import LatencyPredictor
 from shield.spec import ShieldSpec
@@ -415,7 +415,7 @@ class CbfShield:
             return brake
         low, high = np.where(moved, brake, self._low), np.where(moved, brake, self._high)
         lb = np.where(violated, -1e30, lb)  # met by any input: the violated rows have chosen theirs
-        return least_violation_brake(G, lb, low, high, np.where(moved, brake, self._fallback))
+        return self._least_violation_brake(G, lb, low, high, np.where(moved, brake, self._fallback))
 
     def _brake(self, G: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, bool, float]:
         """Infeasible QP: least-violation braking (see shield.fallback)."""

@@ -118,16 +118,23 @@ class LeastViolationBrake:
         self._lower = np.concatenate([self.low, np.zeros(2 * rows)])
         self._sense = np.zeros(m + 2 * rows, dtype=np.int32)
 
-    def __call__(self, G: np.ndarray, lb: np.ndarray) -> np.ndarray:
-        """The braking input for the conditions G u >= lb (see `least_violation_brake`)."""
+    def __call__(self, G: np.ndarray, lb: np.ndarray, low: np.ndarray | None = None, high: np.ndarray | None = None,
+                 constant: np.ndarray | None = None) -> np.ndarray:
+        """The braking input for the conditions G u >= lb (see `least_violation_brake`); `low`, `high` and
+        `constant` replace the box and the constant for this call (inputs the caller has already fixed)."""
+        if low is None:
+            low, high, constant = self.low, self.high, self.constant
+        elif not (np.minimum(G * low, G * high).sum(axis=1) < lb).any():
+            return np.minimum(np.maximum(0.0, low), high)  # no input in the box violates a row: the smallest
         norms = np.sqrt(np.einsum("ij,ij->i", G, G))
         if len(lb) != self._rows or not float(norms.min()) > 1e-9:  # a row the input cannot move: general form
-            return least_violation_brake(G, lb, self.low, self.high, self.constant)
+            return least_violation_brake(G, lb, low, high, constant)
         m = self._m
         self._A[:, :m] = G
         self._A[self._diag] = norms
+        self._upper[:m], self._lower[:m] = high, low
         self._lower[m + self._rows:] = lb
         x, _, exitflag, _ = daqp.solve(self._H, self._f, self._A, self._upper, self._lower, self._sense)
         if exitflag >= 1:
-            return np.minimum(np.maximum(x[:m], self.low), self.high)  # np.clip costs more
-        return least_violation_brake(G, lb, self.low, self.high, self.constant)  # its box-end rule
+            return np.minimum(np.maximum(x[:m], low), high)  # np.clip costs more
+        return least_violation_brake(G, lb, low, high, constant)  # its box-end rule

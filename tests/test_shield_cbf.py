@@ -202,6 +202,9 @@ def test_projection_onto_one_condition_is_the_kkt_point(m, data):
         assert not reachable
         return
     u = np.array(u)
+    # Inputs live in a box of size ~1: a projection far away (a row nearly parallel to the closing speed's)
+    # is refused by the shield's box check and left to the QP; its KKT residual is ill-conditioned.
+    assume(np.abs(u - up).max() < 10.0)
     scale = 1.0 + abs(h(up))
     assert -1e-9 * scale <= h(u) <= 1e-9 * scale
     grad = a - 2.0 * max(0.0, c @ u + d) * c

@@ -276,17 +276,34 @@ def test_serve_has_one_argument_definition_for_both_entry_points():
     assert options(sub) == options(edge)
 
 
+def _realtime_threads(pid: int) -> list[tuple[int, int, str]]:
+    """(scheduling policy, rt priority, allowed CPUs) of each thread of process `pid` (Linux /proc)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        cpus = next(line.split()[1] for line in (task / "status").read_text().splitlines()
+                    if line.startswith("Cpus_allowed_list"))
+        out.append((int(fields[38]), int(fields[37]), cpus))  # stat fields 41 (policy) and 40 (rt_priority)
+    return out
+
+
 def test_realtime_mode_serves_and_says_what_it_was_not_permitted(bundle):
     with ServerProcess(str(bundle), "--realtime", "--cpu", "0", *NO_DEADLINE) as server:
         with PolicyClient(server.host, server.port, timeout_s=5.0) as client:
             obs = observations(1)[0]
             assert client.act(obs).action.tobytes() == EdgeRuntime.load(bundle).act(obs)[0].tobytes()
+        threads = _realtime_threads(server.proc.pid)
         text = server.stop()
     # Either it got SCHED_FIFO, mlockall and the CPU, or each refusal is one clear line (never a traceback).
     for line in text.splitlines():
         if "--realtime" in line:
             assert line.startswith("serve: --realtime: not permitted: ") and "continuing without it" in line
     assert "Traceback" not in text
+    if "SCHED_FIFO" not in text:
+        # The serving thread at priority 50 and the threads sharing its GIL (watchdog) at 49, all on its CPU:
+        # an ordinary thread holding the GIL elsewhere could be preempted and stall it for milliseconds.
+        fifo = sorted((prio, cpus) for policy, prio, cpus in threads if policy == os.SCHED_FIFO)
+        assert fifo == [(49, "0"), (50, "0")], threads
 
 
 def test_busy_poll_server_and_client_answer_byte_exact(bundle):

@@ -94,9 +94,10 @@ def go_realtime(cpu: int | None, helpers: tuple[int, ...] = ()) -> list[str]:
 
     `helpers`: native ids of this process's other threads (the watchdog, the reload watcher). They share
     the GIL with the serving thread: left as ordinary threads on another CPU, one preempted while it holds
-    the GIL stalls the serving thread for a scheduler slice (measured: 7.5 ms on a 2-CPU VM). They get the
-    same CPU and SCHED_FIFO one below the serving thread, so they run only while it waits and always let go
-    within microseconds; the GIL's switch interval drops to 100 µs, bounding the wait behind a reload.
+    the GIL would stall the serving thread for up to a scheduler slice (milliseconds). They get the same
+    CPU and SCHED_FIFO one below the serving thread, so they run only while it waits, and no ordinary
+    thread can preempt one holding the GIL; the GIL's switch interval drops to 100 µs, bounding the wait
+    behind a reload.
     """
     problems = []
     if not _LATENCY_QOS:

@@ -81,6 +81,7 @@ class PolicyServer:
         self.deadline_ns = int(deadline_us * 1000)
         self.wall_clock_ns = wall_clock_ns
         self.stats = ServeStats()
+        self._collected_at = -1  # stats.requests at the last idle-time GC pass
         now_us = wall_clock_ns() // 1000
         if key is not None:
             # After a restart nothing the previous run accepted is fresh: it was at most one window ahead of then.
@@ -326,7 +327,8 @@ class PolicyServer:
         served = self.served
         if len(served.spares) < SPARE_SESSIONS and served.has_sessions:
             served.spares.append(served.new_session())
-        if quiet:
+        if quiet and self.stats.requests != self._collected_at:  # once per quiet spell after traffic
+            self._collected_at = self.stats.requests
             gc.collect()
         if self.shadow_log is not None:
             self.shadow_log.flush_if_due()  # a plant that stopped talking still gets its log on disk

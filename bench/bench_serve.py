@@ -8,7 +8,9 @@ shift every later one. A deadline miss is a reply that arrives after the end
 of its period (or never), or a period skipped because the loop was already
 a whole period late. Baselines measured in the same run: the in-process
 `EdgeRuntime.act` (the compute floor), the server's own per-request cost
-around an instant runtime, and a bare UDP echo round trip.
+around an instant runtime, a bare UDP echo round trip, and how often the
+platform itself stops a bare loop on the server's CPU for over 1 ms (a VM's
+host taking the vCPU away): no closed loop on that box has fewer late replies.
 
     python bench/bench_serve.py                      # 60 s at 1 kHz, then 60 s at 5 kHz
     python bench/bench_serve.py --seconds 5 --rates 1000 --json
@@ -35,6 +37,7 @@ import gc
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -129,6 +132,48 @@ def udp_echo_floor_us(n: int = 5000) -> dict:
     client.close()
     server.close()
     return percentiles(out)
+
+
+_STALL_PROBE = """
+import json, os, sys, time
+seconds, cpu, realtime = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+if cpu >= 0:
+    os.sched_setaffinity(0, {cpu})
+if realtime:
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))
+    except OSError:
+        pass
+stalls, worst, end = 0, 0.0, time.perf_counter() + seconds
+last = time.perf_counter()
+while last < end:
+    spin_until = last + 0.0008
+    while True:  # 0.8 ms of work
+        now = time.perf_counter()
+        if now - last > 0.001:
+            stalls += 1
+        worst = max(worst, now - last)
+        last = now
+        if now >= spin_until:
+            break
+    time.sleep(0.0002)  # 0.2 ms asleep, as a server waiting for its next request
+    now = time.perf_counter()
+    late = now - last - 0.0002
+    if late > 0.001:
+        stalls += 1
+    worst = max(worst, late)
+    last = now
+print(json.dumps({"seconds": seconds, "stalls_over_1ms": stalls, "max_stall_us": round(worst * 1e6, 1)}))
+"""
+
+
+def platform_stalls(seconds: float, cpu: int | None, realtime: bool) -> dict:
+    """Baseline: a loop that needs nothing but its CPU (0.8 ms of work, 0.2 ms asleep, a 1 kHz server's duty), on
+    the server's CPU and under its scheduling: how often the platform itself stops it for over 1 ms (a VM's
+    host taking the vCPU away, say). A closed loop cannot have fewer late replies than this on the same box."""
+    out = subprocess.run([sys.executable, "-c", _STALL_PROBE, str(seconds), str(-1 if cpu is None else cpu),
+                          "1" if realtime else "0"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
 
 
 class PlanarPlant:
@@ -248,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", type=int, help="with --realtime: pin the server to this CPU")
     p.add_argument("--busy-poll", action="store_true",
                    help="server (`serve --busy-poll`) and client spin on their sockets instead of sleeping")
+    p.add_argument("--probe-seconds", type=float, default=20.0,
+                   help="baseline: how long a bare loop on the server's CPU is watched for platform stalls (s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
 
@@ -271,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     obs_dim = probe.obs_dim
     result = {"bundle": str(bundle), "plant": args.plant, "busy_poll": args.busy_poll, "nice": os.getpriority(os.PRIO_PROCESS, 0), "realtime": args.realtime,
               "client_realtime_not_permitted": client_realtime, "load_average_before": os.getloadavg(), "udp_echo_us": udp_echo_floor_us(),
-              "protocol_overhead_us": server_overhead_us(obs_dim, probe.act_dim), "loops": []}
+              "protocol_overhead_us": server_overhead_us(obs_dim, probe.act_dim),
+              "platform_stalls": platform_stalls(args.probe_seconds, args.cpu, args.realtime), "loops": []}
     for rate in (float(r) for r in args.rates.split(",")):
         # The server's compute deadline is the control period: a later reply is useless to the plant.
         extra = ((["--realtime"] if args.realtime else []) + (["--cpu", str(args.cpu)] if args.cpu is not None else [])
@@ -291,11 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
-    echo, proto = result["udp_echo_us"], result["protocol_overhead_us"]
+    echo, proto, stalls = result["udp_echo_us"], result["protocol_overhead_us"], result["platform_stalls"]
     print(f"plant {result['plant']}; niceness {result['nice']}; realtime server and client {result['realtime']}; load average "
           f"{result['load_average_before'][0]:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
     print(f"baseline: bare UDP echo p50 {echo['p50']:.1f} us, p99 {echo['p99']:.1f} us; "
-          f"server protocol overhead (instant runtime) p50 {proto['p50']:.1f} us, p99 {proto['p99']:.1f} us")
+          f"server protocol overhead (instant runtime) p50 {proto['p50']:.1f} us, p99 {proto['p99']:.1f} us; "
+          f"a bare loop on the server's CPU was stopped for over 1 ms {stalls['stalls_over_1ms']} times in "
+          f"{stalls['seconds']:.0f} s (longest {stalls['max_stall_us'] / 1e3:.1f} ms)")
     for loop in result["loops"]:
         r, s, act = loop["rtt_us"], loop["server_us"], loop["runtime_act_us"]
         print(f"{loop['rate_hz']:.0f} Hz x {loop['seconds']:.1f} s ({loop['periods']} periods): "

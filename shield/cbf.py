@@ -40,7 +40,8 @@ When the policy's action satisfies every condition it is returned unchanged (bit
 Keep-out rows that credit a plant passing them (`shield.barrier`) are first evaluated
 without the credit: an action those rows accept, from a state where they hold, is
 safe (h >= 0 without the credit implies it with), so the credit is computed only when
-they would intervene; `info["h"]` is then the uncredited (lower) value.
+they would intervene; `info["h"]` is then the uncredited (lower) value. After a step
+accepted only with the credit, the credited rows go first (either accepting suffices).
 If the server sends the plant something else (a deadline overrun answered with the
 fallback), `note_sent(action)` keeps the latency prediction on what was really sent.
 
@@ -157,6 +158,7 @@ class CbfShield:
         """Forget pending actions, predicted state and the monitor's window (call at episode start)."""
         self._predictor.reset()
         self._monitor.reset()
+        self._credit_first = False  # was the last step accepted only with the keep-outs' passing credit?
         self._envelope = False
         self._keep = self._keep_normal
 
@@ -276,10 +278,19 @@ class CbfShield:
         pred.load_action(self._fallback if bad else action)
         in_box = not bad and all(map(le, self._low32_list, act_list)) and all(map(le, act_list, self._high32_list))
         if self._credits:
-            # The keep-out rows without their passing credit first: the rows the shield had before it, sound on
-            # their own, and cheaper. An action they accept from a state they hold in (h >= 0) is safe (h >= 0
-            # there implies the credited h >= 0 too, and they keep it so); the credit is computed only when
-            # they would intervene, so it can only spare the policy an intervention.
+            # An action is accepted when the keep-out rows with their passing credit accept it, or when the rows
+            # without it do: those are the rows the shield had before the credit, sound on their own, and an
+            # action they accept from a state they hold in (h >= 0) is safe (h >= 0 there implies the credited
+            # h >= 0 too, and they keep it so). The credit can only spare the policy an intervention. The rows
+            # without it go first (cheaper), unless the last step was accepted only with the credit: the plant
+            # is passing a zone, and the credited rows alone usually accept again (one evaluation, not two).
+            first, self._credit_first = self._credit_first, False
+            if first and self._rows.credit_applies(pred.predict()[0]):
+                h_now = self._prepare()
+                if in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe():
+                    self._credit_first = True
+                    pred.commit(None, have_state=True)
+                    return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
             self._rows.steer_now = False
             h_now = self._prepare()
             self._rows.steer_now = True
@@ -300,6 +311,7 @@ class CbfShield:
         checked = False
         if in_box:
             if self._loaded_action_is_safe():  # the common case: returned bitwise unchanged, no QP
+                self._credit_first = credited and self._credits  # accepted only with the keep-outs' credit
                 pred.commit(None, have_state=True)
                 return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
             # u_p is its own box projection and fails the conditions, which `_prepare` left in place.

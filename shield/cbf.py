@@ -356,16 +356,16 @@ class CbfShield:
         cuts = None
         if u_p_in_box:
             up = u_p.tolist()
-            one = self._project_on_row(up, int(self._cond.argmin()))
+            one = _project_on_row(up, *self._row(int(self._cond.argmin())))
             if one is not None:
                 u = np.array(one)
                 if self._meets(u, -_SQP_TOL) and self._projection.in_box(u):
                     return u, True, 0.0
                 G, lb = self._linearized_rows(u)  # `_meets` just evaluated the conditions at u
                 k = int(self._cond.argmin())
-                other = self._project_on_row(up, k)
+                a, b, c, d = self._row(k)
+                other = _project_on_row(up, a, b, c, d)
                 if other is not None:
-                    a, b, c, d = self._row(k)
                     sigma = max(0.0, sum(map(mul, c, other)) + d)
                     g = [ai - 2.0 * sigma * ci for ai, ci in zip(a, c)]
                     G[k] = g
@@ -389,10 +389,6 @@ class CbfShield:
         """Condition j (flat over cases and rows) as h(u) = a.u + b - max(0, c.u + d)^2 (after `_free_part`)."""
         CR, SMB, Z = self._cases * self._R, self._SMB_flat, self._Z_flat
         return SMB[j].tolist(), float(Z[j]), SMB[CR + j].tolist(), float(Z[CR + j])
-
-    def _project_on_row(self, up: list, j: int) -> list | None:
-        """The projection of u_p (as floats) onto condition j alone (`_project_on_row`), or None."""
-        return _project_on_row(up, *self._row(j))
 
     def _brake_hard(self, u_p: np.ndarray, credited: bool) -> np.ndarray:
         """Some row has h(x_L) < 0 (violated, or its braking distance already used up): brake as hard as the box allows.

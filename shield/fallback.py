@@ -62,6 +62,11 @@ class BoxHalfspaceProjection:
         return np.minimum(np.maximum(x, self.low, out=x), self.high, out=x)  # np.clip costs more
 
 
+def _binding(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Per row of G u >= lb: can some input in the box violate it (its lowest value over the box is below lb)?"""
+    return np.minimum(G * low, G * high).sum(axis=1) < lb
+
+
 def least_violation_brake(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: np.ndarray,
                           constant: np.ndarray) -> np.ndarray:
     """The input in the box that minimizes the summed squared (normalized) shortfalls of G u >= lb.
@@ -78,8 +83,7 @@ def least_violation_brake(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: 
     the row furthest from satisfiable, or to `constant`.
     """
     m = len(low)
-    reach = np.minimum(G * low, G * high).sum(axis=1)  # each row's lowest value over the box
-    binding = reach < lb
+    binding = _binding(G, lb, low, high)
     if not binding.any():
         return np.minimum(np.maximum(0.0, low), high)
     if not binding.all():
@@ -124,7 +128,7 @@ class LeastViolationBrake:
         `constant` replace the box and the constant for this call (inputs the caller has already fixed)."""
         if low is None:
             low, high, constant = self.low, self.high, self.constant
-        elif not (np.minimum(G * low, G * high).sum(axis=1) < lb).any():
+        elif not _binding(G, lb, low, high).any():
             return np.minimum(np.maximum(0.0, low), high)  # no input in the box violates a row: the smallest
         norms = np.sqrt(np.einsum("ij,ij->i", G, G))
         if len(lb) != self._rows or not float(norms.min()) > 1e-9:  # a row the input cannot move: general form

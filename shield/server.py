@@ -347,13 +347,14 @@ class PolicyServer:
             idle_every_ns, next_idle = int(poll_s * 1e9), time.perf_counter_ns()
         else:
             sock.settimeout(poll_s)
+            idle_every_ns = next_idle = 0
         # The cyclic GC would pause a request at random for up to milliseconds (a full pass over every
         # session's objects: 6 ms measured at 1 kHz); the hot path makes no reference cycles, so it is
         # off while serving and runs when the plants are quiet, or on a backlog (GC_BACKLOG).
         gc_enabled = gc.isenabled()
         gc.disable()
         try:
-            self._serve_loop(sock, buf, out, anc, idle_every_ns if busy_poll else 0, next_idle if busy_poll else 0)
+            self._serve_loop(sock, buf, out, anc, idle_every_ns, next_idle)
         finally:
             if gc_enabled:
                 gc.enable()

@@ -22,7 +22,8 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    that lowers it). ``h(x+(u))`` is concave in ``u``. Usually one condition binds:
    the action is first projected onto it exactly (a scalar Newton solve on its
    KKT conditions, `_project_on_row`), which is the optimum when every other
-   condition and the box hold there. Otherwise the conditions are linearized and
+   condition and the box hold there (and so are projections onto conditions that
+   move disjoint inputs, combined: a fence's corner). Otherwise the conditions are linearized and
    the QP re-solved at the new point until the true conditions hold (a few
    iterations at most), with a closed-form projection when provably optimal and
    daqp otherwise.
@@ -56,7 +57,7 @@ from __future__ import annotations
 
 import math
 import time
-from operator import le, mul
+from operator import and_, le, mul, or_
 from typing import Any, Callable
 
 import numpy as np
@@ -345,9 +346,11 @@ class CbfShield:
         not tried again. Usually one condition binds: with u_p in the box it is first projected onto
         the most violated condition alone, exactly (`_project_on_row`); when that meets every
         condition it is the optimum (KKT: one active concave constraint, the rest and the box
-        inactive, on a convex set). Otherwise the cuts are taken there, and the condition it
-        violates most is cut at its own exact projection: where two conditions bind on separate
-        inputs (a fence's corner) that QP is already the optimum.
+        inactive, on a convex set). When the condition violated most there moves none of the inputs
+        the first one does (a fence's corner: one wall per input), u_p is projected onto it too and
+        the two projections are combined: again the optimum when everything else holds there (KKT,
+        each projection's multiplier on its own inputs). Otherwise the cuts are taken at the last
+        point, and the condition it violates most is cut at its own exact projection.
         """
         u = u_p if checked else np.minimum(np.maximum(u_p, self._low), self._high)  # np.clip costs more
         if not checked and self._meets(u, 0.0):
@@ -355,21 +358,30 @@ class CbfShield:
         u_p_in_box = checked or self._projection.in_box(u_p)
         cuts = None
         if u_p_in_box:
-            up = u_p.tolist()
-            one = _project_on_row(up, *self._row(int(self._cond.argmin())))
-            if one is not None:
-                u = np.array(one)
+            up = cur = u_p.tolist()
+            used = [False] * self._m  # the inputs the rows projected on so far move
+            j = int(self._cond.argmin())
+            while True:
+                a, b, c, d = self._row(j)
+                one = _project_on_row(up, a, b, c, d)
+                moves = [ai != 0.0 or ci != 0.0 for ai, ci in zip(a, c)]
+                if one is None or any(map(and_, moves, used)) or not self._cond.flat[j] < 0.0:
+                    break
+                # Row j moves none of the inputs the rows before it did, so projecting u_p onto it leaves them
+                # (and those rows) where they were: both projections together are the KKT point of all of them.
+                cur = [o if mv else x for o, mv, x in zip(one, moves, cur)]
+                used = list(map(or_, used, moves))
+                u = np.array(cur)
                 if self._meets(u, -_SQP_TOL) and self._projection.in_box(u):
                     return u, True, 0.0
+                j = int(self._cond.argmin())
+            if cur is not up:
                 G, lb = self._linearized_rows(u)  # `_meets` just evaluated the conditions at u
-                k = int(self._cond.argmin())
-                a, b, c, d = self._row(k)
-                other = _project_on_row(up, a, b, c, d)
-                if other is not None:
-                    sigma = max(0.0, sum(map(mul, c, other)) + d)
+                if one is not None:  # row j's cut at its own exact projection (tighter than its tangent at u)
+                    sigma = max(0.0, sum(map(mul, c, one)) + d)
                     g = [ai - 2.0 * sigma * ci for ai, ci in zip(a, c)]
-                    G[k] = g
-                    lb[k] = sum(map(mul, g, other)) - (sum(map(mul, a, other)) + b - sigma * sigma)
+                    G[j] = g
+                    lb[j] = sum(map(mul, g, one)) - (sum(map(mul, a, one)) + b - sigma * sigma)
                 cuts = G, lb
         for _ in range(_SQP_ITERS):
             G, lb = cuts if cuts is not None else self._linearized_rows(u)  # the last `_conditions` call was at u

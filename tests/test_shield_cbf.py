@@ -68,6 +68,34 @@ def test_filter_matches_reference_qp_on_random_instances(latency_steps, response
     assert compared >= 500 and intervened >= 100, (compared, intervened, fallbacks)
 
 
+@pytest.mark.parametrize("latency_steps,gain_error", [(0, 0.0), (2, 0.3)])
+def test_filter_matches_reference_qp_at_the_fence_corners(latency_steps, gain_error):
+    """Near a corner of the fence, moving out through it: the two walls bind on separate inputs, so the shield
+    combines its projections onto each (no QP); the result is still the exact projection, corner or not."""
+    rng = np.random.default_rng(11)
+    shield = CbfShield(planar_double_integrator(latency_steps, input_gain_error=gain_error))
+    low, high = np.array([-1.0, -1.0]), np.array([1.0, 1.0])
+    corners = 0
+    for _ in range(300):
+        shield.reset()
+        out = np.array([(-1.0, -1.0), (-1.0, 1.0), (1.0, -1.0)][rng.integers(3)])  # (1, 1): the diagonal wall's
+        pos = out * rng.uniform(1.75, 1.98, 2)
+        obs = np.concatenate([pos, out * rng.uniform(0.0, 0.6, 2)]).astype(np.float32)
+        for _ in range(latency_steps):  # fill the pending actions
+            shield.filter(obs, rng.uniform(-1, 1, 2).astype(np.float32))
+        u_p = (out * rng.uniform(0.3, 1.0, 2)).astype(np.float32)
+        conditions = shield.cbf_conditions(obs)
+        u, info = shield.filter(obs, u_p)
+        if np.nanmin(info["h"]) < 0 or info["fallback"]:
+            continue  # braking, not the projection
+        ref = _reference(conditions, u_p.astype(np.float64), low, high)
+        np.testing.assert_allclose(u, ref, atol=1e-6, rtol=0)
+        assert np.min(conditions(u.astype(np.float64))) >= -1e-6
+        fence = conditions(u.astype(np.float64)).reshape(-1, 8)[:, :4]  # per gain case: the fence's 4 walls
+        corners += int(np.sum(np.abs(fence).min(axis=0) < 1e-6) == 2)
+    assert corners >= 60, corners  # both walls binding at the answer
+
+
 def test_safe_action_is_returned_bitwise():
     rng = np.random.default_rng(3)
     shield = CbfShield(planar_double_integrator(latency_steps=1, response_time_s=0.05, input_gain_error=0.3))

@@ -11,6 +11,8 @@ a whole period late. Baselines measured in the same run: the in-process
 around an instant runtime, a bare UDP echo round trip, and how often the
 platform itself stops a bare loop on the server's CPU for over 1 ms (a VM's
 host taking the vCPU away): no closed loop on that box has fewer late replies.
+The probe runs on every CPU at once and counts the stops that hit all of them
+together (the whole VM): those not even a standby server on another CPU covers.
 
     python bench/bench_serve.py                      # 60 s at 1 kHz, then 60 s at 5 kHz
     python bench/bench_serve.py --seconds 5 --rates 1000 --json
@@ -144,36 +146,46 @@ if realtime:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))
     except OSError:
         pass
-stalls, worst, end = 0, 0.0, time.perf_counter() + seconds
-last = time.perf_counter()
+stalls = []  # (start, length) on CLOCK_MONOTONIC: every stop of over 0.5 ms
+end = time.monotonic() + seconds
+last = time.monotonic()
 while last < end:
     spin_until = last + 0.0008
     while True:  # 0.8 ms of work
-        now = time.perf_counter()
-        if now - last > 0.001:
-            stalls += 1
-        worst = max(worst, now - last)
+        now = time.monotonic()
+        if now - last > 0.0005:
+            stalls.append((last, now - last))
         last = now
         if now >= spin_until:
             break
     time.sleep(0.0002)  # 0.2 ms asleep, as a server waiting for its next request
-    now = time.perf_counter()
-    late = now - last - 0.0002
-    if late > 0.001:
-        stalls += 1
-    worst = max(worst, late)
+    now = time.monotonic()
+    if now - last - 0.0002 > 0.0005:
+        stalls.append((last, now - last - 0.0002))
     last = now
-print(json.dumps({"seconds": seconds, "stalls_over_1ms": stalls, "max_stall_us": round(worst * 1e6, 1)}))
+print(json.dumps(stalls))
 """
 
 
-def platform_stalls(seconds: float, cpu: int | None, realtime: bool) -> dict:
+def platform_stalls(seconds: float, cpu: int | None, realtime: bool, cpus: list[int]) -> dict:
     """Baseline: a loop that needs nothing but its CPU (0.8 ms of work, 0.2 ms asleep, a 1 kHz server's duty), on
-    the server's CPU and under its scheduling: how often the platform itself stops it for over 1 ms (a VM's
-    host taking the vCPU away, say). A closed loop cannot have fewer late replies than this on the same box."""
-    out = subprocess.run([sys.executable, "-c", _STALL_PROBE, str(seconds), str(-1 if cpu is None else cpu),
-                          "1" if realtime else "0"], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    every CPU in `cpus` at once, under the server's scheduling: how often the platform itself stops it for over
+    1 ms (a VM's host taking the vCPU away, say). A closed loop cannot have fewer late replies than the server's
+    CPU has such stops; a stop on every CPU at once (the whole VM) a standby server on another CPU could not
+    cover either."""
+    probes = {c: subprocess.Popen([sys.executable, "-c", _STALL_PROBE, str(seconds), str(c), "1" if realtime else "0"],
+                                  stdout=subprocess.PIPE, text=True) for c in cpus}
+    stalls = {c: json.loads(p.communicate()[0]) for c, p in probes.items()}
+    over = {c: [(t, d) for t, d in ev if d > 0.001] for c, ev in stalls.items()}
+
+    def everywhere(t: float, d: float, c: int) -> bool:  # the others were stopped (> 0.5 ms) during it too
+        return all(any(s < t + d and t < s + e for s, e in stalls[o]) for o in cpus if o != c)
+
+    server = cpu if cpu in over else max(over, key=lambda c: len(over[c]))  # no --cpu: the worst CPU
+    return {"seconds": seconds, "cpu": server, "stalls_over_1ms": len(over[server]),
+            "max_stall_us": round(max([d for _, d in stalls[server]], default=0.0) * 1e6, 1),
+            "per_cpu_over_1ms": {str(c): len(ev) for c, ev in over.items()},
+            "every_cpu_at_once_over_1ms": sum(everywhere(t, d, server) for t, d in over[server])}
 
 
 class PlanarPlant:
@@ -303,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.nice is not None:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by the server subprocess
     client_realtime = []
+    cpus = sorted(os.sched_getaffinity(0))  # every CPU this bench may use: the stall probe watches each
     if args.realtime:
         from shield.serve_cli import go_realtime
 
@@ -319,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"bundle": str(bundle), "plant": args.plant, "busy_poll": args.busy_poll, "nice": os.getpriority(os.PRIO_PROCESS, 0), "realtime": args.realtime,
               "client_realtime_not_permitted": client_realtime, "load_average_before": os.getloadavg(), "udp_echo_us": udp_echo_floor_us(),
               "protocol_overhead_us": server_overhead_us(obs_dim, probe.act_dim),
-              "platform_stalls": platform_stalls(args.probe_seconds, args.cpu, args.realtime), "loops": []}
+              "platform_stalls": platform_stalls(args.probe_seconds, args.cpu, args.realtime, cpus), "loops": []}
     for rate in (float(r) for r in args.rates.split(",")):
         # The server's compute deadline is the control period: a later reply is useless to the plant.
         extra = ((["--realtime"] if args.realtime else []) + (["--cpu", str(args.cpu)] if args.cpu is not None else [])
@@ -345,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"baseline: bare UDP echo p50 {echo['p50']:.1f} us, p99 {echo['p99']:.1f} us; "
           f"server protocol overhead (instant runtime) p50 {proto['p50']:.1f} us, p99 {proto['p99']:.1f} us; "
           f"a bare loop on the server's CPU was stopped for over 1 ms {stalls['stalls_over_1ms']} times in "
-          f"{stalls['seconds']:.0f} s (longest {stalls['max_stall_us'] / 1e3:.1f} ms)")
+          f"{stalls['seconds']:.0f} s (longest {stalls['max_stall_us'] / 1e3:.1f} ms; "
+          f"{stalls['every_cpu_at_once_over_1ms']} of them on every CPU at once; per CPU "
+          f"{stalls['per_cpu_over_1ms']})")
     for loop in result["loops"]:
         r, s, act = loop["rtt_us"], loop["server_us"], loop["runtime_act_us"]
         print(f"{loop['rate_hz']:.0f} Hz x {loop['seconds']:.1f} s ({loop['periods']} periods): "

@@ -11,12 +11,32 @@ before it (an actor killed while still booting, on a loaded machine).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
+
+
+@contextmanager
+def ray_for_run(address: str | None, num_cpus: float):
+    """Ray for one training run: started here (a local instance with `num_cpus`, or joined at `address`)
+    unless the caller already has it up, and shut down however the run ends, a failure while its actors
+    start included. A Ray the caller started stays up (tests, a notebook)."""
+    from pipeline.training.learner import usable_cpus  # here: this module's actors import only Ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, num_cpus=None if address else max(usable_cpus(), math.ceil(num_cpus)),
+                 include_dashboard=False, log_to_driver=True)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 class WeightSource:

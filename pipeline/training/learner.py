@@ -12,8 +12,10 @@ One `update(batches)` call:
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -40,6 +42,20 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+@contextmanager
+def learner_threads(device: torch.device, actor_cpus: float):
+    """torch's thread pool for a CPU learner that shares this machine with `actor_cpus` of local actors (an
+    oversubscribed pool is ~10x slower than one thread on a busy 2-core box); the caller's setting comes
+    back however the run ends."""
+    before = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, usable_cpus() - math.ceil(actor_cpus)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def stack_batches(batches: list[dict], device: torch.device) -> dict[str, torch.Tensor]:

@@ -21,7 +21,6 @@ learner, counters and (with replay.checkpoint) a snapshot of every shard.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import uuid
@@ -37,9 +36,9 @@ import yaml
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from pipeline.training.actor_pool import ActorPool, WeightSource
+from pipeline.training.actor_pool import ActorPool, WeightSource, ray_for_run
 from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
-from pipeline.training.learner import resolve_device, usable_cpus
+from pipeline.training.learner import learner_threads, resolve_device
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.replay import NStepBuilder, ReplayClient, ReplayShard, load_snapshot, save_snapshot
 from pipeline.training.rollout import RolloutActor
@@ -143,9 +142,6 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
     model_spec, randomization = model_spec_for(cfg)
     model_spec.pop("history_length", None)  # the SAC actor is memoryless (the config refuses a history with sac)
     device = resolve_device(tc.device)
-    torch_threads = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, usable_cpus() - math.ceil(tc.num_actors * cfg.ray.actor_num_cpus)))
     torch.manual_seed(tc.seed)
     learner = SacLearner(model_spec, sc, tc.gamma, device)
     env_steps, learned, episodes_total, prior_wall = 0, 0, 0, 0.0
@@ -161,151 +157,144 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
         restarts_before = dict(ckpt["restarts"])
 
     address = ray_address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        local_cpus = None if address else max(usable_cpus(), math.ceil(
-            tc.num_actors * cfg.ray.actor_num_cpus + rc.num_shards * rc.shard_num_cpus))
-        ray.init(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=True)
+    with (learner_threads(device, tc.num_actors * cfg.ray.actor_num_cpus),
+          ray_for_run(address, tc.num_actors * cfg.ray.actor_num_cpus + rc.num_shards * rc.shard_num_cpus)):
+        run_id = uuid.uuid4().hex[:12]
+        # The weight source stays with the driver: losing another node must not lose it.
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        weight_source = ray.remote(num_cpus=0)(WeightSource).options(
+            name=f"sim2real-weights-{run_id}", scheduling_strategy=here).remote()
+        publisher = _Publisher(learner, weight_source)
+        publisher.publish()  # nothing waits for it to boot here (train.py's start-up order): checked below
 
-    run_id = uuid.uuid4().hex[:12]
-    # The weight source stays with the driver: losing another node must not lose it.
-    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-    weight_source = ray.remote(num_cpus=0)(WeightSource).options(
-        name=f"sim2real-weights-{run_id}", scheduling_strategy=here).remote()
-    publisher = _Publisher(learner, weight_source)
-    publisher.publish()  # nothing waits for it to boot here (train.py's start-up order): checked below
+        shard_names = [f"sim2real-replay-{run_id}-{k}" for k in range(rc.num_shards)]
+        shard_cls = ray.remote(ReplayShard)
+        shards = [shard_cls.options(name=name, num_cpus=rc.shard_num_cpus, max_restarts=cfg.ray.max_actor_restarts,
+                                    max_task_retries=0, scheduling_strategy="SPREAD").remote(k, max(1, rc.capacity // rc.num_shards), model_spec["obs_dim"],
+                                                       model_spec["act_dim"], rc.alpha, tc.seed)
+                  for k, name in enumerate(shard_names)]
+        replay = ReplayClient(shards, sc.batch_size, sc.prefetch_batches, tc.seed)
+        restored = load_snapshot(run_dir / REPLAY_DIR, shards) if ckpt is not None else 0
+        replay.poll()
 
-    shard_names = [f"sim2real-replay-{run_id}-{k}" for k in range(rc.num_shards)]
-    shard_cls = ray.remote(ReplayShard)
-    shards = [shard_cls.options(name=name, num_cpus=rc.shard_num_cpus, max_restarts=cfg.ray.max_actor_restarts,
-                                max_task_retries=0, scheduling_strategy="SPREAD").remote(k, max(1, rc.capacity // rc.num_shards), model_spec["obs_dim"],
-                                                   model_spec["act_dim"], rc.alpha, tc.seed)
-              for k, name in enumerate(shard_names)]
-    replay = ReplayClient(shards, sc.batch_size, sc.prefetch_batches, tc.seed)
-    restored = load_snapshot(run_dir / REPLAY_DIR, shards) if ckpt is not None else 0
-    replay.poll()
+        updates = learner.version
+        actor_seed = int(np.random.SeedSequence([tc.seed, updates]).generate_state(1)[0])
+        actor_cls = ray.remote(ExploringActor).options(num_cpus=cfg.ray.actor_num_cpus, max_restarts=cfg.ray.max_actor_restarts,
+                                                       max_task_retries=0, scheduling_strategy="SPREAD")
+        noise = exploration_levels(sc.exploration_noise, sc.exploration_alpha, tc.num_actors)
+        exploring_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps, tc.envs_per_actor,
+                                             tc.rollout_length, actor_seed, model_spec, f"sim2real-weights-{run_id}",
+                                             shard_names, noise[i], sc.n_step, tc.gamma, shield=_shield_in_loop(cfg))
+                            for i in range(tc.num_actors)]
+        ray.get(weight_source.latest.remote())  # published before the first batch is asked for
+        pool = ActorPool(exploring_actors, tc.max_batches_in_flight)
+        logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
 
-    updates = learner.version
-    actor_seed = int(np.random.SeedSequence([tc.seed, updates]).generate_state(1)[0])
-    actor_cls = ray.remote(ExploringActor).options(num_cpus=cfg.ray.actor_num_cpus, max_restarts=cfg.ray.max_actor_restarts,
-                                                   max_task_retries=0, scheduling_strategy="SPREAD")
-    noise = exploration_levels(sc.exploration_noise, sc.exploration_alpha, tc.num_actors)
-    exploring_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps, tc.envs_per_actor,
-                                         tc.rollout_length, actor_seed, model_spec, f"sim2real-weights-{run_id}",
-                                         shard_names, noise[i], sc.n_step, tc.gamma, shield=_shield_in_loop(cfg))
-                        for i in range(tc.num_actors)]
-    ray.get(weight_source.latest.remote())  # published before the first batch is asked for
-    pool = ActorPool(exploring_actors, tc.max_batches_in_flight)
-    logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
+        lost_by_actor = [0] * tc.num_actors
 
-    lost_by_actor = [0] * tc.num_actors
+        def counters() -> dict:
+            return dict(actor=restarts_before["actor"] + pool.restarts, shard=restarts_before["shard"] + replay.restarts,
+                        lost=restarts_before["lost"] + replay.transitions_lost + sum(lost_by_actor))
 
-    def counters() -> dict:
-        return dict(actor=restarts_before["actor"] + pool.restarts, shard=restarts_before["shard"] + replay.restarts,
-                    lost=restarts_before["lost"] + replay.transitions_lost + sum(lost_by_actor))
+        def checkpoint() -> None:
+            if rc.checkpoint:
+                save_snapshot(run_dir / REPLAY_DIR, shards)
+            write_checkpoint(run_dir, learner.version, dict(
+                algorithm="sac", learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
+                updates=learner.version, env_steps=env_steps, learned_samples=learned, episodes=episodes_total,
+                wall_s=prior_wall + time.perf_counter() - start_wall, torch_rng_state=torch.get_rng_state(),
+                env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), restarts=counters()))
 
-    def checkpoint() -> None:
-        if rc.checkpoint:
-            save_snapshot(run_dir / REPLAY_DIR, shards)
-        write_checkpoint(run_dir, learner.version, dict(
-            algorithm="sac", learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
-            updates=learner.version, env_steps=env_steps, learned_samples=learned, episodes=episodes_total,
-            wall_s=prior_wall + time.perf_counter() - start_wall, torch_rng_state=torch.get_rng_state(),
-            env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), restarts=counters()))
+        recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
+        episodes_since_log: list[np.ndarray] = []
+        lags: list[int] = []
+        nodes: dict[str, set] = dict(actors=set(), shards=set())
+        loop_start, steps_at_start, learned_at_start = time.perf_counter(), env_steps, learned
+        learner_time, last_log = 0.0, (time.perf_counter(), env_steps, learned, 0, 0)
+        stats: dict = {}
 
-    recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
-    episodes_since_log: list[np.ndarray] = []
-    lags: list[int] = []
-    nodes: dict[str, set] = dict(actors=set(), shards=set())
-    loop_start, steps_at_start, learned_at_start = time.perf_counter(), env_steps, learned
-    learner_time, last_log = 0.0, (time.perf_counter(), env_steps, learned, 0, 0)
-    stats: dict = {}
+        def log_record() -> dict:
+            nonlocal last_log
+            now = time.perf_counter()
+            shard_stats = replay.poll()
+            nodes["shards"].update(s["node_id"] for s in shard_stats)
+            inserted = sum(s["inserted"] for s in shard_stats)
+            sampled = sum(s["sampled"] for s in shard_stats)
+            t0, steps0, learned0, inserted0, sampled0 = last_log
+            dt = max(now - t0, 1e-9)
+            c = counters()
+            record = dict(updates=learner.version, env_steps=env_steps, env_steps_per_s=(env_steps - steps0) / dt,
+                          learner_steps_per_s=(learned - learned0) / sc.batch_size / dt,
+                          learner_utilization=learner_time / max(now - loop_start, 1e-9),
+                          replay_ratio=learned / max(env_steps, 1), replay_ratio_target=sc.replay_ratio,
+                          replay_size=sum(s["size"] for s in shard_stats), replay_shards_up=len(shard_stats),
+                          replay_insert_per_s=max(0, inserted - inserted0) / dt, replay_sample_per_s=max(0, sampled - sampled0) / dt,
+                          priority_max=max((s["max_priority"] for s in shard_stats), default=0.0),
+                          priority_mass_total=sum(s["total_mass"] for s in shard_stats),
+                          policy_lag_mean=float(np.mean(lags)) if lags else 0.0, policy_lag_max=max(lags, default=0),
+                          actor_restarts=c["actor"], shard_restarts=c["shard"], transitions_lost=c["lost"],
+                          **{k: v for k, v in stats.items() if k != "learner_s"})
+            if len(recent_returns) == FINAL_RETURN_WINDOW:
+                record["episode_return_recent"] = float(np.mean(recent_returns))
+            eps = np.concatenate(episodes_since_log) if episodes_since_log else np.zeros((0, 3))
+            if len(eps):
+                record.update(episode_return=float(eps[:, 0].mean()), episode_cost=float(eps[:, 1].mean()),
+                              episode_length=float(eps[:, 2].mean()), episodes=episodes_total)
+                episodes_since_log.clear()
+            last_log = (now, env_steps, learned, inserted, sampled)
+            lags.clear()
+            logger.log(record)
+            return record
 
-    def log_record() -> dict:
-        nonlocal last_log
-        now = time.perf_counter()
-        shard_stats = replay.poll()
-        nodes["shards"].update(s["node_id"] for s in shard_stats)
-        inserted = sum(s["inserted"] for s in shard_stats)
-        sampled = sum(s["sampled"] for s in shard_stats)
-        t0, steps0, learned0, inserted0, sampled0 = last_log
-        dt = max(now - t0, 1e-9)
-        c = counters()
-        record = dict(updates=learner.version, env_steps=env_steps, env_steps_per_s=(env_steps - steps0) / dt,
-                      learner_steps_per_s=(learned - learned0) / sc.batch_size / dt,
-                      learner_utilization=learner_time / max(now - loop_start, 1e-9),
-                      replay_ratio=learned / max(env_steps, 1), replay_ratio_target=sc.replay_ratio,
-                      replay_size=sum(s["size"] for s in shard_stats), replay_shards_up=len(shard_stats),
-                      replay_insert_per_s=max(0, inserted - inserted0) / dt, replay_sample_per_s=max(0, sampled - sampled0) / dt,
-                      priority_max=max((s["max_priority"] for s in shard_stats), default=0.0),
-                      priority_mass_total=sum(s["total_mass"] for s in shard_stats),
-                      policy_lag_mean=float(np.mean(lags)) if lags else 0.0, policy_lag_max=max(lags, default=0),
-                      actor_restarts=c["actor"], shard_restarts=c["shard"], transitions_lost=c["lost"],
-                      **{k: v for k, v in stats.items() if k != "learner_s"})
-        if len(recent_returns) == FINAL_RETURN_WINDOW:
-            record["episode_return_recent"] = float(np.mean(recent_returns))
-        eps = np.concatenate(episodes_since_log) if episodes_since_log else np.zeros((0, 3))
-        if len(eps):
-            record.update(episode_return=float(eps[:, 0].mean()), episode_cost=float(eps[:, 1].mean()),
-                          episode_length=float(eps[:, 2].mean()), episodes=episodes_total)
-            episodes_since_log.clear()
-        last_log = (now, env_steps, learned, inserted, sampled)
-        lags.clear()
-        logger.log(record)
-        return record
+        def state(metrics: dict) -> dict:
+            return dict(updates=learner.version, env_steps=env_steps, learner=learner, actors=exploring_actors,
+                        shards=shards, metrics=metrics, nodes=nodes)
 
-    def state(metrics: dict) -> dict:
-        return dict(updates=learner.version, env_steps=env_steps, learner=learner, actors=exploring_actors,
-                    shards=shards, metrics=metrics, nodes=nodes)
-
-    try:
-        if callback:
-            callback(state({}))
-        pool.start()
-        stop = False
-        while env_steps < tc.total_env_steps and not stop:
-            # Learn while learned < replay_ratio x (collected - learning_starts); else wait for the actors.
-            due = env_steps >= max(sc.learning_starts, 1) and learned < sc.replay_ratio * (env_steps - sc.learning_starts)
-            beta = rc.beta + (1.0 - rc.beta) * min(1.0, env_steps / tc.total_env_steps)
-            batch = replay.sample(beta) if due else {}
-            if not batch:  # not due, or every shard down or empty: collect
-                for r in pool.collect(1):
-                    env_steps += r["steps"]
-                    lost_by_actor[r["actor"]] = r["lost"]
-                    nodes["actors"].add(r["node_id"])
-                    lags.append(learner.version - r["version"])  # learner steps behind, at the chunk's start
-                    episodes_total += len(r["episodes"])
-                    recent_returns.extend(r["episodes"][:, 0].tolist())
-                    if len(r["episodes"]):
-                        episodes_since_log.append(r["episodes"])
-                continue
-            stats, priorities = learner.update(batch)
-            learner_time += stats["learner_s"]
-            learned += len(batch["reward"])
-            replay.update_priorities(batch, priorities)
-            if learner.version % sc.publish_every == 0:
-                publisher.publish()
-            if learner.version % sc.log_every == 0:
-                record = log_record()
-                stop = bool(callback and callback(state(record)))
-            if learner.version % sc.checkpoint_every == 0:
-                checkpoint()
-        settled = pool.settle()  # actors Ray restarted after their last batch (a node lost late in the run)
-        if settled or learner.version % sc.log_every or learner.version == 0:  # what happened since the last record
-            log_record()
-        checkpoint()
-    except KeyboardInterrupt:
-        checkpoint()
-        raise
-    finally:
-        logger.close()
-        pool.kill_all()
-        for shard in shards:
-            ray.kill(shard)
-        ray.kill(weight_source)
-        if started_ray:
-            ray.shutdown()
-        torch.set_num_threads(torch_threads)
+        try:
+            if callback:
+                callback(state({}))
+            pool.start()
+            stop = False
+            while env_steps < tc.total_env_steps and not stop:
+                # Learn while learned < replay_ratio x (collected - learning_starts); else wait for the actors.
+                due = env_steps >= max(sc.learning_starts, 1) and learned < sc.replay_ratio * (env_steps - sc.learning_starts)
+                beta = rc.beta + (1.0 - rc.beta) * min(1.0, env_steps / tc.total_env_steps)
+                batch = replay.sample(beta) if due else {}
+                if not batch:  # not due, or every shard down or empty: collect
+                    for r in pool.collect(1):
+                        env_steps += r["steps"]
+                        lost_by_actor[r["actor"]] = r["lost"]
+                        nodes["actors"].add(r["node_id"])
+                        lags.append(learner.version - r["version"])  # learner steps behind, at the chunk's start
+                        episodes_total += len(r["episodes"])
+                        recent_returns.extend(r["episodes"][:, 0].tolist())
+                        if len(r["episodes"]):
+                            episodes_since_log.append(r["episodes"])
+                    continue
+                stats, priorities = learner.update(batch)
+                learner_time += stats["learner_s"]
+                learned += len(batch["reward"])
+                replay.update_priorities(batch, priorities)
+                if learner.version % sc.publish_every == 0:
+                    publisher.publish()
+                if learner.version % sc.log_every == 0:
+                    record = log_record()
+                    stop = bool(callback and callback(state(record)))
+                if learner.version % sc.checkpoint_every == 0:
+                    checkpoint()
+            settled = pool.settle()  # actors Ray restarted after their last batch (a node lost late in the run)
+            if settled or learner.version % sc.log_every or learner.version == 0:  # what happened since the last record
+                log_record()
+            checkpoint()
+        except KeyboardInterrupt:
+            checkpoint()
+            raise
+        finally:
+            logger.close()
+            pool.kill_all()
+            for shard in shards:
+                ray.kill(shard)
+            ray.kill(weight_source)
 
     loop_s = time.perf_counter() - loop_start
     c = counters()

@@ -21,7 +21,6 @@ selection.json (which checkpoint was selected and why).
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -36,9 +35,9 @@ import ray
 import torch
 import yaml
 
-from pipeline.training.actor_pool import ActorPool, WeightSource
+from pipeline.training.actor_pool import ActorPool, WeightSource, ray_for_run
 from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
-from pipeline.training.learner import Learner, resolve_device, usable_cpus
+from pipeline.training.learner import Learner, learner_threads, resolve_device
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.rollout import RolloutActor, make_env
 from pipeline.training.selection import ModelSelection
@@ -121,11 +120,6 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
 
     model_spec, randomization = model_spec_for(cfg)
     device = resolve_device(tc.device)
-    torch_threads = torch.get_num_threads()
-    if device.type == "cpu":
-        # The learner shares the machine with the local actors; an oversubscribed torch
-        # thread pool is ~10x slower than one thread on a busy 2-core box.
-        torch.set_num_threads(max(1, usable_cpus() - math.ceil(tc.num_actors * cfg.ray.actor_num_cpus)))
     torch.manual_seed(tc.seed)
     learner = Learner(model_spec, tc, device, log_std_init=tc.log_std_init)
     updates, env_steps, episodes_total, prior_wall = 0, 0, 0, 0.0
@@ -138,120 +132,114 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
         episodes_total, prior_wall = int(ckpt["episodes"]), float(ckpt["wall_s"])
 
     address = ray_address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        local_cpus = None if address else max(usable_cpus(), math.ceil(tc.num_actors * cfg.ray.actor_num_cpus))
-        ray.init(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=True)
+    actor_cpus = tc.num_actors * cfg.ray.actor_num_cpus
+    with learner_threads(device, actor_cpus), ray_for_run(address, actor_cpus):
+        # Start-up order (on 2 cores the first batch came ~1.5 s sooner): nothing waits for the
+        # weight source to boot (it imports only Ray; a named actor is registered when `.remote()`
+        # returns, so the rollout actors find it by name), and the rollout actors (the slowest to
+        # boot: torch, MuJoCo, their envs) are created before the validation actor.
+        weight_source_name = f"sim2real-weights-{uuid.uuid4().hex[:12]}"
+        selection = None
+        if cfg.validation.enabled:
+            selection = ModelSelection(cfg, run_dir, model_spec, _shield_in_loop(cfg), dict(
+                env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash()))
+            randomization = selection.train_randomization()  # ADR: the narrow start
+        # A resumed run seeds its actors differently so it does not replay the episodes of its first life.
+        actor_seed = int(np.random.SeedSequence([tc.seed, updates]).generate_state(1)[0])
+        weight_source = ray.remote(num_cpus=0)(WeightSource).options(name=weight_source_name).remote()
+        actor_cls = ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_num_cpus,
+                                                     max_restarts=cfg.ray.max_actor_restarts, max_task_retries=0)
+        rollout_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps,
+                                           tc.envs_per_actor, tc.rollout_length, actor_seed, model_spec, weight_source_name,
+                                           shield=_shield_in_loop(cfg))
+                          for i in range(tc.num_actors)]
+        if selection is not None:
+            selection.start()
+        publisher = _Publisher(learner, weight_source)
+        publisher.publish()
+        ray.get(weight_source.latest.remote())  # published before the first batch is asked for
+        pool = ActorPool(rollout_actors, tc.max_batches_in_flight)
+        logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
 
-    # Start-up order (on 2 cores the first batch came ~1.5 s sooner): nothing waits for the
-    # weight source to boot (it imports only Ray; a named actor is registered when `.remote()`
-    # returns, so the rollout actors find it by name), and the rollout actors (the slowest to
-    # boot: torch, MuJoCo, their envs) are created before the validation actor.
-    weight_source_name = f"sim2real-weights-{uuid.uuid4().hex[:12]}"
-    selection = None
-    if cfg.validation.enabled:
-        selection = ModelSelection(cfg, run_dir, model_spec, _shield_in_loop(cfg), dict(
-            env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash()))
-        randomization = selection.train_randomization()  # ADR: the narrow start
-    # A resumed run seeds its actors differently so it does not replay the episodes of its first life.
-    actor_seed = int(np.random.SeedSequence([tc.seed, updates]).generate_state(1)[0])
-    weight_source = ray.remote(num_cpus=0)(WeightSource).options(name=weight_source_name).remote()
-    actor_cls = ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_num_cpus,
-                                                 max_restarts=cfg.ray.max_actor_restarts, max_task_retries=0)
-    rollout_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps,
-                                       tc.envs_per_actor, tc.rollout_length, actor_seed, model_spec, weight_source_name,
-                                       shield=_shield_in_loop(cfg))
-                      for i in range(tc.num_actors)]
-    if selection is not None:
-        selection.start()
-    publisher = _Publisher(learner, weight_source)
-    publisher.publish()
-    ray.get(weight_source.latest.remote())  # published before the first batch is asked for
-    pool = ActorPool(rollout_actors, tc.max_batches_in_flight)
-    logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
+        def checkpoint() -> None:
+            # learner.version, not `updates`: after an interrupt they can differ and the weights are the truth.
+            write_checkpoint(run_dir, learner.version, dict(
+                learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
+                updates=learner.version, env_steps=env_steps, episodes=episodes_total, wall_s=prior_wall + time.perf_counter() - start_wall,
+                torch_rng_state=torch.get_rng_state(), env_id=cfg.task.env_id, task=cfg.task.name,
+                config_hash=cfg.config_hash()))
 
-    def checkpoint() -> None:
-        # learner.version, not `updates`: after an interrupt they can differ and the weights are the truth.
-        write_checkpoint(run_dir, learner.version, dict(
-            learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
-            updates=learner.version, env_steps=env_steps, episodes=episodes_total, wall_s=prior_wall + time.perf_counter() - start_wall,
-            torch_rng_state=torch.get_rng_state(), env_id=cfg.task.env_id, task=cfg.task.name,
-            config_hash=cfg.config_hash()))
+        recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
+        env_restarts_of = [0] * len(rollout_actors)
+        learner_time, loop_start, steps_at_start = 0.0, time.perf_counter(), env_steps
+        rate_window: deque[tuple[float, int]] = deque(maxlen=20)
 
-    recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
-    env_restarts_of = [0] * len(rollout_actors)
-    learner_time, loop_start, steps_at_start = 0.0, time.perf_counter(), env_steps
-    rate_window: deque[tuple[float, int]] = deque(maxlen=20)
+        try:
+            if callback:
+                callback(dict(updates=updates, env_steps=env_steps, learner=learner, actors=rollout_actors, metrics={}))
+            if not tc.sync:
+                pool.start()
+            record = None  # the last metrics record
+            while env_steps < tc.total_env_steps:
+                batches = pool.collect_all(publisher.latest) if tc.sync else pool.collect(tc.batches_per_update)
+                for batch in batches:
+                    env_steps += batch["rewards"].size
+                    env_restarts_of[batch["actor"]] = batch["env_restarts"]
+                lags = [learner.version - b["version"] for b in batches]
+                episodes = np.concatenate([b["episodes"] for b in batches])
+                episodes_total += len(episodes)
+                recent_returns.extend(episodes[:, 0].tolist())
 
-    try:
-        if callback:
-            callback(dict(updates=updates, env_steps=env_steps, learner=learner, actors=rollout_actors, metrics={}))
-        if not tc.sync:
-            pool.start()
-        record = None  # the last metrics record
-        while env_steps < tc.total_env_steps:
-            batches = pool.collect_all(publisher.latest) if tc.sync else pool.collect(tc.batches_per_update)
-            for batch in batches:
-                env_steps += batch["rewards"].size
-                env_restarts_of[batch["actor"]] = batch["env_restarts"]
-            lags = [learner.version - b["version"] for b in batches]
-            episodes = np.concatenate([b["episodes"] for b in batches])
-            episodes_total += len(episodes)
-            recent_returns.extend(episodes[:, 0].tolist())
+                learner.set_progress(env_steps / tc.total_env_steps)
+                stats = learner.update(batches)
+                learner_time += stats["learner_s"]
+                updates += 1
+                publisher.publish()
 
-            learner.set_progress(env_steps / tc.total_env_steps)
-            stats = learner.update(batches)
-            learner_time += stats["learner_s"]
-            updates += 1
-            publisher.publish()
-
-            now = time.perf_counter()
-            elapsed = now - loop_start
-            rate_window.append((now, env_steps))
-            window_s = now - rate_window[0][0]
-            record = dict(updates=updates, env_steps=env_steps,
-                          env_steps_per_s=(env_steps - rate_window[0][1]) / window_s if window_s > 0 else 0.0,
-                          learner_samples_per_s=stats["samples"] / stats["learner_s"],
-                          learner_utilization=learner_time / elapsed,
-                          policy_lag_mean=float(np.mean(lags)), policy_lag_max=int(max(lags)),
-                          actor_restarts=pool.restarts, env_restarts=int(sum(env_restarts_of)),
-                          **{k: v for k, v in stats.items() if k not in ("samples", "learner_s")})
-            if len(recent_returns) == FINAL_RETURN_WINDOW:
-                record["episode_return_recent"] = float(np.mean(recent_returns))  # last 20 episodes
-            if len(episodes):
-                record.update(episode_return=float(episodes[:, 0].mean()), episode_cost=float(episodes[:, 1].mean()),
-                              episode_length=float(episodes[:, 2].mean()), episodes=episodes_total)
+                now = time.perf_counter()
+                elapsed = now - loop_start
+                rate_window.append((now, env_steps))
+                window_s = now - rate_window[0][0]
+                record = dict(updates=updates, env_steps=env_steps,
+                              env_steps_per_s=(env_steps - rate_window[0][1]) / window_s if window_s > 0 else 0.0,
+                              learner_samples_per_s=stats["samples"] / stats["learner_s"],
+                              learner_utilization=learner_time / elapsed,
+                              policy_lag_mean=float(np.mean(lags)), policy_lag_max=int(max(lags)),
+                              actor_restarts=pool.restarts, env_restarts=int(sum(env_restarts_of)),
+                              **{k: v for k, v in stats.items() if k not in ("samples", "learner_s")})
+                if len(recent_returns) == FINAL_RETURN_WINDOW:
+                    record["episode_return_recent"] = float(np.mean(recent_returns))  # last 20 episodes
+                if len(episodes):
+                    record.update(episode_return=float(episodes[:, 0].mean()), episode_cost=float(episodes[:, 1].mean()),
+                                  episode_length=float(episodes[:, 2].mean()), episodes=episodes_total)
+                if selection is not None:
+                    _note_validation(record, selection.after_update(updates, env_steps, learner.version, publisher.weights),
+                                     selection, rollout_actors)
+                logger.log(record)
+                if updates % tc.checkpoint_every == 0:
+                    checkpoint()
+                if callback and callback(dict(updates=updates, env_steps=env_steps, learner=learner,
+                                              actors=rollout_actors, metrics=record)):
+                    break
+                if selection is not None and selection.stop_reason:
+                    print(f"sim2real train: stopping early at update {updates}: {selection.stop_reason}", file=sys.stderr)
+                    break
+            if pool.settle() and record is not None:  # actors Ray restarted after their last batch: the last record says so
+                logger.log(dict(record, actor_restarts=pool.restarts))
+            checkpoint()
             if selection is not None:
-                _note_validation(record, selection.after_update(updates, env_steps, learner.version, publisher.weights),
-                                 selection, rollout_actors)
-            logger.log(record)
-            if updates % tc.checkpoint_every == 0:
-                checkpoint()
-            if callback and callback(dict(updates=updates, env_steps=env_steps, learner=learner,
-                                          actors=rollout_actors, metrics=record)):
-                break
-            if selection is not None and selection.stop_reason:
-                print(f"sim2real train: stopping early at update {updates}: {selection.stop_reason}", file=sys.stderr)
-                break
-        if pool.settle() and record is not None:  # actors Ray restarted after their last batch: the last record says so
-            logger.log(dict(record, actor_restarts=pool.restarts))
-        checkpoint()
-        if selection is not None:
-            # The final weights compete too; their score goes to selection.json (metrics.jsonl keeps one row per update).
-            selection.after_update(updates, env_steps, learner.version, publisher.weights, final=True)
-            (run_dir / "selection.json").write_text(json.dumps(selection.summary(), indent=2))
-    except KeyboardInterrupt:
-        checkpoint()  # Ctrl-C keeps the work done so far: `--resume RUN_DIR` continues from here
-        raise
-    finally:
-        logger.close()
-        pool.kill_all()
-        if selection is not None:
-            selection.close()
-        ray.kill(weight_source)
-        if started_ray:
-            ray.shutdown()
-        torch.set_num_threads(torch_threads)
+                # The final weights compete too; their score goes to selection.json (metrics.jsonl keeps one row per update).
+                selection.after_update(updates, env_steps, learner.version, publisher.weights, final=True)
+                (run_dir / "selection.json").write_text(json.dumps(selection.summary(), indent=2))
+        except KeyboardInterrupt:
+            checkpoint()  # Ctrl-C keeps the work done so far: `--resume RUN_DIR` continues from here
+            raise
+        finally:
+            logger.close()
+            pool.kill_all()
+            if selection is not None:
+                selection.close()
+            ray.kill(weight_source)
 
     wall_s = time.perf_counter() - start_wall
     final_return = float(np.mean(recent_returns)) if recent_returns else None

@@ -137,6 +137,13 @@ def go_realtime(cpu: int | None, helpers: tuple[int, ...] = ()) -> list[str]:
     return problems
 
 
+def _user_error(message: str) -> int:
+    """A user error (argument, key file, bundle, address): one line on stderr, exit status 2 (as `sim2real`'s
+    other commands: README, "The CLI")."""
+    print(f"serve: error: {message}", file=sys.stderr)
+    return 2
+
+
 def _load_runtime(bundle_dir: Path, pinned: dict | None = None) -> Any:
     from shield.runtime import EdgeRuntime
 
@@ -153,23 +160,19 @@ def run_cli(args: argparse.Namespace) -> int:
     mode, log_dir = getattr(args, "mode", "active"), getattr(args, "log", None)
     host = getattr(args, "host", "127.0.0.1")
     if bool(bundle) == bool(task):
-        print("serve: give exactly one of BUNDLE or --registry TASK", file=sys.stderr)
-        return 2
+        return _user_error("give exactly one of BUNDLE or --registry TASK")
     if mode == "shadow" and not log_dir:
-        print("serve: --mode shadow needs --log DIR (the shadow log is the point of shadow mode)", file=sys.stderr)
-        return 2
+        return _user_error("--mode shadow needs --log DIR (the shadow log is the point of shadow mode)")
     if not getattr(args, "key_file", None) and not getattr(args, "insecure", False) and not is_loopback(host):
-        print(f"serve: --host {host} is not loopback and no --key-file is given: anyone on that network could "
-              f"drive the plant. Give a key, or --insecure on a closed control network.", file=sys.stderr)
-        return 2
+        return _user_error(f"--host {host} is not loopback and no --key-file is given: anyone on that network could "
+                           f"drive the plant. Give a key, or --insecure on a closed control network.")
     models = Path(getattr(args, "models", None) or "models")
     try:
         key = read_key_file(args.key_file) if getattr(args, "key_file", None) else None
         bundle_dir, pinned = production_target(models, task) if task else (Path(bundle), None)
         runtime = _load_runtime(bundle_dir, pinned)
     except (BundleError, OSError, ValueError) as err:
-        print(f"serve: {err}", file=sys.stderr)
-        return 2
+        return _user_error(str(err))
     shadow_log = None
     if mode == "shadow":
         from shield.shadowlog import ShadowLogWriter
@@ -181,11 +184,9 @@ def run_cli(args: argparse.Namespace) -> int:
                               max_plants=int(getattr(args, "max_plants", None) or 64),
                               clock_window_us=int(1000 * float(getattr(args, "clock_window_ms", None) or 1000.0)))
     except OSError as err:
-        print(f"serve: cannot bind {host}:{getattr(args, 'port', '')}: {err.strerror}", file=sys.stderr)
-        return 2
+        return _user_error(f"cannot bind {host}:{getattr(args, 'port', '')}: {err.strerror}")
     except ValueError as err:
-        print(f"serve: {err}", file=sys.stderr)
-        return 2
+        return _user_error(str(err))
     metrics = None
     if getattr(args, "metrics_port", None) is not None:
         from shield.metrics import MetricsError, start_metrics_server
@@ -193,9 +194,8 @@ def run_cli(args: argparse.Namespace) -> int:
         try:
             metrics = start_metrics_server(server, args.metrics_port, getattr(args, "metrics_host", "127.0.0.1"))
         except MetricsError as err:
-            print(f"serve: {err}", file=sys.stderr)
             server.close()
-            return 2
+            return _user_error(str(err))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     helpers: list[Any] = [Watchdog(server)]

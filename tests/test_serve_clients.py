@@ -241,6 +241,7 @@ def test_serve_cli_errors_are_one_clear_line(bundle, tmp_path, capsys):
     for a, message in cases:
         assert run_cli(a) == 2
         err = capsys.readouterr().err
+        assert err.startswith("serve: error: ") and err.count("\n") == 1, err  # one line, as every command's
         assert message in err and "Traceback" not in err, err
 
 

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import time
-from operator import and_, le, mul, or_
+from operator import le, mul
 from typing import Any, Callable
 
 import numpy as np
@@ -358,31 +358,32 @@ class CbfShield:
         u_p_in_box = checked or self._projection.in_box(u_p)
         cuts = None
         if u_p_in_box:
-            up = cur = u_p.tolist()
-            used = [False] * self._m  # the inputs the rows projected on so far move
-            j = int(self._cond.argmin())
-            while True:
-                a, b, c, d = self._row(j)
-                one = _project_on_row(up, a, b, c, d)
-                moves = [ai != 0.0 or ci != 0.0 for ai, ci in zip(a, c)]
-                if one is None or any(map(and_, moves, used)) or not self._cond.flat[j] < 0.0:
-                    break
-                # Row j moves none of the inputs the rows before it did, so projecting u_p onto it leaves them
-                # (and those rows) where they were: both projections together are the KKT point of all of them.
-                cur = [o if mv else x for o, mv, x in zip(one, moves, cur)]
-                used = list(map(or_, used, moves))
-                u = np.array(cur)
+            up = u_p.tolist()
+            aj, bj, cj, dj = self._row(int(self._cond.argmin()))
+            one = _project_on_row(up, aj, bj, cj, dj)
+            if one is not None:
+                u = np.array(one)
                 if self._meets(u, -_SQP_TOL) and self._projection.in_box(u):
                     return u, True, 0.0
-                j = int(self._cond.argmin())
-            if cur is not up:
-                G, lb = self._linearized_rows(u)  # `_meets` just evaluated the conditions at u
-                if one is not None:  # row j's cut at its own exact projection (tighter than its tangent at u)
-                    sigma = max(0.0, sum(map(mul, c, one)) + d)
-                    g = [ai - 2.0 * sigma * ci for ai, ci in zip(a, c)]
-                    G[j] = g
-                    lb[j] = sum(map(mul, g, one)) - (sum(map(mul, a, one)) + b - sigma * sigma)
-                cuts = G, lb
+                k = int(self._cond.argmin())
+                a, b, c, d = self._row(k)
+                other = _project_on_row(up, a, b, c, d)
+                if other is not None and self._cond.flat[k] < 0.0 and not any(
+                        (x or y) and (z or w) for x, y, z, w in zip(aj, cj, a, c)):
+                    # Row k moves none of the inputs row j moves: each projection leaves the other's inputs (and
+                    # row) as they were, so together they are the KKT point of both rows.
+                    u = np.array([o if (z or w) else x for x, o, z, w in zip(one, other, a, c)])
+                    if self._meets(u, -_SQP_TOL) and self._projection.in_box(u):
+                        return u, True, 0.0
+                    cuts = self._linearized_rows(u)  # both rows are tight there: their tangents are their cuts
+                else:
+                    G, lb = self._linearized_rows(u)  # `_meets` just evaluated the conditions at u
+                    if other is not None:  # row k's cut at its own exact projection (tighter than its tangent at u)
+                        sigma = max(0.0, sum(map(mul, c, other)) + d)
+                        g = [ai - 2.0 * sigma * ci for ai, ci in zip(a, c)]
+                        G[k] = g
+                        lb[k] = sum(map(mul, g, other)) - (sum(map(mul, a, other)) + b - sigma * sigma)
+                    cuts = G, lb
         for _ in range(_SQP_ITERS):
             G, lb = cuts if cuts is not None else self._linearized_rows(u)  # the last `_conditions` call was at u
             cuts = None

@@ -22,13 +22,7 @@ class RunCommand:
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", default=DEFAULT_CONFIG, help=f"task config YAML (default {DEFAULT_CONFIG})")
-        p.add_argument("--steps", type=int, help="training env steps (overrides train.total_env_steps)")
-        p.add_argument("--models", default="models", help="registry root (default models/)")
-        p.add_argument("--runs", default="runs", help="where training runs and reports go (default runs/)")
-        p.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else local)")
-        p.add_argument("--from-log", metavar="LOGS", help="field shadow logs (file or directory): calibrate the twin "
-                       "to them first, train around the calibrated set, gate on it as well as on reality")
+        _flow_arguments(p)
         p.add_argument("--json", action="store_true", help="print one JSON summary object")
 
     @staticmethod
@@ -52,7 +46,7 @@ class ScheduleCommand:
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("--cron", default="0 3 * * *", help='cron schedule (default "0 3 * * *": nightly at 03:00)')
-        p.add_argument("--config", default=DEFAULT_CONFIG, help=f"task config YAML (default {DEFAULT_CONFIG})")
+        _flow_arguments(p, " (each scheduled run reads what is there by then)")
         p.add_argument("--name", default=None, help="deployment name (default retrain-<task>)")
         p.add_argument("--timezone", default="UTC", help="time zone of the cron schedule (default UTC)")
         p.add_argument("--serve", action="store_true",
@@ -64,14 +58,29 @@ class ScheduleCommand:
         from flows.schedule import schedule
 
         _prefect_defaults()
-        result = schedule(args.config, args.cron, name=args.name, timezone=args.timezone, serve=args.serve)
+        result = schedule(args.config, args.cron, name=args.name, timezone=args.timezone, serve=args.serve,
+                          models_root=args.models, runs_dir=args.runs, steps=args.steps, ray_address=args.ray_address,
+                          from_log=args.from_log)
         if args.json:
             print(json.dumps(result))
         else:
             print(f"deployment {result['deployment']} scheduled '{result['cron']}' ({result.get('timezone', '')})")
+            if result["parameters"].get("from_log"):
+                print(f"each run first calibrates the twin to the field logs in {result['parameters']['from_log']}")
             if not result.get("served"):
                 print(f"start a worker from the repository root: prefect worker start --pool {result['work_pool']}")
         return 0
+
+
+def _flow_arguments(p: argparse.ArgumentParser, logs_note: str = "") -> None:
+    """The retrain flow's parameters, the same for `run` (now) and `schedule` (every scheduled run)."""
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"task config YAML (default {DEFAULT_CONFIG})")
+    p.add_argument("--steps", type=int, help="training env steps (overrides train.total_env_steps)")
+    p.add_argument("--models", default="models", help="registry root (default models/)")
+    p.add_argument("--runs", default="runs", help="where training runs and reports go (default runs/)")
+    p.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else local)")
+    p.add_argument("--from-log", metavar="LOGS", help="field shadow logs (file or directory): calibrate the twin "
+                   "to them first, train around the calibrated set, gate on it as well as on reality" + logs_note)
 
 
 def _prefect_defaults() -> None:

@@ -177,8 +177,10 @@ def prefect_server(tmp_path):
 
 def test_schedule_creates_cron_deployment_on_a_real_server(prefect_server, tmp_path):
     env = dict(os.environ, PREFECT_API_URL=prefect_server, PREFECT_HOME=str(tmp_path / "client-home"))
+    logs = tmp_path / "field-logs"  # where the plant's `serve --mode shadow` writes: each night reads it anew
+    logs.mkdir()
     out = subprocess.run([sys.executable, "-m", "pipeline.cli", "schedule", "--cron", "0 3 * * *",
-                          "--config", "configs/cartpole.yaml", "--json"],
+                          "--config", "configs/cartpole.yaml", "--from-log", str(logs), "--steps", "20000", "--json"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -191,7 +193,7 @@ def test_schedule_creates_cron_deployment_on_a_real_server(prefect_server, tmp_p
         "        d = await c.read_deployment_by_name('retrain/retrain-cartpole')\n"
         "        print(json.dumps({'id': str(d.id), 'pool': d.work_pool_name,\n"
         "                          'crons': [s.schedule.cron for s in d.schedules],\n"
-        "                          'active': [s.active for s in d.schedules]}))\n"
+        "                          'active': [s.active for s in d.schedules], 'parameters': d.parameters}))\n"
         "asyncio.run(main())\n"
     )
     shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -201,3 +203,14 @@ def test_schedule_creates_cron_deployment_on_a_real_server(prefect_server, tmp_p
     assert deployment["crons"] == ["0 3 * * *"]
     assert deployment["active"] == [True]
     assert deployment["pool"] == "sim2real-process"
+    assert deployment["parameters"] == {"config_path": "configs/cartpole.yaml", "models_root": "models",
+                                        "runs_dir": "runs", "steps": 20000, "from_log": str(logs.resolve())}
+
+
+def test_schedule_refuses_field_logs_that_are_not_there(tmp_path):
+    """A nightly run must not find out at 3 a.m. that its logs path is wrong: exit 2 now, naming it."""
+    env = dict(os.environ, PREFECT_API_URL="http://127.0.0.1:9/api", PREFECT_HOME=str(tmp_path / "home"))
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "schedule", "--from-log", str(tmp_path / "nope")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith("sim2real schedule: error: --from-log ") and str(tmp_path / "nope") in out.stderr

@@ -100,12 +100,13 @@ def falsify_step(bundle_dir: str, config_path: str, out_dir: str) -> dict:
 
 @task(name="shadow", retries=0, persist_result=True)
 def shadow_step(bundle_dir: str, config_path: str, report_dir: str, falsification: dict | None = None,
-                domains: str | None = None) -> dict:
-    """Shadow pass beside the legacy controller, counterfactual pass, gate decision (with falsify's cases), report."""
+                domains: str | None = None, calibration: dict | None = None) -> dict:
+    """Shadow pass beside the legacy controller, counterfactual pass, gate decision (with falsify's cases), report
+    (with the twin's calibration, when the flow calibrated it)."""
     _fault_drill("shadow")
     cfg = load_config(config_path)
     return run_shadow(bundle_dir, cfg, domains=domains or cfg.shadow.domains, report_dir=report_dir,
-                      falsification=falsification)
+                      falsification=falsification, calibration=calibration)
 
 
 @task(name="register", retries=1, retry_delay_seconds=2, persist_result=True)
@@ -146,11 +147,13 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
     falsification = falsify_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "falsify"))
     logger.info("falsify: %s case(s) in %s candidates, worst h %s", falsification["cases_found"],
                 falsification["evaluated"], falsification["min_h"])
-    shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"), falsification)
+    calibrated = calibration["result"] if calibration is not None else None
+    shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"), falsification,
+                         calibration=calibrated)
     if calibration is not None:
         report_calibrated = str(Path(trained["run_dir"]) / "report-calibrated")
         on_calibrated = shadow_step(exported["bundle"], config_path, report_calibrated, falsification,
-                                    domains="calibrated")
+                                    domains="calibrated", calibration=calibrated)
         shadow = _gate_on_both(shadow, on_calibrated)
 
     metrics = {"shadow": shadow["metrics"], "gate": {"decision": shadow["decision"], "reasons": shadow["reasons"]},

@@ -268,6 +268,8 @@ def test_flow_from_field_logs_calibrates_trains_around_it_and_gates_on_both(harn
     train_cart = derived.randomization["train"].body_mass["cart"]
     assert train_cart.low <= TRUTH["body_mass.cart"] <= train_cart.high
     assert any(r.startswith("calibrated: ") for r in summary["reasons"])  # gated on the calibrated set too
+    report = Path(summary["report"]).read_text()  # and the report says what the twin was calibrated to
+    assert "Twin calibration: identified vs nominal" in report and "<td>body_mass.cart</td>" in report
 
 
 @pytest.mark.slow

@@ -104,3 +104,44 @@ def test_animation_is_a_valid_gif(lqr_report):
         pixels = np.asarray(im.convert("RGB")).reshape(-1, 3)
         assert len(np.unique(pixels, axis=0)) > 4, "frames are blank"
     assert 'alt="counterfactual animation" src="data:image/gif;base64,' in html
+
+
+# What `calibrate` returns, in the part the report shows: one parameter identified, one the logs cannot pin,
+# one given as known; one flat direction.
+CALIBRATION = {
+    "parameters": {
+        "body_mass.cart": {"nominal": 1.0, "identified": 1.31, "identified_ok": True, "range": [1.26, 1.36]},
+        "body_mass.pole": {"nominal": 1.0, "identified": 1.8, "identified_ok": False, "range": [0.9, 1.5]},
+        "joint_damping.slider": {"nominal": 1.0, "identified": 1.1, "identified_ok": True, "known": True,
+                                 "range": [1.1, 1.1]}},
+    "flat_directions": [{"weights": {"body_mass.pole": 0.7, "actuator_gain.cart_force": -0.7}}],
+    "latency_steps": {"identified": 2},
+    "log": {"source": "field-logs/", "seconds": 120.0},
+    "prediction_error": {"before": {"rms_normalized": 3.2}, "after": {"rms_normalized": 0.9}},
+}
+
+
+def test_report_shows_the_twin_calibration_the_gate_ran_on(lqr_report, tmp_path):
+    """Gated after calibrating the twin to field logs: the report says what was identified, what was not, and how
+    much closer the calibrated twin predicts the plant. Without a calibration there is no such section."""
+    from pathlib import Path
+
+    from pipeline.evaluation.shadow import run_shadow
+    from tests.shadow_candidates import LOOSE_LATENCY_US, cartpole_config, shadow_result
+
+    bundle, _ = shadow_result("lqr", tmp_path)
+    cfg = cartpole_config(episodes=1, max_episode_steps=50)
+    cfg.gate.max_latency_p99_us = LOOSE_LATENCY_US
+    result = run_shadow(bundle, cfg, report_dir=tmp_path / "calibrated", calibration=CALIBRATION)
+    page = Path(result["report"]).read_text()
+    section = page[page.index("<h2>Twin calibration: identified vs nominal</h2>"):]
+    section = section[:section.index("<h2>", 4)]
+    rows = re.findall(r'<tr class="(\w+)"><td>([^<]+)</td><td>[^<]+</td><td>([^<]+)</td><td>([^<]+)</td>'
+                      r"<td>([^<]+)</td></tr>", section)
+    assert rows == [("pass", "body_mass.cart", "1.31", "1.26 .. 1.36", "identified"),
+                    ("skipped", "body_mass.pole", "1.8", "0.9 .. 1.5",
+                     "NOT identified by the logs: keeps its configured range"),
+                    ("pass", "joint_damping.slider", "1.1", "1.1 .. 1.1", "known (calibration.known)")]
+    assert "from 3.20 (nominal) to 0.90 (calibrated)" in section and "latency 2 control steps" in section
+    assert "+0.70 log body_mass.pole + -0.70 log actuator_gain.cart_force" in section
+    assert "Twin calibration" not in Path(lqr_report["report"]).read_text()

@@ -146,6 +146,31 @@ def _safety_case(metrics: dict) -> str:
     return f"<h2>Safety case: envelope and falsification</h2><table>{body}</table>{detail}"
 
 
+def _calibration(result: dict) -> str:
+    """The twin's calibration to the field logs this gate ran on (`sim2real calibrate`'s result): per parameter,
+    nominal vs identified and the range the candidate was gated on, and the twin's prediction error before/after."""
+    rows = []
+    for name, p in sorted(result["parameters"].items()):
+        lo, hi = p["range"]
+        status = ("known (calibration.known)" if p.get("known") else "identified" if p["identified_ok"]
+                  else "NOT identified by the logs: keeps its configured range")
+        rows.append(f"<tr class=\"{'pass' if p['identified_ok'] else 'skipped'}\"><td>{html.escape(name)}</td>"
+                    f"<td>{p['nominal']:.3g}</td><td>{p['identified']:.4g}</td><td>{lo:.4g} .. {hi:.4g}</td>"
+                    f"<td>{html.escape(status)}</td></tr>")
+    log, err = result["log"], result["prediction_error"]
+    flat = "".join(f"<li>{html.escape(' + '.join(f'{w:+.2f} log {n}' for n, w in d['weights'].items()))}</li>"
+                   for d in result.get("flat_directions", []))
+    return ("<h2>Twin calibration: identified vs nominal</h2>"
+            f"<p>From {log['seconds']:.0f} s of field log ({html.escape(str(log['source']))}): the twin's prediction "
+            f"error (RMS over the window, in noise std units) went from {err['before']['rms_normalized']:.2f} "
+            f"(nominal) to {err['after']['rms_normalized']:.2f} (calibrated); latency "
+            f"{result['latency_steps']['identified']} control steps. The candidate was trained around the "
+            "calibrated set and gated on it as well as on <code>reality</code>.</p>"
+            "<table><tr><th>parameter (scale)</th><th>nominal</th><th>identified</th><th>calibrated range</th>"
+            "<th>status</th></tr>" + "".join(rows) + "</table>"
+            + (f"<p>Directions the logs cannot pin (flat):</p><ul>{flat}</ul>" if flat else ""))
+
+
 def _metrics_table(metrics: dict) -> str:
     skip = {"legacy_returns", "candidate_returns", "seeds"}
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(json.dumps(v))}</td></tr>"
@@ -160,8 +185,10 @@ tr.fail td{background:#fdd}tr.pass td{background:#dfd}tr.skipped td{background:#
 img.plot{display:block;max-width:100%;margin:0.5em 0}.note{color:#666;font-style:italic}"""
 
 
-def write_report(out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, counterfactual=None) -> Path:
-    """Write `shadow-report.html` (and the animation GIF) into `out_dir`; returns the HTML path."""
+def write_report(out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, counterfactual=None,
+                 calibration: dict | None = None) -> Path:
+    """Write `shadow-report.html` (and the animation GIF) into `out_dir`; returns the HTML path.
+    `calibration`: the twin's calibration result (`pipeline.calibration.calibrate`) when the gate ran on it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,6 +208,8 @@ def write_report(out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, c
         parts.append(_img(plot_barriers(tr["t"], tr["h"], tr["intervened"], names,
                                         "Counterfactual pass (candidate drives, shielded)"), "h counterfactual"))
     parts.append(_safety_case(metrics))
+    if calibration is not None:
+        parts.append(_calibration(calibration))
     parts += ["<h2>Returns</h2>", _img(plot_returns(metrics), "returns"),
               "<h2>Latency</h2>", _img(plot_latency(cols["latency_us"], metrics.get("control_period_s")), "latency")]
     parts.append("<h2>Counterfactual episode (animation)</h2>")

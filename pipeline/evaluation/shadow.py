@@ -239,10 +239,12 @@ def metrics_from_log(path: str | Path, cfg) -> tuple[ShadowRun, dict]:
 
 
 def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | None = None, seed: int | None = None,
-               report_dir=None, legacy: str | None = None, from_log=None, falsification: dict | None = None) -> dict:
+               report_dir=None, legacy: str | None = None, from_log=None, falsification: dict | None = None,
+               calibration: dict | None = None) -> dict:
     """Shadow-evaluate a bundle (or field logs), gate it, write the report; returns decision, reasons, metrics, report.
 
-    `domains` defaults to the config's `shadow.domains` (a set name, `nominal`, or a YAML file)."""
+    `domains` defaults to the config's `shadow.domains` (a set name, `nominal`, or a YAML file). `calibration`:
+    the twin's calibration to field logs (the retrain flow with logs), shown in the report."""
     from shield.runtime import EdgeRuntime
 
     domains = domains or cfg.shadow.domains
@@ -274,6 +276,6 @@ def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | N
     if from_log is None:
         log_path = write_shadow_log(report_dir / "shadow-log.npz", shadow.columns, shadow.meta)
     report = write_report(report_dir, cfg=cfg, bundle_dir=bundle_dir, metrics=metrics, decision=decision,
-                          shadow=shadow, counterfactual=cf)
+                          shadow=shadow, counterfactual=cf, calibration=calibration)
     return {"decision": decision.decision, "reasons": decision.reasons, "failing": decision.failing,
             "metrics": metrics, "report": str(report), "log": str(log_path) if log_path else None}

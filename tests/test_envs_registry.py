@@ -52,9 +52,17 @@ def test_a_set_name_is_read_from_the_tasks_yaml(tmp_path, monkeypatch):
     assert declared == Path(__file__).resolve().parents[1] / "configs" / "cartpole.yaml"
 
 
-def test_a_copy_of_a_shipped_yaml_elsewhere_is_the_same_task(tmp_path):
+def _own_task_list(monkeypatch) -> None:
+    """Files a test registers are listed in $SIM2REAL_TASKS, which every later subprocess inherits: a file this
+    test then edits into a conflicting declaration would make them warn. The list comes back after the test."""
+    monkeypatch.setenv("SIM2REAL_TASKS", os.environ.get("SIM2REAL_TASKS", ""))
+
+
+def test_a_copy_of_a_shipped_yaml_elsewhere_is_the_same_task(tmp_path, monkeypatch):
     """An edited copy (other sets, same plant) finds the shipped MJCF by name and registers as the shipped task."""
     import yaml
+
+    _own_task_list(monkeypatch)
 
     from envs.tasks import register_task_file
 
@@ -112,10 +120,12 @@ def test_an_installed_wheel_finds_the_task_yamls_without_a_checkout(tmp_path):
     assert len(obs) > 0
 
 
-def test_a_checkout_elsewhere_is_the_same_task_with_the_same_config_hash(tmp_path):
+def test_a_checkout_elsewhere_is_the_same_task_with_the_same_config_hash(tmp_path, monkeypatch):
     """The task's identity and the config hash read the MJCF's name and bytes, not its absolute path:
     a copy of configs/ (YAML beside its MJCF) is the same task with the same hash; an edited MJCF is not."""
     import shutil
+
+    _own_task_list(monkeypatch)
 
     from envs.tasks import register_task_file
     from pipeline.config import load_config

@@ -286,19 +286,23 @@ class CbfShield:
             # without it go first (cheaper), unless the last step was accepted only with the credit: the plant
             # is passing a zone, and the credited rows alone usually accept again (one evaluation, not two).
             first, self._credit_first = self._credit_first, False
-            if first and self._rows.credit_applies(pred.predict()[0]):
+            uncredited = False  # have the rows without the credit been evaluated?
+            if first:
                 h_now = self._prepare()
                 if in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe():
-                    self._credit_first = True
+                    self._credit_first = self._rows.credited_now
                     pred.commit(None, have_state=True)
                     return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
-            self._rows.steer_now = False
-            h_now = self._prepare()
-            self._rows.steer_now = True
-            if in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe():
-                pred.commit(None, have_state=True)
-                return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
-            credited = self._rows.credit_applies(self._x_L)  # no credit here: the rows just evaluated are final
+                uncredited = not self._rows.credited_now  # no row got the credit: these rows are the uncredited ones
+            if not uncredited:
+                self._rows.steer_now = False
+                h_now = self._prepare()
+                self._rows.steer_now = True
+                if in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe():
+                    pred.commit(None, have_state=True)
+                    return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
+            # No credit: the rows just evaluated are final.
+            credited = not uncredited and self._rows.credit_applies(self._x_L)
         else:
             credited = True
         if credited:

@@ -301,7 +301,7 @@ class CbfShield:
                 if in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe():
                     pred.commit(None, have_state=True)
                     return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
-            # No credit: the rows just evaluated are final.
+            # Are the credited rows other rows than the uncredited ones evaluated last? No: those are final.
             credited = not uncredited and self._rows.credit_applies(self._x_L)
         else:
             credited = True

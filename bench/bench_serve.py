@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.realtime:
         from shield.serve_cli import go_realtime
 
-        others = sorted(set(os.sched_getaffinity(0)) - {args.cpu})
+        others = sorted(set(cpus) - {args.cpu})
         if args.cpu is not None and others:
             os.sched_setaffinity(0, others)  # the plant's side: never on the server's CPU
         client_realtime = go_realtime(None)

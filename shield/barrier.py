@@ -190,7 +190,6 @@ class BarrierRows:
         self.SMB_flat = self.SMB.reshape(-1, self._m)
         self._input_effect_stale = False
         self.steer_now = True  # `CbfShield._brake_hard` turns the keep-outs' steering credit off while it brakes
-        self.credited_now = False  # did the last `linearize_keepouts` give some row the credit?
         # The keep-out rows' hot loop writes single entries: through flat memoryviews of the (contiguous) matrix
         # and offsets, a few times cheaper per store than numpy's item assignment. Per row, flat indices of
         # what it writes: MT[state, r] = W, MT[state, R + r] = -Wv / sqrt(2a), off[part, state, r].
@@ -232,7 +231,6 @@ class BarrierRows:
         xs = x.tolist()
         steering = self.steering and self.steer_now
         geo = self._geometry(xs)
-        credited_now = False
         for k, (r, pcols, center, radius, pos_writes, closing_writes, steer, maps, zone_axes, i_now, i_next, i_closing,
                 closing0_r, root_r) in enumerate(self._hot):
             dist, n = geo[k][0], geo[k][1]
@@ -254,7 +252,7 @@ class BarrierRows:
                     credit_f = -k2 * rho * q0 * (q0 + 2.0 * lost)
                     for a, i, fac in speed:
                         MT[a] = g * fac * t[i]
-                    self._credited[r] = credited_now = True
+                    self._credited[r] = True
                     # How a push along n and along t raises the row over the step: distance (with the
                     # credit's growth) and closing speed (at this state's), and the credit's speed part.
                     alpha = grow * e_pos + 2.0 * k2 * max(closing0 - vn, 0.0) * e_vel
@@ -291,8 +289,12 @@ class BarrierRows:
                 off[a] = f_next
             for a in i_closing:
                 off[a] = closing_next
-        self.credited_now = credited_now
         self._input_effect_stale = True
+
+    @property
+    def credited_now(self) -> bool:
+        """Did the last `linearize_keepouts` give some row the credit (False: its rows are the uncredited ones)?"""
+        return any(self._credited)
 
     def _sideways(self, steer: tuple, xs: list, n: list, dist: float) -> tuple:
         """A keep-out row's speed past its zone, (q0, lost, t, vn): q0 the sideways speed the credit may count

@@ -289,18 +289,16 @@ class CbfShield:
             uncredited = False  # have the rows without the credit been evaluated?
             if first:
                 h_now = self._prepare()
-                if in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe():
+                if self._accepts(in_box, h_now):
                     self._credit_first = self._rows.credited_now
-                    pred.commit(None, have_state=True)
-                    return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
+                    return self._pass_through(action, h_now, t0)
                 uncredited = not self._rows.credited_now  # no row got the credit: these rows are the uncredited ones
             if not uncredited:
                 self._rows.steer_now = False
                 h_now = self._prepare()
                 self._rows.steer_now = True
-                if in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe():
-                    pred.commit(None, have_state=True)
-                    return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
+                if self._accepts(in_box, h_now):
+                    return self._pass_through(action, h_now, t0)
             # Are the credited rows other rows than the uncredited ones evaluated last? No: those are final.
             credited = not uncredited and self._rows.credit_applies(self._x_L)
         else:
@@ -317,8 +315,7 @@ class CbfShield:
         if in_box:
             if self._loaded_action_is_safe():  # the common case: returned bitwise unchanged, no QP
                 self._credit_first = credited and self._credits  # accepted only with the keep-outs' credit
-                pred.commit(None, have_state=True)
-                return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
+                return self._pass_through(action, h_now, t0)
             # u_p is its own box projection and fails the conditions, which `_prepare` left in place.
             checked = self._box_exact
             self._t = self._closing[self._cases:]
@@ -329,6 +326,15 @@ class CbfShield:
         pred.commit(u, have_state=True)
         intervened = bad or out.tolist() != act_list  # float compare, like np.array_equal
         return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
+
+    def _accepts(self, in_box: bool, h_now: np.ndarray) -> bool:
+        """Does the loaded action pass unchanged: in the box, every barrier holding now, every condition met?"""
+        return in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe()
+
+    def _pass_through(self, action: np.ndarray, h_now: np.ndarray, t0: float) -> tuple[np.ndarray, dict[str, Any]]:
+        """The policy's action, bitwise, as the step's output (committed to the latency prediction)."""
+        self._predictor.commit(None, have_state=True)
+        return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
 
     def note_sent(self, action: np.ndarray) -> None:
         """The plant got `action` (normalized units) instead of the last `filter` output: predict from what it got.

@@ -62,6 +62,11 @@ class BoxHalfspaceProjection:
         return np.minimum(np.maximum(x, self.low, out=x), self.high, out=x)  # np.clip costs more
 
 
+def _smallest(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The input in the box closest to 0: the answer when no row can bind."""
+    return np.minimum(np.maximum(0.0, low), high)
+
+
 def _binding(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """Per row of G u >= lb: can some input in the box violate it (its lowest value over the box is below lb)?"""
     return np.minimum(G * low, G * high).sum(axis=1) < lb
@@ -85,7 +90,7 @@ def least_violation_brake(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: 
     m = len(low)
     binding = _binding(G, lb, low, high)
     if not binding.any():
-        return np.minimum(np.maximum(0.0, low), high)
+        return _smallest(low, high)
     if not binding.all():
         G, lb = G[binding], lb[binding]
     norms = np.sqrt(np.einsum("ij,ij->i", G, G))
@@ -129,7 +134,7 @@ class LeastViolationBrake:
         if low is None:
             low, high, constant = self.low, self.high, self.constant
         elif not _binding(G, lb, low, high).any():
-            return np.minimum(np.maximum(0.0, low), high)  # no input in the box violates a row: the smallest
+            return _smallest(low, high)  # no input in the box violates a row
         norms = np.sqrt(np.einsum("ij,ij->i", G, G))
         if len(lb) != self._rows or not float(norms.min()) > 1e-9:  # a row the input cannot move: general form
             return least_violation_brake(G, lb, low, high, constant)

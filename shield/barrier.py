@@ -115,10 +115,9 @@ class BarrierRows:
         # distance part (state, index into the sideways direction, factor).
         self._dyn_writes = {}
         self._credited = [False] * R  # per row: are its sideways-speed entries nonzero now?
-        # Per keep-out row, its normal and sideways speed at the last state seen (`_geometry`): a call
-        # evaluates the rows without the credit, asks whether it applies, and with it, all at one state.
-        self._geo_xs: list | None = None
-        self._geo: list = []
+        # The rows the last `linearize_keepouts` credited: (row, normal, distance offset without the credit,
+        # how each axis's push raises the row without it, or None), read by `uncredited`.
+        self._last_credited: list = []
         # Per keep-out row, each of its positions' index among the spec's positions (the disturbance's axes).
         self._zone_axes = {r: [spec.position_index.index(o) for o in spec.constraints[owner[r]]["index"]]
                            for r, *_ in self.dynamic}
@@ -136,7 +135,6 @@ class BarrierRows:
                       [float(w_of[o]) for o in axes], self._closing0_list[r])
                      if self.steering and vcols is not None else None)
             self._dyn_writes[r] = ([(j, i) for i, j in enumerate(pcols)], [(j, i, -root * f) for j, i, f in speed], steer)
-        self.credits = any(w[2] is not None for w in self._dyn_writes.values())  # some row can credit a pass
 
     def _build_offsets(self) -> None:
         """Per row, shift the next-state barrier by the worst additive acceleration; allocate the hot-path buffers.
@@ -175,6 +173,7 @@ class BarrierRows:
                 Er = E1 - self.keep[r] * E0
                 self._dyn_offsets[i] = tuple([(int(a), int(k), float(X[a, k])) for a, k in zip(*np.nonzero(X))]
                                              for X in ((Pw + Pv) @ E1, Pw @ Er, Pv @ Er))
+        self._dyn_maps = {r: maps for (r, *_), maps in zip(self.dynamic, self._dyn_offsets)}
         # Barrier parts per state: Y[0] = distance - margin, Y[1] = closing speed scaled by 1 / sqrt(2 a),
         # each (states, rows) with rows 0..C-1 for x_L and C..2C-1 for x+. Kept as separate contiguous
         # blocks: numpy's per-call cost roughly doubles on strided slices at these sizes.
@@ -230,19 +229,21 @@ class BarrierRows:
         MT, off, w_list = self._MT_mv, self._off_mv, self._w_list
         xs = x.tolist()
         steering = self.steering and self.steer_now
-        geo = self._geometry(xs)
-        for k, (r, pcols, center, radius, pos_writes, closing_writes, steer, maps, zone_axes, i_now, i_next, i_closing,
-                closing0_r, root_r) in enumerate(self._hot):
-            dist, n = geo[k][0], geo[k][1]
+        credited = self._last_credited
+        credited.clear()
+        for (r, pcols, center, radius, pos_writes, closing_writes, steer, maps, zone_axes, i_now, i_next, i_closing,
+             closing0_r, root_r) in self._hot:
+            dist, n = _normal(xs, pcols, center)
             nc = sum(map(mul, n, center))
             f = -nc - radius
             grow = 1.0  # the distance's weight (1 + the credit's growth with r)
             credit_f = credit_shift = beta = 0.0
+            S_plain, row_credited = None, False
             if steer is not None:
                 big_r, k2, speed, speed_cols, e_pos, e_vel, w_row, closing0, credit_idx = steer
                 q0 = 0.0
                 if steering and dist > big_r:
-                    q0, lost, t, vn = self._sideways_at(k, steer, xs)
+                    q0, lost, t, vn = self._sideways(steer, xs, n, dist)
                 if q0 > 0.0:
                     rho = dist * dist / (big_r * big_r) - 1.0
                     kappa = k2 * 2.0 * dist / (big_r * big_r) * q0 * q0
@@ -252,7 +253,7 @@ class BarrierRows:
                     credit_f = -k2 * rho * q0 * (q0 + 2.0 * lost)
                     for a, i, fac in speed:
                         MT[a] = g * fac * t[i]
-                    self._credited[r] = True
+                    self._credited[r] = row_credited = True
                     # How a push along n and along t raises the row over the step: distance (with the
                     # credit's growth) and closing speed (at this state's), and the credit's speed part.
                     alpha = grow * e_pos + 2.0 * k2 * max(closing0 - vn, 0.0) * e_vel
@@ -271,15 +272,17 @@ class BarrierRows:
                 S = [0.0] * len(w_list)
                 for i, k, q in Q:
                     S[k] += n[i] * q
+                if row_credited:
+                    S_plain = S[:]  # the row without the credit: its own worst push (`uncredited`)
                 if beta:  # with the credit: the sign that lowers the whole row, per axis of the zone
                     for (k, a, b) in zip(zone_axes, n, t):
                         S[k] = alpha * a + beta * b
-                w = [-wm if s > 0.0 else (wm if s < 0.0 else 0.0) for s, wm in zip(S, w_list)]
-                shift_f = sum([n[i] * v * w[k] for i, k, v in Fw])
-                shift_closing = sum([n[i] * v * w[k] for i, k, v in Fv])
+                w, shift_f, shift_closing = _push(S, w_list, n, Fw, Fv)
                 if beta:  # the credit's own terms under that push
                     credit_shift = sum([(kappa * a * e_pos + g * b * e_vel) * w[k]
                                         for k, a, b in zip(zone_axes, n, t)])
+            if row_credited:
+                credited.append((r, n, -nc - radius - self._margin, S_plain))
             f_now = f + credit_f - self._margin
             f_next = f_now + shift_f + credit_shift
             closing_next = (closing0_r - shift_closing) * root_r
@@ -315,32 +318,28 @@ class BarrierRows:
         lost = self._tau * sum(map(mul, map(abs, t), w_row))  # pushes during the lag
         return q - lost, lost, t, vn
 
-    def credit_applies(self, x: np.ndarray) -> bool:
-        """Would some keep-out row at the predicted state x carry a passing credit? False: the credited rows
-        are the uncredited ones (what `linearize_keepouts` wrote with `steer_now` off), nothing to redo."""
-        if not self.steering:
-            return False
-        xs = x.tolist()
-        geo = self._geometry(xs)
-        for k, (_, _, _, _, _, _, steer, *_) in enumerate(self._hot):
-            if steer is not None:
-                if geo[k][0] > steer[0] and self._sideways_at(k, steer, xs)[0] > 0.0:  # steer[0]: R (radius + margin)
-                    return True
-        return False
-
-    def _geometry(self, xs: list) -> list:
-        """Per keep-out row [distance, unit normal, sideways speed or None] at the state xs (kept while xs repeats)."""
-        if xs != self._geo_xs:
-            self._geo_xs = xs
-            self._geo = [[*_normal(xs, pcols, center), None] for _, pcols, center, *_ in self._hot]
-        return self._geo
-
-    def _sideways_at(self, k: int, steer: tuple, xs: list) -> tuple:
-        """`_sideways` for keep-out row k at the state `_geometry` was last given (xs), computed once per state."""
-        g = self._geo[k]
-        if g[2] is None:
-            g[2] = self._sideways(steer, xs, g[1], g[0])
-        return g[2]
+    def uncredited(self, P: list) -> list[tuple[int, list, list]]:
+        """The rows the last `linearize_keepouts` credited, without the credit, at the predicted states P (the
+        2C rows of `CbfShield._prepare`, as lists): per row (row, h at each case's x_L, h at each case's next
+        state). The same row (normal, distance, closing speed, its own worst push) as with `steer_now` off,
+        evaluated in plain floats for these few rows, not by a second pass over every row."""
+        C, out = self._cases, []
+        for r, n, f, S in self._last_credited:
+            pos, closing, _ = self._dyn_writes[r]
+            closing0, root = self._closing0_list[r], self._root_list[r]
+            shift_f = shift_closing = 0.0
+            maps = self._dyn_maps[r]
+            if maps is not None:
+                _, shift_f, shift_closing = _push(S, self._w_list, n, maps[1], maps[2])
+            h = []
+            for k, x in enumerate(P):
+                d = sum([n[i] * x[j] for j, i in pos]) + f
+                s = sum([coef * n[i] * x[j] for j, i, coef in closing]) + closing0 * root
+                if k >= C:  # the next state: the push over the step
+                    d, s = d + shift_f, s - shift_closing * root
+                h.append(d - s * s if s > 0.0 else d)
+            out.append((r, h[:C], h[C:]))
+        return out
 
     def refresh_input_effect(self) -> None:
         """Recompute the input's effect on the rows (`SMB`) after `linearize_keepouts` moved them (QP paths only)."""
@@ -348,6 +347,13 @@ class BarrierRows:
             np.dot(self._MT.T, self._B, out=self._MB)
             np.multiply(self._scales4, self._MB.reshape(2, 1, self.R, self._m), out=self.SMB)
             self._input_effect_stale = False
+
+
+def _push(S: list, w_list: list, n: list, Fw: list, Fv: list) -> tuple[list, float, float]:
+    """The worst push for a keep-out row with normal n: per axis the bound whose sign lowers the row (S: how
+    each axis's push raises it), and what it shifts the distance and the closing speed by (maps Fw, Fv from n)."""
+    w = [-wm if s > 0.0 else (wm if s < 0.0 else 0.0) for s, wm in zip(S, w_list)]
+    return w, sum([n[i] * v * w[k] for i, k, v in Fw]), sum([n[i] * v * w[k] for i, k, v in Fv])
 
 
 def _normal(xs: list, pcols: list, center: list) -> tuple[float, list]:

@@ -38,11 +38,11 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    spec's constant `fallback_action` if there was none.
 
 When the policy's action satisfies every condition it is returned unchanged (bitwise).
-Keep-out rows that credit a plant passing them (`shield.barrier`) are first evaluated
-without the credit: an action those rows accept, from a state where they hold, is
-safe (h >= 0 without the credit implies it with), so the credit is computed only when
-they would intervene; `info["h"]` is then the uncredited (lower) value. After a step
-accepted only with the credit, the credited rows go first (either accepting suffices).
+Keep-out rows credit a plant passing them (`shield.barrier`) wherever the row could
+bind this step, and `info["h"]` is the credited value. Where the credited rows reject the
+action, those rows are asked again without the credit (`_uncredited_accepts`): they are
+sound on their own, so either kind accepting passes the action, and the credit never costs
+the policy an intervention.
 If the server sends the plant something else (a deadline overrun answered with the
 fallback), `note_sent(action)` keeps the latency prediction on what was really sent.
 
@@ -118,7 +118,6 @@ class CbfShield:
         self._R, self._keep, self._row_start, self._n_constraints = R, rows.keep, rows.row_start, rows.n_constraints
         self._MT_parts, self._off, self._SMB, self._SMB_flat = rows.MT_parts, rows.off, rows.SMB, rows.SMB_flat
         self._linearize_keepouts = rows.linearize_keepouts if rows.dynamic else None
-        self._credits = rows.credits
         self._rows = rows
         # Per-call buffers: H (states, rows) is h at x_L (first C) and at x+; V, Z (2 parts, cases, rows).
         self._Y, self._H = np.empty((2, 2 * C, R)), np.empty((2 * C, R))
@@ -159,7 +158,6 @@ class CbfShield:
         """Forget pending actions, predicted state and the monitor's window (call at episode start)."""
         self._predictor.reset()
         self._monitor.reset()
-        self._credit_first = False  # was the last step accepted only with the keep-outs' passing credit?
         self._envelope = False
         self._keep = self._keep_normal
 
@@ -169,8 +167,7 @@ class CbfShield:
         if self._KM is not None:
             np.dot(self._predictor.v, self._KM, out=self._Y_flat)
         else:
-            P = self._predictor.predict()  # rows: each case's x_L, then each case's next state
-            self._x_L = P[0]
+            P = self._P = self._predictor.predict()  # rows: each case's x_L, then each case's next state
             self._linearize_keepouts(P[0])
             np.dot(P, self._MT0, out=self._Y0)
             np.dot(P, self._MT1, out=self._Y1)
@@ -235,8 +232,7 @@ class CbfShield:
 
     def barrier_values(self, obs: np.ndarray, steering: bool = True) -> np.ndarray:
         """For tests and diagnostics: h per constraint at the state predicted from `obs`, with (by default) the
-        keep-outs' passing credit. `filter` reports the same, except on steps it accepts without the credit
-        (`info["h"]` is then the lower, uncredited value); no state change."""
+        keep-outs' passing credit, as `filter` reports it; no state change."""
         return self._at(obs, steering).copy()
 
     def cbf_conditions(self, obs: np.ndarray, steering: bool = True) -> Callable[[np.ndarray], np.ndarray]:
@@ -278,44 +274,22 @@ class CbfShield:
             return u, self._info(True, True, True, np.full(self._n_constraints, np.nan), 0.0, t0)
         pred.load_action(self._fallback if bad else action)
         in_box = not bad and all(map(le, self._low32_list, act_list)) and all(map(le, act_list, self._high32_list))
-        if self._credits:
-            # An action is accepted when the keep-out rows with their passing credit accept it, or when the rows
-            # without it do: those are the rows the shield had before the credit, sound on their own, and an
-            # action they accept from a state they hold in (h >= 0) is safe (h >= 0 there implies the credited
-            # h >= 0 too, and they keep it so). The credit can only spare the policy an intervention. The rows
-            # without it go first (cheaper), unless the last step was accepted only with the credit: the plant
-            # is passing a zone, and the credited rows alone usually accept again (one evaluation, not two).
-            first, self._credit_first = self._credit_first, False
-            uncredited = False  # have the rows without the credit been evaluated?
-            if first:
-                h_now = self._prepare()
-                if self._accepts(in_box, h_now):
-                    self._credit_first = self._rows.credited_now
-                    return self._pass_through(action, h_now, t0)
-                uncredited = not self._rows.credited_now  # no row got the credit: these rows are the uncredited ones
-            if not uncredited:
-                self._rows.steer_now = False
-                h_now = self._prepare()
-                self._rows.steer_now = True
-                if self._accepts(in_box, h_now):
-                    return self._pass_through(action, h_now, t0)
-            # Are the credited rows other rows than the uncredited ones evaluated last? No: those are final.
-            credited = not uncredited and self._rows.credit_applies(self._x_L)
-        else:
-            credited = True
-        if credited:
-            h_now = self._prepare()
-        if min(h_now.tolist(), default=0.0) < 0.0:  # a barrier is violated at x_L: brake, whatever the action
+        h_now = self._prepare()
+        holds = min(h_now.tolist(), default=0.0) >= 0.0  # every barrier holds at x_L
+        if in_box:
+            if holds and self._loaded_action_is_safe():  # the common case: returned bitwise unchanged, no QP
+                return self._pass_through(action, h_now, t0)
+            h_plain = self._uncredited_accepts()
+            if h_plain is not None:
+                return self._pass_through(action, h_plain, t0)
+        if not holds:  # a barrier is violated at x_L: brake, whatever the action
             u_p = self._fallback if bad else action.astype(np.float64)
-            u = self._brake_hard(u_p, credited)
+            u = self._brake_hard(u_p)
             out = u.astype(np.float32)
             pred.commit(u, have_state=True)
             return out, self._info(bad or out.tolist() != act_list, True, bad, h_now, 0.0, t0)
         checked = False
         if in_box:
-            if self._loaded_action_is_safe():  # the common case: returned bitwise unchanged, no QP
-                self._credit_first = credited and self._credits  # accepted only with the keep-outs' credit
-                return self._pass_through(action, h_now, t0)
             # u_p is its own box projection and fails the conditions, which `_prepare` left in place.
             checked = self._box_exact
             self._t = self._closing[self._cases:]
@@ -327,9 +301,29 @@ class CbfShield:
         intervened = bad or out.tolist() != act_list  # float compare, like np.array_equal
         return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
 
-    def _accepts(self, in_box: bool, h_now: np.ndarray) -> bool:
-        """Does the loaded action pass unchanged: in the box, every barrier holding now, every condition met?"""
-        return in_box and min(h_now.tolist(), default=0.0) >= 0.0 and self._loaded_action_is_safe()
+    def _uncredited_accepts(self) -> np.ndarray | None:
+        """The credited rows reject the loaded action: do the rows that got the credit, without it, accept it
+        (with every other row)? If so, h per constraint with those rows' uncredited values; else None.
+
+        Either kind accepting is safe: the rows without the credit are what the shield had before it, sound on
+        their own, and an action they accept from a state they hold in keeps h >= 0 without the credit, which
+        implies it with. So the credit never costs the policy an intervention. Only the rows that got it are
+        evaluated again (`BarrierRows.uncredited`); the others' values are in the per-call buffers.
+        """
+        if not self._rows.credited_now:
+            return None
+        plain = self._rows.uncredited(self._P.tolist())
+        again = {r for r, _, _ in plain}
+        cond = np.subtract(self._H_next, self._req, out=self._cond)  # (as `_loaded_action_is_safe` leaves it)
+        if any(v < 0.0 for case in (*self._H_now.tolist(), *cond.tolist()) for r, v in enumerate(case) if r not in again):
+            return None
+        keep = self._keep
+        if not all(min(now) >= 0.0 and all(b - keep[r] * a >= 0.0 for a, b in zip(now, nxt)) for r, now, nxt in plain):
+            return None
+        h_rows = self._H_now.min(axis=0)
+        for r, now, _ in plain:
+            h_rows[r] = min(now)
+        return self._per_constraint(h_rows)
 
     def _pass_through(self, action: np.ndarray, h_now: np.ndarray, t0: float) -> tuple[np.ndarray, dict[str, Any]]:
         """The policy's action, bitwise, as the step's output (committed to the latency prediction)."""
@@ -413,7 +407,7 @@ class CbfShield:
         CR, SMB, Z = self._cases * self._R, self._SMB_flat, self._Z_flat
         return SMB[j].tolist(), float(Z[j]), SMB[CR + j].tolist(), float(Z[CR + j])
 
-    def _brake_hard(self, u_p: np.ndarray, credited: bool) -> np.ndarray:
+    def _brake_hard(self, u_p: np.ndarray) -> np.ndarray:
         """Some row has h(x_L) < 0 (violated, or its braking distance already used up): brake as hard as the box allows.
 
         Each input the violated rows move goes to the box end that raises the sum of their
@@ -423,11 +417,10 @@ class CbfShield:
         predicts the condition would hold anyway (a damped plant at 100 m/s). The other
         inputs are chosen by the least-violation brake on the remaining rows. Keep-out rows brake
         without their credit for passing (`shield.barrier`): steering past a zone the plant can no
-        longer clear could point the input toward it. `credited`: the rows in place carry the credit
-        (False: they are the uncredited rows already).
+        longer clear could point the input toward it.
         """
         u = np.minimum(np.maximum(u_p, self._low), self._high)
-        if self._rows.steering and credited:  # the rows violated with or without the credit, braked on without it
+        if self._rows.credited_now:  # the rows violated with or without the credit, braked on without it
             H_steer = self._H[:self._cases].copy()
             self._rows.steer_now = False
             try:

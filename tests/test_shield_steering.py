@@ -80,11 +80,12 @@ def test_the_shield_row_is_that_closed_form_at_the_state(r, angle, s, q):
     expected = (r - R) - max(s, 0.0) ** 2 / (2 * a) + credit
     shield = CbfShield(_spec(True))
     assert shield.barrier_values(obs)[0] == pytest.approx(expected, abs=1e-6)
-    # What `filter` reports: that, or (on a step the uncredited row accepts) the lower uncredited value.
+    # Without the credit (what a violated row brakes on): the braking-distance form.
     uncredited = (r - R) - max(s, 0.0) ** 2 / (2 * a)
     assert shield.barrier_values(obs, steering=False)[0] == pytest.approx(uncredited, abs=1e-6)
     _, info = shield.filter(obs, np.zeros(2, np.float32))
-    if info["h"][0] != pytest.approx(expected, abs=1e-6):  # accepted by the uncredited row, from a state it holds
+    # What `filter` reports: that, or (on a step only the row without the credit accepts) the uncredited value.
+    if info["h"][0] != pytest.approx(expected, abs=1e-6):
         assert info["h"][0] == pytest.approx(uncredited, abs=1e-6) and uncredited >= 0 and not info["intervened"]
 
 
@@ -215,35 +216,47 @@ def test_steering_needs_the_authority_to_brake_and_hold_against_a_push_at_once(t
     assert build_shield_spec(load_config(ROOT / "configs" / "quadrotor.yaml"))["kinematics"]["keepout_steering"] is True
 
 
-@settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), latency=st.integers(0, 3), gain_error=st.sampled_from([0.0, 0.3]),
-       task=st.sampled_from(["planar", "quadrotor"]))
-def test_the_credit_is_only_skipped_where_it_is_zero(seed, latency, gain_error, task):
-    # `filter` re-evaluates the keep-outs with their credit only where `credit_applies` says some row carries
-    # one. Skipping it must change nothing: the same actions and h, bit for bit, as a shield that always
-    # re-evaluates, on trajectories that pass, graze and hit the zones; and where it says no credit, the
-    # credited and uncredited barriers are equal.
-    rng = np.random.default_rng(seed)
-    if task == "planar":
-        spec = planar_double_integrator(latency, 0.05, margin=0.03, input_gain_error=gain_error, keepout_steering=True)
-        zone = PILLAR
-    else:
-        spec = build_shield_spec(load_config(ROOT / "configs" / "quadrotor.yaml"))
-        zone = np.array(next(c for c in spec["constraints"] if c["type"] in ("cylinder", "sphere"))["center"][:2])
-    lazy, eager = CbfShield(spec), CbfShield(spec)
-    eager._rows.credit_applies = lambda x: True
-    obs_dim, low, high = lazy.spec.obs_dim, np.array(lazy.spec.action_low), np.array(lazy.spec.action_high)
-    pos = lazy.spec.position_index[:2]
-    for _ in range(4):
-        obs = rng.normal(0.0, 0.3, obs_dim).astype(np.float32)
-        obs[pos] = zone + rng.uniform(-1.5, 1.5, 2)
-        for _ in range(30):
-            obs = (obs + rng.normal(0.0, 0.05, obs_dim)).astype(np.float32)
-            action = rng.uniform(low * 1.1, high * 1.1).astype(np.float32)
-            a1, i1 = lazy.filter(obs, action)
-            a2, i2 = eager.filter(obs, action)
-            assert a1.tobytes() == a2.tobytes() and np.array_equal(i1["h"], i2["h"], equal_nan=True)
-            assert i1["intervened"] == i2["intervened"] and i1["fallback"] == i2["fallback"]
-            h_credited = lazy.barrier_values(obs)
-            if not lazy._rows.credit_applies(lazy._x_L):
-                assert np.array_equal(h_credited, lazy.barrier_values(obs, steering=False))
+
+@pytest.mark.parametrize("task", ["planar", "quadrotor"])
+def test_the_credit_never_costs_the_policy_an_intervention(task):
+    # `filter` decides on the credited rows and, where they reject, asks the rows that got the credit again
+    # without it (`BarrierRows.uncredited`). So an action passes unchanged exactly when the rows with the
+    # credit, or the rows without it, accept it from a state where they hold: checked against both kinds of
+    # rows evaluated in full (`cbf_conditions`, `barrier_values`) at states beside the zone, moving past it
+    # at any heading, after one step whose action is still pending, for latencies 0-3 and gain errors.
+    rng = np.random.default_rng(7)
+    only_without_credit = 0
+    for latency, gain_error in [(0, 0.0), (1, 0.3), (2, 0.0), (3, 0.3)]:
+        if task == "planar":
+            spec = planar_double_integrator(latency, 0.05, margin=0.03, input_gain_error=gain_error,
+                                            keepout_steering=True)
+        else:
+            spec = build_shield_spec(load_config(ROOT / "configs" / "quadrotor.yaml"))
+            spec["latency_steps"], spec["input_gain_error"] = latency, gain_error
+            spec["assumptions"].update(max_latency_s=latency * spec["dt"], max_input_gain_error=gain_error)
+        zone = next(c for c in spec["constraints"] if c["type"] in ("cylinder", "sphere"))
+        shield = CbfShield(spec)
+        s = shield.spec
+        low, high = np.array(s.action_low), np.array(s.action_high)
+        pos, vel = list(s.position_index[:2]), list(s.velocity_index[:2])
+        for _ in range(1500 if task == "planar" else 3000):  # the quadrotor's is rarer
+            angle = rng.uniform(0, 2 * np.pi)
+            n, t = np.array([np.cos(angle), np.sin(angle)]), np.array([-np.sin(angle), np.cos(angle)])
+            obs = rng.normal(0.0, 0.1, s.obs_dim).astype(np.float32)
+            obs[pos] = np.asarray(zone["center"][:2]) + (zone["radius"] + rng.uniform(0.0, 1.0)) * n
+            obs[vel] = -rng.uniform(-1.0, 3.0) * n + rng.uniform(0.0, 3.0) * t
+            if len(s.position_index) > 2:  # the quadrotor: at mid height, level
+                obs[s.position_index[2]], obs[s.velocity_index[2]] = 1.75, 0.0
+            shield.reset()
+            shield.filter(obs, rng.uniform(low, high).astype(np.float32))
+            obs[pos] += 0.01 * obs[vel]
+            action = rng.uniform(low, high).astype(np.float32)
+            accepts = [min(shield.cbf_conditions(obs, steering)(action.astype(np.float64)).min(),
+                           shield.barrier_values(obs, steering).min()) for steering in (True, False)]
+            out, info = shield.filter(obs, action)
+            if max(accepts) > 1e-9:  # one kind of rows accepts, clear of rounding
+                assert not info["intervened"] and out.tobytes() == action.tobytes(), (latency, accepts)
+                only_without_credit += accepts[0] < -1e-9
+            elif max(accepts) < -1e-9:
+                assert info["intervened"], (latency, accepts)
+    assert only_without_credit >= (10 if task == "planar" else 2)  # the case the second look is for did occur

@@ -295,6 +295,11 @@ class BarrierRows:
         self._input_effect_stale = True
 
     @property
+    def credited_rows(self) -> list[bool]:
+        """Per row: did the last `linearize_keepouts` give it the credit?"""
+        return self._credited
+
+    @property
     def credited_now(self) -> bool:
         """Did the last `linearize_keepouts` give some row the credit (False: its rows are the uncredited ones)?"""
         return any(self._credited)
@@ -331,10 +336,11 @@ class BarrierRows:
             maps = self._dyn_maps[r]
             if maps is not None:
                 _, shift_f, shift_closing = _push(S, self._w_list, n, maps[1], maps[2])
+            w_d, w_s, s0 = [(j, n[i]) for j, i in pos], [(j, coef * n[i]) for j, i, coef in closing], closing0 * root
             h = []
             for k, x in enumerate(P):
-                d = sum([n[i] * x[j] for j, i in pos]) + f
-                s = sum([coef * n[i] * x[j] for j, i, coef in closing]) + closing0 * root
+                d = sum([w * x[j] for j, w in w_d]) + f
+                s = sum([w * x[j] for j, w in w_s]) + s0
                 if k >= C:  # the next state: the push over the step
                     d, s = d + shift_f, s - shift_closing * root
                 h.append(d - s * s if s > 0.0 else d)

@@ -130,6 +130,7 @@ class CbfShield:
         self._V, self._Z = np.empty((2, C, R)), np.empty((2, C, R))
         self._V_flat, self._Z_flat = self._V.reshape(-1), self._Z.reshape(-1)
         self._req, self._t_buffer, self._t2, self._cond = (np.empty((C, R)) for _ in range(4))
+        self._cond_cases, self._cond_rows = tuple(self._cond[k] for k in range(C)), np.empty(R)
         self._t = self._t_buffer  # the scaled closing speeds at the last point the conditions were evaluated
         self._predictor = LatencyPredictor(self._A, self._B, offsets, scales, spec.latency_steps, self._n,
                                            inits, self._fallback)
@@ -310,17 +311,23 @@ class CbfShield:
         implies it with. So the credit never costs the policy an intervention. Only the rows that got it are
         evaluated again (`BarrierRows.uncredited`); the others' values are in the per-call buffers.
         """
-        if not self._rows.credited_now:
+        rows = self._rows
+        if not rows.credited_now:
             return None
-        plain = self._rows.uncredited(self._P.tolist())
-        again = {r for r, _, _ in plain}
-        cond = np.subtract(self._H_next, self._req, out=self._cond)  # (as `_loaded_action_is_safe` leaves it)
-        if any(v < 0.0 for case in (*self._H_now.tolist(), *cond.tolist()) for r, v in enumerate(case) if r not in again):
+        # Every other row must hold now and meet its condition (per row, the worse case): a cheap test first.
+        np.subtract(self._H_next, self._req, out=self._cond)  # (as `_loaded_action_is_safe` leaves it)
+        C = self._cases
+        h_rows = self._h_rows if C == 2 else self._H_now_cases[0]  # as `_prepare` left it
+        cond_rows = np.minimum(*self._cond_cases, out=self._cond_rows) if C == 2 else self._cond_cases[0]
+        credited = rows.credited_rows
+        if any((h < 0.0 or c < 0.0) and not credited[r] for r, (h, c) in enumerate(zip(h_rows.tolist(),
+                                                                                       cond_rows.tolist()))):
             return None
         keep = self._keep
+        plain = rows.uncredited(self._P.tolist())
         if not all(min(now) >= 0.0 and all(b - keep[r] * a >= 0.0 for a, b in zip(now, nxt)) for r, now, nxt in plain):
             return None
-        h_rows = self._H_now.min(axis=0)
+        h_rows = h_rows.copy()
         for r, now, _ in plain:
             h_rows[r] = min(now)
         return self._per_constraint(h_rows)

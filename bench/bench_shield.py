@@ -11,7 +11,9 @@ share is measured for the legacy controller driving with the shield in the
 loop (no trained policy is needed for this figure). Shielded figures are also
 split into safe steps (the action passes unchanged, no QP) and intervening
 steps (the QP runs), with actions from the MLP, the task's adversary and
-full-scale random inputs (bang-bang). Figures are percentiles on a noisy
+full-scale random inputs (bang-bang); the adversary's actions are also timed
+through the shield alone, which splits a step's cost into the shield's and
+what the policy call adds (its own time, and the caches it leaves cold). Figures are percentiles on a noisy
 shared machine: read the ratios. The variants take turns over 20 chunks of
 the recorded steps, so a noisy spell hits all of them and the policy-alone
 baseline alike. As in `serve`, the cyclic GC is frozen after
@@ -131,8 +133,9 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # what `serve` does once its bundle is loaded
 
-    def variant(with_shield: bool, actions: np.ndarray | None = None):
-        """Times policy (+ shield) over a range of the observations per call; its shield keeps its state between."""
+    def variant(with_shield: bool, actions: np.ndarray | None = None, with_policy: bool = True):
+        """Times policy (+ shield) over a range of the observations per call; its shield keeps its state between.
+        `with_policy=False`: the shield alone on `actions` (no policy call), to split the step's cost."""
         shield = CbfShield(spec)
         times, intervened = [], []
 
@@ -140,7 +143,8 @@ def main() -> None:
             for i in indices:
                 obs = observations[i]
                 t0 = time.perf_counter()
-                raw = session.run(None, {"obs": obs[None]})[0][0]
+                if with_policy:
+                    raw = session.run(None, {"obs": obs[None]})[0][0]
                 if actions is not None:  # the adversary's action in place of the MLP's: the QP runs often
                     raw = actions[i]
                 if with_shield:
@@ -164,12 +168,13 @@ def main() -> None:
 
     # The variants take turns over chunks of the recorded steps (each its own shield, in order), so a noisy
     # spell of the machine lands on all of them and on the baseline alike, not on whichever ran then.
-    variants = [variant(False), variant(True), variant(True, pushes), variant(True, bang_bang)]
+    variants = [variant(False), variant(True), variant(True, pushes), variant(True, bang_bang),
+                variant(True, pushes, with_policy=False)]
     chunk = max(1, len(observations) // CHUNKS)
     for lo in range(0, len(observations), chunk):
         for run, _ in variants:
             run(range(lo, min(lo + chunk, len(observations))))
-    (policy_only, _), (shielded, share_mlp), (adversarial, share_adv), (banged, share_bang) = (
+    (policy_only, _), (shielded, share_mlp), (adversarial, share_adv), (banged, share_bang), (shield_only, _) = (
         figures() for _, figures in variants)
     legacy = evaluate(cfg, reference_policy("legacy", cfg, spec), domains="reality", episodes=args.episodes,
                       seed=0, shield=True, spec=spec)
@@ -182,6 +187,7 @@ def main() -> None:
         "ratio_p99": round(shielded["p99_us"] / policy_only["p99_us"], 2),
         "policy_plus_shield_adversarial_actions": adversarial,
         "policy_plus_shield_bang_bang_actions": banged,
+        "shield_alone_adversarial_actions": shield_only,
         "intervention_share_random_mlp": round(share_mlp, 4),
         "intervention_share_adversarial": round(share_adv, 4),
         "intervention_share_bang_bang": round(share_bang, 4),
@@ -202,11 +208,12 @@ def main() -> None:
     print(json.dumps(result))
     base = policy_only["p50_us"], policy_only["p99_us"]
     print(f"policy alone: p50 {base[0]:.1f} us, p99 {base[1]:.1f} us", file=sys.stderr)
-    for name, figures in (("mlp", shielded), ("adversary", adversarial), ("bang-bang", banged)):
+    for name, figures in (("policy + shield, mlp", shielded), ("policy + shield, adversary", adversarial),
+                          ("policy + shield, bang-bang", banged), ("shield alone, adversary", shield_only)):
         for part in ("safe_steps", "intervening_steps"):
             f = figures.get(part)
             if f:
-                print(f"policy + shield, {name} actions, {part.replace('_', ' ')} ({f['steps']}): p50 {f['p50_us']:.1f} us "
+                print(f"{name} actions, {part.replace('_', ' ')} ({f['steps']}): p50 {f['p50_us']:.1f} us "
                       f"(x{f['p50_us'] / base[0]:.1f}), p99 {f['p99_us']:.1f} us (x{f['p99_us'] / base[1]:.1f})",
                       file=sys.stderr)
 

@@ -21,29 +21,26 @@ learner, counters and (with replay.checkpoint) a snapshot of every shard.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections import deque
-from datetime import datetime
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import ray
 import torch
-import yaml
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.training.actor_pool import ActorPool, WeightSource, ray_for_run
-from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
-from pipeline.training.learner import learner_threads, resolve_device
+from pipeline.training.checkpoint import write_checkpoint
+from pipeline.training.learner import learner_threads
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.replay import NStepBuilder, ReplayClient, ReplayShard, load_snapshot, save_snapshot
 from pipeline.training.rollout import RolloutActor
 from pipeline.training.sac import SacLearner, SquashedGaussianActor
-from pipeline.training.train import FINAL_RETURN_WINDOW, _Publisher, _shield_in_loop, _with_overrides, model_spec_for
+from pipeline.training.train import (FINAL_RETURN_WINDOW, _Publisher, _shield_in_loop, actor_seed_for, add_episode_figures,
+                                     ray_address_for, start_run)
 
 REPLAY_DIR = "replay"
 
@@ -131,18 +128,9 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
     actors, shards, metrics); returning True stops the run (with a final checkpoint).
     """
     start_wall = time.perf_counter()
-    ckpt = read_checkpoint(latest_checkpoint(Path(resume))) if resume is not None else None
-    run_dir = Path(resume) if resume is not None else (
-        Path(out_dir) if out_dir else Path("runs") / f"{cfg.task.name}-{datetime.now():%Y%m%d-%H%M%S}")
-    cfg = _with_overrides(cfg, steps, actors, envs_per_actor)
+    cfg, run_dir, ckpt, model_spec, randomization, device = start_run(cfg, out_dir, resume, steps, actors, envs_per_actor)
     tc, sc, rc = cfg.train, cfg.train.sac, cfg.train.replay
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-
-    model_spec, randomization = model_spec_for(cfg)
     model_spec.pop("history_length", None)  # the SAC actor is memoryless (the config refuses a history with sac)
-    device = resolve_device(tc.device)
-    torch.manual_seed(tc.seed)
     learner = SacLearner(model_spec, sc, tc.gamma, device)
     env_steps, learned, episodes_total, prior_wall = 0, 0, 0, 0.0
     restarts_before = dict(actor=0, shard=0, lost=0)
@@ -156,9 +144,8 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
         episodes_total, prior_wall = int(ckpt["episodes"]), float(ckpt["wall_s"])
         restarts_before = dict(ckpt["restarts"])
 
-    address = ray_address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
     with (learner_threads(device, tc.num_actors * cfg.ray.actor_num_cpus),
-          ray_for_run(address, tc.num_actors * cfg.ray.actor_num_cpus + rc.num_shards * rc.shard_num_cpus)):
+          ray_for_run(ray_address_for(cfg, ray_address), tc.num_actors * cfg.ray.actor_num_cpus + rc.num_shards * rc.shard_num_cpus)):
         run_id = uuid.uuid4().hex[:12]
         # The weight source stays with the driver: losing another node must not lose it.
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
@@ -178,7 +165,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
         replay.poll()
 
         updates = learner.version
-        actor_seed = int(np.random.SeedSequence([tc.seed, updates]).generate_state(1)[0])
+        actor_seed = actor_seed_for(tc.seed, updates)
         actor_cls = ray.remote(ExploringActor).options(num_cpus=cfg.ray.actor_num_cpus, max_restarts=cfg.ray.max_actor_restarts,
                                                        max_task_retries=0, scheduling_strategy="SPREAD")
         noise = exploration_levels(sc.exploration_noise, sc.exploration_alpha, tc.num_actors)
@@ -234,13 +221,9 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
                           policy_lag_mean=float(np.mean(lags)) if lags else 0.0, policy_lag_max=max(lags, default=0),
                           actor_restarts=c["actor"], shard_restarts=c["shard"], transitions_lost=c["lost"],
                           **{k: v for k, v in stats.items() if k != "learner_s"})
-            if len(recent_returns) == FINAL_RETURN_WINDOW:
-                record["episode_return_recent"] = float(np.mean(recent_returns))
-            eps = np.concatenate(episodes_since_log) if episodes_since_log else np.zeros((0, 3))
-            if len(eps):
-                record.update(episode_return=float(eps[:, 0].mean()), episode_cost=float(eps[:, 1].mean()),
-                              episode_length=float(eps[:, 2].mean()), episodes=episodes_total)
-                episodes_since_log.clear()
+            add_episode_figures(record, np.concatenate(episodes_since_log) if episodes_since_log else np.zeros((0, 3)),
+                                episodes_total, recent_returns)
+            episodes_since_log.clear()
             last_log = (now, env_steps, learned, inserted, sampled)
             lags.clear()
             logger.log(record)

@@ -77,6 +77,43 @@ def model_spec_for(cfg) -> tuple[dict, object]:
     return spec, randomization
 
 
+def start_run(cfg, out_dir, resume, steps, actors, envs_per_actor) -> tuple:
+    """What every training loop does first: (cfg with the overrides, run_dir, checkpoint to resume or None,
+    model_spec, train randomization, device). Writes the resolved config.yaml; seeds torch."""
+    if resume is not None:
+        run_dir = Path(resume)
+        ckpt = read_checkpoint(latest_checkpoint(run_dir))
+    else:
+        run_dir = Path(out_dir) if out_dir else Path("runs") / f"{cfg.task.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        ckpt = None
+    cfg = _with_overrides(cfg, steps, actors, envs_per_actor)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    model_spec, randomization = model_spec_for(cfg)
+    device = resolve_device(cfg.train.device)
+    torch.manual_seed(cfg.train.seed)
+    return cfg, run_dir, ckpt, model_spec, randomization, device
+
+
+def ray_address_for(cfg, ray_address: str | None) -> str | None:
+    """The Ray cluster to join: the argument, else $RAY_ADDRESS, else the config's (None: start one)."""
+    return ray_address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
+
+
+def actor_seed_for(seed: int, updates: int) -> int:
+    """The actors' seed: a resumed run seeds them differently so it does not replay its first life's episodes."""
+    return int(np.random.SeedSequence([seed, updates]).generate_state(1)[0])
+
+
+def add_episode_figures(record: dict, episodes: np.ndarray, episodes_total: int, recent_returns: deque) -> None:
+    """Episodes finished since the last record, (n, 3) return/cost/length: their means, and the recent return."""
+    if len(recent_returns) == FINAL_RETURN_WINDOW:
+        record["episode_return_recent"] = float(np.mean(recent_returns))  # last FINAL_RETURN_WINDOW episodes
+    if len(episodes):
+        record.update(episode_return=float(episodes[:, 0].mean()), episode_cost=float(episodes[:, 1].mean()),
+                      episode_length=float(episodes[:, 2].mean()), episodes=episodes_total)
+
+
 class _Publisher:
     """Puts the learner's weights into the object store once per update and tells the WeightSource."""
 
@@ -107,20 +144,8 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
         return train_offpolicy(cfg, out_dir=out_dir, steps=steps, actors=actors, envs_per_actor=envs_per_actor,
                                ray_address=ray_address, resume=resume, progress=progress, callback=callback)
     start_wall = time.perf_counter()
-    if resume is not None:
-        run_dir = Path(resume)
-        ckpt = read_checkpoint(latest_checkpoint(run_dir))
-    else:
-        run_dir = Path(out_dir) if out_dir else Path("runs") / f"{cfg.task.name}-{datetime.now():%Y%m%d-%H%M%S}"
-        ckpt = None
-    cfg = _with_overrides(cfg, steps, actors, envs_per_actor)
+    cfg, run_dir, ckpt, model_spec, randomization, device = start_run(cfg, out_dir, resume, steps, actors, envs_per_actor)
     tc = cfg.train
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-
-    model_spec, randomization = model_spec_for(cfg)
-    device = resolve_device(tc.device)
-    torch.manual_seed(tc.seed)
     learner = Learner(model_spec, tc, device, log_std_init=tc.log_std_init)
     updates, env_steps, episodes_total, prior_wall = 0, 0, 0, 0.0
     if ckpt is not None:
@@ -131,9 +156,8 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
         updates, env_steps = int(ckpt["updates"]), int(ckpt["env_steps"])
         episodes_total, prior_wall = int(ckpt["episodes"]), float(ckpt["wall_s"])
 
-    address = ray_address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
     actor_cpus = tc.num_actors * cfg.ray.actor_num_cpus
-    with learner_threads(device, actor_cpus), ray_for_run(address, actor_cpus):
+    with learner_threads(device, actor_cpus), ray_for_run(ray_address_for(cfg, ray_address), actor_cpus):
         # Start-up order (on 2 cores the first batch came ~1.5 s sooner): nothing waits for the
         # weight source to boot (it imports only Ray; a named actor is registered when `.remote()`
         # returns, so the rollout actors find it by name), and the rollout actors (the slowest to
@@ -144,8 +168,7 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
             selection = ModelSelection(cfg, run_dir, model_spec, _shield_in_loop(cfg), dict(
                 env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash()))
             randomization = selection.train_randomization()  # ADR: the narrow start
-        # A resumed run seeds its actors differently so it does not replay the episodes of its first life.
-        actor_seed = int(np.random.SeedSequence([tc.seed, updates]).generate_state(1)[0])
+        actor_seed = actor_seed_for(tc.seed, updates)
         weight_source = ray.remote(num_cpus=0)(WeightSource).options(name=weight_source_name).remote()
         actor_cls = ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_num_cpus,
                                                      max_restarts=cfg.ray.max_actor_restarts, max_task_retries=0)
@@ -207,11 +230,7 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
                               policy_lag_mean=float(np.mean(lags)), policy_lag_max=int(max(lags)),
                               actor_restarts=pool.restarts, env_restarts=int(sum(env_restarts_of)),
                               **{k: v for k, v in stats.items() if k not in ("samples", "learner_s")})
-                if len(recent_returns) == FINAL_RETURN_WINDOW:
-                    record["episode_return_recent"] = float(np.mean(recent_returns))  # last 20 episodes
-                if len(episodes):
-                    record.update(episode_return=float(episodes[:, 0].mean()), episode_cost=float(episodes[:, 1].mean()),
-                                  episode_length=float(episodes[:, 2].mean()), episodes=episodes_total)
+                add_episode_figures(record, episodes, episodes_total, recent_returns)
                 if selection is not None:
                     _note_validation(record, selection.after_update(updates, env_steps, learner.version, publisher.weights),
                                      selection, rollout_actors)

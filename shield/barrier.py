@@ -116,7 +116,7 @@ class BarrierRows:
         self._dyn_writes = {}
         self._credited = [False] * R  # per row: are its sideways-speed entries nonzero now?
         # The rows the last `linearize_keepouts` credited: (row, normal, distance offset without the credit,
-        # how each axis's push raises the row without it, or None), read by `uncredited`.
+        # how each axis's push raises the row without it, the push maps, closing0, root), read by `uncredited`.
         self._last_credited: list = []
         # Per keep-out row, each of its positions' index among the spec's positions (the disturbance's axes).
         self._zone_axes = {r: [spec.position_index.index(o) for o in spec.constraints[owner[r]]["index"]]
@@ -173,7 +173,6 @@ class BarrierRows:
                 Er = E1 - self.keep[r] * E0
                 self._dyn_offsets[i] = tuple([(int(a), int(k), float(X[a, k])) for a, k in zip(*np.nonzero(X))]
                                              for X in ((Pw + Pv) @ E1, Pw @ Er, Pv @ Er))
-        self._dyn_maps = {r: maps for (r, *_), maps in zip(self.dynamic, self._dyn_offsets)}
         # Barrier parts per state: Y[0] = distance - margin, Y[1] = closing speed scaled by 1 / sqrt(2 a),
         # each (states, rows) with rows 0..C-1 for x_L and C..2C-1 for x+. Kept as separate contiguous
         # blocks: numpy's per-call cost roughly doubles on strided slices at these sizes.
@@ -282,7 +281,7 @@ class BarrierRows:
                     credit_shift = sum([(kappa * a * e_pos + g * b * e_vel) * w[k]
                                         for k, a, b in zip(zone_axes, n, t)])
             if row_credited:
-                credited.append((r, n, -nc - radius - self._margin, S_plain))
+                credited.append((r, n, -nc - radius - self._margin, S_plain, maps, closing0_r, root_r))
             f_now = f + credit_f - self._margin
             f_next = f_now + shift_f + credit_shift
             closing_next = (closing0_r - shift_closing) * root_r
@@ -302,7 +301,7 @@ class BarrierRows:
     @property
     def credited_now(self) -> bool:
         """Did the last `linearize_keepouts` give some row the credit (False: its rows are the uncredited ones)?"""
-        return any(self._credited)
+        return bool(self._last_credited)
 
     def _sideways(self, steer: tuple, xs: list, n: list, dist: float) -> tuple:
         """A keep-out row's speed past its zone, (q0, lost, t, vn): q0 the sideways speed the credit may count
@@ -329,11 +328,9 @@ class BarrierRows:
         state). The same row (normal, distance, closing speed, its own worst push) as with `steer_now` off,
         evaluated in plain floats for these few rows, not by a second pass over every row."""
         C, out = self._cases, []
-        for r, n, f, S in self._last_credited:
+        for r, n, f, S, maps, closing0, root in self._last_credited:
             pos, closing, _ = self._dyn_writes[r]
-            closing0, root = self._closing0_list[r], self._root_list[r]
             shift_f = shift_closing = 0.0
-            maps = self._dyn_maps[r]
             if maps is not None:
                 _, shift_f, shift_closing = _push(S, self._w_list, n, maps[1], maps[2])
             w_d, w_s, s0 = [(j, n[i]) for j, i in pos], [(j, coef * n[i]) for j, i, coef in closing], closing0 * root

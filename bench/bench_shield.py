@@ -3,8 +3,8 @@
     python bench/bench_shield.py [--task cartpole|quadrotor] [--steps 3000] [--episodes 5]
     python bench/bench_shield.py --task quadrotor --steps 20000 --realtime --cpu 1   # as `serve --realtime --cpu 1`
 
-The policy is an onnxruntime session (1 thread, no spinning, as on the edge) of
-a 64-64 tanh MLP built with onnx.helper (random weights: latency does not
+The policy is the edge runtime's `OnnxPolicy` (onnxruntime, 1 thread, no
+spinning; one plant's call through its preallocated binding) of a 64-64 tanh MLP built with onnx.helper (random weights: latency does not
 depend on them). States come from the legacy controller flying the task's
 `reality` domains, so the shield sees realistic observations. The intervention
 share is measured for the legacy controller driving with the shield in the
@@ -31,7 +31,6 @@ import time
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 
@@ -53,14 +52,6 @@ def mlp_onnx(obs_dim: int, act_dim: int, hidden: int = 64, seed: int = 0) -> byt
     model.ir_version = 9  # what onnxruntime 1.18+ loads; onnx's default can be newer than the runtime
     onnx.checker.check_model(model)
     return model.SerializeToString()
-
-
-def edge_session(model: bytes) -> ort.InferenceSession:
-    """An onnxruntime session with the edge settings (1 thread, no spinning)."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
 def recorded_observations(cfg, steps: int) -> np.ndarray:
@@ -110,11 +101,12 @@ def main() -> None:
     from pipeline.evaluation.evaluate import evaluate, reference_policy
     from pipeline.safety.shield_spec import build_shield_spec
     from shield.cbf import CbfShield
+    from shield.policy import OnnxPolicy
     from shield.spec import ShieldSpec
 
     cfg = load_config(f"configs/{args.task}.yaml")
     spec = ShieldSpec.from_dict(build_shield_spec(cfg))
-    session = edge_session(mlp_onnx(spec.obs_dim, spec.act_dim))
+    policy = OnnxPolicy(mlp_onnx(spec.obs_dim, spec.act_dim))  # what `EdgeRuntime` runs: one plant's `act`
     observations = recorded_observations(cfg, args.steps)
     adversary = reference_policy("adversarial", cfg, spec)
 
@@ -144,7 +136,7 @@ def main() -> None:
                 obs = observations[i]
                 t0 = time.perf_counter()
                 if with_policy:
-                    raw = session.run(None, {"obs": obs[None]})[0][0]
+                    raw = policy.act(obs)
                 if actions is not None:  # the adversary's action in place of the MLP's: the QP runs often
                     raw = actions[i]
                 if with_shield:

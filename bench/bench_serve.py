@@ -7,7 +7,9 @@ until shortly before the period starts, then spin, so a slow period does not
 shift every later one. A deadline miss is a reply that arrives after the end
 of its period (or never), or a period skipped because the loop was already
 a whole period late. Baselines measured in the same run: the in-process
-`EdgeRuntime.act` (the compute floor), the server's own per-request cost
+`EdgeRuntime.act` (the compute floor) back to back and once per period
+(busy-waiting between calls: what the machine does to a call after a pause,
+with no socket and no sleep), the server's own per-request cost
 around an instant runtime, a bare UDP echo round trip, and how often the
 platform itself stops a bare loop on the server's CPU for over 1 ms (a VM's
 host taking the vCPU away): no closed loop on that box has fewer late replies.
@@ -65,13 +67,22 @@ def percentiles(x_us: np.ndarray) -> dict:
     return {"p50": float(p50), "p99": float(p99), "p999": float(p999), "max": float(np.max(x_us))}
 
 
-def runtime_floor_us(bundle: Path, obs: np.ndarray) -> dict:
-    """In-process EdgeRuntime.act latency (µs) on the loop's own observations: what serving cannot beat."""
+def runtime_floor_us(bundle: Path, obs: np.ndarray, period_s: float = 0.0) -> dict:
+    """In-process EdgeRuntime.act latency (µs) on the loop's own observations: what serving cannot beat.
+
+    `period_s` > 0: one call per period, busy-waiting between calls (no sleep, no socket), as the
+    server sees requests: what the machine does to a call that comes after a pause, without serving.
+    """
     rt = EdgeRuntime.load(bundle)
     for o in obs[:100]:
         rt.act(o)
     out = np.empty(len(obs))
+    period_ns, next_ns = int(period_s * 1e9), time.perf_counter_ns()
     for i, o in enumerate(obs):
+        if period_ns:
+            next_ns += period_ns
+            while time.perf_counter_ns() < next_ns:
+                pass
         t0 = time.perf_counter_ns()
         rt.act(o)
         out[i] = (time.perf_counter_ns() - t0) / 1e3
@@ -347,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         sample = loop.pop("observations")
         sample = sample[np.random.default_rng(0).choice(len(sample), min(len(sample), 5000), replace=False)]
         loop["runtime_act_us"] = runtime_floor_us(bundle, sample)  # same states, no server, no socket
+        loop["runtime_act_paced_us"] = runtime_floor_us(bundle, sample[:2000], 1.0 / rate)  # ... one per period
         result["loops"].append(loop)
     tmp.cleanup()
     if args.json:
@@ -362,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{stalls['every_cpu_at_once_over_1ms']} of them on every CPU at once; per CPU "
           f"{stalls['per_cpu_over_1ms']})")
     for loop in result["loops"]:
-        r, s, act = loop["rtt_us"], loop["server_us"], loop["runtime_act_us"]
+        r, s, act, paced = loop["rtt_us"], loop["server_us"], loop["runtime_act_us"], loop["runtime_act_paced_us"]
         print(f"{loop['rate_hz']:.0f} Hz x {loop['seconds']:.1f} s ({loop['periods']} periods): "
               f"round trip p50 {r['p50']:.1f} p99 {r['p99']:.1f} p99.9 {r['p999']:.1f} max {r['max']:.1f} us; "
               f"server p50 {s['p50']:.0f} p99 {s['p99']:.0f} us; replies later than 1 ms {loop['later_than_1ms']}; "
@@ -370,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({100 * loop['deadline_misses'] / loop['periods']:.3f} %; {loop['skipped_periods']} skipped), "
               f"timeouts {loop['timeouts']}, "
               f"intervened replies {loop['intervened_replies']}, fallback replies {loop['fallback_or_alarm_replies']}; "
-              f"in-process act on the same states p50 {act['p50']:.0f} p99 {act['p99']:.0f} us; "
+              f"in-process act on the same states p50 {act['p50']:.0f} p99 {act['p99']:.0f} us back to back, "
+              f"p50 {paced['p50']:.0f} p99 {paced['p99']:.0f} us one per period; "
               f"p50 round trip = {r['p50'] / act['p50']:.2f}x in-process act, "
               f"{r['p50'] / echo['p50']:.2f}x bare UDP echo")
     return 0

@@ -4,8 +4,8 @@
     python bench/bench_shield.py --task quadrotor --steps 20000 --realtime --cpu 1   # as `serve --realtime --cpu 1`
 
 The policy is the edge runtime's `OnnxPolicy` (onnxruntime, 1 thread, no
-spinning; one plant's call through its preallocated binding) of a 64-64 tanh MLP built with onnx.helper (random weights: latency does not
-depend on them). States come from the legacy controller flying the task's
+spinning; one plant's call through its preallocated binding) of a 64-64 tanh
+MLP built with onnx.helper (random weights: latency does not depend on them). States come from the legacy controller flying the task's
 `reality` domains, so the shield sees realistic observations. The intervention
 share is measured for the legacy controller driving with the shield in the
 loop (no trained policy is needed for this figure). Shielded figures are also
@@ -13,8 +13,8 @@ split into safe steps (the action passes unchanged, no QP) and intervening
 steps (the QP runs), with actions from the MLP, the task's adversary and
 full-scale random inputs (bang-bang); the adversary's actions are also timed
 through the shield alone, which splits a step's cost into the shield's and
-what the policy call adds (its own time, and the caches it leaves cold). Figures are percentiles on a noisy
-shared machine: read the ratios. The variants take turns over 20 chunks of
+what the policy call adds (its own time, and the caches it leaves cold).
+Figures are percentiles on a noisy shared machine: read the ratios. The variants take turns over 20 chunks of
 the recorded steps, so a noisy spell hits all of them and the policy-alone
 baseline alike. As in `serve`, the cyclic GC is frozen after
 loading; `--realtime` also takes what `serve --realtime` takes (SCHED_FIFO,

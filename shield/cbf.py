@@ -278,7 +278,8 @@ class CbfShield:
         h_now = self._prepare()
         holds = min(h_now.tolist(), default=0.0) >= 0.0  # every barrier holds at x_L
         if in_box:
-            if holds and self._loaded_action_is_safe():  # the common case: returned bitwise unchanged, no QP
+            meets = self._loaded_action_is_safe()  # leaves the conditions in self._cond
+            if holds and meets:  # the common case: returned bitwise unchanged, no QP
                 return self._pass_through(action, h_now, t0)
             h_plain = self._uncredited_accepts()
             if h_plain is not None:
@@ -303,8 +304,9 @@ class CbfShield:
         return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
 
     def _uncredited_accepts(self) -> np.ndarray | None:
-        """The credited rows reject the loaded action: do the rows that got the credit, without it, accept it
-        (with every other row)? If so, h per constraint with those rows' uncredited values; else None.
+        """The credited rows reject the loaded action (`_loaded_action_is_safe` has left the conditions in
+        self._cond): do the rows that got the credit, without it, accept it (with every other row)? If so, h per
+        constraint with those rows' uncredited values; else None.
 
         Either kind accepting is safe: the rows without the credit are what the shield had before it, sound on
         their own, and an action they accept from a state they hold in keeps h >= 0 without the credit, which
@@ -315,7 +317,6 @@ class CbfShield:
         if not rows.credited_now:
             return None
         # Every other row must hold now and meet its condition (per row, the worse case): a cheap test first.
-        np.subtract(self._H_next, self._req, out=self._cond)  # (as `_loaded_action_is_safe` leaves it)
         C = self._cases
         h_rows = self._h_rows if C == 2 else self._H_now_cases[0]  # as `_prepare` left it
         cond_rows = np.minimum(*self._cond_cases, out=self._cond_rows) if C == 2 else self._cond_cases[0]

@@ -116,14 +116,16 @@ class OnnxPolicy:
         Like any preallocated buffer, not for concurrent `act` calls on one policy."""
         self._obs1 = np.zeros((1, self.obs_dim), np.float32)
         self._act1 = np.zeros((1, self.act_dim), np.float32)
-        bound = [(self.input_name, self._obs1)]
+        inputs = {self.input_name: self._obs1}
         if self.history_name is not None:
-            self._hist1 = np.zeros((1, self.history_length, self.obs_dim + self.act_dim), np.float32)
-            bound.append((self.history_name, self._hist1))
+            self._hist1 = inputs[self.history_name] = np.zeros(
+                (1, self.history_length, self.obs_dim + self.act_dim), np.float32)
         binding = self.session.io_binding()
-        self._bound = [ort.OrtValue.ortvalue_from_numpy(a) for _, a in bound] + [ort.OrtValue.ortvalue_from_numpy(self._act1)]
-        for (name, _), value in zip(bound, self._bound):
-            binding.bind_ortvalue_input(name, value)
+        self._bound = []  # the OrtValues over the buffers, alive as long as the binding
+        for name, array in inputs.items():
+            self._bound.append(ort.OrtValue.ortvalue_from_numpy(array))
+            binding.bind_ortvalue_input(name, self._bound[-1])
+        self._bound.append(ort.OrtValue.ortvalue_from_numpy(self._act1))
         binding.bind_ortvalue_output(self.output_name, self._bound[-1])
         self._binding = binding
 

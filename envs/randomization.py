@@ -32,21 +32,26 @@ class RandomizationError(ValueError):
     """A randomization set that cannot be used; the message names the offending key or element."""
 
 
-class ScaleRange(BaseModel):
-    """A positive multiplicative factor on a nominal value, drawn once per episode."""
+class _Range(BaseModel):
+    """`low` and `high` (subclasses declare their types and bounds), with high >= low."""
 
     model_config = ConfigDict(extra="forbid")
-    dist: Literal["uniform", "loguniform"] = Field("uniform", description="uniform or loguniform")
-    low: float = Field(gt=0, description="smallest factor (> 0)")
-    high: float = Field(gt=0, description="largest factor (>= low)")
 
-    @field_validator("high")
+    @field_validator("high", check_fields=False)
     @classmethod
-    def _high_not_below_low(cls, high: float, info):
+    def _high_not_below_low(cls, high, info):
         low = info.data.get("low")
         if low is not None and high < low:
             raise ValueError(f"high ({high}) must be >= low ({low})")
         return high
+
+
+class ScaleRange(_Range):
+    """A positive multiplicative factor on a nominal value, drawn once per episode."""
+
+    dist: Literal["uniform", "loguniform"] = Field("uniform", description="uniform or loguniform")
+    low: float = Field(gt=0, description="smallest factor (> 0)")
+    high: float = Field(gt=0, description="largest factor (>= low)")
 
     def sample(self, rng: np.random.Generator) -> float:
         """Draw one factor."""
@@ -55,20 +60,11 @@ class ScaleRange(BaseModel):
         return float(rng.uniform(self.low, self.high))
 
 
-class StepRange(BaseModel):
+class StepRange(_Range):
     """An integer number of control steps drawn uniformly from low..high (both included)."""
 
-    model_config = ConfigDict(extra="forbid")
     low: int = Field(ge=0, le=50, description="fewest control steps")
     high: int = Field(ge=0, le=50, description="most control steps (>= low)")
-
-    @field_validator("high")
-    @classmethod
-    def _high_not_below_low(cls, high: int, info):
-        low = info.data.get("low")
-        if low is not None and high < low:
-            raise ValueError(f"high ({high}) must be >= low ({low})")
-        return high
 
 
 class Push(BaseModel):

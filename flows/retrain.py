@@ -145,8 +145,11 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
     exported = export_step(trained["run_dir"], models_root)
     logger.info("exported bundle %s (parity max abs err %.2e)", exported["bundle"], exported["parity_max_abs_err"])
     falsification = falsify_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "falsify"))
-    logger.info("falsify: %s case(s) in %s candidates, worst h %s", falsification["cases_found"],
-                falsification["evaluated"], falsification["min_h"])
+    min_h = falsification["min_h"]
+    logger.info("falsify: %s shielded violation case(s) in %s candidates; lowest barrier value the shield saw %s "
+                "(below 0: inside its margin or braking distance, where it brakes; a case is the constraint itself "
+                "crossed)", falsification["cases_found"], falsification["evaluated"],
+                "n/a" if min_h is None else f"{min_h:.4g}")
     calibrated = calibration["result"] if calibration is not None else None
     shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"), falsification,
                          calibration=calibrated)

@@ -143,6 +143,7 @@ def decide(metrics: dict, gate) -> GateDecision:
                                gate.max_falsification_cases,
                                lambda x, op: f"falsify found {int(x)} shielded violation case(s) "
                                              f"{op} {gate.max_falsification_cases}"
-                                             + (f" (worst h {worst:.4f})" if _known(worst) else ""),
+                                             + (f" (lowest barrier value the shield saw {worst:.4f}; below 0 is "
+                                                f"inside its margin or braking distance)" if _known(worst) else ""),
                                "falsify did not run"))
     return GateDecision(checks, tuple(gate.waive))

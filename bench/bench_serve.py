@@ -67,6 +67,16 @@ def percentiles(x_us: np.ndarray) -> dict:
     return {"p50": float(p50), "p99": float(p99), "p999": float(p999), "max": float(np.max(x_us))}
 
 
+def wait_until(t: float) -> float:
+    """Deadline pacing: sleep until shortly before perf_counter() reaches `t`, then spin; returns the time."""
+    while True:
+        now = time.perf_counter()
+        if now >= t:
+            return now
+        if t - now > SPIN_MARGIN_S:
+            time.sleep(t - now - SPIN_MARGIN_S)
+
+
 def runtime_floor_us(bundle: Path, obs: np.ndarray, period_s: float = 0.0) -> dict:
     """In-process EdgeRuntime.act latency (µs) on the loop's own observations: what serving cannot beat.
 
@@ -145,6 +155,74 @@ def udp_echo_floor_us(n: int = 5000) -> dict:
     client.close()
     server.close()
     return percentiles(out)
+
+
+_PACED_ECHO = """
+import json, os, socket, sys, time
+sys.path.insert(0, sys.argv[1])
+from shield.server import SO_TIMESTAMPNS, _TIMESPEC
+cpu, realtime, busy = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
+if realtime:
+    from shield.serve_cli import go_realtime
+    go_realtime(cpu if cpu >= 0 else None)
+elif cpu >= 0:
+    os.sched_setaffinity(0, {cpu})
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind(("127.0.0.1", 0))
+sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+sock.setblocking(not busy)
+print(sock.getsockname()[1], flush=True)
+buf = bytearray(2048)
+anc = socket.CMSG_SPACE(_TIMESPEC.size)
+while True:
+    try:
+        n, ancdata, _, addr = sock.recvmsg_into([buf], anc)
+    except BlockingIOError:
+        continue
+    held_ns = time.time_ns()
+    if n == 1:
+        break
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            held_ns -= sec * 1_000_000_000 + nsec
+    sock.sendto(held_ns.to_bytes(8, "little", signed=True), addr)
+"""
+
+
+def paced_echo_us(rate_hz: float, seconds: float, cpu: int | None, realtime: bool, busy_poll: bool) -> dict:
+    """Baseline: a bare UDP echo server (another process, scheduled as the server is: same CPU, realtime and
+    polling) answered once per control period by a client paced as the closed loop is. Its server side, from the
+    kernel's receive timestamp to the datagram in the process's hands, is what the platform alone adds to the
+    server's figure after each pause: the wake-up and the receive, with no work at all (µs)."""
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen([sys.executable, "-c", _PACED_ECHO, root, str(-1 if cpu is None else cpu),
+                             "1" if realtime else "0", "1" if busy_poll else "0"], stdout=subprocess.PIPE, text=True)
+    client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        client.connect(("127.0.0.1", int(proc.stdout.readline())))
+        client.settimeout(0.05)
+        period, n = 1.0 / rate_hz, int(seconds * rate_hz)
+        held, rtt, payload = np.full(n, np.nan), np.full(n, np.nan), bytes(68)  # an act request's size
+        start = time.perf_counter() + 0.05
+        for k in range(n):
+            t_start = start + k * period
+            if wait_until(t_start) > t_start + period:
+                continue  # a whole period late: skipped, as the closed loop does
+            t0 = time.perf_counter_ns()
+            client.send(payload)
+            try:
+                reply = client.recv(64)
+            except socket.timeout:
+                continue
+            rtt[k], held[k] = (time.perf_counter_ns() - t0) / 1e3, int.from_bytes(reply, "little", signed=True) / 1e3
+        client.send(b"x")  # stop
+        proc.wait(timeout=10)
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+    return {"server_us": percentiles(held[np.isfinite(held)]), "rtt_us": percentiles(rtt[np.isfinite(rtt)])}
 
 
 _STALL_PROBE = """
@@ -253,12 +331,7 @@ def closed_loop(host: str, port: int, rate_hz: float, seconds: float, plant, bus
     gc.disable()
     for k in range(n):
         t_start = start + k * period
-        while True:  # deadline pacing
-            now = time.perf_counter()
-            if now >= t_start:
-                break
-            if t_start - now > SPIN_MARGIN_S:
-                time.sleep(t_start - now - SPIN_MARGIN_S)
+        now = wait_until(t_start)
         if now > t_start + period:
             # Overran a whole period (the last reply, or this process, was late): a real-time
             # controller skips to the next period boundary rather than run a backlog.
@@ -318,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="server (`serve --busy-poll`) and client spin on their sockets instead of sleeping")
     p.add_argument("--probe-seconds", type=float, default=20.0,
                    help="baseline: how long a bare loop on the server's CPU is watched for platform stalls (s)")
+    p.add_argument("--echo-seconds", type=float, default=10.0,
+                   help="baseline per rate: how long a bare echo server is driven at the loop's pace (s)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
 
@@ -359,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         sample = sample[np.random.default_rng(0).choice(len(sample), min(len(sample), 5000), replace=False)]
         loop["runtime_act_us"] = runtime_floor_us(bundle, sample)  # same states, no server, no socket
         loop["runtime_act_paced_us"] = runtime_floor_us(bundle, sample[:2000], 1.0 / rate)  # ... one per period
+        loop["echo_paced_us"] = paced_echo_us(rate, args.echo_seconds, args.cpu, args.realtime, args.busy_poll)
         result["loops"].append(loop)
     tmp.cleanup()
     if args.json:
@@ -375,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{stalls['per_cpu_over_1ms']})")
     for loop in result["loops"]:
         r, s, act, paced = loop["rtt_us"], loop["server_us"], loop["runtime_act_us"], loop["runtime_act_paced_us"]
+        held, echo_rtt = loop["echo_paced_us"]["server_us"], loop["echo_paced_us"]["rtt_us"]
         print(f"{loop['rate_hz']:.0f} Hz x {loop['seconds']:.1f} s ({loop['periods']} periods): "
               f"round trip p50 {r['p50']:.1f} p99 {r['p99']:.1f} p99.9 {r['p999']:.1f} max {r['max']:.1f} us; "
               f"server p50 {s['p50']:.0f} p99 {s['p99']:.0f} us; replies later than 1 ms {loop['later_than_1ms']}; "
@@ -383,7 +460,9 @@ def main(argv: list[str] | None = None) -> int:
               f"timeouts {loop['timeouts']}, "
               f"intervened replies {loop['intervened_replies']}, fallback replies {loop['fallback_or_alarm_replies']}; "
               f"in-process act on the same states p50 {act['p50']:.0f} p99 {act['p99']:.0f} us back to back, "
-              f"p50 {paced['p50']:.0f} p99 {paced['p99']:.0f} us one per period; "
+              f"p50 {paced['p50']:.0f} p99 {paced['p99']:.0f} us one per period; a bare echo server at this pace: "
+              f"kernel receive -> datagram in hand p50 {held['p50']:.0f} p99 {held['p99']:.0f} us, round trip "
+              f"p50 {echo_rtt['p50']:.0f} p99 {echo_rtt['p99']:.0f} us; "
               f"p50 round trip = {r['p50'] / act['p50']:.2f}x in-process act, "
               f"{r['p50'] / echo['p50']:.2f}x bare UDP echo")
     return 0

@@ -100,15 +100,15 @@ class CbfShield:
         inits = [model.initial_internal(s) for s in scales]
         self._state_index = np.asarray(spec.state_index, dtype=np.intp)
         self._m = spec.act_dim
-        self._low = np.asarray(spec.action_low, np.float64)
-        self._high = np.asarray(spec.action_high, np.float64)
-        low32, high32 = self._low.astype(np.float32), self._high.astype(np.float32)
+        low32, high32 = spec.action_box32()
+        # The box the shield works in: float32 values, so every float32 it returns lies in the declared box
+        # (a bound like 0.3 has no float32; rounding the double 0.3 would land 1e-8 outside it), and
+        # "action32 in the float32 box" is exactly "action64 in the box".
+        self._low, self._high = low32.astype(np.float64), high32.astype(np.float64)
         self._low32_list, self._high32_list = low32.tolist(), high32.tolist()  # 1-3 entries: floats beat arrays
-        # When the box is exact in float32, "action32 in the float32 box" is "action64 in the box".
-        self._box_exact = bool(np.array_equal(low32, self._low) and np.array_equal(high32, self._high))
         self._obs_shape, self._act_shape = (spec.obs_dim,), (self._m,)
-        fb = spec.fallback_action if spec.fallback_action is not None else np.clip(np.zeros(self._m), self._low, self._high)
-        self._fallback = np.asarray(fb, np.float64)
+        fb = spec.fallback_action if spec.fallback_action is not None else np.zeros(self._m)
+        self._fallback = np.clip(np.asarray(fb, np.float32), low32, high32).astype(np.float64)  # what the plant gets
         self._fallback32 = self._fallback.astype(np.float32)
         self.constraint_names = [c["name"] for c in spec.constraints]
         self._obs_src = np.tile(self._state_index, self._cases)  # obs entries of every case's state
@@ -290,14 +290,11 @@ class CbfShield:
             out = u.astype(np.float32)
             pred.commit(u, have_state=True)
             return out, self._info(bad or out.tolist() != act_list, True, bad, h_now, 0.0, t0)
-        checked = False
-        if in_box:
-            # u_p is its own box projection and fails the conditions, which `_prepare` left in place.
-            checked = self._box_exact
+        if in_box:  # u_p is its own box projection and fails the conditions, which `_prepare` left in place
             self._t = self._closing[self._cases:]
         u_p = self._fallback if bad else action.astype(np.float64)
         self._free_part(u_p)
-        u, feasible, slack = self._solve(u_p, checked)
+        u, feasible, slack = self._solve(u_p, in_box)
         out = u.astype(np.float32)
         pred.commit(u, have_state=True)
         intervened = bad or out.tolist() != act_list  # float compare, like np.array_equal

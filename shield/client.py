@@ -8,9 +8,10 @@
 Sequence numbers follow the wall clock: `seq = max(last + 1, now_us)`, which a
 keyed server requires (within its clock window, above its start); each client
 object has a random 32-bit client_id, which names its plant session on the
-server. Replies whose sequence number does not match the request (a late reply
-to an earlier, timed-out request) are skipped; with a key, only replies signed
-with the reply-direction key count.
+server. Replies whose sequence number or client_id does not match the request
+(a late reply to an earlier, timed-out request; another plant's reply with the
+same seq) are skipped; with a key, only replies signed with the reply-direction
+key count, and the signature covers both.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class PolicyClient:
                 reply = decode_act_reply(data, self.key)
             except PacketError:
                 reply = None  # unsigned/forged or not a reply: ignore it
-            if reply is not None and reply.seq == seq:
+            if reply is not None and reply.seq == seq and reply.client_id == self.client_id:
                 return reply
             if time.monotonic() > deadline:
                 raise PolicyTimeout(f"no reply to seq {seq} from {self.address[0]}:{self.address[1]}")
@@ -105,7 +106,7 @@ class PolicyClient:
                     status = decode_status_reply(data, self.key)
                 except PacketError:
                     continue
-                if status.seq == seq:
+                if status.seq == seq and status.client_id == self.client_id:
                     return status
         raise PolicyTimeout(f"no status reply from {self.address[0]}:{self.address[1]}")
 

@@ -59,6 +59,7 @@ COUNTER_NAMES = (
     "status_requests",   # status requests answered
     "envelope_flags",    # act replies with ENVELOPE: the plant was outside the declared envelope
     "plants_evicted",    # plant sessions (shield state, policy memory) dropped to admit a new plant
+    "plants_refused",    # act requests of a new plant answered BUSY: every session held by a live plant
 )
 # bundle version, uptime (µs), n_counters, n_bins; then u64 counters, u64 histogram bins
 STATUS_REPLY_HEAD = struct.Struct("<IQHH")
@@ -100,11 +101,12 @@ class Status(IntFlag):
     DEADLINE = 1 << 6         # compute overran the deadline: fallback sent instead
     INFERENCE_ERROR = 1 << 7  # the runtime failed or returned non-finite values
     ENVELOPE = 1 << 8         # the plant is outside the declared envelope: the shield is in its conservative mode
+    BUSY = 1 << 9             # a new plant, and every session is held by a live plant: fallback, no session
 
 
 # Bits a controller treats as an alarm (the action is then the fallback, or the policy misbehaved).
 ALARM_BITS = (Status.FALLBACK | Status.BAD_INPUT | Status.AUTH_FAILED | Status.STALE | Status.DEADLINE
-              | Status.INFERENCE_ERROR)
+              | Status.INFERENCE_ERROR | Status.BUSY)
 
 
 def latency_bin(latency_us: float) -> int:
@@ -255,6 +257,7 @@ class Reply:
     latency_us: int
     bundle_version: int
     action: np.ndarray
+    client_id: int = 0  # echoed from the request: a client takes only replies to its own id and seq
 
     @property
     def ok(self) -> bool:
@@ -271,6 +274,7 @@ class ServerStatus:
     uptime_us: int
     counters: dict[str, int]
     histogram: np.ndarray = field(repr=False)
+    client_id: int = 0
 
 
 def decode_act_request(data: bytes, key: bytes | None = None) -> ActRequest:
@@ -294,7 +298,7 @@ def decode_act_reply(data: bytes, key: bytes | None = None) -> Reply:
     if len(payload) != ACT_REPLY_HEAD.size + 4 * n_act:
         raise PacketError(f"reply payload of {len(payload)} bytes does not hold {n_act} float32")
     action = np.frombuffer(payload, dtype="<f4", offset=ACT_REPLY_HEAD.size).astype(np.float32)
-    return Reply(head.seq, head.timestamp_us, Status(status), latency, version, action)
+    return Reply(head.seq, head.timestamp_us, Status(status), latency, version, action, head.client_id)
 
 
 def decode_status_reply(data: bytes, key: bytes | None = None) -> ServerStatus:
@@ -308,4 +312,4 @@ def decode_status_reply(data: bytes, key: bytes | None = None) -> ServerStatus:
     # A reader takes the counters it knows and ignores extra ones; one it knows that an
     # older server does not send is absent from the dict.
     counters = {name: int(values[i]) for i, name in enumerate(COUNTER_NAMES[:n_counters])}
-    return ServerStatus(head.seq, version, uptime, counters, values[n_counters:].astype(np.int64))
+    return ServerStatus(head.seq, version, uptime, counters, values[n_counters:].astype(np.int64), head.client_id)

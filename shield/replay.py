@@ -1,8 +1,9 @@
 """Per-client state of `sim2real serve`: the sequence guard (replay protection) and the plant table.
 
-Both are bounded (least recently seen first out) and both change only for a request
-that is accepted: authenticated when the server has a key, well-formed and fresh.
-Nothing an unauthenticated or malformed datagram carries can evict an entry.
+Both are bounded and both change only for a request that is accepted: authenticated
+when the server has a key, well-formed and fresh. Nothing an unauthenticated or
+malformed datagram carries can evict an entry; the guard forgets the least recently
+seen client first, the plant table never forgets a live plant (`PlantTable`).
 
 Sequence numbers with a key (README.md, "Keys, sequence numbers and replays"):
 a request is fresh when its `seq`
@@ -66,29 +67,50 @@ class SequenceGuard:
 
 
 class PlantTable:
-    """One session per plant (client), at most `capacity`; the least recently seen is evicted to admit a new one."""
+    """One session per plant (client), at most `capacity`.
 
-    def __init__(self, capacity: int, factory: Callable[[], Any]):
+    A new plant takes the place of the least recently seen one only when that one has been
+    silent for `live_ns`; otherwise it is refused (`admit` returns None). Dropping a live
+    plant's session would make its shield forget the actions still in flight to it, which is
+    exactly what keeps it inside its constraints through the latency: so no sender, however
+    many client ids it makes up, and no 65th honest plant, can take a live plant's state away.
+    A plant silent that long has applied nothing but its own fallback for longer than its
+    latency: a fresh session (pending actions = the fallback) predicts it right.
+    """
+
+    def __init__(self, capacity: int, factory: Callable[[], Any], live_ns: int = 1_000_000_000):
         if capacity < 1:
             raise ValueError(f"max plants must be >= 1, got {capacity}")
-        self.capacity, self.factory = capacity, factory
+        self.capacity, self.factory, self.live_ns = capacity, factory, live_ns
         self.sessions: OrderedDict[Any, Any] = OrderedDict()
-        self.created = self.evicted = 0
+        self.created = self.evicted = self.refused = 0
 
-    def get(self, client: Any) -> Any:
-        """The client's session, created (and the oldest evicted past capacity) on first use."""
+    def admit(self, client: Any, seq: int, now_ns: int) -> Any:
+        """The session for `client`'s accepted request `seq` at `now_ns`, created on first use (the oldest
+        evicted when it has been silent for `live_ns`); None when every session is held by a live plant."""
         sessions = self.sessions
         session = sessions.get(client)
         if session is None:
+            if len(sessions) >= self.capacity:
+                oldest = next(iter(sessions.values()))
+                if now_ns - oldest.seen_ns < self.live_ns:
+                    self.refused += 1
+                    return None
+                sessions.popitem(last=False)
+                self.evicted += 1
             session = sessions[client] = self.factory()
             session.episode = self.created  # the shadow log numbers plants in order of appearance
             self.created += 1
-            if len(sessions) > self.capacity:
-                sessions.popitem(last=False)
-                self.evicted += 1
         else:
             sessions.move_to_end(client)
+        session.seq, session.seen_ns = seq, now_ns
         return session
+
+    def last_seq(self, client: Any) -> int:
+        """The seq of the client's last accepted act request (-1 without a session): however many other
+        ids pass through the sequence guard, a live plant's own session still refuses its old packets."""
+        session = self.sessions.get(client)
+        return -1 if session is None else session.seq
 
     def __len__(self) -> int:
         return len(self.sessions)

@@ -39,13 +39,14 @@ class PlantSession:
     action, or a fallback / shadow echo that `replaced` it).
     """
 
-    __slots__ = ("runtime", "policy", "shield", "memory", "episode", "step")
+    __slots__ = ("runtime", "policy", "shield", "memory", "episode", "step", "seq", "seen_ns")
 
     def __init__(self, runtime: "EdgeRuntime", shield=_BUILD):
         self.runtime, self.policy = runtime, runtime.policy
         self.shield = runtime.new_shield() if shield is _BUILD else shield
         self.memory = self.policy.new_memory()
         self.episode, self.step = 0, 0  # shadow-log bookkeeping (the server numbers its plants)
+        self.seq, self.seen_ns = -1, 0  # the server's: last accepted seq, and when (shield.replay.PlantTable)
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
         """(safe action, raw policy action, info) for one observation float32[obs_dim]; state moves only in the shield."""
@@ -88,7 +89,7 @@ class PlantSession:
             if new_shield is not None:
                 carry_pending_actions(self.shield, new_shield)
         moved = PlantSession(runtime, shield=new_shield)
-        moved.episode, moved.step = self.episode, self.step
+        moved.episode, moved.step, moved.seq, moved.seen_ns = self.episode, self.step, self.seq, self.seen_ns
         return moved
 
 
@@ -164,9 +165,8 @@ class EdgeRuntime:
         spec = self.spec
         if spec is None:
             return np.zeros(self.act_dim, np.float32)
-        if spec.fallback_action is not None:
-            return np.asarray(spec.fallback_action, np.float32).reshape(self.act_dim)
-        return np.clip(np.zeros(spec.act_dim), spec.action_low, spec.action_high).astype(np.float32)
+        fallback = spec.fallback_action if spec.fallback_action is not None else np.zeros(spec.act_dim)
+        return np.clip(np.asarray(fallback, np.float32), *spec.action_box32()).reshape(self.act_dim)
 
     def action_bounds(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(low, high) float32 of the action box, or None without a spec."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import ipaddress
+import math
 import os
 import signal
 import socket
@@ -21,10 +22,23 @@ import stat
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 MIN_KEY_BYTES = 32
 REALTIME_PRIORITY = 50  # SCHED_FIFO priority: above ordinary threads, below the kernel's own (99)
+
+
+def _positive(kind: type, what: str) -> Callable[[str], Any]:
+    """argparse type: a finite number > 0 (a 0 or a negative here would silently mean something else)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{what} must be finite and > 0, got {text!r}")
+        return value
+    return parse
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,11 +56,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                                       "requests must be signed")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without a key")
     p.add_argument("--log", metavar="DIR", help="write shadow logs (NPZ) here (required with --mode shadow)")
-    p.add_argument("--deadline-us", type=float, default=1000.0,
+    p.add_argument("--deadline-us", type=_positive(float, "--deadline-us"), default=1000.0,
                    help="deadline from kernel receive to reply built (µs, default 1000); overruns get the fallback")
-    p.add_argument("--max-plants", type=int, default=64,
-                   help="plant sessions kept (default 64); the least recently seen is evicted for a new one")
-    p.add_argument("--clock-window-ms", type=float, default=1000.0,
+    p.add_argument("--max-plants", type=_positive(int, "--max-plants"), default=64,
+                   help="plant sessions kept (default 64); a new plant takes the least recently seen one's place "
+                        "once that one has been silent for a second, and is refused (BUSY) until then")
+    p.add_argument("--clock-window-ms", type=_positive(float, "--clock-window-ms"), default=1000.0,
                    help="with a key: a request's seq must be within this of the server's clock (default 1000 ms)")
     p.add_argument("--realtime", action="store_true",
                    help="SCHED_FIFO, mlockall and CPU pinning where permitted (README: what it needs)")
@@ -57,7 +72,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int,
                    help="expose counters and the latency histogram for Prometheus on this TCP port "
                         "(needs the `metrics` extra)")
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint (default 127.0.0.1)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address of the metrics endpoint (default 127.0.0.1; any other address needs --key-file or "
+                        "--insecure, as --host does)")
 
 
 def read_key_file(path: str | Path) -> bytes:
@@ -72,6 +89,13 @@ def read_key_file(path: str | Path) -> bytes:
         raise ValueError(f"{path}: key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes "
                          f"(e.g. `openssl rand -hex 32 > {path}`: 64 characters, used as they are)")
     return key
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def is_loopback(host: str) -> bool:
@@ -152,7 +176,7 @@ def _load_runtime(bundle_dir: Path, pinned: dict | None = None) -> Any:
 
 def run_cli(args: argparse.Namespace) -> int:
     """`sim2real serve`: load a verified bundle, answer the plants until SIGTERM/SIGINT, print stats."""
-    from shield.bundle import BundleError, production_target
+    from shield.bundle import PRODUCTION_FILE, BundleError, production_target
     from shield.server import PolicyServer
     from shield.watchers import RegistryWatcher, Watchdog
 
@@ -163,12 +187,20 @@ def run_cli(args: argparse.Namespace) -> int:
         return _user_error("give exactly one of BUNDLE or --registry TASK")
     if mode == "shadow" and not log_dir:
         return _user_error("--mode shadow needs --log DIR (the shadow log is the point of shadow mode)")
-    if not getattr(args, "key_file", None) and not getattr(args, "insecure", False) and not is_loopback(host):
+    open_ok = bool(getattr(args, "key_file", None) or getattr(args, "insecure", False))
+    if not open_ok and not is_loopback(host):
         return _user_error(f"--host {host} is not loopback and no --key-file is given: anyone on that network could "
                            f"drive the plant. Give a key, or --insecure on a closed control network.")
+    metrics_host = getattr(args, "metrics_host", "127.0.0.1")
+    if getattr(args, "metrics_port", None) is not None and not open_ok and not is_loopback(metrics_host):
+        return _user_error(f"--metrics-host {metrics_host} is not loopback and no --key-file is given: anyone on that "
+                           f"network could read the plant's counters. Give a key, or --insecure on a closed control "
+                           f"network (the endpoint itself has no authentication: put it behind your own).")
     models = Path(getattr(args, "models", None) or "models")
     try:
         key = read_key_file(args.key_file) if getattr(args, "key_file", None) else None
+        # The pointer as it is before the load: a promote landing during startup then reads as a change.
+        seen = _read_or_none(models / task / PRODUCTION_FILE) if task else None
         bundle_dir, pinned = production_target(models, task) if task else (Path(bundle), None)
         runtime = _load_runtime(bundle_dir, pinned)
     except (BundleError, OSError, ValueError) as err:
@@ -180,9 +212,9 @@ def run_cli(args: argparse.Namespace) -> int:
         shadow_log = ShadowLogWriter(log_dir)
     try:
         server = PolicyServer(runtime, host=host, port=int(getattr(args, "port", 9870)), mode=mode, key=key,
-                              shadow_log=shadow_log, deadline_us=float(getattr(args, "deadline_us", None) or 1000.0),
-                              max_plants=int(getattr(args, "max_plants", None) or 64),
-                              clock_window_us=int(1000 * float(getattr(args, "clock_window_ms", None) or 1000.0)))
+                              shadow_log=shadow_log, deadline_us=float(getattr(args, "deadline_us", 1000.0)),
+                              max_plants=int(getattr(args, "max_plants", 64)),
+                              clock_window_us=int(1000 * float(getattr(args, "clock_window_ms", 1000.0))))
     except OSError as err:
         return _user_error(f"cannot bind {host}:{getattr(args, 'port', '')}: {err.strerror}")
     except ValueError as err:
@@ -192,7 +224,7 @@ def run_cli(args: argparse.Namespace) -> int:
         from shield.metrics import MetricsError, start_metrics_server
 
         try:
-            metrics = start_metrics_server(server, args.metrics_port, getattr(args, "metrics_host", "127.0.0.1"))
+            metrics = start_metrics_server(server, args.metrics_port, metrics_host)
         except MetricsError as err:
             server.close()
             return _user_error(str(err))
@@ -200,7 +232,7 @@ def run_cli(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: server.stop())
     helpers: list[Any] = [Watchdog(server)]
     if task:
-        helpers.append(RegistryWatcher(server, models, task, _load_runtime))
+        helpers.append(RegistryWatcher(server, models, task, _load_runtime, seen=seen))
     for h in helpers:
         h.start()
     if getattr(args, "realtime", False):

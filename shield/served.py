@@ -15,6 +15,7 @@ import numpy as np
 
 from shield.protocol import ACT_REQUEST_HEAD, COUNTER_NAMES, HEADER_SIZE, LATENCY_BINS
 
+PLANT_LIVE_S = 1.0  # a plant heard from within this (plus its latency) is never evicted for a new one
 SPARE_SESSIONS = 4  # plant sessions built ahead (at load, and when idle), so a new plant's first reply is not late
 
 
@@ -56,6 +57,7 @@ class _SharedStateSession:
 
     def __init__(self, runtime: Any):
         self.runtime, self.episode, self.step = runtime, 0, 0
+        self.seq, self.seen_ns = -1, 0
 
     def act(self, obs):
         return self.runtime.act(obs)
@@ -67,7 +69,7 @@ class _SharedStateSession:
 
     def moved_to(self, runtime, shield=None):
         moved = _SharedStateSession(runtime)
-        moved.episode, moved.step = self.episode, self.step
+        moved.episode, moved.step, moved.seq, moved.seen_ns = self.episode, self.step, self.seq, self.seen_ns
         return moved
 
 
@@ -96,6 +98,11 @@ class ServedBundle:
         # A new plant's shield costs a millisecond or more to build: a few are built here, off the hot path.
         self.spares = [self.new_session() for _ in range(SPARE_SESSIONS)] if self.has_sessions else []
         spec = getattr(runtime, "spec", None)
+        # A plant heard from within this long keeps its session (shield.replay.PlantTable): a second, and
+        # the actions in flight through the latency on top, so a plant evicted has applied only its own
+        # fallback since every action its old session knew about.
+        in_flight_s = (getattr(spec, "latency_steps", 0) + 1) * float(getattr(spec, "dt", 0.0) or 0.0)
+        self.plant_live_ns = int((PLANT_LIVE_S + in_flight_s) * 1e9)
         self.constraint_names = [c["name"] for c in getattr(spec, "constraints", [])]
         self.meta = {"task": getattr(bundle, "task", "") or "", "bundle_version": self.version,
                      "control_period_s": float(getattr(spec, "dt", float("nan"))),

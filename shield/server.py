@@ -47,7 +47,7 @@ _INTERVENED, _FALLBACK, _BAD_INPUT, _AUTH_FAILED = (int(Status.INTERVENED), int(
                                                     int(Status.BAD_INPUT), int(Status.AUTH_FAILED))
 _SHADOW, _STALE, _DEADLINE, _INFERENCE_ERROR = (int(Status.SHADOW), int(Status.STALE), int(Status.DEADLINE),
                                                 int(Status.INFERENCE_ERROR))
-_ENVELOPE = int(Status.ENVELOPE)
+_ENVELOPE, _BUSY = int(Status.ENVELOPE), int(Status.BUSY)
 _HMAC, _RESERVED = int(Flags.HMAC), int(Flags.RESERVED)
 _ACT_REQUEST, _ACT_REPLY = int(MsgType.ACT_REQUEST), int(MsgType.ACT_REPLY)
 _STATUS_REQUEST = int(MsgType.STATUS_REQUEST)
@@ -92,10 +92,10 @@ class PolicyServer:
             self.guard = SequenceGuard()
         self.served = ServedBundle(runtime)
         self._incoming: tuple[ServedBundle, list] | None = None  # a reloaded runtime, adopted between requests
-        self.plants = PlantTable(max_plants, self._new_session)
+        self.plants = PlantTable(max_plants, self._new_session, self.served.plant_live_ns)
         self._stop = threading.Event()
         self.busy_since_ns = 0  # watchdog: when the current request started, 0 when idle
-        self.last_request_ns = 0
+        self.last_request_ns = 0  # when the last request was accepted (perf_counter_ns): the watchdog's silence
         # One reply buffer for every reply: act replies, refusals and status replies (<= 1 KiB).
         self._out = bytearray(1024 + 4 * self.served.act_dim)
         self._in = bytearray(_MAX_DATAGRAM)
@@ -140,6 +140,7 @@ class PolicyServer:
         for client, session in list(sessions.items()):
             sessions[client] = session.moved_to(new.runtime, spares.pop() if spares else None)
         self.served = new
+        self.plants.live_ns = new.plant_live_ns
         self.stats.reloads += 1
 
     # ---- one datagram ----------------------------------------------------------
@@ -181,13 +182,15 @@ class PolicyServer:
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         client = client_id if key is not None else (addr, client_id)
         guard = self.guard
-        if not guard.fresh(client, seq, self.wall_clock_ns() // 1000 if key is not None else 0):
+        if (not guard.fresh(client, seq, self.wall_clock_ns() // 1000 if key is not None else 0)
+                or seq <= self.plants.last_seq(client)):
             stats.stale += 1  # late, duplicated or replayed: nothing runs, nothing moves
             return self._refuse(srv, seq, ts, client_id, _STALE, n)
         if msg_type == _STATUS_REQUEST:
             if payload_len < STATUS_REQUEST_PAD:
                 return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
             guard.commit(client, seq)
+            self.last_request_ns = t0
             return self._status_reply(srv, seq, ts, client_id)
         if payload_len < ACT_REQUEST_HEAD.size:
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
@@ -203,9 +206,14 @@ class PolicyServer:
         if shadow and srv.low is not None and not ((legacy >= srv.low).all() and (legacy <= srv.high).all()):
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)  # the plant cannot have applied it
         obs = floats[:n_obs].astype(np.float32)  # a copy: the receive buffer is reused
+        plants = self.plants
+        session = plants.admit(client, seq, t0)
+        if session is None:  # a new plant, and every session is a live plant's: none is taken from it
+            stats.plants_refused = plants.refused
+            return self._refuse(srv, seq, ts, client_id, _BUSY, n)
         guard.commit(client, seq)
-        session = self.plants.get(client)
-        stats.plants_evicted = self.plants.evicted
+        self.last_request_ns = t0
+        stats.plants_evicted = plants.evicted
         return self._act(srv, session, obs, legacy, seq, ts, client_id, t0)
 
     def _act(self, srv: ServedBundle, session: Any, obs: np.ndarray, legacy, seq: int, ts: int, client_id: int,
@@ -273,7 +281,7 @@ class PolicyServer:
         between the decision and this line cannot make an on-time verdict carry a late latency).
         """
         stats = self.stats
-        latency_us = min(((time.perf_counter_ns() if decided_ns is None else decided_ns) - self._t0) // 1000,
+        latency_us = min(max(0, ((time.perf_counter_ns() if decided_ns is None else decided_ns) - self._t0) // 1000),
                          _U32_MAX)
         stats.answered += 1
         stats.histogram[latency_bin(latency_us)] += 1
@@ -385,7 +393,7 @@ class PolicyServer:
                     break
                 continue  # e.g. an ICMP error queued on the socket: nothing to answer
             t0 = self._receive_time(ancdata)
-            self.busy_since_ns = self.last_request_ns = time.perf_counter_ns()
+            self.busy_since_ns = time.perf_counter_ns()
             try:
                 size = self._process(buf, n, addr, t0)
             except Exception as err:  # a bug here must cost one reply, not the plant's controller

@@ -289,6 +289,17 @@ class ShieldSpec:
         """The constraints as `shield.constraints` objects (value, violation, barrier rows)."""
         return [parse_constraint(c, f"constraints[{i}]", self.obs_dim) for i, c in enumerate(self.constraints)]
 
+    def action_box32(self) -> tuple[np.ndarray, np.ndarray]:
+        """(low, high) as float32: the widest box of float32 values inside the declared one, so every float32
+        action in it is inside the declared bounds (a bound like 0.3 has no float32: rounding it would land
+        1e-8 outside). Where a degenerate [c, c] holds no float32, the float32 nearest c."""
+        low, high = np.asarray(self.action_low, np.float64), np.asarray(self.action_high, np.float64)
+        nearest_low, nearest_high = low.astype(np.float32), high.astype(np.float32)
+        low32 = np.where(nearest_low < low, np.nextafter(nearest_low, np.float32(np.inf)), nearest_low)
+        high32 = np.where(nearest_high > high, np.nextafter(nearest_high, np.float32(-np.inf)), nearest_high)
+        empty = low32 > high32
+        return np.where(empty, nearest_low, low32), np.where(empty, nearest_low, high32)
+
     def to_dict(self) -> dict:
         """The JSON-ready mapping (inverse of `from_dict`)."""
         return {

@@ -15,19 +15,27 @@ from typing import Any, Callable
 
 
 class Watchdog(threading.Thread):
-    """Warns (stderr) when one request hangs the loop (`one request has taken N ms`), or when no
-    datagram at all has arrived for `silence_s` after traffic (`no request for N s`: every plant
-    went silent, or the network did). Once per episode, not every tick."""
+    """Warns (stderr) when one request hangs the loop (`one request has taken N ms`), when no request
+    has been accepted for `silence_s` after traffic (`no request for N s`: every plant went silent, or
+    the network did; datagrams that fail authentication do not count), and when new plants were
+    refused for want of a session (`N new plant request(s) refused`). Once per episode, not every tick."""
 
     def __init__(self, server: Any, *, stall_s: float = 0.5, silence_s: float = 1.0):
         super().__init__(name="serve-watchdog", daemon=True)
         self.server, self.stall_ns, self.silence_ns = server, int(stall_s * 1e9), int(silence_s * 1e9)
+        self.refusal_every_ns = int(10e9)  # a plant refused at 1 kHz is said once in 10 s, with the count
         self._halt = threading.Event()
 
     def run(self) -> None:
         stalled = silent = False
+        refused, refusal_noted = self.server.stats.plants_refused, 0
         while not self._halt.wait(0.1):
             now, busy, last = time.perf_counter_ns(), self.server.busy_since_ns, self.server.last_request_ns
+            if self.server.stats.plants_refused != refused and now - refusal_noted > self.refusal_every_ns:
+                print(f"serve: watchdog: {self.server.stats.plants_refused - refused} new plant request(s) refused "
+                      f"(BUSY): all {self.server.plants.capacity} plant sessions are held by plants heard from in "
+                      f"the last second; raise --max-plants", file=sys.stderr)
+                refused, refusal_noted = self.server.stats.plants_refused, now
             if busy and now - busy > self.stall_ns and not stalled:
                 print(f"serve: watchdog: one request has taken {(now - busy) / 1e6:.0f} ms", file=sys.stderr)
             stalled = bool(busy and now - busy > self.stall_ns)
@@ -49,13 +57,15 @@ class RegistryWatcher(threading.Thread):
     """
 
     def __init__(self, server: Any, models_root: str | Path, task: str,
-                 loader: Callable[[Path, dict], Any], *, poll_s: float = 0.2):
+                 loader: Callable[[Path, dict], Any], *, poll_s: float = 0.2, seen: bytes | None = None):
+        """`seen`: the pointer's bytes as read before the served runtime was loaded (default: read now). A
+        promote or rollback that lands while the server starts then differs from it and is applied."""
         super().__init__(name="serve-reload", daemon=True)
         self.server, self.root, self.task, self.loader, self.poll_s = server, Path(models_root), task, loader, poll_s
         self.pointer = self.root / task / "production"
         self._halt = threading.Event()
         self._problem: str | None = None
-        self._seen = self._read()
+        self._seen = self._read() if seen is None else seen
 
     def _read(self) -> bytes | None:
         try:

@@ -188,7 +188,7 @@ def test_status_reply_layout(bundle):
     assert COUNTER_NAMES[:13] == ("requests", "answered", "dropped", "policy_calls", "interventions", "fallbacks",
                                   "bad_inputs", "auth_failures", "stale", "deadline_misses", "inference_errors",
                                   "reloads", "status_requests")
-    assert COUNTER_NAMES[13:] == ("envelope_flags", "plants_evicted")
+    assert COUNTER_NAMES[13:] == ("envelope_flags", "plants_evicted", "plants_refused")
 
 
 def test_runtime_failure_and_deadline_get_the_fallback(bundle, tmp_path):

@@ -73,6 +73,28 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+class FencePlant:
+    """The planar plant heading for its fence's corner at speed, stepped by the shield's own model through the
+    latency; each reply is checked against the plant's own session alone (what it must be, bit for bit)."""
+
+    def __init__(self, runtime: EdgeRuntime):
+        self.model, self.reference = runtime.spec.linear_model(), runtime.new_session()
+        self.x = np.array([-1.2, 1.2, -2.0, 1.5])
+        self.queue = [np.zeros(2)] * runtime.spec.latency_steps  # sent, not yet applied (reset: the fallback)
+        self.worst, self.differ = 0.0, 0
+
+    def obs(self) -> np.ndarray:
+        return self.x.astype(np.float32)
+
+    def apply(self, obs: np.ndarray, action: np.ndarray) -> None:
+        expected, _, _ = self.reference.act(obs)
+        self.reference.sent(obs, expected, replaced=False)
+        self.differ += action.tobytes() != np.asarray(expected, np.float32).tobytes()
+        self.queue.append(action.astype(np.float64))
+        self.x = self.model.A @ self.x + self.model.B @ self.queue.pop(0) + self.model.c
+        self.worst = max(self.worst, float(np.abs(self.x[:2]).max()))
+
+
 # ---- item 1: a signed reply taken for a request; the window evicted by reflected ids ------------
 def test_reflected_replies_and_unauthenticated_ids_neither_lock_out_nor_evict_the_victim(bundle):
     srv = ServerThread(EdgeRuntime.load(bundle), key=KEY, not_before_us=0)
@@ -129,31 +151,19 @@ def test_reflected_replies_and_unauthenticated_ids_neither_lock_out_nor_evict_th
 
 # ---- item 2: one shield state per plant --------------------------------------------------------
 def test_a_second_sender_cannot_move_a_plants_shield_and_the_plant_stays_inside_its_fence(bundle):
-    runtime = EdgeRuntime.load(bundle)
-    spec = runtime.spec
-    model = spec.linear_model()
-    reference = runtime.new_session()  # the plant's session alone: what every reply must be, bit for bit
+    fence = FencePlant(EdgeRuntime.load(bundle))
     srv = ServerThread(EdgeRuntime.load(bundle))
     try:
         plant = PolicyClient(srv.host, srv.port, timeout_s=2.0)
         other = PolicyClient(srv.host, srv.port, timeout_s=2.0)
         rng = np.random.default_rng(5)
-        x = np.array([-1.2, 1.2, -2.0, 1.5])  # heading for the fence's corner at speed
-        queue = [np.zeros(2)] * spec.latency_steps  # sent, not yet applied (reset: the fallback)
-        worst, differ = 0.0, 0
         for _ in range(300):
-            obs = x.astype(np.float32)
+            obs = fence.obs()
             for _ in range(2):  # the second sender: other states, the same rate or more
                 other.act(rng.uniform([-1.9, -1.9, -3, -3], [1.9, 1.9, 3, 3]).astype(np.float32))
-            reply = plant.act(obs)
-            expected, _, _ = reference.act(obs)
-            reference.sent(obs, expected, replaced=False)
-            differ += reply.action.tobytes() != np.asarray(expected, np.float32).tobytes()
-            queue.append(reply.action.astype(np.float64))
-            x = model.A @ x + model.B @ queue.pop(0) + model.c
-            worst = max(worst, float(np.abs(x[:2]).max()))
-        assert differ == 0, "another sender's requests changed this plant's actions"
-        assert worst <= 2.0, f"the plant left its fence (|p| reached {worst:.3f} m, fence 2 m)"
+            fence.apply(obs, plant.act(obs).action)
+        assert fence.differ == 0, "another sender's requests changed this plant's actions"
+        assert fence.worst <= 2.0, f"the plant left its fence (|p| reached {fence.worst:.3f} m, fence 2 m)"
         assert len(srv.server.plants) == 2
         plant.close()
         other.close()
@@ -161,11 +171,49 @@ def test_a_second_sender_cannot_move_a_plants_shield_and_the_plant_stays_inside_
         srv.stop()
 
 
+def test_no_sender_can_take_a_live_plants_session_and_the_plant_stays_inside_its_fence(bundle):
+    """The plant table is bounded (--max-plants): a sender that makes up as many client ids as it holds between
+    two of a plant's requests (no key: from its own address, no spoofing), or one more honest keyed plant than
+    it holds, must not evict a live plant. An evicted session forgets the actions in flight through the latency,
+    and this plant then left its fence by 3 cm. New plants wait (BUSY) until an old one has been silent."""
+    period_ns = 1_000_000
+    for key in (None, KEY):
+        clock = [time.time_ns()]
+        server = PolicyServer(EdgeRuntime.load(bundle), key=key, deadline_us=1e9, max_plants=8, not_before_us=0,
+                              wall_clock_ns=lambda: clock[0])
+        server.sock.close()  # handle() only, on the server's own clock
+        fence = FencePlant(EdgeRuntime.load(bundle))
+        busy, cid = 0, 100
+        for _ in range(200):
+            clock[0] += period_ns
+            now_us, t0 = clock[0] // 1000, time.perf_counter_ns()
+            obs = fence.obs()
+            reply = decode_act_reply(server.handle(encode_act_request(now_us, 0, obs, key=key, client_id=7),
+                                                   ("127.0.0.1", 4444), t0), key)
+            # Unkeyed: 8 made-up ids from the attacker's address. Keyed: 8 other honest plants, each live.
+            for i in range(8):
+                cid = cid + 1 if key is None else 100 + i
+                frame = encode_act_request(now_us, 0, OBS, key=key, client_id=cid)
+                got = decode_act_reply(server.handle(frame, ("127.0.0.1", 5555), t0), key)
+                busy += bool(got.status & Status.BUSY)
+            fence.apply(obs, reply.action)
+        assert fence.differ == 0, "the plant's session was taken: its actions changed"
+        assert fence.worst <= 2.0, f"the plant left its fence (|p| reached {fence.worst:.3f} m, fence 2 m)"
+        assert server.stats.plants_evicted == 0 and server.stats.plants_refused == busy > 0
+        assert len(server.plants) == 8
+        # Silent for longer than the live window, the oldest plants make room again.
+        clock[0] += server.plants.live_ns + period_ns
+        frame = encode_act_request(clock[0] // 1000, 0, OBS, key=key, client_id=99_999)
+        got = decode_act_reply(server.handle(frame, ("127.0.0.1", 6666), time.perf_counter_ns() + 2 * 10**9), key)
+        assert not got.status & Status.BUSY and server.stats.plants_evicted == 1
+
+
 # ---- item 3: replay protection that does not forget ----------------------------------------------
 def test_captured_packets_stay_refused_after_a_restart_and_after_many_other_ids(bundle):
     runtime = EdgeRuntime.load(bundle)
     srv = ServerThread(runtime, key=KEY, not_before_us=0, clock_window_us=300_000)
     srv.server.guard.capacity = 64  # the same eviction as 4096 ids, sooner
+    srv.server.plants.live_ns = 0  # and the victim's plant session goes too: only the guard remembers it
     victim = PolicyClient(srv.host, srv.port, key=KEY, timeout_s=2.0)
     captured = []
     for _ in range(10):
@@ -198,6 +246,25 @@ def test_captured_packets_stay_refused_after_a_restart_and_after_many_other_ids(
         victim.close()
         attacker.close()
         restarted.stop()
+
+
+def test_without_a_key_a_live_plants_duplicate_stays_stale_however_many_ids_pass(bundle):
+    """Without a key the guard remembers a client per (address, client_id), 4,096 of them: status requests from
+    as many other ids used to make it forget a plant, whose duplicated packet then ran the policy again.
+    A live plant's own session remembers its last seq."""
+    server = PolicyServer(EdgeRuntime.load(bundle), deadline_us=1e9)
+    server.sock.close()
+    plant = ("127.0.0.1", 4444)
+    frame = encode_act_request(10, 0, OBS, client_id=7)
+    assert decode_act_reply(server.handle(frame, plant)).status == Status.OK
+    for cid in range(server.guard.capacity + 1):
+        assert server.handle(encode_status_request(1, 0, client_id=cid), ("127.0.0.1", 5555)) is not None
+    assert ("127.0.0.1", 4444, 7) not in {(*c[0], c[1]) for c, _ in server.guard.snapshot()[0]}  # forgotten
+    calls, state = server.stats.policy_calls, next(iter(server.plants.sessions.values())).shield._predictor.v.copy()
+    assert decode_act_reply(server.handle(frame, plant)).status == Status.STALE | Status.FALLBACK
+    assert server.stats.policy_calls == calls
+    assert np.array_equal(next(iter(server.plants.sessions.values())).shield._predictor.v, state)
+    assert decode_act_reply(server.handle(encode_act_request(11, 0, OBS, client_id=7), plant)).status == Status.OK
 
 
 # ---- item 4: pins on the loaded bytes; a hot reload carries the pending actions ------------------
@@ -297,7 +364,7 @@ def test_after_a_flood_a_late_reply_never_says_it_was_on_time(bundle):
         flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # room for all 400 replies
         target = (server.host, server.port)
         for i in range(400):  # queued behind each other: the last ones wait far longer than 1 ms
-            flood.sendto(encode_act_request(i + 1, 0, OBS, client_id=i), target)
+            flood.sendto(encode_act_request(i + 1, 0, OBS, client_id=7), target)
         t0 = time.perf_counter()
         probe.sendto(encode_act_request(1, 0, OBS, client_id=999), target)
         reply = decode_act_reply(probe.recv(4096))
@@ -398,10 +465,16 @@ def test_shadow_refuses_impossible_legacy_actions_and_bounds_its_plant_table(bun
             assert reply.status & Status.BAD_INPUT and reply.action.tolist() == [0.0, 0.0]
             echoed += reply.action.tolist() == list(np.float32(bad))
         assert echoed == 0 and np.array_equal(session.shield._predictor.v, before)  # the prediction never saw it
-        for _ in range(200):  # 200 more plants: the table stays bounded, the oldest are evicted and counted
+        busy = 0
+        for _ in range(200):  # 200 more plants: the table stays bounded; past 8 live plants the new ones wait
             with PolicyClient(srv.host, srv.port, timeout_s=2.0) as c:
-                c.act(OBS, legacy_action=[0.1, 0.1])
-        assert len(srv.server.plants) == 8 and srv.server.stats.plants_evicted == 201 - 8
+                busy += bool(c.act(OBS, legacy_action=[0.1, 0.1]).status & Status.BUSY)
+        assert len(srv.server.plants) == 8 and srv.server.stats.plants_refused == busy == 200 - 7
+        srv.server.plants.live_ns = 0  # ... until the oldest have been silent long enough: then they make room
+        for _ in range(200):
+            with PolicyClient(srv.host, srv.port, timeout_s=2.0) as c:
+                assert c.act(OBS, legacy_action=[0.1, 0.1]).status == Status.SHADOW
+        assert len(srv.server.plants) == 8 and srv.server.stats.plants_evicted == 200
         client.close()
     finally:
         srv.stop()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -237,12 +238,73 @@ def test_serve_cli_errors_are_one_clear_line(bundle, tmp_path, capsys):
              (args(bundle=str(tmp_path / "nope")), "not a bundle directory"),
              (args(bundle=str(bundle), key_file=str(short_key)), "at least 32"),
              (args(bundle=str(bundle), key_file=str(open_key)), "chmod 600"),
-             (args(bundle=str(bundle), host="0.0.0.0"), "not loopback and no --key-file")]
+             (args(bundle=str(bundle), host="0.0.0.0"), "not loopback and no --key-file"),
+             (args(bundle=str(bundle), metrics_port=0, metrics_host="0.0.0.0"), "--metrics-host 0.0.0.0 is not loopback")]
     for a, message in cases:
         assert run_cli(a) == 2
         err = capsys.readouterr().err
         assert err.startswith("serve: error: ") and err.count("\n") == 1, err  # one line, as every command's
         assert message in err and "Traceback" not in err, err
+
+
+def test_serve_numbers_are_checked_not_silently_replaced(capsys):
+    """A 0 used to mean "the default" (`or 1000`), inf crashed at startup and a negative window refused every
+    request: each is now an error that names the flag."""
+    import argparse
+
+    from shield.serve_cli import add_serve_arguments
+
+    parser = argparse.ArgumentParser(prog="serve")
+    add_serve_arguments(parser)
+    for flag in ("--deadline-us", "--max-plants", "--clock-window-ms"):
+        for bad in ("0", "-5", "inf", "nan", "ten"):
+            with pytest.raises(SystemExit) as exit_:
+                parser.parse_args(["b", flag, bad])
+            assert exit_.value.code == 2 and flag in capsys.readouterr().err
+    ok = parser.parse_args(["b", "--deadline-us", "250", "--max-plants", "3", "--clock-window-ms", "0.5"])
+    assert (ok.deadline_us, ok.max_plants, ok.clock_window_ms) == (250.0, 3, 0.5)
+
+
+def test_a_client_takes_only_its_own_reply(bundle, c_client):
+    """Two plants' seqs (wall-clock µs) meet now and then: a reply with the right seq but another plant's
+    client_id (here handed over by a relay, first) must be skipped by the Python and the C client alike."""
+    import threading
+
+    from shield.server import PolicyServer
+
+    key = b"relay-test-key-0123456789abcdef-0123"
+    for k in (None, key):
+        server = PolicyServer(EdgeRuntime.load(bundle), key=k, deadline_us=1e9, not_before_us=0)
+        server.sock.close()
+        relay = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        relay.bind(("127.0.0.1", 0))
+        relay.settimeout(10.0)
+        other_obs = np.array([1.5, -1.5, 1.0, 1.0], np.float32)
+
+        def serve_one():
+            request, addr = relay.recvfrom(4096)
+            seq, client_id = HEADER.unpack_from(request)[4], HEADER.unpack_from(request)[7]
+            other = encode_act_request(seq, 0, other_obs, key=k, client_id=client_id ^ 1)
+            relay.sendto(server.handle(other, ("127.0.0.1", 1)), addr)  # genuine, signed, same seq: not its own
+            relay.sendto(server.handle(request, addr), addr)
+
+        host, port = relay.getsockname()
+        obs = observations(1, seed=3)[0]
+        expected = EdgeRuntime.load(bundle).act(obs)[0]
+        assert expected.tobytes() != EdgeRuntime.load(bundle).act(other_obs)[0].tobytes()
+        thread = threading.Thread(target=serve_one)
+        thread.start()
+        with PolicyClient(host, port, key=k, timeout_s=5.0) as client:
+            reply = client.act(obs)
+        thread.join()
+        assert reply.action.tobytes() == expected.tobytes() and reply.client_id == client.client_id
+        if k is None:
+            thread = threading.Thread(target=serve_one)
+            thread.start()
+            got = run_c(c_client, SimpleNamespace(host=host, port=port), obs)
+            thread.join()
+            assert got["action"].tobytes() == expected.tobytes()
+        relay.close()
 
 
 def test_watchdog_reports_a_plant_gone_silent(bundle, capsys):
@@ -253,11 +315,16 @@ def test_watchdog_reports_a_plant_gone_silent(bundle, capsys):
     server.last_request_ns = time.perf_counter_ns()  # as if the plant had just sent its last request
     dog = Watchdog(server, silence_s=0.05)
     dog.start()
-    time.sleep(0.4)
+    time.sleep(0.2)
+    for _ in range(5):  # a new plant refused at every tick: said once, with the count
+        server.stats.plants_refused += 3
+        time.sleep(0.1)
     dog.stop()
     dog.join()
     server.close()
-    assert capsys.readouterr().err.count("no request for") == 1  # once per silence, not every tick
+    err = capsys.readouterr().err
+    assert err.count("no request for") == 1  # once per silence, not every tick
+    assert err.count("refused (BUSY)") == 1 and "3 new plant request(s) refused" in err and "--max-plants" in err
 
 
 def test_serve_has_one_argument_definition_for_both_entry_points():

@@ -166,6 +166,7 @@ def test_serving_makes_no_reference_cycles(tmp_path):
     for key in (None, KEY):
         server = PolicyServer(EdgeRuntime.load(bundle), key=key, deadline_us=1e9, not_before_us=0, max_plants=3)
         server.sock.close()  # handle() only
+        server.plants.live_ns = 0  # no plant counts as live: a new one always takes the oldest one's place
         now = time.time_ns() // 1000
         rng = np.random.default_rng(0)
         frames = []

@@ -3,6 +3,7 @@ loses no request, and every reply's action is exactly the one of the version tha
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -100,3 +101,38 @@ def test_shadow_log_through_the_sim2real_cli_splits_parts_at_a_reload(tmp_path):
         cols, meta = read_shadow_log(part)
         rt = runtimes[meta["bundle_version"]]
         assert np.stack([rt.act(o)[0] for o in cols["obs"]]).tobytes() == cols["candidate_action"].tobytes()
+
+
+PROMOTE_DURING_STARTUP = """
+import sys
+import shield.serve_cli as cli
+from pipeline.deployment.registry import Registry
+root, target = sys.argv[1], int(sys.argv[2])
+load = cli._load_runtime
+def loader(bundle_dir, pinned=None):
+    runtime = load(bundle_dir, pinned)
+    if not getattr(loader, "done", False):  # the operator's promote lands while the server starts
+        loader.done = True
+        Registry(root).promote("planar", target)
+    return runtime
+cli._load_runtime = loader
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+def test_a_promote_that_lands_while_the_server_starts_is_applied(tmp_path):
+    """The watcher used to read the pointer after the load, warm-up and spare sessions: a promote (or a
+    rollback of a bad bundle) in that window was taken as already applied, and never was."""
+    registry = Registry(tmp_path / "models")
+    v1 = registry.register(write_tiny_bundle(tmp_path / "a", seed=1))
+    v2 = registry.register(write_tiny_bundle(tmp_path / "b", seed=2))
+    registry.promote("planar", v1)
+    command = (sys.executable, "-c", PROMOTE_DURING_STARTUP, str(registry.root), str(v2))
+    with ServerProcess("--registry", "planar", "--models", str(registry.root), command=command) as server:
+        assert server.version == v1 and registry.production("planar") == v2
+        with PolicyClient(server.host, server.port, timeout_s=5.0) as client:
+            deadline = time.monotonic() + 20.0
+            while client.status().bundle_version != v2:
+                assert time.monotonic() < deadline, "the promote that landed during startup was never applied"
+                time.sleep(0.05)
+        assert "reloaded planar v2" in server.stop()

@@ -158,6 +158,29 @@ def _rollout(shield: CbfShield, start: np.ndarray, push: np.ndarray, steps: int,
     return worst, fallbacks
 
 
+_BOX_SHIELD = {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(obs=st.lists(st.floats(-5.0, 5.0, width=32) | st.sampled_from([np.nan, np.inf, -np.inf, 3e38]),
+                    min_size=4, max_size=4),
+       action=st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True) | st.sampled_from([0.3, -0.7, 0.7]),
+                       min_size=2, max_size=2))
+def test_every_action_is_inside_the_declared_box_even_where_a_bound_has_no_float32(obs, action):
+    """Bounds like 0.3 and 0.7 have no float32; the double clipped to them used to round to a float32 1e-8
+    outside (0.30000001), which a plant checking its limits in double refuses. Every action the shield returns,
+    passed through, projected, braked or the fallback, lies inside the box as declared."""
+    if "shield" not in _BOX_SHIELD:
+        d = planar_double_integrator(latency_steps=1)
+        d["action_low"], d["action_high"] = [-0.3, -0.7], [0.3, 0.7]
+        d["kinematics"]["brake_accel"] = [1.0, 2.0]
+        _BOX_SHIELD["shield"] = CbfShield(d)
+    shield = _BOX_SHIELD["shield"]
+    u, _ = shield.filter(np.array(obs, np.float32), np.array(action, np.float32))
+    assert u.dtype == np.float32 and np.isfinite(u).all()
+    assert (u.astype(np.float64) >= [-0.3, -0.7]).all() and (u.astype(np.float64) <= [0.3, 0.7]).all(), u.tolist()
+
+
 def test_adversary_never_crosses_a_constraint():
     rng = np.random.default_rng(11)
     spec = planar_double_integrator(latency_steps=2, response_time_s=0.05, margin=0.03, input_gain_error=0.3)

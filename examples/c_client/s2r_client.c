@@ -224,7 +224,8 @@ int main(int argc, char **argv) {
             hmac_sha256(reply_key, 32, rep, body, mac);
             if (!signed_reply || !mac_equal(mac, rep + body)) { fprintf(stderr, "reply MAC mismatch\n"); return 3; }
         }
-        if (get64(rep + 8) != seq) continue;  /* a late reply to an earlier request */
+        /* A late reply to an earlier request, or another plant's reply with the same seq: not ours. */
+        if (get64(rep + 8) != seq || get32(rep + 28) != client_id) continue;
         uint32_t plen = get32(rep + 24);
         uint16_t n_act = get16(rep + 44);
         if (HEADER_SIZE + plen != body || plen != 16 + 4u * n_act) { fprintf(stderr, "malformed reply\n"); return 3; }

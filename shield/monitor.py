@@ -133,6 +133,12 @@ class AssumptionMonitor:
             se[q], sa[q], e_row[q], a_row[q] = sum_e, sum_a, e, a
             if abs(sum_e) > sum_a + sigma[q]:
                 flagged = True
-        self._slot = slot + 1 if slot + 1 < self._window else 0
+        if slot + 1 < self._window:
+            self._slot = slot + 1
+        else:  # once per window: the sums again from the rows, so no rounding outlives one window
+            self._slot = 0
+            for q in range(k):
+                se[q] = math.fsum(row[q] for row in self._e)
+                sa[q] = math.fsum(row[q] for row in self._a)
         self.flagged = flagged
         return flagged

@@ -24,6 +24,7 @@ import numpy as np
 
 from shield.bundle import Bundle, BundleError, resolve_production
 from shield.policy import OnnxPolicy, PolicyError
+from shield.spec import same_spec
 
 __all__ = ["EdgeRuntime", "PlantSession", "resolve_production", "BundleError"]
 
@@ -76,13 +77,11 @@ class PlantSession:
     def moved_to(self, runtime: "EdgeRuntime", shield=None) -> "PlantSession":
         """This plant's session under a newly loaded runtime (hot reload): the actions already sent carry over.
 
-        Same shield spec: the shield object itself carries over (pending actions, monitor).
-        Otherwise `shield` (a fresh one for the new spec, built off the hot path) gets this
-        plant's pending actions when the latency and action size agree.
+        Same shield spec (by content): the shield object itself carries over (pending actions,
+        predicted state, monitor). Otherwise `shield` (a fresh one for the new spec, built off
+        the hot path) gets what this plant's shield knows that still holds (`carry_pending_actions`).
         """
-        same_spec = runtime.bundle is not None and self.runtime.bundle is not None and \
-            runtime.bundle.shield_json == self.runtime.bundle.shield_json
-        if same_spec or self.shield is None:
+        if same_spec(runtime.spec, self.runtime.spec) or self.shield is None:
             new_shield = self.shield if runtime.shielded else None
         else:
             new_shield = shield if shield is not None else runtime.new_shield()
@@ -94,17 +93,25 @@ class PlantSession:
 
 
 def carry_pending_actions(old, new) -> bool:
-    """Copy the actions sent but not yet applied from one CbfShield to another (same latency and action size).
+    """What one CbfShield knows about its plant that still holds under another spec (same action size): the
+    actions sent but not yet applied, the newest min(old, new latency) of them (a longer new latency keeps the
+    fallback, a fresh session's guess, in its older slots); the last action sent; and, where the state layout
+    agrees (cases, states with internal ones such as an actuator lag), the state predicted for the next call.
 
     Reads the shields' `LatencyPredictor` buffers (same package): v = [states..., pending..., u, 1].
-    Returns False (the new shield starts from its reset state) when the layouts differ.
+    Returns False (the new shield starts from its reset state) when the action sizes differ.
     """
     po, pn = getattr(old, "_predictor", None), getattr(new, "_predictor", None)
-    if po is None or pn is None or (po.latency, po.inputs) != (pn.latency, pn.inputs):
+    if po is None or pn is None or po.inputs != pn.inputs:
         return False
-    span = po.latency * po.inputs
+    m = po.inputs
+    span = min(po.latency, pn.latency) * m
     pn.v[pn._u0 - span:pn._u0] = po.v[po._u0 - span:po._u0]
+    pn.v[pn._u0:pn._u0 + m] = po.v[po._u0:po._u0 + m]
     pn.committed = po.committed
+    if po.has_state and (po.cases, po.states) == (pn.cases, pn.states):
+        pn._next[:] = po._next
+        pn.has_state = True
     return True
 
 

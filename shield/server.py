@@ -38,6 +38,7 @@ from shield.protocol import (ACT_REPLY_HEAD, ACT_REQUEST_HEAD, HEADER, HEADER_SI
                              latency_bin)
 from shield.replay import PlantTable, SequenceGuard
 from shield.served import SPARE_SESSIONS, ServedBundle, ServeStats
+from shield.spec import same_spec
 
 __all__ = ["PolicyServer", "ServeStats", "ServedBundle", "run_cli", "main"]
 
@@ -127,9 +128,8 @@ class PolicyServer:
             raise ValueError(f"new bundle is obs {new.obs_dim}/act {new.act_dim}, the plant speaks "
                              f"obs {self.served.obs_dim}/act {self.served.act_dim}; refusing to switch")
         # Shields for a changed spec are built here, off the hot path (one per plant now served).
-        same_spec = getattr(getattr(runtime, "bundle", None), "shield_json", None) == \
-            getattr(getattr(self.served.runtime, "bundle", None), "shield_json", None)
-        spares = [] if same_spec or not new.has_sessions else [runtime.new_shield() for _ in range(len(self.plants))]
+        same = same_spec(getattr(runtime, "spec", None), getattr(self.served.runtime, "spec", None))
+        spares = [] if same or not new.has_sessions else [runtime.new_shield() for _ in range(len(self.plants))]
         self._incoming = (new, spares)
         return new.version
 

@@ -419,3 +419,11 @@ def double_integrator_model(state_index: list[int], pos: list[int], vel: list[in
         A, B, c = A1 @ A, A1 @ B + B1, A1 @ c + c1
     # After reset the plant hovers/rests: realized acceleration = the offset.
     return LinearModel(A, B, c, nz, np.asarray(accel_offset, np.float64).copy() if lag else None)
+
+
+def same_spec(a: ShieldSpec | None, b: ShieldSpec | None) -> bool:
+    """True when two specs are the same by content (a shield.json written again with other whitespace or key
+    order is the same spec), or when neither is given."""
+    if a is None or b is None:
+        return a is b
+    return a is b or a.to_dict() == b.to_dict()

@@ -307,27 +307,45 @@ def test_a_bundle_rewritten_after_promotion_is_refused_and_a_reload_keeps_pendin
         reference.sent(obs, safe, replaced=False)
         differ += got.action.tobytes() != np.asarray(safe, np.float32).tobytes()
     assert server.stats.reloads == 1 and differ == 0, f"{differ} actions changed across the reload"
-    # A new shield.json (here: another margin, same latency): the pending actions are copied into the new shield.
     import json
 
-    changed = tmp_path / "changed"
+    def spec_bundle(name: str, **changes) -> Path:
+        text = json.dumps({**spec, **changes}, indent=None if changes else 7, sort_keys=not changes).encode()
+        write_bundle(tmp_path / name, policy_onnx=policy, shield_spec=text,
+                     manifest=make_manifest(task="planar", env_id="test/Planar-v0", config_hash="0" * 64, version=4,
+                                            files={"policy.onnx": policy, "shield.json": text}))
+        return tmp_path / name
+
+    def reload(bundle_dir: Path):
+        session = next(iter(server.plants.sessions.values()))
+        server.swap_runtime(EdgeRuntime.load(bundle_dir))
+        server.handle(encode_status_request(1000 + server.stats.reloads, 0, client_id=9), ("127.0.0.1", 2))  # adopted
+        return session.shield._predictor, next(iter(server.plants.sessions.values())).shield
+
     spec = json.loads((bundle / "shield.json").read_bytes())
-    spec["margin"] = 0.05
-    shield_json = json.dumps(spec).encode()
     policy = (bundle / "policy.onnx").read_bytes()
+    from pathlib import Path
+
     from shield.bundle import write_bundle
 
-    write_bundle(changed, policy_onnx=policy, shield_spec=shield_json,
-                 manifest=make_manifest(task="planar", env_id="test/Planar-v0", config_hash="0" * 64, version=4,
-                                        files={"policy.onnx": policy, "shield.json": shield_json}))
-    session = next(iter(server.plants.sessions.values()))
-    sent_before = session.shield._predictor.v[-3 - 2 * 2:-3].copy()  # the two pending actions
-    assert np.abs(sent_before).sum() > 0  # not the reset state
-    server.swap_runtime(EdgeRuntime.load(changed))
-    server.handle(encode_status_request(1000, 0, client_id=9), ("127.0.0.1", 2))  # the loop adopts it
-    moved = next(iter(server.plants.sessions.values()))
-    assert moved.shield is not session.shield and moved.shield.spec.margin == 0.05
-    assert np.array_equal(moved.shield._predictor.v[-3 - 2 * 2:-3], sent_before)
+    # The same spec written again (other whitespace and key order): the shield itself carries over.
+    before, moved = reload(spec_bundle("same"))
+    assert moved._predictor is before
+    # A new shield.json (here: another margin, same latency): pending actions, the last action sent and the
+    # predicted state are copied into the new shield.
+    sent_before, next_before = before.v[-3 - 2 * 2:-1].copy(), before._next.copy()  # two pending, then u
+    assert np.abs(sent_before).sum() > 0 and before.has_state  # not the reset state
+    _, moved = reload(spec_bundle("changed", margin=0.05))
+    assert moved.spec.margin == 0.05 and moved._predictor is not before
+    assert np.array_equal(moved._predictor.v[-3 - 2 * 2:-1], sent_before)
+    assert moved._predictor.has_state and np.array_equal(moved._predictor._next, next_before)
+    # Another latency: the newest actions that fit are kept; a longer one has the fallback in its older slots.
+    before, moved = reload(spec_bundle("shorter", latency_steps=1))
+    assert np.array_equal(moved._predictor.v[-3 - 2:-1], before.v[-3 - 2:-1])
+    before, moved = reload(spec_bundle("longer", latency_steps=3))
+    assert np.array_equal(moved._predictor.v[-3 - 2:-1], before.v[-3 - 2:-1])
+    assert np.array_equal(moved._predictor.v[-3 - 6:-3 - 2], np.zeros(4))  # the fallback, as a fresh session
+    assert server.stats.reloads == 5
 
 
 def test_registry_files_follow_the_umask_and_the_watcher_reports_an_unreadable_pointer(tmp_path, capfd):

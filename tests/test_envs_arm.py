@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import json
 import os
 import subprocess
@@ -38,8 +40,8 @@ def test_arm_is_registered_from_its_declaration_with_the_documented_layout():
     np.testing.assert_array_equal(obs[:4], np.float32([data.qpos[0], data.qpos[1], data.qvel[0], data.qvel[1]]))
     assert info["cost"] == 0.0 and info["domain"] == {}
     env.step(np.float32([0.5, -1.0]))
-    # The declared scale (1.0) times the MJCF gears (30 N m, 10 N m) on the joints.
-    np.testing.assert_allclose(data.qfrc_actuator, [15.0, -10.0])
+    # The declared scale (1.0) times the MJCF gears (150 N m, 100 N m) on the joints.
+    np.testing.assert_allclose(data.qfrc_actuator, [75.0, -100.0])
     row = {r["env_id"]: r for r in envs.describe_tasks()}[ARM]
     assert row["constraints"] == ["joint_range", "joint_speed"] and row["legacy"] == "joint_pd" and row["declared"]
 
@@ -142,8 +144,9 @@ def test_a_users_plant_in_its_own_folder_registers_for_this_process_and_its_chil
 
 
 def test_shield_disturbance_bound_covers_the_arms_nonlinearity_over_the_safe_set():
-    """The linear model is exact only at rest: gravity's sin(q) and the Coriolis terms must stay within
-    shield.disturbance_accel everywhere in the safe set, for every body-mass extreme of the reality set."""
+    """The linear model is exact only at rest: gravity's sin(q), the Coriolis terms, the joint damping's range and
+    the change of the joints' coupling with the elbow (the other motor at full torque) must stay within
+    shield.disturbance_accel everywhere in the safe set, for every body-mass and damping extreme of the reality set."""
     import mujoco
 
     from pipeline.config import load_config
@@ -156,21 +159,30 @@ def test_shield_disturbance_bound_covers_the_arms_nonlinearity_over_the_safe_set
     mujoco.mjd_transitionFD(model, data, 1e-6, True, a, b, None, None)
     dt = model.opt.timestep
     k_pos, k_vel = a[2:, :2] / dt, (a[2:, 2:] - np.eye(2)) / dt  # continuous-time drift of the linear model
+    k_in = b[2:] / dt  # and its input's effect per unit action
     low, high = np.array([[-1.3, -1.8, -4.0, -4.0], [1.3, 1.8, 4.0, 4.0]])  # the declared constraints
-    reality = cfg.randomization["reality"].body_mass
-    mass0, inertia0 = model.body_mass.copy(), model.body_inertia.copy()
+    reality = cfg.randomization["reality"]
+    mass0, inertia0, damping0 = model.body_mass.copy(), model.body_inertia.copy(), model.dof_damping.copy()
     worst = np.zeros(2)
     for corner in ("low", "high"):
-        for name, scale in reality.items():
+        for name, scale in reality.body_mass.items():
             i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
             model.body_mass[i], model.body_inertia[i] = mass0[i] * getattr(scale, corner), inertia0[i] * getattr(scale, corner)
         mujoco.mj_setConst(model, data)
-        for q1 in np.linspace(low[0], high[0], 14):
-            for q2 in np.linspace(low[1], high[1], 19):
-                for v in ((0, 0), (4, 4), (4, -4), (-4, 4), (4, 0), (0, 4)):
-                    data.qpos[:], data.qvel[:], data.ctrl[:] = (q1, q2), v, 0.0
-                    mujoco.mj_forward(model, data)
-                    worst = np.maximum(worst, np.abs(data.qacc - (k_pos @ (q1, q2) + k_vel @ v)))
-    model.body_mass[:], model.body_inertia[:] = mass0, inertia0
+        for damping in itertools.product(*[(r.low, r.high) for r in reality.joint_damping.values()]):
+            model.dof_damping[:] = damping0 * np.asarray(damping)
+            for q1 in np.linspace(low[0], high[0], 14):
+                for q2 in np.linspace(low[1], high[1], 19):
+                    for v in ((0, 0), (4, 4), (4, -4), (-4, 4), (4, 0), (0, 4)):
+                        accel = []
+                        for u in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0)):
+                            data.qpos[:], data.qvel[:], data.ctrl[:] = (q1, q2), v, u
+                            mujoco.mj_forward(model, data)
+                            accel.append(data.qacc.copy())
+                        drift = np.abs(accel[0] - (k_pos @ (q1, q2) + k_vel @ v))
+                        gain = np.stack([accel[1] - accel[0], accel[2] - accel[0]], axis=1)  # per unit action, here
+                        coupling = np.abs(gain - k_in)[[0, 1], [1, 0]]  # the other motor's, at full torque
+                        worst = np.maximum(worst, drift + coupling)
+    model.body_mass[:], model.body_inertia[:], model.dof_damping[:] = mass0, inertia0, damping0
     assert np.all(worst <= np.asarray(cfg.shield.disturbance_accel)), worst
     assert np.all(worst > 0.5 * np.asarray(cfg.shield.disturbance_accel)), "the bound is far looser than needed"

@@ -1,14 +1,16 @@
-"""Known gaps in the safety case, found by an outside review (session 13) and not yet closed: each test states what
-must hold and fails today, so it is marked `xfail(strict=True)`. When a fix makes one pass, the strict marker turns
-the pass into a failure: remove the marker then, and the test guards the fix.
+"""The safety case on the reproducers of an outside review (session 13), through the real MuJoCo envs, on the nominal
+plant itself. A gap not closed yet is marked `xfail(strict=True)`: the day a fix makes it pass, the strict marker turns
+the pass into a failure, the marker comes off, and the test guards the fix.
 
-Both are the shield's model failing to bound the real plant under an aggressive policy, on plants the configs admit
-(here the nominal plant itself), through the real MuJoCo envs:
-
-- arm: the linear model is linearized at q = 0; near the joint limits the real coupling between the joints is ~40 %
-  of the model's, the braking the spec counts on (0.3 x the summed |B| row) exceeds what is left after the declared
-  input-gain error and drift bound, and the hard brake drives an input to its end for a weakly coupled violated row.
-- quadrotor: with each axis flipping at its own period, the inner loop's attitude overshoots its 45 deg tilt limit at
+- arm (closed): the spec counted on 10.7 and 13.7 rad/s^2 of braking (0.3 x each joint's summed |B| row) where the
+  weakest plant had 6.9 and -5.3 left after the declared input-gain error, the other joint's torque through the coupling and
+  the declared model error; a constant full-torque policy took the elbow past its limit. `config --check` now holds
+  braking to what is left (pipeline/safety/envelope.py), and the arm's motors are geared so that some is.
+- arm, latency (open): the shield predicts through exactly `latency_steps` (2); the sets admit 0 to 2. A plant with
+  latency 1 applies each action a step earlier than predicted, and a constant full-torque policy then takes a joint
+  past its limit (6 steps here; 9 of 180 episodes in the review's sweep, 0 when the shield's latency matches).
+  Covering it needs a case per admissible latency in the prediction, as the input-gain cases are.
+- quadrotor (open): with each axis flipping at its own period, the inner loop's attitude overshoots its 45 deg tilt limit at
   low collective thrust (68 deg measured) and the realized sideways acceleration reaches 9.8 m/s^2, against the
   model's bound of 4 x 1.2 + 1.5 = 6.3; the monitor never flags it.
 """
@@ -46,13 +48,21 @@ def _shielded_violations(cfg, env, policy, seed: int, steps: int, start: dict | 
     return violations
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap: the arm's linear shield model does not bound the real arm near "
-                                       "its joint limits (see the module docstring)")
 def test_arm_at_full_torque_from_rest_stays_inside_its_joint_range():
+    """Closed this session (the arm's plant, its declared bounds and the check that holds braking to them); it
+    left its range at step 203 before. Kept here beside the open one, as the review's reproducer."""
     cfg = load_config("configs/arm.yaml")
     env = make_env(cfg, parse_randomization({}), 300)  # the nominal plant: no noise, latency or push
     start = {"qpos": [-0.2, -0.2], "qvel": [0.0, 0.0]}
     assert _shielded_violations(cfg, env, lambda t: np.float32([1.0, 1.0]), 0, 300, start) == 0
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap: the shield predicts through exactly its "
+                                                               "latency_steps; a plant with less latency is not covered")
+def test_arm_with_less_latency_than_the_shield_predicts_stays_inside_its_joint_range():
+    cfg = load_config("configs/arm.yaml")
+    env = make_env(cfg, parse_randomization({"latency_steps": {"low": 1, "high": 1}}), 300)  # the shield assumes 2
+    assert _shielded_violations(cfg, env, lambda t: np.float32([1.0, 1.0]), 13, 300) == 0
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap: the quadrotor's inner loop overshoots its tilt limit under "

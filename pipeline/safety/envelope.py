@@ -97,10 +97,17 @@ def plant_weights(env_id: str) -> tuple[dict[str, float], dict[str, float], floa
 
 
 def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bool,
-                  full_accel: list[float], plant: tuple) -> list[SetEnvelope]:
-    """One SetEnvelope per randomization set of `cfg`; `plant`: `plant_weights(cfg.task.env_id)`."""
+                  full_accel: list[float], plant: tuple, cross_accel: list[float] | None = None,
+                  disturbance: list[float] | None = None) -> list[SetEnvelope]:
+    """One SetEnvelope per randomization set of `cfg`; `plant`: `plant_weights(cfg.task.env_id)`.
+
+    `cross_accel`: per position, what the inputs other than its strongest can do to it at full action (a
+    coupled plant); `disturbance`: the spec's declared unknown additive acceleration per position. The
+    authority to brake is the strongest input's, less both, at the weakest gain/mass."""
     masses, gears, moving_mass, gravity = plant
     ambient = list(cfg.shield.ambient_disturbance_accel or [0.0] * len(positions))
+    cross = cross_accel or [0.0] * len(positions)
+    declared = disturbance or [0.0] * len(positions)
     out = []
     for name, rset in cfg.randomization.items():
         m_lo, m_hi = _weighted_range(rset.body_mass, masses)
@@ -115,10 +122,14 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
             amb = ambient[k] if k < len(ambient) else 0.0
             # The model's gain cases scale g_c with u: only the gravity scale's error is unpredicted.
             persistent.append(abs(g_c) * max(abs(1.0 - s_lo), abs(1.0 - s_hi)) + amb)
-            # Full action toward each direction, at every end of the gain/mass and gravity ranges.
-            F = full_accel[k]
-            authority.append((min(r * (F - g_c) + s * g_c for r in ratio for s in (s_lo, s_hi)) - amb,
-                              min(r * (F + g_c) - s * g_c for r in ratio for s in (s_lo, s_hi)) - amb))
+            # Full action toward each direction, at every end of the gain/mass and gravity ranges, against the
+            # other inputs at full through the coupling and the persistent disturbance. A linear model's own
+            # error over the safe set (gravity away from the operating point, Coriolis, the inertia's change) is
+            # known only as the spec declares it (shield.disturbance_accel): braking must hold against it too.
+            drift = declared[k] if not double_integrator and k < len(declared) else 0.0
+            F, against = full_accel[k] - cross[k], ratio[1] * cross[k] + max(amb, drift)
+            authority.append((min(r * (F - g_c) + s * g_c for r in ratio for s in (s_lo, s_hi)) - against,
+                              min(r * (F + g_c) - s * g_c for r in ratio for s in (s_lo, s_hi)) - against))
             p = rset.push
             axes = {"x": 0, "y": 1, "z": 2}
             pushed = p is not None and k < 3 and any(axes[a] == k for a in p.axes)
@@ -207,7 +218,7 @@ MONITOR_SLACK = 0.15  # of the full-action acceleration: what the monitor forgiv
 
 
 def monitor_bounds(envelopes: list[SetEnvelope], full_accel: list[float], damping: list[tuple[float, str]],
-                   model_ranges: dict) -> dict:
+                   model_ranges: dict, disturbance: list[float] | None = None) -> dict:
     """The monitor's allowed unmodelled acceleration per position: accel + accel_per_speed |v| (m/s^2, 1/s).
 
     accel: the worst persistent disturbance plus push over every set, plus MONITOR_SLACK of the
@@ -216,8 +227,10 @@ def monitor_bounds(envelopes: list[SetEnvelope], full_accel: list[float], dampin
     error over the lightest moving mass.
     """
     k = len(full_accel)
-    accel = [max(e.persistent_accel[q] + e.push_accel[q] for e in envelopes) + MONITOR_SLACK * full_accel[q]
-             for q in range(k)]
+    declared = disturbance or [0.0] * k
+    # The spec's declared additive acceleration is inside the envelope: the monitor never flags it.
+    accel = [max([declared[q]] + [e.persistent_accel[q] + e.push_accel[q] for e in envelopes])
+             + MONITOR_SLACK * full_accel[q] for q in range(k)]
     per_speed = []
     light = min(e.moving_mass_low for e in envelopes)
     for q, (c, joint) in enumerate(damping):

@@ -95,8 +95,12 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         state_index = sorted(nominal.obs_to_state)
         A, B, c = linearize_mujoco(nominal, state_index)
         model = {"type": "linear", "A": A.tolist(), "B": B.tolist(), "c": c.tolist()}
-        # Nominal full-action acceleration of each position: velocity change per period / dt.
-        full_accel = [float(np.abs(B[state_index.index(v)]) @ full / dt) for v in vel]
+        # Nominal full-action acceleration of each position: velocity change per period / dt. What braking can
+        # count on is the input that moves the position most, less what every other input can do to it at
+        # full action (another joint braking at the same time pushes through the coupling).
+        rows = [np.abs(B[state_index.index(v)]) * full / dt for v in vel]
+        full_accel = [float(r.sum()) for r in rows]
+        cross_accel = [float(r.sum() - r.max()) for r in rows]
         damping = [_joint_damping(nominal, o) for o in pos]  # the model's own damping of each position
     elif safety["model"] == "double_integrator":
         scale = np.asarray(safety["action_scale"], np.float64)
@@ -109,6 +113,7 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
                  "gain_scaled_accel": compensation,
                  "response_time_s": float(safety.get("response_time_constant", 0.0))}
         full_accel = [float(scale[i] * full[i]) for i in range(len(pos))]
+        cross_accel = [0.0] * len(pos)  # one input per axis
         damping = [(0.0, "")] * len(pos)
     else:
         raise ShieldSpecError(f"task {cfg.task.env_id}: unsupported shield model {safety['model']!r}")
@@ -122,7 +127,8 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
     if len(disturbance) != len(pos):
         raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
     latency = _latency_steps(cfg)
-    envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator", full_accel, plant)
+    envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator", full_accel, plant,
+                              cross_accel, disturbance)
     spec = {
         "schema_version": 1, "task": cfg.task.name, "obs_dim": obs_dim, "act_dim": act_dim, "dt": dt,
         "action_low": low.tolist(), "action_high": high.tolist(), "state_index": state_index,
@@ -139,7 +145,7 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
             "max_disturbance_accel": disturbance,
             "max_obs_noise": max([NOISE_SIGMAS * e.obs_noise_std[o] for e in envelopes for o in pos], default=0.0),
             "statement": _STATEMENT,
-            **assumptions(envelopes, obs_dim, monitor_bounds(envelopes, full_accel, damping, sc.model_ranges)),
+            **assumptions(envelopes, obs_dim, monitor_bounds(envelopes, full_accel, damping, sc.model_ranges, disturbance)),
         },
     }
     ShieldSpec.from_dict(spec)  # fail here, at build time, rather than on the edge box

@@ -92,7 +92,13 @@ class CbfShield:
         # with its own predicted state (pending actions and lagged internal states scale with the
         # gain too); h is concave along that scaling, so both ends bound every gain between.
         err = spec.input_gain_error
-        scales = [1.0] if err == 0.0 else [1.0 - err, 1.0 + err]
+        gain_scales = [1.0] if err == 0.0 else [1.0 - err, 1.0 + err]
+        # With latency_min_steps, each latency the plant may have is a case too: a plant with fewer steps
+        # applies each action sooner than the prediction through latency_steps would say.
+        L = spec.latency_steps
+        lats = [L] if spec.latency_min_steps is None else list(range(spec.latency_min_steps, L + 1))
+        scales = [s for _ in lats for s in gain_scales]
+        latencies = [lat for lat in lats for _ in gain_scales]
         self._cases = len(scales)
         self._n = len(spec.state_index)
         self._nz = model.internal_dim
@@ -133,7 +139,7 @@ class CbfShield:
         self._cond_cases, self._cond_rows = tuple(self._cond[k] for k in range(C)), np.empty(R)
         self._t = self._t_buffer  # the scaled closing speeds at the last point the conditions were evaluated
         self._predictor = LatencyPredictor(self._A, self._B, offsets, scales, spec.latency_steps, self._n,
-                                           inits, self._fallback)
+                                           inits, self._fallback, latencies)
         # Per plant: is the plant inside the declared envelope? While not, the gains are divided (conservative mode).
         self._monitor = AssumptionMonitor(spec, self._A, self._B, offsets, scales, spec.latency_steps,
                                           len(self._predictor.v))
@@ -179,7 +185,7 @@ class CbfShield:
         if not self._R:
             return np.zeros(0)
         # The worst case per row (a binary ufunc costs less than a reduction along an axis), then per constraint.
-        h_rows = np.minimum(*self._H_now_cases, out=self._h_rows) if self._cases == 2 else self._H_now_cases[0]
+        h_rows = self._worst_case(self._H_now_cases, self._h_rows)
         return self._per_constraint(h_rows)
 
     def _loaded_action_is_safe(self) -> bool:
@@ -315,8 +321,8 @@ class CbfShield:
             return None
         # Every other row must hold now and meet its condition (per row, the worse case): a cheap test first.
         C = self._cases
-        h_rows = self._h_rows if C == 2 else self._H_now_cases[0]  # as `_prepare` left it
-        cond_rows = np.minimum(*self._cond_cases, out=self._cond_rows) if C == 2 else self._cond_cases[0]
+        h_rows = self._h_rows if C > 1 else self._H_now_cases[0]  # as `_prepare` left it
+        cond_rows = self._worst_case(self._cond_cases, self._cond_rows)
         credited = rows.credited_rows
         if any((h < 0.0 or c < 0.0) and not credited[r] for r, (h, c) in enumerate(zip(h_rows.tolist(),
                                                                                        cond_rows.tolist()))):
@@ -450,6 +456,15 @@ class CbfShield:
         """Infeasible QP: least-violation braking (see shield.fallback)."""
         u = self._least_violation_brake(G, lb)
         return u, False, max(0.0, float((lb - G @ u).max()))
+
+    @staticmethod
+    def _worst_case(cases: tuple, out: np.ndarray) -> np.ndarray:
+        """Per row, the smallest value over the cases (a binary ufunc for two costs less than a reduction)."""
+        if len(cases) == 1:
+            return cases[0]
+        if len(cases) == 2:
+            return np.minimum(*cases, out=out)
+        return np.minimum.reduce(cases, axis=0, out=out)
 
     def _per_constraint(self, h_rows: np.ndarray) -> np.ndarray:
         # Rows are contiguous per constraint, so reduceat gives each constraint's worst row.

@@ -28,10 +28,17 @@ class LatencyPredictor:
     """Per-case state buffer and the affine maps over it; `predict()` and `commit(u)` are the hot path."""
 
     def __init__(self, A: np.ndarray, B: np.ndarray, offsets: list[np.ndarray], scales: list[float], latency_steps: int,
-                 observed: int, internal_inits: list[np.ndarray], fallback: np.ndarray):
-        """`offsets` and `internal_inits`: per input-gain case (with `scales`), its c_k and internal states after reset."""
+                 observed: int, internal_inits: list[np.ndarray], fallback: np.ndarray,
+                 latencies: list[int] | None = None):
+        """`offsets` and `internal_inits`: per case (with `scales`), its c_k and internal states after reset.
+
+        `latencies`: per case, the plant's latency l_k <= latency_steps (default: all latency_steps). A plant
+        with l_k steps has already applied all but the newest l_k pending actions (their effect is in the
+        observed state): its x_L goes through those l_k only, and the action applied this period is p_(L-l_k).
+        """
         N, m = B.shape
         C, L = len(scales), latency_steps
+        latencies = [L] * C if latencies is None else list(latencies)
         self.cases, self.states, self.inputs, self.latency = C, N, m, L
         self._p0 = C * N  # first pending slot
         self._u0 = C * N + L * m  # the new action's slot
@@ -44,23 +51,28 @@ class LatencyPredictor:
         powers = [np.eye(N)]
         for _ in range(L + 1):
             powers.append(A @ powers[-1])
-        for k, (s, c) in enumerate(zip(scales, offsets)):
-            drift = sum((powers[j] @ c for j in range(L)), np.zeros(N))  # sum_{j<L} A^j c_k
+        self._now_applied = []  # (case state slice, scale) of cases whose plant applies u at once, when L > 0
+        for k, (s, c, lk) in enumerate(zip(scales, offsets, latencies)):
+            drift = sum((powers[j] @ c for j in range(lk)), np.zeros(N))  # sum_{j<l} A^j c_k
             xs, ls, fs = slice(k * N, (k + 1) * N), slice(k * N, (k + 1) * N), slice((C + k) * N, (C + k + 1) * N)
-            K[xs, ls] = powers[L].T
-            K[xs, fs] = powers[L + 1].T
-            for j in range(L):
+            K[xs, ls] = powers[lk].T
+            K[xs, fs] = powers[lk + 1].T
+            for i in range(lk):  # the newest lk pending actions, p_(L-lk+i), oldest first
+                j = L - lk + i
                 pj = slice(self._p0 + j * m, self._p0 + (j + 1) * m)
-                K[pj, ls] = (s * powers[L - 1 - j] @ B).T
-                K[pj, fs] = (s * powers[L - j] @ B).T
+                K[pj, ls] = (s * powers[lk - 1 - i] @ B).T
+                K[pj, fs] = (s * powers[lk - i] @ B).T
             K[self._u0:self._u0 + m, fs] = (s * B).T
             K[-1, ls] = drift
             K[-1, fs] = A @ drift + c
             K_next[xs, ls] = A.T
-            applied = slice(self._p0, self._p0 + m) if L else slice(self._u0, self._u0 + m)
-            K_next[applied, ls] = (s * B).T
+            first = self._p0 + (L - lk) * m  # p_(L-lk), or u itself when lk == 0
+            K_next[first:first + m, ls] = (s * B).T
             K_next[-1, ls] = c
+            if L and not lk:
+                self._now_applied.append((ls, s))
         self.K, self._K_next = K, K_next  # K is public: a caller may compose it with its own linear map
+        self._B = B
         self._out = np.empty(2 * C * N)
         self._next_all = np.empty(C * N)  # the next call's state, then any columns `attach_monitor` adds
         self._next = self._next_all
@@ -132,6 +144,10 @@ class LatencyPredictor:
         if not self.committed:
             return
         m = self.inputs
+        if self._now_applied and self.has_state:  # cases whose plant applies it at once predicted with the old u
+            delta = self._B @ (u - self.v[self._u0:self._u0 + m])
+            for ls, s in self._now_applied:
+                self._next[ls] += s * delta
         self.v[self._u0:self._u0 + m] = u
         if self.latency:
             self.v[self._u0 - m:self._u0] = u  # the newest pending action; the state predicted used the oldest

@@ -20,7 +20,8 @@ This module owns the schema. A spec holds:
   see `shield.barrier`),
 - constraints over the observation (halfspace, box, cylinder, sphere), each
   with its own class-K gain in (0, 1],
-- the input box, the control latency (steps) predicted through, the margin
+- the input box, the control latency (steps) predicted through (and, with
+  ``latency_min_steps``, every latency from it up: one prediction case each), the margin
   (units of the constrained quantity) covering model error and sensor noise,
   the relative error of the input's effect (actuator gain over mass) the
   conditions are robust to (`input_gain_error`), and the bound on an unknown
@@ -161,6 +162,9 @@ class ShieldSpec:
     brake_accel_pairs: list[tuple[float, float]] | None = None
     # Keep-out rows credit the plant's sideways speed (it may pass the zone, not only stop before it).
     keepout_steering: bool = False
+    # The fewest latency steps the plant may have (None: exactly latency_steps). Each latency from it to
+    # latency_steps is a case of its own in the prediction, as each end of the input-gain error is.
+    latency_min_steps: int | None = None
 
     def __post_init__(self):
         if self.brake_accel_pairs is None:
@@ -173,7 +177,8 @@ class ShieldSpec:
         if not isinstance(d, dict):
             _fail("<root>", f"must be a mapping, got {type(d).__name__}")
         known = {"schema_version", "task", "obs_dim", "act_dim", "dt", "action_low", "action_high",
-                 "state_index", "model", "kinematics", "constraints", "latency_steps", "margin", "input_gain_error",
+                 "state_index", "model", "kinematics", "constraints", "latency_steps", "latency_min_steps", "margin",
+                 "input_gain_error",
                  "disturbance_accel",
                  "fallback_action", "assumptions"}
         for k in d:
@@ -224,6 +229,10 @@ class ShieldSpec:
         latency = d.get("latency_steps", 0)
         if isinstance(latency, bool) or not isinstance(latency, int) or latency < 0:
             _fail("latency_steps", f"must be a non-negative integer, got {latency!r}")
+        latency_min = d.get("latency_min_steps")
+        if latency_min is not None and (isinstance(latency_min, bool) or not isinstance(latency_min, int)
+                                        or not 0 <= latency_min <= latency):
+            _fail("latency_min_steps", f"must be an integer from 0 to latency_steps ({latency}), got {latency_min!r}")
         margin = _number(d.get("margin", 0.0), "margin", 0.0)
         gain_error = _number(d.get("input_gain_error", 0.0), "input_gain_error", 0.0, 0.9)
         disturbance = _finite(d.get("disturbance_accel", [0.0] * len(pos)), "disturbance_accel", len(pos))
@@ -246,7 +255,8 @@ class ShieldSpec:
                    state_index=state_index, model=model, position_index=pos, velocity_index=vel,
                    brake_accel=brake, brake_accel_pairs=pairs, constraints=constraints, latency_steps=latency, margin=margin,
                    input_gain_error=gain_error, disturbance_accel=disturbance,
-                   fallback_action=fallback, assumptions=assumptions, task=task, keepout_steering=steering)
+                   fallback_action=fallback, assumptions=assumptions, task=task, keepout_steering=steering,
+                   latency_min_steps=latency_min)
 
     @staticmethod
     def _check_model(model: Any, n: int, m: int, state_index: list[int], pos: list[int], vel: list[int]) -> None:
@@ -312,6 +322,7 @@ class ShieldSpec:
                            "brake_accel": [lo if lo == hi else [lo, hi] for lo, hi in self.brake_accel_pairs],
                            **({"keepout_steering": True} if self.keepout_steering else {})},
             "constraints": self.constraints, "latency_steps": self.latency_steps,
+            **({"latency_min_steps": self.latency_min_steps} if self.latency_min_steps is not None else {}),
             "margin": self.margin,
             "input_gain_error": self.input_gain_error,
             "disturbance_accel": list(self.disturbance_accel or [0.0] * len(self.position_index)),

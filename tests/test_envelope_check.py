@@ -58,6 +58,12 @@ def _old_quadrotor_reality(doc):
      ["randomization.train.actuator_gain / body_mass", "shield.input_gain_error = 0.47"]),
     ("cartpole", lambda d: d["randomization"]["reality"].update(latency_steps={"low": 0, "high": 3}) or
      d["shield"].update(latency_steps=2), ["randomization.reality.latency_steps: up to 3 steps"]),
+    ("arm", lambda d: d["shield"].update(latency_min_steps=1),
+     ["randomization.train.latency_steps: from 0 steps, below the 1 the shield predicts for"]),
+    # The arm as it was: braking counted on past what the weakest plant has left after the other joint's torque
+    # through the coupling and the model error the config declares.
+    ("arm", lambda d: d["shield"].pop("brake_accel") and d["shield"].update(brake_fraction=0.3),
+     ["randomization.reality.actuator_gain / body_mass", "toward + on position obs[1]", "shield.brake_accel[1]"]),
     ("cartpole", lambda d: d["randomization"]["reality"].update(obs_noise_std=0.05),
      ["randomization.reality.obs_noise_std[0]: 3 sigma = 0.1500", "shield.margin = 0.03"]),
 ])

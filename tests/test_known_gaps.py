@@ -6,10 +6,11 @@ the pass into a failure, the marker comes off, and the test guards the fix.
   weakest plant had 6.9 and -5.3 left after the declared input-gain error, the other joint's torque through the coupling and
   the declared model error; a constant full-torque policy took the elbow past its limit. `config --check` now holds
   braking to what is left (pipeline/safety/envelope.py), and the arm's motors are geared so that some is.
-- arm, latency (open): the shield predicts through exactly `latency_steps` (2); the sets admit 0 to 2. A plant with
-  latency 1 applies each action a step earlier than predicted, and a constant full-torque policy then takes a joint
-  past its limit (6 steps here; 9 of 180 episodes in the review's sweep, 0 when the shield's latency matches).
-  Covering it needs a case per admissible latency in the prediction, as the input-gain cases are.
+- arm, latency (closed): the shield predicted through exactly `latency_steps` (2); the sets admit 0 to 2. A plant
+  with latency 1 applies each action a step earlier than predicted (and the prediction counted again the actions it
+  had already applied), and a constant full-torque policy took a joint past its limit (6 steps here; 9 of 180
+  episodes in the review's sweep). `shield.latency_min_steps` makes every admissible latency a case of the
+  prediction, as the input-gain ends are (shield/prediction.py); the arm declares 0.
 - quadrotor (open): with each axis flipping at its own period, the inner loop's attitude overshoots its 45 deg tilt limit at
   low collective thrust (68 deg measured) and the realized sideways acceleration reaches 9.8 m/s^2, against the
   model's bound of 4 x 1.2 + 1.5 = 6.3; the monitor never flags it.
@@ -57,8 +58,6 @@ def test_arm_at_full_torque_from_rest_stays_inside_its_joint_range():
     assert _shielded_violations(cfg, env, lambda t: np.float32([1.0, 1.0]), 0, 300, start) == 0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap: the shield predicts through exactly its "
-                                                               "latency_steps; a plant with less latency is not covered")
 def test_arm_with_less_latency_than_the_shield_predicts_stays_inside_its_joint_range():
     cfg = load_config("configs/arm.yaml")
     env = make_env(cfg, parse_randomization({"latency_steps": {"low": 1, "high": 1}}), 300)  # the shield assumes 2

@@ -62,3 +62,32 @@ def test_note_sent_without_a_filter_call_or_with_bad_values_changes_nothing():
     u2, i2 = reference.filter(o, a)
     assert u1.tobytes() == u2.tobytes()
     np.testing.assert_array_equal(i1["h"], i2["h"])
+
+
+def test_a_resent_action_moves_the_prediction_of_a_plant_that_applies_it_at_once():
+    """With latency cases (`latency_min_steps`), a plant with no latency applies the action it is sent during this
+    period: when the server sends another one instead (`note_sent`), that case's predicted next state must follow
+    it, exactly as if that action had been committed in the first place; the delayed cases are untouched."""
+    from shield.prediction import LatencyPredictor
+
+    rng = np.random.default_rng(3)
+    A = np.eye(4) + np.diag([0.05, 0.05], 2)
+    B = np.vstack([np.zeros((2, 2)), 0.2 * np.eye(2)])
+    c = np.array([0.0, 0.0, 0.0, -0.1])
+    history = [(rng.uniform(-1, 1, 4), rng.uniform(-1, 1, 2)) for _ in range(3)]  # states seen, actions sent
+    sent, other = rng.uniform(-1, 1, 2), rng.uniform(-1, 1, 2)
+    made = []
+    for _ in range(2):
+        p = LatencyPredictor(A, B, [c, c, c], [1.0, 1.2, 0.8], 2, 4, [np.zeros(0)] * 3, np.zeros(2), latencies=[2, 1, 0])
+        for x, u in history:
+            p.load_observation(np.tile(x, 3))
+            p.commit(u, have_state=True)
+        p.load_observation(np.tile([0.3, -0.2, 0.5, 0.1], 3))
+        made.append(p)
+    made[0].commit(sent, have_state=True)
+    before = made[0]._next.copy()
+    made[0].resend(other)
+    made[1].commit(other, have_state=True)
+    np.testing.assert_allclose(made[0]._next, made[1]._next, rtol=0, atol=1e-12)
+    assert np.array_equal(made[0].v, made[1].v)
+    assert np.array_equal(made[0]._next[:8], before[:8]) and not np.allclose(made[0]._next[8:], before[8:])

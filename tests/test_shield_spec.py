@@ -40,6 +40,7 @@ def test_round_trip_through_a_file(tmp_path):
     (lambda d: d["model"].update(gain_scaled_accel=[9.81]), "model.gain_scaled_accel"),
     (lambda d: d["model"].update(accel_per_action=[[1.0, 0.0]]), "model.accel_per_action"),
     (lambda d: d.update(latency_steps=-1), "latency_steps"),
+    (lambda d: d.update(latency_steps=1, latency_min_steps=2), "latency_min_steps"),
     (lambda d: d.update(fallback_action=[2.0, 0.0]), "fallback_action[0]"),
 ])
 def test_invalid_spec_names_the_key(edit, key):

@@ -53,6 +53,7 @@ class SetEnvelope:
 
     name: str
     latency_max: int
+    latency_min: int
     ratio: tuple[float, float]
     persistent_accel: list[float]
     push_accel: list[float]
@@ -141,7 +142,8 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
         if rset.gravity_scale is not None and not double_integrator:
             other["gravity_scale"] = (s_lo, s_hi)
         lat = rset.latency_steps.high if rset.latency_steps is not None else 0
-        out.append(SetEnvelope(name, lat, ratio, persistent, push, noise, other, authority, moving_mass * m_lo))
+        lat_min = rset.latency_steps.low if rset.latency_steps is not None else 0
+        out.append(SetEnvelope(name, lat, lat_min, ratio, persistent, push, noise, other, authority, moving_mass * m_lo))
     return out
 
 
@@ -157,6 +159,10 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
         if env.latency_max > spec["latency_steps"]:
             problems.append(f"{where}.latency_steps: up to {env.latency_max} steps, beyond the "
                             f"{spec['latency_steps']} the shield predicts through (shield.latency_steps)")
+        fewest = spec.get("latency_min_steps")
+        if fewest is not None and env.latency_min < fewest:
+            problems.append(f"{where}.latency_steps: from {env.latency_min} steps, below the {fewest} the shield "
+                            f"predicts for (shield.latency_min_steps)")
         lo, hi = env.ratio
         if lo < 1.0 - err - 1e-9 or hi > 1.0 + err + 1e-9:
             problems.append(f"{where}.actuator_gain / body_mass: input gain over mass ranges [{lo:.3f}, {hi:.3f}] x "

@@ -135,7 +135,9 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         "model": model,
         "kinematics": {"position_index": pos, "velocity_index": vel, "brake_accel": brake,
                        **({"keepout_steering": True} if sc.keepout_steering else {})},
-        "constraints": constraints, "latency_steps": latency, "margin": float(sc.margin),
+        "constraints": constraints, "latency_steps": latency,
+        **({"latency_min_steps": int(sc.latency_min_steps)} if sc.latency_min_steps is not None else {}),
+        "margin": float(sc.margin),
         "input_gain_error": float(sc.input_gain_error), "disturbance_accel": disturbance,
         "fallback_action": np.clip(0.0, low, high).tolist(),
         "assumptions": {

@@ -1,6 +1,6 @@
 """The safety case in numbers (issue 11): shielded violations everywhere the config admits a plant, beside unshielded.
 
-    python bench/bench_safety.py [--task cartpole quadrotor] [--episodes 100] [--corner-episodes 8]
+    python bench/bench_safety.py [--task cartpole quadrotor arm] [--episodes 100] [--corner-episodes 8]
                                  [--steps 150] [--unshielded-share 0.25] [--bundle TASK=DIR ...] [--json]
 
 For each task, the adversarial, random and legacy policies run shielded on
@@ -89,7 +89,7 @@ def bench_task(task: str, args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", nargs="+", default=["cartpole", "quadrotor"])
+    p.add_argument("--task", nargs="+", default=["cartpole", "quadrotor", "arm"])
     p.add_argument("--episodes", type=int, default=100, help="episodes per policy on train and on reality")
     p.add_argument("--corner-episodes", type=int, default=8, help="episodes per policy on each envelope corner")
     p.add_argument("--steps", type=int, default=150, help="steps per episode (the tasks' own length: 0)")

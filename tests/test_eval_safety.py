@@ -19,11 +19,11 @@ EPISODES = 200  # shielded, per policy and domain set
 UNSHIELDED_EPISODES = 50  # the baseline only needs to show that the policies do violate
 # Long enough for the adversary to reach a boundary from any start (unshielded, it
 # violates within ~1.3 s on both tasks); the random walk gets there less often.
-EPISODE_STEPS = {"cartpole": 120, "quadrotor": 80}
+EPISODE_STEPS = {"cartpole": 120, "quadrotor": 80, "arm": 150}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor", "arm"])
 @pytest.mark.parametrize("domains", ["train", "reality"])
 def test_shield_keeps_random_and_adversarial_policies_safe(task, domains):
     cfg = load_config(f"configs/{task}.yaml")

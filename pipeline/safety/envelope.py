@@ -59,7 +59,8 @@ class SetEnvelope:
     push_accel: list[float]
     obs_noise_std: list[float]
     other: dict[str, tuple[float, float]] = field(default_factory=dict)  # e.g. joint_damping.slider -> (lo, hi)
-    # m/s^2 per position, (toward -, toward +): the weakest plant's full action against the persistent disturbance
+    # m/s^2 per position, (toward -, toward +): the weakest plant's full action against the persistent disturbance,
+    # the other inputs through the coupling and (linear model) the declared model error
     authority: list[tuple[float, float]] = field(default_factory=list)
     moving_mass_low: float = 0.0  # kg: the lightest plant's moving mass
 
@@ -227,7 +228,8 @@ def monitor_bounds(envelopes: list[SetEnvelope], full_accel: list[float], dampin
                    model_ranges: dict, disturbance: list[float] | None = None) -> dict:
     """The monitor's allowed unmodelled acceleration per position: accel + accel_per_speed |v| (m/s^2, 1/s).
 
-    accel: the worst persistent disturbance plus push over every set, plus MONITOR_SLACK of the
+    accel: the larger of the spec's declared disturbance and the worst persistent disturbance plus push over
+    every set (an acceleration the spec declares is inside the envelope), plus MONITOR_SLACK of the
     full-action acceleration. accel_per_speed: for a damping the model includes (nominal N s/m
     per position, with its joint's `shield.model_ranges` entry), the largest relative damping
     error over the lightest moving mass.

@@ -78,7 +78,7 @@ class PlantTable:
     latency: a fresh session (pending actions = the fallback) predicts it right.
     """
 
-    def __init__(self, capacity: int, factory: Callable[[], Any], live_ns: int = 1_000_000_000):
+    def __init__(self, capacity: int, factory: Callable[[], Any], live_ns: int):
         if capacity < 1:
             raise ValueError(f"max plants must be >= 1, got {capacity}")
         self.capacity, self.factory, self.live_ns = capacity, factory, live_ns

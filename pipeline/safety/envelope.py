@@ -128,7 +128,7 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
             # other inputs at full through the coupling and the persistent disturbance. A linear model's own
             # error over the safe set (gravity away from the operating point, Coriolis, the inertia's change) is
             # known only as the spec declares it (shield.disturbance_accel): braking must hold against it too.
-            drift = declared[k] if not double_integrator and k < len(declared) else 0.0
+            drift = 0.0 if double_integrator else declared[k]
             F, against = full_accel[k] - cross[k], ratio[1] * cross[k] + max(amb, drift)
             authority.append((min(r * (F - g_c) + s * g_c for r in ratio for s in (s_lo, s_hi)) - against,
                               min(r * (F + g_c) - s * g_c for r in ratio for s in (s_lo, s_hi)) - against))

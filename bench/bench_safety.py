@@ -3,7 +3,7 @@
     python bench/bench_safety.py [--task cartpole quadrotor arm] [--episodes 100] [--corner-episodes 8]
                                  [--steps 150] [--unshielded-share 0.25] [--bundle TASK=DIR ...] [--json]
 
-For each task, the adversarial, random and legacy policies run shielded on
+For each task, the adversarial, random, bang-bang and legacy policies run shielded on
 `train`, `reality` (--episodes each) and on every corner of the config's
 envelope (`falsify.envelope_set`: each range at one end, widest noise and
 push; --corner-episodes each). Printed per domain and policy: episodes,
@@ -32,7 +32,7 @@ from pipeline.evaluation.falsify import corner_domains, envelope_set
 from pipeline.safety.shield_spec import build_shield_spec
 from shield.spec import ShieldSpec
 
-POLICIES = ("adversarial", "random", "legacy")
+POLICIES = ("adversarial", "random", "bang_bang", "legacy")
 
 
 def _run(cfg, spec, policy_name, domains, episodes, seed, shield, steps) -> dict:

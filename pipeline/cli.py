@@ -71,7 +71,9 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("eval", help="evaluate a bundle or a reference policy, with or without the shield")
     p.add_argument("bundle", nargs="?", help="bundle directory (or use --policy)")
-    p.add_argument("--policy", choices=["legacy", "random", "adversarial"], help="reference policy instead of a bundle")
+    # pipeline.evaluation.adversary.REFERENCE_POLICIES, spelled out so the parser imports nothing heavy (a test holds them equal)
+    p.add_argument("--policy", choices=["legacy", "random", "bang_bang", "adversarial"],
+                   help="reference policy instead of a bundle (bang_bang: each action flips between its bounds)")
     _config_flag(p)
     p.add_argument("--domains", default="train", help="randomization set: train, reality, nominal (none), or FILE.yaml")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")

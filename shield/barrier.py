@@ -50,6 +50,9 @@ class BarrierRows:
         # s + tau (z_n + a_brake + w_n): the speed reached before the commanded deceleration takes
         # hold, with the worst disturbance w pushing meanwhile.
         w_of = dict(zip(spec.position_index, self._w_max))
+        # A push's speed beyond what braking absorbs while it lasts (spec.push_velocity): every row brakes from
+        # its closing speed plus the most of it along the row's normal.
+        kick_of = dict(zip(spec.position_index, spec.push_velocity or [(0.0, 0.0)] * len(spec.position_index)))
         tau = float(spec.model.get("response_time_s", 0.0)) if spec.model["type"] == "double_integrator" else 0.0
         accel_col = {o: self._n + k for k, o in enumerate(spec.position_index)} if self._nz else {}
         dynamic = []  # (row, state cols, velocity cols or None, center, radius)
@@ -69,9 +72,15 @@ class BarrierRows:
             # A keep-out row's normal changes every step (not directional): the weaker direction.
             a_brake = (min(brake_of[o][v > 0] if directional else min(brake_of[o]) for o, v in weights.items())
                        if positional else math.inf)
-            # |n . w| <= sum |n_i| w_i bounds the disturbance along any unit normal n.
-            w_n = sum(abs(v) * w_of[o] for o, v in weights.items()) if positional else 0.0
-            closing0.append(tau * (a_brake + w_n) if positional else 0.0)
+            # |n . w| <= sum |n_i| w_i bounds the disturbance along a row's normal n; a keep-out row's normal is any
+            # unit vector over its axes, where the bound is |w| (per-axis bounds: the box's farthest corner).
+            w_n = ((sum(abs(v) * w_of[o] for o, v in weights.items()) if directional
+                    else math.sqrt(sum(w_of[o] ** 2 for o in weights))) if positional else 0.0)
+            # A row counts on the braking toward its weights' side (as a_brake): the speed a push leaves against
+            # that braking; over a keep-out row's axes, |k| as for w.
+            kick_n = ((sum(abs(v) * kick_of[o][v > 0] for o, v in weights.items()) if directional
+                       else math.sqrt(sum(max(kick_of[o]) ** 2 for o in weights))) if positional else 0.0)
+            closing0.append(tau * (a_brake + w_n) + kick_n if positional else 0.0)
             W.append(w)
             Wv.append(wv)
             f.append(offset)

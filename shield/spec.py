@@ -26,8 +26,12 @@ This module owns the schema. A spec holds:
   the relative error of the input's effect (actuator gain over mass) the
   conditions are robust to (`input_gain_error`), and the bound on an unknown
   additive acceleration per position (`disturbance_accel`, units/s^2: wind,
-  gravity-compensation error) the next-step prediction is robust to,
-  the constant fallback action, and the assumptions under which the guarantee
+  gravity-compensation error) the next-step prediction is robust to, the
+  speed a push may add beyond that (`push_velocity`, units/s per position: a
+  bounded shove that, while it lasts, takes more than the braking margin and the
+  declared disturbance cover, per position a number or ``[toward -, toward +]``
+  as the braking it falls short of; every barrier row brakes from its closing
+  speed plus it), the constant fallback action, and the assumptions under which the guarantee
   holds (as data plus one human sentence).
 
 Stdlib + numpy only: the edge box reads this file.
@@ -165,6 +169,9 @@ class ShieldSpec:
     # The fewest latency steps the plant may have (None: exactly latency_steps). Each latency from it to
     # latency_steps is a case of its own in the prediction, as each end of the input-gain error is.
     latency_min_steps: int | None = None
+    # Per position, (toward -, toward +): the speed (units/s) a push may leave that the braking toward that side
+    # cannot take off while it lasts (None: zero); every barrier row brakes from its closing speed plus it.
+    push_velocity: list[tuple[float, float]] | None = None
 
     def __post_init__(self):
         if self.brake_accel_pairs is None:
@@ -179,7 +186,7 @@ class ShieldSpec:
         known = {"schema_version", "task", "obs_dim", "act_dim", "dt", "action_low", "action_high",
                  "state_index", "model", "kinematics", "constraints", "latency_steps", "latency_min_steps", "margin",
                  "input_gain_error",
-                 "disturbance_accel",
+                 "disturbance_accel", "push_velocity",
                  "fallback_action", "assumptions"}
         for k in d:
             if k not in known:
@@ -239,6 +246,9 @@ class ShieldSpec:
         for i, w in enumerate(disturbance):
             if w < 0:
                 _fail(f"disturbance_accel[{i}]", f"must be >= 0, got {w}")
+        kick = d.get("push_velocity")
+        if kick is not None:
+            kick = direction_pairs(kick, len(pos), "push_velocity", zero_ok=True)
         fallback = d.get("fallback_action")
         if fallback is not None:
             fallback = _finite(fallback, "fallback_action", act_dim)
@@ -256,7 +266,7 @@ class ShieldSpec:
                    brake_accel=brake, brake_accel_pairs=pairs, constraints=constraints, latency_steps=latency, margin=margin,
                    input_gain_error=gain_error, disturbance_accel=disturbance,
                    fallback_action=fallback, assumptions=assumptions, task=task, keepout_steering=steering,
-                   latency_min_steps=latency_min)
+                   latency_min_steps=latency_min, push_velocity=kick)
 
     @staticmethod
     def _check_model(model: Any, n: int, m: int, state_index: list[int], pos: list[int], vel: list[int]) -> None:
@@ -319,13 +329,14 @@ class ShieldSpec:
             "state_index": list(self.state_index), "model": self.model,
             "kinematics": {"position_index": list(self.position_index),
                            "velocity_index": list(self.velocity_index),
-                           "brake_accel": [lo if lo == hi else [lo, hi] for lo, hi in self.brake_accel_pairs],
+                           "brake_accel": pairs_to_list(self.brake_accel_pairs),
                            **({"keepout_steering": True} if self.keepout_steering else {})},
             "constraints": self.constraints, "latency_steps": self.latency_steps,
             **({"latency_min_steps": self.latency_min_steps} if self.latency_min_steps is not None else {}),
             "margin": self.margin,
             "input_gain_error": self.input_gain_error,
             "disturbance_accel": list(self.disturbance_accel or [0.0] * len(self.position_index)),
+            **({"push_velocity": pairs_to_list(self.push_velocity)} if self.push_velocity is not None else {}),
             "fallback_action": self.fallback_action,
             "assumptions": self.assumptions,
         }
@@ -373,17 +384,27 @@ class ShieldSpec:
 def brake_pairs(value: Any, k: int) -> list[tuple[float, float]]:
     """`kinematics.brake_accel` as (toward -, toward +) per position: each entry a number (both directions) or
     [toward -, toward +], each > 0 (the one parser of the form: the spec builder and the envelope check use it too)."""
-    key = "kinematics.brake_accel"
+    return direction_pairs(value, k, "kinematics.brake_accel", zero_ok=False)
+
+
+def direction_pairs(value: Any, k: int, key: str, zero_ok: bool) -> list[tuple[float, float]]:
+    """A per-position figure as (toward -, toward +): each entry a number (both directions) or [toward -, toward +],
+    each > 0 (>= 0 with `zero_ok`); a bad entry fails naming `key` and its index."""
     if not isinstance(value, (list, tuple)) or len(value) != k:
         _fail(key, f"must be a list of {k} entries (a number, or [toward -, toward +]), got {value!r}")
     out = []
     for i, v in enumerate(value):
         pair = _finite(v, f"{key}[{i}]", 2) if isinstance(v, (list, tuple)) else _finite([v], f"{key}[{i}]")
         for a in pair:
-            if a <= 0:
-                _fail(f"{key}[{i}]", f"must be > 0, got {v!r}")
+            if a < 0 or (a == 0 and not zero_ok):
+                _fail(f"{key}[{i}]", f"must be {'>=' if zero_ok else '>'} 0, got {v!r}")
         out.append((pair[0], pair[-1]))
     return out
+
+
+def pairs_to_list(pairs: list[tuple[float, float]]) -> list:
+    """(toward -, toward +) per position back to the spec's form: a number where both are equal."""
+    return [lo if lo == hi else [lo, hi] for lo, hi in pairs]
 
 
 def double_integrator_model(state_index: list[int], pos: list[int], vel: list[int], accel_per_action: np.ndarray,

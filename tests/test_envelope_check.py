@@ -26,13 +26,39 @@ def _variant(tmp_path, task: str, edit) -> Path:
     return path
 
 
-@pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor", "arm"])
 def test_shipped_configs_are_covered(task, capsys):
     assert main(["config", "--check", str(ROOT / "configs" / f"{task}.yaml")]) == 0
-    spec = build_shield_spec(load_config(ROOT / "configs" / f"{task}.yaml"))
+    cfg = load_config(ROOT / "configs" / f"{task}.yaml")
+    spec = build_shield_spec(cfg)
     sets = spec["assumptions"]["sets"]
     assert set(sets) == {"train", "validation", "reality"}  # every set, not only train
     assert spec["latency_steps"] == max(s["latency_steps_max"] for s in sets.values())
+    # ... and every latency down to the fewest any set admits is a case of the prediction, by default
+    assert spec["latency_min_steps"] == min(r.latency_steps.low for r in cfg.randomization.values()) == 0
+
+
+def test_the_latency_cases_follow_the_sets_unless_the_config_names_them(tmp_path):
+    def at_least_one(doc):  # every set admits 1 step or more
+        for rset in doc["randomization"].values():
+            rset["latency_steps"] = {"low": max(1, rset["latency_steps"]["low"]), "high": max(1, rset["latency_steps"]["high"])}
+    spec = build_shield_spec(load_config(_variant(tmp_path, "quadrotor", at_least_one)))
+    assert (spec["latency_min_steps"], spec["latency_steps"]) == (1, 2)
+
+    def exactly_two(doc):  # one latency: one case, and the spec reads as before the key existed
+        for rset in doc["randomization"].values():
+            rset["latency_steps"] = {"low": 2, "high": 2}
+    spec = build_shield_spec(load_config(_variant(tmp_path, "quadrotor", exactly_two)))
+    assert "latency_min_steps" not in spec and spec["latency_steps"] == 2
+
+    def without_latency(doc):  # a set without the key admits 0 steps
+        del doc["randomization"]["train"]["latency_steps"]
+    spec = build_shield_spec(load_config(_variant(tmp_path, "quadrotor", without_latency)))
+    assert (spec["latency_min_steps"], spec["latency_steps"]) == (0, 2)
+
+    with pytest.raises(EnvelopeError, match="shield.latency_min_steps"):  # naming fewer cases than the sets admit
+        build_shield_spec(load_config(_variant(tmp_path, "quadrotor",
+                                               lambda d: (at_least_one(d), d["shield"].update(latency_min_steps=2)))))
 
 
 def _old_quadrotor_reality(doc):
@@ -75,3 +101,16 @@ def test_a_set_the_shield_cannot_cover_is_refused_by_name(tmp_path, capsys, task
         assert needle in err, err
     with pytest.raises(EnvelopeError):  # the builder `sim2real export` calls
         build_shield_spec(load_config(path))
+
+
+def test_a_push_the_braking_margin_cannot_absorb_becomes_speed_the_barrier_brakes_from(tmp_path):
+    """push_velocity: per position, (push - (authority - brake)) x the push's duration, the worst over the sets."""
+    assert "push_velocity" not in build_shield_spec(load_config(ROOT / "configs" / "cartpole.yaml"))  # absorbed
+    base = build_shield_spec(load_config(ROOT / "configs" / "quadrotor.yaml"))
+    reality = base["assumptions"]["sets"]["reality"]
+    slack = min(a - 1.5 for a in reality["authority_accel"][0])  # x brakes at 1.5 both ways
+    assert base["push_velocity"][0] == pytest.approx((reality["push_accel"][0] - slack) * 10 * base["dt"])
+
+    spec = build_shield_spec(load_config(_variant(tmp_path, "quadrotor",
+                                                  lambda d: d["randomization"]["reality"]["push"].update(duration_steps=20))))
+    assert spec["push_velocity"][:2] == pytest.approx([2 * base["push_velocity"][0]] * 2)  # twice as long, twice the speed

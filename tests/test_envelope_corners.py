@@ -43,3 +43,24 @@ def test_every_corner_of_the_envelope_stays_safe_under_the_shield(task):
             if result["violations"]:
                 bad.append((i, name, result["violations"], domain))
     assert not bad, bad
+
+
+BANG_BANG = {"cartpole": (2, 500), "quadrotor": (2, 1000), "arm": (1, 300)}  # (episodes per corner, steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor", "arm"])
+def test_every_corner_stays_safe_under_bang_bang_set_points(task):
+    """Each action flipping between its bounds at its own period, full-length episodes: the pattern that took the
+    quadrotor out of its fence on 33 of 200 corner episodes while its inner loop overshot the shield's lag model
+    (tests/test_known_gaps.py). The adversary drives one way and the random policy averages to zero: neither found it."""
+    cfg = load_config(f"configs/{task}.yaml")
+    spec = ShieldSpec.from_dict(build_shield_spec(cfg))
+    episodes, steps = BANG_BANG[task]
+    bad = []
+    for i, domain in enumerate(corner_domains(envelope_set(cfg))):
+        result = evaluate(cfg, reference_policy("bang_bang", cfg, spec, seed=i), domains=parse_randomization(domain),
+                          episodes=episodes, seed=1000 * i, shield=True, spec=spec, max_episode_steps=steps)
+        if result["violations"]:
+            bad.append((i, result["violations"], domain))
+    assert not bad, bad

@@ -86,3 +86,31 @@ def test_a_bundle_is_evaluated_with_its_own_shield_json(tmp_path, capsys):
     assert run_cli(_args(policy=None, bundle=str(bundle), domains="train", episodes=2)) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["violations"] == 0 and np.isfinite(result["return_mean"])
+
+
+def test_the_cli_offers_every_reference_policy():
+    from pipeline.cli import build_parser
+    from pipeline.evaluation.adversary import REFERENCE_POLICIES
+
+    parser, _ = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    policy = next(a for a in commands.choices["eval"]._actions if a.dest == "policy")
+    assert tuple(policy.choices) == REFERENCE_POLICIES
+
+
+def test_bang_bang_holds_every_action_at_a_bound_and_flips_each_at_its_own_period():
+    from pipeline.evaluation.adversary import BangBangPolicy
+
+    low, high = np.float32([-1.0, -2.0, 0.0]), np.float32([1.0, 3.0, 0.5])
+    policy, twin = BangBangPolicy(low, high, seed=4), BangBangPolicy(low, high, seed=4)
+    patterns = []
+    for _ in range(3):
+        policy.reset(), twin.reset()
+        actions = np.concatenate([policy(np.zeros((1, 5))) for _ in range(90)])
+        np.testing.assert_array_equal(actions, np.concatenate([twin(np.zeros((1, 5))) for _ in range(90)]))  # seeded
+        assert np.all((actions == low) | (actions == high))
+        flips = [np.flatnonzero(np.diff(actions[:, k]) != 0) + 1 for k in range(3)]
+        for k, at in enumerate(flips):
+            assert len(at) >= 2 and len(set(np.diff(at))) == 1  # a fixed half-period per dimension
+        patterns.append(tuple(int(f[0]) for f in flips))
+    assert len(set(patterns)) > 1  # each episode draws a new pattern

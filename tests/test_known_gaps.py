@@ -1,6 +1,6 @@
 """The safety case on the reproducers of an outside review (session 13), through the real MuJoCo envs, on the nominal
 plant itself. A gap not closed yet is marked `xfail(strict=True)`: the day a fix makes it pass, the strict marker turns
-the pass into a failure, the marker comes off, and the test guards the fix.
+the pass into a failure, the marker comes off, and the test guards the fix (none is open now).
 
 - arm (closed): the spec counted on 10.7 and 13.7 rad/s^2 of braking (0.3 x each joint's summed |B| row) where the
   weakest plant had 6.9 and -5.3 left after the declared input-gain error, the other joint's torque through the coupling and
@@ -11,9 +11,15 @@ the pass into a failure, the marker comes off, and the test guards the fix.
   had already applied), and a constant full-torque policy took a joint past its limit (6 steps here; 9 of 180
   episodes in the review's sweep). `shield.latency_min_steps` makes every admissible latency a case of the
   prediction, as the input-gain ends are (shield/prediction.py); the arm declares 0.
-- quadrotor (open): with each axis flipping at its own period, the inner loop's attitude overshoots its 45 deg tilt limit at
-  low collective thrust (68 deg measured) and the realized sideways acceleration reaches 9.8 m/s^2, against the
-  model's bound of 4 x 1.2 + 1.5 = 6.3; the monitor never flags it.
+- quadrotor (closed): with each axis flipping at its own period, the inner loop's attitude overshot its 45 deg tilt
+  limit at low collective thrust (68 deg measured) and the realized sideways acceleration reached 9.8 m/s^2, against
+  the model's bound of 4 x 1.2 + 1.5 = 6.3. Two causes: a set-point flipping from diving to climbing multiplied the
+  thrust along a tilt that had not turned yet, and the mixer's per-rotor clipping let a yaw correction zero both
+  rotors of an axis. The inner loop now smooths the force set-point (the thrust slower than the tilt, every axis
+  ~0.15 s, the lag the shield predicts with) and mixes thrust first, roll/pitch next, yaw last
+  (envs/quadrotor_inner_loop.py); the bang-bang reference policy (`--policy bang_bang`) searches for the pattern on
+  every corner (tests/test_envelope_corners.py). Over 200 corner episodes under flipping set-points the shielded
+  quadrotor left its fence in 33 before, 0 after.
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ from __future__ import annotations
 import gymnasium as gym
 import mujoco
 import numpy as np
-import pytest
 
 from envs.randomization import parse_randomization
 from pipeline.config import load_config
@@ -64,11 +69,28 @@ def test_arm_with_less_latency_than_the_shield_predicts_stays_inside_its_joint_r
     assert _shielded_violations(cfg, env, lambda t: np.float32([1.0, 1.0]), 13, 300) == 0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap: the quadrotor's inner loop overshoots its tilt limit under "
-                                       "flipping set-points (see the module docstring)")
 def test_quadrotor_under_flipping_set_points_stays_inside_its_geofence():
     cfg = load_config("configs/quadrotor.yaml")
     env = gym.make(cfg.task.env_id, randomization=None, wind_scale=0.0, max_episode_steps=1000)
     signs, half_periods = np.array([1.0, -1.0, -1.0]), np.array([28, 6, 23])
     policy = lambda t: np.float32(signs * np.where((t // half_periods) % 2, -1.0, 1.0))  # noqa: E731
     assert _shielded_violations(cfg, env, policy, 27, 1000) == 0
+
+
+def test_quadrotor_pushed_while_it_brakes_at_the_weakest_corner_stays_inside_its_geofence():
+    """Closed this session: flipping set-points brought the plant fast to its fence and a 1.5 N push (reality's)
+    came while it braked. The weakest plant has 2.2 m/s^2 against the wind, 0.7 beyond the 1.5 the barrier brakes
+    with; the push took 1.58, so for its 0.2 s the braking fell 0.88 m/s^2 short and the plant left the fence (18
+    steps here). The spec now carries that shortfall as speed every barrier row brakes from (`push_velocity`,
+    pipeline/safety/envelope.py): 0.18 m/s on x and y."""
+    cfg = load_config("configs/quadrotor.yaml")
+    corner = {"body_mass": {"quad": {"low": 1.1, "high": 1.1}},  # heavy, two weak rotors: gain/mass 0.89
+              "actuator_gain": {"rotor0": {"low": 0.88, "high": 0.88}, "rotor1": {"low": 1.08, "high": 1.08},
+                                "rotor2": {"low": 1.08, "high": 1.08}, "rotor3": {"low": 0.88, "high": 0.88}},
+              "latency_steps": {"low": 2, "high": 2}, "action_noise_std": 0.03,
+              "obs_noise_std": [0.03] * 3 + [0.08] * 3 + [0.03] * 3 + [0.015] * 3 + [0.03] * 3,
+              "push": {"body": "quad", "max_force": 1.5, "probability": 0.01, "duration_steps": 10, "axes": ["x", "y"]}}
+    env = make_env(cfg, parse_randomization(corner), 1000)
+    high, half = np.array([False, True, False]), np.array([15, 28, 11])
+    policy = lambda t: np.float32(np.where(high ^ ((t // half) % 2).astype(bool), 1.0, -1.0))  # noqa: E731
+    assert _shielded_violations(cfg, env, policy, 45038, 1000) == 0

@@ -268,8 +268,10 @@ def test_projection_onto_one_condition_is_the_kkt_point(m, data):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_quadrotor_filter_matches_reference_qp_near_its_constraints(seed):
-    """The quadrotor's spec (3 inputs, two input-gain cases, a keep-out credited for passing it): the
-    filter's action is the exact projection wherever it is not braking a violated barrier."""
+    """The quadrotor's spec (3 inputs, input-gain x latency cases, a keep-out credited for passing it): the
+    filter's action is the exact projection wherever it is not braking a violated barrier: it meets the conditions
+    and is as close to the policy's action as the reference solver's (the cases' rows are nearly parallel, where
+    SLSQP may stop short of the optimum: the shield's point is then closer, never farther)."""
     spec = build_shield_spec(load_config(ROOT / "configs" / "quadrotor.yaml"))
     shield = CbfShield(spec)
     low, high = np.array(spec["action_low"]), np.array(spec["action_high"])
@@ -284,13 +286,19 @@ def test_quadrotor_filter_matches_reference_qp_near_its_constraints(seed):
         obs[vel] = rng.normal(0.0, 0.7, 3)
         u_p = rng.uniform(low * 1.2, high * 1.2).astype(np.float32)
         conditions = shield.cbf_conditions(obs)
+        plain = shield.cbf_conditions(obs, steering=False)  # the keep-out rows without their credit for passing
         u, info = shield.filter(obs, u_p)
         if np.nanmin(info["h"]) < 0 or info["fallback"]:
             continue  # braking, not the projection (tests/test_shield_soundness.py)
-        ref = _reference(conditions, u_p.astype(np.float64), low, high)
         compared += 1
-        intervened += info["intervened"]
-        np.testing.assert_allclose(u, ref, atol=1e-5, rtol=0)
+        if not info["intervened"]:  # passed through: accepted with the credit, or without it (either is sound)
+            assert np.array_equal(u, u_p)
+            assert max(conditions(u.astype(np.float64)).min(), plain(u.astype(np.float64)).min()) >= -1e-6
+            continue
+        ref = _reference(conditions, u_p.astype(np.float64), low, high)
+        intervened += 1
+        up = u_p.astype(np.float64)
+        assert np.sum((u - up) ** 2) <= np.sum((ref - up) ** 2) + 1e-6  # u is float32
         assert np.min(conditions(u.astype(np.float64))) >= -1e-6
     assert compared > 100 and intervened > 30, (compared, intervened)
 

@@ -42,6 +42,9 @@ def test_round_trip_through_a_file(tmp_path):
     (lambda d: d.update(latency_steps=-1), "latency_steps"),
     (lambda d: d.update(latency_steps=1, latency_min_steps=2), "latency_min_steps"),
     (lambda d: d.update(fallback_action=[2.0, 0.0]), "fallback_action[0]"),
+    (lambda d: d.update(push_velocity=[0.1]), "push_velocity"),
+    (lambda d: d.update(push_velocity=[0.1, -0.2]), "push_velocity[1]"),
+    (lambda d: d.update(push_velocity=[0.1, float("inf")]), "push_velocity[1]"),
 ])
 def test_invalid_spec_names_the_key(edit, key):
     d = copy.deepcopy(planar_double_integrator())
@@ -110,3 +113,22 @@ def test_importing_the_shield_pulls_in_no_training_stack():
             "print([m for m in ('torch','ray','mujoco','gymnasium','prefect','scipy','pydantic','yaml') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_push_velocity_makes_every_row_brake_from_that_much_more_speed():
+    """A spec with push_velocity k: the barrier at speed v is the one without it at v + k along each row's normal
+    (latency 0, no lag: the barrier is read on the observed state). Round trip keeps it; absent, nothing changes."""
+    from shield.cbf import CbfShield
+
+    plain = planar_double_integrator()
+    kicked = dict(plain, push_velocity=[0.3, 0.0])
+    assert ShieldSpec.from_dict(kicked).to_dict()["push_velocity"] == [0.3, 0.0]
+    assert "push_velocity" not in ShieldSpec.from_dict(plain).to_dict()
+    toward_wall = np.float32([1.2, -1.5, 0.8, 0.0])  # moving at +x toward the fence's x = 2 wall
+    _, with_kick = CbfShield(ShieldSpec.from_dict(kicked)).filter(toward_wall, np.zeros(2, np.float32))
+    _, faster = CbfShield(ShieldSpec.from_dict(plain)).filter(toward_wall + np.float32([0, 0, 0.3, 0]),
+                                                              np.zeros(2, np.float32))
+    _, same = CbfShield(ShieldSpec.from_dict(plain)).filter(toward_wall, np.zeros(2, np.float32))
+    wall = 1  # info["h"] per constraint: the diagonal wall x + y <= 3, closed on along x
+    assert with_kick["h"][wall] == pytest.approx(faster["h"][wall], abs=1e-6)  # (obs are float32)
+    assert with_kick["h"][wall] < same["h"][wall] - 0.05

@@ -249,7 +249,10 @@ def test_the_credit_never_costs_the_policy_an_intervention(task):
             angle = rng.uniform(0, 2 * np.pi)
             n, t = np.array([np.cos(angle), np.sin(angle)]), np.array([-np.sin(angle), np.cos(angle)])
             obs = rng.normal(0.0, 0.1, s.obs_dim).astype(np.float32)
-            obs[pos] = np.asarray(zone["center"][:2]) + (zone["radius"] + rng.uniform(0.0, 1.0)) * n
+            # Up to 2 m out for the quadrotor: its inner loop's 0.15 s lag and the pushes' speed (push_velocity)
+            # make its zone reach farther, and the case the second look is for lies there.
+            reach = 2.0 if task == "quadrotor" else 1.0
+            obs[pos] = np.asarray(zone["center"][:2]) + (zone["radius"] + rng.uniform(0.0, reach)) * n
             obs[vel] = -rng.uniform(-1.0, 3.0) * n + rng.uniform(0.0, 3.0) * t
             if len(s.position_index) > 2:  # the quadrotor: at mid height, level
                 obs[s.position_index[2]], obs[s.velocity_index[2]] = 1.75, 0.0

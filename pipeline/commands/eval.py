@@ -13,13 +13,14 @@ _SUMMARY_KEYS = ("policy", "task", "domains", "shield", "episodes", "return_mean
 @command("eval")
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
+    from pipeline.evaluation.adversary import REFERENCE_POLICIES
     from pipeline.evaluation.evaluate import evaluate, reference_policy
     from pipeline.evaluation.episodes import resolve_domains
     from shield.spec import ShieldSpec
 
     cfg = load_config(args.config)
     if bool(args.bundle) == bool(args.policy):
-        raise UsageError("give exactly one of BUNDLE or --policy legacy|random|adversarial")
+        raise UsageError(f"give exactly one of BUNDLE or --policy {'|'.join(REFERENCE_POLICIES)}")
     if args.episodes < 1:
         raise UsageError(f"--episodes must be >= 1, got {args.episodes}")
     spec = None

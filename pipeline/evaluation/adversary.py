@@ -18,6 +18,9 @@ import numpy as np
 
 from shield.spec import ShieldSpec
 
+REFERENCE_POLICIES = ("legacy", "random", "bang_bang", "adversarial")
+
+
 @dataclass(frozen=True)
 class AdversaryParams:
     """How the adversary attacks: the defaults drive at the nearest constraint at full action from step 0."""
@@ -41,6 +44,31 @@ class RandomPolicy:
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         return self.rng.uniform(self.low, self.high, (len(obs), len(self.low))).astype(np.float32)
+
+
+class BangBangPolicy:
+    """Every action at one of its bounds, each dimension flipping between them with its own half-period, drawn anew
+    (from `seed`) each episode: set-points that swing faster than a plant's inner loop settles. It found the
+    quadrotor's tilt overshoot that neither the random policy (its mean is zero) nor the adversary (one direction)
+    did."""
+
+    MAX_HALF_PERIOD = 30  # steps
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, seed: int = 0):
+        self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+        self.rng = np.random.default_rng(seed)
+        self.reset()
+
+    def reset(self) -> None:
+        """A new pattern: per dimension the bound it starts at and its half-period (steps)."""
+        self._start_high = self.rng.random(len(self.low)) < 0.5
+        self._half = self.rng.integers(1, self.MAX_HALF_PERIOD + 1, len(self.low))
+        self._step = 0
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        step, self._step = self._step, self._step + 1
+        high = self._start_high ^ ((step // self._half) % 2).astype(bool)
+        return np.repeat(np.where(high, self.high, self.low)[None], len(obs), axis=0)
 
 
 class AdversarialPolicy:
@@ -105,7 +133,8 @@ class AdversarialPolicy:
 
 
 def reference_policy(name: str, cfg, spec: ShieldSpec, seed: int = 0, params: AdversaryParams | None = None):
-    """The `--policy` choices: legacy (the task's controller), random, adversarial (with `params`)."""
+    """The `--policy` choices (`REFERENCE_POLICIES`): legacy (the task's controller), random, bang_bang, adversarial
+    (with `params`)."""
     import envs
 
     task = envs.task(cfg.task.env_id)
@@ -113,9 +142,11 @@ def reference_policy(name: str, cfg, spec: ShieldSpec, seed: int = 0, params: Ad
         return task.make_legacy()
     if name == "random":
         return RandomPolicy(spec.action_low, spec.action_high, seed)
+    if name == "bang_bang":
+        return BangBangPolicy(spec.action_low, spec.action_high, seed)
     if name == "adversarial":
         # A plant that would fall over under a plain full-action push (the cart-pole) declares a
         # set-point through which the adversary steers its legacy controller at the boundary instead.
         steer = None if task.steerable_setpoint is None else (task.make_legacy(), task.steerable_setpoint)
         return AdversarialPolicy(spec, steer, params or AdversaryParams())
-    raise ValueError(f"unknown reference policy {name!r}; choose legacy, random or adversarial")
+    raise ValueError(f"unknown reference policy {name!r}; choose one of {', '.join(REFERENCE_POLICIES)}")

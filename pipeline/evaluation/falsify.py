@@ -8,7 +8,7 @@ constraint, when, how hard, how far past, and a back-and-forth timed against
 the latency). Phases, until the budget (s) is spent or a case is found:
 
 1. every corner of every set (each range at one of its ends) with the default
-   adversary and the random policy (and the bundle's policy, given one);
+   adversary, the random and the bang-bang policy (and the bundle's policy, given one);
 2. random draws of domain and attack;
 3. cross-entropy: a Gaussian over the normalized domain and attack
    parameters, refit to the candidates with the lowest barrier value h.
@@ -143,7 +143,7 @@ class Falsifier:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
         self.sets = {name: (rset, parameters(rset)) for name, rset in cfg.randomization.items()}
-        self.policies = ["adversarial", "random"] + (["bundle"] if bundle_policy is not None else [])
+        self.policies = ["adversarial", "random", "bang_bang"] + (["bundle"] if bundle_policy is not None else [])
         self.n_constraints = len(spec.constraints)
         self.evaluated = 0
         self.best: dict | None = None

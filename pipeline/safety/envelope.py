@@ -33,6 +33,10 @@ floor against gravity); push_k <= the weaker direction's authority (the actuator
 can cancel a push while it lasts); with `keepout_steering`, on each axis of a
 keep-out zone sqrt(a^2 + push_k^2) <= that authority (a: the zone's braking);
 3 sigma of the position noise <= margin.
+
+Not a refusal but a term of the spec: where a push takes more than the braking margin
+(authority - brake_accel) while it lasts, the speed it leaves, (push - margin) x its
+duration, becomes the spec's `push_velocity` (the function of that name), which the barrier brakes from.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class SetEnvelope:
     # the other inputs through the coupling and (linear model) the declared model error
     authority: list[tuple[float, float]] = field(default_factory=list)
     moving_mass_low: float = 0.0  # kg: the lightest plant's moving mass
+    push_duration_s: float = 0.0  # how long one push lasts
 
 
 def _weighted_range(scales: dict, weights: dict[str, float]) -> tuple[float, float]:
@@ -100,8 +105,9 @@ def plant_weights(env_id: str) -> tuple[dict[str, float], dict[str, float], floa
 
 def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bool,
                   full_accel: list[float], plant: tuple, cross_accel: list[float] | None = None,
-                  disturbance: list[float] | None = None) -> list[SetEnvelope]:
-    """One SetEnvelope per randomization set of `cfg`; `plant`: `plant_weights(cfg.task.env_id)`.
+                  disturbance: list[float] | None = None, dt: float = 0.0) -> list[SetEnvelope]:
+    """One SetEnvelope per randomization set of `cfg`; `plant`: `plant_weights(cfg.task.env_id)`; `dt`: the control
+    period (s), a push's duration is counted in.
 
     `cross_accel`: per position, what the inputs other than its strongest can do to it at full action (a
     coupled plant); `disturbance`: the spec's declared unknown additive acceleration per position. The
@@ -144,8 +150,30 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
             other["gravity_scale"] = (s_lo, s_hi)
         lat = rset.latency_steps.high if rset.latency_steps is not None else 0
         lat_min = rset.latency_steps.low if rset.latency_steps is not None else 0
-        out.append(SetEnvelope(name, lat, lat_min, ratio, persistent, push, noise, other, authority, moving_mass * m_lo))
+        duration = rset.push.duration_steps * dt if rset.push is not None else 0.0
+        out.append(SetEnvelope(name, lat, lat_min, ratio, persistent, push, noise, other, authority, moving_mass * m_lo,
+                               duration))
     return out
+
+
+def push_velocity(envelopes: list[SetEnvelope], brake: list) -> list[tuple[float, float]]:
+    """Per position and braking direction (toward -, toward +), the most speed (units/s) one push leaves that the
+    plant cannot brake away while it lasts.
+
+    The barrier counts on braking at `brake_accel`; the weakest plant has `authority` (net of the persistent
+    disturbance) at full action. A push of `push_accel` for `push_duration_s` takes ``push - (authority - brake)``
+    of that braking while it lasts, where positive: the speed it leaves is what every barrier row braking that
+    way must brake from on top (`push_velocity` in the spec). Zero where every set's pushes fit inside the braking
+    margin. (Within the margin the shield re-plans from the measured state each step; only a shortfall of braking
+    outlasts that.)"""
+    pairs = brake_pairs(brake, len(brake))
+    out = [[0.0, 0.0] for _ in brake]
+    for e in envelopes:
+        for k, push in enumerate(e.push_accel):
+            for d in (0, 1):
+                short = max(push - max(0.0, e.authority[k][d] - pairs[k][d]), 0.0) * e.push_duration_s
+                out[k][d] = max(out[k][d], short)
+    return [tuple(p) for p in out]
 
 
 def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel: list[float]) -> list[str]:

@@ -14,15 +14,16 @@ import numpy as np
 
 from pipeline.config import ConfigError
 from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, envelope_problems, monitor_bounds, plant_weights,
-                                     set_envelopes)
-from shield.spec import ShieldSpec, ShieldSpecError, brake_pairs
+                                     push_velocity, set_envelopes)
+from shield.spec import ShieldSpec, ShieldSpecError, brake_pairs, pairs_to_list
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
 _STATEMENT = ("No constraint is violated while the actuation latency is at most max_latency_s, the "
               "plant's achievable deceleration is at least brake_accel (per position) despite mass, "
               "gain and disturbance errors up to max_accel_error, the input's effect is within "
               "(1 +- max_input_gain_error) x nominal, an unknown additive acceleration stays within "
-              "max_disturbance_accel (per position), and observation noise stays within "
+              "max_disturbance_accel (per position) and a push adds at most max_push_velocity to a speed "
+              "beyond it, and observation noise stays within "
               "max_obs_noise (absorbed by the margin).")
 
 
@@ -47,12 +48,18 @@ def linearize_mujoco(nominal, state_obs: list[int]) -> tuple[np.ndarray, np.ndar
     return A_obs, B_obs, c
 
 
-def _latency_steps(cfg) -> int:
-    if cfg.shield.latency_steps is not None:
-        return cfg.shield.latency_steps
-    # Every set, not only reality: each one is a promise about where the plant may be.
-    steps = [r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None]
-    return max(steps, default=0)
+def _latency_range(cfg) -> tuple[int, int]:
+    """(fewest, most) control steps of actuation latency the shield predicts for: `shield.latency_min_steps` and
+    `shield.latency_steps`, each by default what the randomization sets admit. Every set, not only reality: each
+    one is a promise about where the plant may be (a set without `latency_steps` admits 0)."""
+    sets = list(cfg.randomization.values())
+    most = cfg.shield.latency_steps
+    if most is None:
+        most = max((r.latency_steps.high for r in sets if r.latency_steps is not None), default=0)
+    fewest = cfg.shield.latency_min_steps
+    if fewest is None:
+        fewest = min(min((r.latency_steps.low if r.latency_steps is not None else 0 for r in sets), default=most), most)
+    return fewest, most
 
 
 class EnvelopeError(ConfigError):
@@ -126,9 +133,10 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
     disturbance = [0.0] * len(pos) if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
     if len(disturbance) != len(pos):
         raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
-    latency = _latency_steps(cfg)
+    latency_min, latency = _latency_range(cfg)
     envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator", full_accel, plant,
-                              cross_accel, disturbance)
+                              cross_accel, disturbance, dt)
+    kick = push_velocity(envelopes, brake)
     spec = {
         "schema_version": 1, "task": cfg.task.name, "obs_dim": obs_dim, "act_dim": act_dim, "dt": dt,
         "action_low": low.tolist(), "action_high": high.tolist(), "state_index": state_index,
@@ -136,15 +144,21 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         "kinematics": {"position_index": pos, "velocity_index": vel, "brake_accel": brake,
                        **({"keepout_steering": True} if sc.keepout_steering else {})},
         "constraints": constraints, "latency_steps": latency,
-        **({"latency_min_steps": int(sc.latency_min_steps)} if sc.latency_min_steps is not None else {}),
+        # A plant with fewer steps applies each action sooner than a prediction through `latency_steps` says:
+        # each admitted latency is a case of its own (absent when there is only one: the same spec as before).
+        **({"latency_min_steps": int(latency_min)} if sc.latency_min_steps is not None or latency_min < latency else {}),
         "margin": float(sc.margin),
         "input_gain_error": float(sc.input_gain_error), "disturbance_accel": disturbance,
+        # Absent where every push fits inside the braking margin and the declared disturbance (the same spec as
+        # before the key existed).
+        **({"push_velocity": pairs_to_list(kick)} if any(map(any, kick)) else {}),
         "fallback_action": np.clip(0.0, low, high).tolist(),
         "assumptions": {
             "max_latency_s": latency * dt,
             "max_accel_error": [a - b for a, b in zip(full_accel, brake_min)],
             "max_input_gain_error": float(sc.input_gain_error),
             "max_disturbance_accel": disturbance,
+            "max_push_velocity": pairs_to_list(kick),
             "max_obs_noise": max([NOISE_SIGMAS * e.obs_noise_std[o] for e in envelopes for o in pos], default=0.0),
             "statement": _STATEMENT,
             **assumptions(envelopes, obs_dim, monitor_bounds(envelopes, full_accel, damping, sc.model_ranges, disturbance)),

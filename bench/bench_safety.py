@@ -26,13 +26,13 @@ import time
 
 from envs.randomization import parse_randomization
 from pipeline.config import load_config
-from pipeline.evaluation.adversary import reference_policy
+from pipeline.evaluation.adversary import REFERENCE_POLICIES, reference_policy
 from pipeline.evaluation.evaluate import evaluate
 from pipeline.evaluation.falsify import corner_domains, envelope_set
 from pipeline.safety.shield_spec import build_shield_spec
 from shield.spec import ShieldSpec
 
-POLICIES = ("adversarial", "random", "bang_bang", "legacy")
+POLICIES = REFERENCE_POLICIES
 
 
 def _run(cfg, spec, policy_name, domains, episodes, seed, shield, steps) -> dict:

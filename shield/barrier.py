@@ -49,9 +49,10 @@ class BarrierRows:
         # state; braking starts ~tau late, so the closing speed the barrier brakes from is
         # s + tau (z_n + a_brake + w_n): the speed reached before the commanded deceleration takes
         # hold, with the worst disturbance w pushing meanwhile.
-        w_of = dict(zip(spec.position_index, self._w_max))
-        # A push's speed beyond what braking absorbs while it lasts (spec.push_velocity): every row brakes from
-        # its closing speed plus the most of it along the row's normal.
+        # Per position, (toward -, toward +): the disturbance bound (the same both ways) and a push's speed beyond
+        # what braking absorbs while it lasts (spec.push_velocity): every row brakes from its closing speed plus
+        # the most of it along the row's normal.
+        w_of = {o: (w, w) for o, w in zip(spec.position_index, self._w_list)}
         kick_of = dict(zip(spec.position_index, spec.push_velocity or [(0.0, 0.0)] * len(spec.position_index)))
         tau = float(spec.model.get("response_time_s", 0.0)) if spec.model["type"] == "double_integrator" else 0.0
         accel_col = {o: self._n + k for k, o in enumerate(spec.position_index)} if self._nz else {}
@@ -72,15 +73,11 @@ class BarrierRows:
             # A keep-out row's normal changes every step (not directional): the weaker direction.
             a_brake = (min(brake_of[o][v > 0] if directional else min(brake_of[o]) for o, v in weights.items())
                        if positional else math.inf)
-            # |n . w| <= sum |n_i| w_i bounds the disturbance along a row's normal n; a keep-out row's normal is any
-            # unit vector over its axes, where the bound is |w| (per-axis bounds: the box's farthest corner).
-            w_n = ((sum(abs(v) * w_of[o] for o, v in weights.items()) if directional
-                    else math.sqrt(sum(w_of[o] ** 2 for o in weights))) if positional else 0.0)
-            # A row counts on the braking toward its weights' side (as a_brake): the speed a push leaves against
-            # that braking; over a keep-out row's axes, |k| as for w.
-            kick_n = ((sum(abs(v) * kick_of[o][v > 0] for o, v in weights.items()) if directional
-                       else math.sqrt(sum(max(kick_of[o]) ** 2 for o in weights))) if positional else 0.0)
-            closing0.append(tau * (a_brake + w_n) + kick_n if positional else 0.0)
+            if positional:
+                w_n, kick_n = _along_normal(weights, directional, w_of), _along_normal(weights, directional, kick_of)
+                closing0.append(tau * (a_brake + w_n) + kick_n)
+            else:
+                closing0.append(0.0)
             W.append(w)
             Wv.append(wv)
             f.append(offset)
@@ -141,7 +138,7 @@ class BarrierRows:
             # to a push over the step, as in `_build_offsets`), or None.
             axes = spec.constraints[owner[r]]["index"]
             steer = ((radius + self._margin, root * root, speed, 0.5 * (T1 * T1 - keep * T0 * T0), T1 - keep * T0,
-                      [float(w_of[o]) for o in axes], self._closing0_list[r])
+                      [w_of[o][0] for o in axes], self._closing0_list[r])
                      if self.steering and vcols is not None else None)
             self._dyn_writes[r] = ([(j, i) for i, j in enumerate(pcols)], [(j, i, -root * f) for j, i, f in speed], steer)
 
@@ -373,3 +370,12 @@ def _normal(xs: list, pcols: list, center: list) -> tuple[float, list]:
     diff = [xs[j] - c for j, c in zip(pcols, center)]
     dist = math.sqrt(sum(map(mul, diff, diff)))
     return dist, ([d / dist for d in diff] if dist > 1e-9 else [1.0] + [0.0] * (len(diff) - 1))
+
+
+def _along_normal(weights: dict[int, float], directional: bool, bound_of: dict[int, tuple[float, float]]) -> float:
+    """The most a per-position bound (toward -, toward +) gives along a row's normal: sum |n_i| b_i, each on the
+    side the row brakes toward (as its braking); a keep-out row's normal is any unit vector over its axes, where
+    it is |b| (per-axis bounds: the box's farthest corner)."""
+    if directional:
+        return sum(abs(v) * bound_of[o][v > 0] for o, v in weights.items())
+    return math.sqrt(sum(max(bound_of[o]) ** 2 for o in weights))

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from pipeline.evaluation.adversary import AdversaryParams, reference_policy
+from pipeline.evaluation.adversary import REFERENCE_POLICIES, AdversaryParams, reference_policy
 from pipeline.evaluation.evaluate import evaluate
 
 _GROUPS = ("body_mass", "geom_friction", "joint_damping", "actuator_gain")
@@ -143,7 +143,8 @@ class Falsifier:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
         self.sets = {name: (rset, parameters(rset)) for name, rset in cfg.randomization.items()}
-        self.policies = ["adversarial", "random", "bang_bang"] + (["bundle"] if bundle_policy is not None else [])
+        self.policies = ([p for p in REFERENCE_POLICIES if p != "legacy"]  # the attacks (the legacy one is trusted)
+                         + (["bundle"] if bundle_policy is not None else []))
         self.n_constraints = len(spec.constraints)
         self.evaluated = 0
         self.best: dict | None = None

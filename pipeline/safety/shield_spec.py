@@ -48,17 +48,16 @@ def linearize_mujoco(nominal, state_obs: list[int]) -> tuple[np.ndarray, np.ndar
     return A_obs, B_obs, c
 
 
-def _latency_range(cfg) -> tuple[int, int]:
+def _latency_range(cfg, envelopes) -> tuple[int, int]:
     """(fewest, most) control steps of actuation latency the shield predicts for: `shield.latency_min_steps` and
-    `shield.latency_steps`, each by default what the randomization sets admit. Every set, not only reality: each
-    one is a promise about where the plant may be (a set without `latency_steps` admits 0)."""
-    sets = list(cfg.randomization.values())
+    `shield.latency_steps`, each by default what the randomization sets admit (`envelopes`: every set, not only
+    reality, is a promise about where the plant may be)."""
     most = cfg.shield.latency_steps
     if most is None:
-        most = max((r.latency_steps.high for r in sets if r.latency_steps is not None), default=0)
+        most = max((e.latency_max for e in envelopes), default=0)
     fewest = cfg.shield.latency_min_steps
     if fewest is None:
-        fewest = min(min((r.latency_steps.low if r.latency_steps is not None else 0 for r in sets), default=most), most)
+        fewest = min(min((e.latency_min for e in envelopes), default=most), most)
     return fewest, most
 
 
@@ -133,9 +132,9 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
     disturbance = [0.0] * len(pos) if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
     if len(disturbance) != len(pos):
         raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
-    latency_min, latency = _latency_range(cfg)
     envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator", full_accel, plant,
                               cross_accel, disturbance, dt)
+    latency_min, latency = _latency_range(cfg, envelopes)
     kick = push_velocity(envelopes, brake)
     spec = {
         "schema_version": 1, "task": cfg.task.name, "obs_dim": obs_dim, "act_dim": act_dim, "dt": dt,

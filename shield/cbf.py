@@ -3,7 +3,8 @@
 Each step, for the observation ``o`` and the policy's action ``u_p``:
 
 1. The shield state ``x = [o[state_index], z]`` (``z``: predicted-only internal
-   states such as the realized acceleration of a lagged inner loop) is predicted
+   states such as the realized acceleration of a lagged inner loop; the angles of
+   joints that turn without limit read wrapped, `ShieldSpec.angles`) is predicted
    through the ``latency_steps`` actions already sent but not yet applied. With
    ``input_gain_error`` > 0 there are two cases, the input's effect at
    (1 - err) and (1 + err) x nominal, each with its own internal states and
@@ -118,6 +119,7 @@ class CbfShield:
         self._fallback32 = self._fallback.astype(np.float32)
         self.constraint_names = [c["name"] for c in spec.constraints]
         self._obs_src = np.tile(self._state_index, self._cases)  # obs entries of every case's state
+        self._angles = spec.angles or []  # (obs index, center): read wrapped into (center - pi, center + pi]
         rows = BarrierRows(spec, self._nz, self._B, scales)
         # The rows' arrays, bound here once (the keep-out update changes them in place).
         C, R = self._cases, rows.R
@@ -226,7 +228,9 @@ class CbfShield:
         """Evaluate the rows at `obs` (the fallback action loaded), leaving the per-call buffers set; no state change."""
         pred = self._predictor
         saved = pred.v.copy()
-        pred.load_observation(np.asarray(obs, np.float64)[self._obs_src])
+        obs_list = np.asarray(obs, np.float64).tolist()
+        self._wrap_angles(obs_list)
+        pred.load_observation(np.array(obs_list)[self._obs_src])
         pred.load_action(self._fallback)
         self._rows.steer_now = steering
         try:
@@ -270,6 +274,8 @@ class CbfShield:
         act_ok = action.shape == self._act_shape and all(map(math.isfinite, act_list))
         bad = not (obs_ok and act_ok)
         pred = self._predictor
+        if obs_ok and self._angles and self._wrap_angles(obs_list):
+            obs = np.array(obs_list)
         if obs_ok:
             if self._predictor.monitor is not None and self._monitor.observe(obs_list) != self._envelope:
                 self._envelope = self._monitor.flagged
@@ -305,6 +311,22 @@ class CbfShield:
         pred.commit(u, have_state=True)
         intervened = bad or out.tolist() != act_list  # float compare, like np.array_equal
         return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
+
+    def _wrap_angles(self, obs_list: list) -> bool:
+        """Wrap the spec's angle entries of `obs_list` into (center - pi, center + pi], in place; True if one moved.
+
+        The model was linearized there: a multi-turn encoder count, or a pole that fell and spun round, read
+        as it comes would put the linearization radians from where it holds (and a cart-pole's coupling to its
+        pole, linear in the angle, would grow without bound). An angle already in range is left bitwise as is.
+        """
+        moved = False
+        for i, center in self._angles:
+            a = obs_list[i]
+            if not center - math.pi < a <= center + math.pi:
+                r = math.remainder(a - center, 2.0 * math.pi)  # in [-pi, pi]
+                obs_list[i] = center + (r if r > -math.pi else math.pi)
+                moved = True
+        return moved
 
     def _uncredited_accepts(self) -> np.ndarray | None:
         """The credited rows reject the loaded action (`_loaded_action_is_safe` has left the conditions in

@@ -2,7 +2,11 @@
 
 This module owns the schema. A spec holds:
 
-- how the shield's state is read from the observation (`state_index`),
+- how the shield's state is read from the observation (`state_index`), and
+  which of its entries are angles of joints that turn without limit
+  (`angles`: each read wrapped into (center - pi, center + pi], the range the
+  model was linearized over; a multi-turn encoder count or a fallen pole that
+  spun round is then the plant state it is, not a linearization far outside it),
 - a nominal control-affine model, either ``linear`` (discrete time,
   ``x+ = A x + B u + c`` over ``[obs[state_index], internal]``; the internal
   states are predicted only, e.g. an actuator lag) or ``double_integrator``
@@ -172,6 +176,9 @@ class ShieldSpec:
     # Per position, (toward -, toward +): the speed (units/s) a push may leave that the braking toward that side
     # cannot take off while it lasts (None: zero); every barrier row brakes from its closing speed plus it.
     push_velocity: list[tuple[float, float]] | None = None
+    # Observation entries that are angles of joints that turn without limit, with the angle each is wrapped
+    # around: the shield reads each in (center - pi, center + pi]. None: no entry is wrapped.
+    angles: list[tuple[int, float]] | None = None
 
     def __post_init__(self):
         if self.brake_accel_pairs is None:
@@ -186,7 +193,7 @@ class ShieldSpec:
         known = {"schema_version", "task", "obs_dim", "act_dim", "dt", "action_low", "action_high",
                  "state_index", "model", "kinematics", "constraints", "latency_steps", "latency_min_steps", "margin",
                  "input_gain_error",
-                 "disturbance_accel", "push_velocity",
+                 "disturbance_accel", "push_velocity", "angles",
                  "fallback_action", "assumptions"}
         for k in d:
             if k not in known:
@@ -249,6 +256,9 @@ class ShieldSpec:
         kick = d.get("push_velocity")
         if kick is not None:
             kick = direction_pairs(kick, len(pos), "push_velocity", zero_ok=True)
+        angles = d.get("angles")
+        if angles is not None:
+            angles = _angles(angles, obs_dim, state_index)
         fallback = d.get("fallback_action")
         if fallback is not None:
             fallback = _finite(fallback, "fallback_action", act_dim)
@@ -266,7 +276,7 @@ class ShieldSpec:
                    brake_accel=brake, brake_accel_pairs=pairs, constraints=constraints, latency_steps=latency, margin=margin,
                    input_gain_error=gain_error, disturbance_accel=disturbance,
                    fallback_action=fallback, assumptions=assumptions, task=task, keepout_steering=steering,
-                   latency_min_steps=latency_min, push_velocity=kick)
+                   latency_min_steps=latency_min, push_velocity=kick, angles=angles)
 
     @staticmethod
     def _check_model(model: Any, n: int, m: int, state_index: list[int], pos: list[int], vel: list[int]) -> None:
@@ -337,6 +347,8 @@ class ShieldSpec:
             "input_gain_error": self.input_gain_error,
             "disturbance_accel": list(self.disturbance_accel or [0.0] * len(self.position_index)),
             **({"push_velocity": pairs_to_list(self.push_velocity)} if self.push_velocity is not None else {}),
+            **({"angles": {"index": [i for i, _ in self.angles], "center": [c for _, c in self.angles]}}
+               if self.angles is not None else {}),
             "fallback_action": self.fallback_action,
             "assumptions": self.assumptions,
         }
@@ -379,6 +391,22 @@ class ShieldSpec:
             model.c_gain = with_scaled.c - model.c
             model.internal_init_gain = scaled.copy() if model.internal_dim else None
         return model
+
+
+def _angles(value: Any, obs_dim: int, state_index: list[int]) -> list[tuple[int, float]]:
+    """`angles`: {"index": observation entries in state_index, "center": the angle each is wrapped around
+    (default 0 each)}, as (index, center) pairs."""
+    if not isinstance(value, dict):
+        _fail("angles", f"must be a mapping with index (and center), got {value!r}")
+    for k in value:
+        if k not in ("index", "center"):
+            _fail(f"angles.{k}", "unknown key")
+    index = _indices(_need(value, "index", "angles"), "angles.index", obs_dim)
+    for i in index:
+        if i not in state_index:
+            _fail("angles.index", f"observation index {i} is not in state_index")
+    center = _finite(value.get("center", [0.0] * len(index)), "angles.center", len(index))
+    return list(zip(index, center))
 
 
 def brake_pairs(value: Any, k: int) -> list[tuple[float, float]]:

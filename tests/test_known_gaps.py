@@ -20,6 +20,11 @@ the pass into a failure, the marker comes off, and the test guards the fix (none
   (envs/quadrotor_inner_loop.py); the bang-bang reference policy (`--policy bang_bang`) searches for the pattern on
   every corner (tests/test_envelope_corners.py). Over 200 corner episodes under flipping set-points the shielded
   quadrotor left its fence in 33 before, 0 after.
+- cart-pole, fallen pole (closed): the env ends an episode at 0.6 rad, a real plant goes on. The shield read the pole
+  angle as it came, and a pole that spun round put the linearization radians from where it holds: the cart's
+  coupling to the pole, linear in the angle, grew with every turn (0.63 m/s^2 per rad), and bang-bang left the band
+  on 5 of 64 corners, the adversary on 4. The spec now declares the hinges that turn without limit (`angles`) and
+  the shield reads them wrapped into (-pi, pi].
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ from pipeline.safety.shield_spec import build_shield_spec
 from shield.cbf import CbfShield
 
 
-def _shielded_violations(cfg, env, policy, seed: int, steps: int, start: dict | None = None) -> int:
+def _shielded_violations(cfg, env, policy, seed: int, steps: int, start: dict | None = None,
+                         through_termination: bool = False) -> int:
     shield = CbfShield(build_shield_spec(cfg))
     obs, _ = env.reset(seed=seed)
     if start is not None:
@@ -48,7 +54,7 @@ def _shielded_violations(cfg, env, policy, seed: int, steps: int, start: dict | 
         action, _ = shield.filter(np.asarray(obs, np.float32), policy(t))
         obs, _, terminated, truncated, info = env.step(action)
         violations += info["cost"] > 0
-        if terminated or truncated:
+        if (terminated and not through_termination) or truncated:
             break
     env.close()
     return violations
@@ -94,3 +100,18 @@ def test_quadrotor_pushed_while_it_brakes_at_the_weakest_corner_stays_inside_its
     high, half = np.array([False, True, False]), np.array([15, 28, 11])
     policy = lambda t: np.float32(np.where(high ^ ((t // half) % 2).astype(bool), 1.0, -1.0))  # noqa: E731
     assert _shielded_violations(cfg, env, policy, 45038, 1000) == 0
+
+
+def test_cartpole_after_its_pole_has_fallen_keeps_the_cart_in_its_band():
+    """Closed this session: stepped on past the env's 0.6 rad termination, as a real plant goes on, bang-bang took
+    the cart past its band 58 times in 500 steps here (the first at step 283, the pole some turns round)."""
+    from pipeline.evaluation.adversary import reference_policy
+    from pipeline.evaluation.falsify import corner_domains, envelope_set
+    from shield.spec import ShieldSpec
+
+    cfg = load_config("configs/cartpole.yaml")
+    corner = corner_domains(envelope_set(cfg))[43]  # heavy cart, light pole, strong motor, latency 3
+    env = make_env(cfg, parse_randomization(corner), 10**6)
+    policy = reference_policy("bang_bang", cfg, ShieldSpec.from_dict(build_shield_spec(cfg)), seed=43)
+    no_obs = np.zeros((1, 5), np.float32)  # bang-bang reads no observation
+    assert _shielded_violations(cfg, env, lambda t: policy(no_obs)[0], 43000, 500, through_termination=True) == 0

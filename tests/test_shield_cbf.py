@@ -181,6 +181,41 @@ def test_every_action_is_inside_the_declared_box_even_where_a_bound_has_no_float
     assert (u.astype(np.float64) >= [-0.3, -0.7]).all() and (u.astype(np.float64) <= [0.3, 0.7]).all(), u.tolist()
 
 
+_CARTPOLE = {}
+
+
+def _cartpole_specs() -> tuple[dict, dict]:
+    """The cart-pole's spec (its pole angle declared an angle) and the same spec without `angles`."""
+    if not _CARTPOLE:
+        spec = build_shield_spec(load_config("configs/cartpole.yaml"))
+        _CARTPOLE["specs"] = spec, {k: v for k, v in spec.items() if k != "angles"}
+    return _CARTPOLE["specs"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(theta=st.floats(-np.pi, np.pi), turns=st.integers(-60, 60), x=st.floats(-1.2, 1.2), x_dot=st.floats(-4.0, 4.0),
+       theta_dot=st.floats(-30.0, 30.0), action=st.floats(-1.0, 1.0, width=32))
+def test_the_pole_angle_reads_the_same_after_any_number_of_turns(theta, turns, x, x_dot, theta_dot, action):
+    """A pole that fell and spun round is the plant state it is: the shield's action and barrier values at
+    theta + 2 pi k are those at theta (the linearization holds near upright; the cart's coupling to the pole,
+    linear in the angle, grew with every turn before). Inside (-pi, pi] the reading is bitwise the unwrapped one."""
+    with_angles, without = _cartpole_specs()
+    obs = np.array([x, theta, x_dot, theta_dot, 0.0])
+    turned = obs.copy()
+    turned[1] = theta + 2.0 * np.pi * turns
+    u = np.float32([action])
+    out_turned, info_turned = CbfShield(with_angles).filter(turned, u)
+    out, info = CbfShield(with_angles).filter(obs, u)
+    if theta > -np.pi:  # in range: exactly what a shield that wraps nothing does
+        plain, plain_info = CbfShield(without).filter(obs, u)
+        assert out.tobytes() == plain.tobytes() and np.array_equal(info["h"], plain_info["h"])
+    assume(abs(float(info["h"].min())) > 1e-6)  # not on the edge where braking starts (a jump there is right)
+    assume(np.pi - abs(theta) > 1e-9)  # nor at upside down itself, where a turn's rounding picks the side
+    np.testing.assert_allclose(out_turned, out, atol=1e-5)
+    np.testing.assert_allclose(info_turned["h"], info["h"], rtol=1e-9, atol=1e-9)
+    assert -1.0 <= float(out_turned[0]) <= 1.0
+
+
 def test_adversary_never_crosses_a_constraint():
     rng = np.random.default_rng(11)
     spec = planar_double_integrator(latency_steps=2, response_time_s=0.05, margin=0.03, input_gain_error=0.3)

@@ -45,6 +45,14 @@ def test_round_trip_through_a_file(tmp_path):
     (lambda d: d.update(push_velocity=[0.1]), "push_velocity"),
     (lambda d: d.update(push_velocity=[0.1, -0.2]), "push_velocity[1]"),
     (lambda d: d.update(push_velocity=[0.1, float("inf")]), "push_velocity[1]"),
+    (lambda d: d.update(angles=[1]), "angles"),
+    (lambda d: d.update(angles={"index": [9]}), "angles.index[0]"),
+    (lambda d: d.update(angles={"index": [1, 1]}), "angles.index"),
+    (lambda d: (d.update(obs_dim=5, angles={"index": [4]}), d["constraints"][1].update(a=[1.0, 1.0, 0.0, 0.0, 0.0])),
+     "angles.index"),  # entry 4 is observed but not in state_index
+    (lambda d: d.update(angles={"index": [1], "center": [float("nan")]}), "angles.center[0]"),
+    (lambda d: d.update(angles={"index": [1], "center": [0.0, 1.0]}), "angles.center"),
+    (lambda d: d.update(angles={"index": [1], "centre": [0.0]}), "angles.centre"),
 ])
 def test_invalid_spec_names_the_key(edit, key):
     d = copy.deepcopy(planar_double_integrator())
@@ -52,6 +60,26 @@ def test_invalid_spec_names_the_key(edit, key):
     with pytest.raises(ShieldSpecError) as err:
         ShieldSpec.from_dict(d)
     assert key in str(err.value)
+
+
+def test_angles_round_trip_and_the_builder_declares_exactly_the_hinges_that_turn_without_limit():
+    d = planar_double_integrator()
+    d["angles"] = {"index": [1], "center": [0.5]}
+    spec = ShieldSpec.from_dict(d)
+    assert spec.angles == [(1, 0.5)]
+    assert ShieldSpec.from_dict(spec.to_dict()).to_dict() == spec.to_dict()
+    d["angles"] = {"index": [1]}
+    assert ShieldSpec.from_dict(d).angles == [(1, 0.0)]  # the center defaults to 0
+    assert "angles" not in ShieldSpec.from_dict(planar_double_integrator()).to_dict()
+
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    # The cart-pole's pole hinge has no range (it can fall and spin round); the arm's joints have ranges and
+    # the quadrotor's shield state has no angle: their specs are what they were.
+    assert build_shield_spec(load_config("configs/cartpole.yaml"))["angles"] == {"index": [1], "center": [0.0]}
+    for task in ("arm", "quadrotor"):
+        assert "angles" not in build_shield_spec(load_config(f"configs/{task}.yaml"))
 
 
 def test_load_reports_unreadable_and_non_json_files(tmp_path):

@@ -108,6 +108,7 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         full_accel = [float(r.sum()) for r in rows]
         cross_accel = [float(r.sum() - r.max()) for r in rows]
         damping = [_joint_damping(nominal, o) for o in pos]  # the model's own damping of each position
+        angles = _unlimited_angles(nominal, state_index)
     elif safety["model"] == "double_integrator":
         scale = np.asarray(safety["action_scale"], np.float64)
         state_index = pos + vel
@@ -121,6 +122,7 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         full_accel = [float(scale[i] * full[i]) for i in range(len(pos))]
         cross_accel = [0.0] * len(pos)  # one input per axis
         damping = [(0.0, "")] * len(pos)
+        angles = []
     else:
         raise ShieldSpecError(f"task {cfg.task.env_id}: unsupported shield model {safety['model']!r}")
     brake = [sc.brake_fraction * a for a in full_accel]
@@ -151,6 +153,8 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         # Absent where every push fits inside the braking margin and the declared disturbance (the same spec as
         # before the key existed).
         **({"push_velocity": pairs_to_list(kick)} if any(map(any, kick)) else {}),
+        # The angles of hinges without a range, wrapped around the operating point (absent where there are none).
+        **({"angles": {"index": [o for o, _ in angles], "center": [c for _, c in angles]}} if angles else {}),
         "fallback_action": np.clip(0.0, low, high).tolist(),
         "assumptions": {
             "max_latency_s": latency * dt,
@@ -169,6 +173,23 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         if problems:
             raise EnvelopeError("the config admits plants the shield cannot keep safe:\n  " + "\n  ".join(problems))
     return spec
+
+
+def _unlimited_angles(nominal, state_index: list[int]) -> list[tuple[int, float]]:
+    """(observation index, operating-point angle) of each observed hinge angle whose joint has no range: such a
+    joint turns without limit (a pole that falls spins round), and the shield reads it wrapped around where the
+    model was linearized. A hinge with a range stays inside it: read as it is."""
+    import mujoco
+
+    model, out = nominal.model, []
+    for o in state_index:
+        kind, i = nominal.obs_to_state[o]
+        if kind != "qpos":
+            continue
+        joint = next(j for j in range(model.njnt) if int(model.jnt_qposadr[j]) == i)
+        if int(model.jnt_type[joint]) == mujoco.mjtJoint.mjJNT_HINGE and not model.jnt_limited[joint]:
+            out.append((o, float(nominal.qpos[i])))
+    return out
 
 
 def _joint_damping(nominal, obs_index: int) -> tuple[float, str]:

@@ -18,7 +18,11 @@ for some velocity, where sigma_W is the standard deviation of the sum of W
 residuals under the declared observation noise (``assumptions.obs_noise_std``;
 for an integrator the noise telescopes, so sigma_W hardly grows with W while a
 persistent model error grows linearly). z = 5: about one false flag per 10^6
-windows per velocity under Gaussian noise.
+windows per velocity under Gaussian noise. The window's sums are kept in fixed
+point (integers of 2^-30 units, each term clamped to +-1e30): adding the newest
+term and taking the oldest off is exact, so one huge reading (a sensor glitch)
+leaves no rounding behind once it leaves the window, and no step pays for
+summing the window again.
 
 While flagged the shield runs in its conservative mode (see `shield.cbf`):
 every constraint's class-K gain is divided by CONSERVATIVE_GAIN_DIVISOR, so the
@@ -35,6 +39,8 @@ import math
 import numpy as np
 
 WINDOW = 25  # steps
+_SCALE = float(2 ** 30)  # fixed point of the window's sums: units of 2^-30 (about 1e-9 m/s)
+_BIG = 1e30  # each term is clamped to this (units/s): a float beyond it would not scale to a finite integer
 Z = 5.0  # standard deviations of the windowed noise before a flag
 CONSERVATIVE_GAIN_DIVISOR = 4.0
 
@@ -84,7 +90,7 @@ class AssumptionMonitor:
             for r in vel:
                 first = sig[r] ** 2 + float(np.sum((Aobs[r] * sig) ** 2))
                 middle = float(np.sum(((np.eye(n)[r] - Aobs[r]) * sig) ** 2))
-                row.append(z * math.sqrt(first + (t - 1) * middle))
+                row.append(z * math.sqrt(first + (t - 1) * middle) * _SCALE)
             self._sigma.append(row)
         self._window = window
         self.reset()
@@ -94,10 +100,10 @@ class AssumptionMonitor:
         if not self.enabled:
             return
         self._pred = None
-        self._e = [[0.0] * self._k for _ in range(self._window)]
-        self._a = [[0.0] * self._k for _ in range(self._window)]
-        self._se = [0.0] * self._k
-        self._sa = [0.0] * self._k
+        self._e = [[0] * self._k for _ in range(self._window)]  # per step and velocity, fixed point (see _SCALE)
+        self._a = [[0] * self._k for _ in range(self._window)]
+        self._se = [0] * self._k
+        self._sa = [0] * self._k
         self._count = 0
         self._slot = 0
         self.flagged = False
@@ -128,17 +134,15 @@ class AssumptionMonitor:
             v = obs[o]
             e = v - 0.5 * (lo + hi)
             a = 0.5 * (hi - lo) + accel_dt + per_speed_dt * abs(v)
+            if not (-_BIG < e < _BIG and a < _BIG):  # beyond any plant; NaN: a prediction that overflowed (flags)
+                e = math.copysign(_BIG, e) if -math.inf <= e <= math.inf else _BIG
+                a = a if a < _BIG else (_BIG if a == a else 0.0)
+            e, a = int(e * _SCALE), int(a * _SCALE)
             sum_e = se[q] + e - e_row[q]
             sum_a = sa[q] + a - a_row[q]
             se[q], sa[q], e_row[q], a_row[q] = sum_e, sum_a, e, a
             if abs(sum_e) > sum_a + sigma[q]:
                 flagged = True
-        if slot + 1 < self._window:
-            self._slot = slot + 1
-        else:  # once per window: the sums again from the rows, so no rounding outlives one window
-            self._slot = 0
-            for q in range(k):
-                se[q] = math.fsum(row[q] for row in self._e)
-                sa[q] = math.fsum(row[q] for row in self._a)
+        self._slot = slot + 1 if slot + 1 < self._window else 0
         self.flagged = flagged
         return flagged

@@ -2,6 +2,7 @@
 
     python bench/bench_safety.py [--task cartpole quadrotor arm] [--episodes 100] [--corner-episodes 8]
                                  [--steps 150] [--unshielded-share 0.25] [--bundle TASK=DIR ...] [--json]
+    python bench/bench_safety.py --task cartpole --steps 0 --past-termination   # on past a fallen pole
 
 For each task, the adversarial, random, bang-bang and legacy policies run shielded on
 `train`, `reality` (--episodes each) and on every corner of the config's
@@ -35,10 +36,10 @@ from shield.spec import ShieldSpec
 POLICIES = REFERENCE_POLICIES
 
 
-def _run(cfg, spec, policy_name, domains, episodes, seed, shield, steps) -> dict:
+def _run(cfg, spec, policy_name, domains, episodes, seed, shield, steps, past_termination=False) -> dict:
     policy = reference_policy(policy_name, cfg, spec, seed=seed)
     r = evaluate(cfg, policy, domains=domains, episodes=episodes, seed=seed, shield=shield, spec=spec,
-                 max_episode_steps=steps)
+                 max_episode_steps=steps, past_termination=past_termination)
     return {k: r[k] for k in ("episodes", "steps", "violations", "violation_episodes", "intervention_rate",
                               "envelope_rate", "return_mean")}
 
@@ -54,9 +55,9 @@ def bench_task(task: str, args) -> dict:
     for j, (label, dom, episodes) in enumerate(domains):
         for name in POLICIES:
             seed = 100_000 + 1000 * j
-            on = _run(cfg, spec, name, dom, episodes, seed, True, args.steps)
+            on = _run(cfg, spec, name, dom, episodes, seed, True, args.steps, args.past_termination)
             n_off = max(1, int(round(episodes * args.unshielded_share)))
-            off = _run(cfg, spec, name, dom, n_off, seed, False, args.steps)
+            off = _run(cfg, spec, name, dom, n_off, seed, False, args.steps, args.past_termination)
             rows.append({"domain": label, "policy": name, "shielded": on, "unshielded": off})
             totals["episodes"] += on["episodes"]
             totals["steps"] += on["steps"]
@@ -95,6 +96,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=150, help="steps per episode (the tasks' own length: 0)")
     p.add_argument("--unshielded-share", type=float, default=0.25, help="share of the episodes also run unshielded (at least one per domain and policy: the baseline beside each row)")
     p.add_argument("--bundle", nargs="*", default=[], metavar="TASK=DIR", help="a trained bundle per task")
+    p.add_argument("--past-termination", action="store_true",
+                   help="step on past the task's termination to the episode's length (a cart-pole whose pole fell: "
+                        "a real plant goes on, and so does the shield's job); with --steps 0, the task's length")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     args.steps = args.steps or None

@@ -78,6 +78,9 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--domains", default="train", help="randomization set: train, reality, nominal (none), or FILE.yaml")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
     p.add_argument("--no-shield", action="store_true", help="run the policy without the safety shield")
+    p.add_argument("--past-termination", action="store_true",
+                   help="step on past the task's termination (a fallen pole) to the episode's length, as a real "
+                        "plant goes on: does the shield still hold the limits?")
     p.add_argument("--seed", type=int, default=0, help="first episode seed")
     _json_flag(p)
 

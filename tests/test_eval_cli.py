@@ -21,7 +21,7 @@ KEYS = {"episodes", "return_mean", "return_std", "violations", "violation_episod
 
 def _args(**kw) -> argparse.Namespace:
     base = dict(bundle=None, policy="adversarial", config="configs/cartpole.yaml", domains="reality", episodes=3,
-                no_shield=False, seed=0, json=True)
+                no_shield=False, seed=0, json=True, past_termination=False)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -34,6 +34,19 @@ def test_cli_prints_one_json_object_with_the_safety_figures(capsys):
     assert run_cli(_args(no_shield=True)) == 0
     bare = json.loads(capsys.readouterr().out)
     assert bare["violations"] > 0 and bare["intervention_rate"] == 0
+
+
+def test_past_termination_steps_on_past_a_fallen_pole_and_the_shield_still_holds_the_band(capsys):
+    """bang-bang drops the pole within a second: the task ends there; with --past-termination each episode runs
+    its full 500 steps (the pole swinging and spinning round) and the cart stays on its band."""
+    assert run_cli(_args(policy="bang_bang")) == 0
+    ended = json.loads(capsys.readouterr().out)
+    assert ended["steps"] < 3 * 500
+    assert run_cli(_args(policy="bang_bang", past_termination=True)) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert on["steps"] == 3 * 500 and on["violations"] == 0
+    assert run_cli(_args(policy="bang_bang", past_termination=True, no_shield=True)) == 0
+    assert json.loads(capsys.readouterr().out)["violations"] > 0  # the band is at stake there
 
 
 def test_same_seed_gives_the_same_figures():

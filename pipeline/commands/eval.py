@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
         spec = ShieldSpec.from_dict(build_shield_spec(cfg))
         policy = reference_policy(args.policy, cfg, spec, seed=args.seed)
     result = evaluate(cfg, policy, domains=args.domains, episodes=args.episodes, seed=args.seed,
-                      shield=use_shield, spec=spec, progress=not args.json and args.episodes > 1)
+                      shield=use_shield, spec=spec, progress=not args.json and args.episodes > 1,
+                      past_termination=args.past_termination)
     result["policy"] = args.bundle or args.policy
     emit(args, result, "\n".join(f"{key:>20}: {result[key]}" for key in _SUMMARY_KEYS))
     return 0

@@ -207,8 +207,10 @@ class RunTotals:
         return out
 
 
-def run_episodes(env, driver: Driver, seeds: list[int], *, dt: float, observers=(), progress: str | None = None) -> RunTotals:
-    """Run one episode per seed with `driver` acting; observers see every step. Returns the run's totals."""
+def run_episodes(env, driver: Driver, seeds: list[int], *, dt: float, observers=(), progress: str | None = None,
+                 past_termination: bool = False) -> RunTotals:
+    """Run one episode per seed with `driver` acting; observers see every step. Returns the run's totals.
+    `past_termination`: an episode ends only when truncated (its length), not when the task terminates."""
     totals = RunTotals(seeds=list(seeds))
     bar = _progress(len(seeds), progress)
     try:
@@ -224,7 +226,7 @@ def run_episodes(env, driver: Driver, seeds: list[int], *, dt: float, observers=
                 latency = (time.perf_counter_ns() - t0) / 1e3
                 next_obs, reward, terminated, truncated, info = env.step(action)
                 cost = float(info.get("cost", 0.0))
-                done = bool(terminated or truncated)
+                done = bool(truncated or (terminated and not past_termination))
                 total += float(reward)
                 violations += cost > 0.0
                 totals.latency_us.append(latency)

@@ -29,10 +29,12 @@ __all__ = ["evaluate", "reference_policy"]
 
 def evaluate(cfg, policy, *, domains: Any = "train", episodes: int = 20, seed: int = 0, shield: bool = True,
              spec: dict | ShieldSpec | None = None, max_episode_steps: int | None = None,
-             progress: bool = False) -> dict:
+             progress: bool = False, past_termination: bool = False) -> dict:
     """Run `policy` for `episodes` seeded episodes (seeds seed, seed + 1, ...); returns returns, violations and
     shield figures. `policy` is a batch policy, shielded here by `spec` (default: built from the config), or an
-    EdgeRuntime, which brings its own shield (shield.json) and is run exactly as `serve` runs it."""
+    EdgeRuntime, which brings its own shield (shield.json) and is run exactly as `serve` runs it.
+    `past_termination`: step on past the task's termination (a fallen pole) to the episode's length, as a real
+    plant goes on: the shield's job does not end where the task's does."""
     from shield.runtime import EdgeRuntime
 
     if isinstance(policy, EdgeRuntime):
@@ -51,7 +53,7 @@ def evaluate(cfg, policy, *, domains: Any = "train", episodes: int = 20, seed: i
     env = make_env(cfg, resolve_domains(cfg, domains), max_episode_steps)
     try:
         totals = run_episodes(env, driver, list(range(seed, seed + episodes)), dt=control_period_s(cfg),
-                              progress="eval" if progress else None)
+                              progress="eval" if progress else None, past_termination=past_termination)
     finally:
         env.close()
     return {"task": cfg.task.name, "domains": domains_label(domains), "shield": bool(shield), "seed": seed,

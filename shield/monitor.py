@@ -18,11 +18,12 @@ for some velocity, where sigma_W is the standard deviation of the sum of W
 residuals under the declared observation noise (``assumptions.obs_noise_std``;
 for an integrator the noise telescopes, so sigma_W hardly grows with W while a
 persistent model error grows linearly). z = 5: about one false flag per 10^6
-windows per velocity under Gaussian noise. The window's sums are kept in fixed
-point (integers of 2^-30 units, each term clamped to +-1e30): adding the newest
-term and taking the oldest off is exact, so one huge reading (a sensor glitch)
-leaves no rounding behind once it leaves the window, and no step pays for
-summing the window again.
+windows per velocity under Gaussian noise. The window's sums are running sums
+(the newest term added, the oldest taken off); a term far beyond any plant's (a
+sensor glitch of 1e20, or a non-finite prediction, clamped to +-1e30) would
+leave its rounding in them, so once such a term has left the window the sums
+are taken again from the rows, exactly (`math.fsum`), and only then: no step
+pays for re-summing in normal running.
 
 While flagged the shield runs in its conservative mode (see `shield.cbf`):
 every constraint's class-K gain is divided by CONSERVATIVE_GAIN_DIVISOR, so the
@@ -39,8 +40,8 @@ import math
 import numpy as np
 
 WINDOW = 25  # steps
-_SCALE = float(2 ** 30)  # fixed point of the window's sums: units of 2^-30 (about 1e-9 m/s)
-_BIG = 1e30  # each term is clamped to this (units/s): a float beyond it would not scale to a finite integer
+_GLITCH = 1e6  # units/s: a residual term beyond this (no plant's) is a glitch; the sums are re-taken once it leaves
+_BIG = 1e30  # and it is clamped to this, so the sums stay finite (a NaN term counts as this far off)
 Z = 5.0  # standard deviations of the windowed noise before a flag
 CONSERVATIVE_GAIN_DIVISOR = 4.0
 
@@ -90,7 +91,7 @@ class AssumptionMonitor:
             for r in vel:
                 first = sig[r] ** 2 + float(np.sum((Aobs[r] * sig) ** 2))
                 middle = float(np.sum(((np.eye(n)[r] - Aobs[r]) * sig) ** 2))
-                row.append(z * math.sqrt(first + (t - 1) * middle) * _SCALE)
+                row.append(z * math.sqrt(first + (t - 1) * middle))
             self._sigma.append(row)
         self._window = window
         self.reset()
@@ -100,10 +101,11 @@ class AssumptionMonitor:
         if not self.enabled:
             return
         self._pred = None
-        self._e = [[0] * self._k for _ in range(self._window)]  # per step and velocity, fixed point (see _SCALE)
-        self._a = [[0] * self._k for _ in range(self._window)]
-        self._se = [0] * self._k
-        self._sa = [0] * self._k
+        self._e = [[0.0] * self._k for _ in range(self._window)]
+        self._a = [[0.0] * self._k for _ in range(self._window)]
+        self._se = [0.0] * self._k
+        self._sa = [0.0] * self._k
+        self._resum_in = 0  # calls until a glitch's term has left the window (0: none in it)
         self._count = 0
         self._slot = 0
         self.flagged = False
@@ -127,22 +129,31 @@ class AssumptionMonitor:
         se, sa = self._se, self._sa
         self._count = count = min(self._count + 1, self._window)
         sigma = self._sigma[count - 1]
-        flagged = False
+        flagged = glitch = False
         for q, (o, accel_dt, per_speed_dt) in enumerate(self._per_velocity):
             values = pred[q::k]
             lo, hi = min(values), max(values)
             v = obs[o]
             e = v - 0.5 * (lo + hi)
             a = 0.5 * (hi - lo) + accel_dt + per_speed_dt * abs(v)
-            if not (-_BIG < e < _BIG and a < _BIG):  # beyond any plant; NaN: a prediction that overflowed (flags)
-                e = math.copysign(_BIG, e) if -math.inf <= e <= math.inf else _BIG
-                a = a if a < _BIG else (_BIG if a == a else 0.0)
-            e, a = int(e * _SCALE), int(a * _SCALE)
+            if not (-_GLITCH < e < _GLITCH and a < _GLITCH):
+                glitch = True
+                if not (-_BIG < e < _BIG and a < _BIG):  # non-finite, or too big to sum: clamped (NaN: flags)
+                    e = math.copysign(_BIG, e) if -math.inf <= e <= math.inf else _BIG
+                    a = a if a < _BIG else (_BIG if a == a else 0.0)
             sum_e = se[q] + e - e_row[q]
             sum_a = sa[q] + a - a_row[q]
             se[q], sa[q], e_row[q], a_row[q] = sum_e, sum_a, e, a
             if abs(sum_e) > sum_a + sigma[q]:
                 flagged = True
         self._slot = slot + 1 if slot + 1 < self._window else 0
+        if glitch:
+            self._resum_in = self._window
+        elif self._resum_in:
+            self._resum_in -= 1
+            if not self._resum_in:  # the last glitch's row was overwritten just now: take the sums again
+                for q in range(k):
+                    se[q] = math.fsum(row[q] for row in self._e)
+                    sa[q] = math.fsum(row[q] for row in self._a)
         self.flagged = flagged
         return flagged

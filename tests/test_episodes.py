@@ -31,7 +31,7 @@ def test_eval_shadow_and_bench_report_identical_figures(bundle, capsys, tmp_path
     doc["task"]["max_episode_steps"] = 120
     short.write_text(yaml.safe_dump(doc, sort_keys=False))  # set order is draw order
     args = argparse.Namespace(bundle=str(bundle), policy=None, config=str(short), domains="reality", episodes=3,
-                              no_shield=False, seed=cfg.shadow.seed, json=True)
+                              no_shield=False, seed=cfg.shadow.seed, json=True, past_termination=False)
     assert eval_cli(args) == 0
     by_eval = json.loads(capsys.readouterr().out)
     _, cf, shadow = evaluate_candidate(EdgeRuntime.load(bundle), cfg, domains="reality")
@@ -77,7 +77,7 @@ def test_a_plain_gymnasium_env_trains_by_id_and_export_eval_say_why_not(tmp_path
     with pytest.raises(ConfigError, match=r"task\.env_id.*HalfCheetah-v5.*declaration"):
         build_shield_spec(cfg)  # what export calls: a clear error, not a traceback
     args = argparse.Namespace(bundle=None, policy="random", config=str(path), domains="train", episodes=1,
-                              no_shield=False, seed=0, json=True)
+                              no_shield=False, seed=0, json=True, past_termination=False)
     assert eval_cli(args) == 2
     err = capsys.readouterr().err
     assert "HalfCheetah-v5" in err and "Traceback" not in err

@@ -347,8 +347,7 @@ class ShieldSpec:
             "input_gain_error": self.input_gain_error,
             "disturbance_accel": list(self.disturbance_accel or [0.0] * len(self.position_index)),
             **({"push_velocity": pairs_to_list(self.push_velocity)} if self.push_velocity is not None else {}),
-            **({"angles": {"index": [i for i, _ in self.angles], "center": [c for _, c in self.angles]}}
-               if self.angles is not None else {}),
+            **({"angles": angles_to_dict(self.angles)} if self.angles is not None else {}),
             "fallback_action": self.fallback_action,
             "assumptions": self.assumptions,
         }
@@ -407,6 +406,11 @@ def _angles(value: Any, obs_dim: int, state_index: list[int]) -> list[tuple[int,
             _fail("angles.index", f"observation index {i} is not in state_index")
     center = _finite(value.get("center", [0.0] * len(index)), "angles.center", len(index))
     return list(zip(index, center))
+
+
+def angles_to_dict(angles: list[tuple[int, float]]) -> dict:
+    """(observation index, center) pairs in the spec's form, {"index": [...], "center": [...]} (inverse of `_angles`)."""
+    return {"index": [i for i, _ in angles], "center": [c for _, c in angles]}
 
 
 def brake_pairs(value: Any, k: int) -> list[tuple[float, float]]:

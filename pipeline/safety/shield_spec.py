@@ -15,7 +15,7 @@ import numpy as np
 from pipeline.config import ConfigError
 from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, envelope_problems, monitor_bounds, plant_weights,
                                      push_velocity, set_envelopes)
-from shield.spec import ShieldSpec, ShieldSpecError, brake_pairs, pairs_to_list
+from shield.spec import ShieldSpec, ShieldSpecError, angles_to_dict, brake_pairs, pairs_to_list
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
 _STATEMENT = ("No constraint is violated while the actuation latency is at most max_latency_s, the "
@@ -154,7 +154,7 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         # before the key existed).
         **({"push_velocity": pairs_to_list(kick)} if any(map(any, kick)) else {}),
         # The angles of hinges without a range, wrapped around the operating point (absent where there are none).
-        **({"angles": {"index": [o for o, _ in angles], "center": [c for _, c in angles]}} if angles else {}),
+        **({"angles": angles_to_dict(angles)} if angles else {}),
         "fallback_action": np.clip(0.0, low, high).tolist(),
         "assumptions": {
             "max_latency_s": latency * dt,
@@ -186,7 +186,7 @@ def _unlimited_angles(nominal, state_index: list[int]) -> list[tuple[int, float]
         kind, i = nominal.obs_to_state[o]
         if kind != "qpos":
             continue
-        joint = next(j for j in range(model.njnt) if int(model.jnt_qposadr[j]) == i)
+        joint = int(model.dof_jntid[i])  # a linear model's joints are hinges and slides: qpos address = dof
         if int(model.jnt_type[joint]) == mujoco.mjtJoint.mjJNT_HINGE and not model.jnt_limited[joint]:
             out.append((o, float(nominal.qpos[i])))
     return out

@@ -21,7 +21,7 @@ ENV_ID = "sim2real/CartPoleRail-v0"
 # On held-out plants the shipped policy must hold its own against the controller it replaces
 # (the gate itself asks for 0.8; issue 13 asks for a median ratio >= 1.0 over fresh runs).
 REALITY_RATIO = 0.95
-TRAIN_RATIO = 0.9
+TRAIN_RATIO = 0.95
 
 
 def episode_returns(policy, randomization, seeds) -> np.ndarray:
@@ -62,13 +62,14 @@ def test_cartpole_matches_legacy_on_reality(trained_cartpole):
     learned_r, legacy_r = episode_returns(shipped, reality, seeds), episode_returns(legacy, reality, seeds)
     assert learned_r.mean() >= REALITY_RATIO * legacy_r.mean(), (learned_r.mean(), legacy_r.mean())
 
-    # The train plants at the latencies a plant is expected to have (`reality`'s, up to 40 ms).
-    # `train` reaches one step further (60 ms) as a training margin; at this budget the policy
-    # still drops the pole on some 60 ms plants (up to 4+ of 30 episodes in CI; issue 13 tracks it).
-    # 30 episodes: one dropped pole moves a 10-episode mean by ~8 %, so 10 could not tell a policy
-    # that learned its train plants from one that did not.
+    # The train plants (train's mass, gain and damping ranges: lighter carts and poles than reality's) with
+    # the latencies and pushes a plant is expected to have, reality's. `train` goes one step further (60 ms)
+    # and pushes twice as hard, twice as often: training margins, not plants. How well a policy recovers from
+    # those 2x pushes varies from run to run among policies equally good on every plant: over 13 fresh runs
+    # at this budget 0.905-1.007 of legacy (0.854-0.883 in 3 CI runs), against 1.009-1.019 for the same 13
+    # with reality's pushes. 30 episodes: one dropped pole moves a 10-episode mean by ~8 %.
     train_set = cfg.randomization["train"].model_dump(mode="json")
-    train_set["latency_steps"] = reality["latency_steps"]
+    train_set["latency_steps"], train_set["push"] = reality["latency_steps"], reality["push"]
     seeds = np.arange(10_000, 10_030)  # not the actors' seeds
     learned_t, legacy_t = episode_returns(shipped, train_set, seeds), episode_returns(legacy, train_set, seeds)
     assert learned_t.mean() >= TRAIN_RATIO * legacy_t.mean(), (learned_t.mean(), legacy_t.mean())

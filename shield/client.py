@@ -34,12 +34,17 @@ class PolicyClient:
     def __init__(self, host: str, port: int, key: bytes | None = None, *, timeout_s: float = 1.0,
                  busy_poll: bool = False):
         """`busy_poll`: wait for replies by spinning (no wake-up latency, one CPU busy while waiting)."""
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 (seconds to wait for a reply), got {timeout_s!r}")
         self.address = (host, int(port))
         self.busy_poll = busy_poll
         self.key = key
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.connect(self.address)  # connected: only the server's datagrams are received
-        self.sock.settimeout(timeout_s)
+        self.timeout_s = float(timeout_s)
+        # Spinning needs a non-blocking socket: with a timeout set, Python polls for up to that long before
+        # every recv (MSG_DONTWAIT or not) and raises its own TimeoutError.
+        self.sock.settimeout(0.0 if busy_poll else self.timeout_s)
         self.seq = 0
         # With a key the server's replay window is per client_id: one random id per client object.
         self.client_id = int.from_bytes(os.urandom(4), "little")
@@ -65,14 +70,14 @@ class PolicyClient:
                 raise PolicyTimeout(f"no reply from {self.address[0]}:{self.address[1]}") from None
         while True:
             try:
-                return self.sock.recv(65535, socket.MSG_DONTWAIT)
+                return self.sock.recv(65535)
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     raise PolicyTimeout(f"no reply from {self.address[0]}:{self.address[1]}") from None
 
     def recv_reply(self, seq: int) -> Reply:
         """Wait for the reply to request `seq`, skipping stale replies to earlier ones."""
-        deadline = time.monotonic() + (self.sock.gettimeout() or 1.0)
+        deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 data = self._recv(deadline)
@@ -95,7 +100,7 @@ class PolicyClient:
         """Ask for the server's counters and latency histogram."""
         seq = self.next_seq()
         self.sock.send(encode_status_request(seq, time.monotonic_ns() // 1000, self.key, self.client_id))
-        deadline = time.monotonic() + (self.sock.gettimeout() or 1.0)
+        deadline = time.monotonic() + self.timeout_s
         while time.monotonic() <= deadline:
             try:
                 data = self._recv(deadline)

@@ -164,7 +164,7 @@ from shield.server import SO_TIMESTAMPNS, _TIMESPEC
 cpu, realtime, busy = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
 if realtime:
     from shield.serve_cli import go_realtime
-    go_realtime(cpu if cpu >= 0 else None)
+    go_realtime(cpu if cpu >= 0 else None, spinning=busy)
 elif cpu >= 0:
     os.sched_setaffinity(0, {cpu})
 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         others = sorted(set(cpus) - {args.cpu})
         if args.cpu is not None and others:
             os.sched_setaffinity(0, others)  # the plant's side: never on the server's CPU
-        client_realtime = go_realtime(None)
+        client_realtime = go_realtime(None, spinning=args.busy_poll)
         for problem in client_realtime:
             print(f"bench_serve: --realtime client: not permitted: {problem}", file=sys.stderr)
     tmp = tempfile.TemporaryDirectory()

@@ -112,7 +112,21 @@ def is_loopback(host: str) -> bool:
 _LATENCY_QOS: list = []  # the open /dev/cpu_dma_latency: the request holds while it stays open
 
 
-def go_realtime(cpu: int | None, helpers: tuple[int, ...] = ()) -> list[str]:
+RT_THROTTLE_FILES = ("/proc/sys/kernel/sched_rt_runtime_us", "/proc/sys/kernel/sched_rt_period_us")
+
+
+def rt_throttle() -> tuple[int, int] | None:
+    """(runtime, period) in µs: the kernel lets real-time threads run at most `runtime` of every `period` on a CPU
+    (`kernel.sched_rt_runtime_us`, default 950000 of 1000000); None when that throttle is off (-1). Unreadable:
+    assume the default."""
+    try:
+        runtime, period = (int(open(f).read()) for f in RT_THROTTLE_FILES)
+    except (OSError, ValueError):
+        return 950_000, 1_000_000
+    return None if runtime < 0 else (runtime, period)
+
+
+def go_realtime(cpu: int | None, helpers: tuple[int, ...] = (), spinning: bool = False) -> list[str]:
     """SCHED_FIFO, mlockall(current|future), CPU affinity, idle CPUs kept out of sleep states (PM QoS
     /dev/cpu_dma_latency = 0, held for the process's life); returns one line per thing that was not permitted.
 
@@ -122,6 +136,11 @@ def go_realtime(cpu: int | None, helpers: tuple[int, ...] = ()) -> list[str]:
     CPU and SCHED_FIFO one below the serving thread, so they run only while it waits, and no ordinary
     thread can preempt one holding the GIL; the GIL's switch interval drops to 100 µs, bounding the wait
     behind a reload.
+
+    `spinning` (a thread that never sleeps: `--busy-poll`): under the kernel's real-time throttle (`rt_throttle`)
+    a SCHED_FIFO thread that never sleeps is stopped for the rest of every period once it used its runtime:
+    measured here, 50 ms every second, on an otherwise idle CPU. Such a thread stays an ordinary one, on its CPU
+    and memory-locked, and that is said as one of the returned lines; the helpers still get SCHED_FIFO.
     """
     problems = []
     if not _LATENCY_QOS:
@@ -148,8 +167,16 @@ def go_realtime(cpu: int | None, helpers: tuple[int, ...] = ()) -> list[str]:
                             f"large enough `ulimit -l`)")
     except (OSError, AttributeError) as err:
         problems.append(f"mlockall: {err}")
+    throttle = rt_throttle() if spinning else None
+    if throttle is not None:
+        runtime, period = throttle
+        problems.append(f"SCHED_FIFO for a thread that spins (--busy-poll): the kernel stops real-time threads "
+                        f"after {runtime} of every {period} µs (kernel.sched_rt_runtime_us), so a spinning one "
+                        f"would stall {(period - runtime) / 1000:g} ms every {period / 1e6:g} s; it spins as an "
+                        f"ordinary thread on its CPU instead (set kernel.sched_rt_runtime_us = -1 for both)")
     try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+        if throttle is None:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
         for tid in helpers:
             os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY - 1))
             if cpu is not None:
@@ -236,7 +263,8 @@ def run_cli(args: argparse.Namespace) -> int:
     for h in helpers:
         h.start()
     if getattr(args, "realtime", False):
-        for problem in go_realtime(getattr(args, "cpu", None), tuple(h.native_id for h in helpers)):
+        for problem in go_realtime(getattr(args, "cpu", None), tuple(h.native_id for h in helpers),
+                                   spinning=getattr(args, "busy_poll", False)):
             print(f"serve: --realtime: not permitted: {problem}; continuing without it", file=sys.stderr)
     elif getattr(args, "cpu", None) is not None:
         print("serve: --cpu only applies with --realtime", file=sys.stderr)

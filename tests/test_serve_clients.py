@@ -374,6 +374,29 @@ def test_realtime_mode_serves_and_says_what_it_was_not_permitted(bundle):
         assert fifo == [(49, "0"), (50, "0")], threads
 
 
+def test_a_spinning_realtime_server_is_not_left_to_the_kernels_real_time_throttle(bundle):
+    """`serve --realtime --busy-poll`: a SCHED_FIFO thread that never sleeps is stopped by the kernel's real-time
+    throttle (kernel.sched_rt_runtime_us: 50 ms of every second by default, measured on this VM with the other
+    CPU idle), which at 1 kHz is 50 replies in a row lost every second. Under that throttle the serving thread
+    spins as an ordinary thread on its CPU, and the server says so; its helper still gets SCHED_FIFO."""
+    from shield.serve_cli import rt_throttle
+
+    if rt_throttle() is None:
+        pytest.skip("kernel.sched_rt_runtime_us = -1: this machine does not throttle real-time threads")
+    with ServerProcess(str(bundle), "--realtime", "--cpu", "0", "--busy-poll", *NO_DEADLINE) as server:
+        with PolicyClient(server.host, server.port, timeout_s=5.0, busy_poll=True) as client:
+            obs = observations(1)[0]
+            assert client.act(obs).action.tobytes() == EdgeRuntime.load(bundle).act(obs)[0].tobytes()
+        serving_policy = os.sched_getscheduler(server.proc.pid)  # the main thread serves
+        threads = _realtime_threads(server.proc.pid)
+        text = server.stop()
+    assert serving_policy != os.SCHED_FIFO
+    assert "spins as an ordinary thread" in text and "kernel.sched_rt_runtime_us" in text
+    assert "Traceback" not in text
+    if "SCHED_FIFO priority" not in text:  # permitted: the watchdog sharing its GIL is SCHED_FIFO on its CPU
+        assert [(prio, cpus) for policy, prio, cpus in threads if policy == os.SCHED_FIFO] == [(49, "0")], threads
+
+
 def test_busy_poll_server_and_client_answer_byte_exact(bundle):
     """`serve --busy-poll` and `PolicyClient(busy_poll=True)` spin instead of sleeping: same replies, same state."""
     reference = EdgeRuntime.load(bundle)
@@ -386,3 +409,23 @@ def test_busy_poll_server_and_client_answer_byte_exact(bundle):
             assert client.status().counters["policy_calls"] == len(obs_set)
         text = server.stop()
     assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("busy_poll", [False, True])
+def test_a_client_that_gets_no_reply_raises_policy_timeout(busy_poll):
+    """A server that never answers (a real UDP socket that reads and drops): both waits end in PolicyTimeout,
+    the one error a control loop catches to count a miss. The spinning client's socket is non-blocking: with a
+    timeout set, Python polls before every recv (so it would sleep, not spin) and raises its own TimeoutError."""
+    from shield.client import PolicyTimeout
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        with PolicyClient(*silent.getsockname(), timeout_s=0.05, busy_poll=busy_poll) as client:
+            assert client.sock.gettimeout() == (0.0 if busy_poll else 0.05)
+            with pytest.raises(PolicyTimeout):
+                client.act(np.zeros(4, np.float32))
+            with pytest.raises(PolicyTimeout):
+                client.status()
+            assert len(silent.recv(65535)) > 0  # the request went out
+    with pytest.raises(ValueError, match="timeout_s"):
+        PolicyClient("127.0.0.1", 9, timeout_s=0)

@@ -120,7 +120,7 @@ def rt_throttle() -> tuple[int, int] | None:
     (`kernel.sched_rt_runtime_us`, default 950000 of 1000000); None when that throttle is off (-1). Unreadable:
     assume the default."""
     try:
-        runtime, period = (int(open(f).read()) for f in RT_THROTTLE_FILES)
+        runtime, period = (int(Path(f).read_text()) for f in RT_THROTTLE_FILES)
     except (OSError, ValueError):
         return 950_000, 1_000_000
     return None if runtime < 0 else (runtime, period)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -14,6 +13,7 @@ from pipeline.evaluation.evaluate import evaluate
 from pipeline.commands.eval import run as eval_cli
 from pipeline.evaluation.shadow import evaluate_candidate, run_shadow
 from shield.runtime import EdgeRuntime
+from tests.cli_args import cli_args
 from tests.shadow_candidates import CARTPOLE_CONFIG, cartpole_config, write_random_bundle
 
 
@@ -30,8 +30,8 @@ def test_eval_shadow_and_bench_report_identical_figures(bundle, capsys, tmp_path
     doc = yaml.safe_load(CARTPOLE_CONFIG.read_text())
     doc["task"]["max_episode_steps"] = 120
     short.write_text(yaml.safe_dump(doc, sort_keys=False))  # set order is draw order
-    args = argparse.Namespace(bundle=str(bundle), policy=None, config=str(short), domains="reality", episodes=3,
-                              no_shield=False, seed=cfg.shadow.seed, json=True, past_termination=False)
+    args = cli_args("eval", bundle=str(bundle), config=str(short), domains="reality", episodes=3, seed=cfg.shadow.seed,
+                     json=True)
     assert eval_cli(args) == 0
     by_eval = json.loads(capsys.readouterr().out)
     _, cf, shadow = evaluate_candidate(EdgeRuntime.load(bundle), cfg, domains="reality")
@@ -76,8 +76,7 @@ def test_a_plain_gymnasium_env_trains_by_id_and_export_eval_say_why_not(tmp_path
 
     with pytest.raises(ConfigError, match=r"task\.env_id.*HalfCheetah-v5.*declaration"):
         build_shield_spec(cfg)  # what export calls: a clear error, not a traceback
-    args = argparse.Namespace(bundle=None, policy="random", config=str(path), domains="train", episodes=1,
-                              no_shield=False, seed=0, json=True, past_termination=False)
+    args = cli_args("eval", policy="random", config=str(path), domains="train", episodes=1, json=True)
     assert eval_cli(args) == 2
     err = capsys.readouterr().err
     assert "HalfCheetah-v5" in err and "Traceback" not in err

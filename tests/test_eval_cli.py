@@ -9,21 +9,20 @@ import numpy as np
 import pytest
 
 from bench.bench_shield import mlp_onnx
+from pipeline.cli import build_parser
 from pipeline.commands.eval import run as run_cli
 from pipeline.config import load_config
 from pipeline.evaluation.evaluate import evaluate, reference_policy
 from pipeline.safety.shield_spec import build_shield_spec
 from shield.bundle import make_manifest, write_bundle
+from tests.cli_args import cli_args
 
 KEYS = {"episodes", "return_mean", "return_std", "violations", "violation_episodes", "intervention_rate",
         "fallbacks", "shield_us_p50", "shield_us_p99"}
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(bundle=None, policy="adversarial", config="configs/cartpole.yaml", domains="reality", episodes=3,
-                no_shield=False, seed=0, json=True, past_termination=False)
-    base.update(kw)
-    return argparse.Namespace(**base)
+    return cli_args("eval", **{"policy": "adversarial", "domains": "reality", "episodes": 3, "json": True, **kw})
 
 
 def test_cli_prints_one_json_object_with_the_safety_figures(capsys):
@@ -102,7 +101,6 @@ def test_a_bundle_is_evaluated_with_its_own_shield_json(tmp_path, capsys):
 
 
 def test_the_cli_offers_every_reference_policy():
-    from pipeline.cli import build_parser
     from pipeline.evaluation.adversary import REFERENCE_POLICIES
 
     parser, _ = build_parser()

@@ -14,6 +14,7 @@ from pipeline.commands.shadow import run as run_cli
 from pipeline.evaluation.shadow import load_legacy, make_env, resolve_domains, run_shadow, shadow_pass
 from shield.runtime import EdgeRuntime
 from shield.shadowlog import ShadowLogWriter, read_shadow_log
+from tests.cli_args import cli_args
 from tests.shadow_candidates import CARTPOLE_CONFIG, cartpole_config, shadow_result
 
 # Metrics both the in-sim pass and a field log compute (everything log_metrics returns).
@@ -92,10 +93,7 @@ def test_field_logs_give_the_same_metrics(base):
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(bundle=None, config=str(CARTPOLE_CONFIG), legacy=None, domains=None, episodes=None, seed=None,
-                report=None, from_log=None, json=False)
-    base.update(kw)
-    return argparse.Namespace(**base)
+    return cli_args("shadow", "-", **{"bundle": None, "config": str(CARTPOLE_CONFIG), **kw})
 
 
 def _config_with_gate(path, **gate) -> str:

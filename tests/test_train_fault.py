@@ -5,7 +5,6 @@ a run stopped after K updates resumes at update K with bit-identical learner
 state; sync mode has zero policy lag; checkpoints load with weights_only.
 """
 
-import argparse
 import json
 
 import pytest
@@ -17,6 +16,7 @@ from pipeline.config import load_config
 from pipeline.training.model import load_policy
 from pipeline.commands.train import run as run_cli
 from pipeline.training.train import train
+from tests.cli_args import cli_args
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +99,7 @@ def test_resume_continues_from_checkpoint_state(ray_local, cfg, tmp_path, capsys
     assert policy(torch.zeros(3, 5)).shape == (3, 1)
 
     # The CLI resumes with the run's own config.yaml and prints exactly one JSON object.
-    args = argparse.Namespace(config=None, steps=10_000, actors=None, envs_per_actor=None, out=None,
-                              ray_address=None, resume=str(run_dir), json=True)
+    args = cli_args("train", "--steps", "10000", "--resume", str(run_dir), "--json")
     capsys.readouterr()
     assert run_cli(args) == 0
     third = json.loads(capsys.readouterr().out)

@@ -140,7 +140,8 @@ def go_realtime(cpu: int | None, helpers: tuple[int, ...] = (), spinning: bool =
     `spinning` (a thread that never sleeps: `--busy-poll`): under the kernel's real-time throttle (`rt_throttle`)
     a SCHED_FIFO thread that never sleeps is stopped for the rest of every period once it used its runtime:
     measured here, 50 ms every second, on an otherwise idle CPU. Such a thread stays an ordinary one, on its CPU
-    and memory-locked, and that is said as one of the returned lines; the helpers still get SCHED_FIFO.
+    and memory-locked, and that is said as one of the returned lines. The helpers still get SCHED_FIFO: they
+    sleep almost always, and when one wakes it now runs at once, before the spinning thread, not while it waits.
     """
     problems = []
     if not _LATENCY_QOS:

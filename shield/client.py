@@ -64,6 +64,12 @@ class PolicyClient:
     def _recv(self, deadline: float) -> bytes:
         """The next datagram, or PolicyTimeout once `deadline` (time.monotonic) has passed."""
         if not self.busy_poll:
+            # Wait only for what is left of the deadline: a stale datagram (a late reply to an earlier request)
+            # must not restart the wait, or one request could block for up to twice `timeout_s`.
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PolicyTimeout(f"no reply from {self.address[0]}:{self.address[1]}")
+            self.sock.settimeout(left)
             try:
                 return self.sock.recv(65535)
             except socket.timeout:

@@ -265,14 +265,17 @@ def test_serve_numbers_are_checked_not_silently_replaced(capsys):
     assert (ok.deadline_us, ok.max_plants, ok.clock_window_ms) == (250.0, 3, 0.5)
 
 
-def test_a_client_takes_only_its_own_reply(bundle, c_client):
+def test_a_client_takes_only_its_own_reply(bundle, c_client, tmp_path):
     """Two plants' seqs (wall-clock µs) meet now and then: a reply with the right seq but another plant's
-    client_id (here handed over by a relay, first) must be skipped by the Python and the C client alike."""
+    client_id (here handed over by a relay, first) must be skipped by the Python and the C client alike. With
+    a key, so must a forged reply to the very request (the genuine one with its action changed): a client that
+    gave up on it would let anyone who can send it a datagram cost the plant its period."""
     import threading
 
     from shield.server import PolicyServer
 
     key = b"relay-test-key-0123456789abcdef-0123"
+    key_file = write_key_file(tmp_path / "relay.key", key)
     for k in (None, key):
         server = PolicyServer(EdgeRuntime.load(bundle), key=k, deadline_us=1e9, not_before_us=0)
         server.sock.close()
@@ -286,7 +289,12 @@ def test_a_client_takes_only_its_own_reply(bundle, c_client):
             seq, client_id = HEADER.unpack_from(request)[4], HEADER.unpack_from(request)[7]
             other = encode_act_request(seq, 0, other_obs, key=k, client_id=client_id ^ 1)
             relay.sendto(server.handle(other, ("127.0.0.1", 1)), addr)  # genuine, signed, same seq: not its own
-            relay.sendto(server.handle(request, addr), addr)
+            genuine = server.handle(request, addr)
+            if k is not None:
+                forged = bytearray(genuine)
+                forged[HEADER.size + 16] ^= 0x40  # a bit of the first action: the MAC no longer holds
+                relay.sendto(bytes(forged), addr)
+            relay.sendto(genuine, addr)
 
         host, port = relay.getsockname()
         obs = observations(1, seed=3)[0]
@@ -298,12 +306,11 @@ def test_a_client_takes_only_its_own_reply(bundle, c_client):
             reply = client.act(obs)
         thread.join()
         assert reply.action.tobytes() == expected.tobytes() and reply.client_id == client.client_id
-        if k is None:
-            thread = threading.Thread(target=serve_one)
-            thread.start()
-            got = run_c(c_client, SimpleNamespace(host=host, port=port), obs)
-            thread.join()
-            assert got["action"].tobytes() == expected.tobytes()
+        thread = threading.Thread(target=serve_one)
+        thread.start()
+        got = run_c(c_client, SimpleNamespace(host=host, port=port), obs, key_file=key_file if k else None)
+        thread.join()
+        assert got["action"].tobytes() == expected.tobytes()
         relay.close()
 
 
@@ -429,3 +436,45 @@ def test_a_client_that_gets_no_reply_raises_policy_timeout(busy_poll):
             assert len(silent.recv(65535)) > 0  # the request went out
     with pytest.raises(ValueError, match="timeout_s"):
         PolicyClient("127.0.0.1", 9, timeout_s=0)
+
+
+def test_a_stale_datagram_does_not_restart_the_blocking_clients_wait(monkeypatch):
+    """The blocking client's deadline is one `timeout_s` from the request, however many stale datagrams (late
+    replies to earlier requests) arrive meanwhile: each recv waits only for what is left. The clock is the
+    client's own, advanced by the socket below (no timing here): a stale datagram at 0.3 s of a 0.4 s timeout
+    leaves the next recv 0.1 s, not a fresh 0.4 s."""
+    from shield import client as client_module
+    from shield.client import PolicyTimeout
+
+    now = [100.0]
+    monkeypatch.setattr(client_module, "time", SimpleNamespace(
+        monotonic=lambda: now[0], time_ns=time.time_ns, monotonic_ns=time.monotonic_ns))
+
+    class Recorded:
+        """The client's real socket; each recv first takes 0.3 s on the client's clock."""
+
+        def __init__(self, sock):
+            self.sock, self.timeouts = sock, []
+
+        def settimeout(self, value):
+            self.timeouts.append(value)
+            self.sock.settimeout(value)
+
+        def recv(self, n):
+            now[0] += 0.3
+            return self.sock.recv(n)
+
+        def __getattr__(self, name):
+            return getattr(self.sock, name)
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
+        server.bind(("127.0.0.1", 0))
+        with PolicyClient(*server.getsockname(), timeout_s=0.4) as client:
+            client.sock = recorded = Recorded(client.sock)
+            seq = client.send_act(np.zeros(4, np.float32))
+            _, address = server.recvfrom(65535)
+            server.sendto(b"\x00" * 40, address)  # stale: not a reply to this request
+            with pytest.raises(PolicyTimeout):
+                client.recv_reply(seq)
+    assert recorded.timeouts[0] == pytest.approx(0.4)
+    assert recorded.timeouts[1:] == [pytest.approx(0.1)]  # what is left of the deadline, then none

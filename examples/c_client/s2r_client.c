@@ -18,7 +18,8 @@
  * Prints one line:
  *   reply seq=N status=0xS latency_us=L version=V action=A0 A1 ... bits=H0 H1 ...
  * where bits are the IEEE-754 float32 words in hex (exact). Exit status:
- * 0 reply received and verified, 1 usage/socket error, 2 timeout, 3 bad reply.
+ * 0 reply received and verified, 1 usage/socket error, 2 no reply within 1 s (datagrams that are not
+ * the server's signed reply to this request are skipped), 3 malformed reply.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
@@ -207,22 +208,28 @@ int main(int argc, char **argv) {
     if (klen) { hmac_sha256(request_key, 32, req, len, req + len); len += MAC_SIZE; }
 
     int fd = socket(AF_INET, SOCK_DGRAM, 0);
-    struct timeval tv = {1, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || send(fd, req, len, 0) != (ssize_t)len) {
         perror("send");
         return 1;
     }
+    /* One second from the request, however many datagrams that are not our reply arrive meanwhile: each
+     * recv waits only for what is left. */
+    uint64_t deadline = now_us(CLOCK_MONOTONIC) + 1000000u;
     for (;;) {
+        uint64_t now = now_us(CLOCK_MONOTONIC);
+        if (now >= deadline) { fprintf(stderr, "timeout: no reply within 1 s\n"); return 2; }
+        struct timeval tv = {(time_t)((deadline - now) / 1000000u), (suseconds_t)((deadline - now) % 1000000u)};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         ssize_t n = recv(fd, rep, sizeof rep, 0);
-        if (n < 0) { fprintf(stderr, "timeout: %s\n", strerror(errno)); return 2; }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  /* the deadline check above ends it */
+        if (n < 0) { fprintf(stderr, "recv: %s\n", strerror(errno)); return 1; }
         int signed_reply = n >= HEADER_SIZE && (get16(rep + 6) & FLAG_HMAC);
         if (n < HEADER_SIZE + 16 + (signed_reply ? MAC_SIZE : 0) || memcmp(rep, "S2RP", 4) || rep[4] != VERSION || rep[5] != ACT_REPLY)
             continue;  /* not a reply frame: ignore */
         size_t body = (size_t)n - (signed_reply ? MAC_SIZE : 0);
         if (klen) {  /* with a key, only a reply signed with it counts */
             hmac_sha256(reply_key, 32, rep, body, mac);
-            if (!signed_reply || !mac_equal(mac, rep + body)) { fprintf(stderr, "reply MAC mismatch\n"); return 3; }
+            if (!signed_reply || !mac_equal(mac, rep + body)) continue;  /* unsigned or forged: not the server's */
         }
         /* A late reply to an earlier request, or another plant's reply with the same seq: not ours. */
         if (get64(rep + 8) != seq || get32(rep + 28) != client_id) continue;

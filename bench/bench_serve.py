@@ -194,14 +194,16 @@ def paced_echo_us(rate_hz: float, seconds: float, cpu: int | None, realtime: boo
     """Baseline: a bare UDP echo server (another process, scheduled as the server is: same CPU, realtime and
     polling) answered once per control period by a client paced as the closed loop is. Its server side, from the
     kernel's receive timestamp to the datagram in the process's hands, is what the platform alone adds to the
-    server's figure after each pause: the wake-up and the receive, with no work at all (µs)."""
+    server's figure after each pause: the wake-up and the receive, with no work at all (µs). Its replies later
+    than 1 ms (the closed loop's criterion: lost replies count, skipped periods do not; the client spins when
+    `busy_poll`) are what a server that does nothing gets from this machine at this pace."""
     root = str(Path(__file__).resolve().parents[1])
     proc = subprocess.Popen([sys.executable, "-c", _PACED_ECHO, root, str(-1 if cpu is None else cpu),
                              "1" if realtime else "0", "1" if busy_poll else "0"], stdout=subprocess.PIPE, text=True)
     client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         client.connect(("127.0.0.1", int(proc.stdout.readline())))
-        client.settimeout(0.05)
+        client.settimeout(0.0 if busy_poll else 0.05)
         period, n = 1.0 / rate_hz, int(seconds * rate_hz)
         held, rtt, payload = np.full(n, np.nan), np.full(n, np.nan), bytes(68)  # an act request's size
         start = time.perf_counter() + 0.05
@@ -212,8 +214,9 @@ def paced_echo_us(rate_hz: float, seconds: float, cpu: int | None, realtime: boo
             t0 = time.perf_counter_ns()
             client.send(payload)
             try:
-                reply = client.recv(64)
-            except socket.timeout:
+                reply = client.recv(64) if not busy_poll else spin_recv(client, t0 + 50_000_000)
+            except (socket.timeout, TimeoutError):
+                rtt[k] = np.inf  # lost: late, as the closed loop counts a timeout
                 continue
             rtt[k], held[k] = (time.perf_counter_ns() - t0) / 1e3, int.from_bytes(reply, "little", signed=True) / 1e3
         client.send(b"x")  # stop
@@ -222,7 +225,18 @@ def paced_echo_us(rate_hz: float, seconds: float, cpu: int | None, realtime: boo
         client.close()
         if proc.poll() is None:
             proc.kill()
-    return {"server_us": percentiles(held[np.isfinite(held)]), "rtt_us": percentiles(rtt[np.isfinite(rtt)])}
+    return {"server_us": percentiles(held[np.isfinite(held)]), "rtt_us": percentiles(rtt[np.isfinite(rtt)]),
+            "periods": n, "later_than_1ms": int(np.sum(rtt > 1000.0))}  # NaN: skipped (no request), as the loop
+
+
+def spin_recv(sock: socket.socket, deadline_ns: int) -> bytes:
+    """A datagram from a non-blocking socket, spinning until `deadline_ns` (perf_counter) as a busy-poll client."""
+    while True:
+        try:
+            return sock.recv(64)
+        except BlockingIOError:
+            if time.perf_counter_ns() > deadline_ns:
+                raise TimeoutError from None
 
 
 _STALL_PROBE = """
@@ -391,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="server (`serve --busy-poll`) and client spin on their sockets instead of sleeping")
     p.add_argument("--probe-seconds", type=float, default=20.0,
                    help="baseline: how long a bare loop on the server's CPU is watched for platform stalls (s)")
-    p.add_argument("--echo-seconds", type=float, default=10.0,
-                   help="baseline per rate: how long a bare echo server is driven at the loop's pace (s)")
+    p.add_argument("--echo-seconds", type=float, default=None,
+                   help="baseline per rate: how long a bare echo server is driven at the loop's pace (s; default "
+                        "--seconds, so its replies later than 1 ms compare with the loop's)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
 
@@ -434,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         sample = sample[np.random.default_rng(0).choice(len(sample), min(len(sample), 5000), replace=False)]
         loop["runtime_act_us"] = runtime_floor_us(bundle, sample)  # same states, no server, no socket
         loop["runtime_act_paced_us"] = runtime_floor_us(bundle, sample[:2000], 1.0 / rate)  # ... one per period
-        loop["echo_paced_us"] = paced_echo_us(rate, args.echo_seconds, args.cpu, args.realtime, args.busy_poll)
+        loop["echo_paced_us"] = paced_echo_us(rate, args.echo_seconds or args.seconds, args.cpu, args.realtime, args.busy_poll)
         result["loops"].append(loop)
     tmp.cleanup()
     if args.json:
@@ -462,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
               f"in-process act on the same states p50 {act['p50']:.0f} p99 {act['p99']:.0f} us back to back, "
               f"p50 {paced['p50']:.0f} p99 {paced['p99']:.0f} us one per period; a bare echo server at this pace: "
               f"kernel receive -> datagram in hand p50 {held['p50']:.0f} p99 {held['p99']:.0f} us, round trip "
-              f"p50 {echo_rtt['p50']:.0f} p99 {echo_rtt['p99']:.0f} us; "
+              f"p50 {echo_rtt['p50']:.0f} p99 {echo_rtt['p99']:.0f} us, replies later than 1 ms "
+              f"{loop['echo_paced_us']['later_than_1ms']} of {loop['echo_paced_us']['periods']}; "
               f"p50 round trip = {r['p50'] / act['p50']:.2f}x in-process act, "
               f"{r['p50'] / echo['p50']:.2f}x bare UDP echo")
     return 0

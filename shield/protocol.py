@@ -51,10 +51,11 @@ COUNTER_NAMES = (
     "fallbacks",         # act replies carrying the fallback action (refusals included)
     "bad_inputs",        # malformed or non-finite requests, answered BAD_INPUT
     "auth_failures",     # missing or wrong MAC (dropped with a key; answered without one)
-    "stale",             # requests refused for their seq: not newer than the client's last, or
-                         # (with a key) outside the server's clock window: replays included
+    "stale",             # refusals STALE sent: seq not newer than the client's last, or (with a key)
+                         # outside the server's clock window: replays included
     "deadline_misses",   # kernel receive -> action computed overran --deadline-us: fallback sent
-    "inference_errors",  # runtime raised, returned non-finite values, or the policy's action was
+    "inference_errors",  # runtime raised, returned non-finite values, or the policy's action was non-finite
+                         # (active: INFERENCE_ERROR replies; shadow: counted and logged, legacy sent)
     "reloads",           # hot reloads of a newly promoted bundle
     "status_requests",   # status requests answered
     "envelope_flags",    # act replies with ENVELOPE: the plant was outside the declared envelope

@@ -49,7 +49,8 @@ class SequenceGuard:
         return seq > last
 
     def commit(self, client: Any, seq: int) -> None:
-        """Remember `seq` as `client`'s last (call only for an accepted request)."""
+        """Remember `seq` as `client`'s last: with a key, for every authenticated fresh request whatever the
+        answer; without one, for an accepted request only."""
         last = self._last
         last[client] = seq
         last.move_to_end(client)

@@ -176,11 +176,12 @@ class EdgeRuntime:
         return np.clip(np.asarray(fallback, np.float32), *spec.action_box32()).reshape(self.act_dim)
 
     def action_bounds(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """(low, high) float32 of the action box, or None without a spec."""
+        """(low, high) float32: the widest float32 box inside the declared action box (`spec.action_box32`: a
+        float32 action within it is within the declared bounds in double precision too), or None without a spec."""
         spec = self.spec
         if spec is None:
             return None
-        return np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
+        return spec.action_box32()
 
     # ---- the in-process interface (eval, shadow, benches): one default plant ---------------
     def reset(self) -> None:

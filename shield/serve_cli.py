@@ -28,8 +28,9 @@ MIN_KEY_BYTES = 32
 REALTIME_PRIORITY = 50  # SCHED_FIFO priority: above ordinary threads, below the kernel's own (99)
 
 
-def _positive(kind: type, what: str) -> Callable[[str], Any]:
-    """argparse type: a finite number > 0 (a 0 or a negative here would silently mean something else)."""
+def _positive(kind: type, what: str, smallest: float | None = None) -> Callable[[str], Any]:
+    """argparse type: a finite number > 0 (a 0 or a negative here would silently mean something else), and at
+    least `smallest` where the server counts in coarser units (a smaller value would round to 0)."""
     def parse(text: str):
         try:
             value = kind(text)
@@ -37,6 +38,9 @@ def _positive(kind: type, what: str) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
         if not (math.isfinite(value) and value > 0):
             raise argparse.ArgumentTypeError(f"{what} must be finite and > 0, got {text!r}")
+        if smallest is not None and value < smallest:
+            raise argparse.ArgumentTypeError(f"{what} must be at least {smallest:g} (the server counts whole "
+                                             f"microseconds), got {text!r}")
         return value
     return parse
 
@@ -56,12 +60,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                                       "requests must be signed")
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without a key")
     p.add_argument("--log", metavar="DIR", help="write shadow logs (NPZ) here (required with --mode shadow)")
-    p.add_argument("--deadline-us", type=_positive(float, "--deadline-us"), default=1000.0,
+    p.add_argument("--deadline-us", type=_positive(float, "--deadline-us", 1.0), default=1000.0,
                    help="deadline from kernel receive to reply built (µs, default 1000); overruns get the fallback")
     p.add_argument("--max-plants", type=_positive(int, "--max-plants"), default=64,
                    help="plant sessions kept (default 64); a new plant takes the least recently seen one's place "
                         "once that one has been silent for a second, and is refused (BUSY) until then")
-    p.add_argument("--clock-window-ms", type=_positive(float, "--clock-window-ms"), default=1000.0,
+    p.add_argument("--clock-window-ms", type=_positive(float, "--clock-window-ms", 0.001), default=1000.0,
                    help="with a key: a request's seq must be within this of the server's clock (default 1000 ms)")
     p.add_argument("--realtime", action="store_true",
                    help="SCHED_FIFO, mlockall and CPU pinning where permitted (README: what it needs)")
@@ -242,7 +246,7 @@ def run_cli(args: argparse.Namespace) -> int:
         server = PolicyServer(runtime, host=host, port=int(getattr(args, "port", 9870)), mode=mode, key=key,
                               shadow_log=shadow_log, deadline_us=float(getattr(args, "deadline_us", 1000.0)),
                               max_plants=int(getattr(args, "max_plants", 64)),
-                              clock_window_us=int(1000 * float(getattr(args, "clock_window_ms", 1000.0))))
+                              clock_window_us=round(1000 * float(getattr(args, "clock_window_ms", 1000.0))))
     except OSError as err:
         return _user_error(f"cannot bind {host}:{getattr(args, 'port', '')}: {err.strerror}")
     except ValueError as err:

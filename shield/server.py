@@ -75,6 +75,10 @@ class PolicyServer:
                  not_before_us: int | None = None, wall_clock_ns=time.time_ns):
         if mode not in ("active", "shadow"):
             raise ValueError(f"mode must be 'active' or 'shadow', got {mode!r}")
+        if not (math.isfinite(deadline_us) and deadline_us >= 0):  # 0: every reply overruns (tests)
+            raise ValueError(f"deadline_us must be a finite number of microseconds >= 0, got {deadline_us!r}")
+        if not (isinstance(clock_window_us, int) and clock_window_us >= 1):
+            raise ValueError(f"clock_window_us must be a whole number of microseconds >= 1, got {clock_window_us!r}")
         self.mode, self.shadow_log = mode, shadow_log
         self.key = key
         # Never the PSK itself: one derived key per direction (README, "Keys, sequence numbers and replays").
@@ -175,7 +179,6 @@ class PolicyServer:
                 return 0
             body_end -= MAC_SIZE
         elif flags & _HMAC:
-            stats.auth_failures += 1
             return self._refuse(srv, seq, ts, client_id, _AUTH_FAILED, n)  # signed, but this server has no key
         if (magic != MAGIC or version != PROTOCOL_VERSION or flags & _RESERVED
                 or payload_len != body_end - HEADER_SIZE):
@@ -184,12 +187,18 @@ class PolicyServer:
         guard = self.guard
         if (not guard.fresh(client, seq, self.wall_clock_ns() // 1000 if key is not None else 0)
                 or seq <= self.plants.last_seq(client)):
-            stats.stale += 1  # late, duplicated or replayed: nothing runs, nothing moves
-            return self._refuse(srv, seq, ts, client_id, _STALE, n)
+            return self._refuse(srv, seq, ts, client_id, _STALE, n)  # late, duplicated or replayed: nothing moves
+        if key is not None:
+            # Authenticated and fresh: its seq is spent whatever the answer (as IPsec's anti-replay window moves
+            # once the integrity check passes). A signed request refused below (BUSY at --max-plants, BAD_INPUT)
+            # must not stay fresh for a listener to replay once it would be accepted. Without a key nothing is
+            # authenticated: only accepted requests move the guard, so a malformed datagram changes nothing.
+            guard.commit(client, seq)
         if msg_type == _STATUS_REQUEST:
             if payload_len < STATUS_REQUEST_PAD:
                 return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
-            guard.commit(client, seq)
+            if key is None:
+                guard.commit(client, seq)
             self.last_request_ns = t0
             return self._status_reply(srv, seq, ts, client_id)
         if payload_len < ACT_REQUEST_HEAD.size:
@@ -211,7 +220,8 @@ class PolicyServer:
         if session is None:  # a new plant, and every session is a live plant's: none is taken from it
             stats.plants_refused = plants.refused
             return self._refuse(srv, seq, ts, client_id, _BUSY, n)
-        guard.commit(client, seq)
+        if key is None:
+            guard.commit(client, seq)
         self.last_request_ns = t0
         stats.plants_evicted = plants.evicted
         return self._act(srv, session, obs, legacy, seq, ts, client_id, t0)
@@ -228,9 +238,10 @@ class PolicyServer:
         except Exception:  # any runtime failure is answered with the fallback, never a crash
             failed = raised = True
         if failed:
-            stats.inference_errors += 1
             safe = raw = np.full(srv.act_dim, np.nan, np.float32)
             info = {"fallback": True}
+        if failed or info.get("bad_input"):  # bad_input: the request was checked finite, the policy's output not
+            stats.inference_errors += 1  # in shadow mode too: counted and logged, the plant keeps legacy
         status = 0
         if info.get("envelope", False):  # the one place the monitor's flag becomes a status bit
             status = _ENVELOPE
@@ -248,7 +259,8 @@ class PolicyServer:
             if not raised:  # a runtime that raised may not have filtered: nothing to correct
                 session.sent(obs, srv.fallback, replaced=True)
             return self._reply(srv, seq, ts, client_id,
-                               status | _FALLBACK | (_INFERENCE_ERROR if failed else _DEADLINE), srv.fallback_bytes,
+                               status | _FALLBACK | (_INFERENCE_ERROR if failed else _DEADLINE)
+                               | (_INFERENCE_ERROR if info.get("bad_input") else 0), srv.fallback_bytes,
                                decided)
         session.sent(obs, safe, replaced=False)
         if info.get("intervened"):
@@ -256,9 +268,8 @@ class PolicyServer:
             stats.interventions += 1
         if info.get("fallback"):
             status |= _FALLBACK
-        if info.get("bad_input"):  # the request was checked finite: the policy's own output was not
+        if info.get("bad_input"):
             status |= _INFERENCE_ERROR
-            stats.inference_errors += 1
         return self._reply(srv, seq, ts, client_id, status, safe.tobytes(), decided)
 
     def _refuse(self, srv: ServedBundle, seq: int, ts: int, client_id: int, status: int, request_size: int) -> int:
@@ -267,9 +278,13 @@ class PolicyServer:
         if request_size < srv.min_request + (MAC_SIZE if self.key is not None else 0):
             self.stats.dropped += 1  # answering would amplify: a short datagram gets nothing back
             return 0
-        stats = self.stats
+        stats = self.stats  # each refusal counter counts the refusals sent, as the README's table says
         if status & _BAD_INPUT:
             stats.bad_inputs += 1
+        elif status & _STALE:
+            stats.stale += 1
+        elif status & _AUTH_FAILED:
+            stats.auth_failures += 1
         return self._reply(srv, seq, ts, client_id, status | _FALLBACK, srv.fallback_bytes)
 
     def _reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int, status: int, action: bytes,

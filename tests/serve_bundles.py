@@ -40,10 +40,12 @@ def tiny_policy_onnx(seed: int, obs_dim: int = OBS_DIM, act_dim: int = ACT_DIM) 
     return model.SerializeToString()
 
 
-def write_tiny_bundle(out_dir, seed: int = 0, version: int | None = None, latency_steps: int = 0):
-    """A complete, verifiable bundle for the planar double integrator (obs 4, act 2)."""
+def write_tiny_bundle(out_dir, seed: int = 0, version: int | None = None, latency_steps: int = 0,
+                      action_bound: float = 1.0):
+    """A complete, verifiable bundle for the planar double integrator (obs 4, act 2), actions in +-action_bound."""
     spec = planar_double_integrator(latency_steps=latency_steps)
     spec["task"] = "planar"
+    spec["action_low"], spec["action_high"] = [-action_bound] * 2, [action_bound] * 2
     policy = tiny_policy_onnx(seed)
     shield_bytes = json.dumps(spec, indent=2, sort_keys=True).encode()
     manifest = make_manifest(task="planar", env_id="test/Planar-v0", files={"policy.onnx": policy,

@@ -228,9 +228,22 @@ def test_runtime_failure_and_deadline_get_the_fallback(bundle, tmp_path):
     cols, _ = read_shadow_log(tmp_path)
     assert cols["fallback"].tolist() == [True] and np.isnan(cols["candidate_action"]).all()
     assert shadow.stats.inference_errors == 1
+    # The shield caught the candidate's NaN: in shadow mode that is a failure too, counted (it was not).
+    nan_log = ShadowLogWriter(tmp_path / "nan")
+    nan_shadow = PolicyServer(NanPolicy(), mode="shadow", shadow_log=nan_log, deadline_us=1e7)
+    nan_shadow.sock.close()
+    reply = decode_act_reply(nan_shadow.handle(encode_act_request(1, 0, OBS, legacy), ADDR))
+    assert reply.status == Status.SHADOW and reply.action.tobytes() == legacy.tobytes()
+    assert nan_shadow.stats.inference_errors == 1
+    nan_log.close()
     slow = _server(bundle, deadline_us=0.0)  # every request overruns a zero deadline
     reply = decode_act_reply(slow.handle(encode_act_request(1, 0, OBS), ADDR))
     assert reply.status == Status.DEADLINE | Status.FALLBACK and slow.stats.deadline_misses == 1
+    slow_nan = PolicyServer(NanPolicy(), deadline_us=0.0)  # late and the policy's output non-finite: both said
+    slow_nan.sock.close()
+    reply = decode_act_reply(slow_nan.handle(encode_act_request(1, 0, OBS), ADDR))
+    assert reply.status == Status.DEADLINE | Status.FALLBACK | Status.INFERENCE_ERROR
+    assert slow_nan.stats.inference_errors == 1 and reply.action.tolist() == [0.0, 0.0]
 
 
 def test_the_example_frame_in_the_docs_is_what_the_encoder_writes():

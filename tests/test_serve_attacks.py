@@ -208,6 +208,50 @@ def test_no_sender_can_take_a_live_plants_session_and_the_plant_stays_inside_its
         assert not got.status & Status.BUSY and server.stats.plants_evicted == 1
 
 
+def test_a_signed_request_refused_busy_or_bad_input_cannot_be_replayed_once_it_would_be_accepted(bundle):
+    """At --max-plants a new plant is refused BUSY; a listener records its signed requests (and a signed one
+    refused BAD_INPUT) and replays them once a session frees, still inside the clock window. Every one must be
+    STALE: an authenticated request's seq is spent whatever the answer. Before, 80 of 80 replays were accepted
+    and the victim's next action was computed from a prediction holding actions it never received."""
+    clock = [time.time_ns()]
+    server = PolicyServer(EdgeRuntime.load(bundle), key=KEY, deadline_us=1e9, max_plants=1, not_before_us=0,
+                          wall_clock_ns=lambda: clock[0])
+    server.sock.close()  # handle() only, on the server's own clock
+    perf0, wall0 = time.perf_counter_ns(), clock[0]
+
+    def at(t_s: float, frame: bytes, addr=("127.0.0.1", 4444)):
+        clock[0] = wall0 + int(t_s * 1e9)
+        return decode_act_reply(server.handle(frame, addr, perf0 + int(t_s * 1e9)), KEY)
+
+    def us(t_s: float) -> int:
+        return (wall0 + int(t_s * 1e9)) // 1000
+
+    assert at(0.0, encode_act_request(us(0.0), 0, OBS, key=KEY, client_id=1)).status == Status.OK
+    rng = np.random.default_rng(5)
+    captured = []
+    for k in range(40):  # the victim (client 2) retries every 10 ms while the one session is plant 1's
+        t = 0.3 + 0.01 * k
+        frame = encode_act_request(us(t), 0, rng.uniform(-1.5, 1.5, 4).astype(np.float32), key=KEY, client_id=2)
+        assert at(t, frame, ("127.0.0.1", 5555)).status & Status.BUSY
+        captured.append(frame)
+    wrong_size = encode_act_request(us(0.7), 0, np.zeros(5, np.float32), key=KEY, client_id=2)
+    assert at(0.7, wrong_size, ("127.0.0.1", 5555)).status & Status.BAD_INPUT
+    captured.append(wrong_size)
+    t_free = (server.plants.live_ns + 5 * 10**7) / 1e9  # plant 1 silent for longer than the live window
+    assert t_free + 0.01 < 0.3 + 1.0  # every captured packet is still inside the 1 s clock window
+    calls = server.stats.policy_calls
+    accepted = sum(not at(t_free + 1e-4 * i, frame, ("127.0.0.1", 6666)).status & Status.STALE
+                   for i, frame in enumerate(captured))
+    assert accepted == 0 and server.stats.policy_calls == calls
+    # The victim is served as a plant the server has never answered: its session holds only its own actions.
+    obs = np.array([1.8, 1.8, 1.9, 1.9], np.float32)
+    reply = at(t_free + 0.01, encode_act_request(us(t_free + 0.01), 0, obs, key=KEY, client_id=2),
+               ("127.0.0.1", 5555))
+    assert not reply.status & (Status.BUSY | Status.STALE)
+    assert reply.action.tobytes() == np.asarray(EdgeRuntime.load(bundle).new_session().act(obs)[0],
+                                                np.float32).tobytes()
+
+
 # ---- item 3: replay protection that does not forget ----------------------------------------------
 def test_captured_packets_stay_refused_after_a_restart_and_after_many_other_ids(bundle):
     runtime = EdgeRuntime.load(bundle)

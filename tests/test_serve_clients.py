@@ -247,20 +247,26 @@ def test_serve_cli_errors_are_one_clear_line(bundle, tmp_path, capsys):
         assert message in err and "Traceback" not in err, err
 
 
-def test_serve_numbers_are_checked_not_silently_replaced(capsys):
-    """A 0 used to mean "the default" (`or 1000`), inf crashed at startup and a negative window refused every
-    request: each is now an error that names the flag."""
+def test_serve_numbers_are_checked_not_silently_replaced(bundle, capsys):
+    """A 0 used to mean "the default" (`or 1000`), inf crashed at startup, a negative window refused every
+    request, and a value under the server's microsecond (--clock-window-ms 0.0004) rounded to a 0 window that
+    refused every request: each is now an error that names the flag."""
     import argparse
 
     from shield.serve_cli import add_serve_arguments
 
     parser = argparse.ArgumentParser(prog="serve")
     add_serve_arguments(parser)
-    for flag in ("--deadline-us", "--max-plants", "--clock-window-ms"):
-        for bad in ("0", "-5", "inf", "nan", "ten"):
+    for flag, too_fine in (("--deadline-us", "0.0004"), ("--max-plants", "0.5"), ("--clock-window-ms", "0.0004")):
+        for bad in ("0", "-5", "inf", "nan", "ten", too_fine):
             with pytest.raises(SystemExit) as exit_:
                 parser.parse_args(["b", flag, bad])
             assert exit_.value.code == 2 and flag in capsys.readouterr().err
+    from shield.server import PolicyServer
+
+    for bad in ({"clock_window_us": 0}, {"clock_window_us": 0.5}, {"deadline_us": float("nan")}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            PolicyServer(EdgeRuntime.load(bundle), **bad)
     ok = parser.parse_args(["b", "--deadline-us", "250", "--max-plants", "3", "--clock-window-ms", "0.5"])
     assert (ok.deadline_us, ok.max_plants, ok.clock_window_ms) == (250.0, 3, 0.5)
 

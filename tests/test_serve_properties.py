@@ -2,7 +2,9 @@
 
 State is everything that decides a later reply: the sequence guard, the plant sessions
 (their shields' prediction buffers) and the counters that say the policy ran. A datagram
-that is not authenticated (keyed server) or is malformed or stale (any server) changes none of it.
+that is not authenticated (keyed server) or is malformed or stale (open server) changes none of it;
+a keyed server spends an authenticated fresh request's seq whatever the answer
+(tests/test_serve_attacks.py), and nothing else.
 """
 
 from __future__ import annotations
@@ -115,6 +117,60 @@ def test_open_server_a_refused_datagram_changes_no_state(servers, data):
         assert after == before
     else:  # accepted: only its own client moved, and only forward
         assert reply is not None
+
+
+LEGACY_BOUND = 0.3  # no float32 is 0.3: float32(0.3) lies 1.2e-8 outside the box
+EDGES = [float(v) for b in (LEGACY_BOUND, -LEGACY_BOUND) for v in
+         (np.float32(b), np.nextafter(np.float32(b), np.float32(0)), np.nextafter(np.float32(b), np.float32(2 * b)))]
+
+
+@pytest.fixture(scope="module")
+def shadow_server(tmp_path_factory):
+    from shield.shadowlog import ShadowLogWriter
+
+    root = tmp_path_factory.mktemp("shadow_box")
+    bundle = write_tiny_bundle(root / "bundle", seed=4, version=1, latency_steps=2, action_bound=LEGACY_BOUND)
+    log = ShadowLogWriter(root / "logs")
+    server = PolicyServer(EdgeRuntime.load(bundle), mode="shadow", shadow_log=log, deadline_us=1e9)
+    server.sock.close()  # handle() only
+    yield server
+    log.close()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(legacy=st.lists(st.one_of(st.sampled_from(EDGES), st.floats(-1, 1, width=32)), min_size=2, max_size=2))
+def test_shadow_echoes_a_legacy_action_only_when_it_lies_in_the_declared_box(shadow_server, legacy):
+    """Shadow mode echoes the plant's legacy action and feeds it to the shield's prediction: only one the plant
+    can have applied, inside the declared box in double precision (float32(0.3) is not)."""
+    from shield.protocol import Status, decode_act_reply
+
+    server = shadow_server
+    server.shadow_seq = getattr(server, "shadow_seq", 0) + 1
+    legacy32 = np.asarray(legacy, np.float32)
+    inside = all(-LEGACY_BOUND <= float(v) <= LEGACY_BOUND for v in legacy32)
+    reply = decode_act_reply(server.handle(encode_act_request(server.shadow_seq, 0, [0.1, -0.2, 0.0, 0.3],
+                                                              legacy32, client_id=1), ADDR))
+    if inside:
+        assert reply.status & Status.SHADOW and reply.action.tobytes() == legacy32.tobytes()
+    else:
+        assert reply.status & Status.BAD_INPUT and reply.action.tolist() == [0.0, 0.0]
+
+
+def test_refusal_counters_count_the_refusals_sent(servers):
+    """`stale`, `bad_inputs` and (unkeyed) `auth_failures` count refusals sent, as the README's table says: a
+    datagram too short to be answered is only `dropped`. Before, a 32-byte header with an old seq counted as
+    `stale`, so anyone could raise the replay alarm without a reply."""
+    server = servers["open"]
+    old = encode_act_request(1, 0, [0.0, 0.0, 0.0, 0.0], client_id=1)  # client 1 is far past seq 1
+    signed = encode_act_request(time.time_ns() // 1000, 0, [0.0] * 4, key=KEY, client_id=9)
+    before = server.stats.as_dict()
+    for short in (old[:32], old[:40], signed[:48]):  # an answered refusal needs the 52 bytes of an act request
+        assert server.handle(short, ADDR) is None
+    after = server.stats.as_dict()
+    assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {"requests": 3, "dropped": 3}
+    assert server.handle(old, ADDR) is not None and server.handle(signed, ADDR) is not None
+    final = server.stats.as_dict()
+    assert (final["stale"] - after["stale"], final["auth_failures"] - after["auth_failures"]) == (1, 1)
 
 
 def test_prometheus_endpoint_shows_the_counters_moving(tmp_path):

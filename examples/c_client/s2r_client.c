@@ -190,7 +190,13 @@ int main(int argc, char **argv) {
 
     /* Header: magic, version, type, flags, seq, timestamp_us, payload_len, client_id. */
     uint64_t seq = now_us(CLOCK_REALTIME);  /* wall clock µs: within a keyed server's clock window, ahead of any earlier run */
+    /* A random client_id per process, as PolicyClient's (names this plant's session on the server). */
     uint32_t client_id = (uint32_t)(seq ^ ((uint64_t)getpid() << 16));
+    FILE *urandom = fopen("/dev/urandom", "rb");
+    if (urandom) {
+        if (fread(&client_id, sizeof client_id, 1, urandom) != 1) client_id = (uint32_t)(seq ^ ((uint64_t)getpid() << 16));
+        fclose(urandom);
+    }
     uint32_t payload_len = 4 + 4 * (uint32_t)(n_obs + n_leg);
     memcpy(req, "S2RP", 4);
     req[4] = VERSION;

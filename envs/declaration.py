@@ -207,7 +207,13 @@ class Constraint(_Strict):
 
 
 class ShieldModel(_Strict):
-    """The shield's nominal model: linearized from the MJCF at an operating point, or a double integrator."""
+    """The shield's nominal model: linearized from the MJCF at an operating point, or a double integrator.
+
+    A double integrator says input k accelerates position k (`kinematics.positions` in actuator order) by
+    `accel_per_action[k]` per unit action, through a first-order lag `response_time_s`, and that nothing
+    else moves it: a declared plant's motors drive the MJCF directly, so gravity or a spring is a drift the
+    shield must be told of (`shield.disturbance_accel`). The shield-spec build holds it to the MJCF
+    (`envs.measured_response`, `pipeline.safety.envelope.declared_model_problems`)."""
 
     type: Literal["linear", "double_integrator"]
     operating_point: dict[str, float] = Field({}, description="linear: qpos by joint name (others at the MJCF's qpos0)")

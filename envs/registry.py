@@ -87,6 +87,9 @@ class TaskSpec:
             spec["substeps"] = self.nominal_model().substeps
         else:
             spec["response_time_constant"] = float(self.shield_model.get("response_time_constant", 0.0))
+            # A code task's acceleration set-points go through its inner loop, which compensates gravity (the
+            # quadrotor's); a declared plant's motors drive its MJCF directly: nothing is compensated.
+            spec["gravity_compensated"] = not self.declared
         return spec
 
     def nominal_model(self):

@@ -222,6 +222,58 @@ def nominal_model(env_id: str):
     return task(env_id).nominal_model()
 
 
+def measured_response(env_id: str) -> dict:
+    """How a declared plant at its nominal parameters answers from rest at the middle of its initial state, read
+    on its kinematics velocities: what a `double_integrator` shield model is held to. Returns ``drift``
+    (units/s^2 per position under zero action: gravity, a spring), ``per_action`` ([position][input], units/s^2
+    per unit action) and ``seconds``, the time it was read over: one physics step where the model has no
+    response time (the acceleration at rest, before damping acts: damping only ever helps a brake), else
+    three response times, through the model's first-order lag (from rest it gains ``a (T - tau (1 -
+    exp(-T/tau)))`` of speed in T)."""
+    import math
+
+    import mujoco
+    import numpy as np
+
+    spec = task(env_id)
+    safety = spec.safety_spec()
+    vel = list(safety["kinematics"]["velocity_index"])
+    tau = float(spec.shield_model.get("response_time_constant", 0.0))
+    env = spec.make_env()
+    try:
+        base = env.unwrapped
+        base.reset(seed=0)
+        model, data = base.model, base.data
+        h = float(model.opt.timestep)
+        steps = max(1, math.ceil(3.0 * tau / h)) if tau > 0 else 1
+        seconds = steps * h
+        lagged = seconds - tau * (1.0 - math.exp(-seconds / tau)) if tau > 0 else seconds
+        for kind, adr, lo, hi in base._init:  # the middle of the initial state, at rest
+            getattr(data, kind)[adr] = 0.5 * (lo + hi)
+        data.qvel[:] = 0.0
+        mujoco.mj_forward(model, data)
+        start = (data.qpos.copy(), data.qvel.copy(), data.act.copy(), data.time)
+        ctrl, scale = base._binding.ctrl, np.asarray(base._binding.scale, np.float64)
+
+        def speed_after(action: np.ndarray) -> np.ndarray:
+            data.qpos[:], data.qvel[:], data.act[:], data.time = start
+            mujoco.mj_forward(model, data)
+            before = base._values()[vel]
+            data.ctrl[ctrl] = action * scale
+            mujoco.mj_step(model, data, nstep=steps)
+            mujoco.mj_forward(model, data)  # sensors and sites of the state reached (mj_step reads them before)
+            return base._values()[vel] - before
+
+        drift = speed_after(np.zeros(spec.act_dim)) / seconds  # gravity and springs act at once: no lag
+        per_action = np.empty((len(vel), spec.act_dim))
+        for j in range(spec.act_dim):
+            unit = np.eye(spec.act_dim)[j]
+            per_action[:, j] = (speed_after(unit) - speed_after(-unit)) / (2.0 * lagged)
+    finally:
+        env.close()
+    return {"drift": drift.tolist(), "per_action": per_action.tolist(), "seconds": seconds}
+
+
 def legacy_controller(env_id: str):
     """The controller the plant runs today: batch policy obs float32[n, obs_dim] -> float32[n, act_dim]."""
     return task(env_id).make_legacy()
@@ -233,5 +285,5 @@ def describe_tasks() -> list[dict]:
 
 
 __all__ = ["UnknownTaskError", "check_task_file", "compile_declaration", "config_dirs", "describe_tasks", "legacy_controller",
-           "make_task_env", "nominal_model", "read_declaration", "register_task_file", "register_tasks",
+           "make_task_env", "measured_response", "nominal_model", "read_declaration", "register_task_file", "register_tasks",
            "resolve_randomization", "safety_spec", "task_config_path"]

@@ -103,6 +103,48 @@ def plant_weights(env_id: str) -> tuple[dict[str, float], dict[str, float], floa
         env.close()
 
 
+# How far a declared double integrator's nominal plant may answer from its model before the check refuses it:
+# the gain it predicts with (relative), and any input's effect on another position (of that position's own).
+MODEL_GAIN_TOLERANCE = 0.1
+MODEL_CROSS_TOLERANCE = 0.1
+
+
+def declared_model_problems(cfg, positions: list[int], accel_per_action: list[float],
+                            disturbance: list[float]) -> list[str]:
+    """Where a declared plant's `double_integrator` model (input j accelerates position j by accel_per_action[j]
+    per unit action, nothing else moves it) is not what its MJCF does at nominal parameters
+    (`envs.measured_response`): a stronger or weaker input, an input that moves another position (positions
+    listed in another order than the actuators), or a drift under zero action (gravity, a spring) beyond
+    `shield.disturbance_accel`, scaled by the sets' largest gravity scale. Empty when the model holds."""
+    import envs
+
+    measured = envs.measured_response(cfg.task.env_id)
+    per_action, drift = np.asarray(measured["per_action"]), np.asarray(measured["drift"])
+    s_hi = max([1.0] + [r.gravity_scale.high for r in cfg.randomization.values() if r.gravity_scale is not None])
+    problems = []
+    for k, o in enumerate(positions):
+        declared, got = float(accel_per_action[k]), float(per_action[k, k]) if k < per_action.shape[1] else 0.0
+        if abs(got - declared) > MODEL_GAIN_TOLERANCE * abs(declared):
+            problems.append(f"plant.shield_model.accel_per_action[{k}]: declared {declared:g}, but a unit action of "
+                            f"input {k} accelerates position obs[{o}] by {got:.4g} units/s^2 in the MJCF at nominal "
+                            f"parameters (gear x units_per_action / moved mass, through response_time_s): declare "
+                            f"{got:.4g}")
+        for j in range(per_action.shape[1]):
+            if j != k and abs(per_action[k, j]) > MODEL_CROSS_TOLERANCE * abs(declared):
+                problems.append(f"plant.kinematics.positions[{k}]: input {j} accelerates position obs[{o}] by "
+                                f"{per_action[k, j]:.4g} units/s^2 per unit action; a double_integrator drives "
+                                f"position k by input k alone: list the positions (and velocities) in the order "
+                                f"of plant.actuators, or use shield_model: linear")
+        pull = abs(float(drift[k])) * s_hi
+        if pull > disturbance[k] + 1e-6:
+            problems.append(f"shield.disturbance_accel[{k}]: under zero action position obs[{o}] accelerates at "
+                            f"{drift[k]:.4g} units/s^2 in the MJCF (gravity, a spring), x{s_hi:g} at the largest "
+                            f"gravity_scale, and the double_integrator model predicts none: declare at least "
+                            f"{pull:.4g}, compensate it in the plant, or use shield_model: linear (linearized with "
+                            f"gravity)")
+    return problems
+
+
 def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bool,
                   full_accel: list[float], plant: tuple, cross_accel: list[float] | None = None,
                   disturbance: list[float] | None = None, dt: float = 0.0) -> list[SetEnvelope]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.config import ConfigError
-from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, envelope_problems, monitor_bounds, plant_weights,
-                                     push_velocity, set_envelopes)
+from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, declared_model_problems, envelope_problems,
+                                     monitor_bounds, plant_weights, push_velocity, set_envelopes)
 from shield.spec import ShieldSpec, ShieldSpecError, angles_to_dict, brake_pairs, pairs_to_list
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
@@ -93,6 +93,9 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         con["gain"] = float(sc.gains.get(con["name"], sc.gain))
         constraints.append(con)
     plant = plant_weights(cfg.task.env_id)  # nominal masses, gears, moving mass, gravity
+    # A declared plant's double integrator has no inner loop that compensates gravity: its drift is measured
+    # from the MJCF and must be covered like a linear model's error (declared_model_problems).
+    compensated = bool(safety.get("gravity_compensated", True))
     low = np.asarray(safety["action_low"], np.float64)
     high = np.asarray(safety["action_high"], np.float64)
     full = np.maximum(np.abs(low), np.abs(high))  # largest action magnitude per input
@@ -112,13 +115,13 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
     elif safety["model"] == "double_integrator":
         scale = np.asarray(safety["action_scale"], np.float64)
         state_index = pos + vel
-        # The inner loop compensates gravity for the nominal mass (envs: acceleration set-points, gravity
-        # excluded), so a plant with gain/mass r feels r (u + g_c) - g: the compensation g_c scales with
-        # the input's gain like the action, and each input-gain case predicts with its own drift.
-        compensation = [0.0 - float(g) for g in plant[3][:len(pos)]]  # 0.0 - : no -0.0 in the JSON
         model = {"type": "double_integrator", "accel_per_action": np.diag(scale).tolist(),
-                 "gain_scaled_accel": compensation,
                  "response_time_s": float(safety.get("response_time_constant", 0.0))}
+        if compensated:
+            # The inner loop compensates gravity for the nominal mass (envs: acceleration set-points, gravity
+            # excluded), so a plant with gain/mass r feels r (u + g_c) - g: the compensation g_c scales with
+            # the input's gain like the action, and each input-gain case predicts with its own drift.
+            model["gain_scaled_accel"] = [0.0 - float(g) for g in plant[3][:len(pos)]]  # 0.0 - : no -0.0 in JSON
         full_accel = [float(scale[i] * full[i]) for i in range(len(pos))]
         cross_accel = [0.0] * len(pos)  # one input per axis
         damping = [(0.0, "")] * len(pos)
@@ -134,8 +137,13 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
     disturbance = [0.0] * len(pos) if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
     if len(disturbance) != len(pos):
         raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
-    envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator", full_accel, plant,
-                              cross_accel, disturbance, dt)
+    if safety["model"] == "double_integrator" and not compensated:
+        problems = declared_model_problems(cfg, pos, list(scale), disturbance)
+        if problems:
+            raise EnvelopeError("the double_integrator shield model does not describe the plant the MJCF "
+                                "declares:\n  " + "\n  ".join(problems))
+    envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator" and compensated, full_accel,
+                              plant, cross_accel, disturbance, dt)
     latency_min, latency = _latency_range(cfg, envelopes)
     kick = push_velocity(envelopes, brake)
     spec = {

@@ -26,9 +26,12 @@
       kinematics: {positions: [q1], velocities: [dq1]}   # for the shield's braking barriers
       constraints:                    # over named observations
         - {name: shoulder_range, type: box, observations: [q1], low: [-1.4], high: [1.4]}
-        - {name: wall, type: halfspace, a: {tip_x: 1.0}, b: 0.5}       # sum a_i o_i <= b
-        - {name: keepout, type: cylinder, observations: [tip_x, tip_z], center: [0, 0], radius: 0.1}
+        - {name: wall, type: halfspace, a: {q1: 1.0}, b: 1.2}          # sum a_i o_i <= b
+        # - {name: keepout, type: cylinder, observations: [x, y], center: [0, 0], radius: 0.1}
+        #   (keep out of a disc; a sphere: a ball over 3 observations)
       shield_model: {type: linear, operating_point: {shoulder: 0.0}}  # or double_integrator
+                                      # linear: its state is the observed joints' qpos and qvel, so the
+                                      # kinematics and the constraints read those (not a site or a sensor)
       legacy:                         # pid loops, lqr on the linearization, or a callable
         type: pid
         loops: [{action: 0, measured: q1, setpoint: q1_ref, rate: dq1, kp: 2.0, kd: 0.3}]
@@ -203,6 +206,9 @@ class Constraint(_Strict):
                 raise ValueError("halfspace: needs a (weights by observation name) and b")
         elif not n or self.center is None or len(self.center) != n or self.radius is None:
             raise ValueError(f"{self.type}: needs observations, a center of the same length and a radius")
+        elif n != {"cylinder": 2, "sphere": 3}[self.type]:
+            shape, need = ("disc", 2) if self.type == "cylinder" else ("ball", 3)
+            raise ValueError(f"{self.type}: keeps out of a {shape} over {need} position observations, got {n}")
         return self
 
 
@@ -277,6 +283,10 @@ class PlantDeclaration(_Strict):
 
     @model_validator(mode="after")
     def _names(self):
+        for kind, ranges in self.initial_state.items():
+            for joint, (lo, hi) in ranges.items():
+                if not lo <= hi:
+                    raise ValueError(f"initial_state.{kind}.{joint}: [{lo}, {hi}]: low must be <= high")
         names = [o.name for o in self.observations]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -369,9 +379,12 @@ def resolve_entry_point(spec: str, where: str):
     except ImportError as err:
         raise DeclarationError(f"{where}: cannot import module {module_name!r} ({err})") from None
     try:
-        return getattr(module, attr)
+        found = getattr(module, attr)
     except AttributeError:
         raise DeclarationError(f"{where}: module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(found):
+        raise DeclarationError(f"{where}: {spec!r} is a {type(found).__name__}, not a callable")
+    return found
 
 
 def mjcf_identity(path: str | Path) -> str:

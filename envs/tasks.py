@@ -93,7 +93,11 @@ def _declared_legacy(decl: PlantDeclaration, mjcf: Path):
         if decl.shield_model.type != "linear":
             raise DeclarationError("plant.legacy: lqr needs shield_model.type linear (the linearization it is designed on)")
         return DeclaredLqr(decl, _nominal(decl, mjcf), name)
-    return resolve_entry_point(legacy.callable, "plant.legacy.callable")()
+    factory = resolve_entry_point(legacy.callable, "plant.legacy.callable")
+    try:
+        return factory()
+    except Exception as err:  # the user's code: its error, with the key that names it
+        raise DeclarationError(f"plant.legacy.callable: {legacy.callable}() raised {type(err).__name__}: {err}") from None
 
 
 def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskSpec:
@@ -120,7 +124,7 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
                     fingerprint=fingerprint)
 
 
-def _check(spec: TaskSpec) -> None:
+def _check(spec: TaskSpec, decl: PlantDeclaration) -> None:
     """Build everything a declared task names once: the MJCF and its element names, the reward functions,
     the legacy controller and (linear) the shield's operating point."""
     try:
@@ -131,8 +135,32 @@ def _check(spec: TaskSpec) -> None:
         raise DeclarationError(f"plant.mjcf: cannot load the MJCF of {spec.config_file}: {err}") from None
     env.close()
     if spec.shield_model["type"] == "linear":
-        spec.nominal_model()
+        _check_linear_state(spec, spec.nominal_model(), [o.name for o in decl.observations])
     spec.make_legacy()
+
+
+def _check_linear_state(spec: TaskSpec, nominal, names: list[str]) -> None:
+    """A linear shield model's state is the joints' qpos and qvel the plant observes: every kinematics entry and
+    every constrained observation must be one (a site or sensor reading is not in it)."""
+    safety = spec.safety_spec()
+    state = nominal.obs_to_state
+    wanted = [(f"plant.kinematics.{key}[{k}]", o) for key, idx in (("positions", "position_index"),
+                                                                    ("velocities", "velocity_index"))
+              for k, o in enumerate(safety["kinematics"][idx])]
+    wanted += [(f"plant.constraints[{c}] ({con['name']})", o) for c, con in enumerate(safety["constraints"])
+               for o in _constraint_indices(con)]
+    for where, o in wanted:
+        if o not in state:
+            raise DeclarationError(f"{where}: observation {names[o]!r} is not a joint's qpos or qvel, and a "
+                                   f"linear shield model's state holds only those (linearized from the MJCF): observe "
+                                   f"the joint itself, or use shield_model: double_integrator")
+
+
+def _constraint_indices(con: dict) -> list[int]:
+    """The observation indices a constraint of `envs.safety` reads."""
+    if con["type"] == "halfspace":
+        return [i for i, a in enumerate(con["a"]) if a != 0.0]
+    return list(con["index"])
 
 
 def register_task_file(path, check: bool = False) -> TaskSpec | None:
@@ -144,7 +172,7 @@ def register_task_file(path, check: bool = False) -> TaskSpec | None:
         return None
     spec = compile_declaration(*found, path)
     if check:
-        _check(spec)
+        _check(spec, found[1])
     spec = register(spec)
     listed = [p for p in os.environ.get(TASKS_ENV, "").split(os.pathsep) if p]
     if str(path) not in listed:

@@ -109,12 +109,51 @@ def _broken(tmp_path, edit) -> str:
     (lambda d: d["plant"].update(legacy={"type": "callable", "callable": "envs:no_such_controller"}), "plant.legacy.callable"),
     (lambda d: d["plant"]["legacy"]["loops"][0].update(measured="q3"), "plant.legacy.loops[0]"),
     (lambda d: d["plant"]["shield_model"].update(operating_point={"shoulder": 0.5}), "plant.shield_model.operating_point"),
+    # Found declaring new plants from the README: each was a traceback, or passed and failed later (in a Ray
+    # actor, or silently: a misspelt model range covers nothing).
+    (lambda d: d["plant"].update(legacy={"type": "callable", "callable": "os:path"}), "plant.legacy.callable"),
+    (lambda d: d["plant"].update(legacy={"type": "callable", "callable": "json:loads"}),
+     "plant.legacy.callable"),  # calling the factory raises: its error, with the key
+    (lambda d: d["plant"]["initial_state"]["qpos"].update(elbow=[0.2, -0.2]), "plant.initial_state.qpos.elbow"),
+    (lambda d: d["plant"]["constraints"].append(
+        {"name": "ball", "type": "sphere", "observations": ["q1", "q2"], "center": [0, 0], "radius": 0.1}),
+     "plant.constraints[2]"),
+    (lambda d: (d["plant"]["observations"].append({"name": "tip_x", "site": "tip", "axis": 0}),
+                d["plant"]["constraints"].append({"name": "wall", "type": "halfspace", "a": {"tip_x": 1.0}, "b": 0.5})),
+     "plant.constraints[2] (wall)"),  # a linear model's state is the joints': not a site
+    (lambda d: d["randomization"]["train"]["body_mass"].update(forearmm={"dist": "uniform", "low": 0.9, "high": 1.1}),
+     "randomization.train"),
+    (lambda d: d["randomization"]["reality"].update(obs_noise_std=[0.01, 0.01]), "randomization.reality"),
+    (lambda d: d["shield"]["model_ranges"].update({"joint_damping.elbw": [0.6, 1.5]}),
+     "shield.model_ranges.joint_damping.elbw"),
 ])
 def test_config_check_names_the_key(tmp_path, capsys, monkeypatch, edit, key):
     monkeypatch.setenv("SIM2REAL_TASKS", "")
     assert sim2real(["config", "--check", _broken(tmp_path, edit)]) == 2
     err = capsys.readouterr().err
     assert key in err and "Traceback" not in err, err
+
+
+def test_a_legacy_controller_of_the_wrong_shape_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    """A callable legacy controller answering [n, 1] for a two-input plant ran in `eval` unnoticed (every step
+    'intervened') until `shadow` failed on the shapes; `config --check` and `train` now refuse it, naming the key,
+    and `train` leaves no run directory behind."""
+    (tmp_path / "one_output_legacy.py").write_text(
+        "import numpy as np\n\n\nclass OneOutput:\n    name = 'one_output'\n\n"
+        "    def reset(self):\n        pass\n\n"
+        "    def __call__(self, obs):\n        return np.zeros((len(obs), 1), np.float32)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    path = _broken(tmp_path, lambda d: d["plant"].update(
+        legacy={"type": "callable", "callable": "one_output_legacy:OneOutput"}))
+    assert sim2real(["config", "--check", path]) == 2
+    assert "plant.legacy" in capsys.readouterr().err
+    runs = tmp_path / "runs"
+    assert sim2real(["train", "--config", path, "--out", str(runs / "r"), "--steps", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert "plant.legacy" in err and "Traceback" not in err, err
+    assert not runs.exists()
 
 
 def test_config_check_accepts_the_arm(capsys):

@@ -17,6 +17,9 @@ def run(args: argparse.Namespace) -> int:
             from pipeline.safety.shield_spec import build_shield_spec
 
             build_shield_spec(cfg)  # EnvelopeError (a ConfigError) names set, parameter, range and limit
+        from pipeline.training.rollout import preflight
+
+        preflight(cfg)  # every set runs the env once, the legacy controller answers: or the key to change
         emit(args, {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash()},
              f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})")
         return 0

@@ -268,6 +268,11 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
             elif lo_p < covered[key][0] - 1e-9 or hi_p > covered[key][1] + 1e-9:
                 problems.append(f"{where}.{key}: range [{lo_p:g}, {hi_p:g}] leaves shield.model_ranges.{key} = "
                                 f"{list(covered[key])}")
+    randomized = sorted({key for env in envelopes for key in env.other})
+    for key in cfg.shield.model_ranges:
+        if key not in randomized:  # a misspelt element covers nothing, and would say nothing
+            problems.append(f"shield.model_ranges.{key}: no randomization set randomizes it (randomized: "
+                            f"{randomized or 'none'})")
     return problems
 
 

@@ -52,6 +52,42 @@ def make_env(env_id: str, randomization: Any = None, max_episode_steps: int | No
     return env
 
 
+def preflight(cfg) -> None:
+    """Build the task's env under every randomization set, reset it and step it once, and (a sim2real task) ask
+    its legacy controller for one observation's action: a set naming an element the plant lacks, noise of the
+    wrong length, an initial state the env cannot draw or a legacy controller of the wrong shape fails here as a
+    ConfigError naming its key, before a run directory or a Ray actor exists."""
+    from pipeline.config import ConfigError
+
+    env_id, obs = cfg.task.env_id, None
+    for name, rset in cfg.randomization.items():
+        try:
+            env = make_env(env_id, rset.model_dump(mode="json"), cfg.task.max_episode_steps)
+            try:
+                obs, _ = env.reset(seed=0)
+                low, high = env.action_space.low, env.action_space.high
+                env.step(np.clip(np.zeros(env.action_space.shape), low, high).astype(env.action_space.dtype))
+            finally:
+                env.close()
+        except Exception as err:  # whatever the env raised, the set is what to change
+            raise ConfigError(f"randomization.{name}: the task's env cannot run with this set: "
+                              f"{type(err).__name__}: {err}") from None
+    if obs is None or not env_id.startswith("sim2real/"):
+        return
+    import envs
+
+    act_dim = int(np.prod(env.action_space.shape))
+    try:
+        legacy = envs.legacy_controller(env_id)
+        action = np.asarray(legacy(np.asarray(obs, np.float32)[None]))
+    except Exception as err:
+        raise ConfigError(f"plant.legacy: the legacy controller cannot answer an observation: "
+                          f"{type(err).__name__}: {err}") from None
+    if action.shape != (1, act_dim):
+        raise ConfigError(f"plant.legacy: the legacy controller returned shape {action.shape} for one observation "
+                          f"(float32[1, {len(obs)}]); it must return float32[n, act_dim] = [1, {act_dim}]")
+
+
 class PolicyInputs:
     """The network inputs of M envs: observation + (history policies) the last H (obs, sent action) pairs.
 

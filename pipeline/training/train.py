@@ -39,7 +39,7 @@ from pipeline.training.actor_pool import ActorPool, WeightSource, ray_for_run
 from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
 from pipeline.training.learner import Learner, learner_threads, resolve_device
 from pipeline.training.metrics import MetricsLogger
-from pipeline.training.rollout import RolloutActor, make_env
+from pipeline.training.rollout import RolloutActor, make_env, preflight
 from pipeline.training.selection import ModelSelection
 
 # final_return = mean return of this many most recent episodes.
@@ -87,9 +87,10 @@ def start_run(cfg, out_dir, resume, steps, actors, envs_per_actor) -> tuple:
         run_dir = Path(out_dir) if out_dir else Path("runs") / f"{cfg.task.name}-{datetime.now():%Y%m%d-%H%M%S}"
         ckpt = None
     cfg = _with_overrides(cfg, steps, actors, envs_per_actor)
+    preflight(cfg)  # a set or a legacy controller that cannot run fails here, before the run directory exists
+    model_spec, randomization = model_spec_for(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    model_spec, randomization = model_spec_for(cfg)
     device = resolve_device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)
     return cfg, run_dir, ckpt, model_spec, randomization, device

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import warnings
 from functools import partial
 from pathlib import Path
@@ -103,6 +104,10 @@ def _declared_legacy(decl: PlantDeclaration, mjcf: Path):
 def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskSpec:
     """The TaskSpec of a declared task (nothing is compiled by MuJoCo until an env or a model is asked for)."""
     path = Path(path).resolve()
+    # `module:function` entries (a legacy callable, a reward function) may live beside the YAML: its folder is
+    # searched last, so a file there never shadows an installed module.
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
     # Beside the YAML, else by name in the config folders (a copy of a shipped YAML edited elsewhere).
     mjcf = mjcf_path(decl, path, config_dirs())
     sm = decl.shield_model

@@ -137,14 +137,12 @@ def test_config_check_names_the_key(tmp_path, capsys, monkeypatch, edit, key):
 def test_a_legacy_controller_of_the_wrong_shape_is_refused_before_training(tmp_path, capsys, monkeypatch):
     """A callable legacy controller answering [n, 1] for a two-input plant ran in `eval` unnoticed (every step
     'intervened') until `shadow` failed on the shapes; `config --check` and `train` now refuse it, naming the key,
-    and `train` leaves no run directory behind."""
+    and `train` leaves no run directory behind. Its module lies beside the YAML, found there without PYTHONPATH."""
     (tmp_path / "one_output_legacy.py").write_text(
         "import numpy as np\n\n\nclass OneOutput:\n    name = 'one_output'\n\n"
         "    def reset(self):\n        pass\n\n"
         "    def __call__(self, obs):\n        return np.zeros((len(obs), 1), np.float32)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    monkeypatch.setenv("SIM2REAL_TASKS", "")  # the module lies beside the YAML: found there, no PYTHONPATH
     path = _broken(tmp_path, lambda d: d["plant"].update(
         legacy={"type": "callable", "callable": "one_output_legacy:OneOutput"}))
     assert sim2real(["config", "--check", path]) == 2

@@ -100,6 +100,26 @@ def test_a_bundle_is_evaluated_with_its_own_shield_json(tmp_path, capsys):
     assert result["violations"] == 0 and np.isfinite(result["return_mean"])
 
 
+def test_a_bundle_of_another_task_is_refused_by_name(tmp_path, capsys):
+    """A bundle run against another task's config used to say only `observation must have 5 entries, got 6`
+    (or, the same size, nothing at all); eval and shadow now name both tasks."""
+    from pipeline.cli import main
+
+    cfg = load_config("configs/cartpole.yaml")
+    spec_bytes = json.dumps(build_shield_spec(cfg)).encode()
+    policy = mlp_onnx(5, 1, seed=3)
+    files = {"policy.onnx": policy, "shield.json": spec_bytes}
+    manifest = make_manifest(task="cartpole", env_id=cfg.task.env_id, files=files, config_hash=cfg.config_hash(),
+                             obs_dim=5, act_dim=1)
+    bundle = write_bundle(tmp_path / "b", policy_onnx=policy, shield_spec=spec_bytes, manifest=manifest)
+    for command in (["eval", str(bundle), "--episodes", "1"], ["shadow", str(bundle), "--episodes", "1",
+                                                                "--report", str(tmp_path / "report")]):
+        assert main([*command, "--config", "configs/arm.yaml"]) == 2
+        err = capsys.readouterr().err
+        assert "exported for task cartpole" in err and "arm" in err and "Traceback" not in err, err
+    assert not (tmp_path / "report").exists()
+
+
 def test_the_cli_offers_every_reference_policy():
     from pipeline.evaluation.adversary import REFERENCE_POLICIES
 

@@ -84,6 +84,15 @@ def make_env(cfg, rset, max_episode_steps: int | None = None):
     return gym.make(cfg.task.env_id, randomization=rset, **({"max_episode_steps": steps} if steps else {}))
 
 
+def check_bundle_task(cfg, manifest: dict, bundle: Any) -> None:
+    """A bundle is run against the config of the task it was exported for: another task's plant would only say
+    that the observation has the wrong size, or (the same size) run without a word."""
+    exported = (manifest.get("task"), manifest.get("env_id"))
+    if exported != (cfg.task.name, cfg.task.env_id):
+        raise ValueError(f"{bundle}: exported for task {exported[0]} ({exported[1]}), but the config is for "
+                         f"{cfg.task.name} ({cfg.task.env_id}): give the config of the bundle's task")
+
+
 def control_period_s(cfg) -> float:
     """The task's control period (s), from the task registry."""
     import envs

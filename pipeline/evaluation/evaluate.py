@@ -15,6 +15,7 @@ from pipeline.evaluation.adversary import reference_policy  # noqa: F401
 from pipeline.evaluation.episodes import (
     PolicyDriver,
     RuntimeDriver,
+    check_bundle_task,
     control_period_s,
     domains_label,
     make_env,
@@ -38,6 +39,7 @@ def evaluate(cfg, policy, *, domains: Any = "train", episodes: int = 20, seed: i
     from shield.runtime import EdgeRuntime
 
     if isinstance(policy, EdgeRuntime):
+        check_bundle_task(cfg, policy.bundle.manifest, policy.bundle.path)
         if shield != policy.shielded:  # the same bundle, with its shield.json's shield or bare
             own = CbfShield(ShieldSpec.from_dict(policy.bundle.shield_spec)) if shield else None
             policy = EdgeRuntime(policy.bundle, policy.policy, own)

@@ -27,6 +27,7 @@ from pipeline.evaluation.episodes import (
     RunTotals,
     RuntimeDriver,
     Step,
+    check_bundle_task,
     control_period_s,
     make_env,
     resolve_domains,
@@ -256,11 +257,13 @@ def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | N
         from shield.bundle import verify_bundle
 
         manifest = verify_bundle(bundle_dir)  # BundleError names the file
+        check_bundle_task(cfg, manifest, bundle_dir)
         shadow, metrics = metrics_from_log(from_log, cfg)
         check_log_matches_bundle(shadow.meta, manifest.get("version"), from_log)
         cf = None
     else:
         runtime = EdgeRuntime.load(bundle_dir)  # verifies every hash; BundleError names the file
+        check_bundle_task(cfg, runtime.bundle.manifest, bundle_dir)
         shadow, cf, metrics = evaluate_candidate(runtime, cfg, domains=domains, episodes=episodes, seed=seed,
                                                  legacy_name=legacy)
     if falsification is not None:  # `falsify` ran before the gate (the retrain flow): its cases are a gate check

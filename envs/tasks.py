@@ -255,56 +255,94 @@ def nominal_model(env_id: str):
     return task(env_id).nominal_model()
 
 
-def measured_response(env_id: str) -> dict:
-    """How a declared plant at its nominal parameters answers from rest at the middle of its initial state, read
-    on its kinematics velocities: what a `double_integrator` shield model is held to. Returns ``drift``
-    (units/s^2 per position under zero action: gravity, a spring), ``per_action`` ([position][input], units/s^2
-    per unit action) and ``seconds``, the time it was read over: one physics step where the model has no
-    response time (the acceleration at rest, before damping acts: damping only ever helps a brake), else
-    three response times, through the model's first-order lag (from rest it gains ``a (T - tau (1 -
-    exp(-T/tau)))`` of speed in T)."""
-    import math
+def measured_response(env_id: str, pushes: dict[str, list[str]] | None = None, rollouts: int = 4,
+                      steps: int = 100) -> dict:
+    """How a declared plant at its nominal parameters answers, read on its kinematics velocities over one
+    physics step from rest (the acceleration itself: damping, which only ever helps a brake, has not acted
+    yet, and no joint stop is reached): what a `double_integrator` shield model is held to. Returns
 
+    - ``per_action`` ([position][input], units/s^2 per unit action) at the middle of the initial state, each
+      actuator's own lag settled (a MuJoCo `filter` actuator's state set to its control);
+    - ``lag_s`` (per input): each actuator's first-order time constant in the MJCF (0 without dynamics);
+    - ``drift`` (per position): the largest zero-action acceleration (gravity, a spring) over the states that
+      `rollouts` episodes of random full actions visit inside the constraints, at rest, signed;
+    - ``push`` ({body: [position][axis]}, units/s^2 per newton along world x, y, z): for `pushes`' bodies.
+    """
     import mujoco
     import numpy as np
+
+    from envs.safety import violated_constraints
 
     spec = task(env_id)
     safety = spec.safety_spec()
     vel = list(safety["kinematics"]["velocity_index"])
-    tau = float(spec.shield_model.get("response_time_constant", 0.0))
     env = spec.make_env()
     try:
         base = env.unwrapped
-        base.reset(seed=0)
         model, data = base.model, base.data
         h = float(model.opt.timestep)
-        steps = max(1, math.ceil(3.0 * tau / h)) if tau > 0 else 1
-        seconds = steps * h
-        lagged = seconds - tau * (1.0 - math.exp(-seconds / tau)) if tau > 0 else seconds
-        for kind, adr, lo, hi in base._init:  # the middle of the initial state, at rest
-            getattr(data, kind)[adr] = 0.5 * (lo + hi)
-        data.qvel[:] = 0.0
-        mujoco.mj_forward(model, data)
-        start = (data.qpos.copy(), data.qvel.copy(), data.act.copy(), data.time)
-        ctrl, scale = base._binding.ctrl, np.asarray(base._binding.scale, np.float64)
+        ctrl, scale = list(base._binding.ctrl), np.asarray(base._binding.scale, np.float64)
+        filters = (int(mujoco.mjtDyn.mjDYN_FILTER), int(mujoco.mjtDyn.mjDYN_FILTEREXACT))
+        lag = [float(model.actuator_dynprm[i][0]) if int(model.actuator_dyntype[i]) in filters else 0.0 for i in ctrl]
+        # A state resting on a joint limit or in contact is held there by the constraint force, not drifting:
+        # the drift is read where nothing but the plant's own dynamics acts.
+        held = {int(c) for c in (mujoco.mjtConstraint.mjCNSTR_LIMIT_JOINT, mujoco.mjtConstraint.mjCNSTR_LIMIT_TENDON,
+                                 mujoco.mjtConstraint.mjCNSTR_CONTACT_FRICTIONLESS,
+                                 mujoco.mjtConstraint.mjCNSTR_CONTACT_PYRAMIDAL,
+                                 mujoco.mjtConstraint.mjCNSTR_CONTACT_ELLIPTIC)}
 
-        def speed_after(action: np.ndarray) -> np.ndarray:
-            data.qpos[:], data.qvel[:], data.act[:], data.time = start
+        def free(qpos: np.ndarray) -> bool:
+            data.qpos[:], data.qvel[:] = qpos, 0.0
+            mujoco.mj_forward(model, data)
+            return not any(int(t) in held for t in data.efc_type[:data.nefc])
+
+        def accel(qpos: np.ndarray, action: np.ndarray, body: int = -1, axis: int = 0) -> np.ndarray:
+            data.qpos[:], data.qvel[:], data.act[:] = qpos, 0.0, 0.0
+            data.ctrl[:] = 0.0
+            data.ctrl[ctrl] = action * scale
+            for i in ctrl:  # the actuator's own lag settled: its state at its control
+                if model.actuator_actadr[i] >= 0:
+                    data.act[model.actuator_actadr[i]] = data.ctrl[i]
+            data.xfrc_applied[:] = 0.0
+            if body >= 0:
+                data.xfrc_applied[body, axis] = 1.0
             mujoco.mj_forward(model, data)
             before = base._values()[vel]
-            data.ctrl[ctrl] = action * scale
-            mujoco.mj_step(model, data, nstep=steps)
+            mujoco.mj_step(model, data)
             mujoco.mj_forward(model, data)  # sensors and sites of the state reached (mj_step reads them before)
-            return base._values()[vel] - before
+            data.xfrc_applied[:] = 0.0
+            return (base._values()[vel] - before) / h
 
-        drift = speed_after(np.zeros(spec.act_dim)) / seconds  # gravity and springs act at once: no lag
+        base.reset(seed=0)
+        for kind, adr, lo, hi in base._init:  # the middle of the initial state
+            getattr(data, kind)[adr] = 0.5 * (lo + hi)
+        center = data.qpos.copy()
+        zero = np.zeros(spec.act_dim)
         per_action = np.empty((len(vel), spec.act_dim))
         for j in range(spec.act_dim):
             unit = np.eye(spec.act_dim)[j]
-            per_action[:, j] = (speed_after(unit) - speed_after(-unit)) / (2.0 * lagged)
+            per_action[:, j] = 0.5 * (accel(center, unit) - accel(center, -unit))
+        visited = [center]
+        rng = np.random.default_rng(0)
+        for episode in range(rollouts):
+            base.reset(seed=episode)
+            for _ in range(steps):
+                obs, _, terminated, _, _ = base.step(rng.choice([-1.0, 1.0], spec.act_dim))
+                if terminated:
+                    break
+                if not violated_constraints(safety, obs):
+                    visited.append(data.qpos.copy())
+        visited = [q for q in visited if free(q)] or [center]
+        drifts = np.array([accel(q, zero) for q in visited])
+        drift = drifts[np.abs(drifts).argmax(axis=0), np.arange(len(vel))]
+        push = {}
+        for name in pushes or {}:
+            b = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
+            push[name] = np.array([accel(center, zero, b, a) - accel(center, zero) for a in range(3)]).T.tolist()
     finally:
         env.close()
-    return {"drift": drift.tolist(), "per_action": per_action.tolist(), "seconds": seconds}
+    return {"per_action": per_action.tolist(), "lag_s": lag, "drift": drift.tolist(), "push": push,
+            "states": len(visited)}
 
 
 def legacy_controller(env_id: str):

@@ -45,9 +45,10 @@ MJCF = """<mujoco model="stage">
 TRUE_ACCEL = [10.0, 15.0, 20.0]  # gear / moved mass (the first physics step's damping aside)
 
 
-def stage(tmp_path, name: str, **edits) -> str:
-    """The stage's YAML, as a user writes it; `edits` replace plant keys (kinematics, shield_model) or shield's."""
-    (tmp_path / "stage.xml").write_text(MJCF)
+def stage(tmp_path, name: str, mjcf: str = MJCF, push: dict | None = None, **edits) -> str:
+    """The stage's YAML, as a user writes it; `edits` replace plant keys (kinematics, shield_model) or shield's;
+    `push`: the reality set's push."""
+    (tmp_path / "stage.xml").write_text(mjcf)
     plant = {
         "mjcf": "stage.xml", "control_period": 0.02, "episode_steps": 200,
         "actuators": [{"name": n, "scale": 1.0} for n in ("mx", "my", "mz")],
@@ -76,7 +77,7 @@ def stage(tmp_path, name: str, **edits) -> str:
            "randomization": {
                "train": {"actuator_gain": {m: {"dist": "uniform", "low": 0.9, "high": 1.1} for m in ("mx", "my", "mz")}},
                "reality": {"actuator_gain": {m: {"dist": "uniform", "low": 0.9, "high": 1.05} for m in ("mx", "my", "mz")},
-                           "latency_steps": {"low": 0, "high": 1}}},
+                           "latency_steps": {"low": 0, "high": 1}, **({"push": push} if push else {})}},
            "shield": shield, "validation": {"enabled": False}, "shadow": {"episodes": 2, "domains": "reality"}}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -113,3 +114,32 @@ def test_the_stage_declared_as_it_is_passes_and_the_shield_holds_its_floor(tmp_p
         runs[(policy, bool(shield))] = json.loads(capsys.readouterr().out)["violations"]
     assert runs[("adversarial", False)] == 0 and runs[("bang_bang", False)] == 0, runs
     assert runs[("adversarial", True)] > 0, runs  # without the shield the adversary does cross: the test can fail
+
+
+LAGGED = MJCF.replace('<motor name="mx" joint="sx" gear="20" ctrlrange="-1 1"/>',
+                      '<general name="mx" joint="sx" gear="20" ctrlrange="-1 1" dyntype="filter" dynprm="0.1"/>') \
+    .replace('<motor name="my" joint="sy" gear="15" ctrlrange="-1 1"/>',
+             '<general name="my" joint="sy" gear="15" ctrlrange="-1 1" dyntype="filter" dynprm="0.1"/>') \
+    .replace('<motor name="mz" joint="sz" gear="10" ctrlrange="-1 1"/>',
+             '<general name="mz" joint="sz" gear="10" ctrlrange="-1 1" dyntype="filter" dynprm="0.1"/>')
+
+
+def test_an_actuator_lag_is_read_from_the_mjcf_and_a_push_from_the_body_it_pushes(tmp_path, capsys, monkeypatch):
+    """Actuators with a 0.1 s first-order filter: declared with that response time the stage passes (its gain
+    is read with the lag settled, from rest: damping and the joint stops a 0.3 s window reached made a right
+    declaration fail before); declared 0.05 s it is refused (a gain fitted to the wrong lag passed and crossed
+    the floor). An 8 N push on the 0.5 kg head gives it 16 m/s^2, which the weakest plant cannot answer (the
+    moving bodies' summed mass said 4, and the stage crossed its floor)."""
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    lagged = {"shield_model": {"type": "double_integrator", "accel_per_action": TRUE_ACCEL, "response_time_s": 0.1}}
+    assert sim2real(["config", "--check", stage(tmp_path, "stagelag", mjcf=LAGGED, **lagged)]) == 0, \
+        capsys.readouterr().err
+    capsys.readouterr()
+    short = {"shield_model": {"type": "double_integrator", "accel_per_action": TRUE_ACCEL, "response_time_s": 0.05}}
+    assert sim2real(["config", "--check", stage(tmp_path, "stageshortlag", mjcf=LAGGED, **short)]) == 2
+    err = capsys.readouterr().err
+    assert "plant.shield_model.response_time_s" in err and "declare 0.1" in err, err
+    push = {"body": "head", "max_force": 8.0, "probability": 0.05, "duration_steps": 5, "axes": ["z"]}
+    assert sim2real(["config", "--check", stage(tmp_path, "stagepush", push=push)]) == 2
+    err = capsys.readouterr().err
+    assert "randomization.reality.push.max_force" in err and "a push gives 15.8" in err, err  # 16, damped 1 step

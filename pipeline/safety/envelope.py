@@ -109,26 +109,51 @@ MODEL_GAIN_TOLERANCE = 0.1
 MODEL_CROSS_TOLERANCE = 0.1
 
 
-def declared_model_problems(cfg, positions: list[int], accel_per_action: list[float],
-                            disturbance: list[float]) -> list[str]:
-    """Where a declared plant's `double_integrator` model (input j accelerates position j by accel_per_action[j]
-    per unit action, nothing else moves it) is not what its MJCF does at nominal parameters
-    (`envs.measured_response`): a stronger or weaker input, an input that moves another position (positions
-    listed in another order than the actuators), or a drift under zero action (gravity, a spring) beyond
-    `shield.disturbance_accel`, scaled by the sets' largest gravity scale. Empty when the model holds."""
-    import envs
+def measured_pushes(cfg) -> dict[str, list[str]]:
+    """{pushed body: its axes} over the config's randomization sets (what `envs.measured_response` measures)."""
+    out: dict[str, list[str]] = {}
+    for rset in cfg.randomization.values():
+        if rset.push is not None:
+            out.setdefault(rset.push.body, [])
+            out[rset.push.body] = sorted(set(out[rset.push.body]) | set(rset.push.axes))
+    return out
 
-    measured = envs.measured_response(cfg.task.env_id)
+
+def declared_push_accel(measured: dict, rset, positions: list[int]) -> list[float]:
+    """Per position, the acceleration a set's push gives a declared plant (`measured["push"]`: per newton along
+    each world axis, measured on the pushed body), at its lightest: what the moving bodies' summed mass and
+    position k = world axis k, which hold for the quadrotor, do not say of a declared plant."""
+    p = rset.push
+    if p is None:
+        return [0.0] * len(positions)
+    per_newton = measured["push"][p.body]
+    m_lo = min([r.low for r in rset.body_mass.values()] + [1.0])
+    axes = {"x": 0, "y": 1, "z": 2}
+    return [p.max_force * sum(abs(per_newton[k][axes[a]]) for a in p.axes) / m_lo for k in range(len(positions))]
+
+
+def declared_model_problems(cfg, positions: list[int], accel_per_action: list[float], disturbance: list[float],
+                            response_time_s: float, measured: dict) -> list[str]:
+    """Where a declared plant's `double_integrator` model (input j accelerates position j by accel_per_action[j]
+    per unit action through the first-order lag response_time_s, nothing else moves it) is not what its MJCF
+    does at nominal parameters (`envs.measured_response`): a stronger or weaker input, an input that moves
+    another position (positions listed in another order than the actuators), an actuator lag other than the
+    declared one, or a drift under zero action (gravity, a spring) anywhere the plant goes inside its
+    constraints beyond `shield.disturbance_accel`, scaled by the sets' largest gravity scale. Empty when the
+    model holds."""
     per_action, drift = np.asarray(measured["per_action"]), np.asarray(measured["drift"])
     s_hi = max([1.0] + [r.gravity_scale.high for r in cfg.randomization.values() if r.gravity_scale is not None])
     problems = []
+    for j, lag in enumerate(measured["lag_s"]):
+        if abs(lag - response_time_s) > MODEL_GAIN_TOLERANCE * max(lag, response_time_s):
+            problems.append(f"plant.shield_model.response_time_s: {response_time_s:g} s, but actuator {j} has a "
+                            f"first-order lag of {lag:g} s in the MJCF (its filter's time constant): declare {lag:g}")
     for k, o in enumerate(positions):
         declared, got = float(accel_per_action[k]), float(per_action[k, k]) if k < per_action.shape[1] else 0.0
         if abs(got - declared) > MODEL_GAIN_TOLERANCE * abs(declared):
             problems.append(f"plant.shield_model.accel_per_action[{k}]: declared {declared:g}, but a unit action of "
                             f"input {k} accelerates position obs[{o}] by {got:.4g} units/s^2 in the MJCF at nominal "
-                            f"parameters (gear x units_per_action / moved mass, through response_time_s): declare "
-                            f"{got:.4g}")
+                            f"parameters (gear x units_per_action over what it moves, from rest): declare {got:.4g}")
         for j in range(per_action.shape[1]):
             if j != k and abs(per_action[k, j]) > MODEL_CROSS_TOLERANCE * abs(declared):
                 problems.append(f"plant.kinematics.positions[{k}]: input {j} accelerates position obs[{o}] by "
@@ -137,23 +162,26 @@ def declared_model_problems(cfg, positions: list[int], accel_per_action: list[fl
                                 f"of plant.actuators, or use shield_model: linear")
         pull = abs(float(drift[k])) * s_hi
         if pull > disturbance[k] + 1e-6:
-            problems.append(f"shield.disturbance_accel[{k}]: under zero action position obs[{o}] accelerates at "
-                            f"{drift[k]:.4g} units/s^2 in the MJCF (gravity, a spring), x{s_hi:g} at the largest "
+            problems.append(f"shield.disturbance_accel[{k}]: under zero action position obs[{o}] accelerates at up "
+                            f"to {drift[k]:.4g} units/s^2 in the MJCF (gravity, a spring) where the plant goes "
+                            f"inside its constraints ({measured.get('states', 1)} states), x{s_hi:g} at the largest "
                             f"gravity_scale, and the double_integrator model predicts none: declare at least "
-                            f"{pull:.4g}, compensate it in the plant, or use shield_model: linear (linearized with "
-                            f"gravity)")
+                            f"{pull:.4g}, compensate it in the plant, or use shield_model: linear")
     return problems
 
 
 def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bool,
                   full_accel: list[float], plant: tuple, cross_accel: list[float] | None = None,
-                  disturbance: list[float] | None = None, dt: float = 0.0) -> list[SetEnvelope]:
+                  disturbance: list[float] | None = None, dt: float = 0.0,
+                  push_accel_of=None) -> list[SetEnvelope]:
     """One SetEnvelope per randomization set of `cfg`; `plant`: `plant_weights(cfg.task.env_id)`; `dt`: the control
     period (s), a push's duration is counted in.
 
     `cross_accel`: per position, what the inputs other than its strongest can do to it at full action (a
     coupled plant); `disturbance`: the spec's declared unknown additive acceleration per position. The
-    authority to brake is the strongest input's, less both, at the weakest gain/mass."""
+    authority to brake is the strongest input's, less both, at the weakest gain/mass. `push_accel_of(rset)`:
+    per position, what the set's push gives the plant where it is measured (`declared_push_accel`); by default
+    the push force over the moving bodies' mass, on world axis k = position k (the quadrotor)."""
     masses, gears, moving_mass, gravity = plant
     ambient = list(cfg.shield.ambient_disturbance_accel or [0.0] * len(positions))
     cross = cross_accel or [0.0] * len(positions)
@@ -182,8 +210,11 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
                               min(r * (F + g_c) - s * g_c for r in ratio for s in (s_lo, s_hi)) - against))
             p = rset.push
             axes = {"x": 0, "y": 1, "z": 2}
-            pushed = p is not None and k < 3 and any(axes[a] == k for a in p.axes)
-            push.append(p.max_force / (moving_mass * m_lo) if pushed else 0.0)
+            if push_accel_of is not None:  # measured on the plant (a declared double integrator)
+                push.append(push_accel_of(rset)[k])
+            else:
+                pushed = p is not None and k < 3 and any(axes[a] == k for a in p.axes)
+                push.append(p.max_force / (moving_mass * m_lo) if pushed else 0.0)
         std = list(rset.obs_noise_std)
         noise = [std[0]] * obs_dim if len(std) == 1 else (std + [0.0] * obs_dim)[:obs_dim]
         other = {f"{group}.{el}": (r.low, r.high) for group in _MODEL_RANGE_GROUPS

@@ -10,11 +10,14 @@ edge box then needs no MuJoCo.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from pipeline.config import ConfigError
-from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, declared_model_problems, envelope_problems,
-                                     monitor_bounds, plant_weights, push_velocity, set_envelopes)
+from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, declared_model_problems, declared_push_accel,
+                                     envelope_problems, measured_pushes, monitor_bounds, plant_weights, push_velocity,
+                                     set_envelopes)
 from shield.spec import ShieldSpec, ShieldSpecError, angles_to_dict, brake_pairs, pairs_to_list
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
@@ -137,13 +140,16 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
     disturbance = [0.0] * len(pos) if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
     if len(disturbance) != len(pos):
         raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
+    push_accel_of = None
     if safety["model"] == "double_integrator" and not compensated:
-        problems = declared_model_problems(cfg, pos, list(scale), disturbance)
+        measured = envs.measured_response(cfg.task.env_id, pushes=measured_pushes(cfg))
+        problems = declared_model_problems(cfg, pos, list(scale), disturbance, model["response_time_s"], measured)
         if problems:
             raise EnvelopeError("the double_integrator shield model does not describe the plant the MJCF "
                                 "declares:\n  " + "\n  ".join(problems))
+        push_accel_of = partial(declared_push_accel, measured, positions=pos)
     envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator" and compensated, full_accel,
-                              plant, cross_accel, disturbance, dt)
+                              plant, cross_accel, disturbance, dt, push_accel_of)
     latency_min, latency = _latency_range(cfg, envelopes)
     kick = push_velocity(envelopes, brake)
     spec = {

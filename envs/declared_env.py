@@ -133,6 +133,9 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         self._init = [(kind, _joint_address(self.model, name, "", "", "pos" if kind == "qpos" else "vel"), lo, hi)
                       for kind, ranges in decl.initial_state.items() for name, (lo, hi) in ranges.items()]
         self._gather = _gathers(b.sources)
+        # mj_step computes site positions and sensor data before it integrates: an observation read from them
+        # after the step would be one physics step older than the joints'. Refreshed where the plant reads them.
+        self._refresh = any(src[0] in ("site", "sensor") for src in b.sources)
         self._ctrl = _index(b.ctrl)
         self._scale = None if bool(np.all(b.scale == 1.0)) else b.scale  # x 1.0 is exact: skipped
         self._from_targets = [(i, s[1], s[2]) for i, s in enumerate(b.sources) if s[0] == "target"]
@@ -198,6 +201,8 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         before = self._read() if self._needs_before else None
         self.data.ctrl[self._ctrl] = a if self._scale is None else a * self._scale
         mujoco.mj_step(self.model, self.data, nstep=self._binding.substeps)
+        if self._refresh:
+            mujoco.mj_forward(self.model, self.data)
         self._advance_targets()
         values = self._values()
         obs = values.astype(np.float32)

@@ -143,3 +143,31 @@ def test_an_actuator_lag_is_read_from_the_mjcf_and_a_push_from_the_body_it_pushe
     assert sim2real(["config", "--check", stage(tmp_path, "stagepush", push=push)]) == 2
     err = capsys.readouterr().err
     assert "randomization.reality.push.max_force" in err and "a push gives 15.8" in err, err  # 16, damped 1 step
+
+
+def test_sensor_and_site_observations_are_of_the_state_the_step_reached(tmp_path, monkeypatch):
+    """mj_step computes sensors and sites before it integrates: read after it, they were one physics step older
+    than the joints' own observations. A jointpos sensor and a site on the head now read what the joint does."""
+    import gymnasium as gym
+    import numpy as np
+
+    import envs
+
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    mjcf = MJCF.replace('<geom type="sphere" size="0.03" mass="0.5" contype="0" conaffinity="0"/>',
+                        '<geom type="sphere" size="0.03" mass="0.5" contype="0" conaffinity="0"/>'
+                        '<site name="tip" pos="0 0 0"/>').replace(
+        "</actuator>", '</actuator>\n  <sensor><jointpos name="zpos" joint="sz"/></sensor>')
+    path = stage(tmp_path, "stagesensed", mjcf=mjcf)
+    doc = yaml.safe_load(open(path))
+    doc["plant"]["observations"] += [{"name": "z_sensed", "sensor": "zpos"}, {"name": "z_site", "site": "tip", "axis": 2}]
+    with open(path, "w") as f:
+        yaml.safe_dump(doc, f, sort_keys=False)
+    spec = envs.register_task_file(path, check=True)
+    env = gym.make(spec.env_id)
+    env.reset(seed=0)
+    for action in ([0.0, 0.0, 1.0], [0.0, 0.0, -1.0], [0.5, -0.5, 1.0]):
+        obs = env.step(np.array(action, np.float32))[0]
+        assert obs[9] == obs[2], (obs[9], obs[2])  # jointpos sensor == the joint
+        assert abs(float(obs[10]) - (0.5 + float(obs[2]))) < 1e-6  # the site: the carriage's 0.5 m plus z
+    env.close()

@@ -67,6 +67,10 @@ class StepRange(_Range):
     high: int = Field(ge=0, le=50, description="most control steps (>= low)")
 
 
+# The world axes a push acts along, by the name `Push.axes` gives them.
+AXIS_INDEX = {"x": 0, "y": 1, "z": 2}
+
+
 class Push(BaseModel):
     """Random pushes: with `probability` per control step, a force on `body` held for `duration_steps`."""
 

@@ -26,6 +26,7 @@ from envs.declaration import DeclarationError, PlantDeclaration, mjcf_identity, 
 from envs.randomization import RandomizationError, RandomizationSet, load_randomization_sets, parse_randomization
 from envs.registry import TaskSpec, UnknownTaskError, all_tasks, config_dirs, register, task
 from envs.wrappers import randomize
+from shield.constraints import parse_constraints
 
 TASKS_ENV = "SIM2REAL_TASKS"
 
@@ -152,20 +153,13 @@ def _check_linear_state(spec: TaskSpec, nominal, names: list[str]) -> None:
     wanted = [(f"plant.kinematics.{key}[{k}]", o) for key, idx in (("positions", "position_index"),
                                                                     ("velocities", "velocity_index"))
               for k, o in enumerate(safety["kinematics"][idx])]
-    wanted += [(f"plant.constraints[{c}] ({con['name']})", o) for c, con in enumerate(safety["constraints"])
-               for o in _constraint_indices(con)]
+    wanted += [(f"plant.constraints[{c}] ({con.name})", o)
+               for c, con in enumerate(parse_constraints(safety["constraints"], len(names))) for o in con.used]
     for where, o in wanted:
         if o not in state:
             raise DeclarationError(f"{where}: observation {names[o]!r} is not a joint's qpos or qvel, and a "
                                    f"linear shield model's state holds only those (linearized from the MJCF): observe "
                                    f"the joint itself, or use shield_model: double_integrator")
-
-
-def _constraint_indices(con: dict) -> list[int]:
-    """The observation indices a constraint of `envs.safety` reads."""
-    if con["type"] == "halfspace":
-        return [i for i, a in enumerate(con["a"]) if a != 0.0]
-    return list(con["index"])
 
 
 def register_task_file(path, check: bool = False) -> TaskSpec | None:
@@ -255,7 +249,7 @@ def nominal_model(env_id: str):
     return task(env_id).nominal_model()
 
 
-def measured_response(env_id: str, pushes: dict[str, list[str]] | None = None, rollouts: int = 4,
+def measured_response(env_id: str, pushes: list[str] | None = None, rollouts: int = 4,
                       steps: int = 100) -> dict:
     """How a declared plant at its nominal parameters answers, read on its kinematics velocities over one
     physics step from rest (the acceleration itself: damping, which only ever helps a brake, has not acted
@@ -266,7 +260,7 @@ def measured_response(env_id: str, pushes: dict[str, list[str]] | None = None, r
     - ``lag_s`` (per input): each actuator's first-order time constant in the MJCF (0 without dynamics);
     - ``drift`` (per position): the largest zero-action acceleration (gravity, a spring) over the states that
       `rollouts` episodes of random full actions visit inside the constraints, at rest, signed;
-    - ``push`` ({body: [position][axis]}, units/s^2 per newton along world x, y, z): for `pushes`' bodies.
+    - ``push`` ({body: [position][axis]}, units/s^2 per newton along world x, y, z): for each body in `pushes`.
     """
     import mujoco
     import numpy as np
@@ -336,7 +330,7 @@ def measured_response(env_id: str, pushes: dict[str, list[str]] | None = None, r
         drifts = np.array([accel(q, zero) for q in visited])
         drift = drifts[np.abs(drifts).argmax(axis=0), np.arange(len(vel))]
         push = {}
-        for name in pushes or {}:
+        for name in pushes or []:
             b = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
             push[name] = np.array([accel(center, zero, b, a) - accel(center, zero) for a in range(3)]).T.tolist()
     finally:

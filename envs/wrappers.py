@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 
 from envs.domain import DomainRandomizer, element_id
-from envs.randomization import RandomizationSet, parse_randomization, sample_domain
+from envs.randomization import AXIS_INDEX, RandomizationSet, parse_randomization, sample_domain
 
 
 def _reseed(rng: np.random.Generator | None, seed: int | None, stream: int) -> np.random.Generator:
@@ -140,8 +140,6 @@ class ObservationNoise(gym.Wrapper):
 class Pushes(gym.Wrapper):
     """Random pushes: a world-frame force (N) on one body, started with a probability each control step."""
 
-    _AXIS = {"x": 0, "y": 1, "z": 2}
-
     def __init__(self, env: gym.Env, body: str, max_force: float, probability: float,
                  duration_steps: int = 1, axes=("x", "y", "z")):
         super().__init__(env)
@@ -149,7 +147,7 @@ class Pushes(gym.Wrapper):
         label = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
         self._body = element_id(env.unwrapped.model, "body_mass", body, label, key="push.body")
         self._mask = np.zeros(3)
-        self._mask[[self._AXIS[a] for a in axes]] = 1.0
+        self._mask[[AXIS_INDEX[a] for a in axes]] = 1.0
         self.max_force, self.probability, self.duration_steps = max_force, probability, duration_steps
         self._left = 0
         self._rng: np.random.Generator | None = None

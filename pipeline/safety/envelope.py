@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from envs.randomization import AXIS_INDEX
 from shield.spec import brake_pairs
 
 NOISE_SIGMAS = 3.0  # the stated confidence of the observation-noise assumption: 3 sigma (99.7 % per sample)
@@ -109,14 +110,9 @@ MODEL_GAIN_TOLERANCE = 0.1
 MODEL_CROSS_TOLERANCE = 0.1
 
 
-def measured_pushes(cfg) -> dict[str, list[str]]:
-    """{pushed body: its axes} over the config's randomization sets (what `envs.measured_response` measures)."""
-    out: dict[str, list[str]] = {}
-    for rset in cfg.randomization.values():
-        if rset.push is not None:
-            out.setdefault(rset.push.body, [])
-            out[rset.push.body] = sorted(set(out[rset.push.body]) | set(rset.push.axes))
-    return out
+def pushed_bodies(cfg) -> list[str]:
+    """The bodies the config's randomization sets push (whose response `envs.measured_response` measures)."""
+    return sorted({rset.push.body for rset in cfg.randomization.values() if rset.push is not None})
 
 
 def declared_push_accel(measured: dict, rset, positions: list[int]) -> list[float]:
@@ -128,8 +124,8 @@ def declared_push_accel(measured: dict, rset, positions: list[int]) -> list[floa
         return [0.0] * len(positions)
     per_newton = measured["push"][p.body]
     m_lo = min([r.low for r in rset.body_mass.values()] + [1.0])
-    axes = {"x": 0, "y": 1, "z": 2}
-    return [p.max_force * sum(abs(per_newton[k][axes[a]]) for a in p.axes) / m_lo for k in range(len(positions))]
+    return [p.max_force * sum(abs(per_newton[k][AXIS_INDEX[a]]) for a in p.axes) / m_lo
+            for k in range(len(positions))]
 
 
 def declared_model_problems(cfg, positions: list[int], accel_per_action: list[float], disturbance: list[float],
@@ -164,7 +160,7 @@ def declared_model_problems(cfg, positions: list[int], accel_per_action: list[fl
         if pull > disturbance[k] + 1e-6:
             problems.append(f"shield.disturbance_accel[{k}]: under zero action position obs[{o}] accelerates at up "
                             f"to {drift[k]:.4g} units/s^2 in the MJCF (gravity, a spring) where the plant goes "
-                            f"inside its constraints ({measured.get('states', 1)} states), x{s_hi:g} at the largest "
+                            f"inside its constraints ({measured['states']} states), x{s_hi:g} at the largest "
                             f"gravity_scale, and the double_integrator model predicts none: declare at least "
                             f"{pull:.4g}, compensate it in the plant, or use shield_model: linear")
     return problems
@@ -193,7 +189,13 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
         grav = rset.gravity_scale
         s_lo, s_hi = (grav.low, grav.high) if grav is not None else (1.0, 1.0)
         ratio = (g_lo / m_hi, g_hi / m_lo)
-        persistent, push, authority = [], [], []
+        persistent, authority = [], []
+        p = rset.push
+        if push_accel_of is not None:  # measured on the plant (a declared double integrator)
+            push = list(push_accel_of(rset))
+        else:  # the force over the moving bodies' mass, on world axis k = position k
+            push = [p.max_force / (moving_mass * m_lo) if p is not None and k < 3 and
+                    any(AXIS_INDEX[a] == k for a in p.axes) else 0.0 for k in range(len(positions))]
         for k in range(len(positions)):
             # The inner loop adds g_c = -g (for the nominal mass); the plant feels r (u + g_c) - s g_c.
             g_c = -float(gravity[k]) if double_integrator and k < 3 else 0.0
@@ -208,13 +210,6 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
             F, against = full_accel[k] - cross[k], ratio[1] * cross[k] + max(amb, drift)
             authority.append((min(r * (F - g_c) + s * g_c for r in ratio for s in (s_lo, s_hi)) - against,
                               min(r * (F + g_c) - s * g_c for r in ratio for s in (s_lo, s_hi)) - against))
-            p = rset.push
-            axes = {"x": 0, "y": 1, "z": 2}
-            if push_accel_of is not None:  # measured on the plant (a declared double integrator)
-                push.append(push_accel_of(rset)[k])
-            else:
-                pushed = p is not None and k < 3 and any(axes[a] == k for a in p.axes)
-                push.append(p.max_force / (moving_mass * m_lo) if pushed else 0.0)
         std = list(rset.obs_noise_std)
         noise = [std[0]] * obs_dim if len(std) == 1 else (std + [0.0] * obs_dim)[:obs_dim]
         other = {f"{group}.{el}": (r.low, r.high) for group in _MODEL_RANGE_GROUPS

@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.config import ConfigError
 from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, declared_model_problems, declared_push_accel,
-                                     envelope_problems, measured_pushes, monitor_bounds, plant_weights, push_velocity,
+                                     envelope_problems, monitor_bounds, pushed_bodies, plant_weights, push_velocity,
                                      set_envelopes)
 from shield.spec import ShieldSpec, ShieldSpecError, angles_to_dict, brake_pairs, pairs_to_list
 
@@ -142,7 +142,7 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
     push_accel_of = None
     if safety["model"] == "double_integrator" and not compensated:
-        measured = envs.measured_response(cfg.task.env_id, pushes=measured_pushes(cfg))
+        measured = envs.measured_response(cfg.task.env_id, pushes=pushed_bodies(cfg))
         problems = declared_model_problems(cfg, pos, list(scale), disturbance, model["response_time_s"], measured)
         if problems:
             raise EnvelopeError("the double_integrator shield model does not describe the plant the MJCF "

@@ -2,6 +2,11 @@
 cost, termination, braking authority, the legacy LQR, and bit-identity with the code env it replaced."""
 
 import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -136,6 +141,20 @@ def _riccati_by_iteration(a, b, q, r):
     return p
 
 
+def _gain_with_generic_blas_kernels() -> np.ndarray:
+    """The declared LQR's gain in a process whose OpenBLAS runs its generic kernels, as on another CPU.
+
+    OpenBLAS picks kernels by CPU at run time; OPENBLAS_CORETYPE names one instead (in that process alone).
+    """
+    coretype = {"x86_64": "Prescott", "AMD64": "Prescott", "aarch64": "ARMV8", "arm64": "ARMV8"}.get(platform.machine())
+    if coretype is None:
+        pytest.skip(f"no generic OpenBLAS kernel known for {platform.machine()}")
+    script = f"import envs, json; print(json.dumps(envs.legacy_controller({ENV_ID!r}).gain.tolist()))"
+    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "OPENBLAS_CORETYPE": coretype},
+                         cwd=REPO, capture_output=True, text=True, check=True)
+    return np.array(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def test_lqr_gain_agrees_across_blas_threads_and_linear_algebra_paths():
     linalg = pytest.importorskip("scipy.linalg")
     threadpoolctl = pytest.importorskip("threadpoolctl")
@@ -150,6 +169,7 @@ def test_lqr_gain_agrees_across_blas_threads_and_linear_algebra_paths():
     p_iter = _riccati_by_iteration(a, b, q, r)
     gains["numpy fixed point"] = np.linalg.solve(r + b.T @ p_iter @ b, b.T @ p_iter @ a)
     gains["declared LQR"] = envs.legacy_controller(ENV_ID).gain  # the legacy controller is this design
+    gains["OpenBLAS generic kernels"] = _gain_with_generic_blas_kernels()
     for path, k in gains.items():
         np.testing.assert_allclose(k, LQR_GAIN, rtol=LQR_RTOL, err_msg=path)
     # P solves the Riccati equation to round-off, and the gain stabilizes the linearized plant.

@@ -136,7 +136,7 @@ def task(env_id: str) -> TaskSpec:
             f"unknown task env id {env_id!r}: no task declares it; known tasks: {sorted(_TASKS)} "
             f"(a gymnasium MuJoCo env such as HalfCheetah-v5 can be trained by id, but export, eval and "
             f"shadow need a task declaration: constraints, shield model and legacy controller; see "
-            f"README 'Bring your own plant')") from None
+            f"docs/how-to/own-plant.md)") from None
 
 
 def find(env_id: str) -> TaskSpec | None:

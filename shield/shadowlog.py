@@ -1,6 +1,6 @@
 """Shadow logs: candidate vs legacy, one row per control step, in NPZ files.
 
-The schema (docs/CONTRACTS.md) is shared by `sim2real serve --mode shadow`
+The schema (docs/reference/contracts.md) is shared by `sim2real serve --mode shadow`
 (field logs) and the in-sim shadow pass, so `sim2real shadow --from-log`
 reads both the same way:
 

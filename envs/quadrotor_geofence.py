@@ -45,7 +45,7 @@ import numpy as np
 
 from envs.mujoco_task import MujocoTaskEnv
 from envs.quadrotor_inner_loop import AttitudeThrustLoop
-from envs.safety import violated_constraints
+from envs.safety import constraint_values, cost_of
 
 ENV_ID = "sim2real/QuadrotorGeofence-v0"
 TASK_NAME = "quadrotor"
@@ -146,7 +146,8 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
         self.loop.reset()
         mujoco.mj_forward(self.model, self.data)
         obs = self._obs()
-        return obs, {"cost": self._cost(obs), "domain": {}, "waypoints_reached": 0}
+        return obs, {"cost": self._cost(obs), "constraint_values": self._constraint_values, "domain": {},
+                     "waypoints_reached": 0}
 
     # -- dynamics ----------------------------------------------------------------------------
     def _obs(self) -> np.ndarray:
@@ -159,7 +160,8 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
 
     def _cost(self, obs) -> float:
         # Evaluated on the true (noise-free) observation, so cost == "some SAFETY constraint violated".
-        return 1.0 if violated_constraints(SAFETY, obs) else 0.0
+        self._constraint_values = constraint_values(SAFETY, obs)
+        return cost_of(self._constraint_values)
 
     def _update_wind(self) -> None:
         rng = self.np_random
@@ -199,4 +201,5 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
             pos[2] < 0.1 or upright < 0.0 or abs(pos[0]) > 6 or abs(pos[1]) > 6 or pos[2] > 6
             or not np.all(np.isfinite(pos))
         )
-        return obs, reward, terminated, False, {"cost": cost, "waypoints_reached": self.reached_count}
+        return obs, reward, terminated, False, {"cost": cost, "constraint_values": self._constraint_values,
+                                                "waypoints_reached": self.reached_count}

@@ -88,6 +88,8 @@ class Actuator(_Strict):
     scale: float = Field(1.0, gt=0, description="ctrl units per unit action")
     units_per_action: float | None = Field(None, gt=0, description="physical units (N, N m) per unit action, the "
                                            "task's action_scale; default: scale (ctrl units)")
+    unit: str | None = Field(None, description="the unit of units_per_action, for the bundle's I/O contract "
+                                               "(default: N on a slide joint, N m on a hinge, else ctrl)")
 
 
 class Target(_Strict):
@@ -118,6 +120,8 @@ class Observation(_Strict):
     quantity: Literal["pos", "vel"] = Field("pos", description="joint: qpos or qvel")
     axis: int = Field(0, ge=0, le=2, description="site: world axis of its position, an integer (0 x, 1 y, 2 z)")
     index: int = Field(0, ge=0, description="sensor or target: element")
+    unit: str | None = Field(None, description="its unit in the bundle's I/O contract, where the MJCF cannot say "
+                                               "(a target, a sensor); joints and sites are m, rad, m/s, rad/s")
 
     @model_validator(mode="after")
     def _one_source(self):

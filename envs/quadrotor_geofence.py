@@ -61,6 +61,20 @@ MAX_ACCEL = (4.0, 4.0, 4.0)  # m/s^2 per unit action, per axis
 # loop's set-point smoothing makes it so), measured as the velocity ramp's lag after a step
 # (tests/test_envs_quadrotor.py). The shield predicts with it.
 ACCEL_TIME_CONSTANT = 0.15
+
+
+def io_names() -> dict:
+    """Names, sources and units of the observation and action vectors (the module docstring's table)."""
+    xyz = ("x", "y", "z")
+    obs = [(f"p{a}", "position", "m") for a in xyz] + [(f"v{a}", "velocity", "m/s") for a in xyz]
+    obs += [(f"waypoint_d{a}", "current waypoint minus position", "m") for a in xyz]
+    obs += [(f"tilt_{a}", "body z axis in the world frame", "1") for a in xyz]
+    obs += [(f"w{a}", "body angular velocity", "rad/s") for a in xyz]
+    return {"observations": [{"name": n, "source": s, "unit": u} for n, s, u in obs],
+            "actions": [{"name": f"a{a}", "source": "acceleration set-point (gravity compensated)", "unit": "m/s^2",
+                         "units_per_action": scale} for a, scale in zip(xyz, MAX_ACCEL)]}
+
+
 ARM = 0.15  # m
 YAW_COEFF = 0.016  # N m of yaw torque per N of thrust
 MAX_ROTOR_THRUST = 6.2  # N

@@ -65,6 +65,8 @@ class TaskSpec:
     steerable_setpoint: int | None = None
     declared: bool = field(default=False)  # True when compiled from a YAML declaration
     fingerprint: str = ""  # declared tasks: hash of the declaration, so an identical copy registers as the same task
+    # () -> {"observations": [{name, source, unit}], "actions": [{name, source, unit, units_per_action}]}
+    describe_io: Callable[[], dict] | None = None
 
     @property
     def config_path(self) -> Path:

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from shield.contract import describe as describe_contract
+
 MIN_KEY_BYTES = 32
 REALTIME_PRIORITY = 50  # SCHED_FIFO priority: above ordinary threads, below the kernel's own (99)
 
@@ -284,6 +286,8 @@ def run_cli(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     bound_host, port = server.address
+    for line in describe_contract(runtime.bundle.manifest.get("contract") if runtime.bundle is not None else None):
+        print(f"serve: contract: {line}", flush=True)  # what the plant's controller must send, and at which rate
     extra = f" metrics=http://{metrics[0]}:{metrics[1]}/metrics" if metrics else ""
     print(f"serve: listening udp://{bound_host}:{port} task={server.served.meta['task']} "
           f"version={server.served.version} mode={mode} auth={'hmac' if key else 'off'}"

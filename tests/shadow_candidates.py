@@ -50,19 +50,26 @@ def _stand_in_shield_spec() -> dict:
     }
 
 
-def lqr_onnx(gain: np.ndarray) -> bytes:
-    """ONNX graph computing the legacy LQR exactly: clip(obs @ W + 0, -1, 1), W from u = -K (s - [x_ref,0,0,0])."""
-    k = np.asarray(gain, np.float64).reshape(4)
+def lqr_onnx(gain: np.ndarray, scale: float = 1.0, setpoint_offset: float = 0.0) -> bytes:
+    """ONNX graph computing the legacy LQR exactly: clip(obs @ W + b, -1, 1), W from u = -K (s - [x_ref,0,0,0]).
+
+    Made worse on purpose: `scale` < 1 weakens every gain (the action before clipping scaled down);
+    `setpoint_offset` (m) holds the cart that far beside the set-point, which costs the tracking term
+    (0.5 per m per step) a known amount per episode while the pole stays up."""
+    k = scale * np.asarray(gain, np.float64).reshape(4)
     w = np.zeros((5, 1), np.float32)
     w[:4, 0] = -k
     w[4, 0] = k[0]  # the set-point shifts the position error
+    b = np.array([k[0] * setpoint_offset], np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["obs", "W"], ["u"]),
+        [helper.make_node("MatMul", ["obs", "W"], ["u0"]),
+         helper.make_node("Add", ["u0", "b"], ["u"]),
          helper.make_node("Clip", ["u", "lo", "hi"], ["action"])],
         "legacy_lqr_copy",
         [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 5])],
         [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 1])],
         initializer=[helper.make_tensor("W", TensorProto.FLOAT, [5, 1], w.ravel().tolist()),
+                     helper.make_tensor("b", TensorProto.FLOAT, [1], b.tolist()),
                      helper.make_tensor("lo", TensorProto.FLOAT, [], [-1.0]),
                      helper.make_tensor("hi", TensorProto.FLOAT, [], [1.0])],
     )
@@ -71,11 +78,11 @@ def lqr_onnx(gain: np.ndarray) -> bytes:
     return model.SerializeToString()
 
 
-def write_lqr_bundle(out_dir, cfg) -> Path:
-    """A bundle whose policy reproduces the cart-pole's legacy LQR."""
+def write_lqr_bundle(out_dir, cfg, scale: float = 1.0, setpoint_offset: float = 0.0) -> Path:
+    """A bundle whose policy reproduces the cart-pole's legacy LQR, or a worse one (`lqr_onnx`)."""
     import envs
 
-    onnx_bytes = lqr_onnx(envs.legacy_controller(ENV_ID).gain)
+    onnx_bytes = lqr_onnx(envs.legacy_controller(ENV_ID).gain, scale, setpoint_offset)
     shield_bytes = json.dumps(cartpole_shield_spec(cfg), indent=2).encode()
     manifest = make_manifest(task="cartpole", env_id=ENV_ID, config_hash=cfg.config_hash(),
                              files={POLICY_FILE: onnx_bytes, SHIELD_FILE: shield_bytes}, obs_dim=5, act_dim=1)

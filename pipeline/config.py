@@ -193,6 +193,8 @@ class GateConfig(Section):
                                                "is registered but production is kept.")
     max_episodes: int = Field(40, ge=1, description="Episode budget per policy: batches of shadow.episodes are added "
                               "until every bound decides or this many ran; still undecided is `inconclusive`.")
+    min_episodes: int = Field(20, ge=2, description="Fewest paired episodes a return comparison may pass on (it may fail "
+                              "on fewer): a skew of the returns the sample has not yet shown cannot be corrected for.")
     max_seconds: float | None = Field(None, gt=0, description="Wall-clock budget of the sequential evaluation (s); no "
                                       "batch starts that would likely end past it. None: the episode budget only.")
     max_violations: int = Field(0, ge=0, description="Most constraint-violating steps (info cost) allowed for the candidate driving, all episodes together (an absolute count, not a rate).")

@@ -4,13 +4,14 @@ Checks (each names its config key, its value and its threshold):
 
 - ``gate.min_return_ratio`` (r): against legacy, on the same seeds and
   domains. The one-sided bounds on the mean paired difference
-  d = R_candidate - R_legacy (paired t, `gate_statistics`) are compared with
+  d = R_candidate - R_legacy (paired bootstrap-t, `gate_statistics`) are compared with
   ``(r - 1) |R_l|`` (R_l legacy's mean return): pass when the lower bound is
   above it, fail when the upper bound is below it, else undecided. r = 1
   (the default) asks for "no worse than legacy" at `gate.confidence`: a
   candidate merely equal to legacy is not promoted. r < 1 allows a margin
   of (1 - r) |R_l| (sign-safe for negative returns) and the check says it was
   loosened, by this key.
+  No pass on fewer than ``gate.min_episodes`` paired episodes.
 - ``gate.min_return_ratio_production``: the same rule against the production
   version, when the metrics hold its returns on the same seeds.
 - ``gate.max_violations``: constraint-violating steps (info["cost"]) of the
@@ -153,7 +154,8 @@ def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
     ref_returns = metrics.get(f"{reference}_returns")
     if production and not ref_returns:
         return None
-    label = f"production v{metrics.get('production_version')}" if production else "legacy"
+    version = metrics.get("production_version")
+    label = ("production" + (f" v{version}" if version else "")) if production else "legacy"
     cand = metrics.get("candidate_returns")
     if not cand or not ref_returns:
         missing = ("candidate returns (needs the counterfactual pass)" if not cand
@@ -166,13 +168,17 @@ def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
     ref_mean = sum(ref_returns) / len(ref_returns)
     thr = return_threshold(ref_mean, ratio) - ref_mean  # on the difference candidate - reference
     verdict = bound.versus(thr)
-    passed = {"above": True, "below": False, "undecided": None}[verdict]
+    if verdict == "above" and bound.n < gate.min_episodes:
+        verdict = "early"
+    passed = {"above": True, "below": False, "undecided": None, "early": None}[verdict]
     margin = (f"no worse than {label}" if ratio == 1.0 else
               f"margin LOOSENED by {key}={ratio:g}: may be {1 - ratio:.0%} of |{label} mean| worse" if ratio < 1.0
               else f"must beat {label} by {ratio - 1:.0%} of its |mean| ({key}={ratio:g})")
     said = {"above": f"better than the threshold at {gate.confidence:.0%}",
             "below": f"worse than the threshold at {gate.confidence:.0%}",
-            "undecided": "the interval straddles the threshold: undecided"}[verdict]
+            "undecided": "the interval straddles the threshold: undecided",
+            "early": f"above the threshold, but a pass needs gate.min_episodes={gate.min_episodes} paired episodes: "
+                     f"undecided"}[verdict]
     detail = (f"candidate - {label}: mean {bound.mean:+.3f} per episode, bounds [{bound.lower:+.3f}, "
               f"{bound.upper:+.3f}] vs threshold {thr:+.3f} ({margin}); {said} "
               f"(n={bound.n} paired episodes, {BOUND_METHOD}, {where})")
@@ -257,3 +263,19 @@ def loosened_keys(gate, with_production: bool = True) -> tuple[str, ...]:
         out.append(f"{PRODUCTION_KEY}={gate.min_return_ratio_production:g}: the candidate may be "
                    f"{1 - gate.min_return_ratio_production:.0%} of production's |mean return| worse than production")
     return tuple(out)
+
+
+def promotion_verdict(decision: str, version: int, production: int | None, reasons: list[str]) -> str:
+    """One line saying why `version` was or was not promoted (kept in its manifest, shown by `registry list`)."""
+    def named(*keys):
+        return "; ".join(r for r in reasons if any(f" {k}:" in r for k in keys)) or "; ".join(reasons)
+
+    if decision == "pass":
+        over = f" over v{production}" if production is not None else " (no production before)"
+        return (f"promoted v{version}{over}: every check passed, against legacy"
+                + (" and production" if production is not None else ""))
+    if decision == "kept":
+        return f"kept v{production}: v{version} not better ({named('gate.min_return_ratio_production')})"
+    failing = [r for r in reasons if r.startswith(("FAIL ", "UNDECIDED ", "SKIPPED "))]
+    what = "failed the gate" if decision == "fail" else "gate inconclusive (budget spent undecided)"
+    return f"not promoted, v{version} {what}: " + "; ".join(failing)

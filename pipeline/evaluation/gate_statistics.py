@@ -3,11 +3,19 @@
 Returns. Candidate, legacy and production run on the same seeds and domains
 (common random numbers), so the gate bounds the mean of the *paired*
 per-episode difference d_i = R_candidate,i - R_reference,i: the plant's
-domain, start and pushes cancel out of d_i. The bounds are one-sided paired
-t bounds, mean(d) -/+ t_{1-a, n-1} sd(d) / sqrt(n). They rest on the mean of d
-being close to normal (the central limit theorem over episodes); a rare,
-large loss that no episode of the sample showed is outside what any bound on
-so few episodes can see.
+domain, start and pushes cancel out of d_i. The bounds are one-sided
+*bootstrap-t* (studentized bootstrap) bounds on mean(d):
+mean(d) - q sd(d) / sqrt(n), q the 1 - a quantile of the resampled
+studentized mean, rather than Student's t quantile. Paired returns are skewed
+(an episode where the candidate loses the pole costs far more than a good one
+gains), and a plain t bound then promotes an equal candidate about twice as
+often as it claims (simulated: 7-8 % at a stated 5 %); the bootstrap-t corrects
+for the skew the sample shows. Below `gate.min_episodes` paired episodes the
+gate never passes, because a skew the sample has not yet shown cannot be
+corrected. What stays outside any bound on tens of episodes is a rare large
+loss that no episode of the sample showed (a pole dropped on one episode in
+twenty): more episodes, or a check on that event itself, are the only remedy.
+The resampling uses a fixed seed, so a report is reproducible.
 
 Sequential looks. The gate adds episodes in batches and looks after each
 one; every look at a bound is another chance to be fooled by luck. The
@@ -24,12 +32,16 @@ never reported as 0.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-BOUND_METHOD = "paired t, Bonferroni over planned looks"
+BOUND_METHOD = "paired bootstrap-t, Bonferroni over planned looks"
+BOOTSTRAP_SEED = 0
+MIN_RESAMPLES = 4000
+TAIL_RESAMPLES = 50  # resamples beyond the quantile, at least, so a small alpha is not read off a handful
 RATE_METHOD = "Clopper-Pearson (exact binomial)"
 
 
@@ -66,7 +78,7 @@ class PairedBound:
 
 
 def paired_bound(candidate, reference, alpha: float) -> PairedBound:
-    """Paired t bounds at level 1 - alpha each side on mean(candidate - reference) (episode-aligned arrays)."""
+    """Bootstrap-t bounds at level 1 - alpha each side on mean(candidate - reference) (episode-aligned arrays)."""
     c, r = np.asarray(candidate, np.float64), np.asarray(reference, np.float64)
     if c.shape != r.shape:
         raise ValueError(f"paired returns differ in length: {c.shape} vs {r.shape} (not the same seeds)")
@@ -77,10 +89,39 @@ def paired_bound(candidate, reference, alpha: float) -> PairedBound:
     mean = float(d.mean())
     if n < 2:
         return PairedBound(n, mean, -math.inf, math.inf, alpha)
-    from scipy.stats import t
+    sd = float(d.std(ddof=1))
+    if sd == 0.0:  # every pair differs by the same amount: no spread to resample
+        return PairedBound(n, mean, mean, mean, alpha)
+    low_q, high_q = studentized_quantiles(d, alpha)
+    se = sd / math.sqrt(n)
+    return PairedBound(n, mean, mean - high_q * se, mean - low_q * se, alpha)
 
-    half = float(t.ppf(1.0 - alpha, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
-    return PairedBound(n, mean, mean - half, mean + half, alpha)
+
+def studentized_quantiles(d: np.ndarray, alpha: float) -> tuple[float, float]:
+    """The alpha and 1 - alpha quantiles of the bootstrap distribution of (mean* - mean) / (sd* / sqrt(n))."""
+    n = d.size
+    resamples = max(MIN_RESAMPLES, math.ceil(TAIL_RESAMPLES / alpha))
+    counts = _resample_counts(n, resamples)  # how often each episode appears in each resample
+    x = d - d.mean()  # centred: the statistic does not move with a shift, and the sums below stay exact
+    m = counts @ x / n
+    var = np.maximum(counts @ (x * x) / n - m * m, 0.0) * n / (n - 1)
+    s = np.sqrt(var)
+    # A resample of one repeated value has no spread: its studentized mean is 0 if it sits on the mean,
+    # else as far out as it can be.
+    tiny = 1e-12 * float(np.abs(x).max())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(s > tiny, m / (s / math.sqrt(n)), np.where(np.abs(m) > tiny, np.sign(m) * np.inf, 0.0))
+    # No interpolation: an infinite resample must not turn a quantile into inf - inf; each side rounds outward.
+    return float(np.quantile(t, alpha, method="lower")), float(np.quantile(t, 1.0 - alpha, method="higher"))
+
+
+@functools.lru_cache(maxsize=64)
+def _resample_counts(n: int, resamples: int) -> np.ndarray:
+    """Multiplicities [resamples, n] of the bootstrap's resamples of n episodes: a fixed seed, drawn once per n."""
+    idx = np.random.default_rng((BOOTSTRAP_SEED, n)).integers(0, n, size=(resamples, n))
+    counts = np.zeros((resamples, n))
+    np.add.at(counts, (np.repeat(np.arange(resamples), n), idx.ravel()), 1.0)
+    return counts
 
 
 def clopper_pearson_upper(k: int, n: int, alpha: float) -> float:

@@ -125,3 +125,15 @@ def empty_counterfactual() -> dict:
 
     probe = RunTotals(returns=[0.0], violations=[0], lengths=[1], latency_us=[1.0])
     return {k: None for k in counterfactual_metrics(probe, 0.02)}
+
+
+def side_by_side(metrics: dict) -> dict:
+    """Candidate, legacy and production on the same episodes: mean return and its 95% CI each."""
+    rows = {}
+    for who in ("candidate", "legacy", "production"):
+        if metrics.get(f"{who}_return_mean") is not None:
+            rows[who] = {"return_mean": metrics[f"{who}_return_mean"], "return_ci95": metrics[f"{who}_return_ci95"],
+                         "episodes": len(metrics.get(f"{who}_returns") or [])}
+    if metrics.get("production_version") is not None and "production" in rows:
+        rows["production"]["version"] = metrics["production_version"]
+    return rows

@@ -63,6 +63,16 @@ def test_equal_to_legacy_is_not_promoted_by_the_default_gate(base):
     assert result["metrics"]["stopped"] == "episode budget" and result["metrics"]["looks"] == 2
 
 
+def test_the_time_budget_ends_an_undecided_run_inconclusive(base):
+    bundle, _ = shadow_result("lqr", base)
+    cfg = cartpole_config(episodes=3, max_episode_steps=60)
+    cfg.gate.max_latency_p99_us = LOOSE_LATENCY_US
+    cfg.gate.max_seconds = 1e-6  # any batch takes longer: no second batch starts
+    result = run_shadow(bundle, cfg, report_dir=base / "time-budget")
+    assert result["metrics"]["stopped"] == "time budget (gate.max_seconds)" and result["metrics"]["looks"] == 1
+    assert result["decision"] == "inconclusive"
+
+
 def test_candidate_worse_by_a_known_amount_is_refused_with_its_interval(base):
     """Legacy's LQR tracking half the set-point: the tracking term costs it on every step (about 3 per 100-step
     episode here). Refused, early, with the interval in the message."""
@@ -77,6 +87,23 @@ def test_candidate_worse_by_a_known_amount_is_refused_with_its_interval(base):
     mean, lower, upper = map(float, match.groups())
     assert lower <= mean <= upper < 0.0
     assert result["metrics"]["looks"] < result["metrics"]["planned_looks"]  # decided before the budget
+
+
+def test_cli_gates_against_a_production_bundle(base, capsys):
+    """`sim2real shadow BUNDLE --production DIR`: production drives the same seeds; its comparison is reported."""
+    copy, _ = shadow_result("lqr", base)
+    worse = base / "half-setpoint-bundle"
+    if not worse.exists():
+        write_lqr_bundle(worse, cartpole_config(), setpoint_scale=0.5)
+    loose = _config_with_gate(base / "loose-prod.yaml", max_latency_p99_us=1e6)
+    code = run_cli(_args(bundle=str(worse), config=loose, production=str(copy), episodes=10,
+                         report=str(base / "cli-prod"), json=True))
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["decision"] == "fail"
+    line = next(r for r in out["reasons"] if "gate.min_return_ratio_production" in r)
+    assert "candidate - production" in line and "bounds [" in line
+    assert out["metrics"]["production_returns"] and len(out["metrics"]["production_returns"]) == \
+        len(out["metrics"]["candidate_returns"])
 
 
 def test_random_candidate_fails_and_names_the_thresholds(base):

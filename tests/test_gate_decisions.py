@@ -164,3 +164,16 @@ def test_violations_stay_an_absolute_count_with_their_rate_bound_reported():
     # 0 of 30 episodes: the bound is 1 - 0.05^(1/30) = 0.095, shown; the check itself is "0 violations".
     assert "0 of 30 episodes violated: episode violation rate <= 0.095" in line
     assert line.startswith("PASS gate.max_violations: candidate violating steps 0 <= 0 (absolute)")
+
+
+@pytest.mark.parametrize("config", ["cartpole", "arm", "quadrotor"])
+def test_every_shipped_config_asks_no_worse_than_legacy_and_production(config):
+    """A plant whose candidates cannot meet the gate today keeps the gate honest: no shipped margin."""
+    from pathlib import Path
+
+    from pipeline.config import load_config
+
+    gate = load_config(Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml").gate
+    assert gate.min_return_ratio >= 1.0 and gate.min_return_ratio_production >= 1.0
+    assert gate.confidence >= 0.95 and gate.max_violations == 0 and not gate.waive
+    assert not decide({}, gate).loosened

@@ -8,9 +8,9 @@ domain, start and pushes cancel out of d_i. The bounds are one-sided
 mean(d) - q sd(d) / sqrt(n), q the 1 - a quantile of the resampled
 studentized mean, rather than Student's t quantile. Paired returns are skewed
 (an episode where the candidate loses the pole costs far more than a good one
-gains), and a plain t bound then promotes an equal candidate about twice as
-often as it claims (simulated: 7-8 % at a stated 5 %); the bootstrap-t corrects
-for the skew the sample shows. Below `gate.min_episodes` paired episodes the
+gains), and a plain t bound then promotes an equal candidate more often than
+it claims (tests/test_gate_statistics.py simulates it); the bootstrap-t
+corrects for the skew the sample shows. Below `gate.min_episodes` paired episodes the
 gate never passes, because a skew the sample has not yet shown cannot be
 corrected. What stays outside any bound on tens of episodes is a rare large
 loss that no episode of the sample showed (a pole dropped on one episode in
@@ -27,7 +27,9 @@ decision or on the time budget, only leaves alpha unspent).
 
 Rates. A count k of n (violating episodes, shield interventions) gets exact
 Clopper-Pearson bounds: 0 of n is bounded by 1 - a**(1/n) (about 3/n at 95 %),
-never reported as 0.
+never reported as 0. Episodes are independent trials; the steps of one
+episode are not, so the intervention rate's bound over steps is optimistic
+when interventions come in bursts (the episode is the unit that is exact).
 """
 
 from __future__ import annotations

@@ -25,7 +25,10 @@ share of the budget:
    episode seeds, pushes, sensor noise) and two of its dimensions are
    discrete (latency, the attacked constraint); an elite refit with a floor
    on the spread is robust to both, needs nothing beyond numpy, and the
-   refit costs nothing next to one candidate's episodes.
+   refit costs nothing next to one candidate's episodes. It drives the
+   adversary only: with odds over the policies refit the same way, the random
+   and bang-bang policies' low but harmless h drew generations away from the
+   attack, and planted faults the adversary alone finds went unfound.
 
 Each candidate runs `falsify.episodes_per_candidate` shielded episodes of
 `falsify.episode_steps` steps (`pipeline.evaluation.evaluate`); its score is
@@ -181,12 +184,14 @@ class Falsifier:
 
     def _spent(self, share: float = 1.0, since: tuple[float, int] = (0.0, 0)) -> bool:
         """Has `share` of the budget (time, and the candidate count where one is set) been spent since `since`?"""
-        if self.cases:
+        if self.cases or self._left() <= 0:
             return True
         t_since, n_since = since
         if time.monotonic() - self._t0 - t_since >= share * self.budget_s:
             return True
-        return self.max_candidates is not None and self.evaluated - n_since >= share * self.max_candidates
+        if self.max_candidates is None:
+            return False
+        return self.evaluated >= self.max_candidates or self.evaluated - n_since >= share * self.max_candidates
 
     def _mark(self) -> tuple[float, int]:
         return time.monotonic() - self._t0, self.evaluated

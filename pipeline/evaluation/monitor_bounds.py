@@ -9,8 +9,8 @@ over its input-gain and latency cases). `accel` is what the model leaves out
 and the envelope still admits: wind, pushes averaged over the window, the inner
 loop's transients, linearization error. A bound written down from the
 disturbances a config declares (the push's peak counted as if it lasted, plus a
-slack) came out so wide that a quadrotor at 0.71 of nominal thrust/weight,
-well past the envelope's 0.80, was never flagged.
+slack) comes out so wide that plants just past the envelope's edge, the
+dangerous ones, are never flagged.
 
 Here it is measured instead: the shield runs (its monitor silenced) on plants
 drawn from every randomization set (corners and uniform draws, each set's

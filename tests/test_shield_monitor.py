@@ -135,7 +135,9 @@ def test_a_quadrotor_ten_percent_past_the_envelope_is_flagged_before_it_violates
 
     cfg, _ = _setup("quadrotor")
     spec = _measured("quadrotor")
-    assert min(r[0] for r in spec["assumptions"]["sets"].values() for r in [r["gain_over_mass"]]) == pytest.approx(0.8)
+    lowest = min(min(r.low for r in rset.actuator_gain.values()) / rset.body_mass["quad"].high
+                 for rset in cfg.randomization.values())
+    assert lowest == pytest.approx(0.8) and 0.792 / 1.1 == pytest.approx(0.9 * lowest)
     weak = {"body_mass": {"quad": {"low": 1.1, "high": 1.1}},
             "actuator_gain": {f"rotor{i}": {"low": 0.792, "high": 0.792} for i in range(4)},
             "latency_steps": {"low": 2, "high": 2}}

@@ -169,3 +169,27 @@ def test_measured_bounds_stay_silent_inside_the_envelope(task):
     spec = _measured(task)
     measured = spec["assumptions"]["monitor"]["measured"]["excess_accel"]
     assert _model_plant_steps(spec, 50_000, np.random.default_rng(5), accel=measured) == 0
+
+
+def test_past_the_edge_the_flagged_shield_is_no_worse_than_the_legacy_controller_alone():
+    """Thrust/weight 0.76, past the envelope's 0.80 but with authority left to hold the floor: the legacy PID alone
+    crosses it; shielded with measured bounds (flagged, conservative), neither it nor the adversary does more."""
+    from envs.randomization import parse_randomization
+    from pipeline.evaluation.adversary import reference_policy
+    from pipeline.evaluation.evaluate import evaluate
+    from shield.spec import ShieldSpec
+
+    cfg, _ = _setup("quadrotor")
+    spec = ShieldSpec.from_dict(_measured("quadrotor"))
+    g = 0.76 * 1.1
+    reality = cfg.randomization["reality"]
+    weak = parse_randomization({"body_mass": {"quad": {"low": 1.1, "high": 1.1}},
+                                "actuator_gain": {f"rotor{i}": {"low": g, "high": g} for i in range(4)},
+                                "latency_steps": {"low": 0, "high": 2}, "obs_noise_std": reality.obs_noise_std,
+                                "action_noise_std": reality.action_noise_std})
+    run = dict(domains=weak, seed=0, episodes=2, max_episode_steps=500)
+    alone = evaluate(cfg, reference_policy("legacy", cfg, spec), shield=False, **run)
+    for name in ("legacy", "adversarial"):
+        shielded = evaluate(cfg, reference_policy(name, cfg, spec, seed=0), shield=True, spec=spec, **run)
+        assert shielded["envelope_rate"] > 0  # the monitor saw it
+        assert shielded["violations"] <= alone["violations"], name

@@ -15,11 +15,14 @@ dangerous ones, are never flagged.
 Here it is measured instead: the shield runs (its monitor silenced) on plants
 drawn from every randomization set (corners and uniform draws, each set's
 latency, noise and pushes) under the legacy, random, bang-bang and adversarial
-policies, and per velocity the largest acceleration the window needed beyond
-the hull, the speed term and the noise term is recorded. The monitor's `accel`
-is that measurement plus MARGIN_SHARE of the velocity's full-action
-acceleration: the stated margin between the worst plant seen inside the
-envelope and the first one flagged. A plant outside the envelope is flagged
+policies, and per run and velocity the largest acceleration the window needed
+beyond the hull, the speed term and the noise term is recorded. A sample's
+largest value understates what longer or unluckier runs reach (two horizontal
+axes of one symmetric plant measured a third apart), so the bound is the
+larger of that largest value and the runs' mean plus TAIL_SIGMAS standard
+deviations of their maxima. The monitor's `accel` is that bound plus
+MARGIN_SHARE of the velocity's full-action acceleration: the stated margin
+between the worst plant expected inside the envelope and the first one flagged. A plant outside the envelope is flagged
 once its unmodelled acceleration exceeds `accel` by the noise term over the
 steps seen so far (about z sigma_t / (t dt)); for an input gain a fraction
 eps past the hull's end that is eps |B (u + drift)| / dt.
@@ -36,6 +39,7 @@ from pipeline.evaluation.adversary import reference_policy
 
 WINDOW = 50  # steps: long enough that a push's impulse, spread over it, stays well under a persistent fault
 MARGIN_SHARE = 0.05  # of each velocity's full-action acceleration, added to the measured bound
+TAIL_SIGMAS = 3.0  # the bound covers the runs' maxima to this many standard deviations above their mean
 _POLICIES = ("legacy", "random", "bang_bang", "adversarial")
 
 
@@ -81,7 +85,8 @@ def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: 
             window: int = WINDOW) -> dict:
     """The monitor's bounds for `spec` over `cfg`'s envelope: {"accel", "accel_per_speed", "window", "measured"}.
 
-    `measured`: per velocity the largest window excess seen (units/s^2), the steps and runs it rests on.
+    `measured`: per velocity the bound on the window excess (units/s^2) and the largest seen, the steps and runs
+    they rest on.
     """
     import gymnasium as gym
 
@@ -101,8 +106,8 @@ def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: 
         raise ValueError("shield spec: assumptions.obs_noise_std: missing, so the monitor is off; nothing to measure")
     s = shield.spec
     rng = np.random.default_rng(seed)
-    worst = np.zeros(k)
-    total = runs = 0
+    maxima = []
+    total = 0
     for name, rset in cfg.randomization.items():
         params = parameters(rset)
         for i in range(runs_per_set):
@@ -127,13 +132,15 @@ def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: 
                 if terminated or truncated:
                     break
             env.close()
-            worst = np.maximum(worst, window_excess(trace, monitor._sigma, window, s.dt))
+            maxima.append(window_excess(trace, monitor._sigma, window, s.dt))
             total += len(trace)
-            runs += 1
+    maxima = np.array(maxima)
+    largest, tail = maxima.max(axis=0), maxima.mean(axis=0) + TAIL_SIGMAS * maxima.std(axis=0)
+    bound = np.maximum(np.maximum(largest, tail), 0.0)
     margin = [MARGIN_SHARE * a for a in full_action_accel(ShieldSpec.from_dict(spec))]
-    return {"accel": [float(w + m) for w, m in zip(worst, margin)], "accel_per_speed": per_speed, "window": window,
-            "measured": {"excess_accel": worst.tolist(), "margin_accel": margin, "steps": total, "runs": runs,
-                         "seed": seed}}
+    return {"accel": [float(w + m) for w, m in zip(bound, margin)], "accel_per_speed": per_speed, "window": window,
+            "measured": {"excess_accel": bound.tolist(), "largest_excess_accel": largest.tolist(),
+                         "margin_accel": margin, "steps": total, "runs": len(maxima), "seed": seed}}
 
 
 def with_measured_monitor(cfg, spec: dict, **kw) -> dict:

@@ -362,7 +362,8 @@ class CbfShield:
             meets = self._loaded_action_is_safe()  # leaves the conditions in self._cond
             if holds and meets:  # the common case: returned bitwise unchanged, no QP
                 return self._pass_through(action, h_now, t0)
-            h_plain = self._uncredited_accepts()
+            # The uncredited rows are evaluated without the dead-reckoning box: while blind they are not asked.
+            h_plain = None if 0 < self._blind <= self.blind_horizon else self._uncredited_accepts()
             if h_plain is not None:
                 return self._pass_through(action, h_plain, t0)
         if not holds:  # a barrier is violated at x_L: brake, whatever the action

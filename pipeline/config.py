@@ -214,6 +214,8 @@ class FalsifyConfig(Section):
     seed: int = Field(0, ge=0, description="Seed of the search (which corners, draws and episodes).")
     episode_steps: int = Field(150, gt=0, description="Steps per searched episode (long enough to reach any boundary).")
     episodes_per_candidate: int = Field(2, ge=1, description="Episodes (seeds) run for each searched domain and attack.")
+    max_candidates: int | None = Field(None, gt=0, description="Most candidates one search evaluates (None: no cap); with it the search is the same on any machine, whichever of it and budget_s comes first ends it.")
+    corner_share: float = Field(0.2, ge=0, le=1, description="Share of the budget spent on corners (each range at one end), drawn at random once there are more than that share can run; a tenth goes to random draws, the rest to the optimizer.")
 
 
 class ShadowConfig(Section):

@@ -85,7 +85,7 @@ def run_sim2real(cfg, threshold, budget_s, out_dir, seed: int = 0) -> dict:
         return time.perf_counter() - start > budget_s
 
     result = train(cfg, out_dir=out_dir, progress=False, callback=stop_at_threshold)
-    return dict(impl="sim2real appo (ray)", seed=seed, reached_s=state["reached_s"], env_steps=result["env_steps"],
+    return dict(impl="sim2real appo (ray)", seed=seed, reached_s=state["reached_s"], env_steps=result.env_steps,
                 best_mean_return=state["best"], wall_s=time.perf_counter() - start)
 
 

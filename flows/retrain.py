@@ -77,7 +77,7 @@ def train_step(config_path: str, runs_dir: str, steps: int | None, ray_address: 
     _fault_drill("train")
     cfg = load_config(config_path)
     out_dir = Path(runs_dir) / f"{cfg.task.name}-{get_run_context().task_run.id.hex[:8]}"
-    return train(cfg, out_dir=out_dir, steps=steps, ray_address=ray_address, progress=True)
+    return train(cfg, out_dir=out_dir, steps=steps, ray_address=ray_address, progress=True).to_dict()
 
 
 @task(name="export", retries=1, retry_delay_seconds=2, persist_result=True)

@@ -28,8 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.training.learner import _to_cpu
-from pipeline.training.model import _VAR_EPS, OBS_CLIP, RunningMeanStd, _mlp
+from pipeline.training.nets import OBS_CLIP, VAR_EPS, RunningMeanStd, mlp, to_cpu
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -42,7 +41,7 @@ class SquashedGaussianActor(nn.Module):
         super().__init__()
         self.obs_dim, self.act_dim, self.hidden_sizes = int(obs_dim), int(act_dim), [int(h) for h in hidden_sizes]
         self.obs_rms = RunningMeanStd(self.obs_dim)
-        self.pi = _mlp([self.obs_dim, *self.hidden_sizes, 2 * self.act_dim], out_gain=0.01)  # mean, log-std
+        self.pi = mlp([self.obs_dim, *self.hidden_sizes, 2 * self.act_dim], out_gain=0.01)  # mean, log-std
         low = np.broadcast_to(np.asarray(action_low, np.float32), (self.act_dim,)).copy()
         high = np.broadcast_to(np.asarray(action_high, np.float32), (self.act_dim,)).copy()
         if not np.all(low < high):
@@ -88,7 +87,7 @@ class TwinCritic(nn.Module):
         self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         for i in range(len(sizes) - 1):
             weight = torch.empty(2, sizes[i + 1], sizes[i])
-            for k in range(2):  # the same init as `_mlp`, per network
+            for k in range(2):  # the same init as `mlp`, per network
                 nn.init.orthogonal_(weight[k], 1.0 if i == len(sizes) - 2 else np.sqrt(2))
             self.weights.append(nn.Parameter(weight.transpose(1, 2).contiguous()))
             self.biases.append(nn.Parameter(torch.zeros(2, 1, sizes[i + 1])))
@@ -107,10 +106,10 @@ class SacDeterministicPolicy(nn.Module):
 
     def __init__(self, actor: SquashedGaussianActor):
         super().__init__()
-        self.pi = _mlp([actor.obs_dim, *actor.hidden_sizes, 2 * actor.act_dim], out_gain=0.01)
+        self.pi = mlp([actor.obs_dim, *actor.hidden_sizes, 2 * actor.act_dim], out_gain=0.01)
         self.pi.load_state_dict(actor.pi.state_dict())
         self.register_buffer("obs_mean", actor.obs_rms.mean.float().clone())
-        self.register_buffer("obs_std", torch.sqrt(actor.obs_rms.var + _VAR_EPS).float().clone())
+        self.register_buffer("obs_std", torch.sqrt(actor.obs_rms.var + VAR_EPS).float().clone())
         self.register_buffer("action_mid", ((actor.action_high + actor.action_low) / 2).float().clone())
         self.register_buffer("action_half", ((actor.action_high - actor.action_low) / 2).float().clone())
         self.obs_dim, self.act_dim = actor.obs_dim, actor.act_dim
@@ -122,7 +121,7 @@ class SacDeterministicPolicy(nn.Module):
 
 
 def policy_from_checkpoint(ckpt: dict) -> SacDeterministicPolicy:
-    """The deployable policy of a SAC checkpoint (`load_policy` calls this for algorithm 'sac')."""
+    """The deployable policy of a checkpoint of a squashed-Gaussian actor (SAC's; TD3 acts on its mean too)."""
     actor = SquashedGaussianActor(**ckpt["model_spec"])
     actor.load_state_dict(ckpt["model"])
     return SacDeterministicPolicy(actor)
@@ -130,6 +129,8 @@ def policy_from_checkpoint(ckpt: dict) -> SacDeterministicPolicy:
 
 class SacLearner:
     """Actor, twin critics, their targets, the temperature and three Adam optimizers."""
+
+    stochastic_actor = True  # exploring actors sample the policy (plus their Ape-X noise)
 
     def __init__(self, model_spec: dict, sac_cfg, gamma: float, device: torch.device):
         self.cfg, self.device, self.gamma = sac_cfg, device, gamma
@@ -198,11 +199,11 @@ class SacLearner:
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: networks, normalizer, targets, temperature, optimizers, version."""
-        return dict(actor=self.cpu_weights(), critic=_to_cpu(self.critic.state_dict()),
-                    critic_target=_to_cpu(self.critic_target.state_dict()),
+        return dict(actor=self.cpu_weights(), critic=to_cpu(self.critic.state_dict()),
+                    critic_target=to_cpu(self.critic_target.state_dict()),
                     log_temperature=self.log_temperature.detach().cpu().clone(),
-                    actor_optim=_to_cpu(self.actor_optim.state_dict()), critic_optim=_to_cpu(self.critic_optim.state_dict()),
-                    temperature_optim=_to_cpu(self.temperature_optim.state_dict()), version=self.version)
+                    actor_optim=to_cpu(self.actor_optim.state_dict()), critic_optim=to_cpu(self.critic_optim.state_dict()),
+                    temperature_optim=to_cpu(self.temperature_optim.state_dict()), version=self.version)
 
     def load_state_dict(self, state: dict) -> None:
         self.actor.load_state_dict(state["actor"])

@@ -127,6 +127,27 @@ def policy_from_checkpoint(ckpt: dict) -> SacDeterministicPolicy:
     return SacDeterministicPolicy(actor)
 
 
+def soft_target(reward: torch.Tensor, discount: torch.Tensor, q1_next: torch.Tensor, q2_next: torch.Tensor,
+                next_logp: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """y = R^(n) + discount * (min(Q'_1, Q'_2)(s', a') - temperature * log pi(a'|s'))."""
+    return reward + discount * (torch.minimum(q1_next, q2_next) - temperature * next_logp)
+
+
+def twin_critic_loss(q1: torch.Tensor, q2: torch.Tensor, target: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """mean_i w_i ((Q_1 - y)^2 + (Q_2 - y)^2) / 2, w the draw's importance weights."""
+    return 0.5 * (weight * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean()
+
+
+def soft_actor_loss(logp: torch.Tensor, q1_pi: torch.Tensor, q2_pi: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """mean_i temperature * log pi(a~|s_i) - min(Q_1, Q_2)(s_i, a~)."""
+    return (temperature * logp - torch.minimum(q1_pi, q2_pi)).mean()
+
+
+def temperature_loss(log_temperature: torch.Tensor, logp: torch.Tensor, target_entropy: float) -> torch.Tensor:
+    """-log alpha * mean(log pi + target_entropy): alpha falls while the entropy (-log pi) is above its target."""
+    return -(log_temperature * (logp + target_entropy)).mean()
+
+
 class SacLearner:
     """Actor, twin critics, their targets, the temperature and three Adam optimizers."""
 
@@ -166,24 +187,23 @@ class SacLearner:
         action, logp = both_action[:n], both_logp[:n]
         with torch.no_grad():
             next_action, next_logp = both_action[n:].detach(), both_logp[n:].detach()
-            q1_t, q2_t = self.critic_target(next_obs, next_action)
-            target = t["reward"] + t["discount"] * (torch.minimum(q1_t, q2_t) - temperature * next_logp)
+            target = soft_target(t["reward"], t["discount"], *self.critic_target(next_obs, next_action), next_logp,
+                                 temperature)
         q1, q2 = self.critic(obs, t["action"])
         td = q1 - target
-        critic_loss = 0.5 * (t["weight"] * (td.pow(2) + (q2 - target).pow(2))).mean()
+        critic_loss = twin_critic_loss(q1, q2, target, t["weight"])
         self.critic_optim.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_optim.step()
 
-        q_pi = torch.minimum(*self.critic(obs, action))
-        actor_loss = (temperature * logp - q_pi).mean()
+        actor_loss = soft_actor_loss(logp, *self.critic(obs, action), temperature)
         self.actor_optim.zero_grad(set_to_none=True)
         actor_loss.backward()
         self.actor_optim.step()
 
-        temperature_loss = -(self.log_temperature * (logp.detach() + self.target_entropy)).mean()
+        temp_loss = temperature_loss(self.log_temperature, logp.detach(), self.target_entropy)
         self.temperature_optim.zero_grad(set_to_none=True)
-        temperature_loss.backward()
+        temp_loss.backward()
         self.temperature_optim.step()
 
         with torch.no_grad():

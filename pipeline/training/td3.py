@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from pipeline.training.nets import to_cpu
-from pipeline.training.sac import SquashedGaussianActor, TwinCritic
+from pipeline.training.sac import SquashedGaussianActor, TwinCritic, twin_critic_loss
 
 
 class Td3Learner:
@@ -62,7 +62,7 @@ class Td3Learner:
             target = t["reward"] + t["discount"] * torch.minimum(*self.critic_target(next_obs, next_action))
         q1, q2 = self.critic(obs, t["action"])
         td = q1 - target
-        critic_loss = 0.5 * (t["weight"] * (td.pow(2) + (q2 - target).pow(2))).mean()
+        critic_loss = twin_critic_loss(q1, q2, target, t["weight"])
         self.critic_optim.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_optim.step()

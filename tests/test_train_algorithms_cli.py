@@ -1,0 +1,86 @@
+"""Every off-policy algorithm through the `sim2real` command line on a small budget: train, --resume, export
+(parity), eval and shadow, from the shipped config; and a key the chosen algorithm would ignore exits 2.
+
+The learning itself is tests/test_offpolicy.py's (SAC reaches a return threshold); here a run is only asked to
+go through every path and hand each command what the next one needs. The on-policy algorithms go through the
+same commands in test_train_fault.py, test_eval_cli.py and test_flows.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+
+from pipeline.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def small_config(tmp_path: Path, shipped: str, **train) -> Path:
+    """A shipped config on a budget that learns a little: short episodes, few learner steps per env step."""
+    data = yaml.safe_load((ROOT / "configs" / shipped).read_text())
+    algorithm = data["train"]["algorithm"]
+    data["task"]["max_episode_steps"] = 100
+    data["train"].update(num_actors=1, device="cpu", **train)
+    data["train"][algorithm].update(learning_starts=500, replay_ratio=8.0, log_every=20, checkpoint_every=10_000)
+    data["train"]["replay"].update(num_shards=1)
+    path = tmp_path / shipped
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def sim2real(capsys, *argv) -> tuple[int, dict]:
+    """Run `sim2real ARGV --json` in this process (Ray stays up between commands); (exit code, its JSON)."""
+    capsys.readouterr()
+    code = main([*map(str, argv), "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    return code, json.loads(out[-1]) if out else {}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("shipped", ["cartpole_sac.yaml", "cartpole_td3.yaml"])
+def test_an_off_policy_algorithm_goes_through_every_command(ray_local, shipped, tmp_path, capsys):
+    config, run, bundle = small_config(tmp_path, shipped), tmp_path / "run", tmp_path / "bundle"
+    algorithm = yaml.safe_load(config.read_text())["train"]["algorithm"]
+
+    code, trained = sim2real(capsys, "train", "--config", config, "--steps", 1_500, "--out", run)
+    assert code == 0 and trained["algorithm"] == algorithm and trained["run_dir"] == str(run)
+    assert trained["env_steps"] >= 1_500 and trained["updates"] > 0 and trained["replay"]["learned_samples"] > 0
+    assert trained["best_updates"] is None  # no validation selection: export takes the last checkpoint
+
+    code, resumed = sim2real(capsys, "train", "--resume", run, "--steps", 2_500)  # with the run's own config.yaml
+    assert code == 0 and resumed["updates"] > trained["updates"] and resumed["env_steps"] >= 2_500
+    assert resumed["replay"]["replay_restored"] > 0
+
+    code, exported = sim2real(capsys, "export", run, "--out", bundle)
+    assert code == 0 and exported["parity_max_abs_err"] <= 1e-5
+
+    code, evaluated = sim2real(capsys, "eval", bundle, "--config", config, "--episodes", 2, "--domains", "reality")
+    assert code == 0 and evaluated["episodes"] == 2 and evaluated["violations"] == 0  # the shield holds the band
+
+    code, shadow = sim2real(capsys, "shadow", bundle, "--config", config, "--episodes", 2, "--report", tmp_path / "report")
+    assert shadow["decision"] in ("pass", "fail") and code == (0 if shadow["decision"] == "pass" else 1)
+    assert shadow["metrics"]["episodes"] == 2
+
+
+@pytest.mark.parametrize("key, value", [("lr_schedule", "linear"), ("batches_per_update", 2), ("adr", {"enabled": True})])
+def test_train_refuses_a_key_the_algorithm_would_ignore(key, value, tmp_path, capsys):
+    data = yaml.safe_load((ROOT / "configs" / "cartpole_sac.yaml").read_text())
+    data["train"][key] = value
+    config = tmp_path / "sac.yaml"
+    config.write_text(yaml.safe_dump(data))
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"train.{key}: not read by train.algorithm 'sac'" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()

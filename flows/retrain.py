@@ -22,6 +22,7 @@ import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.context import get_run_context
+from prefect.states import Failed
 
 from pipeline.config import load_config
 from pipeline.deployment.export import export_policy
@@ -36,10 +37,6 @@ FAULT_DRILL_ENV = "SIM2REAL_FAULT_DRILL"
 
 class TransientFault(RuntimeError):
     """A failure worth retrying (a drill, a Ray start that timed out, ...)."""
-
-
-class GateFailed(RuntimeError):
-    """The candidate did not pass the promotion gate; production is unchanged."""
 
 
 def _fault_drill(step: str) -> None:
@@ -127,7 +124,8 @@ def promote_step(models_root: str, task_name: str, version: int) -> int:
 @flow(name="retrain", log_prints=True)
 def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "models", runs_dir: str = "runs",
             steps: int | None = None, ray_address: str | None = None, from_log: str | None = None) -> dict:
-    """Nightly retraining: promotes the new policy only if it passes the shadow gate.
+    """Nightly retraining: promotes the new policy only if it passes the shadow gate (else the run ends Failed,
+    its data the same summary).
 
     from_log: field shadow logs (file or directory); calibrate first and gate on the calibrated set too.
     """
@@ -182,9 +180,9 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
         summary["calibration"] = {**metrics["calibration"], "calibrated_set": calibration["calibrated"],
                                   "config": calibration["config_path"]}
     _publish_artifacts(summary, shadow, trained, calibration["result"] if calibration else None)
-    if not passed:
-        raise GateFailed(f"gate failed for {cfg.task.name} v{version}; production stays at {previous}: "
-                         + "; ".join(shadow["reasons"]))
+    if not passed:  # the expected "no": a Failed state carrying the summary, not an exception with a traceback
+        return Failed(message=f"gate failed for {cfg.task.name} v{version}; production stays at {previous}: "
+                              + "; ".join(shadow["reasons"]), data=summary)
     return summary
 
 

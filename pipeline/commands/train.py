@@ -34,9 +34,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def collapse_note(entropy: float) -> str:
-    """What to do about a policy whose entropy collapsed (scaffold.ENTROPY_COLLAPSE_NATS)."""
-    from pipeline.training.scaffold import ENTROPY_COLLAPSE_NATS
+    """What to do about a policy whose entropy collapsed (metrics.ENTROPY_COLLAPSE_NATS)."""
+    from pipeline.training.metrics import ENTROPY_COLLAPSE_NATS
 
     return (f"note: the policy's entropy ended at {entropy:.2f} nats, below {ENTROPY_COLLAPSE_NATS} (collapsed: it "
-            f"barely explores); if the return stalled, search the entropy and learning-rate settings with a "
-            f"population (`sim2real tune`, where available) or raise train.entropy_coef / sac.target_entropy")
+            f"barely explores any more); if the return stalled, give it more entropy (train.entropy_coef, "
+            f"sac.target_entropy) or search those settings")

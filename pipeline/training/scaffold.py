@@ -22,17 +22,11 @@ import yaml
 
 from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint
 from pipeline.training.learner import resolve_device
+from pipeline.training.metrics import is_entropy_collapsed
 from pipeline.training.rollout import make_env, preflight
 
 # final_return = mean return of this many most recent episodes.
 FINAL_RETURN_WINDOW = 20
-
-# The policy's entropy (nats, summed over action dimensions) below which the progress line and the
-# result say it collapsed: a Gaussian of std 0.05 in each of one action's normalized [-1, 1] units
-# has -1.58 nats; below it the policy barely explores, and a population search (`sim2real tune`)
-# over its entropy and learning-rate settings is what to try.
-ENTROPY_COLLAPSE_NATS = -1.5
-
 
 @dataclass
 class ReplayFigures:
@@ -61,7 +55,7 @@ class TrainResult:
     learner_utilization: float     # share of the loop's wall time spent in learner updates
     actor_restarts: int
     entropy: float | None = None   # the policy's last measured entropy (nats)
-    entropy_collapsed: bool = False  # entropy below ENTROPY_COLLAPSE_NATS at the end of the run
+    entropy_collapsed: bool = False  # entropy below metrics.ENTROPY_COLLAPSE_NATS at the end of the run
     # Validation-based selection (algorithms that select on validation, with validation.enabled):
     best_updates: int | None = None
     best_validation_return: float | None = None
@@ -184,7 +178,7 @@ def final_return_of(recent_returns: deque) -> float | None:
 def entropy_figures(record: dict | None) -> dict:
     """TrainResult's entropy fields from the last metrics record."""
     entropy = None if record is None else record.get("entropy")
-    return dict(entropy=entropy, entropy_collapsed=entropy is not None and entropy < ENTROPY_COLLAPSE_NATS)
+    return dict(entropy=entropy, entropy_collapsed=is_entropy_collapsed(entropy))
 
 
 class WeightPublisher:

@@ -62,10 +62,10 @@ def train_vtrace(cfg, *, policy_loss: PolicyLoss, out_dir=None, steps=None, acto
 
     actor_cpus = tc.num_actors * cfg.ray.actor_num_cpus
     with learner_threads(device, actor_cpus), ray_for_run(ray_address_for(cfg, ray_address), actor_cpus):
-        # Start-up order (on 2 cores the first batch came ~1.5 s sooner): nothing waits for the
-        # weight source to boot (it imports only Ray; a named actor is registered when `.remote()`
-        # returns, so the rollout actors find it by name), and the rollout actors (the slowest to
-        # boot: torch, MuJoCo, their envs) are created before the validation actor.
+        # Start-up order, so the first batch comes as soon as it can: nothing waits for the weight
+        # source to boot (it imports only Ray; a named actor is registered when `.remote()` returns,
+        # so the rollout actors find it by name), and the rollout actors (the slowest to boot: torch,
+        # MuJoCo, their envs) are created before the validation actor.
         weight_source_name = f"sim2real-weights-{uuid.uuid4().hex[:12]}"
         selection = None
         if cfg.validation.enabled:

@@ -37,6 +37,6 @@ def collapse_note(entropy: float) -> str:
     """What to do about a policy whose entropy collapsed (metrics.ENTROPY_COLLAPSE_NATS)."""
     from pipeline.training.metrics import ENTROPY_COLLAPSE_NATS
 
-    return (f"note: the policy's entropy ended at {entropy:.2f} nats, below {ENTROPY_COLLAPSE_NATS} (collapsed: it "
-            f"barely explores any more); if the return stalled, give it more entropy (train.entropy_coef, "
-            f"sac.target_entropy) or search those settings")
+    return (f"note: the policy's entropy ended at {entropy:.2f} nats over its action dimensions, below "
+            f"{ENTROPY_COLLAPSE_NATS} per dimension (collapsed: it barely explores any more); if the return stalled, "
+            f"give it more entropy (train.entropy_coef, sac.target_entropy) or search those settings")

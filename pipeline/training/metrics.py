@@ -13,21 +13,23 @@ from pipeline.progress import Progress
 PROGRESS_KEYS = ("env_steps_per_s", "episode_return", "episode_cost", "policy_lag_mean", "approx_kl", "entropy",
                  "actor_restarts")
 
-# The policy's entropy (nats, summed over action dimensions) below which the progress line and the run's
-# result say it collapsed: a Gaussian of std 0.05 in one normalized action unit has -1.58 nats. Below it the
-# policy barely explores any more; if the return has stalled there, more entropy (train.entropy_coef,
-# sac.target_entropy) or a search over those settings is what to try.
+# The policy's entropy per action dimension (nats) below which the progress line and the run's result say it
+# collapsed: a Gaussian of std 0.05 in a normalized action unit has -1.58 nats. Below it the policy barely
+# explores any more; if the return has stalled there, more entropy (train.entropy_coef, sac.target_entropy)
+# or a search over those settings is what to try.
 ENTROPY_COLLAPSE_NATS = -1.5
 
 
-def is_entropy_collapsed(entropy: float | None) -> bool:
-    return entropy is not None and entropy < ENTROPY_COLLAPSE_NATS
+def is_entropy_collapsed(entropy: float | None, act_dim: int) -> bool:
+    """`entropy`: the policy's, summed over its `act_dim` action dimensions (what the learners report)."""
+    return entropy is not None and entropy / act_dim < ENTROPY_COLLAPSE_NATS
 
 
 class MetricsLogger:
     """Writes one record per learner update to `run_dir/metrics.jsonl` and TensorBoard, and shows progress."""
 
-    def __init__(self, run_dir: Path, total_steps: int, start_steps: int = 0, progress: bool = True):
+    def __init__(self, run_dir: Path, total_steps: int, act_dim: int, start_steps: int = 0, progress: bool = True):
+        self.act_dim = act_dim
         self.jsonl = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
         self.writer = SummaryWriter(log_dir=str(run_dir))
         self.progress = Progress(total_steps, "step", desc="train", initial=start_steps, enabled=progress)
@@ -39,8 +41,8 @@ class MetricsLogger:
             if isinstance(value, (int, float)) and key not in ("updates", "env_steps"):
                 self.writer.add_scalar(f"train/{key}", value, step)
         shown = {k: _short(record[k]) for k in PROGRESS_KEYS if k in record}
-        if is_entropy_collapsed(record.get("entropy")):
-            shown["entropy"] += f" (collapsed: < {ENTROPY_COLLAPSE_NATS})"
+        if is_entropy_collapsed(record.get("entropy"), self.act_dim):
+            shown["entropy"] += f" (collapsed: < {ENTROPY_COLLAPSE_NATS} nats per action dimension)"
         self.progress.update_to(step, shown)
 
     def close(self) -> None:

@@ -194,7 +194,7 @@ def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Ca
                             for i in range(tc.num_actors)]
         ray.get(weight_source.latest.remote())  # published before the first batch is asked for
         pool = ActorPool(exploring_actors, tc.max_batches_in_flight)
-        logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
+        logger = MetricsLogger(run_dir, tc.total_env_steps, model_spec["act_dim"], env_steps, progress)
 
         lost_by_actor = [0] * tc.num_actors
 
@@ -306,7 +306,7 @@ def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Ca
         run_dir=str(run_dir), algorithm=tc.algorithm, env_steps=env_steps, updates=learner.version,
         final_return=final_return_of(recent_returns), wall_s=time.perf_counter() - start_wall,
         env_steps_per_s=(env_steps - steps_at_start) / loop_s, learner_utilization=learner_time / loop_s,
-        actor_restarts=c["actor"], **entropy_figures(last_record),
+        actor_restarts=c["actor"], **entropy_figures(last_record, model_spec["act_dim"]),
         replay=ReplayFigures(replay_ratio=learned / max(env_steps, 1), learned_samples=learned,
                              learner_samples_per_s=(learned - learned_at_start) / loop_s, shard_restarts=c["shard"],
                              transitions_lost=c["lost"], replay_restored=restored,

@@ -86,7 +86,7 @@ def train_vtrace(cfg, *, policy_loss: PolicyLoss, out_dir=None, steps=None, acto
         publisher.publish()
         ray.get(weight_source.latest.remote())  # published before the first batch is asked for
         pool = ActorPool(rollout_actors, tc.max_batches_in_flight)
-        logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
+        logger = MetricsLogger(run_dir, tc.total_env_steps, model_spec["act_dim"], env_steps, progress)
 
         def checkpoint() -> None:
             # learner.version, not `updates`: after an interrupt they can differ and the weights are the truth.
@@ -170,7 +170,7 @@ def train_vtrace(cfg, *, policy_loss: PolicyLoss, out_dir=None, steps=None, acto
         run_dir=str(run_dir), algorithm=tc.algorithm, env_steps=env_steps, updates=updates,
         final_return=final_return_of(recent_returns), wall_s=time.perf_counter() - start_wall,
         env_steps_per_s=(env_steps - steps_at_start) / loop_s, learner_utilization=learner_time / loop_s,
-        actor_restarts=pool.restarts, **entropy_figures(record),
+        actor_restarts=pool.restarts, **entropy_figures(record, model_spec["act_dim"]),
         best_updates=best["updates"] if best else None, best_validation_return=best["validation_return"] if best else None,
         stopped_early=selection.stop_reason if selection is not None else None,
         adr_fraction=selection.adr_fraction if selection is not None and selection.adr.enabled else None)

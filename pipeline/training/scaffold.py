@@ -54,7 +54,7 @@ class TrainResult:
     env_steps_per_s: float
     learner_utilization: float     # share of the loop's wall time spent in learner updates
     actor_restarts: int
-    entropy: float | None = None   # the policy's last measured entropy (nats)
+    entropy: float | None = None   # the policy's last measured entropy (nats, summed over action dimensions)
     entropy_collapsed: bool = False  # entropy below metrics.ENTROPY_COLLAPSE_NATS at the end of the run
     # Validation-based selection (algorithms that select on validation, with validation.enabled):
     best_updates: int | None = None
@@ -175,10 +175,10 @@ def final_return_of(recent_returns: deque) -> float | None:
     return float(np.mean(recent_returns)) if recent_returns else None
 
 
-def entropy_figures(record: dict | None) -> dict:
+def entropy_figures(record: dict | None, act_dim: int) -> dict:
     """TrainResult's entropy fields from the last metrics record."""
     entropy = None if record is None else record.get("entropy")
-    return dict(entropy=entropy, entropy_collapsed=is_entropy_collapsed(entropy))
+    return dict(entropy=entropy, entropy_collapsed=is_entropy_collapsed(entropy, act_dim))
 
 
 class WeightPublisher:

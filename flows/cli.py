@@ -28,9 +28,9 @@ class RunCommand:
     @staticmethod
     def run_cli(args: argparse.Namespace) -> int:
         """The flow on embedded defaults, with a summary at the end; 0 only when the candidate was promoted."""
+        _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.retrain import retrain
 
-        _prefect_defaults()
         state = retrain(config_path=args.config, models_root=args.models, runs_dir=args.runs, steps=args.steps,
                         ray_address=args.ray_address, from_log=getattr(args, "from_log", None), return_state=True)
         outcome = state.result(raise_on_failure=False)  # a failed gate ends Failed with the summary as its data
@@ -56,9 +56,9 @@ class ScheduleCommand:
 
     @staticmethod
     def run_cli(args: argparse.Namespace) -> int:
+        _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.schedule import schedule
 
-        _prefect_defaults()
         result = schedule(args.config, args.cron, name=args.name, timezone=args.timezone, serve=args.serve,
                           models_root=args.models, runs_dir=args.runs, steps=args.steps, ray_address=args.ray_address,
                           from_log=args.from_log)

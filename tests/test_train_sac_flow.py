@@ -33,8 +33,8 @@ def test_sac_flow_failing_its_gate_says_so_once_and_quietly(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(config), "--steps", "1500",
                           "--models", str(tmp_path / "models"), "--runs", str(tmp_path / "runs")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert "gate FAIL" in out.stdout and "min_return_ratio" in out.stdout and "registered version 1" in out.stdout
+    assert out.returncode == 1 and "gate FAIL" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert "min_return_ratio" in out.stdout and "registered version 1" in out.stdout
     assert "Traceback" not in out.stderr, out.stderr
     assert "\r" not in out.stderr
     assert "train: " in out.stderr  # progress as plain lines

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from pipeline.training.learner import PolicyTerms, appo_policy_loss, impala_policy_loss
+from pipeline.config import Td3Config
 from pipeline.training.sac import soft_actor_loss, soft_target, temperature_loss, twin_critic_loss
+from pipeline.training.td3 import Td3Learner, smoothed
 
 
 class Cfg:
@@ -85,3 +87,32 @@ def test_sac_temperature_falls_while_the_entropy_is_above_its_target():
     assert loss.item() == pytest.approx(math.log(0.2) * 1.25)
     loss.backward()
     assert log_temperature.grad.item() == pytest.approx(1.25)  # > 0: a descent step lowers the temperature
+
+
+def test_td3_target_smoothing_clips_the_noise_and_the_action():
+    # [0.9 + min(0.7, 0.5), -0.2 + max(-0.1, -0.5), -0.95 - 0.5] clipped to [-1, 1]
+    out = smoothed(torch.tensor([0.9, -0.2, -0.95]), torch.tensor([0.7, -0.1, -0.8]), noise_clip=0.5)
+    assert out.tolist() == pytest.approx([1.0, -0.3, -1.0])
+
+
+def test_td3_updates_its_actor_every_policy_delay_critic_steps():
+    spec = dict(obs_dim=3, act_dim=1, hidden_sizes=[8], action_low=[-1.0], action_high=[1.0])
+    learner = Td3Learner(spec, Td3Config(policy_delay=2, lr=1e-2), gamma=0.99, device=torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    batch = {k: torch.randn(16, n, generator=gen).squeeze(-1).numpy() for k, n in
+             (("obs", 3), ("next_obs", 3), ("action", 1), ("reward", 1))}
+    batch.update(action=batch["action"][:, None].clip(-1, 1), discount=torch.full((16,), 0.9).numpy(),
+                 weight=torch.ones(16).numpy())
+    before_pi, before_q = copied(learner.actor.pi), copied(learner.critic)
+    learner.update(batch)
+    assert same(before_pi, learner.actor.pi) and not same(before_q, learner.critic)  # step 1: critics only
+    learner.update(batch)
+    assert not same(before_pi, learner.actor.pi)  # step 2: the actor too
+
+
+def copied(net: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def same(params: list[torch.Tensor], net: torch.nn.Module) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(params, net.parameters()))

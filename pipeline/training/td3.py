@@ -24,6 +24,11 @@ from pipeline.training.nets import to_cpu
 from pipeline.training.sac import SquashedGaussianActor, TwinCritic, twin_critic_loss
 
 
+def smoothed(action: torch.Tensor, noise: torch.Tensor, noise_clip: float) -> torch.Tensor:
+    """Target policy smoothing: the target action plus noise clipped to +-noise_clip, kept in [-1, 1]."""
+    return (action + noise.clamp(-noise_clip, noise_clip)).clamp(-1.0, 1.0)
+
+
 class Td3Learner:
     """Deterministic actor and its target, twin critics and their targets, two Adam optimizers."""
 
@@ -57,8 +62,8 @@ class Td3Learner:
         self.actor.obs_rms.update(t["obs"])
         obs, next_obs = self.actor.normalize(t["obs"]), self.actor.normalize(t["next_obs"])
         with torch.no_grad():
-            noise = (torch.randn_like(t["action"]) * self.cfg.policy_noise).clamp(-self.cfg.noise_clip, self.cfg.noise_clip)
-            next_action = (self._act(self.pi_target, next_obs) + noise).clamp(-1.0, 1.0)
+            next_action = smoothed(self._act(self.pi_target, next_obs), torch.randn_like(t["action"]) * self.cfg.policy_noise,
+                                   self.cfg.noise_clip)
             target = t["reward"] + t["discount"] * torch.minimum(*self.critic_target(next_obs, next_action))
         q1, q2 = self.critic(obs, t["action"])
         td = q1 - target

@@ -46,7 +46,10 @@ def _config_flag(p: argparse.ArgumentParser, required: bool = False) -> None:
 
 
 def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("envs", help="list the tasks: obs/action sizes, constraints, legacy controller")
+    p = sub.add_parser("envs", help="list the tasks: obs/action sizes, constraints, legacy controller, registry versions")
+    p.add_argument("--config", action="append", metavar="FILE",
+                   help="also declare the plant of this task YAML (repeatable)")
+    p.add_argument("--registry", default="models", help="registry root whose tasks are listed too (default models/)")
     _json_flag(p)
 
     p = sub.add_parser("config", help="document every config key, or validate a config file")

@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origi
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
+from envs.declaration import PlantDeclaration
 from envs.randomization import RandomizationSet
 
 
@@ -386,42 +387,87 @@ def load_config(path: str | Path) -> Config:
     return cfg
 
 
-def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, description) for every config field, for `--help` output.
+def _submodel(annotation) -> tuple[type[BaseModel] | None, str]:
+    """The model a field holds, directly, optionally, in a list ('[]') or in a dict by name ('.<name>')."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, ""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (list, tuple) and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0], "[]"
+    if origin is dict and len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+        return args[1], ".<>"
+    for arg in args:  # X | None
+        sub, suffix = _submodel(arg)
+        if sub is not None:
+            return sub, suffix
+    return None, ""
 
-    `train:` lists every algorithm's keys once, each marked with the algorithms that read it."""
-    rows: list[tuple[str, str, str]] = []
+
+def type_name(annotation) -> str:
+    """A field's type as a reader of the YAML sees it: `float`, `list[str]`, `'box' | 'halfspace'`, `section`."""
+    if annotation is type(None):
+        return "null"
+    if isinstance(annotation, type):
+        return "section" if issubclass(annotation, BaseModel) else annotation.__name__
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is Annotated:
+        return type_name(args[0])
+    if args and origin in (list, tuple, dict):
+        return f"{origin.__name__}[{', '.join(type_name(a) for a in args)}]"
+    if args:  # a union
+        return " | ".join(type_name(a) for a in args)
+    return str(annotation)
+
+
+# What the keys of a map of sections name, for the reference: randomization.<set>.body_mass.<body>.low
+_KEY_NAMES = {"randomization": "set", "body_mass": "body", "geom_friction": "geom", "joint_damping": "joint",
+              "actuator_gain": "actuator", "targets": "target"}
+
+
+def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, description) of every config field, for `sim2real config` and the reference docs.
+
+    A section's keys follow it (`train.sac.tau`); a list of sections is written `plant.observations[].joint`,
+    a map of named ones `randomization.<name>.body_mass`. The `plant:` section is the declaration's schema
+    (envs.declaration.PlantDeclaration). `train:` lists every algorithm's keys once, each marked with the
+    algorithms that read it when not all do.
+    """
+    rows: list[tuple[str, str, str, str]] = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
-        ann = field.annotation
-        members = [get_args(a)[0] if get_origin(a) is Annotated else a for a in get_args(ann)]  # unwrap Tag(...)
+        members = [get_args(a)[0] if get_origin(a) is Annotated else a for a in get_args(field.annotation)]
         variants = [a for a in members if isinstance(a, type) and issubclass(a, TrainCommon)]
-        if variants:
-            rows.append((key, "", f"{field.description} One of: " + "; ".join(
+        if variants:  # the union train.algorithm picks from
+            rows.append((key, "section", "", f"{field.description} One of: " + "; ".join(
                 f"{_tag(m)}: {(m.__doc__ or '').strip()}" for m in variants)))
             rows.extend(_train_rows(variants, key + "."))
             continue
-        # An optional section (a `X | None` field) lists its fields like any other.
-        ann = next((a for a in get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows.append((key, "", (ann.__doc__ or "").strip().splitlines()[0]))
-            rows.extend(describe_fields(ann, key + "."))
+        annotation = PlantDeclaration | None if (model is Config and name == "plant") else field.annotation
+        sub, suffix = _submodel(annotation)
+        if sub is not None:
+            kind = {"": "section", "[]": "list of sections", ".<>": "sections by name"}[suffix]
+            suffix = suffix.replace("<>", f"<{_KEY_NAMES.get(name, 'name')}>")
+            rows.append((key, kind, "", field.description or (sub.__doc__ or "").strip().splitlines()[0]))
+            rows.extend(describe_fields(sub, key + suffix + "."))
         else:
             default = "" if field.is_required() else repr(field.get_default(call_default_factory=True))
-            rows.append((key, default, field.description or ""))
+            rows.append((key, type_name(annotation), default, field.description or ""))
     return rows
 
 
-def _train_rows(variants: list[type[TrainCommon]], prefix: str) -> list[tuple[str, str, str]]:
+def _train_rows(variants: list[type[TrainCommon]], prefix: str) -> list[tuple[str, str, str, str]]:
     """Every algorithm's `train.*` rows, each key once, with the algorithms that read it when not all do."""
     readers: dict[str, list[str]] = {}
-    described: dict[str, tuple[str, str, str]] = {}
+    described: dict[str, tuple[str, str, str, str]] = {}
     for m in variants:
         for row in describe_fields(m, prefix):
             if row[0] == prefix + "algorithm":
-                row = (row[0], repr(DEFAULT_ALGORITHM), "One of " + ", ".join(_tag(v) for v in variants) + ".")
+                names = [_tag(v) for v in variants]
+                row = (row[0], " | ".join(map(repr, names)), repr(DEFAULT_ALGORITHM), "One of " + ", ".join(names) + ".")
             described.setdefault(row[0], row)
             readers.setdefault(row[0], []).append(_tag(m))
     order = sorted(described, key=lambda k: k != prefix + "algorithm")  # the key that picks the others first
-    return [(k, v, d if len(readers[k]) == len(variants) or k.count(".") > 1 else f"{d} ({', '.join(readers[k])} only)")
-            for k, v, d in (described[k] for k in order)]
+    return [(k, t, v, d if len(readers[k]) == len(variants) or k.count(".") > 1 else f"{d} ({', '.join(readers[k])} only)")
+            for k, t, v, d in (described[k] for k in order)]

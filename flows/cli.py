@@ -33,7 +33,7 @@ class RunCommand:
 
         state = retrain(config_path=args.config, models_root=args.models, runs_dir=args.runs, steps=args.steps,
                         ray_address=args.ray_address, from_log=getattr(args, "from_log", None), return_state=True)
-        outcome = state.result(raise_on_failure=False)  # a failed gate ends Failed with the summary as its data
+        outcome = state.result(raise_on_failure=False)  # a gate's "no" ends Failed with the summary as its data
         summary = outcome if isinstance(outcome, dict) else _summary_after_failure(args, state)
         print(json.dumps(summary, default=str) if args.json else _human_summary(summary))
         return 0 if summary.get("decision") == "pass" else 1

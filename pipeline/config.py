@@ -228,12 +228,27 @@ class ShieldConfig(Section):
 
 
 class GateConfig(Section):
-    """Promotion gate thresholds applied to a shadow evaluation."""
+    """Promotion gate: paired statistical decisions against legacy and production, and safety checks
+    (pipeline/evaluation/gate.py, pipeline/evaluation/gate_statistics.py)."""
 
-    min_return_ratio: float = Field(0.8, gt=0, description="Candidate mean return R_c must be >= R_l + (x - 1)|R_l| for legacy mean "
-                                    "return R_l: x * R_l when R_l > 0, and no stricter than legacy when R_l < 0 (pipeline/gate.py).")
-    max_violations: int = Field(0, ge=0, description="Most constraint-violating steps (info cost) allowed for the candidate driving, all episodes together.")
-    max_intervention_rate: float = Field(0.1, ge=0, le=1, description="Largest share of steps the shield may change the candidate's action.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="One-sided confidence of every bound the gate decides on "
+                              "(paired return differences, rate bounds), over all its sequential looks together.")
+    min_return_ratio: float = Field(1.0, gt=0, description="Against legacy: the lower confidence bound on the mean paired "
+                                    "return difference (candidate - legacy, same seeds and domains) must exceed "
+                                    "(x - 1)|R_l|, R_l legacy's mean return. 1.0: no worse than legacy (equal is not "
+                                    "enough); below 1 allows a margin, which the report names as loosened by this key.")
+    min_return_ratio_production: float = Field(1.0, gt=0, description="The same rule against the production version "
+                                               "(run in the same paired episodes); a candidate that does not clear it "
+                                               "is registered but production is kept.")
+    max_episodes: int = Field(40, ge=1, description="Episode budget per policy: batches of shadow.episodes are added "
+                              "until every bound decides or this many ran; still undecided is `inconclusive`.")
+    min_episodes: int = Field(20, ge=2, description="Fewest paired episodes a return comparison may pass on (it may fail "
+                              "on fewer): a skew of the returns the sample has not yet shown cannot be corrected for.")
+    max_seconds: float | None = Field(None, gt=0, description="Wall-clock budget of the sequential evaluation (s); no "
+                                      "batch starts that would likely end past it. None: the episode budget only.")
+    max_violations: int = Field(0, ge=0, description="Most constraint-violating steps (info cost) allowed for the candidate driving, all episodes together (an absolute count, not a rate).")
+    max_intervention_rate: float = Field(0.1, ge=0, le=1, description="Largest share of steps the shield may change the "
+                                         "candidate's action, judged on its exact upper confidence bound (gate.confidence).")
     max_latency_p99_us: float = Field(2000.0, gt=0, description="Candidate per-action latency p99 (policy + shield), microseconds; "
                                       "the worse of the shadow and counterfactual passes.")
     waive: list[str] = Field([], description="Checks (by key, e.g. gate.min_return_ratio) a decision may pass without; any other check that could not run makes the decision `inconclusive`.")
@@ -252,7 +267,8 @@ class FalsifyConfig(Section):
 class ShadowConfig(Section):
     """Shadow-mode evaluation beside the legacy controller."""
 
-    episodes: int = Field(10, ge=1, description="Episodes per pass (shadow and counterfactual).")
+    episodes: int = Field(10, ge=1, description="Episodes per batch of every pass (shadow, counterfactual, production); the "
+                          "gate looks after each batch, up to gate.max_episodes.")
     domains: str = Field("reality", description="Randomization set name (or YAML file) the shadow passes run on.")
     agreement_tolerance: float = Field(0.1, gt=0, description="Actions agree when every |legacy - candidate| <= this (normalized units).")
     seed: int = Field(1000, ge=0, description="First episode seed; held out from training seeds.")

@@ -83,7 +83,7 @@ def train_and_evaluate(cfg, hidden, seed: int, steps: int, episodes: int, work: 
     t0 = time.perf_counter()
     run = train(cfg, out_dir=work / "run", steps=steps, progress=False)
     train_s = time.perf_counter() - t0
-    bundle = export_policy(run["run_dir"], out_dir=work / "bundle")["bundle"]
+    bundle = export_policy(run.run_dir, out_dir=work / "bundle")["bundle"]
     runtime = EdgeRuntime.load(bundle, shield=False)
     res = evaluate(cfg, runtime, domains=hidden, episodes=episodes, seed=EVAL_SEED, shield=True,
                    spec=runtime.bundle.shield_spec)

@@ -21,7 +21,7 @@ import ray
 from pipeline.config import load_config
 from pipeline.training.model import ActorCritic
 from pipeline.training.rollout import RolloutActor, make_env
-from pipeline.training.train import model_spec_for
+from pipeline.training.scaffold import model_spec_for
 
 
 def plain_steps_per_s(env_id, randomization, num_envs, seconds) -> float:

@@ -61,12 +61,12 @@ def cheetah_config(out_budget_steps: int = 10_000_000):
     from envs.randomization import RandomizationSet
     from pipeline.config import load_config
 
-    cfg = load_config("configs/cartpole.yaml")
+    cfg = load_config("configs/cartpole_sac.yaml")
     cfg.task.name, cfg.task.env_id = "halfcheetah", ENV_ID
     cfg.randomization["train"] = RandomizationSet()
     cfg.shield.enabled = False
     t = cfg.train
-    t.algorithm, t.hidden_sizes, t.total_env_steps = "sac", [256, 256], out_budget_steps
+    t.hidden_sizes, t.total_env_steps = [256, 256], out_budget_steps
     t.num_actors, t.envs_per_actor, t.rollout_length = 1, 1, 64
     # SB3's SAC defaults: batch 256, one gradient step per env step (ratio 256), lr 3e-4, tau 0.005.
     for key, value in dict(batch_size=256, replay_ratio=256.0, lr=3e-4, learning_starts=1000, n_step=1,
@@ -80,16 +80,16 @@ def cheetah_config(out_budget_steps: int = 10_000_000):
 def run_ours(budget_s: float, episodes: int, out_dir: str) -> dict:
     import torch
 
-    from pipeline.training.model import load_policy
+    from pipeline.training.policy import load_policy
     from pipeline.training.train import train
 
     start = time.perf_counter()
     result = train(cheetah_config(), out_dir=out_dir, progress=False,
                    callback=lambda s: time.perf_counter() - start >= budget_s)
-    policy, _ = load_policy(result["run_dir"])
+    policy, _ = load_policy(result.run_dir)
     ret = evaluate(lambda o: policy(torch.from_numpy(o)).detach().numpy(), episodes)
-    return dict(name="ours SAC (Ray, 1 actor, 1 shard)", env_steps=result["env_steps"], wall_s=result["wall_s"],
-                eval_return=ret, train_return_recent=result["final_return"])
+    return dict(name="ours SAC (Ray, 1 actor, 1 shard)", env_steps=result.env_steps, wall_s=result.wall_s,
+                eval_return=ret, train_return_recent=result.final_return)
 
 
 def run_sb3(algo: str, budget_s: float, episodes: int) -> dict:
@@ -173,8 +173,7 @@ def scaling(args) -> list[dict]:
     ray.init(num_cpus=max(os.cpu_count() or 1, args.max_k), include_dashboard=False, log_to_driver=False)
     try:
         for k in (args.ks or range(1, args.max_k + 1)):
-            cfg = load_config("configs/cartpole.yaml")
-            cfg.train.algorithm = "sac"
+            cfg = load_config("configs/cartpole_sac.yaml")
             cfg.train.num_actors, cfg.train.replay.num_shards = k, k
             cfg.train.sac.learning_starts = 10**9  # collection only
             cfg.train.replay.checkpoint = False
@@ -182,7 +181,7 @@ def scaling(args) -> list[dict]:
             with tempfile.TemporaryDirectory() as tmp:
                 result = train(cfg, out_dir=tmp, steps=args.steps_per_actor * k, progress=False)
             shard_rates = ray_shards(k, argparse.Namespace(obs_dim=5, act_dim=1, seconds=args.seconds, inflight=4, prefetch=4))
-            rows.append(dict(k=k, collect_steps_per_s=result["env_steps_per_s"],
+            rows.append(dict(k=k, collect_steps_per_s=result.env_steps_per_s,
                              sample_update_per_s=shard_rates["sample_update_per_s"], insert_per_s=shard_rates["insert_per_s"]))
             print(json.dumps(rows[-1]), file=sys.stderr)
     finally:

@@ -35,7 +35,7 @@ def one_run(cfg, seed: int, work: Path) -> dict:
     start = time.perf_counter()
     trained = train(cfg, out_dir=work / f"run-{seed}", progress=False)
     train_s = time.perf_counter() - start
-    exported = export_policy(trained["run_dir"], out_dir=work / f"bundle-{seed}")
+    exported = export_policy(trained.run_dir, out_dir=work / f"bundle-{seed}")
     shadow = run_shadow(exported["bundle"], cfg, domains=cfg.shadow.domains, report_dir=work / f"report-{seed}")
     m = shadow["metrics"]
     legacy, cand = m["legacy_return_mean"], m["candidate_return_mean"]

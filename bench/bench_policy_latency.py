@@ -84,7 +84,7 @@ def _demo_policy(obs_dim: int = 17, act_dim: int = 6) -> tuple[DeterministicPoli
 
 def _run_policy(run_dir: str) -> tuple[DeterministicPolicy, dict, dict]:
     from pipeline.config import load_config
-    from pipeline.training.model import load_policy
+    from pipeline.training.policy import load_policy
     from pipeline.safety.shield_spec import build_shield_spec
 
     policy, meta = load_policy(run_dir)

@@ -85,7 +85,7 @@ def run_sim2real(cfg, threshold, budget_s, out_dir, seed: int = 0) -> dict:
         return time.perf_counter() - start > budget_s
 
     result = train(cfg, out_dir=out_dir, progress=False, callback=stop_at_threshold)
-    return dict(impl="sim2real appo (ray)", seed=seed, reached_s=state["reached_s"], env_steps=result["env_steps"],
+    return dict(impl="sim2real appo (ray)", seed=seed, reached_s=state["reached_s"], env_steps=result.env_steps,
                 best_mean_return=state["best"], wall_s=time.perf_counter() - start)
 
 
@@ -124,7 +124,7 @@ def learner_throughput(device: str, seconds: float = 5.0) -> float:
     """Learner samples/s on a synthetic cartpole-sized batch (no Ray, no envs)."""
     import torch
 
-    from pipeline.training.learner import Learner
+    from pipeline.training.learner import Learner, appo_policy_loss
 
     cfg = load_config("configs/cartpole.yaml").train
     T, B, obs_dim, act_dim = cfg.rollout_length, cfg.envs_per_actor, 5, 1
@@ -137,7 +137,7 @@ def learner_throughput(device: str, seconds: float = 5.0) -> float:
                  final_obs=np.zeros((T, B, obs_dim), np.float32))
     spec = dict(obs_dim=obs_dim, act_dim=act_dim, hidden_sizes=cfg.hidden_sizes, action_low=[-1.0], action_high=[1.0])
     torch.set_num_threads(1)  # as the driver does on a machine its actors fill
-    learner = Learner(spec, cfg, torch.device(device))
+    learner = Learner(spec, cfg, torch.device(device), appo_policy_loss)
     batches = [batch] * cfg.batches_per_update
     learner.update(batches)
     samples, start = 0, time.perf_counter()

@@ -28,12 +28,13 @@ class RunCommand:
     @staticmethod
     def run_cli(args: argparse.Namespace) -> int:
         """The flow on embedded defaults, with a summary at the end; 0 only when the candidate was promoted."""
+        _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.retrain import retrain
 
-        _prefect_defaults()
         state = retrain(config_path=args.config, models_root=args.models, runs_dir=args.runs, steps=args.steps,
                         ray_address=args.ray_address, from_log=getattr(args, "from_log", None), return_state=True)
-        summary = state.result() if state.is_completed() else _summary_after_failure(args, state)
+        outcome = state.result(raise_on_failure=False)  # a gate's "no" ends Failed with the summary as its data
+        summary = outcome if isinstance(outcome, dict) else _summary_after_failure(args, state)
         print(json.dumps(summary, default=str) if args.json else _human_summary(summary))
         return 0 if summary.get("decision") == "pass" else 1
 
@@ -55,9 +56,9 @@ class ScheduleCommand:
 
     @staticmethod
     def run_cli(args: argparse.Namespace) -> int:
+        _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.schedule import schedule
 
-        _prefect_defaults()
         result = schedule(args.config, args.cron, name=args.name, timezone=args.timezone, serve=args.serve,
                           models_root=args.models, runs_dir=args.runs, steps=args.steps, ray_address=args.ray_address,
                           from_log=args.from_log)
@@ -93,9 +94,7 @@ def _summary_after_failure(args: argparse.Namespace, state) -> dict:
     from pipeline.deployment.registry import Registry
 
     cfg = load_config(args.config)
-    # The flow ends Failed on an inconclusive gate too (never promoted); say which, as `shadow` does.
-    decision = "inconclusive" if "GateInconclusive" in str(state.message) else "fail"
-    return {"task": cfg.task.name, "decision": decision, "state": state.name, "error": str(state.message),
+    return {"task": cfg.task.name, "decision": "fail", "state": state.name, "error": str(state.message),
             "production": Registry(args.models).production(cfg.task.name)}
 
 

@@ -5,9 +5,10 @@ version in the same paired episodes as the candidate and legacy, and the
 candidate is promoted only if it is better than both at the gate's
 confidence. A candidate that is not better than production is registered and
 production is kept ("kept v3: v4 not better"); the flow still completes, as
-nothing went wrong. A failed gate raises `GateFailed`; a gate whose budget ran
-out undecided raises `GateInconclusive`. Each registered version records why it
-was or was not promoted (`sim2real registry list`).
+nothing went wrong. A failed gate, or one whose budget ran out undecided, is the
+flow's expected "no": the run ends Failed with the summary as its data (no
+exception, so no traceback). Each registered version records why it was or was
+not promoted (`sim2real registry list`).
 
 With field logs (`from_log`), the flow first calibrates the twin to them
 (pipeline.calibration), trains on `train` ranges re-centred on what was
@@ -31,6 +32,7 @@ import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.context import get_run_context
+from prefect.states import Failed
 
 from pipeline.config import load_config
 from pipeline.deployment.export import export_policy
@@ -47,14 +49,6 @@ FAULT_DRILL_ENV = "SIM2REAL_FAULT_DRILL"
 
 class TransientFault(RuntimeError):
     """A failure worth retrying (a drill, a Ray start that timed out, ...)."""
-
-
-class GateFailed(RuntimeError):
-    """The candidate did not pass the promotion gate; production is unchanged."""
-
-
-class GateInconclusive(GateFailed):
-    """The gate's budget ran out before its bounds decided; not promoted, production is unchanged."""
 
 
 def _fault_drill(step: str) -> None:
@@ -92,7 +86,7 @@ def train_step(config_path: str, runs_dir: str, steps: int | None, ray_address: 
     _fault_drill("train")
     cfg = load_config(config_path)
     out_dir = Path(runs_dir) / f"{cfg.task.name}-{get_run_context().task_run.id.hex[:8]}"
-    return train(cfg, out_dir=out_dir, steps=steps, ray_address=ray_address, progress=True)
+    return train(cfg, out_dir=out_dir, steps=steps, ray_address=ray_address, progress=True).to_dict()
 
 
 @task(name="export", retries=1, retry_delay_seconds=2, persist_result=True)
@@ -209,12 +203,10 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
                                   "config": calibration["config_path"]}
     _publish_artifacts(summary, shadow, trained, calibration["result"] if calibration else None)
     logger.info("%s", summary["verdict"])
-    if shadow["decision"] == "inconclusive":
-        raise GateInconclusive(f"gate inconclusive for {cfg.task.name} v{version}; production stays at {previous}: "
-                               + "; ".join(shadow["reasons"]))
-    if shadow["decision"] == "fail":
-        raise GateFailed(f"gate failed for {cfg.task.name} v{version}; production stays at {previous}: "
-                         + "; ".join(shadow["reasons"]))
+    if shadow["decision"] in ("fail", "inconclusive"):  # a Failed state carrying the summary, not an exception
+        verb = "failed" if shadow["decision"] == "fail" else "inconclusive"
+        return Failed(message=f"gate {verb} for {cfg.task.name} v{version}; production stays at {previous}: "
+                              + "; ".join(shadow["reasons"]), data=summary)
     return summary
 
 

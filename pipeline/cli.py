@@ -56,7 +56,8 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", metavar="FILE", help="validate FILE and report every bad key")
     _json_flag(p)
 
-    p = sub.add_parser("train", help="train a policy with Ray rollout actors and a V-trace learner")
+    p = sub.add_parser("train", help="train a policy: Ray rollout actors and the learner train.algorithm names "
+                                     "(appo, impala, sac, td3)")
     p.add_argument("--config", help=f"task config YAML (default {DEFAULT_CONFIG}; with --resume, the run's own)")
     p.add_argument("--steps", type=int, help="total env steps (overrides train.total_env_steps)")
     p.add_argument("--actors", type=int, help="rollout actors (overrides train.num_actors)")

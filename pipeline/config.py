@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from envs.declaration import PlantDeclaration
 from envs.randomization import RandomizationSet
@@ -49,17 +49,15 @@ class AdrConfig(Section):
                                  "fraction of the best seen at the current width.")
 
 
-class SacConfig(Section):
-    """Off-policy SAC learner and its Ape-X actors (train.algorithm: sac); rollout_length = env steps per actor request."""
+class OffPolicyConfig(Section):
+    """What every off-policy learner with Ape-X actors reads; rollout_length = env steps per actor request."""
 
-    lr: float = Field(3e-4, gt=0, description="Adam learning rate (actor, critics and temperature).")
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate (actor, critics and, for SAC, the temperature).")
     batch_size: int = Field(256, ge=1, description="Transitions per learner step, drawn from all replay shards.")
     replay_ratio: float = Field(64.0, gt=0, description="Transitions learned per transition collected (batch_size / env steps per update).")
     learning_starts: int = Field(2000, ge=0, description="Env steps collected before the first learner step.")
     n_step: int = Field(3, ge=1, description="Steps summed into each transition's return (n-step TD targets).")
-    tau: float = Field(0.005, gt=0, le=1, description="Polyak rate of the target critics per learner step.")
-    init_temperature: float = Field(0.2, gt=0, description="Initial entropy temperature; tuned toward target_entropy.")
-    target_entropy: float | None = Field(None, description="Entropy target (nats); None: -act_dim.")
+    tau: float = Field(0.005, gt=0, le=1, description="Polyak rate of the target networks per learner step.")
     exploration_noise: float = Field(0.3, ge=0, description="Ape-X levels: actor i adds N(0, s_i^2) to its actions, s_i = this^(1 + "
                                      "exploration_alpha * i / (num_actors - 1)) (normalized action units).")
     exploration_alpha: float = Field(7.0, ge=0, description="Spread of the per-actor exploration levels (Ape-X uses 7).")
@@ -69,8 +67,23 @@ class SacConfig(Section):
     checkpoint_every: int = Field(5000, ge=1, description="Checkpoint (learner and replay snapshot) every N learner steps, and at the end.")
 
 
+class SacConfig(OffPolicyConfig):
+    """Off-policy SAC learner and its Ape-X actors (train.algorithm: sac)."""
+
+    init_temperature: float = Field(0.2, gt=0, description="Initial entropy temperature; tuned toward target_entropy.")
+    target_entropy: float | None = Field(None, description="Entropy target (nats); None: -act_dim.")
+
+
+class Td3Config(OffPolicyConfig):
+    """Off-policy TD3 learner (deterministic actor, twin critics, target smoothing) and its Ape-X actors (train.algorithm: td3)."""
+
+    policy_noise: float = Field(0.2, ge=0, description="Std of the noise on the target action (target policy smoothing, normalized units).")
+    noise_clip: float = Field(0.5, ge=0, description="The target action's noise is clipped to +-this.")
+    policy_delay: int = Field(2, ge=1, description="Critic steps per actor (and target) update.")
+
+
 class ReplayConfig(Section):
-    """Sharded prioritized replay (train.algorithm: sac)."""
+    """Sharded prioritized replay (off-policy algorithms)."""
 
     capacity: int = Field(200_000, ge=1, description="Transitions kept over all shards (each holds capacity / num_shards).")
     num_shards: int = Field(2, ge=1, description="Replay shards (Ray actors, spread over the cluster's nodes).")
@@ -80,57 +93,92 @@ class ReplayConfig(Section):
     checkpoint: bool = Field(True, description="Save the shards' contents with every checkpoint (replay/shard_<k>.npz) for --resume.")
 
 
-class TrainConfig(Section):
-    """Actor-learner training: IMPALA / APPO with V-trace (on-policy), or SAC with sharded prioritized replay."""
+class TrainCommon(Section):
+    """What the training scaffold reads for every algorithm: budget, actors, network size, discount, device."""
 
-    algorithm: Literal["impala", "appo", "sac"] = Field("appo", description="impala: V-trace actor-critic; appo: V-trace targets + "
-                                                       "clipped surrogate; sac: off-policy SAC with Ape-X replay (train.sac, train.replay).")
-    sync: bool = Field(False, description="Actors wait for fresh weights after every batch (policy lag 0), for comparison.")
+    # Does export take the checkpoint with the best validation return (the `validation:` section)?
+    selects_on_validation: ClassVar[bool] = False
+
     seed: int = Field(0, ge=0, description="Master seed: actors, envs and the learner derive theirs from it.")
     total_env_steps: int = Field(400_000, gt=0, description="Stop after this many env steps (all actors together).")
     num_actors: int = Field(2, ge=1, description="Ray rollout actors.")
     envs_per_actor: int = Field(8, ge=1, description="Envs stepped as a vector inside each actor.")
     rollout_length: int = Field(32, ge=2, description="Steps per trajectory batch (time dimension T).")
     max_batches_in_flight: int = Field(4, ge=1, description="Back-pressure: at most this many batches requested and not yet consumed.")
-    batches_per_update: int = Field(1, ge=1, description="Actor batches stacked into one learner update (sync mode: all actors' batches).")
     hidden_sizes: list[int] = Field([64, 64], min_length=1, description="MLP hidden layer widths (policy and value).")
+    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Learner device; auto picks CUDA when torch sees it.")
+
+
+class ImpalaTrainConfig(TrainCommon):
+    """IMPALA: V-trace actor-critic, on-policy actors with a bounded policy lag."""
+
+    selects_on_validation: ClassVar[bool] = True
+
+    algorithm: Literal["impala"] = Field(description="impala: V-trace actor-critic.")
+    sync: bool = Field(False, description="Actors wait for fresh weights after every batch (policy lag 0), for comparison.")
+    batches_per_update: int = Field(1, ge=1, description="Actor batches stacked into one learner update (sync mode: all actors' batches).")
     lr: float = Field(3e-4, gt=0, description="Adam learning rate.")
     lr_schedule: Literal["constant", "linear"] = Field("constant", description="linear: anneal the learning rate toward "
                                                        "5% of `lr` at total_env_steps, so late updates refine instead of unlearning.")
-    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     value_coef: float = Field(0.5, ge=0, description="Value loss weight.")
     clip_rho_threshold: float = Field(1.0, gt=0, description="V-trace rho-bar (value targets).")
     clip_pg_rho_threshold: float = Field(1.0, gt=0, description="V-trace rho-bar for policy-gradient advantages.")
-    clip_param: float = Field(0.2, gt=0, description="APPO surrogate clip epsilon.")
-    kl_coef: float = Field(0.0, ge=0, description="APPO: weight of the KL(behaviour || current) penalty; 0 disables it.")
     num_epochs: int = Field(1, ge=1, description="Passes of SGD over each batch.")
     num_minibatches: int = Field(1, ge=1, description="Adam steps per epoch; minibatches split the env axis (whole traces).")
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
     checkpoint_every: int = Field(50, ge=1, description="Write an atomic checkpoint every N learner updates (and at the end).")
     log_std_init: float = Field(-0.5, description="Initial log standard deviation of the Gaussian policy.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Learner device; auto picks CUDA when torch sees it.")
     history_length: int = Field(0, ge=0, le=64, description="Past (observation, sent action) pairs the policy sees besides the "
                                 "current observation (implicit system identification, RMA-style); 0: memoryless MLP. "
                                 "The exported ONNX graph then takes a `history` input and the edge keeps one history per plant.")
     adr: AdrConfig = Field(default_factory=AdrConfig, description="Automatic domain randomization of the `train` set.")
-    sac: SacConfig | None = Field(None, description="SAC settings; only with algorithm: sac (defaults filled in then).")
-    replay: ReplayConfig | None = Field(None, description="Replay settings; only with algorithm: sac (defaults filled in then).")
 
-    @model_validator(mode="after")
-    def _off_policy_sections(self) -> "TrainConfig":
-        if self.algorithm != "sac":
-            for key in ("sac", "replay"):
-                if getattr(self, key) is not None:
-                    raise ValueError(f"train.{key} is only read when train.algorithm is 'sac' (it is {self.algorithm!r})")
-        else:
-            if self.history_length:
-                raise ValueError("train.history_length: the SAC learner's actor is memoryless; set it to 0 with algorithm 'sac'")
-            if self.sac is None:
-                self.sac = SacConfig()
-            if self.replay is None:
-                self.replay = ReplayConfig()
-        return self
+
+class AppoTrainConfig(ImpalaTrainConfig):
+    """APPO: V-trace targets and PPO's clipped surrogate (the default)."""
+
+    algorithm: Literal["appo"] = Field("appo", description="appo: V-trace targets + clipped surrogate.")
+    clip_param: float = Field(0.2, gt=0, description="APPO surrogate clip epsilon.")
+    kl_coef: float = Field(0.0, ge=0, description="APPO: weight of the KL(behaviour || current) penalty; 0 disables it.")
+
+
+class SacTrainConfig(TrainCommon):
+    """SAC with Ape-X exploring actors and sharded prioritized replay; no validation selection (export takes the last checkpoint)."""
+
+    algorithm: Literal["sac"] = Field(description="sac: off-policy soft actor-critic (train.sac, train.replay).")
+    sac: SacConfig = Field(default_factory=SacConfig, description="SAC learner settings.")
+    replay: ReplayConfig = Field(default_factory=ReplayConfig, description="Replay settings.")
+
+
+class Td3TrainConfig(TrainCommon):
+    """TD3 with Ape-X exploring actors and sharded prioritized replay; no validation selection (export takes the last checkpoint)."""
+
+    algorithm: Literal["td3"] = Field(description="td3: off-policy twin delayed DDPG (train.td3, train.replay).")
+    td3: Td3Config = Field(default_factory=Td3Config, description="TD3 learner settings.")
+    replay: ReplayConfig = Field(default_factory=ReplayConfig, description="Replay settings.")
+
+
+# `train:` is one of these, chosen by `train.algorithm` (default appo); each refuses a key it would not read.
+# pipeline/training/algorithms.py maps every `algorithm` to its learner (a test holds the two equal).
+TRAIN_CONFIGS: tuple[type[TrainCommon], ...] = (AppoTrainConfig, ImpalaTrainConfig, SacTrainConfig, Td3TrainConfig)
+DEFAULT_ALGORITHM = "appo"
+
+
+def _tag(model: type[TrainCommon]) -> str:
+    return get_args(model.model_fields["algorithm"].annotation)[0]
+
+
+def _algorithm_of(value: Any) -> str:
+    return (value.get("algorithm", DEFAULT_ALGORITHM) if isinstance(value, dict)
+            else getattr(value, "algorithm", DEFAULT_ALGORITHM))
+
+
+TrainConfig = Annotated[Union[tuple(Annotated[m, Tag(_tag(m))] for m in TRAIN_CONFIGS)],
+                        Discriminator(_algorithm_of, custom_error_type="train_algorithm",
+                                      custom_error_message="unknown train.algorithm")]
+ALGORITHM_NAMES: tuple[str, ...] = tuple(_tag(m) for m in TRAIN_CONFIGS)
 
 
 class ValidationConfig(Section):
@@ -248,7 +296,7 @@ class Config(Section):
         None, description="The task declared as data beside its MJCF (format: envs/declaration.py); absent for a task whose parts must stay code (the quadrotor).")
     randomization: dict[str, RandomizationSet] = Field(
         description="Named domain-randomization sets; `train` is used for training, `reality` is held out for shadow evaluation.")
-    train: TrainConfig = TrainConfig()
+    train: TrainConfig = Field(default_factory=AppoTrainConfig, description="Training: the algorithm and what it reads.")
     ray: RayConfig = RayConfig()
     shield: ShieldConfig = ShieldConfig()
     gate: GateConfig = GateConfig()
@@ -259,6 +307,11 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _needs_train_and_reality(self) -> "Config":
+        if not self.train.selects_on_validation:
+            if "validation" in self.model_fields_set and self.validation.enabled:
+                raise ValueError(f"validation: train.algorithm {self.train.algorithm!r} does not select a checkpoint on "
+                                 f"validation (export takes the last one); remove the section or set validation.enabled: false")
+            self.validation.enabled = False
         missing = [name for name in ("train", "reality") if name not in self.randomization]
         if missing:
             raise ValueError(f"randomization: missing set(s) {missing}; both 'train' and 'reality' are required")
@@ -290,11 +343,20 @@ class Config(Section):
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        loc = [str(p) for p in e["loc"]]
         msg = e["msg"]
-        if e["type"] == "extra_forbidden":
+        if loc[:1] == ["train"] and len(loc) > 1 and loc[1] in ALGORITHM_NAMES:
+            algorithm = loc.pop(1)  # the union's tag: the user wrote train.<key>, not train.<algorithm>.<key>
+            if e["type"] == "extra_forbidden" and len(loc) == 2 and any(loc[1] in m.model_fields for m in TRAIN_CONFIGS):
+                msg = f"not read by train.algorithm {algorithm!r}; remove it (`sim2real config` lists what each algorithm reads)"
+        if e["type"] == "train_algorithm":
+            loc, msg = ["train", "algorithm"], f"unknown algorithm {_algorithm_of(e['input'])!r}; one of {', '.join(ALGORITHM_NAMES)}"
+        elif e["type"] == "extra_forbidden" and not msg.startswith("not read"):
             msg = "unknown key"
-        lines.append(f"  {path}: {msg}")
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        path = ".".join(loc)
+        lines.append(f"  {path}: {msg}" if path else f"  {msg}")
     return "\n".join(lines)
 
 
@@ -387,11 +449,19 @@ def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[t
 
     A section's keys follow it (`train.sac.tau`); a list of sections is written `plant.observations[].joint`,
     a map of named ones `randomization.<name>.body_mass`. The `plant:` section is the declaration's schema
-    (envs.declaration.PlantDeclaration).
+    (envs.declaration.PlantDeclaration). `train:` lists every algorithm's keys once, each marked with the
+    algorithms that read it when not all do.
     """
     rows: list[tuple[str, str, str, str]] = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
+        members = [get_args(a)[0] if get_origin(a) is Annotated else a for a in get_args(field.annotation)]
+        variants = [a for a in members if isinstance(a, type) and issubclass(a, TrainCommon)]
+        if variants:  # the union train.algorithm picks from
+            rows.append((key, "section", "", f"{field.description} One of: " + "; ".join(
+                f"{_tag(m)}: {(m.__doc__ or '').strip()}" for m in variants)))
+            rows.extend(_train_rows(variants, key + "."))
+            continue
         annotation = PlantDeclaration | None if (model is Config and name == "plant") else field.annotation
         sub, suffix = _submodel(annotation)
         if sub is not None:
@@ -403,3 +473,19 @@ def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[t
             default = "" if field.is_required() else repr(field.get_default(call_default_factory=True))
             rows.append((key, type_name(annotation), default, field.description or ""))
     return rows
+
+
+def _train_rows(variants: list[type[TrainCommon]], prefix: str) -> list[tuple[str, str, str, str]]:
+    """Every algorithm's `train.*` rows, each key once, with the algorithms that read it when not all do."""
+    readers: dict[str, list[str]] = {}
+    described: dict[str, tuple[str, str, str, str]] = {}
+    for m in variants:
+        for row in describe_fields(m, prefix):
+            if row[0] == prefix + "algorithm":
+                names = [_tag(v) for v in variants]
+                row = (row[0], " | ".join(map(repr, names)), repr(DEFAULT_ALGORITHM), "One of " + ", ".join(names) + ".")
+            described.setdefault(row[0], row)
+            readers.setdefault(row[0], []).append(_tag(m))
+    order = sorted(described, key=lambda k: k != prefix + "algorithm")  # the key that picks the others first
+    return [(k, t, v, d if len(readers[k]) == len(variants) or k.count(".") > 1 else f"{d} ({', '.join(readers[k])} only)")
+            for k, t, v, d in (described[k] for k in order)]

@@ -50,17 +50,17 @@ def test_run_survives_losing_a_worker_node(cluster, tmp_path):
 
     steps = 6_000
     result = train(cfg, out_dir=tmp_path / "run", steps=steps, progress=False, callback=kill_a_busy_worker)
-    assert killed, f"no worker node hosted an actor or shard: {result['nodes']}"
+    assert killed, f"no worker node hosted an actor or shard: {result.replay.nodes}"
     assert killed["env_steps"] < steps  # the kill happened mid-run
-    used = set(result["nodes"]["actors"]) | set(result["nodes"]["shards"])
-    assert len(used) >= 2 and used - {head_id}, result["nodes"]  # spread over nodes, workers included
-    assert result["env_steps"] >= steps
+    used = set(result.replay.nodes["actors"]) | set(result.replay.nodes["shards"])
+    assert len(used) >= 2 and used - {head_id}, result.replay.nodes  # spread over nodes, workers included
+    assert result.env_steps >= steps
     if killed["actors"]:
-        assert result["actor_restarts"] >= 1, (killed, result)
+        assert result.actor_restarts >= 1, (killed, result)
     if killed["shards"]:
-        assert result["shard_restarts"] >= 1, (killed, result)
-    assert result["actor_restarts"] + result["shard_restarts"] >= 1
-    last = read_metrics(result["run_dir"])[-1]
-    assert last["actor_restarts"] == result["actor_restarts"] and last["shard_restarts"] == result["shard_restarts"]
+        assert result.replay.shard_restarts >= 1, (killed, result)
+    assert result.actor_restarts + result.replay.shard_restarts >= 1
+    last = read_metrics(result.run_dir)[-1]
+    assert last["actor_restarts"] == result.actor_restarts and last["shard_restarts"] == result.replay.shard_restarts
     assert last["replay_shards_up"] == cfg.train.replay.num_shards  # restarted shards answer again
     assert not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == killed["node"])  # really gone

@@ -75,12 +75,12 @@ def test_wrapper_filters_actions_and_charges_the_intervention_penalty():
 
 def test_training_envs_follow_the_shield_in_loop_switch():
     from pipeline.training.rollout import make_env
-    from pipeline.training.train import _shield_in_loop
+    from pipeline.training.scaffold import shield_in_loop
 
     cfg = load_config("configs/cartpole.yaml")
-    assert _shield_in_loop(cfg) is None
-    assert not isinstance(make_env(cfg.task.env_id, "train", shield=_shield_in_loop(cfg)), ShieldedEnv)
+    assert shield_in_loop(cfg) is None
+    assert not isinstance(make_env(cfg.task.env_id, "train", shield=shield_in_loop(cfg)), ShieldedEnv)
     cfg.shield.train_in_loop = True
     cfg.shield.intervention_penalty = 0.1
-    wrapped = make_env(cfg.task.env_id, "train", shield=_shield_in_loop(cfg))
+    wrapped = make_env(cfg.task.env_id, "train", shield=shield_in_loop(cfg))
     assert isinstance(wrapped, ShieldedEnv) and wrapped.intervention_penalty == 0.1

@@ -12,8 +12,8 @@ import ray
 import torch
 
 from pipeline.training.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
-from pipeline.config import load_config
-from pipeline.training.model import load_policy
+from pipeline.config import load_config, parse_config
+from pipeline.training.policy import load_policy
 from pipeline.commands.train import run as run_cli
 from pipeline.training.train import train
 from tests.cli_args import cli_args
@@ -51,9 +51,9 @@ def test_killed_actor_is_restarted_and_run_completes(ray_local, cfg, tmp_path):
     steps = 12_000
     result = train(cfg, out_dir=tmp_path / "run", steps=steps, progress=False, callback=kill_first_actor_once)
     assert killed == [3]
-    assert result["env_steps"] >= steps
-    assert result["actor_restarts"] >= 1
-    assert read_metrics(result["run_dir"])[-1]["actor_restarts"] >= 1
+    assert result.env_steps >= steps
+    assert result.actor_restarts >= 1
+    assert read_metrics(result.run_dir)[-1]["actor_restarts"] >= 1
 
 
 def learner_tensors(state: dict) -> dict[str, torch.Tensor]:
@@ -69,9 +69,9 @@ def learner_tensors(state: dict) -> dict[str, torch.Tensor]:
 def test_resume_continues_from_checkpoint_state(ray_local, cfg, tmp_path, capsys):
     run_dir = tmp_path / "run"
     first = train(cfg, out_dir=run_dir, steps=4_000, progress=False)
-    k = first["updates"]
+    k = first.updates
     ckpt = read_checkpoint(latest_checkpoint(run_dir))
-    assert ckpt["updates"] == k and ckpt["env_steps"] == first["env_steps"]
+    assert ckpt["updates"] == k and ckpt["env_steps"] == first.env_steps
     saved = learner_tensors(ckpt["learner"])
     assert any(name.startswith("model.obs_rms.") for name in saved)  # normalizer is checkpointed
     assert any(name.endswith(".exp_avg") for name in saved)  # so are Adam's moments
@@ -86,16 +86,16 @@ def test_resume_continues_from_checkpoint_state(ray_local, cfg, tmp_path, capsys
 
     second = train(cfg, resume=run_dir, steps=8_000, progress=False, callback=capture_start)
     assert seen_at_start["updates"] == k
-    assert seen_at_start["env_steps"] == first["env_steps"]
+    assert seen_at_start["env_steps"] == first.env_steps
     resumed = seen_at_start["tensors"]
     assert resumed.keys() == saved.keys()
     for name, tensor in saved.items():
         assert torch.equal(resumed[name], tensor), name
-    assert second["updates"] > k and second["env_steps"] >= 8_000
-    assert [r["updates"] for r in read_metrics(run_dir)] == list(range(1, second["updates"] + 1))
+    assert second.updates > k and second.env_steps >= 8_000
+    assert [r["updates"] for r in read_metrics(run_dir)] == list(range(1, second.updates + 1))
 
     policy, meta = load_policy(run_dir, "latest")  # the default, "selected", is the best validation checkpoint
-    assert meta["updates"] == second["updates"] and meta["obs_dim"] == 5 and meta["act_dim"] == 1
+    assert meta["updates"] == second.updates and meta["obs_dim"] == 5 and meta["act_dim"] == 1
     assert policy(torch.zeros(3, 5)).shape == (3, 1)
 
     # The CLI resumes with the run's own config.yaml and prints exactly one JSON object.
@@ -103,18 +103,21 @@ def test_resume_continues_from_checkpoint_state(ray_local, cfg, tmp_path, capsys
     capsys.readouterr()
     assert run_cli(args) == 0
     third = json.loads(capsys.readouterr().out)
-    assert third["run_dir"] == str(run_dir) and third["updates"] > second["updates"] and third["env_steps"] >= 10_000
+    assert third["run_dir"] == str(run_dir) and third["updates"] > second.updates and third["env_steps"] >= 10_000
     batch_steps = {r["env_steps"] - p["env_steps"] for p, r in zip(read_metrics(run_dir), read_metrics(run_dir)[1:])}
     assert batch_steps == {2 * cfg.train.envs_per_actor * cfg.train.rollout_length}  # the run's config, not the default
 
 
 @pytest.mark.timeout(300)
 def test_sync_mode_has_zero_policy_lag_and_impala_runs(ray_local, cfg, tmp_path):
-    cfg.train.sync = True
-    cfg.train.algorithm = "impala"
+    data = cfg.model_dump(mode="json")
+    data["train"].update(algorithm="impala", sync=True)
+    for appo_only in ("clip_param", "kl_coef"):
+        del data["train"][appo_only]
+    cfg = parse_config(data)
     result = train(cfg, out_dir=tmp_path / "run", steps=3_000, progress=False)
-    records = read_metrics(result["run_dir"])
-    assert len(records) == result["updates"] > 0
+    records = read_metrics(result.run_dir)
+    assert len(records) == result.updates > 0
     assert max(r["policy_lag_max"] for r in records) == 0
     required = {"env_steps", "env_steps_per_s", "learner_samples_per_s", "learner_utilization", "policy_lag_mean",
                 "policy_lag_max", "entropy", "approx_kl", "policy_loss", "value_loss", "grad_norm", "actor_restarts"}

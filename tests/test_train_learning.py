@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import envs
-from pipeline.training.model import load_policy
+from pipeline.training.policy import load_policy
 from pipeline.training.rollout import make_env
 from shield.bundle import Bundle
 from shield.policy import OnnxPolicy
@@ -46,14 +46,14 @@ def episode_returns(policy, randomization, seeds) -> np.ndarray:
 def test_cartpole_matches_legacy_on_reality(trained_cartpole):
     """The session's training run (default config, seed 0, fixed budget: tests/conftest.py)."""
     cfg, result = trained_cartpole.cfg, trained_cartpole.run
-    assert result["env_steps"] >= TRAINED_STEP_BUDGET or result["stopped_early"]
-    assert result["updates"] > 0
+    assert result.env_steps >= TRAINED_STEP_BUDGET or result.stopped_early
+    assert result.updates > 0
 
     # Export took the checkpoint with the best validation return, and says so.
-    policy, meta = load_policy(result["run_dir"])
-    assert meta["env_id"] == ENV_ID and meta["updates"] == result["best_updates"]
+    policy, meta = load_policy(result.run_dir)
+    assert meta["env_id"] == ENV_ID and meta["updates"] == result.best_updates
     manifest = Bundle.load(trained_cartpole.bundle).manifest
-    assert manifest["extra"]["selection"]["updates"] == result["best_updates"]
+    assert manifest["extra"]["selection"]["updates"] == result.best_updates
 
     shipped = OnnxPolicy(Bundle.load(trained_cartpole.bundle).policy_onnx)
     legacy = envs.legacy_controller(ENV_ID)

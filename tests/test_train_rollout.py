@@ -94,15 +94,15 @@ def test_the_training_shield_keeps_its_own_margin_and_the_bundle_the_deployed_on
     from pipeline.config import load_config
     from pipeline.safety.shield_spec import build_shield_spec
     from pipeline.training.rollout import make_env
-    from pipeline.training.train import _shield_in_loop
+    from pipeline.training.scaffold import shield_in_loop
     from shield.cbf import CbfShield
 
     cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "quadrotor.yaml")
-    assert _shield_in_loop(cfg)["spec"]["margin"] == cfg.shield.train_margin  # the shipped config sets one
+    assert shield_in_loop(cfg)["spec"]["margin"] == cfg.shield.train_margin  # the shipped config sets one
     cfg.shield.train_margin = None  # unset: the loop runs the deployed margin
-    assert _shield_in_loop(cfg)["spec"]["margin"] == cfg.shield.margin == 0.1
+    assert shield_in_loop(cfg)["spec"]["margin"] == cfg.shield.margin == 0.1
     cfg.shield.train_margin = 0.3
-    loop = _shield_in_loop(cfg)
+    loop = shield_in_loop(cfg)
     assert loop["spec"]["margin"] == 0.3 and build_shield_spec(cfg)["margin"] == 0.1  # export builds the latter
     # At rest 1.45 m from the person's axis (radius 1.0): inside the training margin, outside the deployed one
     # (each plus the ~0.2 m a plant at rest may need: a push's speed and the inner loop's 0.15 s lag).
@@ -113,4 +113,4 @@ def test_the_training_shield_keeps_its_own_margin_and_the_bundle_the_deployed_on
     assert not CbfShield(build_shield_spec(cfg)).filter(obs, hover)[1]["intervened"]
     assert make_env(cfg.task.env_id, None, 50, loop).shield.spec.margin == 0.3  # what the actors' envs run
     cfg.shield.train_in_loop = False
-    assert _shield_in_loop(cfg) is None
+    assert shield_in_loop(cfg) is None

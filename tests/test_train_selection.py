@@ -17,7 +17,7 @@ import torch
 from pipeline.config import load_config
 from pipeline.deployment.export import export_policy
 from pipeline.training.checkpoint import best_checkpoint, latest_checkpoint, read_checkpoint
-from pipeline.training.model import load_policy
+from pipeline.training.policy import load_policy
 from pipeline.training.selection import adr_set
 from pipeline.training.train import train
 from shield.bundle import Bundle
@@ -44,7 +44,7 @@ def tiny_cfg(**train):
 def test_seeded_sync_runs_give_identical_checkpoints(ray_local, tmp_path):
     cfg = tiny_cfg(history_length=2)  # the history inputs take part too
     runs = [train(cfg, out_dir=tmp_path / f"run{k}", steps=640, progress=False) for k in range(2)]
-    a, b = (read_checkpoint(latest_checkpoint(r["run_dir"])) for r in runs)
+    a, b = (read_checkpoint(latest_checkpoint(r.run_dir)) for r in runs)
     assert a["updates"] == b["updates"] == 5
     assert a["model"].keys() == b["model"].keys()
     for key in a["model"]:
@@ -74,17 +74,17 @@ def test_export_takes_the_best_validation_checkpoint_not_the_last(ray_local, tmp
     best_update = max(returns, key=returns.get)
     assert best_update != 4 and returns[4] < returns[best_update], returns
 
-    best = read_checkpoint(best_checkpoint(run["run_dir"]))
-    assert best["updates"] == run["best_updates"] == best_update
+    best = read_checkpoint(best_checkpoint(run.run_dir))
+    assert best["updates"] == run.best_updates == best_update
     assert best["selection"]["validation_return"] == returns[best_update]
     assert "best mean validation return" in best["selection"]["why"]
 
-    exported = export_policy(run["run_dir"], out_dir=tmp_path / "bundle")
+    exported = export_policy(run.run_dir, out_dir=tmp_path / "bundle")
     manifest = Bundle.load(exported["bundle"]).manifest
     assert manifest["metrics"]["train_updates"] == best_update
     assert manifest["extra"]["selection"]["updates"] == best_update and manifest["extra"]["checkpoint"] == "best.pt"
     obs = np.random.default_rng(0).normal(size=(64, 5)).astype(np.float32)
-    selected, latest = load_policy(run["run_dir"])[0], load_policy(run["run_dir"], "latest")[0]
+    selected, latest = load_policy(run.run_dir)[0], load_policy(run.run_dir, "latest")[0]
     with torch.no_grad():
         assert not torch.allclose(selected(torch.from_numpy(obs)), latest(torch.from_numpy(obs)))
 
@@ -95,12 +95,12 @@ def test_adr_widens_train_ranges_and_records_them(ray_local, tmp_path):
     cfg.train.adr.enabled, cfg.train.adr.start_fraction, cfg.train.adr.step = True, 0.0, 0.5
     cfg.train.adr.keep_fraction = 0.01  # any validation return holds up: widen at every evaluation
     run = train(cfg, out_dir=tmp_path / "run", steps=3 * 2 * 4 * 16, progress=False)
-    assert run["adr_fraction"] == 1.0
+    assert run.adr_fraction == 1.0
     history = json.loads((tmp_path / "run" / "selection.json").read_text())["history"]
     assert [h["adr_fraction"] for h in history][:3] == [0.0, 0.5, 1.0]
     metrics = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [m["adr_fraction"] for m in metrics if "adr_fraction" in m][:2] == [0.5, 1.0]
-    best = read_checkpoint(best_checkpoint(run["run_dir"]))["selection"]
+    best = read_checkpoint(best_checkpoint(run.run_dir))["selection"]
     assert best["train_randomization"] == adr_set(cfg.randomization["train"], best["adr_fraction"]).model_dump(mode="json")
 
 

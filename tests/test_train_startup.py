@@ -10,8 +10,9 @@ import ray
 import torch
 
 import pipeline.training.offpolicy as offpolicy
-import pipeline.training.train as on_policy
+import pipeline.training.onpolicy as onpolicy
 from pipeline.config import load_config
+from pipeline.training.train import train
 
 
 def _failing_pool(*args, **kwargs):
@@ -19,16 +20,15 @@ def _failing_pool(*args, **kwargs):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("algorithm", ["appo", "sac"])
-def test_a_failure_while_the_actors_start_shuts_ray_down_and_restores_torch(algorithm, monkeypatch, tmp_path):
-    cfg = load_config("configs/cartpole.yaml")
-    cfg.train.algorithm = algorithm
+@pytest.mark.parametrize("config, loop", [("configs/cartpole.yaml", onpolicy), ("configs/cartpole_sac.yaml", offpolicy)])
+def test_a_failure_while_the_actors_start_shuts_ray_down_and_restores_torch(config, loop, monkeypatch, tmp_path):
+    cfg = load_config(config)
     cfg.train.envs_per_actor, cfg.train.rollout_length, cfg.train.device = 4, 16, "cpu"
     cfg.validation.enabled = False
     assert not ray.is_initialized()
     torch.set_num_threads(3)  # the caller's own setting, whatever the learner wants
-    monkeypatch.setattr(offpolicy if algorithm == "sac" else on_policy, "ActorPool", _failing_pool)
+    monkeypatch.setattr(loop, "ActorPool", _failing_pool)
     with pytest.raises(RuntimeError, match="failed to start"):
-        on_policy.train(cfg, out_dir=tmp_path / "run", steps=2_000, progress=False)
+        train(cfg, out_dir=tmp_path / "run", steps=2_000, progress=False)
     assert not ray.is_initialized()
     assert torch.get_num_threads() == 3

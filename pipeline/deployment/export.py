@@ -217,7 +217,7 @@ def _production_or_none(registry, task: str) -> int | None:
 def export_policy(run_dir: str | Path, *, out_dir: str | Path | None = None, registry_root: str | Path = "models") -> dict:
     """Export a run's latest checkpoint to a bundle (registered unless `out_dir`); returns bundle, version, parity."""
     from pipeline.config import load_config
-    from pipeline.training.model import load_policy
+    from pipeline.training.policy import load_policy
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -13,8 +13,6 @@ in `summary()` as `<flag>_rate` without touching the loops.
 from __future__ import annotations
 
 import math
-
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -312,6 +310,6 @@ def run_episodes(env, driver: Driver, seeds: list[int], *, dt: float, observers=
 def _progress(total: int, desc: str | None):
     if not desc:
         return None
-    from tqdm import tqdm
+    from pipeline.progress import Progress
 
-    return tqdm(total=total, unit="ep", file=sys.stderr, desc=desc)
+    return Progress(total, "ep", desc=desc)

@@ -11,6 +11,7 @@ before it (an actor killed while still booting, on a loaded machine).
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -30,6 +31,7 @@ def ray_for_run(address: str | None, num_cpus: float):
 
     started = not ray.is_initialized()
     if started:
+        _quiet_token_auth_notice()
         ray.init(address=address, num_cpus=None if address else max(usable_cpus(), math.ceil(num_cpus)),
                  include_dashboard=False, log_to_driver=True)
     try:
@@ -37,6 +39,19 @@ def ray_for_run(address: str | None, num_cpus: float):
     finally:
         if started:
             ray.shutdown()
+
+
+class _TokenAuthNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+def _quiet_token_auth_notice() -> None:
+    """Drop Ray's note, on every local start, that it turned token authentication on: that is the safe default
+    and the README says so once. Its warning that authentication is off stays."""
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _TokenAuthNotice) for f in logger.filters):
+        logger.addFilter(_TokenAuthNotice())
 
 
 class WeightSource:

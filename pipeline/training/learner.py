@@ -5,8 +5,9 @@ One `update(batches)` call:
   2. merges their observations into the running normalizer,
   3. for each epoch and minibatch (a split of the env axis): evaluates the
      current policy, computes V-trace targets against the behaviour
-     log-probs, and takes one Adam step on  policy loss + value_coef * value loss - entropy_coef * entropy
-     (+ kl_coef * KL(behaviour || current) for APPO),
+     log-probs, and takes one Adam step on  policy loss + value_coef * value loss - entropy_coef * entropy,
+     the policy loss being the algorithm's (`impala_policy_loss`, `appo_policy_loss`: the table in
+     algorithms.py picks it),
   4. bumps the policy version.
 """
 
@@ -16,11 +17,14 @@ import math
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from pipeline.training.model import ActorCritic
+from pipeline.training.nets import to_cpu
 from pipeline.training.vtrace import vtrace
 
 LR_FLOOR = 0.05  # linear schedule: the learning rate never drops below this share of train.lr
@@ -71,11 +75,50 @@ def stack_batches(batches: list[dict], device: torch.device) -> dict[str, torch.
     return out
 
 
+@dataclass
+class PolicyTerms:
+    """What a policy loss reads of one minibatch: time-major [T, B] tensors (kl: a scalar)."""
+
+    logp: torch.Tensor            # log pi(a_t | x_t) under the current policy
+    log_rhos: torch.Tensor        # logp - behaviour logp
+    pg_advantages: torch.Tensor   # V-trace's clipped-rho advantages (IMPALA)
+    vs: torch.Tensor              # V-trace value targets
+    values: torch.Tensor          # the current baseline V(x_t), no gradient
+    bootstrap_value: torch.Tensor  # V(x_T), no gradient
+    rewards: torch.Tensor
+    discounts: torch.Tensor
+    kl: torch.Tensor              # KL(behaviour || current), mean over the minibatch
+
+
+def impala_policy_loss(t: PolicyTerms, cfg) -> torch.Tensor:
+    """IMPALA: policy gradient weighted by V-trace's clipped-rho advantages."""
+    return -(t.logp * t.pg_advantages).mean()
+
+
+def appo_policy_loss(t: PolicyTerms, cfg) -> torch.Tensor:
+    """APPO: PPO's clipped surrogate on V-trace Q-estimates (+ kl_coef x KL(behaviour || current)).
+
+    The surrogate's ratio already corrects for the behaviour policy, so the advantage is
+    r_t + discount_t v_{t+1} - V(x_t), normalized over the minibatch, without a second rho weight.
+    """
+    vs_next = torch.cat([t.vs[1:], t.bootstrap_value[None]], dim=0)
+    advantages = t.rewards + t.discounts * vs_next - t.values
+    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    ratio = torch.exp(t.log_rhos)
+    clipped = torch.clamp(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param)
+    loss = -torch.minimum(ratio * advantages, clipped * advantages).mean()
+    return loss + cfg.kl_coef * t.kl if cfg.kl_coef > 0 else loss
+
+
+PolicyLoss = Callable[[PolicyTerms, Any], torch.Tensor]
+
+
 class Learner:
     """Owns the trainable ActorCritic, its optimizer and normalizer; `update()` consumes batches."""
 
-    def __init__(self, model_spec: dict, train_cfg, device: torch.device, log_std_init: float = -0.5):
-        self.cfg = train_cfg
+    def __init__(self, model_spec: dict, train_cfg, device: torch.device, policy_loss: PolicyLoss,
+                 log_std_init: float = -0.5):
+        self.cfg, self.policy_loss = train_cfg, policy_loss
         self.device = device
         self.model = ActorCritic(**model_spec, log_std_init=log_std_init).to(device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.lr, eps=1e-5)
@@ -123,27 +166,16 @@ class Learner:
                 vs, pg_advantages = vtrace(log_rhos, mb["discounts"], mb["rewards"], values, bootstrap_value,
                                            cfg.clip_rho_threshold, cfg.clip_pg_rho_threshold)
 
-                if cfg.algorithm == "impala":
-                    policy_loss = -(logp * pg_advantages).mean()
-                else:
-                    # APPO: the surrogate's ratio already corrects for the behaviour policy, so the
-                    # advantage is the V-trace Q-estimate minus the baseline, without a second rho weight.
-                    vs_next = torch.cat([vs[1:], bootstrap_value.detach()[None]], dim=0)
-                    advantages = mb["rewards"] + mb["discounts"] * vs_next - values.detach()
-                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-                    ratio = torch.exp(log_rhos)
-                    clipped = torch.clamp(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param)
-                    policy_loss = -torch.minimum(ratio * advantages, clipped * advantages).mean()
-
-                value_loss = 0.5 * (values - vs).pow(2).mean()
-                entropy = dist.entropy().sum(-1).mean()
                 behaviour = torch.distributions.Normal(mb["behaviour_mean"],
                                                        mb["behaviour_log_std"].exp().expand_as(mean))
                 kl = torch.distributions.kl_divergence(behaviour, dist).sum(-1).mean()
-
+                terms = PolicyTerms(logp=logp, log_rhos=log_rhos, pg_advantages=pg_advantages, vs=vs,
+                                    values=values.detach(), bootstrap_value=bootstrap_value.detach(),
+                                    rewards=mb["rewards"], discounts=mb["discounts"], kl=kl)
+                policy_loss = self.policy_loss(terms, cfg)
+                value_loss = 0.5 * (values - vs).pow(2).mean()
+                entropy = dist.entropy().sum(-1).mean()
                 loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
-                if cfg.algorithm == "appo" and cfg.kl_coef > 0:
-                    loss = loss + cfg.kl_coef * kl
 
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -163,19 +195,10 @@ class Learner:
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: weights, normalizer, optimizer, version."""
         optim_state = self.optimizer.state_dict()
-        return dict(model=self.cpu_weights(), optimizer=_to_cpu(optim_state), version=self.version)
+        return dict(model=self.cpu_weights(), optimizer=to_cpu(optim_state), version=self.version)
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
 
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj

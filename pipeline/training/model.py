@@ -2,8 +2,8 @@
 
 `ActorCritic` is what the learner trains and the rollout actors sample from.
 `DeterministicPolicy` is the deployable slice of it (normalize -> mean -> clip)
-that export turns into ONNX. `load_policy(run_dir)` rebuilds it from a run:
-the best checkpoint by validation return when the run has one, else the latest.
+that export turns into ONNX (`policy_from_checkpoint`; pipeline/training/policy.py
+picks the checkpoint).
 
 With `history_length` H > 0 the network's input is the current observation
 followed by the flattened history (shield.policy.HistoryBuffer's layout:
@@ -14,66 +14,13 @@ policy takes (obs, history) separately, as the ONNX graph does.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-# Normalized observations are clipped to +-OBS_CLIP: a state far outside what
-# training saw must not drive the network into a region it never fitted.
-OBS_CLIP = 10.0
-_VAR_EPS = 1e-8
-
-
-class RunningMeanStd(nn.Module):
-    """Running mean/variance of observations (parallel Welford merge).
-
-    Buffers, not parameters: they live in the state_dict (so checkpoints and
-    export carry them) but the optimizer never touches them. Only the learner
-    calls `update`; rollout actors receive the stats with the weights.
-    """
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
-        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
-        # Starts at a tiny count so the first batch essentially replaces the prior.
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
-
-    @torch.no_grad()
-    def update(self, x: torch.Tensor) -> None:
-        """Merge a batch `[n, dim]` of raw observations into the statistics."""
-        x = x.reshape(-1, self.mean.shape[0]).to(self.mean)
-        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta = batch_mean - self.mean
-        total = self.count + n
-        self.mean += delta * n / total
-        m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Normalize raw observations; float32 in, float32 out, clipped to +-OBS_CLIP."""
-        mean = self.mean.to(obs.dtype)
-        std = torch.sqrt(self.var + _VAR_EPS).to(obs.dtype)
-        return torch.clamp((obs - mean) / std, -OBS_CLIP, OBS_CLIP)
-
-
-def _mlp(sizes: Sequence[int], out_gain: float) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        linear = nn.Linear(sizes[i], sizes[i + 1])
-        last = i == len(sizes) - 2
-        # Orthogonal init (as in PPO implementations): small output gain keeps
-        # the initial policy near its mean and the value near 0.
-        nn.init.orthogonal_(linear.weight, out_gain if last else np.sqrt(2))
-        nn.init.zeros_(linear.bias)
-        layers.append(linear)
-        if not last:
-            layers.append(nn.Tanh())
-    return nn.Sequential(*layers)
+from pipeline.training.nets import OBS_CLIP, VAR_EPS, RunningMeanStd, mlp
 
 
 class ActorCritic(nn.Module):
@@ -92,8 +39,8 @@ class ActorCritic(nn.Module):
         self.history_length = int(history_length)
         self.input_dim = input_dim(self.obs_dim, self.act_dim, self.history_length)
         self.obs_rms = RunningMeanStd(self.input_dim)
-        self.pi = _mlp([self.input_dim, *self.hidden_sizes, self.act_dim], out_gain=0.01)
-        self.v = _mlp([self.input_dim, *self.hidden_sizes, 1], out_gain=1.0)
+        self.pi = mlp([self.input_dim, *self.hidden_sizes, self.act_dim], out_gain=0.01)
+        self.v = mlp([self.input_dim, *self.hidden_sizes, 1], out_gain=1.0)
         self.log_std = nn.Parameter(torch.full((self.act_dim,), float(log_std_init)))
         low = torch.as_tensor(np.broadcast_to(np.asarray(action_low, np.float32), (self.act_dim,)).copy())
         high = torch.as_tensor(np.broadcast_to(np.asarray(action_high, np.float32), (self.act_dim,)).copy())
@@ -136,11 +83,11 @@ class DeterministicPolicy(nn.Module):
     def __init__(self, actor_critic: ActorCritic):
         super().__init__()
         self.history_length = actor_critic.history_length
-        self.pi = _mlp([actor_critic.input_dim, *actor_critic.hidden_sizes, actor_critic.act_dim], out_gain=0.01)
+        self.pi = mlp([actor_critic.input_dim, *actor_critic.hidden_sizes, actor_critic.act_dim], out_gain=0.01)
         self.pi.load_state_dict(actor_critic.pi.state_dict())
         # Normalizer precomputed in float32 so the exported graph holds no float64 ops.
         self.register_buffer("obs_mean", actor_critic.obs_rms.mean.float().clone())
-        self.register_buffer("obs_std", torch.sqrt(actor_critic.obs_rms.var + _VAR_EPS).float().clone())
+        self.register_buffer("obs_std", torch.sqrt(actor_critic.obs_rms.var + VAR_EPS).float().clone())
         self.register_buffer("action_low", actor_critic.action_low.clone())
         self.register_buffer("action_high", actor_critic.action_high.clone())
         self.obs_dim, self.act_dim = actor_critic.obs_dim, actor_critic.act_dim
@@ -153,34 +100,8 @@ class DeterministicPolicy(nn.Module):
         return torch.maximum(torch.minimum(self.pi(x), self.action_high), self.action_low)
 
 
-def load_policy(run_dir: str | Path, which: str = "selected") -> tuple[DeterministicPolicy, dict]:
-    """Rebuild the deterministic policy from a run directory.
-
-    which: "selected" (the best checkpoint by validation return when the run
-    has one, else the latest), "best" or "latest". Returns (policy, meta) with
-    meta = env_id, task, obs_dim, act_dim, action_low, action_high,
-    history_length, config_hash, updates, env_steps, hidden_sizes, checkpoint,
-    and `selection` (why this checkpoint) when it is the best one.
-    """
-    from pipeline.training.checkpoint import best_checkpoint, latest_checkpoint, read_checkpoint
-
-    path = best_checkpoint(run_dir) if which in ("selected", "best") else None
-    if path is None and which == "best":
-        from pipeline.training.checkpoint import CheckpointError
-
-        raise CheckpointError(f"{run_dir}: no best checkpoint (was validation enabled?)")
-    path = path or latest_checkpoint(run_dir)
-    ckpt = read_checkpoint(path)
-    spec = ckpt["model_spec"]
-    meta = dict(env_id=ckpt["env_id"], task=ckpt["task"], config_hash=ckpt["config_hash"],
-                updates=int(ckpt["updates"]), env_steps=int(ckpt["env_steps"]), checkpoint=Path(path).name,
-                **{"history_length": 0, **spec})
-    if "selection" in ckpt:
-        meta["selection"] = ckpt["selection"]
-    if ckpt.get("algorithm") == "sac":  # tanh-squashed actor: its own deployable slice, same interface
-        from pipeline.training.sac import policy_from_checkpoint
-
-        return policy_from_checkpoint(ckpt), meta
-    model = ActorCritic(**spec)
+def policy_from_checkpoint(ckpt: dict) -> DeterministicPolicy:
+    """The deployable policy of an IMPALA / APPO checkpoint (its `model` weights and `model_spec`)."""
+    model = ActorCritic(**ckpt["model_spec"])
     model.load_state_dict(ckpt["model"])
-    return DeterministicPolicy(model), meta
+    return DeterministicPolicy(model)

@@ -1,4 +1,4 @@
-"""The off-policy (Ape-X) training driver: SAC learner, sharded prioritized replay, exploring actors.
+"""The off-policy (Ape-X) loop: an off-policy learner (SAC, TD3), sharded prioritized replay, exploring actors.
 
 Data flow: each `ExploringActor` steps its envs with the newest published
 policy plus its own exploration noise level, turns the steps into n-step
@@ -6,7 +6,7 @@ transitions and inserts them, one batch per request, straight into its replay
 shard (the next one when that shard is down). The driver only sees small
 reports (steps, episodes, the actor's life). The learner, in the driver,
 samples prioritized minibatches from all shards (one request per shard kept in
-flight, so sampling overlaps learning), takes a SAC step with the importance
+flight, so sampling overlaps learning), takes a learner step with the importance
 weights and sends the new priorities back without waiting. It learns while
 learned transitions < replay_ratio x collected ones and otherwise waits for
 the actors, whose requests in flight are bounded (`max_batches_in_flight`), so
@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import ray
@@ -38,9 +38,10 @@ from pipeline.training.learner import learner_threads
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.replay import NStepBuilder, ReplayClient, ReplayShard, load_snapshot, save_snapshot
 from pipeline.training.rollout import RolloutActor
-from pipeline.training.sac import SacLearner, SquashedGaussianActor
-from pipeline.training.train import (FINAL_RETURN_WINDOW, _Publisher, _shield_in_loop, actor_seed_for, add_episode_figures,
-                                     ray_address_for, start_run)
+from pipeline.training.sac import SquashedGaussianActor
+from pipeline.training.scaffold import (FINAL_RETURN_WINDOW, ReplayFigures, TrainResult, WeightPublisher, actor_seed_for,
+                                        add_episode_figures, entropy_figures, final_return_of, ray_address_for,
+                                        shield_in_loop, start_run)
 
 REPLAY_DIR = "replay"
 
@@ -56,10 +57,11 @@ class ExploringActor(RolloutActor):
     """A rollout actor that explores at its own level and inserts n-step transitions into replay."""
 
     def __init__(self, index, env_id, randomization, max_episode_steps, num_envs, chunk_steps, seed, model_spec,
-                 weight_source, shard_names, noise_std, n_step, gamma, shield=None):
+                 weight_source, shard_names, noise_std, n_step, gamma, stochastic, shield=None):
         super().__init__(index, env_id, randomization, max_episode_steps, num_envs, chunk_steps, seed, model_spec,
                          weight_source, shield)
         self.model = SquashedGaussianActor(**model_spec).eval()
+        self.stochastic = bool(stochastic)  # sample the policy (SAC), or act on its mean (TD3: the noise explores)
         self.noise_std = float(noise_std)
         self.noise_rng = np.random.default_rng(self._seed_seq.spawn(1)[0])
         self.nstep = NStepBuilder(num_envs, n_step, gamma, model_spec["obs_dim"], model_spec["act_dim"])
@@ -76,7 +78,8 @@ class ExploringActor(RolloutActor):
         for _ in range(self.T):
             obs = self.obs.copy()
             with torch.no_grad():
-                action, _ = self.model.sample(self.model.normalize(torch.from_numpy(obs)), self.torch_gen)
+                action, _ = self.model.sample(self.model.normalize(torch.from_numpy(obs)), self.torch_gen,
+                                              deterministic=not self.stochastic)
             action = action.numpy()
             if self.noise_std > 0:
                 action = np.clip(action + self.noise_std * self.noise_rng.standard_normal(action.shape), -1, 1)
@@ -119,25 +122,40 @@ class ExploringActor(RolloutActor):
         return 0
 
 
-def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ray_address=None, resume=None,
-                    progress=True, callback: Callable[[dict], None] | None = None) -> dict:
-    """`train()` for train.algorithm 'sac'; same arguments and result keys (+ replay figures).
+class OffPolicyLearner(Protocol):
+    """An off-policy learner behind this loop: one step per prioritized minibatch, new priorities back."""
+
+    stochastic_actor: bool  # whether actors sample the policy (else they act on its mean plus their noise)
+    version: int
+
+    def __init__(self, model_spec: dict, settings: Any, gamma: float, device: torch.device) -> None: ...
+
+    def update(self, batch: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]: ...
+
+    def cpu_weights(self) -> dict[str, torch.Tensor]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Callable[[Any], Any], out_dir=None,
+                    steps=None, actors=None, envs_per_actor=None, ray_address=None, resume=None, progress=True,
+                    callback: Callable[[dict], bool] | None = None) -> TrainResult:
+    """Train an off-policy learner; `train.train` documents the arguments. `settings_of(cfg.train)` is the
+    learner's section (train.sac, train.td3).
 
     `callback(state)` is called before the first learner step and after every metrics
-    record (every sac.log_every learner steps) with dict(updates, env_steps, learner,
+    record (every log_every learner steps) with dict(updates, env_steps, learner,
     actors, shards, metrics); returning True stops the run (with a final checkpoint).
     """
     start_wall = time.perf_counter()
     cfg, run_dir, ckpt, model_spec, randomization, device = start_run(cfg, out_dir, resume, steps, actors, envs_per_actor)
-    tc, sc, rc = cfg.train, cfg.train.sac, cfg.train.replay
-    model_spec.pop("history_length", None)  # the SAC actor is memoryless (the config refuses a history with sac)
-    learner = SacLearner(model_spec, sc, tc.gamma, device)
+    tc, sc, rc = cfg.train, settings_of(cfg.train), cfg.train.replay
+    learner = learner_cls(model_spec, sc, tc.gamma, device)
     env_steps, learned, episodes_total, prior_wall = 0, 0, 0, 0.0
     restarts_before = dict(actor=0, shard=0, lost=0)
     if ckpt is not None:
-        if ckpt.get("algorithm") != "sac" or ckpt["model_spec"] != model_spec:
-            raise ValueError(f"cannot resume {run_dir}: its checkpoint ({ckpt.get('algorithm', 'on-policy')}, "
-                             f"{ckpt['model_spec']}) does not match this SAC config's model {model_spec}")
         learner.load_state_dict(ckpt["learner"])
         torch.set_rng_state(ckpt["torch_rng_state"])
         env_steps, learned = int(ckpt["env_steps"]), int(ckpt["learned_samples"])
@@ -151,8 +169,8 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         weight_source = ray.remote(num_cpus=0)(WeightSource).options(
             name=f"sim2real-weights-{run_id}", scheduling_strategy=here).remote()
-        publisher = _Publisher(learner, weight_source)
-        publisher.publish()  # nothing waits for it to boot here (train.py's start-up order): checked below
+        publisher = WeightPublisher(learner, weight_source)
+        publisher.publish()  # nothing waits for it to boot here (onpolicy.py's start-up order): checked below
 
         shard_names = [f"sim2real-replay-{run_id}-{k}" for k in range(rc.num_shards)]
         shard_cls = ray.remote(ReplayShard)
@@ -171,11 +189,12 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
         noise = exploration_levels(sc.exploration_noise, sc.exploration_alpha, tc.num_actors)
         exploring_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps, tc.envs_per_actor,
                                              tc.rollout_length, actor_seed, model_spec, f"sim2real-weights-{run_id}",
-                                             shard_names, noise[i], sc.n_step, tc.gamma, shield=_shield_in_loop(cfg))
+                                             shard_names, noise[i], sc.n_step, tc.gamma, learner_cls.stochastic_actor,
+                                             shield=shield_in_loop(cfg))
                             for i in range(tc.num_actors)]
         ray.get(weight_source.latest.remote())  # published before the first batch is asked for
         pool = ActorPool(exploring_actors, tc.max_batches_in_flight)
-        logger = MetricsLogger(run_dir, tc.total_env_steps, env_steps, progress)
+        logger = MetricsLogger(run_dir, tc.total_env_steps, model_spec["act_dim"], env_steps, progress)
 
         lost_by_actor = [0] * tc.num_actors
 
@@ -187,7 +206,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
             if rc.checkpoint:
                 save_snapshot(run_dir / REPLAY_DIR, shards)
             write_checkpoint(run_dir, learner.version, dict(
-                algorithm="sac", learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
+                algorithm=tc.algorithm, learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
                 updates=learner.version, env_steps=env_steps, learned_samples=learned, episodes=episodes_total,
                 wall_s=prior_wall + time.perf_counter() - start_wall, torch_rng_state=torch.get_rng_state(),
                 env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), restarts=counters()))
@@ -199,9 +218,10 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
         loop_start, steps_at_start, learned_at_start = time.perf_counter(), env_steps, learned
         learner_time, last_log = 0.0, (time.perf_counter(), env_steps, learned, 0, 0)
         stats: dict = {}
+        last_record: dict | None = None
 
         def log_record() -> dict:
-            nonlocal last_log
+            nonlocal last_log, last_record
             now = time.perf_counter()
             shard_stats = replay.poll()
             nodes["shards"].update(s["node_id"] for s in shard_stats)
@@ -227,6 +247,7 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
             last_log = (now, env_steps, learned, inserted, sampled)
             lags.clear()
             logger.log(record)
+            last_record = record
             return record
 
         def state(metrics: dict) -> dict:
@@ -281,10 +302,12 @@ def train_offpolicy(cfg, *, out_dir=None, steps=None, actors=None, envs_per_acto
 
     loop_s = time.perf_counter() - loop_start
     c = counters()
-    return dict(run_dir=str(run_dir), env_steps=env_steps, updates=learner.version,
-                final_return=float(np.mean(recent_returns)) if recent_returns else None,
-                wall_s=time.perf_counter() - start_wall, env_steps_per_s=(env_steps - steps_at_start) / loop_s,
-                learner_utilization=learner_time / loop_s, replay_ratio=learned / max(env_steps, 1),
-                learned_samples=learned, learner_samples_per_s=(learned - learned_at_start) / loop_s,
-                actor_restarts=c["actor"], shard_restarts=c["shard"], transitions_lost=c["lost"],
-                replay_restored=restored, nodes={k: sorted(v) for k, v in nodes.items()})
+    return TrainResult(
+        run_dir=str(run_dir), algorithm=tc.algorithm, env_steps=env_steps, updates=learner.version,
+        final_return=final_return_of(recent_returns), wall_s=time.perf_counter() - start_wall,
+        env_steps_per_s=(env_steps - steps_at_start) / loop_s, learner_utilization=learner_time / loop_s,
+        actor_restarts=c["actor"], **entropy_figures(last_record, model_spec["act_dim"]),
+        replay=ReplayFigures(replay_ratio=learned / max(env_steps, 1), learned_samples=learned,
+                             learner_samples_per_s=(learned - learned_at_start) / loop_s, shard_restarts=c["shard"],
+                             transitions_lost=c["lost"], replay_restored=restored,
+                             nodes={k: sorted(v) for k, v in nodes.items()}))

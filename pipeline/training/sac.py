@@ -28,8 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.training.learner import _to_cpu
-from pipeline.training.model import _VAR_EPS, OBS_CLIP, RunningMeanStd, _mlp
+from pipeline.training.nets import OBS_CLIP, VAR_EPS, RunningMeanStd, mlp, to_cpu
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -42,7 +41,7 @@ class SquashedGaussianActor(nn.Module):
         super().__init__()
         self.obs_dim, self.act_dim, self.hidden_sizes = int(obs_dim), int(act_dim), [int(h) for h in hidden_sizes]
         self.obs_rms = RunningMeanStd(self.obs_dim)
-        self.pi = _mlp([self.obs_dim, *self.hidden_sizes, 2 * self.act_dim], out_gain=0.01)  # mean, log-std
+        self.pi = mlp([self.obs_dim, *self.hidden_sizes, 2 * self.act_dim], out_gain=0.01)  # mean, log-std
         low = np.broadcast_to(np.asarray(action_low, np.float32), (self.act_dim,)).copy()
         high = np.broadcast_to(np.asarray(action_high, np.float32), (self.act_dim,)).copy()
         if not np.all(low < high):
@@ -88,7 +87,7 @@ class TwinCritic(nn.Module):
         self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         for i in range(len(sizes) - 1):
             weight = torch.empty(2, sizes[i + 1], sizes[i])
-            for k in range(2):  # the same init as `_mlp`, per network
+            for k in range(2):  # the same init as `mlp`, per network
                 nn.init.orthogonal_(weight[k], 1.0 if i == len(sizes) - 2 else np.sqrt(2))
             self.weights.append(nn.Parameter(weight.transpose(1, 2).contiguous()))
             self.biases.append(nn.Parameter(torch.zeros(2, 1, sizes[i + 1])))
@@ -107,10 +106,10 @@ class SacDeterministicPolicy(nn.Module):
 
     def __init__(self, actor: SquashedGaussianActor):
         super().__init__()
-        self.pi = _mlp([actor.obs_dim, *actor.hidden_sizes, 2 * actor.act_dim], out_gain=0.01)
+        self.pi = mlp([actor.obs_dim, *actor.hidden_sizes, 2 * actor.act_dim], out_gain=0.01)
         self.pi.load_state_dict(actor.pi.state_dict())
         self.register_buffer("obs_mean", actor.obs_rms.mean.float().clone())
-        self.register_buffer("obs_std", torch.sqrt(actor.obs_rms.var + _VAR_EPS).float().clone())
+        self.register_buffer("obs_std", torch.sqrt(actor.obs_rms.var + VAR_EPS).float().clone())
         self.register_buffer("action_mid", ((actor.action_high + actor.action_low) / 2).float().clone())
         self.register_buffer("action_half", ((actor.action_high - actor.action_low) / 2).float().clone())
         self.obs_dim, self.act_dim = actor.obs_dim, actor.act_dim
@@ -122,14 +121,37 @@ class SacDeterministicPolicy(nn.Module):
 
 
 def policy_from_checkpoint(ckpt: dict) -> SacDeterministicPolicy:
-    """The deployable policy of a SAC checkpoint (`load_policy` calls this for algorithm 'sac')."""
+    """The deployable policy of a checkpoint of a squashed-Gaussian actor (SAC's; TD3 acts on its mean too)."""
     actor = SquashedGaussianActor(**ckpt["model_spec"])
     actor.load_state_dict(ckpt["model"])
     return SacDeterministicPolicy(actor)
 
 
+def soft_target(reward: torch.Tensor, discount: torch.Tensor, q1_next: torch.Tensor, q2_next: torch.Tensor,
+                next_logp: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """y = R^(n) + discount * (min(Q'_1, Q'_2)(s', a') - temperature * log pi(a'|s'))."""
+    return reward + discount * (torch.minimum(q1_next, q2_next) - temperature * next_logp)
+
+
+def twin_critic_loss(q1: torch.Tensor, q2: torch.Tensor, target: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """mean_i w_i ((Q_1 - y)^2 + (Q_2 - y)^2) / 2, w the draw's importance weights."""
+    return 0.5 * (weight * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean()
+
+
+def soft_actor_loss(logp: torch.Tensor, q1_pi: torch.Tensor, q2_pi: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """mean_i temperature * log pi(a~|s_i) - min(Q_1, Q_2)(s_i, a~)."""
+    return (temperature * logp - torch.minimum(q1_pi, q2_pi)).mean()
+
+
+def temperature_loss(log_temperature: torch.Tensor, logp: torch.Tensor, target_entropy: float) -> torch.Tensor:
+    """-log alpha * mean(log pi + target_entropy): alpha falls while the entropy (-log pi) is above its target."""
+    return -(log_temperature * (logp + target_entropy)).mean()
+
+
 class SacLearner:
     """Actor, twin critics, their targets, the temperature and three Adam optimizers."""
+
+    stochastic_actor = True  # exploring actors sample the policy (plus their Ape-X noise)
 
     def __init__(self, model_spec: dict, sac_cfg, gamma: float, device: torch.device):
         self.cfg, self.device, self.gamma = sac_cfg, device, gamma
@@ -165,24 +187,23 @@ class SacLearner:
         action, logp = both_action[:n], both_logp[:n]
         with torch.no_grad():
             next_action, next_logp = both_action[n:].detach(), both_logp[n:].detach()
-            q1_t, q2_t = self.critic_target(next_obs, next_action)
-            target = t["reward"] + t["discount"] * (torch.minimum(q1_t, q2_t) - temperature * next_logp)
+            target = soft_target(t["reward"], t["discount"], *self.critic_target(next_obs, next_action), next_logp,
+                                 temperature)
         q1, q2 = self.critic(obs, t["action"])
         td = q1 - target
-        critic_loss = 0.5 * (t["weight"] * (td.pow(2) + (q2 - target).pow(2))).mean()
+        critic_loss = twin_critic_loss(q1, q2, target, t["weight"])
         self.critic_optim.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_optim.step()
 
-        q_pi = torch.minimum(*self.critic(obs, action))
-        actor_loss = (temperature * logp - q_pi).mean()
+        actor_loss = soft_actor_loss(logp, *self.critic(obs, action), temperature)
         self.actor_optim.zero_grad(set_to_none=True)
         actor_loss.backward()
         self.actor_optim.step()
 
-        temperature_loss = -(self.log_temperature * (logp.detach() + self.target_entropy)).mean()
+        temp_loss = temperature_loss(self.log_temperature, logp.detach(), self.target_entropy)
         self.temperature_optim.zero_grad(set_to_none=True)
-        temperature_loss.backward()
+        temp_loss.backward()
         self.temperature_optim.step()
 
         with torch.no_grad():
@@ -198,11 +219,11 @@ class SacLearner:
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: networks, normalizer, targets, temperature, optimizers, version."""
-        return dict(actor=self.cpu_weights(), critic=_to_cpu(self.critic.state_dict()),
-                    critic_target=_to_cpu(self.critic_target.state_dict()),
+        return dict(actor=self.cpu_weights(), critic=to_cpu(self.critic.state_dict()),
+                    critic_target=to_cpu(self.critic_target.state_dict()),
                     log_temperature=self.log_temperature.detach().cpu().clone(),
-                    actor_optim=_to_cpu(self.actor_optim.state_dict()), critic_optim=_to_cpu(self.critic_optim.state_dict()),
-                    temperature_optim=_to_cpu(self.temperature_optim.state_dict()), version=self.version)
+                    actor_optim=to_cpu(self.actor_optim.state_dict()), critic_optim=to_cpu(self.critic_optim.state_dict()),
+                    temperature_optim=to_cpu(self.temperature_optim.state_dict()), version=self.version)
 
     def load_state_dict(self, state: dict) -> None:
         self.actor.load_state_dict(state["actor"])

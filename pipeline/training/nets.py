@@ -1,0 +1,79 @@
+"""Building blocks every algorithm's networks share: the observation normalizer, the MLP, CPU copies of state.
+
+The normalizer's buffers travel in each network's state_dict, so checkpoints,
+rollout actors and the exported graph all normalize the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+# Normalized observations are clipped to +-OBS_CLIP: a state far outside what
+# training saw must not drive the network into a region it never fitted.
+OBS_CLIP = 10.0
+VAR_EPS = 1e-8
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean/variance of observations (parallel Welford merge).
+
+    Buffers, not parameters: they live in the state_dict (so checkpoints and
+    export carry them) but the optimizer never touches them. Only the learner
+    calls `update`; rollout actors receive the stats with the weights.
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        # Starts at a tiny count so the first batch essentially replaces the prior.
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Merge a batch `[n, dim]` of raw observations into the statistics."""
+        x = x.reshape(-1, self.mean.shape[0]).to(self.mean)
+        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Normalize raw observations; float32 in, float32 out, clipped to +-OBS_CLIP."""
+        mean = self.mean.to(obs.dtype)
+        std = torch.sqrt(self.var + VAR_EPS).to(obs.dtype)
+        return torch.clamp((obs - mean) / std, -OBS_CLIP, OBS_CLIP)
+
+
+def mlp(sizes: Sequence[int], out_gain: float) -> nn.Sequential:
+    """Tanh MLP with orthogonal init; `out_gain` scales the last layer."""
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        linear = nn.Linear(sizes[i], sizes[i + 1])
+        last = i == len(sizes) - 2
+        # Orthogonal init (as in PPO implementations): small output gain keeps
+        # the initial policy near its mean and the value near 0.
+        nn.init.orthogonal_(linear.weight, out_gain if last else np.sqrt(2))
+        nn.init.zeros_(linear.bias)
+        layers.append(linear)
+        if not last:
+            layers.append(nn.Tanh())
+    return nn.Sequential(*layers)
+
+
+def to_cpu(obj):
+    """A (nested) state_dict with every tensor copied to the CPU: what checkpoints store."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj

@@ -41,8 +41,8 @@ and the command that replays it); `sim2real falsify` then exits 1.
 from __future__ import annotations
 
 import itertools
+import math
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +52,7 @@ import yaml
 
 from pipeline.evaluation.adversary import REFERENCE_POLICIES, AdversaryParams, reference_policy
 from pipeline.evaluation.evaluate import evaluate
+from pipeline.progress import Progress
 
 _GROUPS = ("body_mass", "geom_friction", "joint_damping", "actuator_gain")
 _ELITE = 0.25  # share of a cross-entropy generation that refits the Gaussian
@@ -178,6 +179,7 @@ class Falsifier:
         # Per set: (h, [x, attack]) of every adversarial candidate, the optimizer's starting population.
         self._history: dict[str, list[tuple[float, np.ndarray]]] = {name: [] for name in self.sets}
         self._t0 = 0.0
+        self._bar: Progress | None = None  # over the time budget: a bar on a terminal, plain lines otherwise
 
     def _left(self) -> float:
         return self.budget_s - (time.monotonic() - self._t0)
@@ -223,9 +225,10 @@ class Falsifier:
             self.best = record
         if result["violations"] > 0:
             self.cases.append(self._write_case(record))
-        if self.progress:
-            print(f"falsify: {self.evaluated} evaluated, {len(self.cases)} case(s), worst h "
-                  f"{self.best['min_h']:.4f}, {max(self._left(), 0):.0f} s left", file=sys.stderr, end="\r")
+        if self._bar is not None:
+            self._bar.update_to(min(int(time.monotonic() - self._t0), self._bar.total),
+                                {"evaluated": self.evaluated, "cases": len(self.cases),
+                                 "worst h": f"{self.best['min_h']:.4f}"})
         return record
 
     def _write_case(self, record: dict) -> dict:
@@ -315,6 +318,8 @@ class Falsifier:
     def run(self) -> dict:
         """Corners, then random draws, then cross-entropy, until a case is found or the budget is spent."""
         self._t0 = time.monotonic()
+        if self.progress:
+            self._bar = Progress(math.ceil(self.budget_s), unit="s", desc="falsify")
         phases = {"corners": 0, "random": 0, "cross_entropy": 0, "restarts": 0}
         share = self.cfg.falsify.corner_share
         since = self._mark()
@@ -330,8 +335,8 @@ class Falsifier:
             self.evaluate(self._random(names[int(self.rng.integers(len(names)))]))
             phases["random"] += 1
         self._cross_entropy(phases)
-        if self.progress:
-            print(file=sys.stderr)
+        if self._bar is not None:
+            self._bar.close()
         wall = time.monotonic() - self._t0
         return {"task": self.cfg.task.name, "cases_found": len(self.cases), "cases": self.cases,
                 "min_h": None if self.best is None else self.best["min_h"], "worst": self.best,

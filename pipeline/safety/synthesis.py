@@ -1,26 +1,28 @@
 """Shield synthesis: measure, from the MJCF and the config's randomization sets alone, what the shield needs.
 
 For a plant whose shield model is ``linear`` (MuJoCo's finite differences at the
-operating point over one control period, every coupling the MJCF has included),
+operating point over one control period: every coupling the MJCF has is in it),
 this simulates the whole envelope and measures:
 
-- the model error: one-step prediction residuals of the nominal model, per state
-  coordinate, at states inside the constraints (and as far out as the plant goes
-  on the coordinates no constraint bounds) and actions in the box, on every set's
-  corners (sampled when there are many) and random draws; the residual of a
-  velocity as an acceleration (units/s^2), with the state-dependent law that
-  bounds it best (``a + b f(x)``, f a coordinate's magnitude or a speed squared),
-  and the position residual over the longest latency plus one step;
-- the input's effect relative to nominal, per position, as it is (low, high);
 - the braking authority each position really has toward each direction: the
-  weakest plant's full action toward it, the other inputs at their worst, over
-  the half of the constraint nearer the bound that braking protects;
+  weakest plant's full action toward it (the other inputs at their worst), over
+  the half of the constraint nearer the bound that braking protects, at states the
+  braking barrier admits (moving toward a bound no faster than the measured braking
+  stops in the room left: found by iterating from the nominal full action);
+- the model error: one-step prediction residuals of the nominal model, per
+  position, at those states and actions in the box, on every set's corners
+  (sampled when 2^d is large) and random draws; as an acceleration (units/s^2),
+  with the state-dependent law that bounds it best (``a + b f(x)``, f a
+  coordinate's distance from the operating point or its square: a pull growing with
+  a speed squared), and the position residual through the longest latency;
+- the input's effect relative to nominal, per position, as it is (low, high);
 - each set's push, as the acceleration it gives each position where it is
   measured (a push on a payload moves the swing, not the world axis it is along).
 
-`derive` turns a measurement into the numbers a shield spec needs; `override_problems`
-holds hand-set numbers to it. Nothing here is tuned: every figure is a max or min over
-simulated samples, with the stated sample counts (`Measurement.record`).
+`derived_numbers` turns a measurement into the numbers a shield spec needs;
+`override_problems` holds hand-set numbers to it; `authority_problems` says where
+no braking barrier can be certified. Nothing here is tuned: every figure is a max or
+min over simulated samples, with the stated sample counts (`Measurement.record`).
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ import numpy as np
 from pipeline.safety.envelope import NOISE_SIGMAS
 
 # The max of N draws bounds the (1 - ln(1/delta) / N) quantile of what it measures with confidence 1 - delta;
-# the bound the spec uses is that max times INFLATION, since a finite sample never reaches the true supremum.
+# the bounds the spec uses are that max times INFLATION, since a finite sample never reaches the supremum.
 CONFIDENCE = 0.95
 INFLATION = 1.2
 MAX_CORNERS = 64  # per set: all 2^d corners up to this many, else this many sampled corners
-VIABLE_BRAKING = 1.5  # x the nominal full-action acceleration: the most braking a synthesized barrier counts on
-ROLLOUT_EPISODES = 4  # per corner, open-loop random bang-bang runs that find how fast the plant goes
+# The most braking a synthesized barrier counts on, in units of the nominal full-action acceleration: states
+# moving toward a bound faster than that can stop in the room left are outside every such barrier's safe set.
+VIABLE_BRAKING = 1.5
+ROLLOUT_EPISODES = 4  # per sampled corner: open-loop random bang-bang runs that find how fast the plant goes
+AUTHORITY_PASSES = 2  # braking measured at the states the previous pass's braking admits
 
 
 class SynthesisError(ValueError):
@@ -54,48 +59,51 @@ class Measurement:
 
     task: str
     positions: list[int]
-    velocities: list[int]
+    names: list[str]  # of the positions (observation names, or obs[i])
+    state_names: dict[int, str]  # observation index -> name, for every shield-state entry
     full_accel: list[float]  # nominal full-action acceleration per position (units/s^2)
     gain_range: list[tuple[float, float]]  # measured input effect / nominal per position: (low, high)
     residual_accel: list[float]  # per position: bound on the velocity residual as an acceleration (units/s^2)
     residual_law: list[dict]  # per position: {"accel", "per_unit", "feature"}: accel + per_unit * feature(x)
-    residual_pos: list[float]  # per position: position residual over latency + 1 steps (units)
+    residual_pos: list[float]  # per position: position residual through the longest latency + 1 step (units)
     authority: list[tuple[float, float]]  # per position (toward -, toward +): weakest full-action accel
-    authority_at: list[tuple[dict, dict]]  # where each authority minimum was: {set, domain, state}
+    authority_at: list[tuple[dict, dict]]  # where each minimum was: {set, domain, state}
     push_accel: dict[str, list[float]]  # per set, per position (units/s^2)
     noise_margin: float  # NOISE_SIGMAS x the largest noise std of a constrained observation
     samples: int  # residual samples over all sets
     domains: int  # plants simulated
-    speed_bound: list[float]  # per velocity coordinate of the state: how fast the plant went (sampling range)
+    speed_bound: list[float]  # per position's velocity: how fast the plant went (sampling range)
     wall_s: float = 0.0
-    sets: dict = field(default_factory=dict)  # per set: samples, corners, draws
+    sets: dict = field(default_factory=dict)  # per set: plants, samples
 
     def gain_error(self) -> float:
         """The symmetric relative error the CBF's two gain cases need to cover every measured (low, high)."""
         return max([max(1.0 - lo, hi - 1.0) for lo, hi in self.gain_range] + [0.0])
 
     def margin(self) -> float:
-        """Noise at NOISE_SIGMAS plus the largest position residual through the latency."""
+        """Noise at NOISE_SIGMAS plus the largest position residual through the latency (units)."""
         return self.noise_margin + max(self.residual_pos + [0.0])
 
     def record(self) -> dict:
         """The measurement as the certificate and the spec's assumptions state it."""
-        q = 1.0 - math.log(1.0 / (1.0 - CONFIDENCE)) / max(1, self.samples // max(1, len(self.sets)))
+        per_set = max(1, self.samples // max(1, len(self.sets)))
+        q = 1.0 - math.log(1.0 / (1.0 - CONFIDENCE)) / per_set
         return {
             "method": "one-step and latency+1-step prediction residuals of the nominal linear model, simulated in "
-                      "MuJoCo at states inside the constraints and actions in the box, on every randomization "
-                      "set's corners and random draws",
-            "samples": self.samples, "domains": self.domains, "sets": self.sets,
+                      "MuJoCo at states inside the constraints (moving no faster than the measured braking stops) "
+                      "and actions in the box, on every randomization set's corners and random draws",
+            "samples": self.samples, "plants": self.domains, "sets": self.sets,
             "confidence": f"per set, the max of its samples bounds the {q:.4f} quantile with confidence "
-                          f"{CONFIDENCE:g}; bounds are that max x {INFLATION:g}",
-            "positions": self.positions,
-            "input_gain_range": [list(r) for r in self.gain_range],
-            "residual_accel": self.residual_accel, "residual_law": self.residual_law,
-            "residual_position": self.residual_pos,
-            "authority_accel": [list(a) for a in self.authority],
+                          f"{CONFIDENCE:g}; every bound is that max x {INFLATION:g}",
+            "positions": self.positions, "names": self.names,
+            "input_gain_range": [[round(lo, 4), round(hi, 4)] for lo, hi in self.gain_range],
+            "residual_accel": [round(r, 4) for r in self.residual_accel], "residual_law": self.residual_law,
+            "residual_position": [round(r, 5) for r in self.residual_pos],
+            "authority_accel": [[round(a, 4) for a in pair] for pair in self.authority],
             "authority_at": [list(a) for a in self.authority_at],
-            "push_accel": self.push_accel, "noise_margin": self.noise_margin,
-            "speed_bound": self.speed_bound, "wall_s": round(self.wall_s, 2),
+            "push_accel": {k: [round(p, 4) for p in v] for k, v in self.push_accel.items()},
+            "noise_margin": self.noise_margin, "speed_bound": [round(s, 4) for s in self.speed_bound],
+            "wall_s": round(self.wall_s, 2),
         }
 
 
@@ -111,7 +119,7 @@ def range_parameters(rset) -> list[tuple[str, float, float]]:
 
 
 def set_domains(rset, rng: np.random.Generator, draws: int) -> list[dict]:
-    """The set's corners (all, or MAX_CORNERS sampled when 2^d is larger), its nominal-most point and random draws."""
+    """The set's corners (all, or MAX_CORNERS sampled when 2^d is larger) and random draws."""
     from envs.randomization import sample_domain
 
     params = range_parameters(rset)
@@ -129,9 +137,9 @@ def set_domains(rset, rng: np.random.Generator, draws: int) -> list[dict]:
 
 
 class _Plant:
-    """The nominal MJCF with one domain applied, stepped one control period from any state."""
+    """The nominal MJCF with one domain applied, stepped one control period from any shield state."""
 
-    def __init__(self, nominal, rset):
+    def __init__(self, nominal, rset, qcols: dict, vcols: dict, n: int):
         import mujoco
 
         from envs.domain import DomainRandomizer
@@ -141,256 +149,148 @@ class _Plant:
         self.data = mujoco.MjData(self.model)
         self.substeps = nominal.substeps
         self._randomizer = DomainRandomizer(self.model, rset)
+        self._qcols, self._vcols, self._n = qcols, vcols, n
 
     def apply(self, domain: dict) -> None:
         self._randomizer.apply(domain)
 
-    def step(self, qpos: np.ndarray, qvel: np.ndarray, ctrl: np.ndarray, force: tuple | None = None) -> tuple:
-        """(qpos, qvel) one control period later; `force`: (body id, world force N) held over it."""
+    def step(self, x: np.ndarray, ctrl: np.ndarray, force: tuple | None = None) -> np.ndarray:
+        """The shield state one control period later; `force`: (body id, world force N) held over it."""
         d = self.data
-        d.qpos[:], d.qvel[:], d.ctrl[:] = qpos, qvel, ctrl
+        for i, j in self._qcols.items():
+            d.qpos[i] = x[j]
+        for i, j in self._vcols.items():
+            d.qvel[i] = x[j]
+        d.ctrl[:] = ctrl
         d.act[:] = 0.0
         d.xfrc_applied[:] = 0.0
         if force is not None:
             d.xfrc_applied[force[0], :3] = force[1]
         for _ in range(self.substeps):
             self._mj.mj_step(self.model, d)
-        return d.qpos.copy(), d.qvel.copy()
+        out = np.empty(self._n)
+        for i, j in self._qcols.items():
+            out[j] = d.qpos[i]
+        for i, j in self._vcols.items():
+            out[j] = d.qvel[i]
+        return out
 
 
-def _wrap(delta: np.ndarray, angle_cols: list[int]) -> np.ndarray:
-    if angle_cols:
-        delta[..., angle_cols] = (delta[..., angle_cols] + np.pi) % (2 * np.pi) - np.pi
-    return delta
+class _Envelope:
+    """The plant's nominal model and everything sampled from: plants per set, the state box, the action box."""
 
+    def __init__(self, cfg, rng: np.random.Generator, draws: int):
+        import envs
+        from pipeline.safety.shield_spec import _unlimited_angles, linearize_mujoco
 
-def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = 16) -> Measurement:
-    """Simulate `cfg`'s envelope and measure the nominal model's error, input gain, braking authority and pushes.
+        self.cfg, self.rng = cfg, rng
+        safety = envs.safety_spec(cfg.task.env_id)
+        if safety["model"] != "linear":
+            raise SynthesisError(f"task {cfg.task.name}: shield synthesis measures linear shield models "
+                                 f"(plant.shield_model.type: linear), this task's is {safety['model']!r}: set "
+                                 f"shield.margin, brake_accel (or brake_fraction), disturbance_accel and "
+                                 f"input_gain_error")
+        self.safety = safety
+        nominal = envs.nominal_model(cfg.task.env_id)
+        self.state_index = sorted(nominal.obs_to_state)
+        self.A, self.B, self.c = linearize_mujoco(nominal, self.state_index)
+        self.dt = float(safety["dt"])
+        self.pos = list(safety["kinematics"]["position_index"])
+        vel = list(safety["kinematics"]["velocity_index"])
+        col = {o: j for j, o in enumerate(self.state_index)}
+        self.col = col
+        self.ip, self.iv = [col[o] for o in self.pos], [col[o] for o in vel]
+        self.n = n = len(self.state_index)
+        self.low = np.asarray(safety["action_low"], np.float64)
+        self.high = np.asarray(safety["action_high"], np.float64)
+        self.full = np.maximum(np.abs(self.low), np.abs(self.high))
+        self.angle_cols = [col[o] for o, _ in _unlimited_angles(nominal, self.state_index)]
+        src = [nominal.obs_to_state[o] for o in self.state_index]
+        qcols = {i: j for j, (kind, i) in enumerate(src) if kind == "qpos"}
+        vcols = {i: j for j, (kind, i) in enumerate(src) if kind == "qvel"}
+        if len(qcols) != nominal.model.nq or len(vcols) != nominal.model.nv:
+            raise SynthesisError(f"task {cfg.task.name}: synthesis needs every joint's position and velocity "
+                                 f"observed (plant.observations), so a sampled shield state is a whole plant state")
+        self.box = _constraint_box(safety, col, n)
+        self.x_op = np.array([nominal.qpos[i] if kind == "qpos" else nominal.qvel[i] for kind, i in src])
+        self.plants = {name: _Plant(nominal, rset, qcols, vcols, n) for name, rset in cfg.randomization.items()}
+        self.domains = {name: set_domains(rset, rng, draws) for name, rset in cfg.randomization.items()}
+        self.main_in = [int(np.argmax(np.abs(self.B[j]) * self.full)) for j in self.iv]
+        self.nominal_full = [float(np.abs(self.B[j]) @ self.full / self.dt) for j in self.iv]
+        self._reach_box()
+        # Until braking is measured, a state may approach a bound as fast as VIABLE_BRAKING x nominal stops it.
+        self.braking = [(VIABLE_BRAKING * f, VIABLE_BRAKING * f) for f in self.nominal_full]
 
-    Deterministic for a config and seed (the spec it leads to is the same at export and at eval)."""
-    import envs
-    from pipeline.safety.shield_spec import _unlimited_angles, linearize_mujoco
-
-    t0 = time.monotonic()
-    env_id = cfg.task.env_id
-    safety = envs.safety_spec(env_id)
-    if safety["model"] != "linear":
-        raise SynthesisError(f"task {cfg.task.name}: shield synthesis measures linear shield models "
-                             f"(plant.shield_model.type: linear); this task's is {safety['model']!r}: set "
-                             f"shield.margin, brake_accel (or brake_fraction), disturbance_accel and input_gain_error")
-    samples = int(samples or cfg.shield.synthesis_samples)
-    rng = np.random.default_rng(seed)
-    nominal = envs.nominal_model(env_id)
-    state_index = sorted(nominal.obs_to_state)
-    A, B, c = linearize_mujoco(nominal, state_index)
-    dt = float(safety["dt"])
-    pos = list(safety["kinematics"]["position_index"])
-    vel = list(safety["kinematics"]["velocity_index"])
-    col = {o: j for j, o in enumerate(state_index)}
-    ip, iv = [col[o] for o in pos], [col[o] for o in vel]
-    n, model = len(state_index), nominal.model
-    low = np.asarray(safety["action_low"], np.float64)
-    high = np.asarray(safety["action_high"], np.float64)
-    full = np.maximum(np.abs(low), np.abs(high))
-    angle_cols = [col[o] for o, _ in _unlimited_angles(nominal, state_index)]
-    # Each shield-state column as (qpos or qvel, index); every state of the plant is a shield state (nq == nv).
-    src = [nominal.obs_to_state[o] for o in state_index]
-    qcols = {i: j for j, (kind, i) in enumerate(src) if kind == "qpos"}
-    vcols = {i: j for j, (kind, i) in enumerate(src) if kind == "qvel"}
-    if len(qcols) != model.nq or len(vcols) != model.nv:
-        raise SynthesisError(f"task {cfg.task.name}: synthesis needs every joint's position and velocity observed "
-                             f"(plant.observations), so a sampled shield state is a whole plant state")
-    box = _constraint_box(safety, state_index, col)
-    x_op = np.array([nominal.qpos[i] if kind == "qpos" else nominal.qvel[i] for kind, i in src])
-    lat_max = max([r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None] + [0])
-
-    def split(x):
-        qp, qv = np.zeros(model.nq), np.zeros(model.nv)
-        for i, j in qcols.items():
-            qp[i] = x[j]
-        for i, j in vcols.items():
-            qv[i] = x[j]
-        return qp, qv
-
-    def join(qp, qv):
-        x = np.zeros(n)
-        for i, j in qcols.items():
-            x[j] = qp[i]
-        for i, j in vcols.items():
-            x[j] = qv[i]
+    def wrap(self, x: np.ndarray) -> np.ndarray:
+        """`x` with every angle that turns without limit read within pi of the operating point."""
+        if self.angle_cols:
+            d = x[self.angle_cols] - self.x_op[self.angle_cols]
+            x = x.copy()
+            x[self.angle_cols] = self.x_op[self.angle_cols] + (d + np.pi) % (2 * np.pi) - np.pi
         return x
 
-    def predict(x, u):
-        return A @ x + B @ u + c
+    def predict(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+        return self.A @ x + self.B @ u + self.c
 
-    # 1. How far and fast the plant goes: open-loop random bang-bang from the declared initial states, each set's
-    #    corners, cut where a constrained coordinate leaves its bound (the shield keeps it inside).
-    plants, domains_of = {}, {}
-    reach_lo, reach_hi = x_op.copy(), x_op.copy()
-    steps = int(getattr(cfg.task, "max_episode_steps", None) or 250)
-    for name, rset in cfg.randomization.items():
-        plants[name] = _Plant(nominal, rset)
-        domains_of[name] = set_domains(rset, rng, draws)
-        for dom in domains_of[name][:MAX_CORNERS][::max(1, len(domains_of[name]) // 8)]:
-            plants[name].apply(dom)
-            for _ in range(ROLLOUT_EPISODES):
-                x = x_op + rng.uniform(-0.05, 0.05, n)
-                hold, u = 0, np.zeros(len(full))
-                for _t in range(steps):
-                    if hold <= 0:
-                        u, hold = rng.choice([-1.0, 1.0], len(full)) * full, int(rng.integers(1, 15))
-                    hold -= 1
-                    x = _wrap(join(*plants[name].step(*split(x), u)) - x_op, angle_cols) + x_op
-                    if not np.all(np.isfinite(x)) or np.any(x < box[0]) or np.any(x > box[1]):
-                        break
-                    reach_lo, reach_hi = np.minimum(reach_lo, x), np.maximum(reach_hi, x)
-    lo_s = np.where(np.isfinite(box[0]), box[0], reach_lo)
-    hi_s = np.where(np.isfinite(box[1]), box[1], reach_hi)
-    for j in angle_cols:  # an unbounded angle that turns without limit is anywhere on its circle
-        if not np.isfinite(box[0][j]):
-            lo_s[j] = x_op[j] - np.pi
-        if not np.isfinite(box[1][j]):
-            hi_s[j] = x_op[j] + np.pi
-    speed = np.maximum(np.abs(reach_lo - x_op), np.abs(reach_hi - x_op))
+    def _reach_box(self) -> None:
+        """The box states are drawn from: constrained coordinates within their constraint, the others (speeds,
+        unconstrained angles) as far as open-loop random bang-bang drove any set's corners before a constrained
+        coordinate left its bound."""
+        rng, box, x_op = self.rng, self.box, self.x_op
+        lo, hi = x_op.copy(), x_op.copy()
+        steps = int(self.cfg.task.max_episode_steps or 250)
+        for name, plant in self.plants.items():
+            doms = self.domains[name]
+            for dom in doms[::max(1, len(doms) // 8)]:
+                plant.apply(dom)
+                for _ in range(ROLLOUT_EPISODES):
+                    x = x_op + rng.uniform(-0.05, 0.05, self.n)
+                    hold, u = 0, np.zeros(len(self.full))
+                    for _t in range(steps):
+                        if hold <= 0:
+                            u, hold = rng.choice([-1.0, 1.0], len(self.full)) * self.full, int(rng.integers(1, 15))
+                        hold -= 1
+                        x = self.wrap(plant.step(x, u))
+                        if not np.all(np.isfinite(x)) or np.any(x < box[0]) or np.any(x > box[1]):
+                            break
+                        lo, hi = np.minimum(lo, x), np.maximum(hi, x)
+        self.lo_s = np.where(np.isfinite(box[0]), box[0], lo)
+        self.hi_s = np.where(np.isfinite(box[1]), box[1], hi)
+        for j in self.angle_cols:  # an unbounded angle that turns without limit is anywhere on its circle
+            if not np.isfinite(box[0][j]):
+                self.lo_s[j] = x_op[j] - np.pi
+            if not np.isfinite(box[1][j]):
+                self.hi_s[j] = x_op[j] + np.pi
+        self.speed = [float(max(abs(lo[j] - x_op[j]), abs(hi[j] - x_op[j]))) for j in self.iv]
 
-    # A state moving toward a bound faster than VIABLE_BRAKING x the nominal full-action braking can stop in the
-    # distance left is outside the safe set of every barrier whose braking is below that (the spec's braking is
-    # capped there): no shield keeps it, none needs its model error.
-    reach = [VIABLE_BRAKING * float(np.abs(B[j]) @ full) / dt for j in iv]
+    def draw_state(self) -> np.ndarray:
+        """A state inside the constraints that the braking barrier admits (a quarter of draws at range ends)."""
+        rng = self.rng
+        x = rng.uniform(self.lo_s, self.hi_s)
+        ends = rng.random(self.n) < 0.25
+        x[ends] = np.where(rng.random(int(ends.sum())) < 0.5, self.lo_s[ends], self.hi_s[ends])
+        return self.admit(x)
 
-    def draw_state():
-        x = rng.uniform(lo_s, hi_s)
-        ends = rng.random(n) < 0.25  # a quarter of each coordinate's draws at an end of its range
-        x[ends] = np.where(rng.random(ends.sum()) < 0.5, lo_s[ends], hi_s[ends])
-        for p, v, a in zip(ip, iv, reach):
-            room = (hi_s[p] - x[p]) if x[v] > 0 else (x[p] - lo_s[p])
-            if np.isfinite(box[0][p]) and np.isfinite(box[1][p]):
-                x[v] = np.sign(x[v]) * min(abs(x[v]), math.sqrt(2.0 * a * max(room, 0.0)))
+    def admit(self, x: np.ndarray) -> np.ndarray:
+        """`x` with each bounded position's speed toward a bound cut to what its braking stops in the room left."""
+        for k, (p, v) in enumerate(zip(self.ip, self.iv)):
+            if not (np.isfinite(self.box[0][p]) and np.isfinite(self.box[1][p])):
+                continue
+            up = x[v] > 0
+            room = (self.hi_s[p] - x[p]) if up else (x[p] - self.lo_s[p])
+            a = max(self.braking[k][0 if up else 1], 0.0)  # moving up, braking is toward -
+            x[v] = math.copysign(min(abs(x[v]), math.sqrt(2.0 * a * max(room, 0.0))), x[v])
         return x
 
-    def draw_action():
-        return rng.choice([-1.0, 1.0], len(full)) * full if rng.random() < 0.5 else rng.uniform(low, high)
-
-    # 2. Residuals, input gain and pushes, per set.
-    main_in = [int(np.argmax(np.abs(B[j]) * full)) for j in iv]
-    res_v, res_p, feats, gains = [], [], [], [[] for _ in pos]
-    push_accel, sets_info, n_domains = {}, {}, 0
-    for name, rset in cfg.randomization.items():
-        plant, doms = plants[name], domains_of[name]
-        n_domains += len(doms)
-        pushed = None
-        if rset.push is not None:
-            import mujoco
-
-            from envs.randomization import AXIS_INDEX
-            body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, rset.push.body)
-            pushed = (body, [AXIS_INDEX[a] for a in rset.push.axes], float(rset.push.max_force))
-        push_k = np.zeros(len(pos))
-        per_dom = max(1, samples // len(doms))
-        for dom in doms:
-            plant.apply(dom)
-            for _ in range(per_dom):
-                x, u = draw_state(), draw_action()
-                qp, qv = split(x)
-                x1 = join(*plant.step(qp, qv, u))
-                r = _wrap(x1 - predict(x, u), angle_cols)
-                res_v.append(r[iv] / dt)
-                feats.append(np.abs(x - x_op))
-                # Position error through the longest latency: the actions sent but not applied are predicted.
-                xs, xm = x, x
-                for _h in range(lat_max):
-                    uh = draw_action()
-                    xs = _wrap(join(*plant.step(*split(xs), uh)) - x_op, angle_cols) + x_op
-                    xm = predict(xm, uh)
-                rp = _wrap((join(*plant.step(*split(xs), u)) if lat_max else x1) - (predict(xm, u)), angle_cols)
-                res_p.append(np.abs(rp[ip]))
-                if rng.random() < 0.25:  # input gain: the response to full action either way, against nominal
-                    for k, j in enumerate(iv):
-                        e = np.zeros(len(full))
-                        e[main_in[k]] = full[main_in[k]]
-                        up = join(*plant.step(qp, qv, np.clip(u * 0 + e, low, high)))[j]
-                        dn = join(*plant.step(qp, qv, np.clip(u * 0 - e, low, high)))[j]
-                        nominal_effect = 2 * B[j, main_in[k]] * full[main_in[k]]
-                        if abs(nominal_effect) > 1e-12:
-                            gains[k].append((up - dn) / nominal_effect)
-                if pushed is not None and rng.random() < 0.1:
-                    base = join(*plant.step(qp, qv, u))
-                    for axis in pushed[1]:
-                        for sign in (-1.0, 1.0):
-                            f = np.zeros(3)
-                            f[axis] = sign * pushed[2]
-                            kicked = join(*plant.step(qp, qv, u, (pushed[0], f)))
-                            push_k = np.maximum(push_k, np.abs(kicked[iv] - base[iv]) / dt)
-        push_accel[name] = [float(p) * INFLATION for p in push_k]
-        sets_info[name] = {"plants": len(doms), "samples": per_dom * len(doms),
-                           "corners": min(2 ** len(range_parameters(rset)), MAX_CORNERS), "draws": draws}
-    res_v, res_p, feats = np.abs(np.array(res_v)), np.array(res_p), np.array(feats)
-
-    # 3. Braking authority: full action toward each direction, the other inputs at their worst, over the half of
-    #    the position's constraint nearer the bound the braking protects, moving toward that bound.
-    authority, authority_at = [], []
-    for k, (p, v) in enumerate(zip(ip, iv)):
-        pair, where = [], []
-        for d, sign in ((0, -1.0), (1, 1.0)):
-            worst, at = np.inf, {}
-            j_main = main_in[k]
-            others = [j for j in range(len(full)) if j != j_main]
-            for name, rset in cfg.randomization.items():
-                plant = plants[name]
-                for dom in domains_of[name]:
-                    plant.apply(dom)
-                    for _ in range(max(4, samples // (8 * len(domains_of[name])))):
-                        x = draw_state()
-                        mid = 0.5 * (lo_s[p] + hi_s[p])
-                        # braking toward - protects the upper bound: states in its upper half, moving up
-                        x[p] = rng.uniform(mid, hi_s[p]) if sign < 0 else rng.uniform(lo_s[p], mid)
-                        if rng.random() < 0.25:
-                            x[p] = hi_s[p] if sign < 0 else lo_s[p]
-                        x[v] = -sign * abs(x[v])
-                        qp, qv = split(x)
-                        for rest in itertools.product((-1.0, 1.0), repeat=len(others)):
-                            u = np.zeros(len(full))
-                            u[j_main] = sign * np.sign(B[v, j_main]) * full[j_main]
-                            for j, s in zip(others, rest):
-                                u[j] = s * full[j]
-                            a = sign * (join(*plant.step(qp, qv, u))[v] - x[v]) / dt
-                            if a < worst:
-                                worst, at = a, {"set": name, "domain": dict(dom),
-                                                "state": {str(o): float(x[col[o]]) for o in state_index}}
-            pair.append(float(worst))
-            where.append(at)
-        authority.append(tuple(pair))
-        authority_at.append(tuple(where))
-
-    residual_accel = [float(res_v[:, k].max()) * INFLATION for k in range(len(pos))]
-    laws = [_residual_law(res_v[:, k], feats, state_index, n) for k in range(len(pos))]
-    noise = 0.0
-    constrained = sorted({i for con in safety["constraints"] for i in _constraint_obs(con)})
-    for rset in cfg.randomization.values():
-        std = list(rset.obs_noise_std)
-        for o in constrained:
-            s = std[0] if len(std) == 1 else (std[o] if o < len(std) else 0.0)
-            noise = max(noise, NOISE_SIGMAS * s)
-    nominal_full = [float((np.abs(B[j]) * full).sum() / dt) for j in iv]
-    gain_range = [(min(g) if g else 1.0, max(g) if g else 1.0) for g in gains]
-    return Measurement(
-        task=cfg.task.name, positions=pos, velocities=vel, full_accel=nominal_full, gain_range=gain_range,
-        residual_accel=residual_accel, residual_law=laws,
-        residual_pos=[float(res_p[:, k].max()) * INFLATION for k in range(len(pos))],
-        authority=authority, authority_at=authority_at, push_accel=push_accel, noise_margin=noise,
-        samples=len(res_v), domains=n_domains, speed_bound=[float(speed[j]) for j in iv],
-        wall_s=time.monotonic() - t0, sets=sets_info)
+    def draw_action(self) -> np.ndarray:
+        if self.rng.random() < 0.5:
+            return self.rng.choice([-1.0, 1.0], len(self.full)) * self.full
+        return self.rng.uniform(self.low, self.high)
 
 
-def _constraint_obs(con: dict) -> list[int]:
-    if con["type"] == "halfspace":
-        return [i for i, a in enumerate(con["a"]) if a != 0.0]
-    return list(con["index"])
-
-
-def _constraint_box(safety: dict, state_index: list[int], col: dict) -> tuple[np.ndarray, np.ndarray]:
+def _constraint_box(safety: dict, col: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Per shield-state column, the bounds box constraints put on it (+-inf where none)."""
-    lo, hi = np.full(len(state_index), -np.inf), np.full(len(state_index), np.inf)
+    lo, hi = np.full(n, -np.inf), np.full(n, np.inf)
     for con in safety["constraints"]:
         if con["type"] != "box":
             continue
@@ -400,47 +300,222 @@ def _constraint_box(safety: dict, state_index: list[int], col: dict) -> tuple[np
     return lo, hi
 
 
-def _residual_law(res: np.ndarray, feats: np.ndarray, state_index: list[int], n: int) -> dict:
-    """The bound ``accel + per_unit * f(x)`` on |res| over every sample that is smallest on average, f one
-    coordinate's distance from the operating point or its square (a pull growing with a speed squared):
-    ``accel`` holds where f is small, ``per_unit`` the most any sample needs beyond it."""
+def _constraint_obs(con: dict) -> list[int]:
+    if con["type"] == "halfspace":
+        return [i for i, a in enumerate(con["a"]) if a != 0.0]
+    return list(con["index"])
+
+
+def measure_authority(env: _Envelope, samples: int) -> tuple[list, list]:
+    """Per position, (toward -, toward +): the least acceleration full action toward that side gives, the other
+    inputs at every corner of their box, over every set's plants and the admitted states in the half of the
+    position's range nearer the bound that braking protects, moving toward that bound; and where it was."""
+    rng, authority, where = env.rng, [], []
+    for k, (p, v) in enumerate(zip(env.ip, env.iv)):
+        pair, at_pair = [], []
+        j_main = env.main_in[k]
+        others = [j for j in range(len(env.full)) if j != j_main]
+        for sign in (-1.0, 1.0):
+            worst, at = np.inf, {}
+            for name, plant in env.plants.items():
+                doms = env.domains[name]
+                for dom in doms:
+                    plant.apply(dom)
+                    for _ in range(max(4, samples // (8 * len(doms)))):
+                        x = rng.uniform(env.lo_s, env.hi_s)
+                        ends = rng.random(env.n) < 0.25
+                        x[ends] = np.where(rng.random(int(ends.sum())) < 0.5, env.lo_s[ends], env.hi_s[ends])
+                        mid = 0.5 * (env.lo_s[p] + env.hi_s[p])
+                        # Braking toward - protects the upper bound: states in the upper half, moving up.
+                        x[p] = rng.uniform(mid, env.hi_s[p]) if sign < 0 else rng.uniform(env.lo_s[p], mid)
+                        x[v] = -sign * abs(x[v])
+                        x = env.admit(x)
+                        for rest in itertools.product((-1.0, 1.0), repeat=len(others)):
+                            u = np.zeros(len(env.full))
+                            u[j_main] = sign * np.sign(env.B[v, j_main]) * env.full[j_main]
+                            for j, s in zip(others, rest):
+                                u[j] = s * env.full[j]
+                            a = sign * (plant.step(x, u)[v] - x[v]) / env.dt
+                            if a < worst:
+                                worst, at = float(a), {"set": name, "domain": dict(dom),
+                                                       "state": {str(o): round(float(x[env.col[o]]), 4)
+                                                                 for o in env.state_index}}
+            pair.append(worst)
+            at_pair.append(at)
+        authority.append(tuple(pair))
+        where.append(tuple(at_pair))
+    return authority, where
+
+
+def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = 16) -> Measurement:
+    """Simulate `cfg`'s envelope: braking authority, the nominal model's error, input gain and pushes.
+
+    Deterministic for a config and seed, so the spec it leads to is the same at export and at eval."""
+    t0 = time.monotonic()
+    samples = int(samples or cfg.shield.synthesis_samples)
+    rng = np.random.default_rng(seed)
+    env = _Envelope(cfg, rng, draws)
+    for _ in range(AUTHORITY_PASSES):
+        authority, authority_at = measure_authority(env, samples)
+        # The barrier brakes at most at VIABLE_BRAKING x nominal: states faster than that are not admitted.
+        env.braking = [tuple(min(a, VIABLE_BRAKING * f) for a in pair)
+                       for pair, f in zip(authority, env.nominal_full)]
+    lat_max = max([r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None] + [0])
+    res_v, res_p, feats, gains = [], [], [], [[] for _ in env.pos]
+    push_accel, sets_info, n_domains = {}, {}, 0
+    for name, rset in cfg.randomization.items():
+        plant, doms = env.plants[name], env.domains[name]
+        n_domains += len(doms)
+        pushed = _pushed(env, rset)
+        push_k = np.zeros(len(env.pos))
+        per_dom = max(1, samples // len(doms))
+        for dom in doms:
+            plant.apply(dom)
+            for _ in range(per_dom):
+                x, u = env.draw_state(), env.draw_action()
+                x1 = plant.step(x, u)
+                r = env.wrap(x1 - env.predict(x, u) + env.x_op) - env.x_op
+                res_v.append(np.abs(r[env.iv]) / env.dt)
+                feats.append(np.abs(x - env.x_op))
+                # Through the longest latency the actions sent but not yet applied are predicted too.
+                xs, xm = x, x
+                for _h in range(lat_max):
+                    uh = env.draw_action()
+                    xs, xm = env.wrap(plant.step(xs, uh)), env.predict(xm, uh)
+                rp = env.wrap(plant.step(xs, u) - env.predict(xm, u) + env.x_op) - env.x_op if lat_max else r
+                res_p.append(np.abs(rp[env.ip]))
+                if rng.random() < 0.25:
+                    _gain_samples(env, plant, x, gains)
+                if pushed is not None and rng.random() < 0.1:
+                    base = plant.step(x, u)
+                    for axis in pushed[1]:
+                        for sign in (-1.0, 1.0):
+                            f = np.zeros(3)
+                            f[axis] = sign * pushed[2]
+                            kicked = plant.step(x, u, (pushed[0], f))
+                            push_k = np.maximum(push_k, np.abs(kicked[env.iv] - base[env.iv]) / env.dt)
+        push_accel[name] = [float(p) * INFLATION for p in push_k]
+        sets_info[name] = {"plants": len(doms), "samples": per_dom * len(doms),
+                           "corners": len(doms) - draws, "draws": draws}
+    res_v, res_p, feats = np.array(res_v), np.array(res_p), np.array(feats)
+    noise = _noise_margin(cfg, env.safety)
+    names = _position_names(cfg, env.pos)
+    return Measurement(
+        task=cfg.task.name, positions=env.pos, names=names, full_accel=env.nominal_full,
+        state_names=dict(zip(env.state_index, _position_names(cfg, env.state_index))),
+        gain_range=[(min(g), max(g)) if g else (1.0, 1.0) for g in gains],
+        residual_accel=[float(res_v[:, k].max()) * INFLATION for k in range(len(env.pos))],
+        residual_law=[_residual_law(res_v[:, k], feats, _position_names(cfg, env.state_index), env.x_op)
+                      for k in range(len(env.pos))],
+        residual_pos=[float(res_p[:, k].max()) * INFLATION for k in range(len(env.pos))],
+        authority=authority, authority_at=authority_at, push_accel=push_accel, noise_margin=noise,
+        samples=len(res_v), domains=n_domains, speed_bound=env.speed, wall_s=time.monotonic() - t0, sets=sets_info)
+
+
+def _pushed(env: _Envelope, rset):
+    """(body id, world axes, force N) of a set's push, or None."""
+    if rset.push is None:
+        return None
+    import mujoco
+
+    from envs.randomization import AXIS_INDEX
+
+    body = mujoco.mj_name2id(env.plants[next(iter(env.plants))].model, mujoco.mjtObj.mjOBJ_BODY, rset.push.body)
+    return body, [AXIS_INDEX[a] for a in rset.push.axes], float(rset.push.max_force)
+
+
+def _gain_samples(env: _Envelope, plant: _Plant, x: np.ndarray, gains: list) -> None:
+    """Per position, the response to its main input at full either way, over the nominal model's."""
+    for k, j in enumerate(env.iv):
+        i = env.main_in[k]
+        e = np.zeros(len(env.full))
+        e[i] = env.full[i]
+        effect = 2.0 * env.B[j, i] * env.full[i]
+        if abs(effect) > 1e-12:
+            gains[k].append(float((plant.step(x, e)[j] - plant.step(x, -e)[j]) / effect))
+
+
+def _noise_margin(cfg, safety: dict) -> float:
+    constrained = sorted({i for con in safety["constraints"] for i in _constraint_obs(con)})
+    noise = 0.0
+    for rset in cfg.randomization.values():
+        std = list(rset.obs_noise_std)
+        for o in constrained:
+            s = std[0] if len(std) == 1 else (std[o] if o < len(std) else 0.0)
+            noise = max(noise, NOISE_SIGMAS * s)
+    return noise
+
+
+def _position_names(cfg, pos: list[int]) -> list[str]:
+    obs = (cfg.plant or {}).get("observations") or []
+    return [obs[o]["name"] if o < len(obs) and isinstance(obs[o], dict) and "name" in obs[o] else f"obs[{o}]"
+            for o in pos]
+
+
+def _residual_law(res: np.ndarray, feats: np.ndarray, names: list[str], x_op: np.ndarray) -> dict:
+    """The bound ``accel + per_unit * f(x)`` on every sample's |res| that is smallest on average, f one state
+    coordinate's distance from the operating point or its square: ``accel`` is the most where f is small (its
+    lowest quarter), ``per_unit`` the most any sample needs beyond it; "constant" when no such law is smaller."""
     best = {"accel": float(res.max()) * INFLATION, "per_unit": 0.0, "feature": "constant"}
     mean_best = best["accel"]
-    for j in range(n):
+    for j in range(feats.shape[1]):
         for power in (1, 2):
             f = feats[:, j] ** power
             small = f <= np.quantile(f, 0.25)
             a = float(res[small].max()) if small.any() else 0.0
             with np.errstate(divide="ignore", invalid="ignore"):
-                b = float(np.max(np.where(f > 1e-9, (res - a) / f, 0.0)))
+                b = float(np.max(np.where(f > 1e-9, (res - a) / np.maximum(f, 1e-9), 0.0), initial=0.0))
             b = max(b, 0.0)
-            if np.any(res > a + b * f + 1e-12):
+            if np.any(res > a + b * f + 1e-9):
                 continue
             mean = float(np.mean(a + b * f)) * INFLATION
             if mean < mean_best:
                 mean_best = mean
-                best = {"accel": a * INFLATION, "per_unit": b * INFLATION,
-                        "feature": f"|obs[{state_index[j]}] - operating point|" + ("^2" if power == 2 else "")}
+                best = {"accel": round(a * INFLATION, 4), "per_unit": round(b * INFLATION, 4),
+                        "feature": (f"|{names[j]}|" if x_op[j] == 0.0 else f"|{names[j]} - {x_op[j]:g}|")
+                                   + ("^2" if power == 2 else "")}
     return best
 
 
 def derived_numbers(meas: Measurement) -> dict:
     """The shield numbers a measurement gives: margin, input_gain_error, disturbance_accel, brake_accel (pairs)."""
-    brake = []
-    for k, pair in enumerate(meas.authority):
-        brake.append([_round_down(min(a, VIABLE_BRAKING * meas.full_accel[k])) for a in pair])
+    brake = [[_round_down(min(a, VIABLE_BRAKING * meas.full_accel[k])) for a in pair]
+             for k, pair in enumerate(meas.authority)]
     return {"margin": _round_up(meas.margin()), "input_gain_error": _round_up(meas.gain_error()),
             "disturbance_accel": [_round_up(w) for w in meas.residual_accel], "brake_accel": brake}
 
 
 def _round_up(v: float, digits: int = 3) -> float:
-    scale = 10 ** digits
-    return math.ceil(v * scale - 1e-9) / scale
+    return math.ceil(v * 10 ** digits - 1e-9) / 10 ** digits
 
 
 def _round_down(v: float, digits: int = 3) -> float:
-    scale = 10 ** digits
-    return math.floor(v * scale + 1e-9) / scale
+    return math.floor(v * 10 ** digits + 1e-9) / 10 ** digits
+
+
+def describe_state(meas: Measurement, at: dict) -> str:
+    """Where a measured figure was, in words: the set, the plant's parameters at the ends, the state."""
+    if not at:
+        return "nowhere sampled"
+    dom = ", ".join(f"{k} {v:.3g}x" for k, v in sorted(at.get("domain", {}).items())) or "nominal"
+    state = ", ".join(f"{meas.state_names.get(int(o), 'obs[' + o + ']')} {v:.3g}" for o, v in at.get("state", {}).items())
+    return f"set {at.get('set')}, {dom}, at {state}"
+
+
+def authority_problems(meas: Measurement) -> list[tuple[int, int, str]]:
+    """(position k, direction d, reason) where the weakest plant cannot brake at all: full action toward that side
+    still leaves the position accelerating the other way at some admitted state."""
+    out = []
+    for k, pair in enumerate(meas.authority):
+        for d, side in enumerate(("-", "+")):
+            if pair[d] <= 0.0:
+                bound = "upper" if d == 0 else "lower"
+                out.append((k, d, f"full action cannot brake {meas.names[k]} (obs[{meas.positions[k]}]) moving "
+                                  f"toward its {bound} bound: what the rest of the plant does to it (a payload's "
+                                  f"pull, a coupling, gravity) outweighs the actuator, which still leaves it "
+                                  f"accelerating {abs(pair[d]):.3g} units/s^2 toward that bound "
+                                  f"({describe_state(meas, meas.authority_at[k][d])})"))
+    return out
 
 
 def override_problems(cfg, meas: Measurement, spec: dict) -> list[str]:
@@ -448,38 +523,42 @@ def override_problems(cfg, meas: Measurement, spec: dict) -> list[str]:
     sc, problems = cfg.shield, []
     if sc.margin is not None and sc.margin + 1e-9 < meas.margin():
         problems.append(f"shield.margin = {sc.margin:g} does not cover the measured {meas.margin():.4g} "
-                        f"({NOISE_SIGMAS:g} sigma of the constrained observations' noise {meas.noise_margin:.4g} plus "
-                        f"the largest position residual through the latency {max(meas.residual_pos):.4g})")
+                        f"({NOISE_SIGMAS:g} sigma of the constrained observations' noise {meas.noise_margin:.4g} "
+                        f"plus the largest position residual through the latency {max(meas.residual_pos):.4g})")
     if sc.input_gain_error is not None:
         for k, (lo, hi) in enumerate(meas.gain_range):
             if lo < 1.0 - sc.input_gain_error - 1e-9 or hi > 1.0 + sc.input_gain_error + 1e-9:
-                problems.append(f"shield.input_gain_error = {sc.input_gain_error:g} does not cover the measured input "
-                                f"effect on position obs[{meas.positions[k]}]: {lo:.3f} .. {hi:.3f} x nominal")
+                problems.append(f"shield.input_gain_error = {sc.input_gain_error:g} does not cover the measured "
+                                f"input effect on {meas.names[k]}: {lo:.3f} .. {hi:.3f} x nominal")
     pairs = spec["kinematics"]["brake_accel"]
     key = "shield.brake_accel" if sc.brake_accel is not None else "shield.brake_fraction"
     slack = []
-    for k, o in enumerate(meas.positions):
+    for k in range(len(meas.positions)):
         p = pairs[k] if isinstance(pairs[k], list) else [pairs[k], pairs[k]]
         slack.append(min(meas.authority[k][d] - p[d] for d in (0, 1)))
-        for d, sign in enumerate("-+"):
-            if sc.brake_accel is None and sc.brake_fraction is None:
-                continue
+        if sc.brake_accel is None and sc.brake_fraction is None:
+            continue
+        for d, side in enumerate("-+"):
             if p[d] > meas.authority[k][d] + 1e-9:
-                problems.append(f"{key}: the shield brakes position obs[{o}] toward {sign} at {p[d]:g}, but the "
+                problems.append(f"{key}: the shield brakes {meas.names[k]} toward {side} at {p[d]:g}, but the "
                                 f"weakest plant measurably reaches {meas.authority[k][d]:.4g} at full action "
-                                f"({_where(meas.authority_at[k][d])})")
+                                f"({describe_state(meas, meas.authority_at[k][d])})")
     if sc.disturbance_accel is not None:
-        for k, o in enumerate(meas.positions):
+        for k in range(len(meas.positions)):
             w = sc.disturbance_accel[k] if k < len(sc.disturbance_accel) else 0.0
             if w + max(slack[k], 0.0) + 1e-9 < meas.residual_accel[k]:
-                problems.append(f"shield.disturbance_accel[{k}] = {w:g}: the nominal model's error on position "
-                                f"obs[{o}] measures up to {meas.residual_accel[k]:.4g} units/s^2, more than it and "
-                                f"the braking slack {max(slack[k], 0.0):.4g} cover together")
+                problems.append(f"shield.disturbance_accel[{k}] = {w:g}: the nominal model's error on "
+                                f"{meas.names[k]} measures up to {meas.residual_accel[k]:.4g} units/s^2, more than "
+                                f"it and the braking slack {max(slack[k], 0.0):.4g} cover together")
     return problems
 
 
-def _where(at: dict) -> str:
-    if not at:
-        return "nowhere sampled"
-    dom = ", ".join(f"{k} {v:.3g}" for k, v in sorted(at.get("domain", {}).items())) or "nominal"
-    return f"set {at.get('set')}: {dom}"
+_CACHE: dict[tuple, Measurement] = {}
+
+
+def cached_measure(cfg) -> Measurement:
+    """`measure(cfg)`, once per config content in this process (every spec build of one config agrees)."""
+    key = (cfg.config_hash(),)
+    if key not in _CACHE:
+        _CACHE[key] = measure(cfg)
+    return _CACHE[key]

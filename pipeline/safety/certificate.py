@@ -13,6 +13,7 @@ this layer sits below evaluation.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -20,7 +21,7 @@ import numpy as np
 from pipeline.safety import synthesis
 
 BISECTION_STEPS = 6  # halvings of the offending range: its end is found to 1/64 of the range's width
-REFUSAL_SAMPLES = 800  # residual-free authority passes per bisection step: braking only
+VERIFY_STEPS = 4  # steps of 1/64 further in when the whole measurement refuses the bisected range
 
 
 def envelope_record(cfg) -> dict:
@@ -65,11 +66,12 @@ def _full_range(cfg, parameter: str) -> tuple[float, float]:
 
 
 def _braking_holds(cfg, seed: int) -> bool:
-    """True when full action can brake every position both ways over `cfg`'s envelope (authority > 0)."""
-    env = synthesis._Envelope(cfg, np.random.default_rng(seed), draws=8)
+    """True when full action can brake every position both ways over `cfg`'s envelope (authority > 0), measured
+    as `synthesis.measure` measures it (the same sampling, braking only)."""
+    env = synthesis._Envelope(cfg, np.random.default_rng(seed), synthesis.DRAWS)
     authority = None
     for _ in range(synthesis.AUTHORITY_PASSES):
-        authority, _ = synthesis.measure_authority(env, REFUSAL_SAMPLES)
+        authority, _ = synthesis.measure_authority(env, cfg.shield.synthesis_samples)
         env.braking = [tuple(min(a, synthesis.VIABLE_BRAKING * f) for a in pair)
                        for pair, f in zip(authority, env.nominal_full)]
     return all(a > 0.0 for pair in authority for a in pair)
@@ -121,8 +123,15 @@ def largest_certifiable(cfg, parameter: str, end: str, seed: int = 0) -> tuple[f
             good = mid
         else:
             bad = mid
-    good = round(good, 3)
-    return (keep, good) if end == "high" else (good, keep)
+    # Sampled worst cases move with the ranges: the whole measurement must agree, else step further in.
+    step = abs(bad - keep) / 2 ** BISECTION_STEPS if bad != keep else 0.0
+    good = math.floor(good * 1000) / 1000 if end == "high" else math.ceil(good * 1000) / 1000  # inward
+    for _ in range(VERIFY_STEPS):
+        trial = narrowed(cfg, parameter, min(keep, good), max(keep, good))
+        if not synthesis.authority_problems(synthesis.measure(trial, seed=seed)):
+            return (keep, good) if end == "high" else (good, keep)
+        good = good - step if end == "high" else good + step
+    return None
 
 
 def refusal(cfg, meas: synthesis.Measurement, problems: list[tuple[int, int, str]] | None = None) -> dict:

@@ -47,6 +47,7 @@ MAX_CORNERS = 64  # per set: all 2^d corners up to this many, else this many sam
 VIABLE_BRAKING = 1.5
 ROLLOUT_EPISODES = 4  # per sampled corner: open-loop random bang-bang runs that find how fast the plant goes
 AUTHORITY_PASSES = 2  # braking measured at the states the previous pass's braking admits
+DRAWS = 16  # random plants per set besides its corners
 
 
 class SynthesisError(ValueError):
@@ -73,6 +74,8 @@ class Measurement:
     samples: int  # residual samples over all sets
     domains: int  # plants simulated
     speed_bound: list[float]  # per position's velocity: how fast the plant went (sampling range)
+    latency_steps: int = 0  # the longest latency any set admits (control steps)
+    dt: float = 0.0  # control period (s)
     wall_s: float = 0.0
     sets: dict = field(default_factory=dict)  # per set: plants, samples
 
@@ -81,8 +84,14 @@ class Measurement:
         return max([max(1.0 - lo, hi - 1.0) for lo, hi in self.gain_range] + [0.0])
 
     def margin(self) -> float:
-        """Noise at NOISE_SIGMAS plus the largest position residual through the latency (units)."""
-        return self.noise_margin + max(self.residual_pos + [0.0])
+        """Noise at NOISE_SIGMAS, plus whatever position error through the latency the disturbance bound does not
+        already account for (the barrier lets `residual_accel` act over the latency and one period: w T^2 / 2)."""
+        return self.noise_margin + max([self.excess_position(k) for k in range(len(self.positions))] + [0.0])
+
+    def excess_position(self, k: int) -> float:
+        """Position k's measured error through the latency beyond what its disturbance bound accounts for (units)."""
+        horizon = (self.latency_steps + 1) * self.dt
+        return max(0.0, self.residual_pos[k] - 0.5 * self.residual_accel[k] * horizon ** 2)
 
     def record(self) -> dict:
         """The measurement as the certificate and the spec's assumptions state it."""
@@ -347,7 +356,7 @@ def measure_authority(env: _Envelope, samples: int) -> tuple[list, list]:
     return authority, where
 
 
-def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = 16) -> Measurement:
+def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) -> Measurement:
     """Simulate `cfg`'s envelope: braking authority, the nominal model's error, input gain and pushes.
 
     Deterministic for a config and seed, so the spec it leads to is the same at export and at eval."""
@@ -409,7 +418,8 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = 16) -> 
                       for k in range(len(env.pos))],
         residual_pos=[float(res_p[:, k].max()) * INFLATION for k in range(len(env.pos))],
         authority=authority, authority_at=authority_at, push_accel=push_accel, noise_margin=noise,
-        samples=len(res_v), domains=n_domains, speed_bound=env.speed, wall_s=time.monotonic() - t0, sets=sets_info)
+        samples=len(res_v), domains=n_domains, speed_bound=env.speed, latency_steps=lat_max, dt=env.dt,
+        wall_s=time.monotonic() - t0, sets=sets_info)
 
 
 def _pushed(env: _Envelope, rset):
@@ -524,7 +534,7 @@ def override_problems(cfg, meas: Measurement, spec: dict) -> list[str]:
     if sc.margin is not None and sc.margin + 1e-9 < meas.margin():
         problems.append(f"shield.margin = {sc.margin:g} does not cover the measured {meas.margin():.4g} "
                         f"({NOISE_SIGMAS:g} sigma of the constrained observations' noise {meas.noise_margin:.4g} "
-                        f"plus the largest position residual through the latency {max(meas.residual_pos):.4g})")
+                        f"plus the position error through the latency that the disturbance bound leaves)")
     if sc.input_gain_error is not None:
         for k, (lo, hi) in enumerate(meas.gain_range):
             if lo < 1.0 - sc.input_gain_error - 1e-9 or hi > 1.0 + sc.input_gain_error + 1e-9:

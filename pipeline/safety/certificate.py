@@ -21,7 +21,6 @@ import numpy as np
 from pipeline.safety import synthesis
 
 BISECTION_STEPS = 6  # halvings of the offending range: its end is found to 1/64 of the range's width
-VERIFY_STEPS = 4  # steps of 1/64 further in when the whole measurement refuses the bisected range
 
 
 def envelope_record(cfg) -> dict:
@@ -65,16 +64,18 @@ def _full_range(cfg, parameter: str) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _braking_holds(cfg, seed: int) -> bool:
-    """True when full action can brake every position both ways over `cfg`'s envelope (authority > 0), measured
-    as `synthesis.measure` measures it (the same sampling, braking only)."""
-    env = synthesis._Envelope(cfg, np.random.default_rng(seed), synthesis.DRAWS)
-    authority = None
-    for _ in range(synthesis.AUTHORITY_PASSES):
-        authority, _ = synthesis.measure_authority(env, cfg.shield.synthesis_samples)
-        env.braking = [tuple(min(a, synthesis.VIABLE_BRAKING * f) for a in pair)
-                       for pair, f in zip(authority, env.nominal_full)]
-    return all(a > 0.0 for pair in authority for a in pair)
+def _certifiable(cfg, seed: int) -> bool:
+    """True when synthesis builds a spec for `cfg` that every check accepts (braking, envelope, overrides)."""
+    from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec
+
+    meas = synthesis.measure(cfg, seed=seed)
+    if synthesis.authority_problems(meas):
+        return False
+    try:
+        build_shield_spec(cfg, measurement=meas)
+    except EnvelopeError:
+        return False
+    return True
 
 
 def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int) -> tuple[str, str] | None:
@@ -109,33 +110,27 @@ def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int) -> tup
 
 
 def largest_certifiable(cfg, parameter: str, end: str, seed: int = 0) -> tuple[float, float] | None:
-    """The widest [low, high'] (or [low', high]) of `parameter`, the other end kept, over which full action brakes
-    every position both ways; None when even a point at the kept end does not."""
+    """The widest [low, high'] (or [low', high]) of `parameter`, the other end kept, that synthesis certifies
+    (falsification aside); None when even the kept end alone is refused."""
     lo, hi = _full_range(cfg, parameter)
     keep = lo if end == "high" else hi
-    if not _braking_holds(narrowed(cfg, parameter, keep, keep), seed):
+    if not _certifiable(narrowed(cfg, parameter, keep, keep), seed):
         return None
     good, bad = keep, (hi if end == "high" else lo)
     for _ in range(BISECTION_STEPS):
         mid = 0.5 * (good + bad)
-        trial = narrowed(cfg, parameter, min(keep, mid), max(keep, mid))
-        if _braking_holds(trial, seed):
+        if _certifiable(narrowed(cfg, parameter, min(keep, mid), max(keep, mid)), seed):
             good = mid
         else:
             bad = mid
-    # Sampled worst cases move with the ranges: the whole measurement must agree, else step further in.
-    step = abs(bad - keep) / 2 ** BISECTION_STEPS if bad != keep else 0.0
     good = math.floor(good * 1000) / 1000 if end == "high" else math.ceil(good * 1000) / 1000  # inward
-    for _ in range(VERIFY_STEPS):
-        trial = narrowed(cfg, parameter, min(keep, good), max(keep, good))
-        if not synthesis.authority_problems(synthesis.measure(trial, seed=seed)):
-            return (keep, good) if end == "high" else (good, keep)
-        good = good - step if end == "high" else good + step
-    return None
+    return (keep, good) if end == "high" else (good, keep)
 
 
-def refusal(cfg, meas: synthesis.Measurement, problems: list[tuple[int, int, str]] | None = None) -> dict:
-    """Why the envelope cannot be certified: the parameter, its range, the physical reason, the largest sub-range."""
+def refusal(cfg, meas: synthesis.Measurement, problems: list[tuple[int, int, str]] | None = None,
+            bisect: bool = True) -> dict:
+    """Why the envelope cannot be certified: the parameter, its range, the physical reason, and (with `bisect`:
+    a measurement per halving) the largest sub-range that can."""
     problems = problems if problems is not None else synthesis.authority_problems(meas)
     k, d, reason = problems[0]
     found = offending_parameter(cfg, meas, k, d)
@@ -145,12 +140,16 @@ def refusal(cfg, meas: synthesis.Measurement, problems: list[tuple[int, int, str
         return out
     parameter, end = found
     lo, hi = _full_range(cfg, parameter)
-    sub = largest_certifiable(cfg, parameter, end)
+    sub = largest_certifiable(cfg, parameter, end) if bisect else None
     out.update({"parameter": parameter, "range": [lo, hi], "offending_end": end,
                 "certifiable_range": list(sub) if sub else None})
     where = f"randomization.*.{parameter}"
-    tail = (f"; the largest sub-range that can be certified is [{sub[0]:g}, {sub[1]:g}]" if sub else
-            "; no sub-range of it can be certified with the other ranges as they are")
+    if not bisect:
+        tail = "; `sim2real shield synthesize` finds the largest sub-range that can be certified"
+    elif sub:
+        tail = f"; the largest sub-range that can be certified is [{sub[0]:g}, {sub[1]:g}]"
+    else:
+        tail = "; no sub-range of it can be certified with the other ranges as they are"
     out["message"] = (f"cannot certify {where} over [{lo:g}, {hi:g}] (its {end} end): {reason}{tail}")
     return out
 

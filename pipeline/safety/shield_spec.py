@@ -148,7 +148,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
         if refused and sc.brake_accel is None and sc.brake_fraction is None:
             from pipeline.safety.certificate import refusal
 
-            raise EnvelopeError(refusal(cfg, measurement, refused)["message"])
+            raise EnvelopeError(refusal(cfg, measurement, refused, bisect=False)["message"])
         derived = synthesis.derived_numbers(measurement)
     margin = float(sc.margin if sc.margin is not None else derived["margin"])
     gain_error = float(sc.input_gain_error if sc.input_gain_error is not None else derived["input_gain_error"])

@@ -178,8 +178,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
         # a payload's mass is in the model's coupling, not in the input's effect.
         push_accel_of = {id(rset): measurement.push_accel[name] for name, rset in cfg.randomization.items()}.get
         push_accel_of = partial(_by_id, push_accel_of)
-        if sc.input_gain_error is None:
-            ratio_of = _measured_ratio(measurement)
+        ratio_of = _measured_ratio(measurement)
     envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator" and compensated, full_accel,
                               plant, cross_accel, disturbance, dt, push_accel_of, ratio_of)
     if synthesized:  # the braking measured on the plant (its model error, couplings and pulls included) is what it has

@@ -264,7 +264,8 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
             problems.append(f"{where}.latency_steps: from {env.latency_min} steps, below the {fewest} the shield "
                             f"predicts for (shield.latency_min_steps)")
         lo, hi = env.ratio
-        if lo < 1.0 - err - 1e-9 or hi > 1.0 + err + 1e-9:
+        gain_cover = spec.get("input_gain_range") or [1.0 - err, 1.0 + err]
+        if lo < gain_cover[0] - 1e-9 or hi > gain_cover[1] + 1e-9:
             problems.append(f"{where}.actuator_gain / body_mass: input gain over mass ranges [{lo:.3f}, {hi:.3f}] x "
                             f"nominal, outside the [{1 - err:.3f}, {1 + err:.3f}] of shield.input_gain_error = {err:g}")
         for k, o in enumerate(pos):

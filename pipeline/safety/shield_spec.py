@@ -197,7 +197,11 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
         # each admitted latency is a case of its own (absent when there is only one: the same spec as before).
         **({"latency_min_steps": int(latency_min)} if sc.latency_min_steps is not None or latency_min < latency else {}),
         "margin": margin,
-        "input_gain_error": gain_error, "disturbance_accel": disturbance,
+        "input_gain_error": gain_error,
+        # The measured range as it is, when synthesis set the error: its ends are the gain cases.
+        **({"input_gain_range": list(derived["input_gain_range"])} if synthesized and sc.input_gain_error is None
+           else {}),
+        "disturbance_accel": disturbance,
         # Absent where every push fits inside the braking margin and the declared disturbance (the same spec as
         # before the key existed).
         **({"push_velocity": pairs_to_list(kick)} if any(map(any, kick)) else {}),

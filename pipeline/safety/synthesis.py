@@ -491,7 +491,10 @@ def derived_numbers(meas: Measurement) -> dict:
     """The shield numbers a measurement gives: margin, input_gain_error, disturbance_accel, brake_accel (pairs)."""
     brake = [[_round_down(min(a, VIABLE_BRAKING * meas.full_accel[k])) for a in pair]
              for k, pair in enumerate(meas.authority)]
-    return {"margin": _round_up(meas.margin()), "input_gain_error": _round_up(meas.gain_error()),
+    lo = _round_down(min(lo for lo, _ in meas.gain_range))
+    hi = _round_up(max(hi for _, hi in meas.gain_range))
+    return {"margin": _round_up(meas.margin()), "input_gain_error": _round_up(max(1.0 - lo, hi - 1.0)),
+            "input_gain_range": [min(lo, 1.0), max(hi, 1.0)],
             "disturbance_accel": [_round_up(w) for w in meas.residual_accel], "brake_accel": brake}
 
 

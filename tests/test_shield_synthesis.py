@@ -172,3 +172,19 @@ def test_a_range_that_cannot_be_certified_is_refused_with_its_parameter_and_the_
     assert 1.0 < lo < 1.5 and hi == 1.5
     assert "cannot brake x" in record["reason"]
     assert json.loads((tmp_path / "out" / "certificate.json").read_text())["certifiable_range"] == [lo, hi]
+
+
+def test_the_crane_is_refused_naming_the_payload_range_and_why(capsys):
+    """The gantry crane as shipped (payload 0.5x to 1.5x, no shield number set): its linear model carries the
+    payload's pull on the trolley (m g / M per radian of swing), and `config --check` refuses the envelope,
+    naming the payload's range, its heavy end and the physical reason: the trolley cannot be braked."""
+    import envs
+    from pipeline.safety.shield_spec import linearize_mujoco
+
+    A, _, _ = linearize_mujoco(envs.nominal_model("sim2real/Crane-v0"), [0, 1, 2, 3])
+    assert A[2, 1] / 0.02 == pytest.approx(-8.0 * 9.81 / 5.0, rel=0.1)  # the swing pulls the trolley
+    assert sim2real(["config", "--check", "configs/crane.yaml"]) == 2
+    err = capsys.readouterr().err
+    for needle in ("randomization.*.body_mass.payload over [0.5, 1.5]", "high end", "cannot brake x",
+                   "payload 1.5x"):
+        assert needle in err, err

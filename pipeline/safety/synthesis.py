@@ -226,7 +226,7 @@ class _Envelope:
         self.domains = {name: set_domains(rset, rng, draws) for name, rset in cfg.randomization.items()}
         self.main_in = [int(np.argmax(np.abs(self.B[j]) * self.full)) for j in self.iv]
         self.nominal_full = [float(np.abs(self.B[j]) @ self.full / self.dt) for j in self.iv]
-        self._reach_box()
+        self.lo_s, self.hi_s, self.speed = self.box[0].copy(), self.box[1].copy(), [0.0] * len(self.iv)
         # Until braking is measured, a state may approach a bound as fast as VIABLE_BRAKING x nominal stops it.
         self.braking = [(VIABLE_BRAKING * f, VIABLE_BRAKING * f) for f in self.nominal_full]
 
@@ -241,7 +241,7 @@ class _Envelope:
     def predict(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
         return self.A @ x + self.B @ u + self.c
 
-    def _reach_box(self) -> None:
+    def reach_box(self) -> None:
         """The box states are drawn from: constrained coordinates within their constraint, the others (speeds,
         unconstrained angles) as far as open-loop random bang-bang drove any set's corners before a constrained
         coordinate left its bound."""
@@ -364,6 +364,7 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
     samples = int(samples or cfg.shield.synthesis_samples)
     rng = np.random.default_rng(seed)
     env = _Envelope(cfg, rng, draws)
+    env.reach_box()
     for _ in range(AUTHORITY_PASSES):
         authority, authority_at = measure_authority(env, samples)
         # The barrier brakes at most at VIABLE_BRAKING x nominal: states faster than that are not admitted.

@@ -24,7 +24,11 @@ DEFAULT = ["configs/crane.yaml", "configs/cartpole.yaml", "configs/arm.yaml", "c
 def bench(path: str, samples: int | None) -> dict:
     from pipeline.config import load_config
     from pipeline.safety import synthesis
-    from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec, needs_synthesis
+    from pipeline.safety.shield_spec import (
+        EnvelopeError,
+        build_shield_spec,
+        needs_synthesis,
+    )
 
     cfg = load_config(ROOT / path if not Path(path).is_absolute() else path)
     row = {"config": path, "task": cfg.task.name}

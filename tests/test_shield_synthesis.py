@@ -114,13 +114,13 @@ def test_every_state_in_the_envelope_is_within_the_measured_bound(measured, q2, 
     """For every stretch, speed, bob mass and action, the one-step error of the nominal model is within the bound
     synthesis measured (and the closed form says it should be)."""
     import envs
+    from pipeline.safety.sampling import SteppedPlant
     from pipeline.safety.shield_spec import linearize_mujoco
-    from pipeline.safety.synthesis import _Plant
 
     cfg, meas = measured
     nominal = envs.nominal_model(cfg.task.env_id)
     A, B, c = linearize_mujoco(nominal, [0, 1, 2, 3])
-    plant = _Plant(nominal, cfg.randomization["reality"], {0: 0, 1: 1}, {0: 2, 1: 3}, 4)
+    plant = SteppedPlant(nominal, cfg.randomization["reality"], {0: 0, 1: 1}, {0: 2, 1: 3}, 4)
     plant.apply({"body_mass.bob": scale})
     x = np.array([0.0, q2, v, v])
     r = (plant.step(x, np.array([u])) - (A @ x + B @ np.array([u]) + c))[2:] / 0.01

@@ -105,8 +105,9 @@ def _plain(obj):
 
 
 def _human(cfg, meas, spec, record, refused, out: Path) -> str:
-    lines = [f"shield synthesis for {cfg.task.name}: {meas.samples} residual samples on {meas.domains} plants "
-             f"in {meas.wall_s:.1f} s"]
+    head = (f"shield synthesis for {cfg.task.name}: {meas.samples} residual samples on {meas.domains} plants "
+            f"in {meas.wall_s:.1f} s")
+    lines = [head]
     for k, name in enumerate(meas.names):
         lo, hi = meas.gain_range[k]
         law = meas.residual_law[k]

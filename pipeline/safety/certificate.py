@@ -84,7 +84,7 @@ def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int) -> tup
     at = meas.authority_at[k][d]
     if not at:
         return None
-    env = synthesis._Envelope(cfg, np.random.default_rng(0), draws=0)
+    env = synthesis.EnvelopeSampler(cfg, np.random.default_rng(0), draws=0)
     plant = env.plants[at["set"]]
     x = np.array([at["state"][str(o)] for o in env.state_index])
     v, j = env.iv[k], env.main_in[k]

@@ -6,6 +6,11 @@ at the task's equilibrium, composed over the physics substeps of one control
 period; for ``model: double_integrator`` tasks (the quadrotor's acceleration
 set-points) the per-axis acceleration scale and inner-loop response time. The
 edge box then needs no MuJoCo.
+
+The robustness numbers (`margin`, braking, `disturbance_accel`, the input-gain
+range) come from `pipeline.safety.synthesis`, which measures them on the MJCF over
+every randomization set, wherever the config leaves one unset; a number the config
+sets is then held to that measurement.
 """
 
 from __future__ import annotations
@@ -15,10 +20,25 @@ from functools import partial
 import numpy as np
 
 from pipeline.config import ConfigError
-from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, declared_model_problems, declared_push_accel,
-                                     envelope_problems, monitor_bounds, pushed_bodies, plant_weights, push_velocity,
-                                     set_envelopes)
-from shield.spec import ShieldSpec, ShieldSpecError, angles_to_dict, brake_pairs, pairs_to_list
+from pipeline.safety.envelope import (
+    NOISE_SIGMAS,
+    assumptions,
+    declared_model_problems,
+    declared_push_accel,
+    envelope_problems,
+    monitor_bounds,
+    plant_weights,
+    push_velocity,
+    pushed_bodies,
+    set_envelopes,
+)
+from shield.spec import (
+    ShieldSpec,
+    ShieldSpecError,
+    angles_to_dict,
+    brake_pairs,
+    pairs_to_list,
+)
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
 _STATEMENT = ("No constraint is violated while the actuation latency is at most max_latency_s, the "

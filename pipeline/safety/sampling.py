@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from pipeline.safety.envelope import NOISE_SIGMAS
+
 MAX_CORNERS = 64  # per set: all 2^d corners up to this many, else this many sampled corners
 # The most braking a synthesized barrier counts on, in units of the nominal full-action acceleration: states
 # moving toward a bound faster than that can stop in the room left are outside every such barrier's safe set.
@@ -133,6 +135,14 @@ class EnvelopeSampler:
         self.x_op = np.array([nominal.qpos[i] if kind == "qpos" else nominal.qvel[i] for kind, i in src])
         self.plants = {name: SteppedPlant(nominal, rset, qcols, vcols, n) for name, rset in cfg.randomization.items()}
         self.domains = {name: set_domains(rset, rng, draws) for name, rset in cfg.randomization.items()}
+        # Per set, the action noise's reach per input (NOISE_SIGMAS sigma of the half-range): the plant gets the
+        # commanded action moved that far, clipped to the box, and the model is told only the command.
+        half = 0.5 * (self.high - self.low)
+        self.action_noise = {}
+        for name, rset in cfg.randomization.items():
+            std = list(rset.action_noise_std)
+            std = (std * len(half))[:len(half)] if len(std) == 1 else (std + [0.0] * len(half))[:len(half)]
+            self.action_noise[name] = NOISE_SIGMAS * np.asarray(std, np.float64) * half
         self.main_in = [int(np.argmax(np.abs(self.B[j]) * self.full)) for j in self.iv]
         self.nominal_full = [float(np.abs(self.B[j]) @ self.full / self.dt) for j in self.iv]
         self.lo_s, self.hi_s, self.speed = self.box[0].copy(), self.box[1].copy(), [0.0] * len(self.iv)
@@ -199,6 +209,11 @@ class EnvelopeSampler:
             a = max(self.braking[k][0 if up else 1], 0.0)  # moving up, braking is toward -
             x[v] = math.copysign(min(abs(x[v]), math.sqrt(2.0 * a * max(room, 0.0))), x[v])
         return x
+
+    def applied(self, name: str, u: np.ndarray) -> np.ndarray:
+        """What set `name`'s plant may get for command `u`: moved within its action noise, in the box."""
+        noise = self.action_noise[name]
+        return np.clip(u + self.rng.uniform(-noise, noise), self.low, self.high) if noise.any() else u
 
     def draw_action(self) -> np.ndarray:
         if self.rng.random() < 0.5:

@@ -5,12 +5,14 @@ operating point over one control period: every coupling the MJCF has is in it),
 this simulates the whole envelope and measures:
 
 - the braking authority each position really has toward each direction: the
-  weakest plant's full action toward it (the other inputs at their worst), over
+  weakest plant's full action toward it (less the set's action noise, the other
+  inputs at their worst), over
   the half of the constraint nearer the bound that braking protects, at states the
   braking barrier admits (moving toward a bound no faster than the measured braking
   stops in the room left: found by iterating from the nominal full action);
 - the model error: one-step prediction residuals of the nominal model, per
-  position, at those states and actions in the box, on every set's corners
+  position, at those states and actions in the box (the plant getting each
+  command moved within the set's action noise), on every set's corners
   (sampled when 2^d is large) and random draws; as an acceleration (units/s^2),
   with the state-dependent law that bounds it best (``a + b f(x)``, f a
   coordinate's distance from the operating point or its square: a pull growing with
@@ -138,9 +140,11 @@ def measure_authority(env: EnvelopeSampler, samples: int) -> tuple[list, list]:
                         x[p] = rng.uniform(mid, env.hi_s[p]) if sign < 0 else rng.uniform(env.lo_s[p], mid)
                         x[v] = -sign * abs(x[v])
                         x = env.admit(x)
+                        # Full action, less what the set's action noise may take off it.
+                        weakest = max(env.full[j_main] - env.action_noise[name][j_main], 0.0)
                         for rest in itertools.product((-1.0, 1.0), repeat=len(others)):
                             u = np.zeros(len(env.full))
-                            u[j_main] = sign * np.sign(env.B[v, j_main]) * env.full[j_main]
+                            u[j_main] = sign * np.sign(env.B[v, j_main]) * weakest
                             for j, s in zip(others, rest):
                                 u[j] = s * env.full[j]
                             a = sign * (plant.step(x, u)[v] - x[v]) / env.dt
@@ -182,7 +186,7 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
             plant.apply(dom)
             for _ in range(per_dom):
                 x, u = env.draw_state(), env.draw_action()
-                x1 = plant.step(x, u)
+                x1 = plant.step(x, env.applied(name, u))
                 r = env.wrap(x1 - env.predict(x, u) + env.x_op) - env.x_op
                 res_v.append(np.abs(r[env.iv]) / env.dt)
                 feats.append(np.abs(x - env.x_op))
@@ -190,8 +194,9 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
                 xs, xm = x, x
                 for _h in range(lat_max):
                     uh = env.draw_action()
-                    xs, xm = env.wrap(plant.step(xs, uh)), env.predict(xm, uh)
-                rp = env.wrap(plant.step(xs, u) - env.predict(xm, u) + env.x_op) - env.x_op if lat_max else r
+                    xs, xm = env.wrap(plant.step(xs, env.applied(name, uh))), env.predict(xm, uh)
+                rp = (env.wrap(plant.step(xs, env.applied(name, u)) - env.predict(xm, u) + env.x_op) - env.x_op
+                      if lat_max else r)
                 res_p.append(np.abs(rp[env.ip]))
                 if rng.random() < 0.25:
                     _gain_samples(env, plant, x, gains)

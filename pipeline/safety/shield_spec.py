@@ -196,8 +196,8 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
     if synthesized:
         # Measured where the plant goes, not derived from its masses: a push on a payload moves the swing, and
         # a payload's mass is in the model's coupling, not in the input's effect.
-        push_accel_of = {id(rset): measurement.push_accel[name] for name, rset in cfg.randomization.items()}.get
-        push_accel_of = partial(_by_id, push_accel_of)
+        measured_push = {id(rset): measurement.push_accel[name] for name, rset in cfg.randomization.items()}
+        push_accel_of = partial(_by_id, measured_push)
         ratio_of = _measured_ratio(measurement)
     envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator" and compensated, full_accel,
                               plant, cross_accel, disturbance, dt, push_accel_of, ratio_of)
@@ -252,8 +252,9 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
     return spec
 
 
-def _by_id(lookup, rset):
-    return lookup(id(rset))
+def _by_id(table: dict, rset) -> list[float]:
+    """A set's entry of `table` (keyed by the set object's id: sets are unhashable models)."""
+    return table[id(rset)]
 
 
 def _measured_ratio(measurement) -> tuple[float, float]:

@@ -88,13 +88,15 @@ class Actuator(_Strict):
     scale: float = Field(1.0, gt=0, description="ctrl units per unit action")
     units_per_action: float | None = Field(None, gt=0, description="physical units (N, N m) per unit action, the "
                                            "task's action_scale; default: scale (ctrl units)")
+    unit: str | None = Field(None, description="the unit of units_per_action, for the bundle's I/O contract "
+                                               "(default: N on a slide joint, N m on a hinge, else ctrl)")
 
 
 class Target(_Strict):
     """An exogenous set-point: drawn uniformly in [low, high], held hold_s, the observed value ramps at speed."""
 
-    low: list[float]
-    high: list[float]
+    low: list[float] = Field(description="lowest target, per element (the observed units)")
+    high: list[float] = Field(description="highest target, per element (>= low)")
     hold_s: tuple[float, float] = Field((2.0, 3.0), description="s, how long each target is held (drawn uniformly)")
     speed: float | None = Field(None, gt=0, description="units/s the observed set-point ramps toward the target; None jumps")
 
@@ -110,14 +112,16 @@ class Target(_Strict):
 class Observation(_Strict):
     """One observation element, from exactly one of joint, site, sensor or target."""
 
-    name: str
-    joint: str | None = None
-    site: str | None = None
-    sensor: str | None = None
-    target: str | None = None
+    name: str = Field(description="the observation's name, used by reward, termination, kinematics and constraints")
+    joint: str | None = Field(None, description="MJCF joint: its qpos (quantity: pos) or qvel (quantity: vel)")
+    site: str | None = Field(None, description="MJCF site: its world position along `axis` (m)")
+    sensor: str | None = Field(None, description="MJCF sensor: its element `index` of sensordata")
+    target: str | None = Field(None, description="a `targets` entry: its element `index`, the observed set-point")
     quantity: Literal["pos", "vel"] = Field("pos", description="joint: qpos or qvel")
-    axis: int = Field(0, ge=0, le=2, description="site: world axis of its position")
+    axis: int = Field(0, ge=0, le=2, description="site: world axis of its position, an integer (0 x, 1 y, 2 z)")
     index: int = Field(0, ge=0, description="sensor or target: element")
+    unit: str | None = Field(None, description="its unit in the bundle's I/O contract, where the MJCF cannot say "
+                                               "(a target, a sensor); joints and sites are m, rad, m/s, rad/s")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -130,11 +134,13 @@ class Observation(_Strict):
 class RewardTerm(_Strict):
     """One weighted reward term from the library, or a `module:function` f(obs, action, cost) -> float."""
 
-    term: Literal["alive", "tracking", "effort", "progress", "violation"] | None = None
-    function: str | None = None
-    weight: float = 1.0
-    observations: list[str] = []
-    targets: list[str] = []
+    term: Literal["alive", "tracking", "effort", "progress", "violation"] | None = Field(
+        None, description="a library term: alive (1 per step), tracking (-distance to targets), effort (|a|^2), "
+                          "progress (distance gained toward targets), violation (info['cost'])")
+    function: str | None = Field(None, description="'module:function' f(obs, action, cost) -> float instead of a term")
+    weight: float = Field(1.0, description="the term's weight in the sum")
+    observations: list[str] = Field([], description="tracking, progress: the observations that track ...")
+    targets: list[str] = Field([], description="... these target observations, in the same order")
     clip: float | None = Field(None, gt=0, description="tracking: the distance is clipped here")
 
     @model_validator(mode="after")
@@ -151,10 +157,10 @@ class RewardTerm(_Strict):
 class Termination(_Strict):
     """The episode ends when the named observation crosses a bound."""
 
-    observation: str
-    above: float | None = None
-    below: float | None = None
-    abs_above: float | None = None
+    observation: str = Field(description="the observation watched")
+    above: float | None = Field(None, description="ends when the observation is above this")
+    below: float | None = Field(None, description="ends when the observation is below this")
+    abs_above: float | None = Field(None, description="ends when |observation| is above this")
 
 
 class Numerics(_Strict):
@@ -170,8 +176,8 @@ class Numerics(_Strict):
 class Kinematics(_Strict):
     """Which observations are positions and which their velocities (same order)."""
 
-    positions: list[str] = []
-    velocities: list[str] = []
+    positions: list[str] = Field([], description="observations that are positions (m or rad) the shield brakes")
+    velocities: list[str] = Field([], description="the observations that are their velocities, in the same order")
 
     @model_validator(mode="after")
     def _pairs(self):
@@ -183,15 +189,17 @@ class Kinematics(_Strict):
 class Constraint(_Strict):
     """A safety constraint over named observations (box, halfspace, cylinder, sphere)."""
 
-    name: str
-    type: Literal["box", "halfspace", "cylinder", "sphere"]
-    observations: list[str] = []
-    low: list[float] | None = None
-    high: list[float] | None = None
-    a: dict[str, float] | None = None
-    b: float | None = None
-    center: list[float] | None = None
-    radius: float | None = Field(None, gt=0)
+    name: str = Field(description="the constraint's name in reports, eval figures and the shield spec")
+    type: Literal["box", "halfspace", "cylinder", "sphere"] = Field(
+        description="box: low <= obs <= high; halfspace: sum a_i obs_i <= b; cylinder (2 observations) and "
+                    "sphere (3): keep out of the disc or ball")
+    observations: list[str] = Field([], description="box, cylinder, sphere: the observations constrained")
+    low: list[float] | None = Field(None, description="box: lower bounds, one per observation")
+    high: list[float] | None = Field(None, description="box: upper bounds, one per observation")
+    a: dict[str, float] | None = Field(None, description="halfspace: weights by observation name")
+    b: float | None = Field(None, description="halfspace: the bound")
+    center: list[float] | None = Field(None, description="cylinder, sphere: the keep-out zone's center")
+    radius: float | None = Field(None, gt=0, description="cylinder, sphere: the keep-out zone's radius")
 
     @model_validator(mode="after")
     def _fields(self):
@@ -221,7 +229,9 @@ class ShieldModel(_Strict):
     shield must be told of (`shield.disturbance_accel`). The shield-spec build holds it to the MJCF
     (`envs.measured_response`, `pipeline.safety.envelope.declared_model_problems`)."""
 
-    type: Literal["linear", "double_integrator"]
+    type: Literal["linear", "double_integrator"] = Field(
+        description="linear: MuJoCo's linearization at operating_point; double_integrator: position k is driven "
+                    "by input k")
     operating_point: dict[str, float] = Field({}, description="linear: qpos by joint name (others at the MJCF's qpos0)")
     response_time_s: float = Field(0.0, ge=0, description="double_integrator: inner-loop response time (s)")
     accel_per_action: list[float] | None = Field(None, description="double_integrator: units/s^2 per unit action")
@@ -230,22 +240,23 @@ class ShieldModel(_Strict):
 class PidLoop(_Strict):
     """u[action] = kp e + ki int(e) - kd rate (or + kd de/dt without rate), e = setpoint - measured."""
 
-    action: int = Field(ge=0)
-    measured: str
-    setpoint: str | float = 0.0
+    action: int = Field(ge=0, description="the action element this loop drives (an integer index)")
+    measured: str = Field(description="the observation controlled")
+    setpoint: str | float = Field(0.0, description="an observation name (a target) or a constant")
     rate: str | None = Field(None, description="observation of d(measured)/dt: damping on the measurement")
-    kp: float = 0.0
-    ki: float = 0.0
-    kd: float = 0.0
+    kp: float = Field(0.0, description="proportional gain (normalized action per unit error)")
+    ki: float = Field(0.0, description="integral gain (per unit error and second)")
+    kd: float = Field(0.0, description="derivative gain (per unit rate)")
     integral_limit: float = Field(1.0, gt=0, description="normalized action units")
 
 
 class Legacy(_Strict):
     """The controller the plant runs today."""
 
-    type: Literal["pid", "lqr", "callable"]
+    type: Literal["pid", "lqr", "callable"] = Field(
+        description="pid: loops; lqr: on the linearization (q, r, setpoints); callable: your own controller")
     name: str | None = Field(None, description="shown by `sim2real envs` (default: the type)")
-    loops: list[PidLoop] = []
+    loops: list[PidLoop] = Field([], description="pid: one loop per driven action")
     q: list[float] | None = Field(None, description="lqr: state weights, one per linearized state")
     r: list[float] | None = Field(None, description="lqr: action weights")
     setpoints: dict[str, str] = Field({}, description="lqr: state observation -> observation of its set-point")
@@ -267,18 +278,20 @@ class PlantDeclaration(_Strict):
 
     mjcf: str = Field(description="MJCF file, relative to the task YAML")
     control_period: float = Field(gt=0, description="s")
-    episode_steps: int = Field(gt=0)
-    actuators: list[Actuator] = Field(min_length=1)
-    observations: list[Observation] = Field(min_length=1)
-    targets: dict[str, Target] = {}
-    initial_state: dict[Literal["qpos", "qvel"], dict[str, tuple[float, float]]] = {}
-    reward: list[RewardTerm] = Field(min_length=1)
-    termination: list[Termination] = []
-    numerics: Numerics = Numerics()
-    kinematics: Kinematics = Kinematics()
-    constraints: list[Constraint] = []
-    shield_model: ShieldModel
-    legacy: Legacy
+    episode_steps: int = Field(gt=0, description="control steps per episode")
+    actuators: list[Actuator] = Field(min_length=1, description="the action vector, in order: one entry per element")
+    observations: list[Observation] = Field(min_length=1, description="the observation vector, in order")
+    targets: dict[str, Target] = Field({}, description="exogenous set-points by name")
+    initial_state: dict[Literal["qpos", "qvel"], dict[str, tuple[float, float]]] = Field(
+        {}, description="reset: {qpos|qvel: {joint: [low, high]}}, each drawn uniformly (other joints at the MJCF's "
+                          "qpos0, at rest)")
+    reward: list[RewardTerm] = Field(min_length=1, description="the reward: a sum of weighted terms")
+    termination: list[Termination] = Field([], description="bounds whose crossing ends the episode")
+    numerics: Numerics = Field(Numerics(), description="floating-point details of reward and termination")
+    kinematics: Kinematics = Field(Kinematics(), description="positions and velocities for the shield's barriers")
+    constraints: list[Constraint] = Field([], description="the safety constraints: info['cost'] and the shield")
+    shield_model: ShieldModel = Field(description="the shield's nominal model of the plant")
+    legacy: Legacy = Field(description="the controller the plant runs today (the gate's baseline)")
     steerable_setpoint: str | None = Field(None, description="target observation the adversary may steer the legacy controller with")
 
     @model_validator(mode="after")

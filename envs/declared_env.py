@@ -20,7 +20,7 @@ import numpy as np
 from envs.declaration import DeclarationError, PlantDeclaration, resolve_entry_point
 from envs.linearization import NominalModel
 from envs.mujoco_task import MujocoTaskEnv
-from envs.safety import violated_constraints
+from envs.safety import constraint_values, cost_of
 
 _OBJ = {"joint": mujoco.mjtObj.mjOBJ_JOINT, "site": mujoco.mjtObj.mjOBJ_SITE,
         "sensor": mujoco.mjtObj.mjOBJ_SENSOR, "actuator": mujoco.mjtObj.mjOBJ_ACTUATOR}
@@ -175,7 +175,8 @@ class DeclaredTaskEnv(MujocoTaskEnv):
                 self._new_goal(name)
 
     def _cost(self, obs) -> float:
-        return 1.0 if violated_constraints(self._safety, obs) else 0.0
+        self._constraint_values = constraint_values(self._safety, obs)
+        return cost_of(self._constraint_values)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -190,7 +191,7 @@ class DeclaredTaskEnv(MujocoTaskEnv):
             self._targets[name] = list(self._goals[name]) if t.speed is None else \
                 [0.5 * (lo + hi) for lo, hi in zip(t.low, t.high)]
         obs = self._obs()
-        return obs, {"cost": self._cost(obs), "domain": {}}
+        return obs, {"cost": self._cost(obs), "constraint_values": self._constraint_values, "domain": {}}
 
     def _read(self) -> np.ndarray:
         """What the reward terms and termination read: the float32 observation or its float64 values."""
@@ -218,7 +219,7 @@ class DeclaredTaskEnv(MujocoTaskEnv):
             if (above is not None and v > above) or (below is not None and v < below) or \
                     (abs_above is not None and abs(v) > abs_above):
                 terminated = True
-        return obs, float(reward), terminated, False, {"cost": cost}
+        return obs, float(reward), terminated, False, {"cost": cost, "constraint_values": self._constraint_values}
 
     @staticmethod
     def _term(term, before, obs, listed, a, cost, elementwise_effort: bool) -> float:

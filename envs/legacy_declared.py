@@ -73,7 +73,10 @@ class DeclaredLqr:
         if len(legacy.q) != len(states) or len(legacy.r) != b.shape[1]:
             raise DeclarationError(f"plant.legacy: lqr needs {len(states)} q weights (one per joint observation) "
                                    f"and {b.shape[1]} r weights")
-        self.gain = discrete_lqr(a, b, np.diag(legacy.q), np.diag(legacy.r))
+        try:
+            self.gain = discrete_lqr(a, b, np.diag(legacy.q), np.diag(legacy.r))
+        except ValueError as exc:
+            raise DeclarationError(f"plant.legacy: {exc}") from exc
         self._states = states
         self._x_op = np.array([nominal.qpos[i] if kind == "qpos" else 0.0
                                for kind, i in (nominal.obs_to_state[o] for o in states)])

@@ -44,18 +44,24 @@ def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def discrete_lqr(a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray,
-                 iterations: int = 20000, tol: float = 1e-10) -> np.ndarray:
-    """Solve the discrete Riccati equation by fixed-point iteration; return the gain K (u = -K x)."""
-    p = q.copy()
-    for _ in range(iterations):
-        bt_p = b.T @ p
-        k = np.linalg.solve(r + bt_p @ b, bt_p @ a)
-        p_next = q + a.T @ p @ (a - b @ k)
-        p_next = 0.5 * (p_next + p_next.T)
-        if np.max(np.abs(p_next - p)) <= tol * max(1.0, np.max(np.abs(p))):
-            p = p_next
-            break
-        p = p_next
+def discrete_lqr(a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """The infinite-horizon discrete LQR gain K (u = -K x) for x' = A x + B u, cost x'Qx + u'Ru.
+
+    The Riccati equation is solved by SciPy's `solve_discrete_are` (a QZ-based Schur method): it
+    reaches the solution to round-off, where a fixed-point iteration stops short of it at its
+    tolerance, and it fails loudly instead of returning an unconverged gain. Its last bits still follow the CPU's LAPACK kernels: compare gains to a
+    tolerance, never bit for bit. Raises ValueError when no stabilizing gain exists.
+    """
+    from scipy import linalg
+
+    try:
+        p = linalg.solve_discrete_are(a, b, q, r)
+    except (np.linalg.LinAlgError, ValueError) as exc:
+        raise ValueError(f"the discrete Riccati equation has no stabilizing solution ({exc}); "
+                         "is every unstable mode reachable from the inputs?") from exc
     bt_p = b.T @ p
-    return np.linalg.solve(r + bt_p @ b, bt_p @ a)
+    k = np.linalg.solve(r + bt_p @ b, bt_p @ a)
+    if not np.all(np.abs(np.linalg.eigvals(a - b @ k)) < 1.0):
+        raise ValueError("the LQR gain does not stabilize the linearized plant; "
+                         "is every unstable mode reachable from the inputs?")
+    return k

@@ -45,7 +45,7 @@ import numpy as np
 
 from envs.mujoco_task import MujocoTaskEnv
 from envs.quadrotor_inner_loop import AttitudeThrustLoop
-from envs.safety import violated_constraints
+from envs.safety import constraint_values, cost_of
 
 ENV_ID = "sim2real/QuadrotorGeofence-v0"
 TASK_NAME = "quadrotor"
@@ -61,6 +61,20 @@ MAX_ACCEL = (4.0, 4.0, 4.0)  # m/s^2 per unit action, per axis
 # loop's set-point smoothing makes it so), measured as the velocity ramp's lag after a step
 # (tests/test_envs_quadrotor.py). The shield predicts with it.
 ACCEL_TIME_CONSTANT = 0.15
+
+
+def io_names() -> dict:
+    """Names, sources and units of the observation and action vectors (the module docstring's table)."""
+    xyz = ("x", "y", "z")
+    obs = [(f"p{a}", "position", "m") for a in xyz] + [(f"v{a}", "velocity", "m/s") for a in xyz]
+    obs += [(f"waypoint_d{a}", "current waypoint minus position", "m") for a in xyz]
+    obs += [(f"tilt_{a}", "body z axis in the world frame", "1") for a in xyz]
+    obs += [(f"w{a}", "body angular velocity", "rad/s") for a in xyz]
+    return {"observations": [{"name": n, "source": s, "unit": u} for n, s, u in obs],
+            "actions": [{"name": f"a{a}", "source": "acceleration set-point (gravity compensated)", "unit": "m/s^2",
+                         "units_per_action": scale} for a, scale in zip(xyz, MAX_ACCEL)]}
+
+
 ARM = 0.15  # m
 YAW_COEFF = 0.016  # N m of yaw torque per N of thrust
 MAX_ROTOR_THRUST = 6.2  # N
@@ -146,7 +160,8 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
         self.loop.reset()
         mujoco.mj_forward(self.model, self.data)
         obs = self._obs()
-        return obs, {"cost": self._cost(obs), "domain": {}, "waypoints_reached": 0}
+        return obs, {"cost": self._cost(obs), "constraint_values": self._constraint_values, "domain": {},
+                     "waypoints_reached": 0}
 
     # -- dynamics ----------------------------------------------------------------------------
     def _obs(self) -> np.ndarray:
@@ -159,7 +174,8 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
 
     def _cost(self, obs) -> float:
         # Evaluated on the true (noise-free) observation, so cost == "some SAFETY constraint violated".
-        return 1.0 if violated_constraints(SAFETY, obs) else 0.0
+        self._constraint_values = constraint_values(SAFETY, obs)
+        return cost_of(self._constraint_values)
 
     def _update_wind(self) -> None:
         rng = self.np_random
@@ -199,4 +215,5 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
             pos[2] < 0.1 or upright < 0.0 or abs(pos[0]) > 6 or abs(pos[1]) > 6 or pos[2] > 6
             or not np.all(np.isfinite(pos))
         )
-        return obs, reward, terminated, False, {"cost": cost, "waypoints_reached": self.reached_count}
+        return obs, reward, terminated, False, {"cost": cost, "constraint_values": self._constraint_values,
+                                                "waypoints_reached": self.reached_count}

@@ -65,6 +65,8 @@ class TaskSpec:
     steerable_setpoint: int | None = None
     declared: bool = field(default=False)  # True when compiled from a YAML declaration
     fingerprint: str = ""  # declared tasks: hash of the declaration, so an identical copy registers as the same task
+    # () -> {"observations": [{name, source, unit}], "actions": [{name, source, unit, units_per_action}]}
+    describe_io: Callable[[], dict] | None = None
 
     @property
     def config_path(self) -> Path:
@@ -136,7 +138,7 @@ def task(env_id: str) -> TaskSpec:
             f"unknown task env id {env_id!r}: no task declares it; known tasks: {sorted(_TASKS)} "
             f"(a gymnasium MuJoCo env such as HalfCheetah-v5 can be trained by id, but export, eval and "
             f"shadow need a task declaration: constraints, shield model and legacy controller; see "
-            f"README 'Bring your own plant')") from None
+            f"docs/how-to/own-plant.md)") from None
 
 
 def find(env_id: str) -> TaskSpec | None:

@@ -23,6 +23,7 @@ import yaml
 
 from envs import quadrotor_geofence
 from envs.declaration import DeclarationError, PlantDeclaration, mjcf_identity, mjcf_path, parse_declaration
+from envs.io_names import declared_io
 from envs.randomization import RandomizationError, RandomizationSet, load_randomization_sets, parse_randomization
 from envs.registry import TaskSpec, UnknownTaskError, all_tasks, config_dirs, register, task
 from envs.wrappers import randomize
@@ -48,7 +49,8 @@ def _code_tasks() -> list[TaskSpec]:
                  make_env=qd.QuadrotorGeofenceEnv, obs_dim=qd.OBS_DIM, act_dim=qd.ACT_DIM,
                  control_period=qd.CONTROL_PERIOD, episode_steps=qd.EPISODE_STEPS, safety=qd.SAFETY,
                  shield_model={"type": "double_integrator", "response_time_constant": qd.ACCEL_TIME_CONSTANT},
-                 action_scale=list(qd.MAX_ACCEL), legacy_name="cascaded_pid", make_legacy=_quadrotor_legacy),
+                 action_scale=list(qd.MAX_ACCEL), legacy_name="cascaded_pid", make_legacy=_quadrotor_legacy,
+                 describe_io=qd.io_names),
     ]
 
 
@@ -127,7 +129,7 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
                     episode_steps=decl.episode_steps, safety=decl.safety(), shield_model=shield_model,
                     action_scale=scale, legacy_name=decl.legacy.name or decl.legacy.type,
                     make_legacy=partial(_declared_legacy, decl, mjcf), steerable_setpoint=steer, declared=True,
-                    fingerprint=fingerprint)
+                    fingerprint=fingerprint, describe_io=partial(declared_io, decl, mjcf))
 
 
 def _check(spec: TaskSpec, decl: PlantDeclaration) -> None:

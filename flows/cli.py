@@ -93,7 +93,9 @@ def _summary_after_failure(args: argparse.Namespace, state) -> dict:
     from pipeline.deployment.registry import Registry
 
     cfg = load_config(args.config)
-    return {"task": cfg.task.name, "decision": "fail", "state": state.name, "error": str(state.message),
+    # The flow ends Failed on an inconclusive gate too (never promoted); say which, as `shadow` does.
+    decision = "inconclusive" if "GateInconclusive" in str(state.message) else "fail"
+    return {"task": cfg.task.name, "decision": decision, "state": state.name, "error": str(state.message),
             "production": Registry(args.models).production(cfg.task.name)}
 
 

@@ -1,5 +1,14 @@
 """The nightly `retrain` flow: [calibrate ->] train -> export -> falsify -> shadow -> gate -> register -> promote.
 
+Production is the incumbent: the shadow step runs the current production
+version in the same paired episodes as the candidate and legacy, and the
+candidate is promoted only if it is better than both at the gate's
+confidence. A candidate that is not better than production is registered and
+production is kept ("kept v3: v4 not better"); the flow still completes, as
+nothing went wrong. A failed gate raises `GateFailed`; a gate whose budget ran
+out undecided raises `GateInconclusive`. Each registered version records why it
+was or was not promoted (`sim2real registry list`).
+
 With field logs (`from_log`), the flow first calibrates the twin to them
 (pipeline.calibration), trains on `train` ranges re-centred on what was
 identified, shadow-evaluates on the `calibrated` set as well as `reality`, and
@@ -26,7 +35,9 @@ from prefect.context import get_run_context
 from pipeline.config import load_config
 from pipeline.deployment.export import export_policy
 from pipeline.deployment.registry import Registry
+from pipeline.evaluation.gate import promotion_verdict
 from pipeline.evaluation.shadow import run_shadow
+from pipeline.evaluation.shadow_metrics import side_by_side
 from pipeline.training.train import train
 
 # Fault drills: SIM2REAL_FAULT_DRILL="train:1" makes the first attempt of the
@@ -40,6 +51,10 @@ class TransientFault(RuntimeError):
 
 class GateFailed(RuntimeError):
     """The candidate did not pass the promotion gate; production is unchanged."""
+
+
+class GateInconclusive(GateFailed):
+    """The gate's budget ran out before its bounds decided; not promoted, production is unchanged."""
 
 
 def _fault_drill(step: str) -> None:
@@ -100,20 +115,26 @@ def falsify_step(bundle_dir: str, config_path: str, out_dir: str) -> dict:
 
 @task(name="shadow", retries=0, persist_result=True)
 def shadow_step(bundle_dir: str, config_path: str, report_dir: str, falsification: dict | None = None,
-                domains: str | None = None, calibration: dict | None = None) -> dict:
-    """Shadow pass beside the legacy controller, counterfactual pass, gate decision (with falsify's cases), report
-    (with the twin's calibration, when the flow calibrated it)."""
+                domains: str | None = None, calibration: dict | None = None, production_dir: str | None = None) -> dict:
+    """Shadow pass beside the legacy controller, counterfactual pass, production on the same seeds, sequential gate
+    decision (with falsify's cases), report (with the twin's calibration, when the flow calibrated it)."""
     _fault_drill("shadow")
     cfg = load_config(config_path)
     return run_shadow(bundle_dir, cfg, domains=domains or cfg.shadow.domains, report_dir=report_dir,
-                      falsification=falsification, calibration=calibration)
+                      falsification=falsification, calibration=calibration, production_dir=production_dir)
 
 
 @task(name="register", retries=1, retry_delay_seconds=2, persist_result=True)
-def register_step(bundle_dir: str, models_root: str, metrics: dict, flow_run_id: str) -> int:
-    """Copy the bundle into the registry as a new version, with its shadow metrics."""
+def register_step(bundle_dir: str, models_root: str, metrics: dict, flow_run_id: str, task_name: str,
+                  production: int | None = None) -> int:
+    """Copy the bundle into the registry as a new version, with its shadow metrics and why it is (not) promoted."""
     _fault_drill("register")
-    return Registry(models_root).register(bundle_dir, metrics=metrics, extra={"prefect_flow_run_id": flow_run_id})
+    registry = Registry(models_root)
+    version = registry.register(bundle_dir, metrics=metrics, extra={"prefect_flow_run_id": flow_run_id})
+    gate = {**metrics["gate"], "verdict": promotion_verdict(metrics["gate"]["decision"], version, production,
+                                                            metrics["gate"]["reasons"])}
+    registry.annotate(task_name, version, metrics={"gate": gate})
+    return version
 
 
 @task(name="promote", retries=1, retry_delay_seconds=2, persist_result=True)
@@ -140,6 +161,9 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
         calibration = calibrate_step(config_path, from_log, runs_dir)
         config_path = calibration["config_path"]  # train and shadow on the calibrated config from here on
         logger.info("calibrated to %s in %.0f s: %s", from_log, calibration["result"]["wall_s"], config_path)
+    registry = Registry(models_root)
+    previous = registry.production(cfg.task.name)  # the incumbent, run in the same paired episodes
+    production_dir = str(registry.bundle_dir(cfg.task.name, previous)) if previous is not None else None
     trained = train_step(config_path, runs_dir, steps, ray_address)
     logger.info("trained %s env steps in %.0f s: %s", trained["env_steps"], trained["wall_s"], trained["run_dir"])
     exported = export_step(trained["run_dir"], models_root)
@@ -152,45 +176,55 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
                 "n/a" if min_h is None else f"{min_h:.4g}")
     calibrated = calibration["result"] if calibration is not None else None
     shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"), falsification,
-                         calibration=calibrated)
+                         calibration=calibrated, production_dir=production_dir)
     if calibration is not None:
         report_calibrated = str(Path(trained["run_dir"]) / "report-calibrated")
         on_calibrated = shadow_step(exported["bundle"], config_path, report_calibrated, falsification,
-                                    domains="calibrated", calibration=calibrated)
+                                    domains="calibrated", calibration=calibrated, production_dir=production_dir)
         shadow = _gate_on_both(shadow, on_calibrated)
 
-    metrics = {"shadow": shadow["metrics"], "gate": {"decision": shadow["decision"], "reasons": shadow["reasons"]},
+    metrics = {"shadow": shadow["metrics"], "gate": {"decision": shadow["decision"], "reasons": shadow["reasons"],
+                                                     "loosened": shadow.get("loosened", []),
+                                                     "against_production": previous},
                "train": {k: trained.get(k) for k in ("env_steps", "updates", "final_return", "wall_s",
                                                      # transfer: the checkpoint selected on validation and why (issue 13)
                                                      "best_updates", "best_validation_return", "stopped_early",
                                                      "adr_fraction")}}
     if calibration is not None:
         metrics["calibration"] = _calibration_metrics(calibration["result"])
-    version = register_step(exported["bundle"], models_root, metrics, flow_run_id)
-    registry = Registry(models_root)
-    previous = registry.production(cfg.task.name)
+    version = register_step(exported["bundle"], models_root, metrics, flow_run_id, cfg.task.name, previous)
     passed = shadow["decision"] == "pass"
     if passed:
         promote_step(models_root, cfg.task.name, version)
 
     summary = {
         "task": cfg.task.name, "decision": shadow["decision"], "reasons": shadow["reasons"], "version": version,
+        "verdict": promotion_verdict(shadow["decision"], version, previous, shadow["reasons"]),
         "production": registry.production(cfg.task.name), "previous_production": previous,
+        "comparison": side_by_side(shadow["metrics"]), "loosened": shadow.get("loosened", []),
         "report": shadow["report"], "run_dir": trained["run_dir"], "flow_run_id": flow_run_id,
     }
     if calibration is not None:
         summary["calibration"] = {**metrics["calibration"], "calibrated_set": calibration["calibrated"],
                                   "config": calibration["config_path"]}
     _publish_artifacts(summary, shadow, trained, calibration["result"] if calibration else None)
-    if not passed:
+    logger.info("%s", summary["verdict"])
+    if shadow["decision"] == "inconclusive":
+        raise GateInconclusive(f"gate inconclusive for {cfg.task.name} v{version}; production stays at {previous}: "
+                               + "; ".join(shadow["reasons"]))
+    if shadow["decision"] == "fail":
         raise GateFailed(f"gate failed for {cfg.task.name} v{version}; production stays at {previous}: "
                          + "; ".join(shadow["reasons"]))
     return summary
 
 
+# Worst first: the decision of two gate runs is the worse of the two.
+_DECISION_ORDER = ("fail", "kept", "inconclusive", "pass")
+
+
 def _gate_on_both(reality: dict, calibrated: dict) -> dict:
     """One decision from the shadow runs on `reality` and on the calibrated set: pass only if both pass."""
-    decision = "pass" if reality["decision"] == calibrated["decision"] == "pass" else "fail"
+    decision = min(reality["decision"], calibrated["decision"], key=_DECISION_ORDER.index)
     reasons = list(reality["reasons"]) + [f"calibrated: {r}" for r in calibrated["reasons"]]
     metrics = {**reality["metrics"], "calibrated": calibrated["metrics"]}
     return {**reality, "decision": decision, "reasons": reasons, "metrics": metrics,
@@ -211,18 +245,25 @@ def _calibration_metrics(result: dict) -> dict:
 def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: dict | None = None) -> None:
     from pipeline.calibration.calibrate import summary_lines
 
-    verdict = "PASSED, promoted" if summary["decision"] == "pass" else "FAILED, not promoted"
+    headline = {"pass": "PASSED, promoted", "kept": "production KEPT", "inconclusive": "INCONCLUSIVE, not promoted"}.get(
+        summary["decision"], "FAILED, not promoted")
     reasons = "\n".join(f"- {r}" for r in summary["reasons"])
+    table = "".join(f"| {who}{' v' + str(row['version']) if 'version' in row else ''} | {row['episodes']} | "
+                    f"{row['return_mean']:.2f} | [{row['return_ci95'][0]:.2f}, {row['return_ci95'][1]:.2f}] |\n"
+                    for who, row in summary["comparison"].items())
+    loosened = "".join(f"- LOOSENED: {line}\n" for line in summary.get("loosened", []))
     calibrated = "" if calibration is None else (
         "\n## Calibration (identified vs nominal)\n" + "\n".join(f"- {line}" for line in summary_lines(calibration))
         + f"\n- calibrated set: `{summary['calibration']['calibrated_set']}`\n")
     create_markdown_artifact(
         key="retrain-summary",
-        markdown=(f"# Retrain {summary['task']}: gate {verdict}\n\n"
+        markdown=(f"# Retrain {summary['task']}: gate {headline}\n\n"
                   f"- version: **{summary['version']}**\n- production: **{summary['production']}** "
                   f"(was {summary['previous_production']})\n- training: {trained['env_steps']} env steps, "
                   f"{trained['wall_s']:.0f} s, final return {trained['final_return']:.1f}\n"
-                  f"- report: `{summary['report']}`\n\n## Gate\n{reasons}\n{calibrated}"),
+                  f"- report: `{summary['report']}`\n- {summary['verdict']}\n\n"
+                  f"## Same episodes, side by side\n| policy | episodes | mean return | 95% CI |\n|---|---|---|---|\n"
+                  f"{table}\n## Gate\n{loosened}{reasons}\n{calibrated}"),
         description=f"gate {summary['decision']}")
     rows = [{"metric": k, "value": json.dumps(v) if isinstance(v, (dict, list)) else v}
             for k, v in _flatten(shadow["metrics"]).items()]

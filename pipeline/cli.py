@@ -47,7 +47,10 @@ def _config_flag(p: argparse.ArgumentParser, required: bool = False) -> None:
 
 
 def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("envs", help="list the tasks: obs/action sizes, constraints, legacy controller")
+    p = sub.add_parser("envs", help="list the tasks: obs/action sizes, constraints, legacy controller, registry versions")
+    p.add_argument("--config", action="append", metavar="FILE",
+                   help="also declare the plant of this task YAML (repeatable)")
+    p.add_argument("--registry", default="models", help="registry root whose tasks are listed too (default models/)")
     _json_flag(p)
 
     p = sub.add_parser("config", help="document every config key, or validate a config file")
@@ -90,10 +93,14 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     _config_flag(p)
     p.add_argument("--legacy", help="legacy controller name (default: the task's)")
     p.add_argument("--domains", default=None, help="randomization set, nominal (none), or FILE.yaml (default shadow.domains)")
-    p.add_argument("--episodes", type=int, help="episodes per pass (default shadow.episodes)")
+    p.add_argument("--episodes", type=int, help="episodes per batch of each pass; the gate adds batches until it "
+                   "decides or gate.max_episodes ran (default shadow.episodes)")
     p.add_argument("--seed", type=int, help="first episode seed (default shadow.seed)")
     p.add_argument("--report", metavar="DIR", help="write the HTML report and logs here")
-    p.add_argument("--from-log", metavar="PATH", help="use logs recorded by `sim2real serve --mode shadow` instead of simulating")
+    p.add_argument("--production", metavar="BUNDLE", help="the production bundle: run on the same seeds, and the "
+                   "candidate must beat it too (gate.min_return_ratio_production)")
+    p.add_argument("--from-log", metavar="PATH", help="use logs recorded by `sim2real serve --mode shadow` (or by a "
+                   "simulated shadow run, then paired with the candidate's counterfactual) instead of simulating")
     _json_flag(p)
 
     p = sub.add_parser("falsify", help="search the config's envelope for a shielded violation (exit 1 if one is found)")

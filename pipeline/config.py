@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from envs.declaration import PlantDeclaration
 from envs.randomization import RandomizationSet
 
 
@@ -183,12 +184,27 @@ class ShieldConfig(Section):
 
 
 class GateConfig(Section):
-    """Promotion gate thresholds applied to a shadow evaluation."""
+    """Promotion gate: paired statistical decisions against legacy and production, and safety checks
+    (pipeline/evaluation/gate.py, pipeline/evaluation/gate_statistics.py)."""
 
-    min_return_ratio: float = Field(0.8, gt=0, description="Candidate mean return R_c must be >= R_l + (x - 1)|R_l| for legacy mean "
-                                    "return R_l: x * R_l when R_l > 0, and no stricter than legacy when R_l < 0 (pipeline/gate.py).")
-    max_violations: int = Field(0, ge=0, description="Most constraint-violating steps (info cost) allowed for the candidate driving, all episodes together.")
-    max_intervention_rate: float = Field(0.1, ge=0, le=1, description="Largest share of steps the shield may change the candidate's action.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="One-sided confidence of every bound the gate decides on "
+                              "(paired return differences, rate bounds), over all its sequential looks together.")
+    min_return_ratio: float = Field(1.0, gt=0, description="Against legacy: the lower confidence bound on the mean paired "
+                                    "return difference (candidate - legacy, same seeds and domains) must exceed "
+                                    "(x - 1)|R_l|, R_l legacy's mean return. 1.0: no worse than legacy (equal is not "
+                                    "enough); below 1 allows a margin, which the report names as loosened by this key.")
+    min_return_ratio_production: float = Field(1.0, gt=0, description="The same rule against the production version "
+                                               "(run in the same paired episodes); a candidate that does not clear it "
+                                               "is registered but production is kept.")
+    max_episodes: int = Field(40, ge=1, description="Episode budget per policy: batches of shadow.episodes are added "
+                              "until every bound decides or this many ran; still undecided is `inconclusive`.")
+    min_episodes: int = Field(20, ge=2, description="Fewest paired episodes a return comparison may pass on (it may fail "
+                              "on fewer): a skew of the returns the sample has not yet shown cannot be corrected for.")
+    max_seconds: float | None = Field(None, gt=0, description="Wall-clock budget of the sequential evaluation (s); no "
+                                      "batch starts that would likely end past it. None: the episode budget only.")
+    max_violations: int = Field(0, ge=0, description="Most constraint-violating steps (info cost) allowed for the candidate driving, all episodes together (an absolute count, not a rate).")
+    max_intervention_rate: float = Field(0.1, ge=0, le=1, description="Largest share of steps the shield may change the "
+                                         "candidate's action, judged on its exact upper confidence bound (gate.confidence).")
     max_latency_p99_us: float = Field(2000.0, gt=0, description="Candidate per-action latency p99 (policy + shield), microseconds; "
                                       "the worse of the shadow and counterfactual passes.")
     waive: list[str] = Field([], description="Checks (by key, e.g. gate.min_return_ratio) a decision may pass without; any other check that could not run makes the decision `inconclusive`.")
@@ -202,12 +218,15 @@ class FalsifyConfig(Section):
     seed: int = Field(0, ge=0, description="Seed of the search (which corners, draws and episodes).")
     episode_steps: int = Field(150, gt=0, description="Steps per searched episode (long enough to reach any boundary).")
     episodes_per_candidate: int = Field(2, ge=1, description="Episodes (seeds) run for each searched domain and attack.")
+    max_candidates: int | None = Field(None, gt=0, description="Most candidates one search evaluates (None: no cap); with it the search is the same on any machine, whichever of it and budget_s comes first ends it.")
+    corner_share: float = Field(0.2, ge=0, le=1, description="Share of the budget spent on corners (each range at one end), drawn at random once there are more than that share can run; a tenth goes to random draws, the rest to the optimizer.")
 
 
 class ShadowConfig(Section):
     """Shadow-mode evaluation beside the legacy controller."""
 
-    episodes: int = Field(10, ge=1, description="Episodes per pass (shadow and counterfactual).")
+    episodes: int = Field(10, ge=1, description="Episodes per batch of every pass (shadow, counterfactual, production); the "
+                          "gate looks after each batch, up to gate.max_episodes.")
     domains: str = Field("reality", description="Randomization set name (or YAML file) the shadow passes run on.")
     agreement_tolerance: float = Field(0.1, gt=0, description="Actions agree when every |legacy - candidate| <= this (normalized units).")
     seed: int = Field(1000, ge=0, description="First episode seed; held out from training seeds.")
@@ -328,18 +347,63 @@ def load_config(path: str | Path) -> Config:
     return cfg
 
 
-def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, description) for every config field, for `--help` output."""
-    rows: list[tuple[str, str, str]] = []
+def _submodel(annotation) -> tuple[type[BaseModel] | None, str]:
+    """The model a field holds, directly, optionally, in a list ('[]') or in a dict by name ('.<name>')."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, ""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (list, tuple) and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0], "[]"
+    if origin is dict and len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+        return args[1], ".<>"
+    for arg in args:  # X | None
+        sub, suffix = _submodel(arg)
+        if sub is not None:
+            return sub, suffix
+    return None, ""
+
+
+def type_name(annotation) -> str:
+    """A field's type as a reader of the YAML sees it: `float`, `list[str]`, `'box' | 'halfspace'`, `section`."""
+    if annotation is type(None):
+        return "null"
+    if isinstance(annotation, type):
+        return "section" if issubclass(annotation, BaseModel) else annotation.__name__
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is Annotated:
+        return type_name(args[0])
+    if args and origin in (list, tuple, dict):
+        return f"{origin.__name__}[{', '.join(type_name(a) for a in args)}]"
+    if args:  # a union
+        return " | ".join(type_name(a) for a in args)
+    return str(annotation)
+
+
+# What the keys of a map of sections name, for the reference: randomization.<set>.body_mass.<body>.low
+_KEY_NAMES = {"randomization": "set", "body_mass": "body", "geom_friction": "geom", "joint_damping": "joint",
+              "actuator_gain": "actuator", "targets": "target"}
+
+
+def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, description) of every config field, for `sim2real config` and the reference docs.
+
+    A section's keys follow it (`train.sac.tau`); a list of sections is written `plant.observations[].joint`,
+    a map of named ones `randomization.<name>.body_mass`. The `plant:` section is the declaration's schema
+    (envs.declaration.PlantDeclaration).
+    """
+    rows: list[tuple[str, str, str, str]] = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
-        ann = field.annotation
-        # An optional section (train.sac: SacConfig | None) lists its fields like any other.
-        ann = next((a for a in get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)), ann)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows.append((key, "", (ann.__doc__ or "").strip().splitlines()[0]))
-            rows.extend(describe_fields(ann, key + "."))
+        annotation = PlantDeclaration | None if (model is Config and name == "plant") else field.annotation
+        sub, suffix = _submodel(annotation)
+        if sub is not None:
+            kind = {"": "section", "[]": "list of sections", ".<>": "sections by name"}[suffix]
+            suffix = suffix.replace("<>", f"<{_KEY_NAMES.get(name, 'name')}>")
+            rows.append((key, kind, "", field.description or (sub.__doc__ or "").strip().splitlines()[0]))
+            rows.extend(describe_fields(sub, key + suffix + "."))
         else:
             default = "" if field.is_required() else repr(field.get_default(call_default_factory=True))
-            rows.append((key, default, field.description or ""))
+            rows.append((key, type_name(annotation), default, field.description or ""))
     return rows

@@ -37,7 +37,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from shield.contract import ContractError, check_contract
+
+# Schema 2 adds the I/O contract (shield.contract); schema 1 bundles, which lack it, still load and serve.
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
 POLICY_FILE = "policy.onnx"
 SHIELD_FILE = "shield.json"
 MANIFEST_FILE = "manifest.json"
@@ -131,9 +135,14 @@ def utc_now() -> str:
 
 def make_manifest(*, task: str, env_id: str, files: dict[str, bytes], config_hash: str,
                   git_commit: str = "unknown", version: int | None = None, parent: int | None = None,
-                  metrics: dict | None = None, extra: dict | None = None, **info: Any) -> dict:
-    """A sealed manifest for payload `files` ({name: bytes}); `info` adds plain fields (obs_dim...)."""
-    manifest = dict(schema_version=SCHEMA_VERSION, task=task, env_id=env_id, version=version, parent=parent,
+                  metrics: dict | None = None, extra: dict | None = None, contract: dict | None = None,
+                  **info: Any) -> dict:
+    """A sealed manifest for payload `files` ({name: bytes}); `info` adds plain fields (obs_dim...). With an I/O
+    `contract` it is schema 2; without one it is a schema-1 manifest, as bundles were before contracts."""
+    if contract is not None:
+        info["contract"] = contract
+    schema = SCHEMA_VERSION if contract is not None else 1
+    manifest = dict(schema_version=schema, task=task, env_id=env_id, version=version, parent=parent,
                     config_hash=config_hash, git_commit=git_commit, created_utc=utc_now(),
                     files={name: sha256_bytes(data) for name, data in sorted(files.items())},
                     metrics=json_safe(metrics or {}), extra=json_safe(extra or {}), **json_safe(info))
@@ -156,15 +165,20 @@ def parse_manifest(data: bytes, where: str = MANIFEST_FILE) -> dict:
     if not isinstance(manifest, dict):
         raise BundleError(f"{where}: top level must be an object")
     schema = manifest.get("schema_version")
-    if schema != SCHEMA_VERSION:
-        raise BundleError(f"{where}: unsupported schema_version {schema!r} (this runtime reads {SCHEMA_VERSION})")
-    missing = [k for k in _REQUIRED_KEYS if k not in manifest]
+    if schema not in READABLE_SCHEMAS or isinstance(schema, bool):
+        raise BundleError(f"{where}: unsupported schema_version {schema!r} (this runtime reads {READABLE_SCHEMAS})")
+    missing = [k for k in _REQUIRED_KEYS + (("contract",) if schema >= 2 else ()) if k not in manifest]
     if missing:
         raise BundleError(f"{where}: missing key(s) {missing}")
     if not isinstance(manifest["files"], dict) or sorted(manifest["files"]) != sorted(PAYLOAD_FILES):
         raise BundleError(f"{where}: 'files' must list exactly {list(PAYLOAD_FILES)}")
     if manifest_digest(manifest) != manifest["manifest_sha256"]:
         raise BundleError(f"{where}: manifest_sha256 mismatch (the manifest was modified after it was sealed)")
+    if schema >= 2:
+        try:
+            check_contract(manifest["contract"], manifest.get("obs_dim"), manifest.get("act_dim"))
+        except ContractError as err:
+            raise BundleError(f"{where}: {err}") from None
     return manifest
 
 

@@ -37,6 +37,23 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    state; with a NaN observation, the fallback action filtered at the state
    predicted from the last good observation through the actions since, or the
    spec's constant `fallback_action` if there was none.
+6. Blind steps (observations dropped, NaN) are dead reckoning, and its error grows:
+   after k of them the state is known to within a box delta_k (per state,
+   ``delta_k = |A| delta_(k-1) + e``, e the per-step effect of the unmodelled
+   acceleration w: the larger of `disturbance_accel` and the monitor's measured
+   `accel`, per position). Every barrier row is evaluated at the worst point of
+   that box (distance less |W| delta, closing speed plus |Wv| delta), so the
+   conditions stay sound while w bounds what the model leaves out. The blind
+   horizon (`blind_horizon`, steps) is the most blind steps after which every
+   position is still known to within the spec's margin; past it the tightening
+   takes more than the margin the plant keeps anyway, and soundness rests on the
+   bound w alone over an ever longer prediction. There the rows are no longer
+   tightened: a box wider than the margin makes both sides of a band look
+   crossed, and braking hard "away" from both is no direction at all (a blind
+   quadrotor braked that way crossed its bounds several times as often as one
+   dead-reckoned plainly). Instead `info["blind"]` is True and
+   `blind_past_horizon` counts those steps (`info["blind_steps"]`: the current
+   run), so the caller knows the guarantee has run out.
 
 When the policy's action satisfies every condition it is returned unchanged (bitwise).
 Keep-out rows credit a plant passing them (`shield.barrier`) wherever the row could
@@ -71,6 +88,7 @@ from shield.spec import ShieldSpec
 
 _SQP_ITERS = 8
 _ROW_NEWTON_ITERS = 30
+_MAX_BLIND_HORIZON = 10_000  # steps: where the error box grows (next to) nothing, the horizon stops here
 _SQP_TOL = 1e-9  # barrier units: how far the true condition may miss after the SQP (the margin covers it)
 
 
@@ -150,6 +168,7 @@ class CbfShield:
         self._keep_normal = rows.keep
         self._keep_conservative = 1.0 - (1.0 - rows.keep) / CONSERVATIVE_GAIN_DIVISOR
         self._envelope = False
+        self._init_dead_reckoning(spec, model)
         self._projection = BoxHalfspaceProjection(self._low, self._high, self._R * self._cases)
         self._least_violation_brake = LeastViolationBrake(self._low, self._high, self._fallback, self._R * self._cases)
         # Without keep-out rows the barrier matrices never change, so the prediction and the rows
@@ -169,6 +188,49 @@ class CbfShield:
         self._monitor.reset()
         self._envelope = False
         self._keep = self._keep_normal
+        self._blind = 0
+
+    def _init_dead_reckoning(self, spec: ShieldSpec, model) -> None:
+        """The per-step growth of the dead-reckoning error box, and the blind horizon it gives (see point 6)."""
+        N = self._n + self._nz
+        col = {o: j for j, o in enumerate(spec.state_index)}
+        k = len(spec.position_index)
+        declared = spec.disturbance_accel or [0.0] * k
+        measured = ((spec.assumptions or {}).get("monitor") or {}).get("accel") or [0.0] * k
+        w = [max(float(a), float(b)) for a, b in zip(declared, measured)]
+        e = np.zeros(N)
+        for p, v, wk in zip(spec.position_index, spec.velocity_index, w):
+            e[col[p]] = 0.5 * wk * spec.dt * spec.dt
+            e[col[v]] = wk * spec.dt
+        self._blind_step, self._abs_A = e, np.abs(model.A)
+        # The box at the state each row reads: x_L (latency_steps further on) and the next state.
+        L = spec.latency_steps
+        self._blind_reach = (np.linalg.matrix_power(self._abs_A, L), np.linalg.matrix_power(self._abs_A, L + 1))
+        self._blind_boxes = [np.zeros(N)]  # delta_k for k = 0, 1, ...: grown on demand
+        pos = [col[p] for p in spec.position_index]
+        # A spec that declares no model error at all (nothing grows) is blind-sound as far as it is sound at all.
+        horizon = 0 if np.any(e > 0) and pos else _MAX_BLIND_HORIZON
+        while horizon < _MAX_BLIND_HORIZON and max(self._blind_box(horizon + 1)[pos]) <= spec.margin:
+            horizon += 1
+        self.blind_horizon = horizon
+        self.blind_past_horizon = 0
+        self._blind = 0
+
+    def _blind_box(self, k: int) -> np.ndarray:
+        """delta_k: per shield state, how far the dead-reckoned value may be off after k blind steps."""
+        boxes = self._blind_boxes
+        while len(boxes) <= k:
+            boxes.append(self._abs_A @ boxes[-1] + self._blind_step)
+        return boxes[k]
+
+    def _tighten_blind(self) -> None:
+        """Evaluate every row at the worst point of the dead-reckoning box (Y: distance down, closing speed up)."""
+        C = self._cases
+        box = self._blind_box(self._blind)
+        for rows, reach in ((slice(0, C), self._blind_reach[0]), (slice(C, 2 * C), self._blind_reach[1])):
+            d = reach @ box
+            self._Y0[rows] -= d @ np.abs(self._MT0)
+            self._Y1[rows] += d @ np.abs(self._MT1)
 
     def _prepare(self) -> np.ndarray:
         """h at x_L and at the next state under the loaded action, per case and row (self._H); h per constraint now."""
@@ -181,6 +243,8 @@ class CbfShield:
             np.dot(P, self._MT0, out=self._Y0)
             np.dot(P, self._MT1, out=self._Y1)
             Y += self._off
+        if 0 < self._blind <= self.blind_horizon:
+            self._tighten_blind()
         closing = np.maximum(self._Y1, 0.0, out=self._closing)
         np.subtract(self._Y0, np.multiply(closing, closing, out=self._closing2), out=self._H)
         np.multiply(self._keep, self._H_now, out=self._req)  # the condition asks h(x+) >= (1 - gain) h(x_L)
@@ -281,10 +345,15 @@ class CbfShield:
                 self._envelope = self._monitor.flagged
                 self._keep = self._keep_conservative if self._envelope else self._keep_normal
             pred.load_observation(obs[self._obs_src])
+            self._blind = 0
         elif not pred.load_prediction():  # no state observed: trust the prediction from the last good one
             u = self._fallback32.copy()
             pred.commit(u, have_state=False)
             return u, self._info(True, True, True, np.full(self._n_constraints, np.nan), 0.0, t0)
+        else:  # dead reckoning: one more blind step, one more step of error in the rows
+            self._blind += 1
+            if self._blind > self.blind_horizon:
+                self.blind_past_horizon += 1
         pred.load_action(self._fallback if bad else action)
         in_box = not bad and all(map(le, self._low32_list, act_list)) and all(map(le, act_list, self._high32_list))
         h_now = self._prepare()
@@ -293,7 +362,8 @@ class CbfShield:
             meets = self._loaded_action_is_safe()  # leaves the conditions in self._cond
             if holds and meets:  # the common case: returned bitwise unchanged, no QP
                 return self._pass_through(action, h_now, t0)
-            h_plain = self._uncredited_accepts()
+            # The uncredited rows are evaluated without the dead-reckoning box: while blind they are not asked.
+            h_plain = None if 0 < self._blind <= self.blind_horizon else self._uncredited_accepts()
             if h_plain is not None:
                 return self._pass_through(action, h_plain, t0)
         if not holds:  # a barrier is violated at x_L: brake, whatever the action
@@ -494,7 +564,8 @@ class CbfShield:
 
     def _info(self, intervened: bool, fallback: bool, bad: bool, h: np.ndarray, slack: float, t0: float) -> dict[str, Any]:
         return {"intervened": intervened, "fallback": fallback, "bad_input": bad, "h": h,
-                "slack": slack, "envelope": self._envelope, "solve_us": (time.perf_counter() - t0) * 1e6}
+                "slack": slack, "envelope": self._envelope, "blind": self._blind > self.blind_horizon,
+                "blind_steps": self._blind, "solve_us": (time.perf_counter() - t0) * 1e6}
 
 
 class ShieldedPolicy:

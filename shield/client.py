@@ -1,4 +1,4 @@
-"""`PolicyClient`: the Python side of the serve protocol (README.md, "Wire protocol").
+"""`PolicyClient`: the Python side of the serve protocol (docs/reference/protocol.md).
 
     client = PolicyClient("127.0.0.1", 9870, key=None)
     reply = client.act(obs)                      # active mode

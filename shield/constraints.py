@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 
 class ConstraintError(ValueError):
     """A constraint mapping is malformed; the message names the key (e.g. ``constraints[2].radius``)."""
 
 
-def _fail(key: str, msg: str) -> None:
+def _fail(key: str, msg: str) -> NoReturn:
     raise ConstraintError(f"{key}: {msg}")
 
 
@@ -97,6 +97,11 @@ class Constraint:
         """True exactly when ``value(obs) < 0``; a NaN observation counts as violated."""
         v = self.value(obs)
         return not v >= 0.0
+
+    @classmethod
+    def parse(cls, con: dict, key: str, obs_dim: int) -> "Constraint":
+        """The constraint of one spec entry (`con` at `key`), checked; ConstraintError naming the key."""
+        raise NotImplementedError
 
     def rows(self) -> list[LinearRow | KeepoutRow]:
         """The barrier rows, each a distance that is >= 0 on the safe side (the constraint holds when all do)."""

@@ -131,7 +131,7 @@ class LeastViolationBrake:
                  constant: np.ndarray | None = None) -> np.ndarray:
         """The braking input for the conditions G u >= lb (see `least_violation_brake`); `low`, `high` and
         `constant` replace the box and the constant for this call (inputs the caller has already fixed)."""
-        if low is None:
+        if low is None or high is None or constant is None:
             low, high, constant = self.low, self.high, self.constant
         elif not _binding(G, lb, low, high).any():
             return _smallest(low, high)  # no input in the box violates a row

@@ -5,7 +5,7 @@ scrapes (a collector, in the HTTP server's own thread), so the serving loop pays
 nothing for them. `prometheus-client` is imported only here, only when asked for:
 `import shield` and the edge base install stay light.
 
-Exposed (all counters of the status reply, README.md "Status request"):
+Exposed (all counters of the status reply, docs/reference/protocol.md, "Status request"):
     s2r_serve_<counter>_total          counter, one per COUNTER_NAMES entry
     s2r_serve_latency_seconds          histogram of act replies (kernel receive -> reply built),
                                        buckets at the status reply's log2 µs bin edges
@@ -31,7 +31,7 @@ def _collector(server: Any):
         def collect(self):
             stats = server.stats
             for name in COUNTER_NAMES:
-                family = CounterMetricFamily(f"s2r_serve_{name}", f"serve counter {name} (README, Status request)")
+                family = CounterMetricFamily(f"s2r_serve_{name}", f"serve counter {name} (docs/reference/protocol.md, Status request)")
                 family.add_metric([], getattr(stats, name))
                 yield family
             hist = list(stats.histogram)

@@ -58,6 +58,7 @@ class AssumptionMonitor:
         self.flagged = False
         if not self.enabled:
             return
+        window = int(mon.get("window", window))
         N, m = B.shape
         n = len(spec.state_index)
         C, L = len(scales), latency
@@ -118,6 +119,18 @@ class AssumptionMonitor:
         """No prediction for the next call (no state was observed)."""
         if self.enabled:
             self._pred = None
+
+    def residuals(self, obs: list[float]) -> list[tuple[float, float]] | None:
+        """Per velocity, (observed - centre of the predicted hull, the hull's half-width) against the last prediction
+        (units/s), as `observe` would take them; None without one. No state change: for measuring the bounds."""
+        if not self.enabled or self._pred is None:
+            return None
+        out = []
+        for q, (o, _, _) in enumerate(self._per_velocity):
+            values = self._pred[q::self._k]
+            lo, hi = min(values), max(values)
+            out.append((obs[o] - 0.5 * (lo + hi), 0.5 * (hi - lo)))
+        return out
 
     def observe(self, obs: list[float]) -> bool:
         """Compare the observed velocities with the last prediction; returns the flag."""

@@ -168,13 +168,13 @@ class OnnxPolicy:
     # A policy with an observation/action history keeps that history per plant: the server,
     # eval and both shadow passes hold one memory per plant (per client in `serve`) and pass
     # it in. A memoryless policy's memory is None and these calls cost nothing.
-    def new_memory(self) -> object | None:
+    def new_memory(self) -> HistoryBuffer | None:
         """A fresh per-plant memory (observation/action history); None for a memoryless policy."""
         if self.history_name is None:
             return None
         return HistoryBuffer(1, self.history_length, self.obs_dim, self.act_dim)
 
-    def act(self, obs: np.ndarray, memory: object | None = None) -> np.ndarray:
+    def act(self, obs: np.ndarray, memory: HistoryBuffer | None = None) -> np.ndarray:
         """Raw action float32[act_dim] for one plant's observation float32[obs_dim], given its memory."""
         obs = np.asarray(obs, dtype=np.float32).reshape(1, -1)
         if self.history_name is not None and not isinstance(memory, HistoryBuffer):
@@ -187,7 +187,7 @@ class OnnxPolicy:
         self.session.run_with_iobinding(self._binding)
         return self._act1[0].copy()  # the buffer is the next call's
 
-    def remember(self, memory: object | None, obs: np.ndarray, sent_action: np.ndarray) -> None:
+    def remember(self, memory: HistoryBuffer | None, obs: np.ndarray, sent_action: np.ndarray) -> None:
         """Record what the plant observed and the action it was really sent (after the shield)."""
         if memory is not None:
             memory.push(np.asarray(obs, np.float32).reshape(1, -1), np.asarray(sent_action, np.float32).reshape(1, -1))

@@ -5,7 +5,7 @@ when the server has a key, well-formed and fresh. Nothing an unauthenticated or
 malformed datagram carries can evict an entry; the guard forgets the least recently
 seen client first, the plant table never forgets a live plant (`PlantTable`).
 
-Sequence numbers with a key (README.md, "Keys, sequence numbers and replays"):
+Sequence numbers with a key (docs/reference/protocol.md, "Keys, sequence numbers and replays"):
 a request is fresh when its `seq`
 
 * lies within `window_us` of the server's wall clock (a captured packet is useless

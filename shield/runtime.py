@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shield.bundle import Bundle, BundleError, resolve_production
 from shield.policy import OnnxPolicy, PolicyError
 from shield.spec import same_spec
+
+if TYPE_CHECKING:  # the CBF (and daqp) load only when a shielded runtime is built
+    from shield.cbf import ShieldedPolicy
 
 __all__ = ["EdgeRuntime", "PlantSession", "resolve_production", "BundleError"]
 
@@ -123,7 +127,7 @@ class EdgeRuntime:
         self.spec = spec if spec is not None else getattr(shield, "spec", None)
         self.obs_dim, self.act_dim = policy.obs_dim, policy.act_dim
         self._default = PlantSession(self, shield=shield)
-        self._batch = None  # ShieldedPolicy for batch calls: one shield state per row
+        self._batch: ShieldedPolicy | None = None  # for batch calls: one shield state per row
 
     @classmethod
     def load(cls, bundle_dir: str | Path, *, shield: bool = True, pinned: dict | None = None) -> "EdgeRuntime":

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from shield.contract import describe as describe_contract
+
 MIN_KEY_BYTES = 32
 REALTIME_PRIORITY = 50  # SCHED_FIFO priority: above ordinary threads, below the kernel's own (99)
 
@@ -46,7 +48,7 @@ def _positive(kind: type, what: str, smallest: float | None = None) -> Callable[
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """The `serve` arguments (README.md, "Running the server")."""
+    """The `serve` arguments (docs/how-to/serve.md, "Running the server")."""
     p.add_argument("bundle", nargs="?", help="bundle directory (or use --registry)")
     p.add_argument("--registry", metavar="TASK", help="serve TASK's production bundle and hot-reload on promote/rollback")
     p.add_argument("--models", default="models", help="registry root for --registry (default models/)")
@@ -68,7 +70,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clock-window-ms", type=_positive(float, "--clock-window-ms", 0.001), default=1000.0,
                    help="with a key: a request's seq must be within this of the server's clock (default 1000 ms)")
     p.add_argument("--realtime", action="store_true",
-                   help="SCHED_FIFO, mlockall and CPU pinning where permitted (README: what it needs)")
+                   help="SCHED_FIFO, mlockall and CPU pinning where permitted (docs/how-to/serve.md: what it needs)")
     p.add_argument("--cpu", type=int, help="with --realtime: the CPU to pin the serving thread to")
     p.add_argument("--busy-poll", action="store_true",
                    help="spin on the socket instead of sleeping in the kernel: no wake-up latency per request, "
@@ -195,7 +197,7 @@ def go_realtime(cpu: int | None, helpers: tuple[int, ...] = (), spinning: bool =
 
 def _user_error(message: str) -> int:
     """A user error (argument, key file, bundle, address): one line on stderr, exit status 2 (as `sim2real`'s
-    other commands: README, "The CLI")."""
+    other commands: docs/get-started.md, "The CLI")."""
     print(f"serve: error: {message}", file=sys.stderr)
     return 2
 
@@ -284,6 +286,8 @@ def run_cli(args: argparse.Namespace) -> int:
     gc.collect()
     gc.freeze()
     bound_host, port = server.address
+    for line in describe_contract(runtime.bundle.manifest.get("contract") if runtime.bundle is not None else None):
+        print(f"serve: contract: {line}", flush=True)  # what the plant's controller must send, and at which rate
     extra = f" metrics=http://{metrics[0]}:{metrics[1]}/metrics" if metrics else ""
     print(f"serve: listening udp://{bound_host}:{port} task={server.served.meta['task']} "
           f"version={server.served.version} mode={mode} auth={'hmac' if key else 'off'}"

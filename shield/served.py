@@ -93,6 +93,8 @@ class ServedBundle:
                          else np.zeros(self.act_dim, np.float32))
         self.fallback_bytes = self.fallback.astype("<f4").tobytes()
         bounds = runtime.action_bounds() if callable(getattr(runtime, "action_bounds", None)) else None
+        self.low: np.ndarray | None
+        self.high: np.ndarray | None
         self.low, self.high = bounds if bounds is not None else (None, None)
         self.min_request = HEADER_SIZE + ACT_REQUEST_HEAD.size + 4 * self.obs_dim
         # A new plant's shield costs a millisecond or more to build: a few are built here, off the hot path.

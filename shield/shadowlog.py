@@ -1,6 +1,6 @@
 """Shadow logs: candidate vs legacy, one row per control step, in NPZ files.
 
-The schema (docs/CONTRACTS.md) is shared by `sim2real serve --mode shadow`
+The schema (docs/reference/contracts.md) is shared by `sim2real serve --mode shadow`
 (field logs) and the in-sim shadow pass, so `sim2real shadow --from-log`
 reads both the same way:
 
@@ -62,7 +62,8 @@ def write_shadow_log(path: str | Path, rows: dict[str, Any], meta: dict) -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, meta=np.array(json.dumps(meta, sort_keys=True)), **cols)
+        arrays: dict[str, Any] = {"meta": np.array(json.dumps(meta, sort_keys=True)), **cols}
+        np.savez(f, **arrays)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -178,8 +179,8 @@ class ShadowLogWriter:
 
     def _write(self, path: Path, rows: list[tuple], meta: dict) -> None:
         names = list(COLUMNS)
-        cols = {name: [r[i] for r in rows] for i, name in enumerate(names)}
-        cols = {k: (np.stack(v) if k in _MATRIX_COLUMNS else np.asarray(v)) for k, v in cols.items()}
+        lists = {name: [r[i] for r in rows] for i, name in enumerate(names)}
+        cols = {k: (np.stack(v) if k in _MATRIX_COLUMNS else np.asarray(v)) for k, v in lists.items()}
         try:
             with self._lock:
                 self.written.append(write_shadow_log(path, cols, meta))

@@ -2,6 +2,11 @@
 cost, termination, braking authority, the legacy LQR, and bit-identity with the code env it replaced."""
 
 import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -116,16 +121,69 @@ def test_nominal_model_maps_obs_to_state():
     assert spec["kinematics"] == {"position_index": [0], "velocity_index": [2]}
 
 
-def test_riccati_iteration_matches_scipy():
+# The declared LQR's gain, the Riccati solution to round-off. A value from LAPACK is compared to a tolerance, never
+# bit for bit: numpy's OpenBLAS picks its kernels by CPU at run time. 1e-9 relative is far below anything a controller
+# feels and still tells the solution from a fixed-point iteration stopped at its tolerance (1.5e-9 off here).
+LQR_GAIN = [[-2.820116138787069, -10.15507949589389, -2.7456189124130677, -2.5575941948879404]]
+LQR_RTOL = 1e-9
+
+
+def _riccati_by_iteration(a, b, q, r):
+    """The Riccati fixed point by plain iteration (numpy.linalg only), run to round-off: an independent kernel path."""
+    p = q.copy()
+    for _ in range(200_000):
+        k = np.linalg.solve(r + b.T @ p @ b, b.T @ p @ a)
+        p_next = q + a.T @ p @ (a - b @ k)
+        p_next = 0.5 * (p_next + p_next.T)
+        if np.max(np.abs(p_next - p)) <= 1e-15 * np.max(np.abs(p)):
+            return p_next
+        p = p_next
+    return p
+
+
+def _gain_with_generic_blas_kernels() -> np.ndarray:
+    """The declared LQR's gain in a process whose OpenBLAS runs its generic kernels, as on another CPU.
+
+    OpenBLAS picks kernels by CPU at run time; OPENBLAS_CORETYPE names one instead (in that process alone).
+    """
+    coretype = {"x86_64": "Prescott", "AMD64": "Prescott", "aarch64": "ARMV8", "arm64": "ARMV8"}.get(platform.machine())
+    if coretype is None:
+        pytest.skip(f"no generic OpenBLAS kernel known for {platform.machine()}")
+    script = f"import envs, json; print(json.dumps(envs.legacy_controller({ENV_ID!r}).gain.tolist()))"
+    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "OPENBLAS_CORETYPE": coretype},
+                         cwd=REPO, capture_output=True, text=True, check=True)
+    return np.array(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_lqr_gain_agrees_across_blas_threads_and_linear_algebra_paths():
     linalg = pytest.importorskip("scipy.linalg")
+    threadpoolctl = pytest.importorskip("threadpoolctl")
     a, b = linearize_control_step(envs.nominal_model(ENV_ID))
     q, r = np.diag(PLANT.legacy.q), np.diag(PLANT.legacy.r)
-    k = discrete_lqr(a, b, q, r)
-    assert np.array_equal(k, envs.legacy_controller(ENV_ID).gain)  # the declared LQR is this design
+    gains = {"default": discrete_lqr(a, b, q, r)}
+    for threads in (1, 2):
+        with threadpoolctl.threadpool_limits(limits=threads, user_api="blas"):
+            gains[f"blas threads {threads}"] = discrete_lqr(a, b, q, r)
     p = linalg.solve_discrete_are(a, b, q, r)
-    k_ref = np.linalg.solve(r + b.T @ p @ b, b.T @ p @ a)
-    np.testing.assert_allclose(k, k_ref, rtol=1e-6)
+    gains["scipy.linalg.solve"] = linalg.solve(r + b.T @ p @ b, b.T @ p @ a)
+    p_iter = _riccati_by_iteration(a, b, q, r)
+    gains["numpy fixed point"] = np.linalg.solve(r + b.T @ p_iter @ b, b.T @ p_iter @ a)
+    gains["declared LQR"] = envs.legacy_controller(ENV_ID).gain  # the legacy controller is this design
+    gains["OpenBLAS generic kernels"] = _gain_with_generic_blas_kernels()
+    for path, k in gains.items():
+        np.testing.assert_allclose(k, LQR_GAIN, rtol=LQR_RTOL, err_msg=path)
+    # P solves the Riccati equation to round-off, and the gain stabilizes the linearized plant.
+    k = gains["default"]
+    residual = q + a.T @ p @ (a - b @ k) - p
+    assert np.max(np.abs(residual)) <= 1e-12 * np.max(np.abs(p))
     assert np.all(np.abs(np.linalg.eigvals(a - b @ k)) < 1.0)
+
+
+def test_an_lqr_that_cannot_stabilize_the_plant_is_refused():
+    a = np.array([[1.1, 0.0], [0.0, 0.5]])  # an unstable mode ...
+    b = np.array([[0.0], [1.0]])  # ... that the input cannot reach
+    with pytest.raises(ValueError, match="no stabilizing"):
+        discrete_lqr(a, b, np.eye(2), np.eye(1))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -206,10 +264,18 @@ def _as_recorded(name: str | None):
     return {**rset.model_dump(mode="json"), **RECORDED_SETS[name]}
 
 
+# The LQR gain the digests were recorded with. The digests check the env's physics, so the controller
+# that drives them carries this gain as data: a solved gain differs in its last bits between LAPACK
+# builds and CPUs, and one float32 action rounding the other way changes every byte after it.
+RECORDED_LQR_GAIN = [[-2.8201161346908807, -10.155079488988148, -2.745618909850008, -2.5575941930883377]]
+
+
 def _digest(randomization, policy: str, seeds=(0, 1, 2), steps: int = 300) -> str:
     """sha256 over reset observations and domains, then every step's action, obs, reward, flags and cost."""
     h = hashlib.sha256()
     lqr = envs.legacy_controller(ENV_ID)
+    np.testing.assert_allclose(lqr.gain, RECORDED_LQR_GAIN, rtol=1e-8)  # the same design (another solver)
+    lqr.gain = np.array(RECORDED_LQR_GAIN)
     for seed in seeds:
         env = gym.make(ENV_ID, randomization=_as_recorded(randomization))
         obs, info = env.reset(seed=seed)
@@ -250,8 +316,9 @@ def test_first_steps_and_lqr_gain_are_the_code_envs_values():
     for _ in range(25):
         obs, reward, *_ = env.step(rng.uniform(-1.0, 1.0, 1).astype(np.float32))
         rewards.append(reward)
+    # MuJoCo's arithmetic is the project's promise of identity for a seed: bit for bit.
     assert obs.tolist() == [0.042978640645742416, -0.12703949213027954, -0.10394185036420822,
                             -0.4256168007850647, 0.25]
     assert rewards[-1] == 0.895956770468693 and sum(rewards) == 23.862606065147304
-    assert envs.legacy_controller(ENV_ID).gain.tolist() == [[-2.8201161346908807, -10.155079488988148,
-                                                             -2.745618909850008, -2.5575941930883377]]
+    # The gain goes through LAPACK, whose last bits follow the CPU: equal to the Riccati solution's round-off.
+    np.testing.assert_allclose(envs.legacy_controller(ENV_ID).gain, LQR_GAIN, rtol=LQR_RTOL)

@@ -139,3 +139,41 @@ def test_a_checkout_elsewhere_is_the_same_task_with_the_same_config_hash(tmp_pat
         f.write("<!-- edited -->\n")
     with pytest.raises(envs.UnknownTaskError, match="declared twice"):
         register_task_file(tmp_path / "cartpole.yaml")
+
+
+def test_envs_lists_a_plant_declared_elsewhere_and_the_registry_s_tasks(tmp_path, tmp_path_factory, monkeypatch,
+                                                                      capsys):
+    """`sim2real envs --config FILE` declares a plant kept outside configs/; a task with bundles in the registry
+    is listed with its versions, also when its YAML is not found here."""
+    import json
+    import shutil
+
+    import yaml
+
+    from pipeline.cli import main
+    from tests.bundle_helpers import export_test_bundle
+
+    _own_task_list(monkeypatch)
+    root = Path(__file__).resolve().parents[1]
+    doc = yaml.safe_load((root / "configs" / "cartpole.yaml").read_text())
+    doc["task"] = {"name": "mycart", "env_id": "sim2real/MyCart-v0"}
+    shutil.copy(root / "configs" / "cartpole_rail.xml", tmp_path / "my_rail.xml")
+    doc["plant"]["mjcf"] = "my_rail.xml"
+    (tmp_path / "mycart.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    models = tmp_path / "models"
+    assert main(["envs", "--registry", str(models), "--json"]) == 0
+    assert "sim2real/MyCart-v0" not in {t["env_id"] for t in json.loads(capsys.readouterr().out)["tasks"]}
+
+    bundle, _ = export_test_bundle(tmp_path_factory, "planar")  # task "planar": a bundle, no YAML here
+    (models / "planar").mkdir(parents=True)
+    shutil.copytree(bundle, models / "planar" / "1")
+    assert main(["envs", "--config", str(tmp_path / "mycart.yaml"), "--registry", str(models), "--json"]) == 0
+    tasks = {t["env_id"]: t for t in json.loads(capsys.readouterr().out)["tasks"]}
+    mine = tasks["sim2real/MyCart-v0"]
+    assert mine["task"] == "mycart" and mine["constraints"] and mine["obs_dim"] == 5
+    planar = tasks["sim2real/Planar-test"]
+    assert planar["declared_here"] is False and planar["registry"] == {"env_id": "sim2real/Planar-test",
+                                                                        "versions": [1], "production": None}
+    assert main(["envs", "--config", str(tmp_path / "mycart.yaml"), "--registry", str(models)]) == 0
+    assert "only in the registry" in capsys.readouterr().out
+

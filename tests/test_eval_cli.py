@@ -35,6 +35,29 @@ def test_cli_prints_one_json_object_with_the_safety_figures(capsys):
     assert bare["violations"] > 0 and bare["intervention_rate"] == 0
 
 
+def test_eval_says_which_limit_was_crossed_by_how_much_and_which_barrier_intervened(capsys):
+    """Per constraint: violating steps (true state), the worst excursion past it, the shield's lowest barrier
+    value and the interventions charged to it; the quadrotor's random actions cross its floor, not its fence."""
+    quad = "configs/quadrotor.yaml"
+    assert run_cli(_args(config=quad, policy="random", episodes=2, no_shield=True)) == 0
+    bare = json.loads(capsys.readouterr().out)
+    per = bare["constraints"]
+    assert list(per) == ["geofence", "altitude_floor", "person_keepout"]  # the task's constraints, in its order
+    assert per["altitude_floor"]["violating_steps"] > 0 and per["altitude_floor"]["worst_excursion"] > 0
+    assert per["geofence"]["violating_steps"] == 0 and per["geofence"]["worst_excursion"] == 0.0
+    assert bare["violations"] <= sum(c["violating_steps"] for c in per.values())
+    assert all(c["min_h"] is None and c["interventions"] == 0 for c in per.values())  # no shield ran
+    assert run_cli(_args(config=quad, policy="random", episodes=2)) == 0
+    shielded = json.loads(capsys.readouterr().out)
+    per = shielded["constraints"]
+    assert all(c["violating_steps"] == 0 and c["min_h"] is not None for c in per.values())
+    steps = shielded["steps"]
+    assert sum(c["interventions"] for c in per.values()) == round(shielded["intervention_rate"] * steps) > 0
+    assert run_cli(_args(config=quad, policy="random", episodes=1, no_shield=True, json=False)) == 0
+    table = capsys.readouterr().out
+    assert "altitude_floor" in table and "worst excursion" in table  # the human output says it too
+
+
 def test_past_termination_steps_on_past_a_fallen_pole_and_the_shield_still_holds_the_band(capsys):
     """bang-bang drops the pole within a second: the task ends there; with --past-termination each episode runs
     its full 500 steps (the pole swinging and spinning round) and the cart stays on its band."""

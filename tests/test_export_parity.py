@@ -68,7 +68,7 @@ def test_export_reports_parity_and_writes_a_labelled_bundle(exported):
     model = onnx.load_from_string(bundle.policy_onnx)
     props = {p.key: p.value for p in model.metadata_props}
     assert props["task"] == "planar" and props["env_id"] == meta["env_id"]
-    assert (props["obs_dim"], props["act_dim"], props["bundle_version"]) == ("4", "2", "1")
+    assert (props["obs_dim"], props["act_dim"], props["bundle_version"]) == ("4", "2", "2")  # schema 2: with the I/O contract
     assert json.loads(props["action_low"]) == [-1.0, -0.5] and json.loads(props["action_high"]) == [1.0, 0.5]
     assert props["config_hash"] == "c0ffee" and props["git_commit"]
     assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17

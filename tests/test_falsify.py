@@ -1,4 +1,5 @@
-"""Issue 11 point 4: `sim2real falsify` finds a planted fault, writes a replayable case, and the gate fails on it.
+"""`sim2real falsify` finds a planted fault, writes a replayable case, and the gate fails on it; on an envelope of
+many randomized parameters it samples corners and spends most of a fixed budget in its optimizer.
 
 The shipped configs' search (nothing found within its budget) runs in
 test_shipped_configs_hold_within_the_budget; the bench runs the long searches.
@@ -15,6 +16,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.evaluation.falsify import falsify, parameters, pinned_domain, replay_case
+from tests.falsify_plants import ballast_cartpole
 from pipeline.evaluation.gate import decide
 from pipeline.safety.shield_spec import build_shield_spec
 from shield.spec import ShieldSpec
@@ -66,3 +68,31 @@ def test_shipped_configs_hold_within_the_budget(tmp_path, task):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads(out.stdout)
     assert result["cases_found"] == 0 and result["evaluated"] >= 1
+
+
+@pytest.fixture(scope="module")
+def ballast(tmp_path_factory):
+    cfg = ballast_cartpole(tmp_path_factory.mktemp("ballast"))
+    return cfg, build_shield_spec(cfg, check_envelope=False)
+
+
+def test_an_under_margined_spec_is_found_in_a_fixed_budget_on_a_wide_envelope(ballast, tmp_path):
+    """13 randomized parameters per set (3 x 2^13 corners, x 3 policies): no margin and no robustness to the input's
+    gain. The corners (a fifth of 120 candidates) and random draws miss it; the optimizer finds it."""
+    cfg, spec = ballast
+    assert min(len(parameters(r)) for r in cfg.randomization.values()) >= 10
+    planted = dict(spec, margin=0.0, input_gain_error=0.0)
+    result = falsify(cfg, spec=planted, budget_s=3600, max_candidates=120, seed=0, out_dir=tmp_path)
+    assert result["cases_found"] == 1 and result["min_h"] < 0
+    assert result["phases"]["corners"] <= 0.2 * 120 and result["phases"]["cross_entropy"] > 0
+    assert replay_case(cfg, result["cases"][0]["case_file"], ShieldSpec.from_dict(planted))["violations"] > 0
+
+
+def test_the_budget_goes_mostly_to_the_optimizer_when_corners_outnumber_it(ballast):
+    cfg, spec = ballast
+    sound = dict(spec, margin=0.3)  # a spec the search should not break in a few candidates
+    result = falsify(cfg, spec=sound, budget_s=3600, max_candidates=30, seed=1)
+    assert result["cases_found"] == 0 and result["evaluated"] == 30
+    assert result["corners_total"] == 3 * 2**13 * 3
+    assert result["phases"]["corners"] == 6 and result["phases"]["random"] == 3
+    assert result["phases"]["cross_entropy"] == 21

@@ -95,6 +95,9 @@ def test_flow_promotes_and_retries_a_transient_failure(promoted):
     manifest = verify_bundle(registry.bundle_dir("cartpole", summary["version"]))
     assert manifest["extra"]["prefect_flow_run_id"] == summary["flow_run_id"]
     assert manifest["metrics"]["gate"]["decision"] == "pass"
+    assert manifest["metrics"]["gate"]["verdict"] == f"promoted v{summary['version']} (no production before): every " \
+                                                     "check passed, against legacy"
+    assert set(summary["comparison"]) == {"candidate", "legacy"}  # no production yet: two side by side
 
     runs = _task_runs(summary["flow_run_id"])
     assert runs["export"][0].run_count == 2, "the failed export attempt was retried"
@@ -124,6 +127,49 @@ def test_failing_gate_leaves_production_unchanged(promoted, tmp_path):
     summary = next(a for a in _artifacts(flow_run_id) if a.key == "retrain-summary")
     assert "FAILED" in summary.data and "return" in summary.data
     assert Registry(models).list("cartpole")[-1]["version"] > before, "the failed candidate is still registered"
+
+
+@pytest.mark.slow
+def test_a_nightly_candidate_worse_than_production_keeps_production(promoted, tmp_path, capsys):
+    """Production is the incumbent: last night's version (here a copy of the legacy LQR, far better than a 4k-step
+    policy) runs in the same paired episodes; tonight's candidate is registered, not promoted, and every place that
+    reports the run says why."""
+    from flows.retrain import retrain
+    from pipeline.commands.registry import run as registry_cli
+    from pipeline.deployment.registry import Registry
+    from tests.cli_args import cli_args
+    from tests.shadow_candidates import cartpole_config, write_lqr_bundle
+
+    models = tmp_path / "models"
+    shutil.copytree(promoted.models, models)
+    registry = Registry(models)
+    incumbent = registry.register(write_lqr_bundle(tmp_path / "lqr", cartpole_config()))
+    registry.promote("cartpole", incumbent)
+
+    config = yaml.safe_load(_tiny_config(tmp_path).read_text())
+    config["falsify"]["budget_s"] = 3
+    path = tmp_path / "nightly.yaml"
+    path.write_text(yaml.safe_dump(config))
+    state = retrain(config_path=str(path), models_root=str(models), runs_dir=str(tmp_path / "runs"),
+                    return_state=True)
+    assert state.is_completed(), state.message  # nothing went wrong: the candidate was just not better
+    summary = state.result()
+    assert summary["decision"] == "kept" and summary["production"] == incumbent == summary["previous_production"]
+    assert summary["verdict"].startswith(f"kept v{incumbent}: v{summary['version']} not better (FAIL "
+                                         "gate.min_return_ratio_production: candidate - production")
+    assert set(summary["comparison"]) == {"candidate", "legacy", "production"}
+    assert summary["comparison"]["production"]["version"] == incumbent
+    assert registry.production("cartpole") == incumbent
+    manifest = registry.show("cartpole", summary["version"])
+    assert manifest["metrics"]["gate"]["verdict"] == summary["verdict"]
+    assert manifest["metrics"]["gate"]["against_production"] == incumbent
+    page = Path(summary["report"]).read_text()
+    assert f"production v{incumbent}" in page and "Same episodes, side by side" in page
+
+    assert registry_cli(cli_args("registry", "list", "--root", str(models))) == 0
+    listing = capsys.readouterr().out
+    assert f"why: kept v{incumbent}: v{summary['version']} not better" in listing
+    assert "why: no gate verdict recorded (registered outside the retrain flow); in production by" in listing
 
 
 def test_a_falsified_candidate_fails_the_gate(harness, tmp_path, monkeypatch):

@@ -249,7 +249,7 @@ def test_runtime_failure_and_deadline_get_the_fallback(bundle, tmp_path):
 def test_the_example_frame_in_the_docs_is_what_the_encoder_writes():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "protocol.md").read_text()
     example = text.split("client_id 99, no key: 52 bytes,")[1].split("`")[1]
     expected = encode_act_request(7, 123456, [0.25, -0.5, 1.0, 0.003], client_id=99)
     assert bytes.fromhex(example.replace(" ", "")) == expected

@@ -1,4 +1,4 @@
-"""Issue 11 point 3: the assumption monitor flags a plant outside the envelope and is silent inside it.
+"""The assumption monitor flags a plant outside the envelope and is silent inside it.
 
 - Quadrotor with every rotor at half gain (far outside reality's 0.88..1.05), flown by the
   legacy PID through the shield on MuJoCo: flagged within FLAG_WITHIN steps (0.8 s) of
@@ -8,6 +8,10 @@
   0 to the spec's, and Gaussian observation noise at the declared std, driven by random
   actions: no flag in 10^5 steps (both tasks' specs together). The MuJoCo plants of
   `reality` and its corners are counted in bench/bench_safety.py (envelope flags column).
+- With its bounds measured over the envelope (`pipeline.evaluation.monitor_bounds`): a quadrotor whose
+  thrust/weight is 10 % below the envelope's lowest (0.72 against 0.80) is flagged within
+  EDGE_FLAG_WITHIN steps and before its first violation; the model plants above, with the largest
+  unmodelled acceleration the envelope showed, stay silent over 10^5 steps.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pytest
 from shield.cbf import CbfShield
 
 FLAG_WITHIN = 40  # steps (0.8 s at 50 Hz)
+EDGE_FLAG_WITHIN = 50  # steps (1 s at 50 Hz), a plant 10 % past the envelope's edge
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,11 +63,13 @@ def test_quadrotor_with_rotors_at_half_gain_is_flagged_and_shield_turns_conserva
     env.close()
 
 
-def _model_plant_steps(spec: dict, steps: int, rng: np.random.Generator, glitch_at: int | None = None) -> int:
+def _model_plant_steps(spec: dict, steps: int, rng: np.random.Generator, glitch_at: int | None = None,
+                       accel: list[float] | None = None) -> int:
     """Run the shield on its own model at the envelope's edges; return the number of flagged steps.
 
     `glitch_at`: at that step of every episode one velocity reads 1e20 (a sensor glitch, finite); flags are
-    then counted only from two monitor windows later, when the glitch has long left the window."""
+    then counted only from two monitor windows later, when the glitch has long left the window. `accel`: the
+    constant additive acceleration per position (default the spec's `disturbance_accel`)."""
     # The plant here is the linear model itself, continued far past upright (it is unstable): its angle is a
     # coordinate of that model, not a pole's that turns round, so the shield reads it unwrapped.
     shield = CbfShield({k: v for k, v in spec.items() if k != "angles"})
@@ -75,7 +82,7 @@ def _model_plant_steps(spec: dict, steps: int, rng: np.random.Generator, glitch_
     flags, done, episode = 0, 0, 0
     while done < steps:
         gain = [1.0 - s.input_gain_error, 1.0 + s.input_gain_error, rng.uniform(0.9, 1.1)][episode % 3]
-        w = rng.choice([-1.0, 1.0], len(s.position_index)) * np.asarray(s.disturbance_accel)
+        w = rng.choice([-1.0, 1.0], len(s.position_index)) * np.asarray(s.disturbance_accel if accel is None else accel)
         latency = int(rng.integers(0, s.latency_steps + 1))
         c = model.offset(gain)  # the plant's drift at this gain (gravity compensation scales with it)
         x = np.concatenate([np.zeros(n), model.initial_internal(gain)])
@@ -111,3 +118,78 @@ def test_one_glitched_reading_is_forgotten_once_it_leaves_the_window(task):
     small terms added beside it, and the sums stayed wrong for good (flagged on 482 of 490 later steps)."""
     _, spec = _setup(task)
     assert _model_plant_steps(spec, 4_000, np.random.default_rng(11), glitch_at=20) == 0
+
+
+@functools.lru_cache(maxsize=None)
+def _measured(task: str):
+    from pipeline.evaluation.monitor_bounds import with_measured_monitor
+
+    cfg, spec = _setup(task)
+    return with_measured_monitor(cfg, spec, runs_per_set=8, seed=0)
+
+
+def test_a_quadrotor_ten_percent_past_the_envelope_is_flagged_before_it_violates():
+    """Thrust/weight 0.72 (mass 1.1 x, rotors 0.792 x) where the envelope's lowest is 0.80: the monitor with the
+    shipped bounds never flagged such a plant; with measured ones it does within EDGE_FLAG_WITHIN steps."""
+    import envs
+
+    cfg, _ = _setup("quadrotor")
+    spec = _measured("quadrotor")
+    lowest = min(min(r.low for r in rset.actuator_gain.values()) / rset.body_mass["quad"].high
+                 for rset in cfg.randomization.values())
+    assert lowest == pytest.approx(0.8) and 0.792 / 1.1 == pytest.approx(0.9 * lowest)
+    weak = {"body_mass": {"quad": {"low": 1.1, "high": 1.1}},
+            "actuator_gain": {f"rotor{i}": {"low": 0.792, "high": 0.792} for i in range(4)},
+            "latency_steps": {"low": 2, "high": 2}}
+    env = gym.make(cfg.task.env_id, randomization=weak, max_episode_steps=200)
+    shield, legacy = CbfShield(spec), envs.legacy_controller(cfg.task.env_id)
+    for seed in range(3):
+        obs, _ = env.reset(seed=seed)
+        shield.reset()
+        legacy.reset()
+        flagged_at = violated_at = None
+        for t in range(200):
+            u, info = shield.filter(obs, legacy(obs[None])[0])
+            if info["envelope"] and flagged_at is None:
+                flagged_at = t
+            obs, _, terminated, truncated, step_info = env.step(u)
+            if step_info["cost"] > 0 and violated_at is None:
+                violated_at = t
+            if flagged_at is not None or terminated or truncated:
+                break
+        assert flagged_at is not None and flagged_at <= EDGE_FLAG_WITHIN, f"episode {seed}: flagged at {flagged_at}"
+        assert violated_at is None, f"episode {seed}: violated at {violated_at}, before the flag"
+    env.close()
+
+
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
+def test_measured_bounds_stay_silent_inside_the_envelope(task):
+    """The model plants of `test_plants_inside_the_envelope_are_never_flagged`, now pushed by the largest
+    unmodelled acceleration the MuJoCo plants of the envelope showed (the measured bound less its margin)."""
+    spec = _measured(task)
+    measured = spec["assumptions"]["monitor"]["measured"]["excess_accel"]
+    assert _model_plant_steps(spec, 50_000, np.random.default_rng(5), accel=measured) == 0
+
+
+def test_past_the_edge_the_flagged_shield_is_no_worse_than_the_legacy_controller_alone():
+    """Thrust/weight 0.76, past the envelope's 0.80 but with authority left to hold the floor: the legacy PID alone
+    crosses it; shielded with measured bounds (flagged, conservative), neither it nor the adversary does more."""
+    from envs.randomization import parse_randomization
+    from pipeline.evaluation.adversary import reference_policy
+    from pipeline.evaluation.evaluate import evaluate
+    from shield.spec import ShieldSpec
+
+    cfg, _ = _setup("quadrotor")
+    spec = ShieldSpec.from_dict(_measured("quadrotor"))
+    g = 0.76 * 1.1
+    reality = cfg.randomization["reality"]
+    weak = parse_randomization({"body_mass": {"quad": {"low": 1.1, "high": 1.1}},
+                                "actuator_gain": {f"rotor{i}": {"low": g, "high": g} for i in range(4)},
+                                "latency_steps": {"low": 0, "high": 2}, "obs_noise_std": reality.obs_noise_std,
+                                "action_noise_std": reality.action_noise_std})
+    run = dict(domains=weak, seed=0, episodes=2, max_episode_steps=500)
+    alone = evaluate(cfg, reference_policy("legacy", cfg, spec), shield=False, **run)
+    for name in ("legacy", "adversarial"):
+        shielded = evaluate(cfg, reference_policy(name, cfg, spec, seed=0), shield=True, spec=spec, **run)
+        assert shielded["envelope_rate"] > 0  # the monitor saw it
+        assert shielded["violations"] <= alone["violations"], name

@@ -29,7 +29,12 @@ def test_shield_keeps_trained_return_on_nominal_domains(trained_cartpole):
 def test_trained_candidate_passes_the_gate(trained_cartpole, tmp_path):
     from pipeline.evaluation.shadow import run_shadow
 
-    result = run_shadow(trained_cartpole.bundle, trained_cartpole.cfg, domains="reality", episodes=10,
-                        report_dir=tmp_path / "report")
+    cfg = trained_cartpole.cfg
+    result = run_shadow(trained_cartpole.bundle, cfg, domains="reality", episodes=10, report_dir=tmp_path / "report")
     assert result["decision"] == "pass", result["reasons"]
     assert result["metrics"]["candidate_violations"] == 0
+    # Better than legacy at the gate's confidence, on paired episodes, and decided before the budget ran out.
+    assert cfg.gate.min_return_ratio == 1.0 and not result["loosened"]
+    line = next(r for r in result["reasons"] if "gate.min_return_ratio:" in r)
+    assert line.startswith("PASS ") and "bounds [+" in line, line
+    assert len(result["metrics"]["candidate_returns"]) < cfg.gate.max_episodes

@@ -1,6 +1,6 @@
 """Field logs for calibration: read `sim2real serve --mode shadow` logs and refuse what cannot be used.
 
-A shadow log (shield/shadowlog.py, docs/CONTRACTS.md) records, per control
+A shadow log (shield/shadowlog.py, docs/reference/contracts.md) records, per control
 step, the observation the plant sent and the legacy action it applied. For
 system identification that is a (state, input) trajectory, usable only if it
 is the right task, finite, contiguous (no missing control steps) and long

@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
              f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})")
         return 0
     rows = describe_fields()
-    width = max(len(k) for k, _, _ in rows)
-    human = "\n".join(f"{k:<{width}}  {d}" + (f"  [default {v}]" if v else "") for k, v, d in rows)
-    emit(args, {"fields": [{"key": k, "default": v, "description": d} for k, v, d in rows]}, human)
+    width = max(len(k) for k, *_ in rows)
+    human = "\n".join(f"{k:<{width}}  {d}" + (f"  ({t}, default {v})" if v else f"  ({t})")
+                      for k, t, v, d in rows)
+    emit(args, {"fields": [{"key": k, "type": t, "default": v, "description": d} for k, t, v, d in rows]}, human)
     return 0

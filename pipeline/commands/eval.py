@@ -39,5 +39,23 @@ def run(args: argparse.Namespace) -> int:
                       shield=use_shield, spec=spec, progress=not args.json and args.episodes > 1,
                       past_termination=args.past_termination)
     result["policy"] = args.bundle or args.policy
-    emit(args, result, "\n".join(f"{key:>20}: {result[key]}" for key in _SUMMARY_KEYS))
+    emit(args, result, "\n".join([*(f"{key:>20}: {result[key]}" for key in _SUMMARY_KEYS),
+                                   *constraint_lines(result.get("constraints", {}))]))
     return 0
+
+
+def constraint_lines(constraints: dict) -> list[str]:
+    """Which limit: per constraint, violating steps, the worst excursion past it, the shield's lowest h and
+    the interventions charged to it (the tightest barrier at the step)."""
+    if not constraints:
+        return []
+
+    def num(x, fmt=".4f"):
+        return "-" if x is None else format(x, fmt)
+
+    width = max(len(n) for n in [*constraints, "constraint"])
+    lines = [f"{'constraint':<{width}}  violating steps  worst excursion  lowest h  interventions"]
+    for name, c in constraints.items():
+        lines.append(f"{name:<{width}}  {c['violating_steps']:>15}  {num(c['worst_excursion']):>15}  "
+                     f"{num(c['min_h']):>8}  {c['interventions']:>13}")
+    return lines

@@ -21,7 +21,8 @@ def run(args: argparse.Namespace) -> int:
                      progress=not args.json)
     result["out"] = out_dir
     lines = [f"falsify {cfg.task.name}: {result['evaluated']} candidates in {result['wall_s']:.0f} s "
-             f"({result['phases']}); worst h {result['min_h']} (the lowest barrier value the shield saw: below 0 "
+             f"({result['evals_per_s']:.1f}/s; {result['phases']}; {result['corners_total']} corner candidates in "
+             f"all); worst h {result['min_h']} (the lowest barrier value the shield saw: below 0 "
              f"the plant was inside the shield's margin or braking distance; a case is the constraint itself crossed)"]
     lines += [f"  CASE: set {case['set']}, policy {case['policy']}, seed {case['seed']}: {case['violations']} "
               f"violating step(s); domain {case.get('domain_file')}, replay {case.get('case_file')}"

@@ -1,4 +1,7 @@
-"""`sim2real registry list|show|promote|rollback|verify`: the model registry in models/ (exit 1 when verify fails)."""
+"""`sim2real registry list|show|promote|rollback|verify`: the model registry in models/ (exit 1 when verify fails).
+
+`list` says, for each version, why it was or was not promoted: the gate's verdict the retrain flow recorded
+in its manifest ("kept v3: v4 not better (...)"), or how it got there otherwise."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     registry = Registry(args.root)
     cmd, task, version = args.registry_cmd, getattr(args, "task", None), getattr(args, "version", None)
     if cmd == "list":
-        rows = registry.list(task)
+        rows = [{**r, "why": why(r)} if "error" not in r else r for r in registry.list(task)]
         out = {"versions": rows, "production": {t: registry.production(t) for t in ([task] if task else registry.tasks())}}
         emit(args, out, _format_list(rows))
     elif cmd == "show":
@@ -65,4 +68,17 @@ def _format_list(rows: list[dict]) -> str:
             continue
         lines.append(f"{r['task']:<12} {r['version']:>4} {'*' if r['production'] else '':<4} "
                      f"{r['created_utc'][:19]:<20} {str(r['parent'] or '-'):>6}  {r['config_hash'][:12]}")
+        lines.append(f"{'':<17} why: {why(r)}")
     return "\n".join(lines)
+
+
+def why(row: dict) -> str:
+    """Why a listed version is or is not in production: the gate's recorded verdict, else what is known."""
+    gate = (row.get("metrics") or {}).get("gate") or {}
+    said = gate.get("verdict") or (f"gate {gate['decision']}" if gate.get("decision") else None)
+    promoted_by_gate = gate.get("decision") == "pass"
+    if said is None:
+        said = "no gate verdict recorded (registered outside the retrain flow)"
+    if row["production"] and not promoted_by_gate:
+        said += "; in production by `sim2real registry promote` or `rollback`"
+    return said

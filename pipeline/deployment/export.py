@@ -32,12 +32,13 @@ import numpy as np
 import onnx
 import torch
 
+from pipeline.deployment.contract import io_contract
 from pipeline.deployment.registry import Registry
-from shield.bundle import POLICY_FILE, SHIELD_FILE, BundleError, make_manifest, write_bundle
+from shield.bundle import POLICY_FILE, SCHEMA_VERSION, SHIELD_FILE, BundleError, make_manifest, write_bundle
 from shield.policy import OnnxPolicy
 from shield.spec import ShieldSpec, ShieldSpecError
 
-BUNDLE_VERSION = 1  # = shield.bundle.SCHEMA_VERSION; also written into the ONNX metadata
+BUNDLE_VERSION = SCHEMA_VERSION  # also written into the ONNX metadata
 OPSET = 17
 PARITY_TOL = 1e-5
 PARITY_SAMPLES = 10_000
@@ -181,10 +182,15 @@ def export_deterministic(policy: torch.nn.Module, meta: dict, shield_spec: dict,
                  "checkpoint": meta.get("checkpoint"), "adr_fraction": sel.get("adr_fraction"),
                  "train_randomization": sel.get("train_randomization")}
     shield_bytes = json.dumps(shield_spec, indent=2, sort_keys=True).encode()
+    action_low = [float(v) for v in np.broadcast_to(meta["action_low"], (act_dim,))]
+    action_high = [float(v) for v in np.broadcast_to(meta["action_high"], (act_dim,))]
+    # The normalizer covers the network's whole input (a history policy's too): the observation comes first.
+    contract = io_contract(meta["env_id"], policy.obs_mean.numpy()[:obs_dim], policy.obs_std.numpy()[:obs_dim],
+                           action_low, action_high, int(meta.get("history_length", 0)))
     manifest = make_manifest(task=meta["task"], env_id=meta["env_id"], config_hash=config_hash, git_commit=commit,
                              parent=parent, files={POLICY_FILE: onnx_bytes, SHIELD_FILE: shield_bytes},
                              metrics=all_metrics, extra=extra, obs_dim=obs_dim, act_dim=act_dim,
-                             action_low=metadata["action_low"], action_high=metadata["action_high"],
+                             action_low=action_low, action_high=action_high, contract=contract,
                              hidden_sizes=list(meta.get("hidden_sizes", [])), opset=OPSET,
                              history_length=int(meta.get("history_length", 0)))
     result = {"task": meta["task"], "parity_max_abs_err": worst, "parity_by_batch": errors,
@@ -220,7 +226,7 @@ def export_policy(run_dir: str | Path, *, out_dir: str | Path | None = None, reg
     policy, meta = load_policy(run_dir)
     from pipeline.safety.shield_spec import build_shield_spec  # the config -> shield.json mapping lives with the shield helpers
 
-    extra = {"run_dir": str(run_dir.resolve())}
+    extra = {"run": run_dir.resolve().name}  # the run's name: a bundle carries no path of the training machine
     if meta["config_hash"] != cfg.config_hash():
         # The manifest keeps the hash the weights were trained under; say loudly that config.yaml drifted.
         print(f"warning: {run_dir / 'config.yaml'} hashes to {cfg.config_hash()[:12]}..., the checkpoint was "

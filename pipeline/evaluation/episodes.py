@@ -175,6 +175,33 @@ class Observer(Protocol):
 
 
 @dataclass
+class ConstraintTotals:
+    """One constraint over a run: steps that violated it (true state), its lowest signed distance, the shield's
+    lowest barrier value for it, and the interventions charged to it."""
+
+    violating_steps: int = 0
+    min_value: float = math.inf  # m, rad, ... (the constrained quantity); < 0 outside
+    min_h: float = math.inf
+    interventions: int = 0
+
+    def count(self, value: float, h: float | None, intervened: bool) -> None:
+        if not value >= 0.0:
+            self.violating_steps += 1
+        if value < self.min_value or value != value:
+            self.min_value = value
+        if h is not None and h < self.min_h:
+            self.min_h = h
+        self.interventions += intervened
+
+    def summary(self) -> dict:
+        low = self.min_value if math.isfinite(self.min_value) or math.isnan(self.min_value) else None
+        return {"violating_steps": self.violating_steps,
+                "worst_excursion": None if low is None else (math.inf if math.isnan(low) else max(0.0, -low)),
+                "min_value": low, "min_h": self.min_h if math.isfinite(self.min_h) else None,
+                "interventions": self.interventions}
+
+
+@dataclass
 class RunTotals:
     """Per-episode totals and per-step counts of one run; `summary()` turns them into the shared metric names."""
 
@@ -187,6 +214,22 @@ class RunTotals:
     shield_us: list[float] = field(default_factory=list)  # per shielded step: the shield's own solve time
     shielded: bool = False
     min_h: float = math.inf  # the shield's lowest barrier value seen (falsify's objective)
+    constraints: dict[str, "ConstraintTotals"] = field(default_factory=dict)  # by name, in the task's order
+
+    def count_constraints(self, values: dict[str, float] | None, sinfo: dict | None) -> None:
+        """One step's per-constraint figures: the env's signed distances (true state) and the shield's h."""
+        if not values:
+            return
+        h = sinfo.get("h") if sinfo is not None else None
+        h = h.tolist() if h is not None and len(h) == len(values) else None  # the shield's order is the task's
+        blamed = None
+        if h is not None and sinfo.get("intervened"):
+            blamed = min(range(len(h)), key=h.__getitem__)  # an intervention is charged to the tightest barrier
+        for i, (name, value) in enumerate(values.items()):
+            c = self.constraints.get(name)
+            if c is None:
+                c = self.constraints[name] = ConstraintTotals()
+            c.count(value, None if h is None else h[i], i == blamed)
 
     @property
     def steps(self) -> int:
@@ -209,6 +252,7 @@ class RunTotals:
             "shield_us_p50": float(np.percentile(solve, 50)) if self.shielded else 0.0,
             "shield_us_p99": float(np.percentile(solve, 99)) if self.shielded else 0.0,
             "min_h": self.min_h if math.isfinite(self.min_h) else None,
+            "constraints": {name: c.summary() for name, c in self.constraints.items()},
         }
         for flag, count in self.flags.items():
             if flag not in ("intervened", "fallback", "bad_input"):
@@ -248,6 +292,7 @@ def run_episodes(env, driver: Driver, seeds: list[int], *, dt: float, observers=
                     h = sinfo.get("h")
                     if h is not None and len(h):
                         totals.min_h = min(totals.min_h, float(np.min(h)))
+                totals.count_constraints(info.get("constraint_values"), sinfo)
                 if observers:
                     record = Step(env, ep, step, step * dt, obs, action, raw, sinfo, latency, float(reward), cost, done)
                     for o in observers:

@@ -5,13 +5,30 @@ scale (`body_mass.cart`, `actuator_gain.rotor0`, ...) and the latency, pinned
 per candidate to one value inside the set's range (noise and pushes stay as the
 set states them), times the adversary's knobs (`AdversaryParams`: which
 constraint, when, how hard, how far past, and a back-and-forth timed against
-the latency). Phases, until the budget (s) is spent or a case is found:
+the latency). The budget is `falsify.budget_s` (wall clock) and, when set,
+`falsify.max_candidates` (a count: the same search on any machine); the search
+stops at whichever comes first, or at the first case. Phases, each with its
+share of the budget:
 
-1. every corner of every set (each range at one of its ends) with the default
-   adversary, the random and the bang-bang policy (and the bundle's policy, given one);
-2. random draws of domain and attack;
-3. cross-entropy: a Gaussian over the normalized domain and attack
-   parameters, refit to the candidates with the lowest barrier value h.
+1. corners (each range at one of its ends) with the default adversary, the
+   random and the bang-bang policy (and the bundle's policy, given one), up to
+   `falsify.corner_share` of the budget: every corner in a random order while
+   their number fits that share, else corners drawn at random (2^d of them for
+   d randomized parameters: enumerating 2^12 corners of one set would spend a
+   minute's budget before anything else ran);
+2. random draws of domain and attack (a tenth of the budget);
+3. the rest in a cross-entropy search: per set, a Gaussian over the
+   normalized domain and attack parameters, refit each generation to the
+   candidates with the lowest barrier value h (the first fit takes the best
+   of phases 1-2), restarted wide once it has collapsed without progress.
+   Cross-entropy rather than CMA-ES: each candidate's h is noisy (its own
+   episode seeds, pushes, sensor noise) and two of its dimensions are
+   discrete (latency, the attacked constraint); an elite refit with a floor
+   on the spread is robust to both, needs nothing beyond numpy, and the
+   refit costs nothing next to one candidate's episodes. It drives the
+   adversary only: with odds over the policies refit the same way, the random
+   and bang-bang policies' low but harmless h drew generations away from the
+   attack, and planted faults the adversary alone finds went unfound.
 
 Each candidate runs `falsify.episodes_per_candidate` shielded episodes of
 `falsify.episode_steps` steps (`pipeline.evaluation.evaluate`); its score is
@@ -38,7 +55,10 @@ from pipeline.evaluation.evaluate import evaluate
 
 _GROUPS = ("body_mass", "geom_friction", "joint_damping", "actuator_gain")
 _ELITE = 0.25  # share of a cross-entropy generation that refits the Gaussian
-_GENERATION = 8  # candidates per cross-entropy generation
+_RANDOM_SHARE = 0.1  # of the budget, for phase 2
+_SMOOTHING = 0.7  # weight of the new elite fit against the old Gaussian: a noisy elite moves it, not replaces it
+_MIN_SD = 0.05  # floor on the spread (normalized units): a discrete dimension keeps being explored
+_STALL_GENERATIONS = 4  # generations without a lower h, with the spread at its floor, before a wide restart
 _ATTACK_DIMS = 5  # target, start_step, strength, overshoot, flip_every (all normalized to [0, 1])
 
 
@@ -130,14 +150,20 @@ def attack_params(a: np.ndarray, n_constraints: int) -> AdversaryParams:
 _DEFAULT_ATTACK = np.array([0.0, 0.0, 1.0, 0.4, 0.0])  # nearest constraint, at once, full force, 0.6 past
 
 
+def generation_size(dims: int) -> int:
+    """Candidates per cross-entropy generation for a search over `dims` normalized parameters (CMA-ES's rule)."""
+    return max(8, 4 + int(3 * np.log(dims)))
+
+
 class Falsifier:
     """The search state: config, spec, policies, budget; `run()` returns the summary."""
 
     def __init__(self, cfg, spec, *, bundle_policy=None, budget_s: float | None = None, seed: int | None = None,
-                 out_dir: str | Path | None = None, progress: bool = False):
+                 out_dir: str | Path | None = None, progress: bool = False, max_candidates: int | None = None):
         self.cfg, self.spec = cfg, spec
         self.bundle_policy = bundle_policy
         self.budget_s = cfg.falsify.budget_s if budget_s is None else float(budget_s)
+        self.max_candidates = cfg.falsify.max_candidates if max_candidates is None else int(max_candidates)
         self.seed = cfg.falsify.seed if seed is None else int(seed)
         self.rng = np.random.default_rng(self.seed)
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -149,10 +175,26 @@ class Falsifier:
         self.evaluated = 0
         self.best: dict | None = None
         self.cases: list[dict] = []
+        # Per set: (h, [x, attack]) of every adversarial candidate, the optimizer's starting population.
+        self._history: dict[str, list[tuple[float, np.ndarray]]] = {name: [] for name in self.sets}
         self._t0 = 0.0
 
     def _left(self) -> float:
         return self.budget_s - (time.monotonic() - self._t0)
+
+    def _spent(self, share: float = 1.0, since: tuple[float, int] = (0.0, 0)) -> bool:
+        """Has `share` of the budget (time, and the candidate count where one is set) been spent since `since`?"""
+        if self.cases or self._left() <= 0:
+            return True
+        t_since, n_since = since
+        if time.monotonic() - self._t0 - t_since >= share * self.budget_s:
+            return True
+        if self.max_candidates is None:
+            return False
+        return self.evaluated >= self.max_candidates or self.evaluated - n_since >= share * self.max_candidates
+
+    def _mark(self) -> tuple[float, int]:
+        return time.monotonic() - self._t0, self.evaluated
 
     def _policy(self, cand: Candidate):
         if cand.policy == "bundle":
@@ -175,6 +217,8 @@ class Falsifier:
                   "attack": attack_params(cand.attack, self.n_constraints).to_dict() if cand.policy == "adversarial" else None,
                   "episodes": self.cfg.falsify.episodes_per_candidate, "episode_steps": self.cfg.falsify.episode_steps,
                   "min_h": h, "violations": result["violations"]}
+        if cand.policy == "adversarial":
+            self._history[cand.set_name].append((h, np.concatenate([np.clip(cand.x, 0, 1), cand.attack])))
         if self.best is None or h < self.best["min_h"]:
             self.best = record
         if result["violations"] > 0:
@@ -195,14 +239,28 @@ class Falsifier:
         case_path.write_text(json.dumps(record, indent=2) + "\n")
         return record
 
-    def _candidates_corners(self):
-        order = []
-        for name, (_, params) in self.sets.items():
-            for corner in itertools.product((0.0, 1.0), repeat=len(params)):
-                for policy in self.policies:
-                    order.append((name, np.array(corner), policy))
-        for i in self.rng.permutation(len(order)):  # budget-limited: every corner equally likely to be reached
-            name, x, policy = order[i]
+    def corner_count(self) -> int:
+        """Corner candidates of the whole search: 2^d per set, times the policies tried at each."""
+        return sum(2 ** len(params) for _, params in self.sets.values()) * len(self.policies)
+
+    def _corners(self, limit: int | None):
+        """Corner candidates: all of them in a random order when they fit `limit` (None: unknown, any number up to
+        a few thousand), else drawn at random per set, round robin, without building the 2^d list."""
+        names = list(self.sets)
+        total = self.corner_count()
+        if total <= (limit if limit is not None else 4096):
+            order = [(name, np.array(c), policy) for name, (_, params) in self.sets.items()
+                     for c in itertools.product((0.0, 1.0), repeat=len(params)) for policy in self.policies]
+            for i in self.rng.permutation(len(order)):  # budget-limited: every corner equally likely to be reached
+                name, x, policy = order[i]
+                yield Candidate(name, x, policy, _DEFAULT_ATTACK.copy(), int(self.rng.integers(2**31)))
+            return
+        turn = 0
+        while True:
+            name = names[turn % len(names)]
+            policy = self.policies[(turn // len(names)) % len(self.policies)]
+            turn += 1
+            x = self.rng.integers(0, 2, len(self.sets[name][1])).astype(np.float64)
             yield Candidate(name, x, policy, _DEFAULT_ATTACK.copy(), int(self.rng.integers(2**31)))
 
     def _random(self, name: str) -> Candidate:
@@ -210,48 +268,77 @@ class Falsifier:
         return Candidate(name, self.rng.uniform(0, 1, k), "adversarial", self.rng.uniform(0, 1, _ATTACK_DIMS),
                          int(self.rng.integers(2**31)))
 
+    def _fit(self, name: str, dims: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """A Gaussian over the best candidates seen in set `name` (wide and centred when there are too few)."""
+        seen = sorted(self._history[name], key=lambda t: t[0])[:max(2, int(_ELITE * size))]
+        if len(seen) < 2:
+            return np.full(dims, 0.5), np.full(dims, 0.35)
+        elite = np.array([z for _, z in seen])
+        return elite.mean(axis=0), np.maximum(elite.std(axis=0), 0.2)  # broad at first: the elite is a guess
+
+    def _cross_entropy(self, phases: dict) -> None:
+        names = list(self.sets)
+        state = {}
+        for n in names:
+            dims = len(self.sets[n][1]) + _ATTACK_DIMS
+            size = generation_size(dims)
+            mu, sd = self._fit(n, dims, size)
+            state[n] = {"mu": mu, "sd": sd, "size": size, "best": np.inf, "stall": 0}
+        turn = 0
+        while not self._spent():
+            name = names[turn % len(names)]
+            turn += 1
+            st = state[name]
+            k = len(self.sets[name][1])
+            scored = []
+            for _ in range(st["size"]):
+                if self._spent():
+                    break
+                z = np.clip(self.rng.normal(st["mu"], st["sd"]), 0.0, 1.0)
+                rec = self.evaluate(Candidate(name, z[:k], "adversarial", z[k:], int(self.rng.integers(2**31))))
+                scored.append((rec["min_h"], z))
+                phases["cross_entropy"] += 1
+            if len(scored) < 2:
+                continue
+            scored.sort(key=lambda t: t[0])
+            elite = np.array([z for _, z in scored[:max(2, int(_ELITE * len(scored)))]])
+            st["mu"] = _SMOOTHING * elite.mean(axis=0) + (1 - _SMOOTHING) * st["mu"]
+            st["sd"] = np.maximum(_SMOOTHING * elite.std(axis=0) + (1 - _SMOOTHING) * st["sd"], _MIN_SD)
+            if scored[0][0] < st["best"]:
+                st["best"], st["stall"] = scored[0][0], 0
+            elif np.all(st["sd"] <= 1.5 * _MIN_SD):
+                st["stall"] += 1
+            if st["stall"] >= _STALL_GENERATIONS:  # collapsed on a local minimum: search the whole set again
+                st["mu"], st["sd"], st["stall"] = np.full(len(st["mu"]), 0.5), np.full(len(st["mu"]), 0.35), 0
+                phases["restarts"] += 1
+
     def run(self) -> dict:
         """Corners, then random draws, then cross-entropy, until a case is found or the budget is spent."""
         self._t0 = time.monotonic()
-        phases = {"corners": 0, "random": 0, "cross_entropy": 0}
-        for cand in self._candidates_corners():
-            if self._left() <= 0 or self.cases:
+        phases = {"corners": 0, "random": 0, "cross_entropy": 0, "restarts": 0}
+        share = self.cfg.falsify.corner_share
+        since = self._mark()
+        limit = None if self.max_candidates is None else int(share * self.max_candidates)
+        for cand in self._corners(limit):
+            if self._spent(share, since):
                 break
             self.evaluate(cand)
             phases["corners"] += 1
         names = list(self.sets)
-        for _ in range(2 * _GENERATION):
-            if self._left() <= 0 or self.cases:
-                break
+        since = self._mark()
+        while not self._spent(_RANDOM_SHARE, since):
             self.evaluate(self._random(names[int(self.rng.integers(len(names)))]))
             phases["random"] += 1
-        # Cross-entropy per set, round robin, each with its own Gaussian over [x, attack].
-        state = {n: (np.full(len(self.sets[n][1]) + _ATTACK_DIMS, 0.5),
-                     np.full(len(self.sets[n][1]) + _ATTACK_DIMS, 0.35)) for n in names}
-        turn = 0
-        while self._left() > 0 and not self.cases:
-            name = names[turn % len(names)]
-            turn += 1
-            mu, sd = state[name]
-            k = len(self.sets[name][1])
-            scored = []
-            for _ in range(_GENERATION):
-                if self._left() <= 0 or self.cases:
-                    break
-                z = np.clip(self.rng.normal(mu, sd), 0.0, 1.0)
-                rec = self.evaluate(Candidate(name, z[:k], "adversarial", z[k:], int(self.rng.integers(2**31))))
-                scored.append((rec["min_h"], z))
-                phases["cross_entropy"] += 1
-            if len(scored) >= 2:
-                scored.sort(key=lambda t: t[0])
-                elite = np.array([z for _, z in scored[:max(2, int(_ELITE * len(scored)))]])
-                state[name] = (elite.mean(axis=0), np.maximum(elite.std(axis=0), 0.05))
+        self._cross_entropy(phases)
         if self.progress:
             print(file=sys.stderr)
+        wall = time.monotonic() - self._t0
         return {"task": self.cfg.task.name, "cases_found": len(self.cases), "cases": self.cases,
                 "min_h": None if self.best is None else self.best["min_h"], "worst": self.best,
-                "evaluated": self.evaluated, "phases": phases, "budget_s": self.budget_s, "seed": self.seed,
-                "wall_s": time.monotonic() - self._t0}
+                "evaluated": self.evaluated, "phases": phases, "evals_per_s": self.evaluated / max(wall, 1e-9),
+                "dimensions": {n: len(p) + _ATTACK_DIMS for n, (_, p) in self.sets.items()},
+                "corners_total": self.corner_count(), "budget_s": self.budget_s,
+                "max_candidates": self.max_candidates, "seed": self.seed, "wall_s": wall}
 
 
 def replay_case(cfg, case: dict | str | Path, spec) -> dict:
@@ -267,7 +354,8 @@ def replay_case(cfg, case: dict | str | Path, spec) -> dict:
 
 
 def falsify(cfg, *, bundle: str | None = None, budget_s: float | None = None, seed: int | None = None,
-            out_dir: str | Path | None = None, spec=None, progress: bool = False) -> dict:
+            out_dir: str | Path | None = None, spec=None, progress: bool = False,
+            max_candidates: int | None = None) -> dict:
     """Search `cfg`'s envelope (with the bundle's policy and shield.json, or the config's spec); see the module docstring."""
     from shield.spec import ShieldSpec
 
@@ -284,4 +372,4 @@ def falsify(cfg, *, bundle: str | None = None, budget_s: float | None = None, se
         spec = build_shield_spec(cfg)
     spec = spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)
     return Falsifier(cfg, spec, bundle_policy=bundle_policy, budget_s=budget_s, seed=seed, out_dir=out_dir,
-                     progress=progress).run()
+                     progress=progress, max_candidates=max_candidates).run()

@@ -1,32 +1,45 @@
-"""The promotion gate: shadow metrics + `cfg.gate` thresholds -> a decision with every reason.
+"""The promotion gate: shadow metrics + `cfg.gate` -> a decision with every reason.
 
 Checks (each names its config key, its value and its threshold):
 
-- ``gate.min_return_ratio`` (r): the candidate's mean return R_c (counterfactual
-  pass) against the legacy mean return R_l on the same seeds and domains:
-  ``R_c >= R_l + (r - 1) * |R_l|``. For R_l > 0 this is the familiar
-  ``R_c >= r * R_l``; for R_l < 0 the naive product would demand the candidate
-  be *better* than legacy whenever r < 1 (0.8 * -100 = -80 > -100), so the
-  rule instead allows the candidate to be worse by (1 - r) of legacy's
-  magnitude (-100 -> threshold -120). r > 1 asks for an improvement of
-  (r - 1) |R_l| either way.
+- ``gate.min_return_ratio`` (r): against legacy, on the same seeds and
+  domains. The one-sided bounds on the mean paired difference
+  d = R_candidate - R_legacy (paired bootstrap-t, `gate_statistics`) are compared with
+  ``(r - 1) |R_l|`` (R_l legacy's mean return): pass when the lower bound is
+  above it, fail when the upper bound is below it, else undecided. r = 1
+  (the default) asks for "no worse than legacy" at `gate.confidence`: a
+  candidate merely equal to legacy is not promoted. r < 1 allows a margin
+  of (1 - r) |R_l| (sign-safe for negative returns) and the check says it was
+  loosened, by this key.
+  No pass on fewer than ``gate.min_episodes`` paired episodes.
+- ``gate.min_return_ratio_production``: the same rule against the production
+  version, when the metrics hold its returns on the same seeds.
 - ``gate.max_violations``: constraint-violating steps (info["cost"]) of the
-  candidate driving, summed over every counterfactual episode.
+  candidate driving, summed over every counterfactual episode: an absolute
+  count (the bound on the rate is reported beside it).
 - ``gate.max_intervention_rate``: share of steps the shield changed the
-  candidate's action; measured with the candidate driving when that pass ran,
-  else on the legacy-driven (shadow / field) states.
+  candidate's action, judged on its exact upper bound (lower bound above the
+  limit: fail); measured with the candidate driving when that pass ran, else
+  on the legacy-driven (shadow / field) states.
 - ``gate.max_latency_p99_us``: p99 of the candidate's per-action latency
-  (policy + shield): the worse of the shadow and counterfactual passes' p99.
-
+  (policy + shield): the worse of the shadow and counterfactual passes.
 - ``gate.max_falsification_cases`` (only when a `falsify` result is part of the
   metrics, as in the retrain flow): shielded violations the search found.
 
+Bounds at a look spend (1 - gate.confidence) / K each, K the looks the
+budget plans (`metrics["planned_looks"]`), so the sequential evaluation
+(pipeline.evaluation.shadow) may stop at any look.
+
 A check whose inputs are missing (field logs have no counterfactual pass and
-may lack rewards) is *skipped* and reported as such. A gate never passes on a
-check it could not run: any skipped check makes the decision ``inconclusive``
-(non-zero exit, never promoted) unless the config waives that check by key
-(``gate.waive``). The decision is "pass" only if every check ran and passed
-(or was waived), "fail" if any check failed.
+may lack rewards) is *skipped*; one whose bound has not decided yet is
+*undecided*. Decisions, first match wins:
+
+- ``fail``: a check other than the production comparison failed;
+- ``kept``: production exists and the candidate did not clear
+  ``gate.min_return_ratio_production`` (registered, production kept);
+- ``inconclusive``: a check that is not waived (``gate.waive``) was skipped
+  or is undecided (never promoted);
+- ``pass``: every check ran and passed (or was waived).
 """
 
 from __future__ import annotations
@@ -34,22 +47,35 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pipeline.evaluation.gate_statistics import (BOUND_METHOD, RATE_METHOD, clopper_pearson_lower,
+                                                 clopper_pearson_upper, look_alpha, paired_bound)
+
+PRODUCTION_KEY = "gate.min_return_ratio_production"
+
 
 @dataclass(frozen=True)
 class GateCheck:
-    """One threshold test: `passed` is None when the check was skipped (inputs missing)."""
+    """One threshold test: `passed` is None when the check was skipped (inputs missing) or is still undecided."""
 
     key: str  # config key of the threshold, e.g. "gate.max_violations"
     value: float | None
     threshold: float
     passed: bool | None
     detail: str
+    undecided: bool = False  # ran, but its bound has not decided yet: more episodes may decide it
+    interval: tuple[float, float] | None = None  # the bounds the check decided on, in the value's units
+
+    @property
+    def status(self) -> str:
+        """pass, fail, undecided or skipped."""
+        if self.passed is None:
+            return "undecided" if self.undecided else "skipped"
+        return "pass" if self.passed else "fail"
 
     @property
     def reason(self) -> str:
-        """One human line: PASS/FAIL/SKIPPED, the key, value vs threshold."""
-        status = {True: "PASS", False: "FAIL", None: "SKIPPED"}[self.passed]
-        return f"{status} {self.key}: {self.detail}"
+        """One human line: PASS/FAIL/UNDECIDED/SKIPPED, the key, value vs threshold."""
+        return f"{self.status.upper()} {self.key}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -58,6 +84,7 @@ class GateDecision:
 
     checks: list[GateCheck] = field(default_factory=list)
     waived: tuple[str, ...] = ()  # keys of checks that may be skipped without making the decision inconclusive
+    loosened: tuple[str, ...] = ()  # lines naming each config key that allows a margin below "no worse than"
 
     @property
     def passed(self) -> bool:
@@ -65,16 +92,23 @@ class GateDecision:
 
     @property
     def decision(self) -> str:
-        """fail (a check failed), inconclusive (a check that is not waived could not run), else pass."""
-        if any(c.passed is False for c in self.checks):
+        """fail, kept (not better than production), inconclusive, else pass (module docstring)."""
+        if any(c.passed is False and c.key != PRODUCTION_KEY for c in self.checks):
             return "fail"
+        if any(c.key == PRODUCTION_KEY and c.passed is not True for c in self.checks):
+            return "kept"
         if any(c.passed is None and c.key not in self.waived for c in self.checks):
             return "inconclusive"
         return "pass"
 
     @property
+    def settled(self) -> bool:
+        """No more episodes can change the decision: a check failed, or none is undecided."""
+        return any(c.passed is False for c in self.checks) or not any(c.undecided for c in self.checks)
+
+    @property
     def skipped(self) -> list[str]:
-        """Config keys of the checks that could not run (waived or not)."""
+        """Config keys of the checks that could not run or did not decide (waived or not)."""
         return [c.key for c in self.checks if c.passed is None]
 
     @property
@@ -91,9 +125,9 @@ def _known(x) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
-def return_threshold(legacy_return: float, ratio: float) -> float:
-    """Smallest acceptable candidate mean return given legacy's (sign-safe; see module docstring)."""
-    return legacy_return + (ratio - 1.0) * abs(legacy_return)
+def return_threshold(reference_return: float, ratio: float) -> float:
+    """Smallest acceptable candidate mean return given the reference's (sign-safe; see module docstring)."""
+    return reference_return + (ratio - 1.0) * abs(reference_return)
 
 
 def _at_most(key: str, value, limit, describe, missing: str) -> GateCheck:
@@ -104,32 +138,102 @@ def _at_most(key: str, value, limit, describe, missing: str) -> GateCheck:
     return GateCheck(key, value, limit, ok, describe(value, "<=" if ok else ">"))
 
 
+def _look(metrics: dict, gate) -> tuple[float, str]:
+    """Alpha each bound spends at this look, and how the look is described."""
+    looks = int(metrics.get("planned_looks") or 1)
+    alpha = look_alpha(gate.confidence, looks)
+    where = f"look {metrics.get('looks', 1)} of {looks} planned" if looks > 1 else "one look"
+    return alpha, f"{where}, each bound at {1 - alpha:.4g}"
+
+
+def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
+    """The paired return rule against `reference` ("legacy" or "production"); None if there is no production."""
+    production = reference == "production"
+    key = PRODUCTION_KEY if production else "gate.min_return_ratio"
+    ratio = gate.min_return_ratio_production if production else gate.min_return_ratio
+    ref_returns = metrics.get(f"{reference}_returns")
+    if production and not ref_returns:
+        return None
+    version = metrics.get("production_version")
+    label = ("production" + (f" v{version}" if version else "")) if production else "legacy"
+    cand = metrics.get("candidate_returns")
+    if not cand or not ref_returns:
+        missing = ("candidate returns (needs the counterfactual pass)" if not cand
+                   else f"{reference} returns (the log has no rewards)")
+        return GateCheck(key, None, ratio, None, f"no {missing}")
+    if len(cand) != len(ref_returns):
+        return GateCheck(key, None, ratio, None, f"candidate and {label} ran different episodes: cannot pair")
+    alpha, where = _look(metrics, gate)
+    bound = paired_bound(cand, ref_returns, alpha)
+    ref_mean = sum(ref_returns) / len(ref_returns)
+    thr = return_threshold(ref_mean, ratio) - ref_mean  # on the difference candidate - reference
+    verdict = bound.versus(thr)
+    if verdict == "above" and bound.n < gate.min_episodes:
+        verdict = "early"
+    passed = {"above": True, "below": False, "undecided": None, "early": None}[verdict]
+    margin = (f"no worse than {label}" if ratio == 1.0 else
+              f"margin LOOSENED by {key}={ratio:g}: may be {1 - ratio:.0%} of |{label} mean| worse" if ratio < 1.0
+              else f"must beat {label} by {ratio - 1:.0%} of its |mean| ({key}={ratio:g})")
+    said = {"above": f"better than the threshold at {gate.confidence:.0%}",
+            "below": f"worse than the threshold at {gate.confidence:.0%}",
+            "undecided": "the interval straddles the threshold: undecided",
+            "early": f"above the threshold, but a pass needs gate.min_episodes={gate.min_episodes} paired episodes: "
+                     f"undecided"}[verdict]
+    detail = (f"candidate - {label}: mean {bound.mean:+.3f} per episode, bounds [{bound.lower:+.3f}, "
+              f"{bound.upper:+.3f}] vs threshold {thr:+.3f} ({margin}); {said} "
+              f"(n={bound.n} paired episodes, {BOUND_METHOD}, {where})")
+    return GateCheck(key, bound.mean, thr, passed, detail, undecided=passed is None,
+                     interval=(bound.lower, bound.upper))
+
+
+def intervention_check(metrics: dict, gate) -> GateCheck:
+    """`gate.max_intervention_rate` on the exact bounds of the shield's intervention count."""
+    key, limit = "gate.max_intervention_rate", gate.max_intervention_rate
+    k, n, source = metrics.get("candidate_interventions"), metrics.get("candidate_steps"), "candidate driving"
+    if not _known(k) or not n:
+        k, n, source = metrics.get("would_be_interventions"), metrics.get("steps"), "would-be, legacy driving"
+    if not _known(k) or not n:  # metrics from before the counts were kept: the rate alone, as a point value
+        rate = metrics.get("candidate_intervention_rate")
+        source = "candidate driving"
+        if not _known(rate):
+            rate, source = metrics.get("would_be_intervention_rate"), "would-be, legacy driving"
+        return _at_most(key, rate, limit, lambda x, op: f"shield intervention rate {x:.4f} {op} {limit:g} ({source}; "
+                                                        f"no counts: no bound)", "no steps logged")
+    alpha, where = _look(metrics, gate)
+    k, n = int(k), int(n)
+    upper, lower = clopper_pearson_upper(k, n, alpha), clopper_pearson_lower(k, n, alpha)
+    passed = True if upper <= limit else False if lower > limit else None
+    said = {True: f"upper bound {upper:.4f} <= {limit:g}", False: f"lower bound {lower:.4f} > {limit:g}",
+            None: f"bounds straddle {limit:g}: undecided"}[passed]
+    detail = (f"shield intervened on {k} of {n} steps ({k / n:.4f}, {source}), bounds [{lower:.4f}, {upper:.4f}]: "
+              f"{said} ({RATE_METHOD} over steps, {where})")
+    return GateCheck(key, upper, limit, passed, detail, undecided=passed is None, interval=(lower, upper))
+
+
+def _violations_detail(metrics: dict, gate, op: str) -> str:
+    x = int(metrics["candidate_violations"])
+    line = f"candidate violating steps {x} {op} {gate.max_violations} (absolute)"
+    episodes = metrics.get("candidate_returns")
+    bad = metrics.get("candidate_violation_episodes")
+    if episodes and _known(bad):
+        n = len(episodes)
+        upper = clopper_pearson_upper(int(bad), n, 1.0 - gate.confidence)
+        line += (f"; {int(bad)} of {n} episodes violated: episode violation rate <= {upper:.3f} at "
+                 f"{gate.confidence:.0%} ({RATE_METHOD})")
+    return line
+
+
 def decide(metrics: dict, gate) -> GateDecision:
     """Apply `gate` (a GateConfig) to shadow `metrics` (pipeline.evaluation.shadow_metrics keys); every check reported."""
-    checks = []
-    r_c, r_l = metrics.get("candidate_return_mean"), metrics.get("legacy_return_mean")
-    key = "gate.min_return_ratio"
-    if _known(r_c) and _known(r_l):
-        thr = return_threshold(r_l, gate.min_return_ratio)
-        ok = r_c >= thr
-        checks.append(GateCheck(key, r_c, thr, ok,
-                                f"candidate mean return {r_c:.3f} {'>=' if ok else '<'} {thr:.3f} "
-                                f"(legacy {r_l:.3f}, ratio {gate.min_return_ratio:g})"))
-    else:
-        missing = "candidate return (needs the counterfactual pass)" if not _known(r_c) else "legacy return (the log has no rewards)"
-        checks.append(GateCheck(key, None, gate.min_return_ratio, None, f"no {missing}"))
+    checks = [return_check(metrics, gate, "legacy")]
+    production = return_check(metrics, gate, "production")
+    if production is not None:
+        checks.append(production)
 
-    v = metrics.get("candidate_violations")
-    checks.append(_at_most("gate.max_violations", v, gate.max_violations,
-                           lambda x, op: f"candidate violating steps {int(x)} {op} {gate.max_violations}",
+    checks.append(_at_most("gate.max_violations", metrics.get("candidate_violations"), gate.max_violations,
+                           lambda x, op: _violations_detail(metrics, gate, op),
                            "candidate violations: they need the counterfactual pass"))
-
-    rate, source = metrics.get("candidate_intervention_rate"), "candidate driving"
-    if not _known(rate):
-        rate, source = metrics.get("would_be_intervention_rate"), "would-be, legacy driving"
-    checks.append(_at_most("gate.max_intervention_rate", rate, gate.max_intervention_rate,
-                           lambda x, op: f"shield intervention rate {x:.4f} {op} {gate.max_intervention_rate:g} ({source})",
-                           "no steps logged"))
+    checks.append(intervention_check(metrics, gate))
 
     known_p99 = [x for x in (metrics.get("latency_p99_us"), metrics.get("counterfactual_latency_p99_us")) if _known(x)]
     p99 = max(known_p99) if known_p99 else None  # the worse pass decides
@@ -146,4 +250,32 @@ def decide(metrics: dict, gate) -> GateDecision:
                                              + (f" (lowest barrier value the shield saw {worst:.4f}; below 0 is "
                                                 f"inside its margin or braking distance)" if _known(worst) else ""),
                                "falsify did not run"))
-    return GateDecision(checks, tuple(gate.waive))
+    return GateDecision(checks, tuple(gate.waive), loosened_keys(gate, production is not None))
+
+
+def loosened_keys(gate, with_production: bool = True) -> tuple[str, ...]:
+    """One line per config key that lets a candidate be worse than its reference (a margin below 1.0)."""
+    out = []
+    if gate.min_return_ratio < 1.0:
+        out.append(f"gate.min_return_ratio={gate.min_return_ratio:g}: the candidate may be "
+                   f"{1 - gate.min_return_ratio:.0%} of legacy's |mean return| worse than legacy")
+    if with_production and gate.min_return_ratio_production < 1.0:
+        out.append(f"{PRODUCTION_KEY}={gate.min_return_ratio_production:g}: the candidate may be "
+                   f"{1 - gate.min_return_ratio_production:.0%} of production's |mean return| worse than production")
+    return tuple(out)
+
+
+def promotion_verdict(decision: str, version: int, production: int | None, reasons: list[str]) -> str:
+    """One line saying why `version` was or was not promoted (kept in its manifest, shown by `registry list`)."""
+    def named(*keys):
+        return "; ".join(r for r in reasons if any(f" {k}:" in r for k in keys)) or "; ".join(reasons)
+
+    if decision == "pass":
+        over = f" over v{production}" if production is not None else " (no production before)"
+        return (f"promoted v{version}{over}: every check passed, against legacy"
+                + (" and production" if production is not None else ""))
+    if decision == "kept":
+        return f"kept v{production}: v{version} not better ({named('gate.min_return_ratio_production')})"
+    failing = [r for r in reasons if r.startswith(("FAIL ", "UNDECIDED ", "SKIPPED "))]
+    what = "failed the gate" if decision == "fail" else "gate inconclusive (budget spent undecided)"
+    return f"not promoted, v{version} {what}: " + "; ".join(failing)

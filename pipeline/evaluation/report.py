@@ -1,6 +1,7 @@
 """The shadow report: one self-contained HTML file (plots as base64 PNG, the animation as a base64 GIF).
 
-Sections: the gate table (every check, value vs threshold), headline metrics,
+Sections: the gate table (every check, value vs threshold), candidate, legacy and production side by side
+with the paired intervals the gate decided on, headline metrics,
 legacy vs candidate action traces, h(x) over time with shield interventions
 marked, return distributions, latency, and an offscreen animation of the
 first counterfactual episode (or a note saying why it is missing).
@@ -15,6 +16,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from pipeline.evaluation.gate_statistics import BOUND_METHOD
 
 REPORT_FILE = "shadow-report.html"
 ANIMATION_FILE = "counterfactual.gif"
@@ -84,7 +87,10 @@ def plot_returns(metrics: dict) -> str:
 
     fig, ax = plt.subplots(figsize=(6, 2.8))
     rng = np.random.default_rng(0)
-    for x, (key, label, color) in enumerate((("legacy", "legacy", "black"), ("candidate", "candidate", "tab:blue"))):
+    who = [("legacy", "legacy", "black"), ("candidate", "candidate (counterfactual)", "tab:blue")]
+    if metrics.get("production_returns"):
+        who.append(("production", f"production v{metrics.get('production_version') or '?'}", "tab:green"))
+    for x, (key, label, color) in enumerate(who):
         returns = metrics.get(f"{key}_returns")
         if not returns:
             ax.text(x, 0.5, f"{label}: n/a", ha="center", transform=ax.get_xaxis_transform(), fontsize=8)
@@ -94,8 +100,8 @@ def plot_returns(metrics: dict) -> str:
         lo, hi = metrics[f"{key}_return_ci95"]
         ax.errorbar(x + 0.25, metrics[f"{key}_return_mean"], yerr=[[metrics[f"{key}_return_mean"] - lo],
                     [hi - metrics[f"{key}_return_mean"]]], fmt="D", color=color, capsize=4)
-    ax.set_xticks([0, 1], ["legacy", "candidate (counterfactual)"])
-    ax.set_xlim(-0.6, 1.6)
+    ax.set_xticks(range(len(who)), [label for _, label, _ in who])
+    ax.set_xlim(-0.6, len(who) - 0.4)
     ax.set_ylabel("episode return")
     ax.set_title("Returns on the same seeds and domains (mean, 95% CI)", fontsize=9)
     return _png(fig)
@@ -123,12 +129,43 @@ def plot_latency(latency_us: np.ndarray, control_period_s: float | None) -> str:
 def _gate_table(decision) -> str:
     rows = []
     for c in decision.checks:
-        status = {True: "pass", False: "fail", None: "skipped"}[c.passed]
+        status = c.status
         value = "n/a" if c.value is None else f"{c.value:.6g}"
         rows.append(f'<tr class="{status}"><td>{html.escape(c.key)}</td><td>{value}</td>'
                     f"<td>{c.threshold:.6g}</td><td>{status.upper()}</td><td>{html.escape(c.detail)}</td></tr>")
     return ("<table><tr><th>threshold</th><th>value</th><th>limit</th><th>result</th><th>detail</th></tr>"
             + "".join(rows) + "</table>")
+
+
+def _side_by_side(metrics: dict, decision) -> str:
+    """Candidate, legacy and production on the same episodes, with CIs; the paired differences the gate decided on
+    (one-sided bounds, spent over the planned looks); how the sequential run stopped; any loosened margin."""
+    rows = []
+    for who in ("candidate", "legacy", "production"):
+        mean, ci = metrics.get(f"{who}_return_mean"), metrics.get(f"{who}_return_ci95")
+        if mean is None:
+            continue
+        name = f"production v{metrics.get('production_version') or '?'}" if who == "production" else who
+        rows.append(f"<tr><td>{html.escape(name)}</td><td>{len(metrics.get(f'{who}_returns') or [])}</td>"
+                    f"<td>{mean:.4g}</td><td>[{ci[0]:.4g}, {ci[1]:.4g}]</td></tr>")
+    if not rows:
+        return ""
+    pairs = []
+    for c in decision.checks:
+        if c.interval is not None and c.key.startswith("gate.min_return_ratio"):
+            pairs.append(f"<tr class=\"{c.status}\"><td>{html.escape(c.key)}</td><td>{c.value:+.4g}</td>"
+                         f"<td>[{c.interval[0]:+.4g}, {c.interval[1]:+.4g}]</td><td>{c.threshold:+.4g}</td>"
+                         f"<td>{c.status.upper()}</td></tr>")
+    loosened = "".join(f"<p class='loosened'>LOOSENED by config: {html.escape(line)}</p>" for line in decision.loosened)
+    looks = (f"<p>{len(metrics.get('candidate_returns') or [])} paired episodes in {metrics.get('looks', 1)} look(s) of "
+             f"{metrics.get('planned_looks', 1)} planned; stopped: {html.escape(str(metrics.get('stopped', 'n/a')))}"
+             + (f"; {metrics['evaluation_wall_s']:.1f} s" if metrics.get("evaluation_wall_s") else "") + ".</p>")
+    return ("<h2>Same episodes, side by side</h2>" + loosened +
+            "<table><tr><th>policy</th><th>episodes</th><th>mean return</th><th>95% CI (bootstrap)</th></tr>"
+            + "".join(rows) + "</table>"
+            + ("<table><tr><th>paired difference (candidate - reference)</th><th>mean per episode</th>"
+               f"<th>bounds ({BOUND_METHOD})</th><th>threshold</th><th>result</th></tr>"
+               + "".join(pairs) + "</table>" if pairs else "") + looks)
 
 
 def _safety_case(metrics: dict) -> str:
@@ -172,7 +209,7 @@ def _calibration(result: dict) -> str:
 
 
 def _metrics_table(metrics: dict) -> str:
-    skip = {"legacy_returns", "candidate_returns", "seeds"}
+    skip = {"legacy_returns", "candidate_returns", "production_returns", "seeds"}
     rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(json.dumps(v))}</td></tr>"
                    for k, v in metrics.items() if k not in skip)
     return f"<table>{rows}</table>"
@@ -181,7 +218,9 @@ def _metrics_table(metrics: dict) -> str:
 _CSS = """body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 tr.fail td{background:#fdd}tr.pass td{background:#dfd}tr.skipped td{background:#eee}
+tr.undecided td{background:#ffe9c4}.loosened{color:#b00;font-weight:bold}
 .verdict{font-size:1.4em;font-weight:bold}.verdict.fail{color:#b00}.verdict.pass{color:#080}.verdict.inconclusive{color:#a60}
+.verdict.kept{color:#a60}
 img.plot{display:block;max-width:100%;margin:0.5em 0}.note{color:#666;font-style:italic}"""
 
 
@@ -198,7 +237,7 @@ def write_report(out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, c
     names = list(meta.get("constraint_names") or [])
     sel = _first_episode(cols)
     parts = [f"<h2>Gate: <span class='verdict {decision.decision}'>{decision.decision.upper()}</span></h2>",
-             _gate_table(decision),
+             _gate_table(decision), _side_by_side(metrics, decision),
              "<h2>Actions: legacy vs candidate</h2>", _img(plot_actions(cols), "action traces")]
     parts += ["<h2>Safety: h(x) over time</h2>",
               _img(plot_barriers(cols["t"][sel], cols["h"][sel], cols["intervened"][sel], names,

@@ -1,6 +1,6 @@
 """Shadow-mode evaluation of a candidate bundle beside the legacy controller, then the promotion gate.
 
-Two passes over the same seeds and domains:
+Passes over the same seeds and domains (common random numbers, so returns pair episode by episode):
 
 1. *shadow*: the legacy controller drives; the candidate (bundle through the
    edge runtime, shield on) computes its action every step from a copy of the
@@ -8,10 +8,19 @@ Two passes over the same seeds and domains:
    shadow-log schema (`shield.shadowlog`), the same one `serve --mode shadow`
    writes in the field.
 2. *counterfactual*: the shielded candidate drives the same seeds.
+3. *production* (when there is a production version): it drives the same seeds too.
 
-`--from-log` replaces both passes with field logs: the shadow metrics come out
-the same (one function computes them), the counterfactual ones are None and
-the gate says which checks it skipped.
+The gate's run is sequential: the passes run in batches of `shadow.episodes`
+new seeds, and after each batch the gate looks at its bounds; it stops as soon
+as they decide, or when `gate.max_episodes` / `gate.max_seconds` is spent
+(the bounds are valid at any look: pipeline/evaluation/gate_statistics.py).
+
+`--from-log` replaces the passes with logs: the shadow metrics come out the
+same (one function computes them). A log the shadow pass itself recorded in
+simulation names its domains and seeds, so the candidate's counterfactual runs
+on them and pairs with the logged legacy returns; a log from a plant cannot be
+replayed, its counterfactual metrics are None and the gate says which checks
+it skipped (inconclusive).
 """
 
 from __future__ import annotations
@@ -34,7 +43,9 @@ from pipeline.evaluation.episodes import (
     run_episodes,
 )
 from pipeline.evaluation.gate import GateDecision, decide
-from pipeline.evaluation.shadow_metrics import counterfactual_metrics, empty_counterfactual, log_metrics
+from pipeline.evaluation.gate_statistics import planned_looks
+from pipeline.evaluation.shadow_metrics import (counterfactual_metrics, empty_counterfactual, log_metrics,
+                                                production_metrics)
 
 ANIMATION_FRAMES = 100  # frames of the counterfactual episode kept for the report's animation
 
@@ -83,6 +94,7 @@ class ShadowLog:
     def __init__(self, candidate, n_h: int, act_dim: int):
         self.candidate, self.n_h, self.act_dim = candidate, n_h, act_dim
         self.rows: dict[str, list] = {k: [] for k in self.KEYS}
+        self.episode_offset = 0  # episodes of earlier batches, so episode ids stay unique over a sequential run
 
     def on_reset(self, env, episode: int, seed: int) -> None:
         if self.candidate is not None:
@@ -100,7 +112,7 @@ class ShadowLog:
         else:
             nan = np.full(self.act_dim, np.nan, np.float32)
             cand = (nan, nan, False, False, np.full(self.n_h, np.nan, np.float32), np.nan)
-        values = (s.t, s.episode, s.step, s.obs, s.action) + cand + (s.reward, s.cost)
+        values = (s.t, s.episode + self.episode_offset, s.step, s.obs, s.action) + cand + (s.reward, s.cost)
         for key, value in zip(self.KEYS, values):
             self.rows[key].append(value)
 
@@ -166,6 +178,21 @@ def counterfactual_pass(env, candidate, seeds: list[int], dt: float, frames: int
     return CounterfactualRun(totals, tr, states)
 
 
+def merge_totals(into: RunTotals, more: RunTotals) -> RunTotals:
+    """`into` extended by a later batch's totals (episodes appended in seed order)."""
+    into.seeds += more.seeds
+    into.returns += more.returns
+    into.violations += more.violations
+    into.lengths += more.lengths
+    into.latency_us += more.latency_us
+    into.shield_us += more.shield_us
+    for flag, count in more.flags.items():
+        into.flags[flag] = into.flags.get(flag, 0) + count
+    into.shielded = into.shielded or more.shielded
+    into.min_h = min(into.min_h, more.min_h)
+    return into
+
+
 # ----------------------------------------------------------------------------- the command
 
 
@@ -185,30 +212,70 @@ def _log_meta(cfg, runtime, dt: float) -> dict:
 
 
 def evaluate_candidate(runtime, cfg, *, domains: str | None = None, episodes: int | None = None,
-                       seed: int | None = None, legacy=None, legacy_name: str | None = None):
-    """Run both passes with a loaded candidate (`act`/`reset`); returns (ShadowRun, CounterfactualRun, metrics).
+                       seed: int | None = None, legacy=None, legacy_name: str | None = None, production=None,
+                       sequential: bool = False, extra_metrics: dict | None = None):
+    """Run the passes with a loaded candidate (`act`/`reset`); returns (ShadowRun, CounterfactualRun, metrics).
 
-    Defaults come from the config's `shadow:` section (domains, episodes, first seed)."""
+    Defaults come from the config's `shadow:` section (domains, episodes, first seed). `production`: the
+    production version's runtime, run on the same seeds. `sequential`: batches of `episodes` until the gate's
+    bounds decide or `gate.max_episodes` / `gate.max_seconds` is spent (else exactly `episodes`, one look);
+    `extra_metrics` (falsify's cases) take part in every look's decision."""
     domains = cfg.shadow.domains if domains is None else domains
-    episodes = cfg.shadow.episodes if episodes is None else episodes
+    batch = cfg.shadow.episodes if episodes is None else episodes
     seed = cfg.shadow.seed if seed is None else seed
-    if episodes < 1:
-        raise ShadowError(f"--episodes must be >= 1, got {episodes}")
+    if batch < 1:
+        raise ShadowError(f"--episodes must be >= 1, got {batch}")
+    budget = max(batch, cfg.gate.max_episodes) if sequential else batch
+    looks = planned_looks(budget, batch)
     rset = resolve_domains(cfg, domains)
     env = make_env(cfg, rset)
+    start, stopped = time.perf_counter(), "episode budget"
     try:
         dt = control_period_s(cfg)
         legacy = legacy if legacy is not None else load_legacy(cfg.task.env_id, legacy_name)
-        seeds = list(range(seed, seed + episodes))
         warm_up(runtime, env.observation_space.shape[0])
-        shadow = shadow_pass(env, legacy, runtime, seeds, dt, _log_meta(cfg, runtime, dt))
-        cf = counterfactual_pass(env, runtime, seeds, dt)
+        if production is not None:
+            warm_up(production, env.observation_space.shape[0])
+        meta = _log_meta(cfg, runtime, dt)
+        log = ShadowLog(runtime, len(meta.get("constraint_names", [])), env.action_space.shape[0])
+        trace = CounterfactualTrace()
+        cand_totals, prod_totals = RunTotals(), RunTotals()
+        done = 0
+        for look in range(1, looks + 1):
+            batch_start = time.perf_counter()
+            seeds = list(range(seed + done, seed + min(done + batch, budget)))
+            log.episode_offset = done
+            run_episodes(env, PolicyDriver(legacy), seeds, dt=dt, observers=[log])
+            merge_totals(cand_totals, run_episodes(env, RuntimeDriver(runtime), seeds, dt=dt,
+                                                   observers=[trace] if look == 1 else []))
+            if production is not None:
+                merge_totals(prod_totals, run_episodes(env, RuntimeDriver(production), seeds, dt=dt))
+            done += len(seeds)
+            columns = log.columns()
+            metrics = log_metrics(columns, dt, cfg.shadow.agreement_tolerance)
+            metrics.update(counterfactual_metrics(cand_totals, dt))
+            if production is not None:
+                metrics.update(production_metrics(prod_totals, production.bundle.version))
+            metrics.update(extra_metrics or {})
+            metrics.update(looks=look, planned_looks=looks, budget_episodes=budget)
+            if look == looks:
+                break
+            if decide(metrics, cfg.gate).settled:
+                stopped = "decided"
+                break
+            elapsed, last = time.perf_counter() - start, time.perf_counter() - batch_start
+            if cfg.gate.max_seconds is not None and elapsed + last > cfg.gate.max_seconds:
+                stopped = "time budget (gate.max_seconds)"
+                break
     finally:
         env.close()
-    metrics = log_metrics(shadow.columns, dt, cfg.shadow.agreement_tolerance)
-    metrics.update(counterfactual_metrics(cf.totals, dt))
-    metrics.update(source="sim", domains=domains, seeds=seeds)
-    return shadow, cf, metrics
+    if stopped == "episode budget" and decide(metrics, cfg.gate).settled:
+        stopped = "decided"
+    meta.update(domains=domains if isinstance(domains, str) else None, seeds=list(range(seed, seed + done)))
+    tr, states = trace.result()
+    metrics.update(source="sim", domains=domains, seeds=list(range(seed, seed + done)), stopped=stopped,
+                   evaluation_wall_s=time.perf_counter() - start)
+    return ShadowRun(columns, meta), CounterfactualRun(cand_totals, tr, states), metrics
 
 
 def check_log_matches_bundle(meta: dict, bundle_version, path) -> None:
@@ -220,7 +287,7 @@ def check_log_matches_bundle(meta: dict, bundle_version, path) -> None:
 
 
 def metrics_from_log(path: str | Path, cfg) -> tuple[ShadowRun, dict]:
-    """Shadow metrics of field logs (a file or a directory of parts); counterfactual metrics are None."""
+    """Shadow metrics of logs (a file or a directory of parts); counterfactual metrics are None."""
     from shield.shadowlog import ShadowLogError, read_shadow_log
 
     try:
@@ -239,13 +306,59 @@ def metrics_from_log(path: str | Path, cfg) -> tuple[ShadowRun, dict]:
     return ShadowRun(cols, meta), metrics
 
 
+def replayable_seeds(meta: dict, metrics: dict, cfg) -> list[int] | None:
+    """The seeds of a log the shadow pass recorded in simulation, when its episodes may be replayed and paired:
+    it names a domain set of this config and one seed per logged episode, and logged its rewards. None for a
+    plant's log (`serve --mode shadow`): a plant's episodes cannot be run again."""
+    seeds, domains = meta.get("seeds"), meta.get("domains")
+    if meta.get("source") != "sim" or not isinstance(seeds, list) or not all(isinstance(x, int) for x in seeds):
+        return None
+    if domains != "nominal" and domains not in cfg.randomization:
+        return None
+    returns = metrics.get("legacy_returns")
+    return seeds if returns and len(returns) == len(seeds) else None
+
+
+def pair_with_log(runtime, cfg, shadow: ShadowRun, metrics: dict, seeds: list[int]) -> CounterfactualRun | None:
+    """The candidate's counterfactual on the logged episodes' own seeds and domains, paired with the logged legacy
+    returns under the same rules (one look: the logged sample is fixed). First the twin replays legacy on them: only
+    if it reproduces every logged return are these the same recorded episodes; else None (nothing to pair)."""
+    env = make_env(cfg, resolve_domains(cfg, shadow.meta["domains"]))
+    try:
+        dt = control_period_s(cfg)
+        replay = run_episodes(env, PolicyDriver(load_legacy(cfg.task.env_id, None)), seeds, dt=dt)
+        if not np.allclose(replay.returns, metrics["legacy_returns"], rtol=1e-9, atol=1e-6):
+            metrics.update(paired_with_log=False)
+            return None
+        warm_up(runtime, env.observation_space.shape[0])
+        cf = counterfactual_pass(env, runtime, seeds, dt)
+    finally:
+        env.close()
+    metrics.update(counterfactual_metrics(cf.totals, dt))
+    metrics.update(paired_with_log=True, seeds=seeds, domains=shadow.meta["domains"], looks=1, planned_looks=1)
+    return cf
+
+
+def _production_runtime(production_dir, cfg):
+    """The production bundle, run beside the candidate on the same seeds (None when there is none)."""
+    if production_dir is None:
+        return None
+    from shield.runtime import EdgeRuntime
+
+    runtime = EdgeRuntime.load(production_dir)  # a production bundle that fails its hashes stops the gate, by name
+    check_bundle_task(cfg, runtime.bundle.manifest, production_dir)
+    return runtime
+
+
 def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | None = None, seed: int | None = None,
                report_dir=None, legacy: str | None = None, from_log=None, falsification: dict | None = None,
-               calibration: dict | None = None) -> dict:
-    """Shadow-evaluate a bundle (or field logs), gate it, write the report; returns decision, reasons, metrics, report.
+               calibration: dict | None = None, production_dir=None) -> dict:
+    """Shadow-evaluate a bundle (or logs), gate it, write the report; returns decision, reasons, metrics, report.
 
-    `domains` defaults to the config's `shadow.domains` (a set name, `nominal`, or a YAML file). `calibration`:
-    the twin's calibration to field logs (the retrain flow with logs), shown in the report."""
+    `domains` defaults to the config's `shadow.domains` (a set name, `nominal`, or a YAML file). `episodes`: the
+    batch of each sequential look (default shadow.episodes). `production_dir`: the production bundle, evaluated in
+    the same paired episodes (the candidate must beat it too). `calibration`: the twin's calibration to field logs
+    (the retrain flow with logs), shown in the report."""
     from shield.runtime import EdgeRuntime
 
     domains = domains or cfg.shadow.domains
@@ -253,6 +366,11 @@ def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | N
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         report_dir = Path("reports") / f"shadow-{cfg.task.name}-{Path(bundle_dir).name}-{stamp}"
     report_dir = Path(report_dir)
+    extra = {}
+    if falsification is not None:  # `falsify` ran before the gate (the retrain flow): its cases are a gate check
+        extra = dict(falsification_cases=falsification.get("cases_found"),
+                     falsification_min_h=falsification.get("min_h"),
+                     falsification_worst=falsification.get("worst"))
     if from_log is not None:
         from shield.bundle import verify_bundle
 
@@ -261,15 +379,16 @@ def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | N
         shadow, metrics = metrics_from_log(from_log, cfg)
         check_log_matches_bundle(shadow.meta, manifest.get("version"), from_log)
         cf = None
+        seeds = replayable_seeds(shadow.meta, metrics, cfg)
+        if seeds is not None:
+            cf = pair_with_log(EdgeRuntime.load(bundle_dir), cfg, shadow, metrics, seeds)
+        metrics.update(extra)
     else:
         runtime = EdgeRuntime.load(bundle_dir)  # verifies every hash; BundleError names the file
         check_bundle_task(cfg, runtime.bundle.manifest, bundle_dir)
         shadow, cf, metrics = evaluate_candidate(runtime, cfg, domains=domains, episodes=episodes, seed=seed,
-                                                 legacy_name=legacy)
-    if falsification is not None:  # `falsify` ran before the gate (the retrain flow): its cases are a gate check
-        metrics.update(falsification_cases=falsification.get("cases_found"),
-                       falsification_min_h=falsification.get("min_h"),
-                       falsification_worst=falsification.get("worst"))
+                                                 legacy_name=legacy, production=_production_runtime(production_dir, cfg),
+                                                 sequential=True, extra_metrics=extra)
     decision: GateDecision = decide(metrics, cfg.gate)
     from shield.shadowlog import write_shadow_log
     from pipeline.evaluation.report import write_report
@@ -281,4 +400,5 @@ def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | N
     report = write_report(report_dir, cfg=cfg, bundle_dir=bundle_dir, metrics=metrics, decision=decision,
                           shadow=shadow, counterfactual=cf, calibration=calibration)
     return {"decision": decision.decision, "reasons": decision.reasons, "failing": decision.failing,
-            "metrics": metrics, "report": str(report), "log": str(log_path) if log_path else None}
+            "loosened": list(decision.loosened), "metrics": metrics, "report": str(report),
+            "log": str(log_path) if log_path else None}

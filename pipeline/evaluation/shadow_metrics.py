@@ -71,6 +71,7 @@ def log_metrics(cols: dict[str, np.ndarray], control_period_s: float | None, agr
         "agreement_rate": float(np.mean(np.all(diff <= agreement_tolerance, axis=1))),
         "agreement_tolerance": agreement_tolerance,
         "would_be_intervention_rate": float(np.mean(cols["intervened"])),
+        "would_be_interventions": int(np.sum(cols["intervened"])),
         "would_be_fallback_rate": float(np.mean(cols["fallback"])),
         # Share of steps the shield's assumption monitor flagged (None for logs without the column).
         "envelope_rate": float(np.mean(cols["envelope"])) if "envelope" in cols else None,
@@ -95,6 +96,8 @@ def counterfactual_metrics(totals, control_period_s: float | None) -> dict:
         "candidate_return_mean": mean,
         "candidate_return_ci95": ci,
         "candidate_violations": int(sum(totals.violations)),
+        "candidate_violation_episodes": int(sum(v > 0 for v in totals.violations)),
+        "candidate_interventions": int(totals.flags["intervened"]) if totals.shielded else None,
         "candidate_intervention_rate": summary.get("intervention_rate"),
         "candidate_fallback_rate": summary.get("fallback_rate"),
         "candidate_steps": steps,
@@ -108,9 +111,29 @@ def counterfactual_metrics(totals, control_period_s: float | None) -> dict:
     return out
 
 
+def production_metrics(totals, version) -> dict:
+    """The production version driving the same seeds: its returns (paired with the candidate's) and safety counts."""
+    mean, ci = mean_ci95(np.asarray(totals.returns))
+    return {"production_version": version, "production_returns": [float(r) for r in totals.returns],
+            "production_return_mean": mean, "production_return_ci95": ci,
+            "production_violations": int(sum(totals.violations))}
+
+
 def empty_counterfactual() -> dict:
     """The counterfactual keys, all None: field logs have no pass where the candidate drives."""
     from pipeline.evaluation.episodes import RunTotals
 
     probe = RunTotals(returns=[0.0], violations=[0], lengths=[1], latency_us=[1.0])
     return {k: None for k in counterfactual_metrics(probe, 0.02)}
+
+
+def side_by_side(metrics: dict) -> dict:
+    """Candidate, legacy and production on the same episodes: mean return and its 95% CI each."""
+    rows = {}
+    for who in ("candidate", "legacy", "production"):
+        if metrics.get(f"{who}_return_mean") is not None:
+            rows[who] = {"return_mean": metrics[f"{who}_return_mean"], "return_ci95": metrics[f"{who}_return_ci95"],
+                         "episodes": len(metrics.get(f"{who}_returns") or [])}
+    if metrics.get("production_version") is not None and "production" in rows:
+        rows["production"]["version"] = metrics["production_version"]
+    return rows

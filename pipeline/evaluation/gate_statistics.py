@@ -1,0 +1,158 @@
+"""The gate's statistics: paired bounds on return differences and exact bounds on rates, valid under optional stopping.
+
+Returns. Candidate, legacy and production run on the same seeds and domains
+(common random numbers), so the gate bounds the mean of the *paired*
+per-episode difference d_i = R_candidate,i - R_reference,i: the plant's
+domain, start and pushes cancel out of d_i. The bounds are one-sided
+*bootstrap-t* (studentized bootstrap) bounds on mean(d):
+mean(d) - q sd(d) / sqrt(n), q the 1 - a quantile of the resampled
+studentized mean, rather than Student's t quantile. Paired returns are skewed
+(an episode where the candidate loses the pole costs far more than a good one
+gains), and a plain t bound then promotes an equal candidate more often than
+it claims; the bootstrap-t corrects for the skew the sample shows (the gate's
+false-promotion rate on skewed samples: tests/test_gate_statistics.py). Below `gate.min_episodes` paired episodes the
+gate never passes, because a skew the sample has not yet shown cannot be
+corrected. What stays outside any bound on tens of episodes is a rare large
+loss that no episode of the sample showed (a pole dropped on one episode in
+twenty): more episodes, or a check on that event itself, are the only remedy.
+The resampling uses a fixed seed, so a report is reproducible.
+
+Sequential looks. The gate adds episodes in batches and looks after each
+one; every look at a bound is another chance to be fooled by luck. The
+confidence is therefore split over the K looks the budget plans
+(Bonferroni: each look uses a = (1 - confidence) / K), so the chance that
+*any* look promotes a candidate that is in truth worse than its threshold
+stays <= 1 - confidence, wherever the gate stops (stopping early, on a
+decision or on the time budget, only leaves alpha unspent).
+
+Rates. A count k of n (violating episodes, shield interventions) gets exact
+Clopper-Pearson bounds: 0 of n is bounded by 1 - a**(1/n) (about 3/n at 95 %),
+never reported as 0. Episodes are independent trials; the steps of one
+episode are not, so the intervention rate's bound over steps is optimistic
+when interventions come in bursts (the episode is the unit that is exact).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+BOUND_METHOD = "paired bootstrap-t, Bonferroni over planned looks"
+BOOTSTRAP_SEED = 0
+MIN_RESAMPLES = 4000
+TAIL_RESAMPLES = 50  # resamples beyond the quantile, at least, so a small alpha is not read off a handful
+RATE_METHOD = "Clopper-Pearson (exact binomial)"
+
+
+def planned_looks(budget_episodes: int, batch_episodes: int) -> int:
+    """Looks the gate may take: one after each batch until the episode budget is spent."""
+    return max(1, math.ceil(budget_episodes / max(1, batch_episodes)))
+
+
+def look_alpha(confidence: float, looks: int) -> float:
+    """Error a single look may spend so that all `looks` together spend at most 1 - confidence."""
+    return (1.0 - confidence) / max(1, looks)
+
+
+@dataclass(frozen=True)
+class PairedBound:
+    """One-sided bounds on the mean paired difference (candidate - reference), return units per episode."""
+
+    n: int
+    mean: float
+    lower: float  # -inf until two pairs exist
+    upper: float  # +inf until two pairs exist
+    alpha: float  # spent by each bound at this look
+
+    def versus(self, threshold: float) -> str:
+        """'above' (lower bound over the threshold), 'below' (upper bound under it) or 'undecided'.
+
+        Strict, so a candidate identical to its reference (every difference 0) is never 'above' a 0 threshold:
+        equal is not better."""
+        if self.lower > threshold:
+            return "above"
+        if self.upper < threshold:
+            return "below"
+        return "undecided"
+
+
+def paired_bound(candidate, reference, alpha: float) -> PairedBound:
+    """Bootstrap-t bounds at level 1 - alpha each side on mean(candidate - reference) (episode-aligned arrays)."""
+    c, r = np.asarray(candidate, np.float64), np.asarray(reference, np.float64)
+    if c.shape != r.shape:
+        raise ValueError(f"paired returns differ in length: {c.shape} vs {r.shape} (not the same seeds)")
+    d = c - r
+    n = int(d.size)
+    if n == 0:
+        return PairedBound(0, math.nan, -math.inf, math.inf, alpha)
+    mean = float(d.mean())
+    if n < 2:
+        return PairedBound(n, mean, -math.inf, math.inf, alpha)
+    sd = float(d.std(ddof=1))
+    if sd == 0.0:  # every pair differs by the same amount: no spread to resample
+        return PairedBound(n, mean, mean, mean, alpha)
+    low_q, high_q = studentized_quantiles(d, alpha)
+    se = sd / math.sqrt(n)
+    return PairedBound(n, mean, mean - high_q * se, mean - low_q * se, alpha)
+
+
+def studentized_quantiles(d: np.ndarray, alpha: float) -> tuple[float, float]:
+    """The alpha and 1 - alpha quantiles of the bootstrap distribution of (mean* - mean) / (sd* / sqrt(n))."""
+    n = d.size
+    resamples = max(MIN_RESAMPLES, math.ceil(TAIL_RESAMPLES / alpha))
+    counts = _resample_counts(n, resamples)  # how often each episode appears in each resample
+    x = d - d.mean()  # centred: the statistic does not move with a shift, and the sums below stay exact
+    m = counts @ x / n
+    var = np.maximum(counts @ (x * x) / n - m * m, 0.0) * n / (n - 1)
+    s = np.sqrt(var)
+    # A resample of one repeated value has no spread: its studentized mean is 0 if it sits on the mean,
+    # else as far out as it can be.
+    tiny = 1e-12 * float(np.abs(x).max())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(s > tiny, m / (s / math.sqrt(n)), np.where(np.abs(m) > tiny, np.sign(m) * np.inf, 0.0))
+    # No interpolation: an infinite resample must not turn a quantile into inf - inf; each side rounds outward.
+    return float(np.quantile(t, alpha, method="lower")), float(np.quantile(t, 1.0 - alpha, method="higher"))
+
+
+@functools.lru_cache(maxsize=64)
+def _resample_counts(n: int, resamples: int) -> np.ndarray:
+    """Multiplicities [resamples, n] of the bootstrap's resamples of n episodes: a fixed seed, drawn once per n."""
+    idx = np.random.default_rng((BOOTSTRAP_SEED, n)).integers(0, n, size=(resamples, n))
+    counts = np.zeros((resamples, n))
+    np.add.at(counts, (np.repeat(np.arange(resamples), n), idx.ravel()), 1.0)
+    return counts
+
+
+def clopper_pearson_upper(k: int, n: int, alpha: float) -> float:
+    """Exact upper bound at level 1 - alpha on a rate with k events in n independent trials (1.0 for n = 0)."""
+    if n <= 0:
+        return 1.0
+    if k >= n:
+        return 1.0
+    if k == 0:
+        return 1.0 - alpha ** (1.0 / n)  # the closed form: P(0 events | p) = (1 - p)^n = alpha
+    from scipy.stats import beta
+
+    return float(beta.ppf(1.0 - alpha, k + 1, n - k))
+
+
+def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
+    """Exact lower bound at level 1 - alpha on a rate with k events in n trials (0.0 for k = 0)."""
+    if n <= 0 or k <= 0:
+        return 0.0
+    if k >= n:
+        return alpha ** (1.0 / n)
+    from scipy.stats import beta
+
+    return float(beta.ppf(alpha, k, n - k + 1))
+
+
+def rate_summary(k: int | None, n: int | None, confidence: float) -> dict | None:
+    """{k, n, rate, upper} with the exact upper bound at `confidence`; None when unknown."""
+    if k is None or n is None or n <= 0:
+        return None
+    return {"k": int(k), "n": int(n), "rate": k / n, "upper": clopper_pearson_upper(int(k), int(n), 1.0 - confidence),
+            "confidence": confidence}

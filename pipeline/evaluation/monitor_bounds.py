@@ -1,0 +1,151 @@
+"""The assumption monitor's threshold, measured: how far the plants a config admits stray from the shield's model.
+
+The monitor (`shield.monitor`) flags a window of W steps when, for some velocity,
+
+    |sum e_t| > sum (hull half-width_t + per_speed |v_t| dt) + W accel dt + z sigma_W
+
+(e_t: observed velocity minus the centre of what the shield's model predicted,
+over its input-gain and latency cases). `accel` is what the model leaves out
+and the envelope still admits: wind, pushes averaged over the window, the inner
+loop's transients, linearization error. A bound written down from the
+disturbances a config declares (the push's peak counted as if it lasted, plus a
+slack) comes out so wide that plants just past the envelope's edge, the
+dangerous ones, are never flagged.
+
+Here it is measured instead: the shield runs (its monitor silenced) on plants
+drawn from every randomization set (corners and uniform draws, each set's
+latency, noise and pushes) under the legacy, random, bang-bang and adversarial
+policies, and per run and velocity the largest acceleration the window needed
+beyond the hull, the speed term and the noise term is recorded. A sample's
+largest value understates what longer or unluckier runs reach (two horizontal
+axes of one symmetric plant measured a third apart), so the bound is the
+larger of that largest value and the runs' mean plus TAIL_SIGMAS standard
+deviations of their maxima. The monitor's `accel` is that bound plus
+MARGIN_SHARE of the velocity's full-action acceleration: the stated margin
+between the worst plant expected inside the envelope and the first one flagged. A plant outside the envelope is flagged
+once its unmodelled acceleration exceeds `accel` by the noise term over the
+steps seen so far (about z sigma_t / (t dt)); for an input gain a fraction
+eps past the hull's end that is eps |B (u + drift)| / dt.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+
+from pipeline.evaluation.adversary import reference_policy
+
+WINDOW = 50  # steps: long enough that a push's impulse, spread over it, stays well under a persistent fault
+MARGIN_SHARE = 0.05  # of each velocity's full-action acceleration, added to the measured bound
+TAIL_SIGMAS = 3.0  # the bound covers the runs' maxima to this many standard deviations above their mean
+_POLICIES = ("legacy", "random", "bang_bang", "adversarial")
+
+
+def full_action_accel(spec) -> list[float]:
+    """Per velocity, the acceleration the whole action box gives it in the nominal model (units/s^2), once an
+    inner loop's lag (internal states) has settled: the largest one-step velocity change of a held action."""
+    model = spec.linear_model()
+    col = {o: j for j, o in enumerate(spec.state_index)}
+    full = np.maximum(np.abs(spec.action_low), np.abs(spec.action_high))
+    tau = float(spec.model.get("response_time_s", 0.0)) if model.internal_dim else 0.0
+    steps = max(1, math.ceil(3.0 * tau / spec.dt))
+    reach, best = np.zeros_like(model.B), np.zeros(len(spec.velocity_index))
+    vel = [col[v] for v in spec.velocity_index]
+    for _ in range(steps):  # reach: the state k steps after a unit step of each input, from rest
+        before, reach = reach, model.A @ reach + model.B
+        best = np.maximum(best, np.abs(reach[vel] - before[vel]) @ full / spec.dt)
+    return best.tolist()
+
+
+def window_excess(trace: list[list[tuple[float, float, float]]], sigma: list[list[float]], window: int,
+                  dt: float) -> np.ndarray:
+    """Per velocity, the largest acceleration (units/s^2) the monitor's window needed beyond its other terms.
+
+    `trace`: per step, per velocity (e, hull half-width + per-speed allowance) x dt units; `sigma`: the monitor's
+    noise term per window length (1..window) and velocity. Windows grow from one step, as the monitor's do.
+    """
+    if not trace:
+        return np.zeros(len(sigma[0]))
+    arr = np.asarray(trace, np.float64)  # (steps, velocities, 2)
+    e, a = arr[:, :, 0], arr[:, :, 1]
+    zeros = np.zeros((1, e.shape[1]))
+    ce, ca = np.vstack([zeros, np.cumsum(e, 0)]), np.vstack([zeros, np.cumsum(a, 0)])
+    steps = len(e)
+    t = np.arange(1, steps + 1)
+    count = np.minimum(t, window)
+    se, sa = ce[t] - ce[t - count], ca[t] - ca[t - count]
+    sig = np.asarray(sigma, np.float64)[count - 1]
+    need = (np.abs(se) - sa - sig) / (count[:, None] * dt)
+    return need.max(axis=0)
+
+
+def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: int = 0,
+            window: int = WINDOW) -> dict:
+    """The monitor's bounds for `spec` over `cfg`'s envelope: {"accel", "accel_per_speed", "window", "measured"}.
+
+    `measured`: per velocity the bound on the window excess (units/s^2) and the largest seen, the steps and runs
+    they rest on.
+    """
+    import gymnasium as gym
+
+    from envs.randomization import parse_randomization
+    from pipeline.evaluation.falsify import parameters, pinned_domain
+    from shield.cbf import CbfShield
+    from shield.spec import ShieldSpec
+
+    quiet = copy.deepcopy(spec)
+    mon = quiet["assumptions"].setdefault("monitor", {})
+    k = len(quiet["kinematics"]["velocity_index"])
+    per_speed = [float(x) for x in mon.get("accel_per_speed", [0.0] * k)]
+    mon.update(accel=[1e9] * k, window=window)  # silenced: the shield never turns conservative while measured
+    shield = CbfShield(quiet)
+    monitor = shield._monitor
+    if not monitor.enabled:
+        raise ValueError("shield spec: assumptions.obs_noise_std: missing, so the monitor is off; nothing to measure")
+    s = shield.spec
+    rng = np.random.default_rng(seed)
+    maxima = []
+    total = 0
+    for name, rset in cfg.randomization.items():
+        params = parameters(rset)
+        for i in range(runs_per_set):
+            # Half the runs at corners (the extreme plants), half drawn inside; every policy on both.
+            x = rng.integers(0, 2, len(params)).astype(float) if i % 2 else rng.uniform(0, 1, len(params))
+            domain = parse_randomization(pinned_domain(rset, x))
+            policy = reference_policy(_POLICIES[(i // 2) % len(_POLICIES)], cfg, s, seed=int(rng.integers(2**31)))
+            env = gym.make(cfg.task.env_id, randomization=domain, max_episode_steps=steps)
+            obs, _ = env.reset(seed=int(rng.integers(2**31)))
+            shield.reset()
+            if hasattr(policy, "reset"):
+                policy.reset()
+            trace = []
+            for _ in range(steps):
+                obs_list = np.asarray(obs, np.float64).tolist()
+                res = monitor.residuals(obs_list)
+                if res is not None:
+                    trace.append([(e, hw + b * abs(obs_list[o]) * s.dt) for (e, hw), o, b
+                                  in zip(res, s.velocity_index, per_speed)])
+                u, _ = shield.filter(obs, policy(np.asarray(obs, np.float32)[None])[0])
+                obs, _, terminated, truncated, _ = env.step(u)
+                if terminated or truncated:
+                    break
+            env.close()
+            maxima.append(window_excess(trace, monitor._sigma, window, s.dt))
+            total += len(trace)
+    maxima = np.array(maxima)
+    largest, tail = maxima.max(axis=0), maxima.mean(axis=0) + TAIL_SIGMAS * maxima.std(axis=0)
+    bound = np.maximum(np.maximum(largest, tail), 0.0)
+    margin = [MARGIN_SHARE * a for a in full_action_accel(ShieldSpec.from_dict(spec))]
+    return {"accel": [float(w + m) for w, m in zip(bound, margin)], "accel_per_speed": per_speed, "window": window,
+            "measured": {"excess_accel": bound.tolist(), "largest_excess_accel": largest.tolist(),
+                         "margin_accel": margin, "steps": total, "runs": len(maxima), "seed": seed}}
+
+
+def with_measured_monitor(cfg, spec: dict, **kw) -> dict:
+    """A copy of `spec` whose monitor bounds are measured over `cfg`'s envelope (`measure`)."""
+    out = copy.deepcopy(spec)
+    out["assumptions"]["monitor"] = measure(cfg, spec, **kw)
+    return out
+

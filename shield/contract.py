@@ -1,0 +1,94 @@
+"""The bundle's I/O contract: what the policy expects and answers, stated so a controller needs nothing else.
+
+`manifest.json` (schema 2) carries it under ``contract``::
+
+    {"control_period_s": 0.02,
+     "observations": [{"name": "x", "source": "joint slider qpos", "unit": "m",
+                       "expected_low": -1.1, "expected_high": 1.1}, ...],
+     "actions": [{"name": "cart_force", "source": "actuator cart_force", "unit": "N",
+                  "units_per_action": 30.0, "low": -1.0, "high": 1.0}, ...],
+     "policy_state": {"kind": "none"},
+     "expected_range": "the training observations' mean +- 5 std",
+     "names_sha256": "..."}
+
+`names_sha256` hashes the observation and action names in order and the control period: a controller built
+against one bundle compares it with the server's (its status reply) and refuses to run against another.
+A history policy's state is ``{"kind": "history", "length": H, "initial": "zeros", "reset": [...]}``: the
+edge runtime keeps one per plant session and starts it from zeros on the events listed.
+
+Stdlib only: this runs on the edge box.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+POLICY_STATE_KINDS = ("none", "history")
+
+
+class ContractError(ValueError):
+    """A contract that does not say what it must; the message names the key."""
+
+
+def names_sha256(observations: list[str], actions: list[str], control_period_s: float | None) -> str:
+    """The hash a controller checks: observation and action names in order, and the control period (s)."""
+    canonical = json.dumps({"observations": list(observations), "actions": list(actions),
+                            "control_period_s": control_period_s}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _number(value: Any, key: str, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ContractError(f"{key}: must be a finite number, got {value!r}")
+    if positive and not value > 0:
+        raise ContractError(f"{key}: must be > 0, got {value!r}")
+    return float(value)
+
+
+def check_contract(contract: Any, obs_dim: int | None = None, act_dim: int | None = None) -> dict:
+    """`contract` checked: names, units and numbers where they belong, sizes as the policy's, the hash its own."""
+    if not isinstance(contract, dict):
+        raise ContractError("contract: must be an object")
+    period = contract.get("control_period_s")
+    if period is not None:
+        _number(period, "contract.control_period_s", positive=True)
+    for kind, dim, numbers in (("observations", obs_dim, ("expected_low", "expected_high")),
+                               ("actions", act_dim, ("units_per_action", "low", "high"))):
+        entries = contract.get(kind)
+        if not isinstance(entries, list) or not entries:
+            raise ContractError(f"contract.{kind}: must be a non-empty list")
+        if dim is not None and len(entries) != dim:
+            raise ContractError(f"contract.{kind}: {len(entries)} entries, the policy has {dim}")
+        for i, entry in enumerate(entries):
+            key = f"contract.{kind}[{i}]"
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+                raise ContractError(f"{key}.name: must be a non-empty string")
+            for text in ("source", "unit"):
+                if not isinstance(entry.get(text), str):
+                    raise ContractError(f"{key}.{text}: must be a string")
+            for n in numbers:
+                _number(entry.get(n), f"{key}.{n}")
+    state = contract.get("policy_state")
+    if not isinstance(state, dict) or state.get("kind") not in POLICY_STATE_KINDS:
+        raise ContractError(f"contract.policy_state.kind: must be one of {POLICY_STATE_KINDS}")
+    expected = names_sha256([o["name"] for o in contract["observations"]], [a["name"] for a in contract["actions"]],
+                            period)
+    if contract.get("names_sha256") != expected:
+        raise ContractError("contract.names_sha256: does not hash the contract's names and control period")
+    return contract
+
+
+def describe(contract: dict | None) -> list[str]:
+    """Human lines: the control period, each observation and action with its unit, the policy's state, the hash."""
+    if not contract:
+        return ["no I/O contract (a schema-1 bundle): the task's config says what the observations are"]
+    period = contract.get("control_period_s")
+    lines = [f"control period {period:g} s" if period else "control period not stated",
+             "observations: " + ", ".join(f"{o['name']} [{o['unit'] or '-'}]" for o in contract["observations"]),
+             "actions: " + ", ".join(f"{a['name']} [{a['units_per_action']:g} {a['unit'] or 'units'} per unit, "
+                                     f"{a['low']:g}..{a['high']:g}]" for a in contract["actions"]),
+             f"policy state: {contract['policy_state']['kind']}", f"names sha256: {contract['names_sha256']}"]
+    return lines

@@ -1,0 +1,146 @@
+"""The gate's statistics on synthetic paired samples: exact rate bounds match their closed form, and the sequential
+gate (the real `decide`, look after look) never promotes an equal candidate more often than its confidence allows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import binom
+
+from pipeline.config import GateConfig
+from pipeline.evaluation.gate import decide
+from pipeline.evaluation.gate_statistics import (clopper_pearson_lower, clopper_pearson_upper, paired_bound,
+                                                 planned_looks)
+
+LEGACY_MEAN = 400.0  # return units: the size of a cart-pole episode's return
+
+
+@given(n=st.integers(1, 5000), confidence=st.sampled_from([0.9, 0.95, 0.99]))
+def test_zero_of_n_is_bounded_by_the_closed_form(n, confidence):
+    alpha = 1.0 - confidence
+    upper = clopper_pearson_upper(0, n, alpha)
+    assert upper == pytest.approx(1.0 - alpha ** (1.0 / n), rel=1e-12)
+    assert upper > 0.0  # never "0 of n, so 0"
+    if n >= 30 and confidence == 0.95:  # the rule of three: about 3/n
+        assert upper == pytest.approx(3.0 / n, rel=0.1)
+
+
+@given(n=st.integers(2, 3000), data=st.data(), confidence=st.sampled_from([0.9, 0.95, 0.99]))
+def test_exact_bounds_solve_the_binomial_tail(n, data, confidence):
+    k = data.draw(st.integers(1, n - 1))
+    alpha = 1.0 - confidence
+    upper, lower = clopper_pearson_upper(k, n, alpha), clopper_pearson_lower(k, n, alpha)
+    assert lower < k / n < upper
+    # Clopper-Pearson: the rate at which seeing <= k (>= k) events has probability exactly alpha.
+    assert binom.cdf(k, n, upper) == pytest.approx(alpha, rel=1e-6)
+    assert binom.sf(k - 1, n, lower) == pytest.approx(alpha, rel=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(5, 40), shift=st.floats(-1e3, 1e3), scale=st.floats(0.01, 100.0), seed=st.integers(0, 2**16))
+def test_paired_bound_moves_with_the_data(n, shift, scale, seed):
+    """The bounds bracket the mean, and shift and scale with the returns (units in, units out); same data, same
+    bounds (a report is reproducible)."""
+    rng = np.random.default_rng(seed)
+    legacy = rng.normal(LEGACY_MEAN, 50.0, n)
+    d = rng.normal(0.0, 1.0, n)
+    base = paired_bound(legacy + d, legacy, 0.05)
+    moved = paired_bound(legacy + scale * d + shift, legacy, 0.05)
+    assert base.lower <= base.mean <= base.upper
+    tol = 1e-6 * (abs(shift) + scale * (abs(base.lower) + abs(base.upper)) + 1.0)
+    assert moved.lower == pytest.approx(scale * base.lower + shift, abs=tol)
+    assert moved.upper == pytest.approx(scale * base.upper + shift, abs=tol)
+    assert paired_bound(legacy + d, legacy, 0.05) == base
+
+
+def test_paired_bound_edge_cases():
+    legacy = np.array([400.0, 380.0, 420.0, 410.0])
+    # An identical candidate is not better than its reference: every difference 0 is "undecided" at threshold 0.
+    assert paired_bound(legacy, legacy, 0.05).versus(0.0) == "undecided"
+    one = paired_bound(legacy[:1] + 5.0, legacy[:1], 0.05)  # one pair says nothing about the spread
+    assert (one.lower, one.upper) == (-math.inf, math.inf) and one.versus(0.0) == "undecided"
+    with pytest.raises(ValueError, match="not the same seeds"):
+        paired_bound(legacy[:3], legacy, 0.05)
+
+
+# ----------------------------------------------------------------------------- the sequential gate, simulated
+
+def _metrics(legacy: np.ndarray, cand: np.ndarray, look: int, looks: int) -> dict:
+    """What the shadow run hands the gate at one look; every safety check passes, so returns decide."""
+    return {"legacy_returns": legacy.tolist(), "candidate_returns": cand.tolist(), "looks": look,
+            "planned_looks": looks, "candidate_violations": 0, "candidate_violation_episodes": 0,
+            "candidate_interventions": 0, "candidate_steps": 500 * len(cand), "latency_p99_us": 100.0,
+            "counterfactual_latency_p99_us": 100.0}
+
+
+def simulate_gate(gate: GateConfig, batch: int, difference, spread: float, runs: int, seed: int):
+    """Run the sequential gate `runs` times on synthetic paired returns: legacy's vary a lot from domain to domain
+    (common to both policies), the paired difference is `difference(rng, n)`. Returns (decisions, episodes used)."""
+    rng = np.random.default_rng(seed)
+    looks = planned_looks(gate.max_episodes, batch)
+    decisions, used = [], []
+    for _ in range(runs):
+        legacy, cand = np.empty(0), np.empty(0)
+        for look in range(1, looks + 1):
+            n = min(batch, gate.max_episodes - legacy.size)
+            domain = rng.normal(LEGACY_MEAN, 80.0, n)  # the plant, start and pushes: cancel out of the pair
+            legacy = np.concatenate([legacy, domain])
+            cand = np.concatenate([cand, domain + spread * difference(rng, n)])
+            decision = decide(_metrics(legacy, cand, look, looks), gate)
+            if decision.settled:
+                break
+        decisions.append(decision.decision)
+        used.append(legacy.size)
+    return decisions, used
+
+
+def _normal(rng, n):
+    return rng.normal(0.0, 1.0, n)
+
+
+def _skewed(rng, n):
+    # Mean 0, a long tail of bad episodes on one side (a dropped pole now and then).
+    return 1.0 - rng.exponential(1.0, n)
+
+
+def _binary(rng, n):
+    # Mean 0: now better, now worse by the same amount.
+    return rng.choice([-1.0, 1.0], n)
+
+
+def _uniform(rng, n):
+    return rng.uniform(-1.0, 1.0, n)
+
+
+@settings(max_examples=6, deadline=None)
+@given(batch=st.sampled_from([5, 10]), budget=st.sampled_from([30, 40]),
+       noise=st.sampled_from([_normal, _skewed, _binary, _uniform]), spread=st.sampled_from([1.0, 25.0]))
+def test_an_equal_candidate_is_never_promoted_more_often_than_the_confidence_allows(batch, budget, noise, spread):
+    gate = GateConfig(max_episodes=budget)  # defaults: no worse than legacy at 95 %
+    runs = 500
+    decisions, _ = simulate_gate(gate, batch, noise, spread, runs, seed=batch * 1000 + budget)
+    promoted = decisions.count("pass") / runs
+    # The limit is 1 - confidence; the slack covers the simulation's own noise (3 standard errors).
+    assert promoted <= (1 - gate.confidence) + 3 * math.sqrt(0.05 * 0.95 / runs), (promoted, decisions.count("fail"))
+    assert set(decisions) <= {"pass", "fail", "inconclusive"}
+
+
+def test_a_better_candidate_passes_before_the_budget_and_a_worse_one_is_refused_with_its_interval():
+    gate = GateConfig(max_episodes=40)
+    better, used = simulate_gate(gate, 10, lambda rng, n: 1.0 + rng.normal(0, 1.0, n), 10.0, 100, seed=5)
+    assert better.count("pass") / 100 >= 0.9
+    assert np.mean(used) < gate.max_episodes * 0.75 and min(used) >= gate.min_episodes
+
+    rng = np.random.default_rng(9)
+    domain = rng.normal(LEGACY_MEAN, 80.0, 10)
+    worse = domain - 20.0 + rng.normal(0, 5.0, 10)  # 20 return units worse per episode, known
+    decision = decide(_metrics(domain, worse, 1, planned_looks(40, 10)), gate)  # refused at the first look
+    assert decision.decision == "fail" and decision.failing == ["gate.min_return_ratio"]
+    check = decision.checks[0]
+    lower, upper = check.interval
+    assert lower < -20.0 < upper < 0.0
+    assert f"bounds [{lower:+.3f}, {upper:+.3f}]" in decision.reasons[0]

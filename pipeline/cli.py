@@ -33,6 +33,7 @@ HANDLERS: dict[str, str] = {
     "registry": "pipeline.commands.registry:run",
     "serve": "shield.server:run_cli",
     "calibrate": "pipeline.commands.calibrate:run",
+    "shield": "pipeline.commands.shield:run",
 }
 
 
@@ -134,6 +135,9 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
             rp.add_argument("version", type=int, nargs="?", help="bundle version (default: all)")
         rp.add_argument("--root", default="models", help="registry root (default models/)")
         _json_flag(rp)
+
+    p = sub.add_parser("shield", help="synthesize the shield from the plant and certify it (or refuse, naming the range)")
+    importlib.import_module("pipeline.commands.shield").add_arguments(p, DEFAULT_CONFIG)
 
     p = sub.add_parser("serve", help="serve a verified bundle to physical controllers over UDP")
     add_serve_arguments(p)  # one definition, shared with `python -m shield.server`

@@ -208,19 +208,23 @@ class ShieldConfig(Section):
     enabled: bool = Field(True, description="Wrap the policy in the CBF shield when evaluating and serving.")
     gain: float = Field(0.3, gt=0, le=1, description="Default discrete-time class-K gain: h(x+) >= (1 - gain) h(x); larger lets the plant approach a boundary faster.")
     gains: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field({}, description="Per-constraint gain overrides, by constraint name (each in (0, 1]).")
-    margin: float = Field(0.03, ge=0, description="Safety margin in each constraint's units (m for positions), covering model error and sensor noise.")
-    brake_fraction: float = Field(0.4, gt=0, le=1, description="Share of the nominal full-action deceleration the braking-distance barrier counts on; the rest absorbs mass, gain and disturbance mismatch.")
-    input_gain_error: float = Field(0.45, ge=0, lt=0.9, description="Relative error of the input's effect (actuator gain over mass) the CBF conditions hold for: (1 +- this) x nominal.")
+    margin: float | None = Field(None, ge=0, description="Safety margin in each constraint's units (m for positions), covering model error and sensor noise. "
+                                 "None: synthesized (sim2real shield synthesize); set, synthesis checks it covers what it measures.")
+    brake_fraction: float | None = Field(None, gt=0, le=1, description="Share of the nominal full-action deceleration the braking-distance barrier counts on; the rest absorbs mass, gain and disturbance mismatch. "
+                                         "None (and no brake_accel): the braking each constraint measurably has, synthesized.")
+    input_gain_error: float | None = Field(None, ge=0, lt=0.9, description="Relative error of the input's effect (actuator gain over mass) the CBF conditions hold for: (1 +- this) x nominal. "
+                                           "None: synthesized from the measured input-gain range (low/high in the certificate).")
     brake_accel: list[Annotated[float, Field(gt=0)] | Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]] | None = Field(
         None, description="Braking acceleration per position of the task's kinematics (units/s^2), each a number or [toward -, toward +] "
                           "where the plant brakes harder one way (gravity helps a quadrotor brake a climb); overrides brake_fraction.")
     keepout_steering: bool = Field(True, description="Keep-out zones (cylinders, spheres) credit the plant's sideways speed: it may pass a zone "
                                    "rather than stop before it (shield/barrier.py). Needs each axis's authority to brake and hold against the disturbance at once (checked).")
-    disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Bound on an unknown additive acceleration per position (units/s^2: wind, gravity-compensation error) the conditions are robust to; None: zero.")
+    disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Bound on an unknown additive acceleration per position (units/s^2: wind, gravity-compensation error, the linear model's error) the conditions are robust to; None: synthesized from the measured model error.")
     latency_steps: int | None = Field(None, ge=0, description="Control steps of actuation latency the shield predicts through; None: the largest latency_steps of every randomization set.")
     latency_min_steps: int | None = Field(None, ge=0, description="The fewest latency steps the plant may have: every latency from it to latency_steps is a case of the shield's prediction (more conservative, a little more compute per case). None: the fewest any randomization set admits (a set without latency_steps admits 0).")
     ambient_disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Additive acceleration per position (units/s^2) present in every domain that no randomization set states (e.g. the quadrotor's built-in wind); counted in the envelope check.")
     model_ranges: dict[str, Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]] = Field({}, description="Ranges [low, high] of randomized parameters the envelope check cannot derive (damping, friction: `joint_damping.<joint>`, `geom_friction.<geom>`; `gravity_scale` for a linear or declared double-integrator model), for which the guarantee was established by falsification; a set outside them is refused, and so is a key no set randomizes.")
+    synthesis_samples: int = Field(4000, ge=100, description="States x actions per randomization set at which synthesis measures the nominal model's error (more: a tighter confidence on the bound).")
     train_in_loop: bool = Field(False, description="Train with the shield filtering the actions the env receives.")
     intervention_penalty: float = Field(0.0, ge=0, description="Reward subtracted on each step the shield changes the action (training in the loop).")
     train_margin: float | None = Field(None, ge=0, description="Margin of the shield in the training loop and in model selection (train_in_loop); None: `margin`. "

@@ -107,11 +107,11 @@ class CbfShield:
         self.spec = spec
         model = spec.linear_model()
         self._A, self._B, self._c = model.A, model.B, model.c
-        # Robust to the input's effect being (1 +- input_gain_error) x nominal: each end is a case
-        # with its own predicted state (pending actions and lagged internal states scale with the
-        # gain too); h is concave along that scaling, so both ends bound every gain between.
-        err = spec.input_gain_error
-        gain_scales = [1.0] if err == 0.0 else [1.0 - err, 1.0 + err]
+        # Robust to the input's effect being (1 +- input_gain_error) x nominal, or within the measured
+        # input_gain_range: each end is a case with its own predicted state (pending actions and lagged
+        # internal states scale with the gain too); h is concave along that scaling, so both ends bound
+        # every gain between.
+        gain_scales = spec.gain_scales()
         # With latency_min_steps, each latency the plant may have is a case too: a plant with fewer steps
         # applies each action sooner than the prediction through latency_steps would say.
         L = spec.latency_steps

@@ -28,7 +28,10 @@ This module owns the schema. A spec holds:
   ``latency_min_steps``, every latency from it up: one prediction case each), the margin
   (units of the constrained quantity) covering model error and sensor noise,
   the relative error of the input's effect (actuator gain over mass) the
-  conditions are robust to (`input_gain_error`), and the bound on an unknown
+  conditions are robust to (`input_gain_error`; with `input_gain_range`, the
+  measured [low, high] of that effect over nominal, whose two ends are then the
+  gain cases instead of 1 +- the error: an empty hook and a full load are not
+  symmetric about nominal), and the bound on an unknown
   additive acceleration per position (`disturbance_accel`, units/s^2: wind,
   gravity-compensation error) the next-step prediction is robust to, the
   speed a push may add beyond that (`push_velocity`, units/s per position: a
@@ -179,6 +182,8 @@ class ShieldSpec:
     # Observation entries that are angles of joints that turn without limit, with the angle each is wrapped
     # around: the shield reads each in (center - pi, center + pi]. None: no entry is wrapped.
     angles: list[tuple[int, float]] | None = None
+    # The input's effect over nominal as measured, (low, high); None: 1 +- input_gain_error.
+    input_gain_range: tuple[float, float] | None = None
 
     def __post_init__(self):
         if self.brake_accel_pairs is None:
@@ -192,7 +197,7 @@ class ShieldSpec:
             _fail("<root>", f"must be a mapping, got {type(d).__name__}")
         known = {"schema_version", "task", "obs_dim", "act_dim", "dt", "action_low", "action_high",
                  "state_index", "model", "kinematics", "constraints", "latency_steps", "latency_min_steps", "margin",
-                 "input_gain_error",
+                 "input_gain_error", "input_gain_range",
                  "disturbance_accel", "push_velocity", "angles",
                  "fallback_action", "assumptions"}
         for k in d:
@@ -249,6 +254,14 @@ class ShieldSpec:
             _fail("latency_min_steps", f"must be an integer from 0 to latency_steps ({latency}), got {latency_min!r}")
         margin = _number(d.get("margin", 0.0), "margin", 0.0)
         gain_error = _number(d.get("input_gain_error", 0.0), "input_gain_error", 0.0, 0.9)
+        gain_range = d.get("input_gain_range")
+        if gain_range is not None:
+            lo_g, hi_g = _finite(gain_range, "input_gain_range", 2)
+            if not 0.0 < lo_g <= 1.0 <= hi_g:
+                _fail("input_gain_range", f"must be [low, high] with 0 < low <= 1 <= high, got {gain_range!r}")
+            if lo_g < 1.0 - gain_error - 1e-9 or hi_g > 1.0 + gain_error + 1e-9:
+                _fail("input_gain_range", f"{gain_range!r} must lie within 1 +- input_gain_error ({gain_error})")
+            gain_range = (lo_g, hi_g)
         disturbance = _finite(d.get("disturbance_accel", [0.0] * len(pos)), "disturbance_accel", len(pos))
         for i, w in enumerate(disturbance):
             if w < 0:
@@ -276,7 +289,7 @@ class ShieldSpec:
                    brake_accel=brake, brake_accel_pairs=pairs, constraints=constraints, latency_steps=latency, margin=margin,
                    input_gain_error=gain_error, disturbance_accel=disturbance,
                    fallback_action=fallback, assumptions=assumptions, task=task, keepout_steering=steering,
-                   latency_min_steps=latency_min, push_velocity=kick, angles=angles)
+                   latency_min_steps=latency_min, push_velocity=kick, angles=angles, input_gain_range=gain_range)
 
     @staticmethod
     def _check_model(model: Any, n: int, m: int, state_index: list[int], pos: list[int], vel: list[int]) -> None:
@@ -345,6 +358,7 @@ class ShieldSpec:
             **({"latency_min_steps": self.latency_min_steps} if self.latency_min_steps is not None else {}),
             "margin": self.margin,
             "input_gain_error": self.input_gain_error,
+            **({"input_gain_range": list(self.input_gain_range)} if self.input_gain_range is not None else {}),
             "disturbance_accel": list(self.disturbance_accel or [0.0] * len(self.position_index)),
             **({"push_velocity": pairs_to_list(self.push_velocity)} if self.push_velocity is not None else {}),
             **({"angles": angles_to_dict(self.angles)} if self.angles is not None else {}),
@@ -372,6 +386,14 @@ class ShieldSpec:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     # ---- derived quantities -------------------------------------------------
+    def gain_scales(self) -> list[float]:
+        """The input's effect over nominal in each gain case: the measured range's ends, else 1 +- the error."""
+        if self.input_gain_range is not None:
+            lo, hi = self.input_gain_range
+            return [lo] if lo == hi else [lo, hi]
+        err = self.input_gain_error
+        return [1.0] if err == 0.0 else [1.0 - err, 1.0 + err]
+
     def linear_model(self) -> LinearModel:
         """The nominal model in discrete linear form over ``[obs[state_index], internal]``."""
         m = self.model

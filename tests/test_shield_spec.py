@@ -53,6 +53,9 @@ def test_round_trip_through_a_file(tmp_path):
     (lambda d: d.update(angles={"index": [1], "center": [float("nan")]}), "angles.center[0]"),
     (lambda d: d.update(angles={"index": [1], "center": [0.0, 1.0]}), "angles.center"),
     (lambda d: d.update(angles={"index": [1], "centre": [0.0]}), "angles.centre"),
+    (lambda d: d.update(input_gain_range=[0.7]), "input_gain_range"),
+    (lambda d: d.update(input_gain_range=[1.1, 1.2]), "input_gain_range"),  # nominal itself outside it
+    (lambda d: d.update(input_gain_error=0.2, input_gain_range=[0.7, 1.1]), "input_gain_range"),  # beyond 1 +- error
 ])
 def test_invalid_spec_names_the_key(edit, key):
     d = copy.deepcopy(planar_double_integrator())
@@ -160,3 +163,17 @@ def test_push_velocity_makes_every_row_brake_from_that_much_more_speed():
     wall = 1  # info["h"] per constraint: the diagonal wall x + y <= 3, closed on along x
     assert with_kick["h"][wall] == pytest.approx(faster["h"][wall], abs=1e-6)  # (obs are float32)
     assert with_kick["h"][wall] < same["h"][wall] - 0.05
+
+
+def test_a_measured_gain_range_is_the_gain_cases_and_round_trips():
+    """`input_gain_range` (what synthesis measured, low and high): its two ends are the CBF's gain cases, not
+    1 +- input_gain_error; a spec without it reads as before."""
+    from shield.cbf import CbfShield
+
+    d = dict(planar_double_integrator(input_gain_error=0.4), input_gain_range=[0.6, 1.1])
+    spec = ShieldSpec.from_dict(d)
+    assert spec.gain_scales() == [0.6, 1.1] and spec.to_dict()["input_gain_range"] == [0.6, 1.1]
+    assert ShieldSpec.from_dict(spec.to_dict()).to_dict() == spec.to_dict()
+    assert ShieldSpec.from_dict(planar_double_integrator(input_gain_error=0.4)).gain_scales() == [0.6, 1.4]
+    assert "input_gain_range" not in ShieldSpec.from_dict(planar_double_integrator()).to_dict()
+    assert CbfShield(d)._rows._scales.ravel().tolist() == [0.6, 1.1]

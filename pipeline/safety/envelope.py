@@ -169,7 +169,7 @@ def declared_model_problems(cfg, positions: list[int], accel_per_action: list[fl
 def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bool,
                   full_accel: list[float], plant: tuple, cross_accel: list[float] | None = None,
                   disturbance: list[float] | None = None, dt: float = 0.0,
-                  push_accel_of=None) -> list[SetEnvelope]:
+                  push_accel_of=None, ratio=None) -> list[SetEnvelope]:
     """One SetEnvelope per randomization set of `cfg`; `plant`: `plant_weights(cfg.task.env_id)`; `dt`: the control
     period (s), a push's duration is counted in.
 
@@ -177,7 +177,8 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
     coupled plant); `disturbance`: the spec's declared unknown additive acceleration per position. The
     authority to brake is the strongest input's, less both, at the weakest gain/mass. `push_accel_of(rset)`:
     per position, what the set's push gives the plant where it is measured (`declared_push_accel`); by default
-    the push force over the moving bodies' mass, on world axis k = position k (the quadrotor)."""
+    the push force over the moving bodies' mass, on world axis k = position k (the quadrotor). `ratio`: the input's
+    effect over nominal (low, high) as synthesis measured it, instead of gear-weighted gain over moving mass."""
     masses, gears, moving_mass, gravity = plant
     ambient = list(cfg.shield.ambient_disturbance_accel or [0.0] * len(positions))
     cross = cross_accel or [0.0] * len(positions)
@@ -188,7 +189,7 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
         g_lo, g_hi = _weighted_range(rset.actuator_gain, gears) if gears else (1.0, 1.0)
         grav = rset.gravity_scale
         s_lo, s_hi = (grav.low, grav.high) if grav is not None else (1.0, 1.0)
-        ratio = (g_lo / m_hi, g_hi / m_lo)
+        ratio_set = ratio or (g_lo / m_hi, g_hi / m_lo)
         persistent, authority = [], []
         p = rset.push
         if push_accel_of is not None:  # measured on the plant (a declared double integrator)
@@ -207,9 +208,9 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
             # error over the safe set (gravity away from the operating point, Coriolis, the inertia's change) is
             # known only as the spec declares it (shield.disturbance_accel): braking must hold against it too.
             drift = 0.0 if double_integrator else declared[k]
-            F, against = full_accel[k] - cross[k], ratio[1] * cross[k] + max(amb, drift)
-            authority.append((min(r * (F - g_c) + s * g_c for r in ratio for s in (s_lo, s_hi)) - against,
-                              min(r * (F + g_c) - s * g_c for r in ratio for s in (s_lo, s_hi)) - against))
+            F, against = full_accel[k] - cross[k], ratio_set[1] * cross[k] + max(amb, drift)
+            authority.append((min(r * (F - g_c) + s * g_c for r in ratio_set for s in (s_lo, s_hi)) - against,
+                              min(r * (F + g_c) - s * g_c for r in ratio_set for s in (s_lo, s_hi)) - against))
         std = list(rset.obs_noise_std)
         noise = [std[0]] * obs_dim if len(std) == 1 else (std + [0.0] * obs_dim)[:obs_dim]
         other = {f"{group}.{el}": (r.low, r.high) for group in _MODEL_RANGE_GROUPS
@@ -219,7 +220,7 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
         lat = rset.latency_steps.high if rset.latency_steps is not None else 0
         lat_min = rset.latency_steps.low if rset.latency_steps is not None else 0
         duration = rset.push.duration_steps * dt if rset.push is not None else 0.0
-        out.append(SetEnvelope(name, lat, lat_min, ratio, persistent, push, noise, other, authority, moving_mass * m_lo,
+        out.append(SetEnvelope(name, lat, lat_min, ratio_set, persistent, push, noise, other, authority, moving_mass * m_lo,
                                duration))
     return out
 
@@ -244,8 +245,10 @@ def push_velocity(envelopes: list[SetEnvelope], brake: list) -> list[tuple[float
     return [tuple(p) for p in out]
 
 
-def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel: list[float]) -> list[str]:
-    """Every way a set admits a plant the spec's assumptions do not cover (empty: all covered)."""
+def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel: list[float],
+                      measured_ranges: bool = False) -> list[str]:
+    """Every way a set admits a plant the spec's assumptions do not cover (empty: all covered). `measured_ranges`:
+    synthesis measured the model's error over every randomized range, so none needs `shield.model_ranges`."""
     problems = []
     err = spec["input_gain_error"]
     brake = brake_pairs(spec["kinematics"]["brake_accel"], len(spec["kinematics"]["position_index"]))  # (toward -, toward +)
@@ -261,7 +264,8 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
             problems.append(f"{where}.latency_steps: from {env.latency_min} steps, below the {fewest} the shield "
                             f"predicts for (shield.latency_min_steps)")
         lo, hi = env.ratio
-        if lo < 1.0 - err - 1e-9 or hi > 1.0 + err + 1e-9:
+        gain_cover = spec.get("input_gain_range") or [1.0 - err, 1.0 + err]
+        if lo < gain_cover[0] - 1e-9 or hi > gain_cover[1] + 1e-9:
             problems.append(f"{where}.actuator_gain / body_mass: input gain over mass ranges [{lo:.3f}, {hi:.3f}] x "
                             f"nominal, outside the [{1 - err:.3f}, {1 + err:.3f}] of shield.input_gain_error = {err:g}")
         for k, o in enumerate(pos):
@@ -288,6 +292,8 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
             problems += _steering_problems(where, spec, env, brake)
         covered = cfg.shield.model_ranges
         for key, (lo_p, hi_p) in env.other.items():
+            if measured_ranges and key not in covered:
+                continue
             if key not in covered:
                 problems.append(f"{where}.{key}: range [{lo_p:g}, {hi_p:g}] is not among the ranges the shield's "
                                 f"guarantee was established for (shield.model_ranges)")

@@ -6,6 +6,11 @@ at the task's equilibrium, composed over the physics substeps of one control
 period; for ``model: double_integrator`` tasks (the quadrotor's acceleration
 set-points) the per-axis acceleration scale and inner-loop response time. The
 edge box then needs no MuJoCo.
+
+The robustness numbers (`margin`, braking, `disturbance_accel`, the input-gain
+range) come from `pipeline.safety.synthesis`, which measures them on the MJCF over
+every randomization set, wherever the config leaves one unset; a number the config
+sets is then held to that measurement.
 """
 
 from __future__ import annotations
@@ -15,10 +20,25 @@ from functools import partial
 import numpy as np
 
 from pipeline.config import ConfigError
-from pipeline.safety.envelope import (NOISE_SIGMAS, assumptions, declared_model_problems, declared_push_accel,
-                                     envelope_problems, monitor_bounds, pushed_bodies, plant_weights, push_velocity,
-                                     set_envelopes)
-from shield.spec import ShieldSpec, ShieldSpecError, angles_to_dict, brake_pairs, pairs_to_list
+from pipeline.safety.envelope import (
+    NOISE_SIGMAS,
+    assumptions,
+    declared_model_problems,
+    declared_push_accel,
+    envelope_problems,
+    monitor_bounds,
+    plant_weights,
+    push_velocity,
+    pushed_bodies,
+    set_envelopes,
+)
+from shield.spec import (
+    ShieldSpec,
+    ShieldSpecError,
+    angles_to_dict,
+    brake_pairs,
+    pairs_to_list,
+)
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
 _STATEMENT = ("No constraint is violated while the actuation latency is at most max_latency_s, the "
@@ -68,11 +88,19 @@ class EnvelopeError(ConfigError):
     """A randomization set admits plants outside the shield's assumptions; the message names set, parameter, range, limit."""
 
 
-def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
+def needs_synthesis(shield_cfg) -> bool:
+    """True when the config leaves a shield number to synthesis (margin, braking, disturbance or input gain)."""
+    return (shield_cfg.margin is None or shield_cfg.input_gain_error is None or shield_cfg.disturbance_accel is None
+            or (shield_cfg.brake_fraction is None and shield_cfg.brake_accel is None))
+
+
+def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dict:
     """The shield.json content for `cfg.task.env_id`, from envs.safety_spec, the nominal model and cfg.shield.
 
     With `check_envelope` (always, except to build a deliberately faulty spec in tests) every
-    randomization set is checked against the spec's assumptions (pipeline.safety.envelope).
+    randomization set is checked against the spec's assumptions (pipeline.safety.envelope). A number the
+    config leaves unset comes from `measurement` (`pipeline.safety.synthesis.measure`, run here when none is
+    given), and every number it sets is then held to that measurement.
     """
     import envs
 
@@ -131,13 +159,29 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         angles = []
     else:
         raise ShieldSpecError(f"task {cfg.task.env_id}: unsupported shield model {safety['model']!r}")
-    brake = [sc.brake_fraction * a for a in full_accel]
+    synthesized = needs_synthesis(sc) or measurement is not None
+    if synthesized:
+        from pipeline.safety import synthesis
+
+        measurement = measurement or synthesis.cached_measure(cfg)
+        refused = synthesis.authority_problems(measurement)
+        if refused and sc.brake_accel is None and sc.brake_fraction is None:
+            from pipeline.safety.certificate import refusal
+
+            raise EnvelopeError(refusal(cfg, measurement, refused, bisect=False)["message"])
+        derived = synthesis.derived_numbers(measurement)
+    margin = float(sc.margin if sc.margin is not None else derived["margin"])
+    gain_error = float(sc.input_gain_error if sc.input_gain_error is not None else derived["input_gain_error"])
+    if sc.brake_fraction is not None:
+        brake = [sc.brake_fraction * a for a in full_accel]
+    elif sc.brake_accel is None:
+        brake = [pair if pair[0] != pair[1] else pair[0] for pair in derived["brake_accel"]]
     if sc.brake_accel is not None:
         if len(sc.brake_accel) != len(pos):
             raise ShieldSpecError(f"shield.brake_accel: needs {len(pos)} values (one per position), got {len(sc.brake_accel)}")
         brake = [[float(v) for v in a] if isinstance(a, list) else float(a) for a in sc.brake_accel]
     brake_min = [min(pair) for pair in brake_pairs(brake, len(pos))]
-    disturbance = [0.0] * len(pos) if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
+    disturbance = derived["disturbance_accel"] if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
     if len(disturbance) != len(pos):
         raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
     push_accel_of = None
@@ -148,8 +192,18 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
             raise EnvelopeError("the double_integrator shield model does not describe the plant the MJCF "
                                 "declares:\n  " + "\n  ".join(problems))
         push_accel_of = partial(declared_push_accel, measured, positions=pos)
+    ratio_of = None
+    if synthesized:
+        # Measured where the plant goes, not derived from its masses: a push on a payload moves the swing, and
+        # a payload's mass is in the model's coupling, not in the input's effect.
+        measured_push = {id(rset): measurement.push_accel[name] for name, rset in cfg.randomization.items()}
+        push_accel_of = partial(_by_id, measured_push)
+        ratio_of = _measured_ratio(measurement)
     envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator" and compensated, full_accel,
-                              plant, cross_accel, disturbance, dt, push_accel_of)
+                              plant, cross_accel, disturbance, dt, push_accel_of, ratio_of)
+    if synthesized:  # the braking measured on the plant (its model error, couplings and pulls included) is what it has
+        for e in envelopes:
+            e.authority = [tuple(pair) for pair in measurement.authority]
     latency_min, latency = _latency_range(cfg, envelopes)
     kick = push_velocity(envelopes, brake)
     spec = {
@@ -162,8 +216,12 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         # A plant with fewer steps applies each action sooner than a prediction through `latency_steps` says:
         # each admitted latency is a case of its own (absent when there is only one: the same spec as before).
         **({"latency_min_steps": int(latency_min)} if sc.latency_min_steps is not None or latency_min < latency else {}),
-        "margin": float(sc.margin),
-        "input_gain_error": float(sc.input_gain_error), "disturbance_accel": disturbance,
+        "margin": margin,
+        "input_gain_error": gain_error,
+        # The measured range as it is, when synthesis set the error: its ends are the gain cases.
+        **({"input_gain_range": list(derived["input_gain_range"])} if synthesized and sc.input_gain_error is None
+           else {}),
+        "disturbance_accel": disturbance,
         # Absent where every push fits inside the braking margin and the declared disturbance (the same spec as
         # before the key existed).
         **({"push_velocity": pairs_to_list(kick)} if any(map(any, kick)) else {}),
@@ -173,20 +231,35 @@ def build_shield_spec(cfg, check_envelope: bool = True) -> dict:
         "assumptions": {
             "max_latency_s": latency * dt,
             "max_accel_error": [a - b for a, b in zip(full_accel, brake_min)],
-            "max_input_gain_error": float(sc.input_gain_error),
+            "max_input_gain_error": gain_error,
             "max_disturbance_accel": disturbance,
             "max_push_velocity": pairs_to_list(kick),
             "max_obs_noise": max([NOISE_SIGMAS * e.obs_noise_std[o] for e in envelopes for o in pos], default=0.0),
             "statement": _STATEMENT,
             **assumptions(envelopes, obs_dim, monitor_bounds(envelopes, full_accel, damping, sc.model_ranges, disturbance)),
+            # What synthesis measured, and how (absent where the config sets every number).
+            **({"synthesis": measurement.record()} if synthesized else {}),
         },
     }
     ShieldSpec.from_dict(spec)  # fail here, at build time, rather than on the edge box
     if check_envelope:
-        problems = envelope_problems(cfg, spec, envelopes, full_accel)
+        # Synthesis measured the model's error over every randomized range (damping, friction included).
+        problems = envelope_problems(cfg, spec, envelopes, full_accel, measured_ranges=synthesized)
+        if synthesized:
+            problems += synthesis.override_problems(cfg, measurement, spec)
         if problems:
             raise EnvelopeError("the config admits plants the shield cannot keep safe:\n  " + "\n  ".join(problems))
     return spec
+
+
+def _by_id(table: dict, rset) -> list[float]:
+    """A set's entry of `table` (keyed by the set object's id: sets are unhashable models)."""
+    return table[id(rset)]
+
+
+def _measured_ratio(measurement) -> tuple[float, float]:
+    """The measured input effect over nominal, (lowest, highest) over every position, for the envelope check."""
+    return (min(lo for lo, _ in measurement.gain_range), max(hi for _, hi in measurement.gain_range))
 
 
 def _unlimited_angles(nominal, state_index: list[int]) -> list[tuple[int, float]]:

@@ -1,0 +1,131 @@
+"""`sim2real shield synthesize`: measure the shield from the plant, falsify it, write shield.json and a certificate.
+
+Exit 0 with a certificate; 1 with a refusal (`certificate.json` then says which
+parameter and range cannot be certified, why, and the largest sub-range that can);
+2 for a config synthesis cannot read (a user error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
+
+LEGACY_EPISODES = 10  # reality episodes the legacy controller runs behind the synthesized shield
+
+
+def add_arguments(p: argparse.ArgumentParser, default_config: str) -> None:
+    """The `shield` command's parser (`pipeline/cli.py` registers it)."""
+    sub = p.add_subparsers(dest="shield_cmd", required=True, metavar="ACTION")
+    s = sub.add_parser("synthesize", help="measure the shield's numbers from the MJCF and the randomization sets, "
+                                          "falsify, and write shield.json + certificate.json (exit 1: refused)")
+    s.add_argument("--config", default=default_config, help=f"task config YAML (default {default_config})")
+    s.add_argument("--out", help="folder for shield.json and certificate.json (default reports/shield-<task>)")
+    s.add_argument("--budget-s", type=float, help="falsification budget in seconds (default falsify.budget_s)")
+    s.add_argument("--no-falsify", action="store_true", help="measure and build only (the certificate says so)")
+    s.add_argument("--episodes", type=int, default=LEGACY_EPISODES,
+                   help=f"reality episodes of the legacy controller behind the shield (default {LEGACY_EPISODES})")
+    s.add_argument("--seed", type=int, default=0, help="seed of the measurement and the search")
+    s.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
+
+
+@command("shield")
+def run(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
+    from pipeline.safety import certificate, synthesis
+    from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec
+
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise UsageError(f"--budget-s must be > 0, got {args.budget_s}")
+    if args.episodes < 0:
+        raise UsageError(f"--episodes must be >= 0, got {args.episodes}")
+    cfg = load_config(args.config)
+    out = Path(args.out or f"reports/shield-{cfg.task.name}")
+    meas = synthesis.measure(cfg, seed=args.seed)
+    refused = None
+    problems = synthesis.authority_problems(meas)
+    if problems and cfg.shield.brake_accel is None and cfg.shield.brake_fraction is None:
+        refused = certificate.refusal(cfg, meas, problems)
+    spec = None
+    if refused is None:
+        try:
+            spec = build_shield_spec(cfg, measurement=meas)
+        except EnvelopeError as err:  # an override that does not cover the measurement, or a set outside the spec
+            refused = {"certified": False, "reason": str(err), "message": f"cannot certify {cfg.task.name}: {err}"}
+    falsified = None
+    if spec is not None and not args.no_falsify:
+        falsified = _falsify(cfg, spec, args, out)
+        if falsified["cases_found"]:
+            worst = falsified["cases"][0]
+            refused = {"certified": False, "falsification": falsified,
+                       "reason": f"falsify found {falsified['cases_found']} shielded violation(s) within the envelope, "
+                                 f"e.g. set {worst['set']}, policy {worst['policy']}, seed {worst['seed']}, domain "
+                                 f"{worst.get('domain')}",
+                       "message": f"cannot certify {cfg.task.name}: falsify found a shielded violation "
+                                  f"(case {worst.get('case_file')})"}
+    legacy = _legacy(cfg, spec, args) if spec is not None and args.episodes else None
+    out.mkdir(parents=True, exist_ok=True)
+    if refused is not None:
+        record = {**refused, "task": cfg.task.name, "envelope": certificate.envelope_record(cfg),
+                  "model_error": meas.record(), "legacy_on_reality": legacy}
+    else:
+        record = certificate.certificate(cfg, meas, spec, falsified, legacy)
+        (out / "shield.json").write_text(json.dumps(spec, indent=2) + "\n")
+    (out / "certificate.json").write_text(json.dumps(record, indent=2, default=_plain) + "\n")
+    record["out"] = str(out)
+    emit(args, record, _human(cfg, meas, spec, record, refused, out))
+    return OK if refused is None else CHECK_FAILED
+
+
+def _falsify(cfg, spec: dict, args, out: Path) -> dict:
+    from pipeline.evaluation.falsify import falsify
+
+    result = falsify(cfg, spec=spec, budget_s=args.budget_s, seed=args.seed, out_dir=out / "falsify",
+                     progress=not args.json)
+    keep = ("cases_found", "cases", "min_h", "evaluated", "phases", "budget_s", "seed", "wall_s")
+    return {k: result.get(k) for k in keep}
+
+
+def _legacy(cfg, spec: dict, args) -> dict:
+    from pipeline.evaluation.evaluate import evaluate, reference_policy
+    from shield.spec import ShieldSpec
+
+    shield_spec = ShieldSpec.from_dict(spec)
+    result = evaluate(cfg, reference_policy("legacy", cfg, shield_spec, seed=cfg.shadow.seed), domains="reality",
+                      episodes=args.episodes, seed=cfg.shadow.seed, shield=True, spec=shield_spec)
+    keep = ("episodes", "steps", "return_mean", "violations", "violation_episodes", "intervention_rate",
+            "fallback_rate", "min_h")
+    return {k: result.get(k) for k in keep}
+
+
+def _plain(obj):
+    return obj.tolist() if hasattr(obj, "tolist") else str(obj)
+
+
+def _human(cfg, meas, spec, record, refused, out: Path) -> str:
+    head = (f"shield synthesis for {cfg.task.name}: {meas.samples} residual samples on {meas.domains} plants "
+            f"in {meas.wall_s:.1f} s")
+    lines = [head]
+    for k, name in enumerate(meas.names):
+        lo, hi = meas.gain_range[k]
+        law = meas.residual_law[k]
+        lines.append(f"  {name}: braking {meas.authority[k][0]:.3g} / {meas.authority[k][1]:.3g} units/s^2 "
+                     f"(toward - / +), model error <= {meas.residual_accel[k]:.3g} units/s^2 (law {law['accel']:g} + "
+                     f"{law['per_unit']:g} x {law['feature']}), input gain {lo:.3f} .. {hi:.3f} x nominal")
+    if refused is not None:
+        lines.append(f"REFUSED: {refused['message']}")
+    else:
+        falsified = record.get("falsification")
+        lines.append(f"CERTIFIED: margin {spec['margin']:g}, brake {spec['kinematics']['brake_accel']}, "
+                     f"disturbance {spec['disturbance_accel']}, input_gain_error {spec['input_gain_error']:g}")
+        if falsified:
+            lines.append(f"  falsify: {falsified['evaluated']} candidates in {falsified['wall_s']:.0f} s, "
+                         f"lowest h {falsified['min_h']}")
+    legacy = record.get("legacy_on_reality")
+    if legacy:
+        lines.append(f"  legacy on reality behind the shield: {legacy['intervention_rate']:.1%} of steps changed, "
+                     f"{legacy['violations']} violating steps")
+    lines.append(f"  written: {out / 'certificate.json'}" + ("" if refused else f", {out / 'shield.json'}"))
+    return "\n".join(lines)

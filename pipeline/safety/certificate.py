@@ -1,0 +1,178 @@
+"""What a shield synthesis certified, or why it refused, and the largest range that can be certified.
+
+A certificate says: the envelope covered (every randomization set's ranges), the
+model-error bounds the spec uses and how they were measured (samples, plants,
+confidence), the falsification effort spent and the lowest barrier value it found,
+and the legacy controller's intervention rate on `reality`. A refusal names the
+parameter and the range that cannot be certified, the physical reason, and the
+largest sub-range that can (found by bisecting the offending end of the range).
+
+The falsification and the episodes are run by the caller (`pipeline.commands.shield`):
+this layer sits below evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from pipeline.safety import synthesis
+
+BISECTION_STEPS = 6  # halvings of the offending range: its end is found to 1/64 of the range's width
+
+
+def envelope_record(cfg) -> dict:
+    """Every set's randomized ranges, latency, noise and push: what the certificate covers."""
+    out = {}
+    for name, rset in cfg.randomization.items():
+        out[name] = {
+            "ranges": {n: [lo, hi] for n, lo, hi in synthesis.range_parameters(rset)},
+            "latency_steps": [rset.latency_steps.low, rset.latency_steps.high] if rset.latency_steps else [0, 0],
+            "obs_noise_std": list(rset.obs_noise_std),
+            "push": rset.push.model_dump() if rset.push is not None else None,
+        }
+    return out
+
+
+def narrowed(cfg, parameter: str, low: float, high: float):
+    """A copy of `cfg` whose every set draws `parameter` within [low, high] (a set's range clipped into it)."""
+    from envs.randomization import ScaleRange
+
+    out = cfg.model_copy(deep=True)
+    for rset in out.randomization.values():
+        if parameter == "gravity_scale":
+            if rset.gravity_scale is not None:
+                r = rset.gravity_scale
+                rset.gravity_scale = ScaleRange(dist=r.dist, low=min(max(r.low, low), high), high=max(min(r.high, high), low))
+            continue
+        group, element = parameter.split(".", 1)
+        ranges = getattr(rset, group)
+        if element in ranges:
+            r = ranges[element]
+            ranges[element] = ScaleRange(dist=r.dist, low=min(max(r.low, low), high), high=max(min(r.high, high), low))
+    return out
+
+
+def _full_range(cfg, parameter: str) -> tuple[float, float]:
+    lo, hi = np.inf, -np.inf
+    for rset in cfg.randomization.values():
+        for n, a, b in synthesis.range_parameters(rset):
+            if n == parameter:
+                lo, hi = min(lo, a), max(hi, b)
+    return float(lo), float(hi)
+
+
+def _certifiable(cfg, seed: int) -> bool:
+    """True when synthesis builds a spec for `cfg` that every check accepts (braking, envelope, overrides)."""
+    from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec
+
+    meas = synthesis.measure(cfg, seed=seed)
+    if synthesis.authority_problems(meas):
+        return False
+    try:
+        build_shield_spec(cfg, measurement=meas)
+    except EnvelopeError:
+        return False
+    return True
+
+
+def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int) -> tuple[str, str] | None:
+    """(parameter, "low" or "high"): of the parameters at an end of their range where the weakest braking was
+    measured, the one whose other end helps that braking most (the same plant and state, one step)."""
+    at = meas.authority_at[k][d]
+    if not at:
+        return None
+    env = synthesis.EnvelopeSampler(cfg, np.random.default_rng(0), draws=0)
+    plant = env.plants[at["set"]]
+    x = np.array([at["state"][str(o)] for o in env.state_index])
+    v, j = env.iv[k], env.main_in[k]
+    sign = -1.0 if d == 0 else 1.0
+    u = np.zeros(len(env.full))
+    u[j] = sign * np.sign(env.B[v, j]) * env.full[j]
+
+    def braking(domain):
+        plant.apply(domain)
+        return sign * (plant.step(x, u)[v] - x[v]) / env.dt
+
+    base, best = braking(at["domain"]), None
+    ranges = {n: (lo, hi) for n, lo, hi in synthesis.range_parameters(cfg.randomization[at["set"]])}
+    for name, value in at["domain"].items():
+        lo, hi = ranges.get(name, (value, value))
+        if hi <= lo or value not in (lo, hi):
+            continue
+        flipped = dict(at["domain"], **{name: lo if value == hi else hi})
+        gain = braking(flipped) - base
+        if gain > 0 and (best is None or gain > best[0]):
+            best = (gain, name, "high" if value == hi else "low")
+    return None if best is None else (best[1], best[2])
+
+
+def largest_certifiable(cfg, parameter: str, end: str, seed: int = 0) -> tuple[float, float] | None:
+    """The widest [low, high'] (or [low', high]) of `parameter`, the other end kept, that synthesis certifies
+    (falsification aside); None when even the kept end alone is refused."""
+    lo, hi = _full_range(cfg, parameter)
+    keep = lo if end == "high" else hi
+    if not _certifiable(narrowed(cfg, parameter, keep, keep), seed):
+        return None
+    good, bad = keep, (hi if end == "high" else lo)
+    for _ in range(BISECTION_STEPS):
+        mid = 0.5 * (good + bad)
+        if _certifiable(narrowed(cfg, parameter, min(keep, mid), max(keep, mid)), seed):
+            good = mid
+        else:
+            bad = mid
+    good = math.floor(good * 1000) / 1000 if end == "high" else math.ceil(good * 1000) / 1000  # inward
+    return (keep, good) if end == "high" else (good, keep)
+
+
+def refusal(cfg, meas: synthesis.Measurement, problems: list[tuple[int, int, str]] | None = None,
+            bisect: bool = True) -> dict:
+    """Why the envelope cannot be certified: the parameter, its range, the physical reason, and (with `bisect`:
+    a measurement per halving) the largest sub-range that can."""
+    problems = problems if problems is not None else synthesis.authority_problems(meas)
+    k, d, reason = problems[0]
+    found = offending_parameter(cfg, meas, k, d)
+    out = {"certified": False, "reason": reason, "reasons": [r for _, _, r in problems]}
+    if found is None:
+        out["message"] = f"cannot certify {cfg.task.name}: {reason}"
+        return out
+    parameter, end = found
+    lo, hi = _full_range(cfg, parameter)
+    sub = largest_certifiable(cfg, parameter, end) if bisect else None
+    out.update({"parameter": parameter, "range": [lo, hi], "offending_end": end,
+                "certifiable_range": list(sub) if sub else None})
+    where = f"randomization.*.{parameter}"
+    if not bisect:
+        tail = "; `sim2real shield synthesize` finds the largest sub-range that can be certified"
+    elif sub:
+        tail = f"; the largest sub-range that can be certified is [{sub[0]:g}, {sub[1]:g}]"
+    else:
+        tail = "; no sub-range of it can be certified with the other ranges as they are"
+    out["message"] = (f"cannot certify {where} over [{lo:g}, {hi:g}] (its {end} end): {reason}{tail}")
+    return out
+
+
+def certificate(cfg, meas: synthesis.Measurement | None, spec: dict, falsified: dict | None,
+                legacy: dict | None) -> dict:
+    """The certificate of a synthesized (or checked) shield spec: see the module docstring."""
+    return {
+        "certified": True, "task": cfg.task.name, "config_hash": cfg.config_hash(),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "envelope": envelope_record(cfg),
+        "shield_numbers": {"margin": spec["margin"], "brake_accel": spec["kinematics"]["brake_accel"],
+                           "disturbance_accel": spec["disturbance_accel"],
+                           "input_gain_error": spec["input_gain_error"],
+                           "push_velocity": spec.get("push_velocity"), "latency_steps": spec["latency_steps"],
+                           "set_by_hand": _set_by_hand(cfg)},
+        "model_error": meas.record() if meas is not None else None,
+        "falsification": falsified,
+        "legacy_on_reality": legacy,
+    }
+
+
+def _set_by_hand(cfg) -> list[str]:
+    sc = cfg.shield
+    keys = ["margin", "brake_fraction", "brake_accel", "disturbance_accel", "input_gain_error"]
+    return [f"shield.{k}" for k in keys if getattr(sc, k) is not None]

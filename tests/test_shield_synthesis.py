@@ -1,0 +1,190 @@
+"""Shield synthesis measures what the shield needs from the plant, and holds hand-set numbers to it.
+
+The test plant is a carrier on a rail with a bob on a spring riding on it (relative slide, stiffness k). The
+config says nothing of the spring: synthesis finds it. In closed form (q1 the carrier, q2 the bob relative to
+it), ``m1 q1'' = F - c q1' + k q2`` whatever the bob weighs, and ``q2'' = -k q2 / m2 - q1''``. With the bob's mass
+randomized to s x nominal, the nominal model's error is zero on the carrier and ``k q2 (1/s - 1) / m2`` on the bob:
+at most ``k |q2|max / m2`` over s in [0.5, 1.5], at the light end.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.cli import main as sim2real
+
+K, M1, M2, GEAR = 10.0, 2.0, 1.0, 20.0  # N/m, kg, kg, N
+BOB_LIMIT = 0.1  # m: the constraint on the bob's stretch
+
+MJCF = """<mujoco model="springbob">
+  <option timestep="0.0025" integrator="Euler"/>
+  <worldbody>
+    <body name="carrier" pos="0 0 0.5">
+      <joint name="s1" type="slide" axis="1 0 0" damping="4"/>
+      <geom type="box" size="0.05 0.05 0.02" mass="{m1}" contype="0" conaffinity="0"/>
+      <body name="bob">
+        <joint name="s2" type="slide" axis="1 0 0" stiffness="{k}"/>
+        <geom type="sphere" size="0.03" mass="{m2}" contype="0" conaffinity="0"/>
+      </body>
+    </body>
+  </worldbody>
+  <actuator>
+    <motor name="m1" joint="s1" gear="{gear}" ctrlrange="-1 1"/>
+  </actuator>
+</mujoco>
+"""
+
+
+def springbob(tmp_path, name: str, bob=(0.5, 1.5), shield: dict | None = None, samples: int = 1500,
+              gain: tuple | None = None, k: float = K) -> str:
+    """The plant's YAML as a user writes it: no shield number unless `shield` sets one; `gain`: the motor's
+    gain range (default: not randomized); `k`: the spring's stiffness (N/m)."""
+    (tmp_path / "springbob.xml").write_text(MJCF.format(k=k, m1=M1, m2=M2, gear=GEAR))
+    plant = {
+        "mjcf": "springbob.xml", "control_period": 0.01, "episode_steps": 200,
+        "actuators": [{"name": "m1"}],
+        "observations": [{"name": "x", "joint": "s1"}, {"name": "stretch", "joint": "s2"},
+                         {"name": "x_dot", "joint": "s1", "quantity": "vel"},
+                         {"name": "stretch_dot", "joint": "s2", "quantity": "vel"}],
+        "reward": [{"term": "alive", "weight": 1.0}],
+        "kinematics": {"positions": ["x", "stretch"], "velocities": ["x_dot", "stretch_dot"]},
+        "constraints": [{"name": "rail", "type": "box", "observations": ["x"], "low": [-0.5], "high": [0.5]},
+                        {"name": "spring", "type": "box", "observations": ["stretch"], "low": [-BOB_LIMIT],
+                         "high": [BOB_LIMIT]}],
+        "shield_model": {"type": "linear"},
+        "legacy": {"type": "lqr", "q": [1.0, 1.0, 0.1, 0.1], "r": [1.0]},
+    }
+    rset = {"body_mass": {"bob": {"dist": "uniform", "low": bob[0], "high": bob[1]}}}
+    if gain:
+        rset["actuator_gain"] = {"m1": {"dist": "uniform", "low": gain[0], "high": gain[1]}}
+    doc = {"task": {"name": name, "env_id": f"sim2real/{name.capitalize()}-v0"}, "plant": plant,
+           "randomization": {"train": rset, "reality": rset},
+           "shield": {"enabled": True, "synthesis_samples": samples, **(shield or {})},
+           "validation": {"enabled": False}, "shadow": {"episodes": 2, "domains": "reality"}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    from pipeline.config import load_config
+    from pipeline.safety import synthesis
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SIM2REAL_TASKS", "")
+    cfg = load_config(springbob(tmp_path_factory.mktemp("springbob"), "springbob"))
+    yield cfg, synthesis.measure(cfg)
+    mp.undo()
+
+
+def test_synthesis_measures_the_coupling_it_was_not_told_of(measured):
+    from pipeline.safety import synthesis
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    cfg, meas = measured
+    spec = build_shield_spec(cfg, measurement=meas)
+    A = np.asarray(spec["model"]["A"])
+    # The spring pulls the carrier by k q2 / m1: one period's velocity change per metre of stretch.
+    assert A[2, 1] == pytest.approx(K / M1 * 0.01, rel=0.05)
+    closed_form = K * BOB_LIMIT / M2  # the light bob at full stretch
+    carrier, bob = meas.residual_accel
+    assert bob == pytest.approx(synthesis.INFLATION * closed_form, rel=0.12), meas.record()
+    assert carrier < 0.1 * bob  # the carrier's dynamics do not depend on the bob's mass
+    law = meas.residual_law[1]  # state-dependent: small near zero stretch, the closed form's bound at full stretch
+    assert law["feature"] in ("|stretch|", "|stretch|^2"), law
+    at_full = law["accel"] + law["per_unit"] * BOB_LIMIT ** (2 if law["feature"].endswith("^2") else 1)
+    assert closed_form <= at_full <= 1.3 * synthesis.INFLATION * closed_form and law["accel"] < 0.5 * closed_form
+    assert all(lo >= 0.9 and hi <= 1.1 for lo, hi in meas.gain_range)  # the bob's mass is in A, not in B
+    # The spec carries the measurement; no number was set by hand.
+    assert spec["assumptions"]["synthesis"]["residual_accel"][1] == pytest.approx(bob, abs=1e-3)
+    assert spec["disturbance_accel"][1] >= bob and spec["margin"] >= 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(q2=st.floats(-BOB_LIMIT, BOB_LIMIT), v=st.floats(-0.3, 0.3), scale=st.floats(0.5, 1.5),
+       u=st.floats(-1.0, 1.0))
+def test_every_state_in_the_envelope_is_within_the_measured_bound(measured, q2, v, scale, u):
+    """For every stretch, speed, bob mass and action, the one-step error of the nominal model is within the bound
+    synthesis measured (and the closed form says it should be)."""
+    import envs
+    from pipeline.safety.sampling import SteppedPlant
+    from pipeline.safety.shield_spec import linearize_mujoco
+
+    cfg, meas = measured
+    nominal = envs.nominal_model(cfg.task.env_id)
+    A, B, c = linearize_mujoco(nominal, [0, 1, 2, 3])
+    plant = SteppedPlant(nominal, cfg.randomization["reality"], {0: 0, 1: 1}, {0: 2, 1: 3}, 4)
+    plant.apply({"body_mass.bob": scale})
+    x = np.array([0.0, q2, v, v])
+    r = (plant.step(x, np.array([u])) - (A @ x + B @ np.array([u]) + c))[2:] / 0.01
+    assert abs(r[0]) <= meas.residual_accel[0] and abs(r[1]) <= meas.residual_accel[1]
+    # The closed form, with the stretch the bob's own speed adds within the period.
+    assert abs(r[1]) <= K * (abs(q2) + abs(v) * 0.01) * abs(1.0 / scale - 1.0) / M2 * 1.1 + 1e-3
+
+
+@pytest.mark.parametrize("shield,key,figure", [
+    ({"disturbance_accel": [0.0, 0.0], "brake_fraction": 0.9}, "shield.disturbance_accel[1]", "measures up to"),
+    ({"input_gain_error": 0.1}, "shield.input_gain_error = 0.1", "0.8"),  # the motor's 0.8 .. 1.2, as it is
+    ({"brake_accel": [50.0, 5.0]}, "shield.brake_accel", "measurably reaches"),
+])
+def test_an_override_the_measurement_does_not_cover_is_refused_naming_the_key(tmp_path, capsys, monkeypatch,
+                                                                              shield, key, figure):
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    name = f"springbob{abs(hash(key)) % 10**6}"
+    assert sim2real(["config", "--check", springbob(tmp_path, name, shield=shield, gain=(0.8, 1.2))]) == 2
+    err = capsys.readouterr().err
+    assert key in err and figure in err and "Traceback" not in err, err
+
+
+def test_a_measured_asymmetric_gain_range_is_recorded_low_and_high(tmp_path, monkeypatch):
+    """A motor from 0.7x to 1.1x: synthesis records (0.7, 1.1), not a symmetric 0.3, and the spec's gain cases
+    cover it."""
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    spec = build_shield_spec(load_config(springbob(tmp_path, "springgain", gain=(0.7, 1.1), samples=600)))
+    lo, hi = spec["assumptions"]["synthesis"]["input_gain_range"][0]
+    assert lo == pytest.approx(0.7, abs=0.02) and hi == pytest.approx(1.1, abs=0.02)
+    assert 1.0 - spec["input_gain_error"] <= lo and 1.0 + spec["input_gain_error"] >= hi
+
+
+def test_a_range_that_cannot_be_certified_is_refused_with_its_parameter_and_the_range_that_can(tmp_path, capsys,
+                                                                                                monkeypatch):
+    """A stiff spring (250 N/m): at full stretch it pulls the carrier with 25 N, and the motor's 20 N is randomized
+    0.5x to 1.5x: a weak motor cannot brake the carrier toward the side the bob pulls it. The refusal names the
+    motor's gain range, its weak end, and the widest range that can be certified."""
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    path = springbob(tmp_path, "springstiff", gain=(0.5, 1.5), k=250.0, samples=600)
+    assert sim2real(["shield", "synthesize", "--config", path, "--out", str(tmp_path / "out"), "--no-falsify",
+                     "--episodes", "0", "--json"]) == 1
+    record = json.loads(capsys.readouterr().out)
+    assert record["certified"] is False and record["parameter"] == "actuator_gain.m1", record
+    assert record["range"] == [0.5, 1.5] and record["offending_end"] == "low"
+    lo, hi = record["certifiable_range"]
+    assert 1.0 < lo < 1.5 and hi == 1.5
+    assert "cannot brake x" in record["reason"]
+    assert json.loads((tmp_path / "out" / "certificate.json").read_text())["certifiable_range"] == [lo, hi]
+
+
+def test_the_crane_is_refused_naming_the_payload_range_and_why(capsys):
+    """The gantry crane as shipped (payload 0.5x to 1.5x, no shield number set): its linear model carries the
+    payload's pull on the trolley (m g / M per radian of swing), and `config --check` refuses the envelope,
+    naming the payload's range, its heavy end and the physical reason: the trolley cannot be braked."""
+    import envs
+    from pipeline.safety.shield_spec import linearize_mujoco
+
+    A, _, _ = linearize_mujoco(envs.nominal_model("sim2real/Crane-v0"), [0, 1, 2, 3])
+    assert A[2, 1] / 0.02 == pytest.approx(-8.0 * 9.81 / 5.0, rel=0.1)  # the swing pulls the trolley
+    assert sim2real(["config", "--check", "configs/crane.yaml"]) == 2
+    err = capsys.readouterr().err
+    for needle in ("randomization.*.body_mass.payload over [0.5, 1.5]", "high end", "cannot brake x",
+                   "payload 1.5x"):
+        assert needle in err, err

@@ -41,8 +41,9 @@ def plain_steps_per_s(env_id, randomization, num_envs, seconds) -> float:
 
 def in_process_actor_steps_per_s(cfg, spec, randomization, num_envs, seconds) -> float:
     """The RolloutActor's own loop without Ray: isolates the policy's cost from Ray's."""
-    actor = RolloutActor(0, cfg.task.env_id, randomization, cfg.task.max_episode_steps, num_envs,
-                         cfg.train.rollout_length, 0, spec)
+    actor = RolloutActor(
+        0, cfg.task.env_id, randomization, cfg.task.max_episode_steps, num_envs, cfg.train.rollout_length, 0, spec
+    )
     actor.set_weights(0, ActorCritic(**spec).state_dict())
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -53,8 +54,12 @@ def in_process_actor_steps_per_s(cfg, spec, randomization, num_envs, seconds) ->
 def ray_actors_steps_per_s(cfg, spec, randomization, k, num_envs, seconds) -> float:
     weights = ray.put(ActorCritic(**spec).state_dict())
     actor_cls = ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_num_cpus)
-    actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps, num_envs,
-                               cfg.train.rollout_length, 0, spec) for i in range(k)]
+    actors = [
+        actor_cls.remote(
+            i, cfg.task.env_id, randomization, cfg.task.max_episode_steps, num_envs, cfg.train.rollout_length, 0, spec
+        )
+        for i in range(k)
+    ]
     ray.get([a.rollout.remote((0, [weights])) for a in actors])  # warm-up: envs built, weights loaded
     pending = {a.rollout.remote(): a for a in actors for _ in range(2)}  # 2 in flight per actor
     steps, start = 0, time.perf_counter()
@@ -83,8 +88,10 @@ def main(argv=None) -> int:
     m = args.envs_per_actor
     baseline = plain_steps_per_s(cfg.task.env_id, randomization, m, args.seconds)
     in_process = in_process_actor_steps_per_s(cfg, spec, randomization, m, args.seconds)
-    rows = [dict(setup=f"plain loop, {m} envs, random actions (baseline)", steps_per_s=baseline, ratio=1.0),
-            dict(setup=f"RolloutActor without Ray, {m} envs, policy", steps_per_s=in_process, ratio=in_process / baseline)]
+    rows = [
+        dict(setup=f"plain loop, {m} envs, random actions (baseline)", steps_per_s=baseline, ratio=1.0),
+        dict(setup=f"RolloutActor without Ray, {m} envs, policy", steps_per_s=in_process, ratio=in_process / baseline),
+    ]
     ray.init(num_cpus=args.max_actors, include_dashboard=False, log_to_driver=False)
     try:
         for k in range(1, args.max_actors + 1):

@@ -1,4 +1,4 @@
-"""Env steps/s for every registered task (declared ones included) and HalfCheetah-v5, randomization on vs off, in one process.
+"""Env steps/s for every registered task (declared ones too) and HalfCheetah-v5, randomized or not, in one process.
 
     python bench/bench_envs.py [--seconds 3] [--json]
 
@@ -72,7 +72,11 @@ def main() -> None:
     for env_id in [t["env_id"] for t in envs.describe_tasks()] + ["HalfCheetah-v5"]:  # every registered task
         off = steps_per_second(make(env_id, False), args.seconds)
         on = steps_per_second(make(env_id, True), args.seconds)
-        results[env_id] = {"steps_per_s_off": round(off), "steps_per_s_on": round(on), "on_off_ratio": round(on / off, 3)}
+        results[env_id] = {
+            "steps_per_s_off": round(off),
+            "steps_per_s_on": round(on),
+            "on_off_ratio": round(on / off, 3),
+        }
     if args.json:
         print(json.dumps(results))
         return

@@ -54,11 +54,14 @@ def bench_falsify(task: str, budget_s: float, seed: int) -> dict:
     for name, share in (("sampled", cfg.falsify.corner_share), ("corners_first", 1.0)):
         cfg.falsify.corner_share = share
         r = falsify(cfg, spec=spec, budget_s=budget_s, seed=seed)
-        out[name] = {k: r[k] for k in ("evaluated", "evals_per_s", "phases", "corners_total", "min_h", "cases_found",
-                                       "wall_s")}
-        print(f"{task:10s} {name:13s} {r['evaluated']:5d} candidates {r['evals_per_s']:6.1f}/s  min h "
-              f"{r['min_h']:+.4f}  cases {r['cases_found']}  phases {r['phases']}  corners {r['corners_total']}",
-              flush=True)
+        out[name] = {
+            k: r[k] for k in ("evaluated", "evals_per_s", "phases", "corners_total", "min_h", "cases_found", "wall_s")
+        }
+        print(
+            f"{task:10s} {name:13s} {r['evaluated']:5d} candidates {r['evals_per_s']:6.1f}/s  min h "
+            f"{r['min_h']:+.4f}  cases {r['cases_found']}  phases {r['phases']}  corners {r['corners_total']}",
+            flush=True,
+        )
     return out
 
 
@@ -74,38 +77,72 @@ def bench_monitor(ratios: list[float], episodes: int) -> dict:
     t = time.perf_counter()
     measured = with_measured_monitor(cfg, shipped, runs_per_set=16)
     mon = measured["assumptions"]["monitor"]
-    print(f"monitor bounds measured in {time.perf_counter() - t:.0f} s over {mon['measured']['steps']} steps: accel "
-          f"{[round(a, 3) for a in mon['accel']]} m/s^2 (shipped formula "
-          f"{[round(a, 3) for a in shipped['assumptions']['monitor']['accel']]})", flush=True)
+    print(
+        f"monitor bounds measured in {time.perf_counter() - t:.0f} s over {mon['measured']['steps']} steps: accel "
+        f"{[round(a, 3) for a in mon['accel']]} m/s^2 (shipped formula "
+        f"{[round(a, 3) for a in shipped['assumptions']['monitor']['accel']]})",
+        flush=True,
+    )
     out = {"accel": mon["accel"], "shipped_accel": shipped["assumptions"]["monitor"]["accel"], "plants": {}}
     reality = cfg.randomization["reality"]
     for r in ratios:
         g = r * 1.1
-        dom = parse_randomization({"body_mass": {"quad": {"low": 1.1, "high": 1.1}},
-                                   "actuator_gain": {f"rotor{i}": {"low": g, "high": g} for i in range(4)},
-                                   "latency_steps": {"low": 0, "high": 2}, "obs_noise_std": reality.obs_noise_std,
-                                   "action_noise_std": reality.action_noise_std})
-        alone = evaluate(cfg, reference_policy("legacy", cfg, ShieldSpec.from_dict(shipped)), domains=dom, seed=0,
-                         episodes=episodes, shield=False)
+        dom = parse_randomization(
+            {
+                "body_mass": {"quad": {"low": 1.1, "high": 1.1}},
+                "actuator_gain": {f"rotor{i}": {"low": g, "high": g} for i in range(4)},
+                "latency_steps": {"low": 0, "high": 2},
+                "obs_noise_std": reality.obs_noise_std,
+                "action_noise_std": reality.action_noise_std,
+            }
+        )
+        alone = evaluate(
+            cfg,
+            reference_policy("legacy", cfg, ShieldSpec.from_dict(shipped)),
+            domains=dom,
+            seed=0,
+            episodes=episodes,
+            shield=False,
+        )
         row = {"legacy_unshielded_violations": alone["violations"]}
         for pol in [p for p in REFERENCE_POLICIES]:
             for name, spec in (("measured", measured), ("shipped", shipped)):
                 s = ShieldSpec.from_dict(spec)
-                res = evaluate(cfg, reference_policy(pol, cfg, s, seed=0), domains=dom, seed=0, episodes=episodes,
-                               shield=True, spec=s)
+                res = evaluate(
+                    cfg,
+                    reference_policy(pol, cfg, s, seed=0),
+                    domains=dom,
+                    seed=0,
+                    episodes=episodes,
+                    shield=True,
+                    spec=s,
+                )
                 first_flag, first_violation = _firsts(cfg, dom, pol, spec) if name == "measured" else (None, None)
-                row[f"{pol}/{name}"] = {"violations": res["violations"], "envelope_rate": res.get("envelope_rate"),
-                                        "first_flag_step": first_flag, "first_violation_step": first_violation}
-                print(f"thrust/weight {r:.2f} {pol:11s} {name:8s} violations {res['violations']:4d} (legacy alone "
-                      f"{alone['violations']})  envelope_rate {res.get('envelope_rate', 0):.3f}"
-                      + (f"  first flag {first_flag}, first violation {first_violation}" if name == "measured" else ""),
-                      flush=True)
+                row[f"{pol}/{name}"] = {
+                    "violations": res["violations"],
+                    "envelope_rate": res.get("envelope_rate"),
+                    "first_flag_step": first_flag,
+                    "first_violation_step": first_violation,
+                }
+                print(
+                    f"thrust/weight {r:.2f} {pol:11s} {name:8s} violations {res['violations']:4d} (legacy alone "
+                    f"{alone['violations']})  envelope_rate {res.get('envelope_rate', 0):.3f}"
+                    + (f"  first flag {first_flag}, first violation {first_violation}" if name == "measured" else ""),
+                    flush=True,
+                )
         out["plants"][r] = row
     steps = flagged = 0
     for pol in REFERENCE_POLICIES:
         s = ShieldSpec.from_dict(measured)
-        res = evaluate(cfg, reference_policy(pol, cfg, s, seed=1), domains=reality, seed=1000, episodes=episodes,
-                       shield=True, spec=s)
+        res = evaluate(
+            cfg,
+            reference_policy(pol, cfg, s, seed=1),
+            domains=reality,
+            seed=1000,
+            episodes=episodes,
+            shield=True,
+            spec=s,
+        )
         n = res.get("steps", 0)
         steps += n
         flagged += round(res.get("envelope_rate", 0.0) * n)
@@ -143,8 +180,11 @@ def bench_dropouts(task: str, episodes: int) -> dict:
                 past += shield.blind_past_horizon
                 env.close()
         out[label] = {"violations": violations, "steps": steps, "past_horizon_steps": past}
-        print(f"{task:10s} blind horizon {K} steps ({K * spec['dt']:.2f} s); dropouts {label:10s}: {violations} "
-              f"violating of {steps} steps, {past} steps past the horizon", flush=True)
+        print(
+            f"{task:10s} blind horizon {K} steps ({K * spec['dt']:.2f} s); dropouts {label:10s}: {violations} "
+            f"violating of {steps} steps, {past} steps past the horizon",
+            flush=True,
+        )
     return out
 
 

@@ -62,8 +62,15 @@ def _paired(metrics: dict, reference: str, confidence: float) -> dict | None:
     return {"mean": b.mean, "lower": b.lower, "upper": b.upper, "n": b.n}
 
 
-def one_night(config: Path, models: Path, runs: Path, seed: int, steps: int | None, falsify_budget: float | None,
-              latency_us: float | None) -> dict:
+def one_night(
+    config: Path,
+    models: Path,
+    runs: Path,
+    seed: int,
+    steps: int | None,
+    falsify_budget: float | None,
+    latency_us: float | None,
+) -> dict:
     """One retrain flow (train, export, falsify, shadow beside legacy and production, gate, register, promote)."""
     from flows.retrain import retrain
     from pipeline.config import load_config
@@ -74,8 +81,9 @@ def one_night(config: Path, models: Path, runs: Path, seed: int, steps: int | No
     task, confidence = cfg.task.name, cfg.gate.confidence
     before = set(Registry(models).versions(task))
     start = time.perf_counter()
-    state = retrain(config_path=str(cfg_path), models_root=str(models), runs_dir=str(runs), steps=steps,
-                    return_state=True)
+    state = retrain(
+        config_path=str(cfg_path), models_root=str(models), runs_dir=str(runs), steps=steps, return_state=True
+    )
     wall = time.perf_counter() - start
     if not state.is_completed():  # fail or inconclusive: read back what the flow registered
         registry = Registry(models)
@@ -83,19 +91,30 @@ def one_night(config: Path, models: Path, runs: Path, seed: int, steps: int | No
         manifest = registry.show(task, version) if version is not None else {"metrics": {}}
         gate = manifest["metrics"].get("gate", {})
         metrics = manifest["metrics"].get("shadow", {})
-        summary = {"decision": gate.get("decision", "error"), "version": version, "verdict": gate.get("verdict"),
-                   "reasons": gate.get("reasons", [str(state.message)]), "production": registry.production(task),
-                   "previous_production": gate.get("against_production")}
+        summary = {
+            "decision": gate.get("decision", "error"),
+            "version": version,
+            "verdict": gate.get("verdict"),
+            "reasons": gate.get("reasons", [str(state.message)]),
+            "production": registry.production(task),
+            "previous_production": gate.get("against_production"),
+        }
     else:
         summary = state.result()
         metrics = Registry(models).show(summary["task"], summary["version"])["metrics"]["shadow"]
-    return {"seed": seed, "decision": summary["decision"], "version": summary["version"],
-            "verdict": summary.get("verdict"), "production_after": summary["production"],
-            "production_before": summary.get("previous_production"),
-            "vs_legacy": _paired(metrics, "legacy", confidence),
-            "vs_production": _paired(metrics, "production", confidence),
-            "episodes": len(metrics.get("candidate_returns") or []),
-            "decision_wall_s": metrics.get("evaluation_wall_s"), "flow_wall_s": wall}
+    return {
+        "seed": seed,
+        "decision": summary["decision"],
+        "version": summary["version"],
+        "verdict": summary.get("verdict"),
+        "production_after": summary["production"],
+        "production_before": summary.get("previous_production"),
+        "vs_legacy": _paired(metrics, "legacy", confidence),
+        "vs_production": _paired(metrics, "production", confidence),
+        "episodes": len(metrics.get("candidate_returns") or []),
+        "decision_wall_s": metrics.get("evaluation_wall_s"),
+        "flow_wall_s": wall,
+    }
 
 
 def judge(config: Path, models: Path, version: int, replaced: int | None, episodes: int) -> dict:
@@ -111,15 +130,20 @@ def judge(config: Path, models: Path, version: int, replaced: int | None, episod
     registry = Registry(models)
     runtime = EdgeRuntime.load(registry.bundle_dir(cfg.task.name, version))
     production = EdgeRuntime.load(registry.bundle_dir(cfg.task.name, replaced)) if replaced is not None else None
-    _, _, m = evaluate_candidate(runtime, cfg, domains="reality", episodes=episodes, seed=JUDGE_SEED,
-                                 production=production)
+    _, _, m = evaluate_candidate(
+        runtime, cfg, domains="reality", episodes=episodes, seed=JUDGE_SEED, production=production
+    )
     out = {"version": version, "replaced": replaced, "episodes": episodes}
     for ref in ("legacy", "production"):
         if m.get(f"{ref}_returns"):
             d = np.asarray(m["candidate_returns"]) - np.asarray(m[f"{ref}_returns"])
             half = 1.96 * d.std(ddof=1) / np.sqrt(d.size)
-            out[f"vs_{ref}"] = {"mean": float(d.mean()), "ci95": [float(d.mean() - half), float(d.mean() + half)],
-                                "worse": bool(d.mean() + half < 0), "mean_below_zero": bool(d.mean() < 0)}
+            out[f"vs_{ref}"] = {
+                "mean": float(d.mean()),
+                "ci95": [float(d.mean() - half), float(d.mean() + half)],
+                "worse": bool(d.mean() + half < 0),
+                "mean_below_zero": bool(d.mean() < 0),
+            }
     return out
 
 
@@ -128,18 +152,26 @@ def summarize(plant: str, nights: list[dict], judged: list[dict]) -> dict:
     diffs = [n["vs_legacy"]["mean"] for n in nights if n["vs_legacy"]]
     walls = [n["decision_wall_s"] for n in nights if n["decision_wall_s"]]
     eps = [n["episodes"] for n in nights if n["episodes"]]
-    return {"config": plant, "nights": len(nights), "promotions": count["pass"], "kept_production": count["kept"],
-            "inconclusive": count["inconclusive"], "failed": count["fail"],
-            "mean_paired_diff_vs_legacy": statistics.mean(diffs) if diffs else None,
-            "paired_episodes_median": statistics.median(eps) if eps else None,
-            "decision_wall_s_median": statistics.median(walls) if walls else None,
-            "decision_wall_s_max": max(walls) if walls else None,
-            "judged": len(judged),
-            "promotions_worse_than_legacy": sum(j.get("vs_legacy", {}).get("worse", False) for j in judged),
-            "promotions_worse_than_production": sum(j.get("vs_production", {}).get("worse", False) for j in judged),
-            "promotions_below_legacy_point_estimate": sum(j.get("vs_legacy", {}).get("mean_below_zero", False)
-                                                          for j in judged),
-            "load_avg_1min": os.getloadavg()[0], "cpus": os.cpu_count()}
+    return {
+        "config": plant,
+        "nights": len(nights),
+        "promotions": count["pass"],
+        "kept_production": count["kept"],
+        "inconclusive": count["inconclusive"],
+        "failed": count["fail"],
+        "mean_paired_diff_vs_legacy": statistics.mean(diffs) if diffs else None,
+        "paired_episodes_median": statistics.median(eps) if eps else None,
+        "decision_wall_s_median": statistics.median(walls) if walls else None,
+        "decision_wall_s_max": max(walls) if walls else None,
+        "judged": len(judged),
+        "promotions_worse_than_legacy": sum(j.get("vs_legacy", {}).get("worse", False) for j in judged),
+        "promotions_worse_than_production": sum(j.get("vs_production", {}).get("worse", False) for j in judged),
+        "promotions_below_legacy_point_estimate": sum(
+            j.get("vs_legacy", {}).get("mean_below_zero", False) for j in judged
+        ),
+        "load_avg_1min": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
+    }
 
 
 def _fmt(p: dict | None) -> str:
@@ -155,22 +187,38 @@ def main(argv=None) -> int:
     parser.add_argument("--seed0", type=int, default=100, help="train.seed of the first run's night 1 (then +1)")
     parser.add_argument("--steps", type=int, default=None, help="training env steps per night (default: the config's)")
     parser.add_argument("--falsify-budget", type=float, default=None, help="falsify.budget_s per night (s)")
-    parser.add_argument("--latency-us", type=float, default=None,
-                        help="gate.max_latency_p99_us: the latency check measures the machine as much as the policy; "
-                             "on a loaded shared box it fails on preemption alone")
+    parser.add_argument(
+        "--latency-us",
+        type=float,
+        default=None,
+        help="gate.max_latency_p99_us: the latency check measures the machine as much as the policy; "
+        "on a loaded shared box it fails on preemption alone",
+    )
     parser.add_argument("--judge-episodes", type=int, default=200, help="fresh reality episodes per promotion")
     parser.add_argument("--out", default=None, help="keep registries, runs and reports here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    configs = [Path(c) for c in (args.config or ["configs/cartpole.yaml", "configs/quadrotor.yaml", "configs/arm.yaml"])]
+    configs = [
+        Path(c) for c in (args.config or ["configs/cartpole.yaml", "configs/quadrotor.yaml", "configs/arm.yaml"])
+    ]
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="sim2real-bench-gate-"))
     log = sys.stderr if args.json else sys.stdout
-    changed = {k: v for k, v in (("steps", args.steps), ("falsify.budget_s", args.falsify_budget),
-                                 ("gate.max_latency_p99_us", args.latency_us)) if v is not None}
-    print(f"changed from the shipped configs: {changed or 'nothing'}; judged on {args.judge_episodes} fresh episodes",
-          file=log, flush=True)
+    changed = {
+        k: v
+        for k, v in (
+            ("steps", args.steps),
+            ("falsify.budget_s", args.falsify_budget),
+            ("gate.max_latency_p99_us", args.latency_us),
+        )
+        if v is not None
+    }
+    print(
+        f"changed from the shipped configs: {changed or 'nothing'}; judged on {args.judge_episodes} fresh episodes",
+        file=log,
+        flush=True,
+    )
     results = []
     for config in configs:
         nights, judged = [], []
@@ -182,26 +230,41 @@ def main(argv=None) -> int:
                 n = one_night(config, models, runs, seed, args.steps, args.falsify_budget, args.latency_us)
                 n.update(run=k, night=night)
                 nights.append(n)
-                print(f"{config.stem} run {k} night {night} (seed {seed}): {n['decision'].upper():12} "
-                      f"vs legacy {_fmt(n['vs_legacy'])}  vs production {_fmt(n['vs_production'])}  "
-                      f"decision {n['decision_wall_s'] or 0:.0f} s, flow {n['flow_wall_s']:.0f} s  "
-                      f"| {n['verdict']}", file=log, flush=True)
+                print(
+                    f"{config.stem} run {k} night {night} (seed {seed}): {n['decision'].upper():12} "
+                    f"vs legacy {_fmt(n['vs_legacy'])}  vs production {_fmt(n['vs_production'])}  "
+                    f"decision {n['decision_wall_s'] or 0:.0f} s, flow {n['flow_wall_s']:.0f} s  "
+                    f"| {n['verdict']}",
+                    file=log,
+                    flush=True,
+                )
                 if n["decision"] == "pass":
                     j = judge(config, models, n["version"], n["production_before"], args.judge_episodes)
                     judged.append(j)
-                    print(f"    judged v{j['version']} on {j['episodes']} fresh episodes: "
-                          + "; ".join(f"{ref} {j[ref]['mean']:+.2f} [{j[ref]['ci95'][0]:+.2f}, {j[ref]['ci95'][1]:+.2f}]"
-                                      for ref in ("vs_legacy", "vs_production") if ref in j), file=log, flush=True)
+                    print(
+                        f"    judged v{j['version']} on {j['episodes']} fresh episodes: "
+                        + "; ".join(
+                            f"{ref} {j[ref]['mean']:+.2f} [{j[ref]['ci95'][0]:+.2f}, {j[ref]['ci95'][1]:+.2f}]"
+                            for ref in ("vs_legacy", "vs_production")
+                            if ref in j
+                        ),
+                        file=log,
+                        flush=True,
+                    )
         summary = summarize(str(config), nights, judged)
         results.append({"summary": summary, "nights": nights, "judged": judged})
         s = summary
-        print(f"{s['config']}: {s['nights']} nights: {s['promotions']} promoted, {s['kept_production']} kept "
-              f"production, {s['inconclusive']} inconclusive, {s['failed']} failed; mean paired difference vs legacy "
-              f"{s['mean_paired_diff_vs_legacy']}; paired episodes median {s['paired_episodes_median']}; decision "
-              f"wall median {s['decision_wall_s_median']} s; judged {s['judged']}: worse than legacy "
-              f"{s['promotions_worse_than_legacy']}, worse than production {s['promotions_worse_than_production']} "
-              f"(below legacy by point estimate {s['promotions_below_legacy_point_estimate']}) "
-              f"(load {s['load_avg_1min']:.1f} on {s['cpus']} CPUs)", file=log, flush=True)
+        print(
+            f"{s['config']}: {s['nights']} nights: {s['promotions']} promoted, {s['kept_production']} kept "
+            f"production, {s['inconclusive']} inconclusive, {s['failed']} failed; mean paired difference vs legacy "
+            f"{s['mean_paired_diff_vs_legacy']}; paired episodes median {s['paired_episodes_median']}; decision "
+            f"wall median {s['decision_wall_s_median']} s; judged {s['judged']}: worse than legacy "
+            f"{s['promotions_worse_than_legacy']}, worse than production {s['promotions_worse_than_production']} "
+            f"(below legacy by point estimate {s['promotions_below_legacy_point_estimate']}) "
+            f"(load {s['load_avg_1min']:.1f} on {s['cpus']} CPUs)",
+            file=log,
+            flush=True,
+        )
     if args.json:
         print(json.dumps({"changed": changed, "results": results}, default=str))
     return 0

@@ -69,8 +69,15 @@ def cheetah_config(out_budget_steps: int = 10_000_000):
     t.hidden_sizes, t.total_env_steps = [256, 256], out_budget_steps
     t.num_actors, t.envs_per_actor, t.rollout_length = 1, 1, 64
     # SB3's SAC defaults: batch 256, one gradient step per env step (ratio 256), lr 3e-4, tau 0.005.
-    for key, value in dict(batch_size=256, replay_ratio=256.0, lr=3e-4, learning_starts=1000, n_step=1,
-                           log_every=100, checkpoint_every=10**9).items():
+    for key, value in dict(
+        batch_size=256,
+        replay_ratio=256.0,
+        lr=3e-4,
+        learning_starts=1000,
+        n_step=1,
+        log_every=100,
+        checkpoint_every=10**9,
+    ).items():
         setattr(t.sac, key, value)
     t.replay.capacity, t.replay.num_shards, t.replay.checkpoint = 1_000_000, 1, False
     cfg.ray.actor_num_cpus = 0.5
@@ -84,12 +91,18 @@ def run_ours(budget_s: float, episodes: int, out_dir: str) -> dict:
     from pipeline.training.train import train
 
     start = time.perf_counter()
-    result = train(cheetah_config(), out_dir=out_dir, progress=False,
-                   callback=lambda s: time.perf_counter() - start >= budget_s)
+    result = train(
+        cheetah_config(), out_dir=out_dir, progress=False, callback=lambda s: time.perf_counter() - start >= budget_s
+    )
     policy, _ = load_policy(result.run_dir)
     ret = evaluate(lambda o: policy(torch.from_numpy(o)).detach().numpy(), episodes)
-    return dict(name="ours SAC (Ray, 1 actor, 1 shard)", env_steps=result.env_steps, wall_s=result.wall_s,
-                eval_return=ret, train_return_recent=result.final_return)
+    return dict(
+        name="ours SAC (Ray, 1 actor, 1 shard)",
+        env_steps=result.env_steps,
+        wall_s=result.wall_s,
+        eval_return=ret,
+        train_return_recent=result.final_return,
+    )
 
 
 def run_sb3(algo: str, budget_s: float, episodes: int) -> dict:
@@ -116,7 +129,9 @@ def run_sb3(algo: str, budget_s: float, episodes: int) -> dict:
     model.learn(total_timesteps=10_000_000, callback=WallClock())
     wall = time.perf_counter() - start
     ret = evaluate(lambda o: model.predict(o, deterministic=True)[0], episodes)
-    return dict(name=f"SB3 {algo.upper()} (defaults, 1 env)", env_steps=int(model.num_timesteps), wall_s=wall, eval_return=ret)
+    return dict(
+        name=f"SB3 {algo.upper()} (defaults, 1 env)", env_steps=int(model.num_timesteps), wall_s=wall, eval_return=ret
+    )
 
 
 RUNS = ("ours", "sac", "ppo")
@@ -129,7 +144,7 @@ def run_one(which: str, budget_s: float, episodes: int, out_dir: str) -> dict:
 def core_split(cores: list[int]) -> dict[str, list[int]]:
     """Disjoint sets of `cores` for the parallel comparison: SB3's runs a quarter each, ours the rest."""
     quarter = max(1, len(cores) // 4)
-    return {"sac": cores[:quarter], "ppo": cores[quarter:2 * quarter], "ours": cores[2 * quarter:] or cores[:1]}
+    return {"sac": cores[:quarter], "ppo": cores[quarter : 2 * quarter], "ours": cores[2 * quarter :] or cores[:1]}
 
 
 def compare(args) -> list[dict]:
@@ -145,9 +160,20 @@ def compare(args) -> list[dict]:
     split, procs = core_split(sorted(os.sched_getaffinity(0))), {}
     with tempfile.TemporaryDirectory() as tmp:
         for which in RUNS:
-            cmd = [sys.executable, __file__, "--one", which, "--budget-s", str(args.budget_s),
-                   "--eval-episodes", str(args.eval_episodes), "--out", f"{tmp}/{which}",
-                   "--cpus", ",".join(map(str, split[which]))]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                which,
+                "--budget-s",
+                str(args.budget_s),
+                "--eval-episodes",
+                str(args.eval_episodes),
+                "--out",
+                f"{tmp}/{which}",
+                "--cpus",
+                ",".join(map(str, split[which])),
+            ]
             procs[which] = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         rows = []
         for which, proc in procs.items():
@@ -166,13 +192,14 @@ def scaling(args) -> list[dict]:
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_replay import ray_shards
+
     from pipeline.config import load_config
     from pipeline.training.train import train
 
     rows = []
     ray.init(num_cpus=max(os.cpu_count() or 1, args.max_k), include_dashboard=False, log_to_driver=False)
     try:
-        for k in (args.ks or range(1, args.max_k + 1)):
+        for k in args.ks or range(1, args.max_k + 1):
             cfg = load_config("configs/cartpole_sac.yaml")
             cfg.train.num_actors, cfg.train.replay.num_shards = k, k
             cfg.train.sac.learning_starts = 10**9  # collection only
@@ -180,9 +207,17 @@ def scaling(args) -> list[dict]:
             cfg.ray.actor_num_cpus, cfg.train.replay.shard_num_cpus = 1.0, 0.0
             with tempfile.TemporaryDirectory() as tmp:
                 result = train(cfg, out_dir=tmp, steps=args.steps_per_actor * k, progress=False)
-            shard_rates = ray_shards(k, argparse.Namespace(obs_dim=5, act_dim=1, seconds=args.seconds, inflight=4, prefetch=4))
-            rows.append(dict(k=k, collect_steps_per_s=result.env_steps_per_s,
-                             sample_update_per_s=shard_rates["sample_update_per_s"], insert_per_s=shard_rates["insert_per_s"]))
+            shard_rates = ray_shards(
+                k, argparse.Namespace(obs_dim=5, act_dim=1, seconds=args.seconds, inflight=4, prefetch=4)
+            )
+            rows.append(
+                dict(
+                    k=k,
+                    collect_steps_per_s=result.env_steps_per_s,
+                    sample_update_per_s=shard_rates["sample_update_per_s"],
+                    insert_per_s=shard_rates["insert_per_s"],
+                )
+            )
             print(json.dumps(rows[-1]), file=sys.stderr)
     finally:
         ray.shutdown()
@@ -230,16 +265,26 @@ def main() -> None:
         return
     print(f"machine: {out['machine']}\nload before: {out['load_before']}\nload after:  {out['load_after']}")
     if args.compare:
-        print(f"\n{ENV_ID}, {args.budget_s:.0f} s of wall time each{' (at once, disjoint cores)' if args.parallel else ''}; eval = deterministic policy, "
-              f"{args.eval_episodes} episodes, same seeds")
+        print(
+            f"\n{ENV_ID}, {args.budget_s:.0f} s of wall time "
+            f"each{' (at once, disjoint cores)' if args.parallel else ''}; eval = deterministic policy, "
+            f"{args.eval_episodes} episodes, same seeds"
+        )
         print(f"{'run':<36} {'env steps':>10} {'wall s':>7} {'eval return':>12}")
         for r in out["compare"]:
             print(f"{r['name']:<36} {r['env_steps']:>10,} {r['wall_s']:>7.0f} {r['eval_return']:>12.1f}")
     if args.scaling:
-        print(f"\n{'K':>3} {'collect steps/s':>16} {'eff':>5} {'shard insert/s':>15} {'eff':>5} {'sample+upd/s':>13} {'eff':>5}")
+        print(
+            f"\n{'K':>3} {'collect steps/s':>16} {'eff':>5} {'shard insert/s':>15} {'eff':>5} {'sample+upd/s':>13} "
+            f"{'eff':>5}"
+        )
         for r in out["scaling"]:
-            print(f"{r['k']:>3} {r['collect_steps_per_s']:>16,.0f} {r['collect_steps_efficiency']:>5.2f} {r['insert_per_s']:>15,.0f} "
-                  f"{r['insert_efficiency']:>5.2f} {r['sample_update_per_s']:>13,.0f} {r['sample_update_efficiency']:>5.2f}")
+            print(
+                f"{r['k']:>3} {r['collect_steps_per_s']:>16,.0f} {r['collect_steps_efficiency']:>5.2f} "
+                f"{r['insert_per_s']:>15,.0f} "
+                f"{r['insert_efficiency']:>5.2f} {r['sample_update_per_s']:>13,.0f} "
+                f"{r['sample_update_efficiency']:>5.2f}"
+            )
 
 
 if __name__ == "__main__":

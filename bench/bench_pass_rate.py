@@ -39,13 +39,25 @@ def one_run(cfg, seed: int, work: Path) -> dict:
     shadow = run_shadow(exported["bundle"], cfg, domains=cfg.shadow.domains, report_dir=work / f"report-{seed}")
     m = shadow["metrics"]
     legacy, cand = m["legacy_return_mean"], m["candidate_return_mean"]
-    return dict(seed=seed, decision=shadow["decision"], failing=shadow["failing"],
-                return_ratio=cand / legacy if legacy else None, candidate_return=cand, legacy_return=legacy,
-                violations=m["candidate_violations"], intervention_rate=m["candidate_intervention_rate"],
-                latency_p99_us=m.get("counterfactual_latency_p99_us"),
-                env_steps=trained["env_steps"], selected_update=trained["best_updates"], updates=trained["updates"],
-                validation_return=trained["best_validation_return"], stopped_early=trained["stopped_early"],
-                train_s=train_s, wall_s=time.perf_counter() - start, load=os.getloadavg()[0])
+    return dict(
+        seed=seed,
+        decision=shadow["decision"],
+        failing=shadow["failing"],
+        return_ratio=cand / legacy if legacy else None,
+        candidate_return=cand,
+        legacy_return=legacy,
+        violations=m["candidate_violations"],
+        intervention_rate=m["candidate_intervention_rate"],
+        latency_p99_us=m.get("counterfactual_latency_p99_us"),
+        env_steps=trained["env_steps"],
+        selected_update=trained["best_updates"],
+        updates=trained["updates"],
+        validation_return=trained["best_validation_return"],
+        stopped_early=trained["stopped_early"],
+        train_s=train_s,
+        wall_s=time.perf_counter() - start,
+        load=os.getloadavg()[0],
+    )
 
 
 def summarize(runs: list[dict], config: str) -> dict:
@@ -53,13 +65,21 @@ def summarize(runs: list[dict], config: str) -> dict:
     walls = [r["wall_s"] for r in runs]
     # The latency check measures the machine as much as the policy: on a loaded box it fails on
     # preemption alone, so the count without it is reported beside the gate's own.
-    return dict(config=config, runs=len(runs), passed=sum(r["decision"] == "pass" for r in runs),
-                passed_but_latency=sum(all(k.endswith("max_latency_p99_us") for k in r["failing"]) for r in runs),
-                ratio_min=min(ratios), ratio_median=statistics.median(ratios), ratio_max=max(ratios),
-                violations_max=max(r["violations"] for r in runs),
-                intervention_rate_max=max(r["intervention_rate"] or 0.0 for r in runs),
-                wall_s_median=statistics.median(walls), wall_s_max=max(walls),
-                load_avg_1min=os.getloadavg()[0], cpus=os.cpu_count())
+    return dict(
+        config=config,
+        runs=len(runs),
+        passed=sum(r["decision"] == "pass" for r in runs),
+        passed_but_latency=sum(all(k.endswith("max_latency_p99_us") for k in r["failing"]) for r in runs),
+        ratio_min=min(ratios),
+        ratio_median=statistics.median(ratios),
+        ratio_max=max(ratios),
+        violations_max=max(r["violations"] for r in runs),
+        intervention_rate_max=max(r["intervention_rate"] or 0.0 for r in runs),
+        wall_s_median=statistics.median(walls),
+        wall_s_max=max(walls),
+        load_avg_1min=os.getloadavg()[0],
+        cpus=os.cpu_count(),
+    )
 
 
 def main(argv=None) -> int:
@@ -87,22 +107,27 @@ def main(argv=None) -> int:
         r = runs[-1]
         ratio = "n/a" if r["return_ratio"] is None else f"{r['return_ratio']:.3f}"
         # Per-run rows as they finish (stderr with --json), so a long bench cut short still says something.
-        print(f"seed {r['seed']}: gate {r['decision'].upper():4}  ratio {ratio}  violations {r['violations']}  "
-              f"interventions {r['intervention_rate']:.3f}  latency p99 {r['latency_p99_us']:.0f} us  "
-              f"selected update {r['selected_update']}/{r['updates']}  {r['env_steps']} steps  "
-              f"wall {r['wall_s']:.0f} s (load {r['load']:.1f})" + (f"  failing {r['failing']}" if r["failing"] else ""),
-              file=sys.stderr if args.json else sys.stdout, flush=True)
+        print(
+            f"seed {r['seed']}: gate {r['decision'].upper():4}  ratio {ratio}  violations {r['violations']}  "
+            f"interventions {r['intervention_rate']:.3f}  latency p99 {r['latency_p99_us']:.0f} us  "
+            f"selected update {r['selected_update']}/{r['updates']}  {r['env_steps']} steps  "
+            f"wall {r['wall_s']:.0f} s (load {r['load']:.1f})" + (f"  failing {r['failing']}" if r["failing"] else ""),
+            file=sys.stderr if args.json else sys.stdout,
+            flush=True,
+        )
     summary = summarize(runs, args.config)
     if args.json:
         print(json.dumps(dict(summary=summary, runs=runs)))
     else:
         s = summary
-        print(f"{s['config']}: {s['passed']}/{s['runs']} passed the gate ({s['passed_but_latency']} with every "
-              f"check but the latency p99); return ratio vs legacy on reality "
-              f"min {s['ratio_min']:.3f} median {s['ratio_median']:.3f} max {s['ratio_max']:.3f}; "
-              f"violations max {s['violations_max']}; intervention rate max {s['intervention_rate_max']:.3f}; "
-              f"wall per run median {s['wall_s_median']:.0f} s, max {s['wall_s_max']:.0f} s "
-              f"(load {s['load_avg_1min']:.1f} on {s['cpus']} CPUs)")
+        print(
+            f"{s['config']}: {s['passed']}/{s['runs']} passed the gate ({s['passed_but_latency']} with every "
+            f"check but the latency p99); return ratio vs legacy on reality "
+            f"min {s['ratio_min']:.3f} median {s['ratio_median']:.3f} max {s['ratio_max']:.3f}; "
+            f"violations max {s['violations_max']}; intervention rate max {s['intervention_rate_max']:.3f}; "
+            f"wall per run median {s['wall_s_median']:.0f} s, max {s['wall_s_max']:.0f} s "
+            f"(load {s['load_avg_1min']:.1f} on {s['cpus']} CPUs)"
+        )
     return 0
 
 

@@ -48,8 +48,11 @@ def per_call(fn, observations: np.ndarray, warmup: int = 200) -> dict:
         fn(obs)
         wall[i] = time.perf_counter_ns() - t0
     cpu = (time.process_time() - cpu0) / len(observations) * 1e6
-    return {"p50_us": float(np.percentile(wall, 50) / 1e3), "p99_us": float(np.percentile(wall, 99) / 1e3),
-            "cpu_us_per_call": cpu}
+    return {
+        "p50_us": float(np.percentile(wall, 50) / 1e3),
+        "p99_us": float(np.percentile(wall, 99) / 1e3),
+        "cpu_us_per_call": cpu,
+    }
 
 
 def control_loop_cpu(fn, observations: np.ndarray, rate_hz: float = 1000.0, seconds: float = 1.0) -> float:
@@ -74,18 +77,26 @@ def _demo_policy(obs_dim: int = 17, act_dim: int = 6) -> tuple[DeterministicPoli
     ac.obs_rms.update(torch.randn(4096, obs_dim, dtype=torch.float64) * 2.0 + 0.5)
     meta = dict(task="bench", env_id="HalfCheetah-v5", updates=0, env_steps=0, **ac.spec())
     # obs[0]/obs[1] taken as a position/velocity pair on a 100 m rail: the shield runs but rarely acts.
-    spec = {"schema_version": 1, "task": "bench", "obs_dim": obs_dim, "act_dim": act_dim, "dt": 0.05,
-            "action_low": [-1.0] * act_dim, "action_high": [1.0] * act_dim, "state_index": [0, 1],
-            "model": {"type": "double_integrator", "accel_per_action": [[1.0] + [0.0] * (act_dim - 1)]},
-            "kinematics": {"position_index": [0], "velocity_index": [1], "brake_accel": [1.0]},
-            "constraints": [{"name": "rail", "type": "box", "index": [0], "low": [-50.0], "high": [50.0]}]}
+    spec = {
+        "schema_version": 1,
+        "task": "bench",
+        "obs_dim": obs_dim,
+        "act_dim": act_dim,
+        "dt": 0.05,
+        "action_low": [-1.0] * act_dim,
+        "action_high": [1.0] * act_dim,
+        "state_index": [0, 1],
+        "model": {"type": "double_integrator", "accel_per_action": [[1.0] + [0.0] * (act_dim - 1)]},
+        "kinematics": {"position_index": [0], "velocity_index": [1], "brake_accel": [1.0]},
+        "constraints": [{"name": "rail", "type": "box", "index": [0], "low": [-50.0], "high": [50.0]}],
+    }
     return DeterministicPolicy(ac), meta, spec
 
 
 def _run_policy(run_dir: str) -> tuple[DeterministicPolicy, dict, dict]:
     from pipeline.config import load_config
-    from pipeline.training.policy import load_policy
     from pipeline.safety.shield_spec import build_shield_spec
+    from pipeline.training.policy import load_policy
 
     policy, meta = load_policy(run_dir)
     return policy, meta, build_shield_spec(load_config(Path(run_dir) / "config.yaml"))
@@ -101,8 +112,14 @@ def main(argv: list[str] | None = None) -> int:
 
     policy, meta, spec = _run_policy(args.run) if args.run else _demo_policy()
     with tempfile.TemporaryDirectory() as tmp:
-        exported = export_deterministic(policy, meta, spec, config_hash=meta.get("config_hash", "bench"),
-                                        out_dir=Path(tmp) / "bundle", registry_root=Path(tmp) / "models")
+        exported = export_deterministic(
+            policy,
+            meta,
+            spec,
+            config_hash=meta.get("config_hash", "bench"),
+            out_dir=Path(tmp) / "bundle",
+            registry_root=Path(tmp) / "models",
+        )
         bundle = Bundle.load(exported["bundle"])
         runtime = EdgeRuntime.load(exported["bundle"])
     edge = OnnxPolicy(bundle.policy_onnx)
@@ -130,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     e64, d64 = results["onnx_edge_b64"], results["onnx_default_options_b64"]
     summary = {
         "policy": f"{edge.obs_dim}-{'-'.join(map(str, meta['hidden_sizes']))}-{edge.act_dim}",
-        "torch_threads": torch.get_num_threads(), "calls": args.calls,
+        "torch_threads": torch.get_num_threads(),
+        "calls": args.calls,
         "parity_max_abs_err": exported["parity_max_abs_err"],
         "speedup_p50_onnx_edge_vs_torch_b1": base["p50_us"] / e["p50_us"],
         "cpu_per_call_default_vs_edge_b1": d["cpu_us_per_call"] / e["cpu_us_per_call"],
@@ -142,16 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(summary))
         return 0
-    print(f"policy {summary['policy']}, {args.calls} calls per variant at batch 1 (1/10 at batch 64) (torch threads: {summary['torch_threads']}); "
-          f"parity {summary['parity_max_abs_err']:.1e}")
+    print(
+        f"policy {summary['policy']}, {args.calls} calls per variant at batch 1 (1/10 at batch 64) (torch threads: "
+        f"{summary['torch_threads']}); "
+        f"parity {summary['parity_max_abs_err']:.1e}"
+    )
     print(f"{'variant':<28} {'p50 µs':>8} {'p99 µs':>8} {'CPU µs/call':>12} {'1 kHz loop CPU%':>16}")
     for name, r in results.items():
         loop = f"{r['loop_1khz_cpu_percent']:.1f}" if "loop_1khz_cpu_percent" in r else "-"
         print(f"{name:<28} {r['p50_us']:>8.1f} {r['p99_us']:>8.1f} {r['cpu_us_per_call']:>12.1f} {loop:>16}")
     print(f"onnx (edge) vs torch at batch 1, p50: {summary['speedup_p50_onnx_edge_vs_torch_b1']:.1f}x faster")
     for b in (1, 64):
-        print(f"default vs edge session options at batch {b}: {summary[f'cpu_per_call_default_vs_edge_b{b}']:.1f}x CPU "
-              f"per call, {summary[f'loop_cpu_default_vs_edge_b{b}']:.1f}x CPU in a 1 kHz loop")
+        print(
+            f"default vs edge session options at batch {b}: {summary[f'cpu_per_call_default_vs_edge_b{b}']:.1f}x CPU "
+            f"per call, {summary[f'loop_cpu_default_vs_edge_b{b}']:.1f}x CPU in a 1 kHz loop"
+        )
     return 0
 
 

@@ -27,9 +27,13 @@ BATCH = 256
 
 
 def transitions(n, obs_dim, act_dim, rng):
-    return dict(obs=rng.standard_normal((n, obs_dim), np.float32), action=rng.uniform(-1, 1, (n, act_dim)).astype(np.float32),
-                reward=rng.standard_normal(n).astype(np.float32), next_obs=rng.standard_normal((n, obs_dim), np.float32),
-                discount=np.full(n, 0.97, np.float32))
+    return dict(
+        obs=rng.standard_normal((n, obs_dim), np.float32),
+        action=rng.uniform(-1, 1, (n, act_dim)).astype(np.float32),
+        reward=rng.standard_normal(n).astype(np.float32),
+        next_obs=rng.standard_normal((n, obs_dim), np.float32),
+        discount=np.full(n, 0.97, np.float32),
+    )
 
 
 def timed(fn, seconds):
@@ -111,12 +115,16 @@ def main() -> None:
         print(json.dumps(dict(load=load, cpus=os.cpu_count(), in_process=local, ray=rows)))
         return
     print(f"machine: {os.cpu_count()} CPUs; {load}")
-    print(f"in-process (1e6 slots, batch {BATCH}, obs {args.obs_dim}, act {args.act_dim}): "
-          f"insert {local['insert_per_s']:,.0f}/s, sample+priority update {local['sample_update_per_s']:,.0f}/s")
+    print(
+        f"in-process (1e6 slots, batch {BATCH}, obs {args.obs_dim}, act {args.act_dim}): "
+        f"insert {local['insert_per_s']:,.0f}/s, sample+priority update {local['sample_update_per_s']:,.0f}/s"
+    )
     print(f"{'shards':>6} {'insert/s':>12} {'eff':>6} {'sample+update/s':>16} {'eff':>6}")
     for r in rows:
-        print(f"{r['shards']:>6} {r['insert_per_s']:>12,.0f} {r['insert_efficiency'] or 0:>6.2f} "
-              f"{r['sample_update_per_s']:>16,.0f} {r['sample_update_efficiency'] or 0:>6.2f}")
+        print(
+            f"{r['shards']:>6} {r['insert_per_s']:>12,.0f} {r['insert_efficiency'] or 0:>6.2f} "
+            f"{r['sample_update_per_s']:>16,.0f} {r['sample_update_efficiency'] or 0:>6.2f}"
+        )
 
 
 if __name__ == "__main__":

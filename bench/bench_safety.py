@@ -38,20 +38,50 @@ POLICIES = REFERENCE_POLICIES
 
 def _run(cfg, spec, policy_name, domains, episodes, seed, shield, steps, past_termination=False) -> dict:
     policy = reference_policy(policy_name, cfg, spec, seed=seed)
-    r = evaluate(cfg, policy, domains=domains, episodes=episodes, seed=seed, shield=shield, spec=spec,
-                 max_episode_steps=steps, past_termination=past_termination)
-    return {k: r[k] for k in ("episodes", "steps", "violations", "violation_episodes", "intervention_rate",
-                              "envelope_rate", "return_mean")}
+    r = evaluate(
+        cfg,
+        policy,
+        domains=domains,
+        episodes=episodes,
+        seed=seed,
+        shield=shield,
+        spec=spec,
+        max_episode_steps=steps,
+        past_termination=past_termination,
+    )
+    return {
+        k: r[k]
+        for k in (
+            "episodes",
+            "steps",
+            "violations",
+            "violation_episodes",
+            "intervention_rate",
+            "envelope_rate",
+            "return_mean",
+        )
+    }
 
 
 def bench_task(task: str, args) -> dict:
     cfg = load_config(f"configs/{task}.yaml")
     spec = ShieldSpec.from_dict(build_shield_spec(cfg))
     domains = [("train", "train", args.episodes), ("reality", "reality", args.episodes)]
-    domains += [(f"corner{i:02d}", parse_randomization(d), args.corner_episodes)
-                for i, d in enumerate(corner_domains(envelope_set(cfg)))]
-    rows, totals = [], {"episodes": 0, "steps": 0, "violations": 0, "unshielded_episodes": 0,
-                        "unshielded_violations": 0, "envelope_steps": 0}
+    domains += [
+        (f"corner{i:02d}", parse_randomization(d), args.corner_episodes)
+        for i, d in enumerate(corner_domains(envelope_set(cfg)))
+    ]
+    rows, totals = (
+        [],
+        {
+            "episodes": 0,
+            "steps": 0,
+            "violations": 0,
+            "unshielded_episodes": 0,
+            "unshielded_violations": 0,
+            "envelope_steps": 0,
+        },
+    )
     for j, (label, dom, episodes) in enumerate(domains):
         for name in POLICIES:
             seed = 100_000 + 1000 * j
@@ -66,10 +96,15 @@ def bench_task(task: str, args) -> dict:
             totals["unshielded_episodes"] += off["episodes"]
             totals["unshielded_violations"] += off["violations"]
             if not args.json:
-                print(f"{task:>9} {label:>9} {name:>11}: shielded {on['episodes']:>4} ep, {on['violations']:>3} viol steps "
-                      f"({on['violation_episodes']} ep), interv {on['intervention_rate']:.3f}, envelope "
-                      f"{on['envelope_rate']:.4f} | unshielded {off['episodes']:>3} ep, {off['violations']:>5} viol steps "
-                      f"({off['violation_episodes']} ep)", flush=True)
+                print(
+                    f"{task:>9} {label:>9} {name:>11}: shielded {on['episodes']:>4} ep, {on['violations']:>3} viol "
+                    f"steps "
+                    f"({on['violation_episodes']} ep), interv {on['intervention_rate']:.3f}, envelope "
+                    f"{on['envelope_rate']:.4f} | unshielded {off['episodes']:>3} ep, {off['violations']:>5} viol "
+                    f"steps "
+                    f"({off['violation_episodes']} ep)",
+                    flush=True,
+                )
     out = {"task": task, "rows": rows, "totals": totals}
     bundle = dict(b.split("=", 1) for b in args.bundle).get(task)
     if bundle:
@@ -79,8 +114,17 @@ def bench_task(task: str, args) -> dict:
         trained = {}
         for shield in (True, False):
             r = evaluate(cfg, runtime, domains="reality", episodes=args.episodes, seed=5000, shield=shield, spec=spec)
-            trained["shielded" if shield else "unshielded"] = {k: r[k] for k in (
-                "return_mean", "violations", "intervention_rate", "envelope_rate", "shield_us_p50", "shield_us_p99")}
+            trained["shielded" if shield else "unshielded"] = {
+                k: r[k]
+                for k in (
+                    "return_mean",
+                    "violations",
+                    "intervention_rate",
+                    "envelope_rate",
+                    "shield_us_p50",
+                    "shield_us_p99",
+                )
+            }
         trained["return_ratio"] = trained["shielded"]["return_mean"] / trained["unshielded"]["return_mean"]
         out["trained"] = trained
         if not args.json:
@@ -94,11 +138,20 @@ def main(argv=None) -> int:
     p.add_argument("--episodes", type=int, default=100, help="episodes per policy on train and on reality")
     p.add_argument("--corner-episodes", type=int, default=8, help="episodes per policy on each envelope corner")
     p.add_argument("--steps", type=int, default=150, help="steps per episode (the tasks' own length: 0)")
-    p.add_argument("--unshielded-share", type=float, default=0.25, help="share of the episodes also run unshielded (at least one per domain and policy: the baseline beside each row)")
+    p.add_argument(
+        "--unshielded-share",
+        type=float,
+        default=0.25,
+        help="share of the episodes also run unshielded (at least one per domain and policy: the baseline beside each "
+        "row)",
+    )
     p.add_argument("--bundle", nargs="*", default=[], metavar="TASK=DIR", help="a trained bundle per task")
-    p.add_argument("--past-termination", action="store_true",
-                   help="step on past the task's termination to the episode's length (a cart-pole whose pole fell: "
-                        "a real plant goes on, and so does the shield's job); with --steps 0, the task's length")
+    p.add_argument(
+        "--past-termination",
+        action="store_true",
+        help="step on past the task's termination to the episode's length (a cart-pole whose pole fell: "
+        "a real plant goes on, and so does the shield's job); with --steps 0, the task's length",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     args.steps = args.steps or None
@@ -111,9 +164,12 @@ def main(argv=None) -> int:
     else:
         for r in results:
             t = r["totals"]
-            print(f"TOTAL {r['task']}: shielded {t['episodes']} episodes / {t['steps']} steps: {t['violations']} violating "
-                  f"steps, {t['envelope_steps']} envelope-flagged steps; unshielded {t['unshielded_episodes']} "
-                  f"episodes: {t['unshielded_violations']} violating steps")
+            print(
+                f"TOTAL {r['task']}: shielded {t['episodes']} episodes / {t['steps']} steps: {t['violations']} "
+                f"violating "
+                f"steps, {t['envelope_steps']} envelope-flagged steps; unshielded {t['unshielded_episodes']} "
+                f"episodes: {t['unshielded_violations']} violating steps"
+            )
         print(f"wall {summary['wall_s']:.0f} s, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     return 0 if all(r["totals"]["violations"] == 0 for r in results) else 1
 

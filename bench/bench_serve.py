@@ -135,7 +135,7 @@ def udp_echo_floor_us(n: int = 5000) -> dict:
         while not stop.is_set():
             try:
                 data, addr = server.recvfrom(2048)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             server.sendto(data, addr)
 
@@ -198,8 +198,19 @@ def paced_echo_us(rate_hz: float, seconds: float, cpu: int | None, realtime: boo
     than 1 ms (the closed loop's criterion: lost replies count, skipped periods do not; the client spins when
     `busy_poll`) are what a server that does nothing gets from this machine at this pace."""
     root = str(Path(__file__).resolve().parents[1])
-    proc = subprocess.Popen([sys.executable, "-c", _PACED_ECHO, root, str(-1 if cpu is None else cpu),
-                             "1" if realtime else "0", "1" if busy_poll else "0"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _PACED_ECHO,
+            root,
+            str(-1 if cpu is None else cpu),
+            "1" if realtime else "0",
+            "1" if busy_poll else "0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         client.connect(("127.0.0.1", int(proc.stdout.readline())))
@@ -215,7 +226,7 @@ def paced_echo_us(rate_hz: float, seconds: float, cpu: int | None, realtime: boo
             client.send(payload)
             try:
                 reply = client.recv(64) if not busy_poll else spin_recv(client, t0 + 50_000_000)
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 rtt[k] = np.inf  # lost: late, as the closed loop counts a timeout
                 continue
             rtt[k], held[k] = (time.perf_counter_ns() - t0) / 1e3, int.from_bytes(reply, "little", signed=True) / 1e3
@@ -225,8 +236,12 @@ def paced_echo_us(rate_hz: float, seconds: float, cpu: int | None, realtime: boo
         client.close()
         if proc.poll() is None:
             proc.kill()
-    return {"server_us": percentiles(held[np.isfinite(held)]), "rtt_us": percentiles(rtt[np.isfinite(rtt)]),
-            "periods": n, "later_than_1ms": int(np.sum(rtt > 1000.0))}  # NaN: skipped (no request), as the loop
+    return {
+        "server_us": percentiles(held[np.isfinite(held)]),
+        "rtt_us": percentiles(rtt[np.isfinite(rtt)]),
+        "periods": n,
+        "later_than_1ms": int(np.sum(rtt > 1000.0)),
+    }  # NaN: skipped (no request), as the loop
 
 
 def spin_recv(sock: socket.socket, deadline_ns: int) -> bytes:
@@ -276,8 +291,14 @@ def platform_stalls(seconds: float, cpu: int | None, realtime: bool, cpus: list[
     1 ms (a VM's host taking the vCPU away, say). A closed loop cannot have fewer late replies than the server's
     CPU has such stops; a stop on every CPU at once (the whole VM) a standby server on another CPU could not
     cover either."""
-    probes = {c: subprocess.Popen([sys.executable, "-c", _STALL_PROBE, str(seconds), str(c), "1" if realtime else "0"],
-                                  stdout=subprocess.PIPE, text=True) for c in cpus}
+    probes = {
+        c: subprocess.Popen(
+            [sys.executable, "-c", _STALL_PROBE, str(seconds), str(c), "1" if realtime else "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for c in cpus
+    }
     stalls = {c: json.loads(p.communicate()[0]) for c, p in probes.items()}
     over = {c: [(t, d) for t, d in ev if d > 0.001] for c, ev in stalls.items()}
 
@@ -285,10 +306,14 @@ def platform_stalls(seconds: float, cpu: int | None, realtime: bool, cpus: list[
         return all(any(s < t + d and t < s + e for s, e in stalls[o]) for o in cpus if o != c)
 
     server = cpu if cpu in over else max(over, key=lambda c: len(over[c]))  # no --cpu: the worst CPU
-    return {"seconds": seconds, "cpu": server, "stalls_over_1ms": len(over[server]),
-            "max_stall_us": round(max([d for _, d in stalls[server]], default=0.0) * 1e6, 1),
-            "per_cpu_over_1ms": {str(c): len(ev) for c, ev in over.items()},
-            "every_cpu_at_once_over_1ms": sum(everywhere(t, d, server) for t, d in over[server])}
+    return {
+        "seconds": seconds,
+        "cpu": server,
+        "stalls_over_1ms": len(over[server]),
+        "max_stall_us": round(max([d for _, d in stalls[server]], default=0.0) * 1e6, 1),
+        "per_cpu_over_1ms": {str(c): len(ev) for c, ev in over.items()},
+        "every_cpu_at_once_over_1ms": sum(everywhere(t, d, server) for t, d in over[server]),
+    }
 
 
 class PlanarPlant:
@@ -379,12 +404,20 @@ def closed_loop(host: str, port: int, rate_hz: float, seconds: float, plant, bus
     gc.enable()
     client.close()
     ok = rtt[np.isfinite(rtt)]
-    return {"rate_hz": rate_hz, "seconds": elapsed, "periods": n, "deadline_misses": misses, "timeouts": timeouts,
-            "later_than_1ms": late_1ms,
-            "skipped_periods": skipped, "intervened_replies": intervened,
-            "fallback_or_alarm_replies": alarms, "rtt_us": percentiles(ok),
-            "server_us": percentiles(server_us[np.isfinite(server_us)]),
-            "observations": sent[np.isfinite(rtt)]}
+    return {
+        "rate_hz": rate_hz,
+        "seconds": elapsed,
+        "periods": n,
+        "deadline_misses": misses,
+        "timeouts": timeouts,
+        "later_than_1ms": late_1ms,
+        "skipped_periods": skipped,
+        "intervened_replies": intervened,
+        "fallback_or_alarm_replies": alarms,
+        "rtt_us": percentiles(ok),
+        "server_us": percentiles(server_us[np.isfinite(server_us)]),
+        "observations": sent[np.isfinite(rtt)],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,22 +425,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="duration per rate (s)")
     p.add_argument("--rates", default="1000,5000", help="control rates to run (Hz), comma-separated")
     p.add_argument("--bundle", help="bundle to serve (default: a tiny planar double-integrator bundle)")
-    p.add_argument("--plant", choices=["planar", "twin"], default="planar",
-                   help="planar: a double integrator (the tiny bundle's model); twin: the bundle's task env")
-    p.add_argument("--nice", type=int, default=None,
-                   help="niceness for the server and this client (e.g. -10; negative needs root): on a shared "
-                        "machine it measures the server rather than the neighbours")
-    p.add_argument("--realtime", action="store_true",
-                   help="start the server with --realtime (SCHED_FIFO, mlockall, idle CPUs polling) and run this "
-                        "client (the plant's controller) the same way, on the other CPUs")
+    p.add_argument(
+        "--plant",
+        choices=["planar", "twin"],
+        default="planar",
+        help="planar: a double integrator (the tiny bundle's model); twin: the bundle's task env",
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=None,
+        help="niceness for the server and this client (e.g. -10; negative needs root): on a shared "
+        "machine it measures the server rather than the neighbours",
+    )
+    p.add_argument(
+        "--realtime",
+        action="store_true",
+        help="start the server with --realtime (SCHED_FIFO, mlockall, idle CPUs polling) and run this "
+        "client (the plant's controller) the same way, on the other CPUs",
+    )
     p.add_argument("--cpu", type=int, help="with --realtime: pin the server to this CPU")
-    p.add_argument("--busy-poll", action="store_true",
-                   help="server (`serve --busy-poll`) and client spin on their sockets instead of sleeping")
-    p.add_argument("--probe-seconds", type=float, default=20.0,
-                   help="baseline: how long a bare loop on the server's CPU is watched for platform stalls (s)")
-    p.add_argument("--echo-seconds", type=float, default=None,
-                   help="baseline per rate: how long a bare echo server is driven at the loop's pace (s; default "
-                        "--seconds, so its replies later than 1 ms compare with the loop's)")
+    p.add_argument(
+        "--busy-poll",
+        action="store_true",
+        help="server (`serve --busy-poll`) and client spin on their sockets instead of sleeping",
+    )
+    p.add_argument(
+        "--probe-seconds",
+        type=float,
+        default=20.0,
+        help="baseline: how long a bare loop on the server's CPU is watched for platform stalls (s)",
+    )
+    p.add_argument(
+        "--echo-seconds",
+        type=float,
+        default=None,
+        help="baseline per rate: how long a bare echo server is driven at the loop's pace (s; default "
+        "--seconds, so its replies later than 1 ms compare with the loop's)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
 
@@ -430,17 +485,30 @@ def main(argv: list[str] | None = None) -> int:
     bundle = Path(args.bundle) if args.bundle else write_tiny_bundle(Path(tmp.name) / "bundle", seed=0, version=1)
     probe = EdgeRuntime.load(bundle)
     obs_dim = probe.obs_dim
-    result = {"bundle": str(bundle), "plant": args.plant, "busy_poll": args.busy_poll, "nice": os.getpriority(os.PRIO_PROCESS, 0), "realtime": args.realtime,
-              "client_realtime_not_permitted": client_realtime, "load_average_before": os.getloadavg(), "udp_echo_us": udp_echo_floor_us(),
-              "protocol_overhead_us": server_overhead_us(obs_dim, probe.act_dim),
-              "platform_stalls": platform_stalls(args.probe_seconds, args.cpu, args.realtime, cpus), "loops": []}
+    result = {
+        "bundle": str(bundle),
+        "plant": args.plant,
+        "busy_poll": args.busy_poll,
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "realtime": args.realtime,
+        "client_realtime_not_permitted": client_realtime,
+        "load_average_before": os.getloadavg(),
+        "udp_echo_us": udp_echo_floor_us(),
+        "protocol_overhead_us": server_overhead_us(obs_dim, probe.act_dim),
+        "platform_stalls": platform_stalls(args.probe_seconds, args.cpu, args.realtime, cpus),
+        "loops": [],
+    }
     for rate in (float(r) for r in args.rates.split(",")):
         # The server's compute deadline is the control period: a later reply is useless to the plant.
-        extra = ((["--realtime"] if args.realtime else []) + (["--cpu", str(args.cpu)] if args.cpu is not None else [])
-                 + (["--busy-poll"] if args.busy_poll else []))
+        extra = (
+            (["--realtime"] if args.realtime else [])
+            + (["--cpu", str(args.cpu)] if args.cpu is not None else [])
+            + (["--busy-poll"] if args.busy_poll else [])
+        )
         with ServerProcess(str(bundle), "--deadline-us", str(1e6 / rate), *extra) as server:
-            plant = (TwinPlant(probe.bundle.manifest["env_id"]) if args.plant == "twin"
-                     else PlanarPlant(obs_dim, 1.0 / rate))
+            plant = (
+                TwinPlant(probe.bundle.manifest["env_id"]) if args.plant == "twin" else PlanarPlant(obs_dim, 1.0 / rate)
+            )
             loop = closed_loop(server.host, server.port, rate, args.seconds, plant, args.busy_poll)
             with PolicyClient(server.host, server.port) as client:
                 loop["server_counters"] = client.status().counters
@@ -449,38 +517,47 @@ def main(argv: list[str] | None = None) -> int:
         sample = sample[np.random.default_rng(0).choice(len(sample), min(len(sample), 5000), replace=False)]
         loop["runtime_act_us"] = runtime_floor_us(bundle, sample)  # same states, no server, no socket
         loop["runtime_act_paced_us"] = runtime_floor_us(bundle, sample[:2000], 1.0 / rate)  # ... one per period
-        loop["echo_paced_us"] = paced_echo_us(rate, args.echo_seconds or args.seconds, args.cpu, args.realtime, args.busy_poll)
+        loop["echo_paced_us"] = paced_echo_us(
+            rate, args.echo_seconds or args.seconds, args.cpu, args.realtime, args.busy_poll
+        )
         result["loops"].append(loop)
     tmp.cleanup()
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
     echo, proto, stalls = result["udp_echo_us"], result["protocol_overhead_us"], result["platform_stalls"]
-    print(f"plant {result['plant']}; niceness {result['nice']}; realtime server and client {result['realtime']}; load average "
-          f"{result['load_average_before'][0]:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
-    print(f"baseline: bare UDP echo p50 {echo['p50']:.1f} us, p99 {echo['p99']:.1f} us; "
-          f"server protocol overhead (instant runtime) p50 {proto['p50']:.1f} us, p99 {proto['p99']:.1f} us; "
-          f"a bare loop on the server's CPU was stopped for over 1 ms {stalls['stalls_over_1ms']} times in "
-          f"{stalls['seconds']:.0f} s (longest {stalls['max_stall_us'] / 1e3:.1f} ms; "
-          f"{stalls['every_cpu_at_once_over_1ms']} of them on every CPU at once; per CPU "
-          f"{stalls['per_cpu_over_1ms']})")
+    print(
+        f"plant {result['plant']}; niceness {result['nice']}; realtime server and client {result['realtime']}; load "
+        f"average "
+        f"{result['load_average_before'][0]:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs"
+    )
+    print(
+        f"baseline: bare UDP echo p50 {echo['p50']:.1f} us, p99 {echo['p99']:.1f} us; "
+        f"server protocol overhead (instant runtime) p50 {proto['p50']:.1f} us, p99 {proto['p99']:.1f} us; "
+        f"a bare loop on the server's CPU was stopped for over 1 ms {stalls['stalls_over_1ms']} times in "
+        f"{stalls['seconds']:.0f} s (longest {stalls['max_stall_us'] / 1e3:.1f} ms; "
+        f"{stalls['every_cpu_at_once_over_1ms']} of them on every CPU at once; per CPU "
+        f"{stalls['per_cpu_over_1ms']})"
+    )
     for loop in result["loops"]:
         r, s, act, paced = loop["rtt_us"], loop["server_us"], loop["runtime_act_us"], loop["runtime_act_paced_us"]
         held, echo_rtt = loop["echo_paced_us"]["server_us"], loop["echo_paced_us"]["rtt_us"]
-        print(f"{loop['rate_hz']:.0f} Hz x {loop['seconds']:.1f} s ({loop['periods']} periods): "
-              f"round trip p50 {r['p50']:.1f} p99 {r['p99']:.1f} p99.9 {r['p999']:.1f} max {r['max']:.1f} us; "
-              f"server p50 {s['p50']:.0f} p99 {s['p99']:.0f} us; replies later than 1 ms {loop['later_than_1ms']}; "
-              f"deadline misses {loop['deadline_misses']} "
-              f"({100 * loop['deadline_misses'] / loop['periods']:.3f} %; {loop['skipped_periods']} skipped), "
-              f"timeouts {loop['timeouts']}, "
-              f"intervened replies {loop['intervened_replies']}, fallback replies {loop['fallback_or_alarm_replies']}; "
-              f"in-process act on the same states p50 {act['p50']:.0f} p99 {act['p99']:.0f} us back to back, "
-              f"p50 {paced['p50']:.0f} p99 {paced['p99']:.0f} us one per period; a bare echo server at this pace: "
-              f"kernel receive -> datagram in hand p50 {held['p50']:.0f} p99 {held['p99']:.0f} us, round trip "
-              f"p50 {echo_rtt['p50']:.0f} p99 {echo_rtt['p99']:.0f} us, replies later than 1 ms "
-              f"{loop['echo_paced_us']['later_than_1ms']} of {loop['echo_paced_us']['periods']}; "
-              f"p50 round trip = {r['p50'] / act['p50']:.2f}x in-process act, "
-              f"{r['p50'] / echo['p50']:.2f}x bare UDP echo")
+        print(
+            f"{loop['rate_hz']:.0f} Hz x {loop['seconds']:.1f} s ({loop['periods']} periods): "
+            f"round trip p50 {r['p50']:.1f} p99 {r['p99']:.1f} p99.9 {r['p999']:.1f} max {r['max']:.1f} us; "
+            f"server p50 {s['p50']:.0f} p99 {s['p99']:.0f} us; replies later than 1 ms {loop['later_than_1ms']}; "
+            f"deadline misses {loop['deadline_misses']} "
+            f"({100 * loop['deadline_misses'] / loop['periods']:.3f} %; {loop['skipped_periods']} skipped), "
+            f"timeouts {loop['timeouts']}, "
+            f"intervened replies {loop['intervened_replies']}, fallback replies {loop['fallback_or_alarm_replies']}; "
+            f"in-process act on the same states p50 {act['p50']:.0f} p99 {act['p99']:.0f} us back to back, "
+            f"p50 {paced['p50']:.0f} p99 {paced['p99']:.0f} us one per period; a bare echo server at this pace: "
+            f"kernel receive -> datagram in hand p50 {held['p50']:.0f} p99 {held['p99']:.0f} us, round trip "
+            f"p50 {echo_rtt['p50']:.0f} p99 {echo_rtt['p99']:.0f} us, replies later than 1 ms "
+            f"{loop['echo_paced_us']['later_than_1ms']} of {loop['echo_paced_us']['periods']}; "
+            f"p50 round trip = {r['p50'] / act['p50']:.2f}x in-process act, "
+            f"{r['p50'] / echo['p50']:.2f}x bare UDP echo"
+        )
     return 0
 
 

@@ -5,7 +5,8 @@
 
 The policy is the edge runtime's `OnnxPolicy` (onnxruntime, 1 thread, no
 spinning; one plant's call through its preallocated binding) of a 64-64 tanh
-MLP built with onnx.helper (random weights: latency does not depend on them). States come from the legacy controller flying the task's
+MLP built with onnx.helper (random weights: latency does not depend on them).
+States come from the legacy controller flying the task's
 `reality` domains, so the shield sees realistic observations. The intervention
 share is measured for the legacy controller driving with the shield in the
 loop (no trained policy is needed for this figure). Shielded figures are also
@@ -42,12 +43,19 @@ def mlp_onnx(obs_dim: int, act_dim: int, hidden: int = 64, seed: int = 0) -> byt
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
         w = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}")]
-        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
-                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
-                  helper.make_node("Tanh", [f"a{i}"], [f"h{i}"])]
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+            helper.make_node("Tanh", [f"a{i}"], [f"h{i}"]),
+        ]
         x = f"h{i}"
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [None, obs_dim])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, act_dim])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [None, obs_dim])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [None, act_dim])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9  # what onnxruntime 1.18+ loads; onnx's default can be newer than the runtime
     onnx.checker.check_model(model)
@@ -79,8 +87,11 @@ CHUNKS = 20  # turns per variant (see main)
 
 def percentiles(us) -> dict:
     a = np.asarray(us)
-    return {"p50_us": round(float(np.percentile(a, 50)), 2), "p99_us": round(float(np.percentile(a, 99)), 2),
-            "steps": int(a.size)}
+    return {
+        "p50_us": round(float(np.percentile(a, 50)), 2),
+        "p99_us": round(float(np.percentile(a, 99)), 2),
+        "steps": int(a.size),
+    }
 
 
 def main() -> None:
@@ -89,11 +100,17 @@ def main() -> None:
     parser.add_argument("--task", default="cartpole", help="task name: configs/<task>.yaml (any declared task)")
     parser.add_argument("--steps", type=int, default=3000, help="timed actions per variant")
     parser.add_argument("--episodes", type=int, default=5, help="legacy episodes for the intervention share")
-    parser.add_argument("--bundle", help="a trained bundle: also report its intervention share driving nominal "
-                                         "and reality domains (e.g. models/cartpole/1 after `sim2real run`)")
-    parser.add_argument("--realtime", action="store_true",
-                        help="time under SCHED_FIFO with memory locked, as `serve --realtime` runs (needs root or "
-                             "CAP_SYS_NICE; what is not permitted is said and skipped)")
+    parser.add_argument(
+        "--bundle",
+        help="a trained bundle: also report its intervention share driving nominal "
+        "and reality domains (e.g. models/cartpole/1 after `sim2real run`)",
+    )
+    parser.add_argument(
+        "--realtime",
+        action="store_true",
+        help="time under SCHED_FIFO with memory locked, as `serve --realtime` runs (needs root or "
+        "CAP_SYS_NICE; what is not permitted is said and skipped)",
+    )
     parser.add_argument("--cpu", type=int, help="with --realtime: pin to this CPU, as `serve --cpu`")
     args = parser.parse_args()
 
@@ -160,18 +177,34 @@ def main() -> None:
 
     # The variants take turns over chunks of the recorded steps (each its own shield, in order), so a noisy
     # spell of the machine lands on all of them and on the baseline alike, not on whichever ran then.
-    variants = [variant(False), variant(True), variant(True, pushes), variant(True, bang_bang),
-                variant(True, pushes, with_policy=False)]
+    variants = [
+        variant(False),
+        variant(True),
+        variant(True, pushes),
+        variant(True, bang_bang),
+        variant(True, pushes, with_policy=False),
+    ]
     chunk = max(1, len(observations) // CHUNKS)
     for lo in range(0, len(observations), chunk):
         for run, _ in variants:
             run(range(lo, min(lo + chunk, len(observations))))
     (policy_only, _), (shielded, share_mlp), (adversarial, share_adv), (banged, share_bang), (shield_only, _) = (
-        figures() for _, figures in variants)
-    legacy = evaluate(cfg, reference_policy("legacy", cfg, spec), domains="reality", episodes=args.episodes,
-                      seed=0, shield=True, spec=spec)
+        figures() for _, figures in variants
+    )
+    legacy = evaluate(
+        cfg,
+        reference_policy("legacy", cfg, spec),
+        domains="reality",
+        episodes=args.episodes,
+        seed=0,
+        shield=True,
+        spec=spec,
+    )
     result = {
-        "task": args.task, "timed_actions": args.steps, "realtime": args.realtime, "realtime_not_permitted": problems,
+        "task": args.task,
+        "timed_actions": args.steps,
+        "realtime": args.realtime,
+        "realtime_not_permitted": problems,
         "cpu": args.cpu,
         "policy_alone": policy_only,
         "policy_plus_shield": shielded,
@@ -185,7 +218,10 @@ def main() -> None:
         "intervention_share_bang_bang": round(share_bang, 4),
         "intervention_share_legacy_in_loop": round(legacy["intervention_rate"], 4),
         "legacy_in_loop_violations": legacy["violations"],
-        "legacy_in_loop_shield_us": {"p50_us": round(legacy["shield_us_p50"], 2), "p99_us": round(legacy["shield_us_p99"], 2)},
+        "legacy_in_loop_shield_us": {
+            "p50_us": round(legacy["shield_us_p50"], 2),
+            "p99_us": round(legacy["shield_us_p99"], 2),
+        },
     }
     if args.bundle:
         from shield.runtime import EdgeRuntime
@@ -195,19 +231,28 @@ def main() -> None:
             run_ = evaluate(cfg, trained, domains=domains, episodes=args.episodes, seed=0, shield=True, spec=spec)
             result[f"intervention_share_trained_{domains}"] = round(run_["intervention_rate"], 4)
             result[f"trained_{domains}_violations"] = run_["violations"]
-            print(f"trained policy ({args.bundle}) on {domains} domains: shield intervened on "
-                  f"{run_['intervention_rate']:.2%} of {run_['steps']} steps, {run_['violations']} violations", file=sys.stderr)
+            print(
+                f"trained policy ({args.bundle}) on {domains} domains: shield intervened on "
+                f"{run_['intervention_rate']:.2%} of {run_['steps']} steps, {run_['violations']} violations",
+                file=sys.stderr,
+            )
     print(json.dumps(result))
     base = policy_only["p50_us"], policy_only["p99_us"]
     print(f"policy alone: p50 {base[0]:.1f} us, p99 {base[1]:.1f} us", file=sys.stderr)
-    for name, figures in (("policy + shield, mlp", shielded), ("policy + shield, adversary", adversarial),
-                          ("policy + shield, bang-bang", banged), ("shield alone, adversary", shield_only)):
+    for name, figures in (
+        ("policy + shield, mlp", shielded),
+        ("policy + shield, adversary", adversarial),
+        ("policy + shield, bang-bang", banged),
+        ("shield alone, adversary", shield_only),
+    ):
         for part in ("safe_steps", "intervening_steps"):
             f = figures.get(part)
             if f:
-                print(f"{name} actions, {part.replace('_', ' ')} ({f['steps']}): p50 {f['p50_us']:.1f} us "
-                      f"(x{f['p50_us'] / base[0]:.1f}), p99 {f['p99_us']:.1f} us (x{f['p99_us'] / base[1]:.1f})",
-                      file=sys.stderr)
+                print(
+                    f"{name} actions, {part.replace('_', ' ')} ({f['steps']}): p50 {f['p50_us']:.1f} us "
+                    f"(x{f['p50_us'] / base[0]:.1f}), p99 {f['p99_us']:.1f} us (x{f['p99_us'] / base[1]:.1f})",
+                    file=sys.stderr,
+                )
 
 
 if __name__ == "__main__":

@@ -43,11 +43,21 @@ def bench(path: str, samples: int | None) -> dict:
     except synthesis.SynthesisError as err:
         row["synthesis"] = f"not measured: {err}"
         return row
-    row.update({"samples": meas.samples, "plants": meas.domains, "names": meas.names,
-                "authority": meas.authority, "residual_accel": meas.residual_accel, "residual_law": meas.residual_law,
-                "residual_position": meas.residual_pos, "input_gain_range": meas.gain_range,
-                "push_accel": meas.push_accel, "derived": synthesis.derived_numbers(meas),
-                "cannot_brake": [reason for _, _, reason in synthesis.authority_problems(meas)]})
+    row.update(
+        {
+            "samples": meas.samples,
+            "plants": meas.domains,
+            "names": meas.names,
+            "authority": meas.authority,
+            "residual_accel": meas.residual_accel,
+            "residual_law": meas.residual_law,
+            "residual_position": meas.residual_pos,
+            "input_gain_range": meas.gain_range,
+            "push_accel": meas.push_accel,
+            "derived": synthesis.derived_numbers(meas),
+            "cannot_brake": [reason for _, _, reason in synthesis.authority_problems(meas)],
+        }
+    )
     try:
         spec = build_shield_spec(cfg, measurement=meas)
         row["overrides_not_covered"] = synthesis.override_problems(cfg, meas, spec)
@@ -59,7 +69,9 @@ def bench(path: str, samples: int | None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", nargs="+", default=DEFAULT)
-    p.add_argument("--samples", type=int, help="residual samples per set (default: each config's shield.synthesis_samples)")
+    p.add_argument(
+        "--samples", type=int, help="residual samples per set (default: each config's shield.synthesis_samples)"
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     rows = [bench(c, args.samples) for c in args.configs]
@@ -77,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         for k, name in enumerate(r["names"]):
             lo, hi = r["input_gain_range"][k]
             law = r["residual_law"][k]
-            print(f"  {name:>10}: braking {r['authority'][k][0]:8.3f} / {r['authority'][k][1]:8.3f}   model error "
-                  f"{r['residual_accel'][k]:8.3f} (law {law['accel']:g} + {law['per_unit']:g} {law['feature']})   "
-                  f"latency pos error {r['residual_position'][k]:.4f}   gain {lo:.3f} .. {hi:.3f}")
+            print(
+                f"  {name:>10}: braking {r['authority'][k][0]:8.3f} / {r['authority'][k][1]:8.3f}   model error "
+                f"{r['residual_accel'][k]:8.3f} (law {law['accel']:g} + {law['per_unit']:g} {law['feature']})   "
+                f"latency pos error {r['residual_position'][k]:.4f}   gain {lo:.3f} .. {hi:.3f}"
+            )
         print(f"  push accel per set: {r['push_accel']}")
         print(f"  derived: {r['derived']}")
         for line in r.get("cannot_brake", []):

@@ -12,7 +12,8 @@ Tasks:
                0.9 x the legacy LQR's mean return on the same domains (measured here).
   halfcheetah  HalfCheetah-v5, threshold 1500 (may need far more than a 2-core budget).
 
-    python bench/bench_time_to_threshold.py [--tasks cartpole halfcheetah] [--runs 5] [--budget-s 300] [--skip-sb3] [--json]
+    python bench/bench_time_to_threshold.py [--tasks cartpole halfcheetah] [--runs 5] [--budget-s 300]
+                                            [--skip-sb3] [--json]
     python bench/bench_time_to_threshold.py --learner-only --device cuda   # learner samples/s, CUDA vs CPU
 """
 
@@ -85,16 +86,21 @@ def run_sim2real(cfg, threshold, budget_s, out_dir, seed: int = 0) -> dict:
         return time.perf_counter() - start > budget_s
 
     result = train(cfg, out_dir=out_dir, progress=False, callback=stop_at_threshold)
-    return dict(impl="sim2real appo (ray)", seed=seed, reached_s=state["reached_s"], env_steps=result.env_steps,
-                best_mean_return=state["best"], wall_s=time.perf_counter() - start)
+    return dict(
+        impl="sim2real appo (ray)",
+        seed=seed,
+        reached_s=state["reached_s"],
+        env_steps=result.env_steps,
+        best_mean_return=state["best"],
+        wall_s=time.perf_counter() - start,
+    )
 
 
 def run_sb3(cfg, threshold, budget_s, seed: int = 0) -> dict:
+    import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-
-    import torch
 
     torch.set_num_threads(1)  # same as our learner on a full machine; more threads thrash on 2 busy cores
     rand = cfg.randomization["train"].model_dump(mode="json")
@@ -116,8 +122,14 @@ def run_sb3(cfg, threshold, budget_s, seed: int = 0) -> dict:
     model = PPO("MlpPolicy", vec, seed=seed, device="cpu", n_steps=max(2048 // n_envs, 16), verbose=0)
     model.learn(total_timesteps=10**9, callback=StopAtThreshold())
     vec.close()
-    return dict(impl="stable-baselines3 PPO (1 process)", seed=seed, reached_s=state["reached_s"], env_steps=model.num_timesteps,
-                best_mean_return=state["best"], wall_s=time.perf_counter() - start)
+    return dict(
+        impl="stable-baselines3 PPO (1 process)",
+        seed=seed,
+        reached_s=state["reached_s"],
+        env_steps=model.num_timesteps,
+        best_mean_return=state["best"],
+        wall_s=time.perf_counter() - start,
+    )
 
 
 def learner_throughput(device: str, seconds: float = 5.0) -> float:
@@ -129,12 +141,17 @@ def learner_throughput(device: str, seconds: float = 5.0) -> float:
     cfg = load_config("configs/cartpole.yaml").train
     T, B, obs_dim, act_dim = cfg.rollout_length, cfg.envs_per_actor, 5, 1
     rng = np.random.default_rng(0)
-    batch = dict(obs=rng.normal(size=(T + 1, B, obs_dim)).astype(np.float32),
-                 actions=rng.normal(size=(T, B, act_dim)).astype(np.float32),
-                 behaviour_logp=np.full((T, B), -1.0, np.float32), behaviour_mean=np.zeros((T, B, act_dim), np.float32),
-                 behaviour_log_std=np.full(act_dim, -0.5, np.float32), rewards=rng.normal(size=(T, B)).astype(np.float32),
-                 terminated=np.zeros((T, B), bool), truncated=np.zeros((T, B), bool),
-                 final_obs=np.zeros((T, B, obs_dim), np.float32))
+    batch = dict(
+        obs=rng.normal(size=(T + 1, B, obs_dim)).astype(np.float32),
+        actions=rng.normal(size=(T, B, act_dim)).astype(np.float32),
+        behaviour_logp=np.full((T, B), -1.0, np.float32),
+        behaviour_mean=np.zeros((T, B, act_dim), np.float32),
+        behaviour_log_std=np.full(act_dim, -0.5, np.float32),
+        rewards=rng.normal(size=(T, B)).astype(np.float32),
+        terminated=np.zeros((T, B), bool),
+        truncated=np.zeros((T, B), bool),
+        final_obs=np.zeros((T, B, obs_dim), np.float32),
+    )
     spec = dict(obs_dim=obs_dim, act_dim=act_dim, hidden_sizes=cfg.hidden_sizes, action_low=[-1.0], action_high=[1.0])
     torch.set_num_threads(1)  # as the driver does on a machine its actors fill
     learner = Learner(spec, cfg, torch.device(device), appo_policy_loss)
@@ -171,8 +188,13 @@ def main(argv=None) -> int:
         if args.device == "cuda":
             cuda = learner_throughput("cuda")
             rows.append(dict(device="cuda", samples_per_s=cuda, ratio=cuda / cpu))
-        print(json.dumps(rows) if args.json else "\n".join(
-            f"learner on {r['device']}: {r['samples_per_s']:.0f} samples/s (x{r['ratio']:.2f} vs cpu)" for r in rows))
+        print(
+            json.dumps(rows)
+            if args.json
+            else "\n".join(
+                f"learner on {r['device']}: {r['samples_per_s']:.0f} samples/s (x{r['ratio']:.2f} vs cpu)" for r in rows
+            )
+        )
         return 0
 
     report = []
@@ -180,12 +202,24 @@ def main(argv=None) -> int:
         cfg, threshold, note = task_setup(name)
         runs = []
         for seed in range(args.runs):  # interleaved, so a slow spell of the machine hits both
-            runs.append(run_sim2real(cfg, threshold, args.budget_s,
-                                     os.path.join(args.out, f"{name}-{seed}-{int(time.time())}"), seed))
+            runs.append(
+                run_sim2real(
+                    cfg, threshold, args.budget_s, os.path.join(args.out, f"{name}-{seed}-{int(time.time())}"), seed
+                )
+            )
             if not args.skip_sb3:
                 runs.append(run_sb3(cfg, threshold, args.budget_s, seed))
-        report.append(dict(task=name, env_id=cfg.task.env_id, threshold=threshold, threshold_note=note,
-                           budget_s=args.budget_s, runs=runs, summary=summarize(runs)))
+        report.append(
+            dict(
+                task=name,
+                env_id=cfg.task.env_id,
+                threshold=threshold,
+                threshold_note=note,
+                budget_s=args.budget_s,
+                runs=runs,
+                summary=summarize(runs),
+            )
+        )
         if not args.json:
             print_task(report[-1])
     if args.json:
@@ -200,22 +234,38 @@ def summarize(runs: list[dict]) -> list[dict]:
     for impl in dict.fromkeys(r["impl"] for r in runs):
         mine = [r for r in runs if r["impl"] == impl]
         times = [r["reached_s"] if r["reached_s"] is not None else r["wall_s"] for r in mine]
-        rows.append(dict(impl=impl, runs=len(mine), reached=sum(r["reached_s"] is not None for r in mine),
-                         median_s=float(np.median(times)), median_env_steps=float(np.median([r["env_steps"] for r in mine]))))
+        rows.append(
+            dict(
+                impl=impl,
+                runs=len(mine),
+                reached=sum(r["reached_s"] is not None for r in mine),
+                median_s=float(np.median(times)),
+                median_env_steps=float(np.median([r["env_steps"] for r in mine])),
+            )
+        )
     return rows
 
 
 def print_task(task: dict) -> None:
     """One line per run, then the medians; ratio = median time to threshold / SB3's (the last implementation)."""
-    print(f"{task['env_id']}: threshold {task['threshold']:.0f} ({task['threshold_note']}), budget {task['budget_s']:.0f} s")
+    print(
+        f"{task['env_id']}: threshold {task['threshold']:.0f} ({task['threshold_note']}), budget "
+        f"{task['budget_s']:.0f} s"
+    )
     for r in task["runs"]:
         reached = f"{r['reached_s']:.1f} s" if r["reached_s"] is not None else "not reached"
-        print(f"  {r['impl']:<36} seed {r['seed']:>2} {reached:>12}  steps {r['env_steps']:>9}  "
-              f"best mean return {r['best_mean_return']:.0f}  (wall {r['wall_s']:.0f} s)", flush=True)
+        print(
+            f"  {r['impl']:<36} seed {r['seed']:>2} {reached:>12}  steps {r['env_steps']:>9}  "
+            f"best mean return {r['best_mean_return']:.0f}  (wall {r['wall_s']:.0f} s)",
+            flush=True,
+        )
     base = task["summary"][-1]["median_s"]
     for row in task["summary"]:
-        print(f"  median {row['impl']:<29} {row['median_s']:>8.1f} s  x{row['median_s'] / base:.2f}  "
-              f"steps {row['median_env_steps']:>9.0f}  reached {row['reached']}/{row['runs']}", flush=True)
+        print(
+            f"  median {row['impl']:<29} {row['median_s']:>8.1f} s  x{row['median_s'] / base:.2f}  "
+            f"steps {row['median_env_steps']:>9.0f}  reached {row['reached']}/{row['runs']}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -53,10 +53,14 @@ def _command_page(prog: str, parser: argparse.ArgumentParser, help_text: str, le
 
 def cli_page() -> str:
     parser, _ = build_parser()
-    lines = ["# CLI reference", "",
-             "Generated from `sim2real`'s parser. Every command has `--help`; `--json` prints one JSON object. "
-             "Exit codes: 0 ok, 1 the check failed (a gate said no, falsify found a case), 2 a user error "
-             "(one line naming the culprit), 130 interrupted.", ""]
+    lines = [
+        "# CLI reference",
+        "",
+        "Generated from `sim2real`'s parser. Every command has `--help`; `--json` prints one JSON object. "
+        "Exit codes: 0 ok, 1 the check failed (a gate said no, falsify found a case), 2 a user error "
+        "(one line naming the culprit), 130 interrupted.",
+        "",
+    ]
     for name, sub in _subcommands(parser).items():
         lines += _command_page(f"sim2real {name}", sub, _help_of(parser, name), 2)
     return "\n".join(lines)
@@ -70,11 +74,15 @@ def _key_table(rows) -> list[str]:
 
 def config_page() -> str:
     rows = [r for r in describe_fields() if not r[0].startswith("plant.")]
-    lines = ["# Config keys", "",
-             "Generated from `pipeline.config.Config`: every key a task YAML may set (`sim2real config` prints the "
-             "same list, `sim2real config --check FILE` validates a file and names a bad key by its path). "
-             "`<set>`, `<body>` and the like stand for names you choose. The `plant:` section has its own page: "
-             "[Plant declaration](plant.md).", ""]
+    lines = [
+        "# Config keys",
+        "",
+        "Generated from `pipeline.config.Config`: every key a task YAML may set (`sim2real config` prints the "
+        "same list, `sim2real config --check FILE` validates a file and names a bad key by its path). "
+        "`<set>`, `<body>` and the like stand for names you choose. The `plant:` section has its own page: "
+        "[Plant declaration](plant.md).",
+        "",
+    ]
     sections: dict[str, list] = {}
     for row in rows:
         sections.setdefault(row[0].split(".")[0], []).append(row)
@@ -88,12 +96,25 @@ def plant_page() -> str:
     doc = declaration.__doc__ or ""
     summary, _, rest = doc.partition("\n\n")
     example, _, notes = rest.partition("\n\n")
-    lines = ["# Plant declaration", "",
-             "Generated from `envs.declaration.PlantDeclaration`: the `plant:` section of a task YAML, which "
-             "declares a plant as data beside its MJCF. A worked example is in "
-             "[Bring your own plant](../how-to/own-plant.md).", "",
-             "## At a glance", "", "```yaml", _dedent(example), "```", "", notes.strip(), "",
-             "## Every key", "", *_key_table(rows)]
+    lines = [
+        "# Plant declaration",
+        "",
+        "Generated from `envs.declaration.PlantDeclaration`: the `plant:` section of a task YAML, which "
+        "declares a plant as data beside its MJCF. A worked example is in "
+        "[Bring your own plant](../how-to/own-plant.md).",
+        "",
+        "## At a glance",
+        "",
+        "```yaml",
+        _dedent(example),
+        "```",
+        "",
+        notes.strip(),
+        "",
+        "## Every key",
+        "",
+        *_key_table(rows),
+    ]
     return "\n".join(lines)
 
 
@@ -103,7 +124,10 @@ def _dedent(text: str) -> str:
     return textwrap.dedent(text).strip("\n")
 
 
-for path, build in (("reference/cli.md", cli_page), ("reference/config.md", config_page),
-                    ("reference/plant.md", plant_page)):
+for path, build in (
+    ("reference/cli.md", cli_page),
+    ("reference/config.md", config_page),
+    ("reference/plant.md", plant_page),
+):
     with mkdocs_gen_files.open(path, "w") as f:
         f.write(build())

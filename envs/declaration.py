@@ -86,10 +86,16 @@ class Actuator(_Strict):
 
     name: str = Field(description="MuJoCo actuator name")
     scale: float = Field(1.0, gt=0, description="ctrl units per unit action")
-    units_per_action: float | None = Field(None, gt=0, description="physical units (N, N m) per unit action, the "
-                                           "task's action_scale; default: scale (ctrl units)")
-    unit: str | None = Field(None, description="the unit of units_per_action, for the bundle's I/O contract "
-                                               "(default: N on a slide joint, N m on a hinge, else ctrl)")
+    units_per_action: float | None = Field(
+        None,
+        gt=0,
+        description="physical units (N, N m) per unit action, the task's action_scale; default: scale (ctrl units)",
+    )
+    unit: str | None = Field(
+        None,
+        description="the unit of units_per_action, for the bundle's I/O contract "
+        "(default: N on a slide joint, N m on a hinge, else ctrl)",
+    )
 
 
 class Target(_Strict):
@@ -98,7 +104,9 @@ class Target(_Strict):
     low: list[float] = Field(description="lowest target, per element (the observed units)")
     high: list[float] = Field(description="highest target, per element (>= low)")
     hold_s: tuple[float, float] = Field((2.0, 3.0), description="s, how long each target is held (drawn uniformly)")
-    speed: float | None = Field(None, gt=0, description="units/s the observed set-point ramps toward the target; None jumps")
+    speed: float | None = Field(
+        None, gt=0, description="units/s the observed set-point ramps toward the target; None jumps"
+    )
 
     @model_validator(mode="after")
     def _bounds(self):
@@ -120,8 +128,11 @@ class Observation(_Strict):
     quantity: Literal["pos", "vel"] = Field("pos", description="joint: qpos or qvel")
     axis: int = Field(0, ge=0, le=2, description="site: world axis of its position, an integer (0 x, 1 y, 2 z)")
     index: int = Field(0, ge=0, description="sensor or target: element")
-    unit: str | None = Field(None, description="its unit in the bundle's I/O contract, where the MJCF cannot say "
-                                               "(a target, a sensor); joints and sites are m, rad, m/s, rad/s")
+    unit: str | None = Field(
+        None,
+        description="its unit in the bundle's I/O contract, where the MJCF cannot say "
+        "(a target, a sensor); joints and sites are m, rad, m/s, rad/s",
+    )
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -135,8 +146,10 @@ class RewardTerm(_Strict):
     """One weighted reward term from the library, or a `module:function` f(obs, action, cost) -> float."""
 
     term: Literal["alive", "tracking", "effort", "progress", "violation"] | None = Field(
-        None, description="a library term: alive (1 per step), tracking (-distance to targets), effort (|a|^2), "
-                          "progress (distance gained toward targets), violation (info['cost'])")
+        None,
+        description="a library term: alive (1 per step), tracking (-distance to targets), effort (|a|^2), "
+        "progress (distance gained toward targets), violation (info['cost'])",
+    )
     function: str | None = Field(None, description="'module:function' f(obs, action, cost) -> float instead of a term")
     weight: float = Field(1.0, description="the term's weight in the sum")
     observations: list[str] = Field([], description="tracking, progress: the observations that track ...")
@@ -147,7 +160,9 @@ class RewardTerm(_Strict):
     def _shape(self):
         if (self.term is None) == (self.function is None):
             raise ValueError("needs exactly one of term or function")
-        if self.term in ("tracking", "progress") and (not self.observations or len(self.observations) != len(self.targets)):
+        if self.term in ("tracking", "progress") and (
+            not self.observations or len(self.observations) != len(self.targets)
+        ):
             raise ValueError(f"term {self.term}: needs observations and targets of the same, non-zero length")
         if self.function is not None and ":" not in self.function:
             raise ValueError(f"function {self.function!r}: must be 'module:function'")
@@ -167,10 +182,13 @@ class Numerics(_Strict):
     """The floating-point evaluation of the reward and termination (see the module docstring)."""
 
     values: Literal["observation", "state"] = Field(
-        "observation", description="reward terms and termination read the float32 observation, or the float64 "
-                                   "values it is rounded from")
+        "observation",
+        description="reward terms and termination read the float32 observation, or the float64 "
+        "values it is rounded from",
+    )
     effort: Literal["dot", "elementwise"] = Field(
-        "dot", description="effort term: weight x (a . a), or sum_i (weight x a_i) x a_i")
+        "dot", description="effort term: weight x (a . a), or sum_i (weight x a_i) x a_i"
+    )
 
 
 class Kinematics(_Strict):
@@ -192,7 +210,8 @@ class Constraint(_Strict):
     name: str = Field(description="the constraint's name in reports, eval figures and the shield spec")
     type: Literal["box", "halfspace", "cylinder", "sphere"] = Field(
         description="box: low <= obs <= high; halfspace: sum a_i obs_i <= b; cylinder (2 observations) and "
-                    "sphere (3): keep out of the disc or ball")
+        "sphere (3): keep out of the disc or ball"
+    )
     observations: list[str] = Field([], description="box, cylinder, sphere: the observations constrained")
     low: list[float] | None = Field(None, description="box: lower bounds, one per observation")
     high: list[float] | None = Field(None, description="box: upper bounds, one per observation")
@@ -231,7 +250,8 @@ class ShieldModel(_Strict):
 
     type: Literal["linear", "double_integrator"] = Field(
         description="linear: MuJoCo's linearization at operating_point; double_integrator: position k is driven "
-                    "by input k")
+        "by input k"
+    )
     operating_point: dict[str, float] = Field({}, description="linear: qpos by joint name (others at the MJCF's qpos0)")
     response_time_s: float = Field(0.0, ge=0, description="double_integrator: inner-loop response time (s)")
     accel_per_action: list[float] | None = Field(None, description="double_integrator: units/s^2 per unit action")
@@ -254,7 +274,8 @@ class Legacy(_Strict):
     """The controller the plant runs today."""
 
     type: Literal["pid", "lqr", "callable"] = Field(
-        description="pid: loops; lqr: on the linearization (q, r, setpoints); callable: your own controller")
+        description="pid: loops; lqr: on the linearization (q, r, setpoints); callable: your own controller"
+    )
     name: str | None = Field(None, description="shown by `sim2real envs` (default: the type)")
     loops: list[PidLoop] = Field([], description="pid: one loop per driven action")
     q: list[float] | None = Field(None, description="lqr: state weights, one per linearized state")
@@ -283,8 +304,10 @@ class PlantDeclaration(_Strict):
     observations: list[Observation] = Field(min_length=1, description="the observation vector, in order")
     targets: dict[str, Target] = Field({}, description="exogenous set-points by name")
     initial_state: dict[Literal["qpos", "qvel"], dict[str, tuple[float, float]]] = Field(
-        {}, description="reset: {qpos|qvel: {joint: [low, high]}}, each drawn uniformly (other joints at the MJCF's "
-                          "qpos0, at rest)")
+        {},
+        description="reset: {qpos|qvel: {joint: [low, high]}}, each drawn uniformly (other joints at the MJCF's "
+        "qpos0, at rest)",
+    )
     reward: list[RewardTerm] = Field(min_length=1, description="the reward: a sum of weighted terms")
     termination: list[Termination] = Field([], description="bounds whose crossing ends the episode")
     numerics: Numerics = Field(Numerics(), description="floating-point details of reward and termination")
@@ -292,7 +315,9 @@ class PlantDeclaration(_Strict):
     constraints: list[Constraint] = Field([], description="the safety constraints: info['cost'] and the shield")
     shield_model: ShieldModel = Field(description="the shield's nominal model of the plant")
     legacy: Legacy = Field(description="the controller the plant runs today (the gate's baseline)")
-    steerable_setpoint: str | None = Field(None, description="target observation the adversary may steer the legacy controller with")
+    steerable_setpoint: str | None = Field(
+        None, description="target observation the adversary may steer the legacy controller with"
+    )
 
     @model_validator(mode="after")
     def _names(self):
@@ -313,9 +338,13 @@ class PlantDeclaration(_Strict):
         for i, o in enumerate(self.observations):
             if o.target is not None:
                 if o.target not in self.targets:
-                    raise ValueError(f"observations[{i}].target: no target named {o.target!r}; targets are {sorted(self.targets)}")
+                    raise ValueError(
+                        f"observations[{i}].target: no target named {o.target!r}; targets are {sorted(self.targets)}"
+                    )
                 if o.index >= len(self.targets[o.target].low):
-                    raise ValueError(f"observations[{i}].index: target {o.target!r} has {len(self.targets[o.target].low)} elements")
+                    raise ValueError(
+                        f"observations[{i}].index: target {o.target!r} has {len(self.targets[o.target].low)} elements"
+                    )
         for i, t in enumerate(self.reward):
             for n in t.observations + t.targets:
                 need(n, f"reward[{i}]")
@@ -328,7 +357,9 @@ class PlantDeclaration(_Strict):
                 need(n, f"constraints[{i}]")
         for i, loop in enumerate(self.legacy.loops):
             if loop.action >= len(self.actuators):
-                raise ValueError(f"legacy.loops[{i}].action: {loop.action} but there are {len(self.actuators)} actuators")
+                raise ValueError(
+                    f"legacy.loops[{i}].action: {loop.action} but there are {len(self.actuators)} actuators"
+                )
             for n in [loop.measured, loop.rate] + ([loop.setpoint] if isinstance(loop.setpoint, str) else []):
                 if n is not None:
                     need(n, f"legacy.loops[{i}]")
@@ -351,19 +382,37 @@ class PlantDeclaration(_Strict):
         out = []
         for c in self.constraints:
             if c.type == "box":
-                out.append({"name": c.name, "type": "box", "index": [ix(n) for n in c.observations],
-                            "low": list(c.low), "high": list(c.high)})
+                out.append(
+                    {
+                        "name": c.name,
+                        "type": "box",
+                        "index": [ix(n) for n in c.observations],
+                        "low": list(c.low),
+                        "high": list(c.high),
+                    }
+                )
             elif c.type == "halfspace":
                 a = [0.0] * dim
                 for n, w in c.a.items():
                     a[ix(n)] = float(w)
                 out.append({"name": c.name, "type": "halfspace", "a": a, "b": float(c.b)})
             else:
-                out.append({"name": c.name, "type": c.type, "index": [ix(n) for n in c.observations],
-                            "center": list(c.center), "radius": float(c.radius)})
-        return {"kinematics": {"position_index": [ix(n) for n in self.kinematics.positions],
-                               "velocity_index": [ix(n) for n in self.kinematics.velocities]},
-                "constraints": out}
+                out.append(
+                    {
+                        "name": c.name,
+                        "type": c.type,
+                        "index": [ix(n) for n in c.observations],
+                        "center": list(c.center),
+                        "radius": float(c.radius),
+                    }
+                )
+        return {
+            "kinematics": {
+                "position_index": [ix(n) for n in self.kinematics.positions],
+                "velocity_index": [ix(n) for n in self.kinematics.velocities],
+            },
+            "constraints": out,
+        }
 
 
 def _format(err: ValidationError, prefix: str) -> str:

@@ -22,8 +22,12 @@ from envs.linearization import NominalModel
 from envs.mujoco_task import MujocoTaskEnv
 from envs.safety import constraint_values, cost_of
 
-_OBJ = {"joint": mujoco.mjtObj.mjOBJ_JOINT, "site": mujoco.mjtObj.mjOBJ_SITE,
-        "sensor": mujoco.mjtObj.mjOBJ_SENSOR, "actuator": mujoco.mjtObj.mjOBJ_ACTUATOR}
+_OBJ = {
+    "joint": mujoco.mjtObj.mjOBJ_JOINT,
+    "site": mujoco.mjtObj.mjOBJ_SITE,
+    "sensor": mujoco.mjtObj.mjOBJ_SENSOR,
+    "actuator": mujoco.mjtObj.mjOBJ_ACTUATOR,
+}
 _COUNT = {"joint": "njnt", "site": "nsite", "sensor": "nsensor", "actuator": "nu"}
 _SCALAR_JOINTS = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
 
@@ -39,8 +43,10 @@ def _element(model: mujoco.MjModel, kind: str, name: str, where: str, label: str
 def _joint_address(model, name: str, where: str, label: str, quantity: str) -> int:
     j = _element(model, "joint", name, where, label)
     if int(model.jnt_type[j]) not in _SCALAR_JOINTS:
-        raise DeclarationError(f"{where}: joint {name!r} is not a hinge or slide joint (free and ball joints "
-                               f"are observed through sites or sensors)")
+        raise DeclarationError(
+            f"{where}: joint {name!r} is not a hinge or slide joint (free and ball joints "
+            f"are observed through sites or sensors)"
+        )
     return int(model.jnt_qposadr[j]) if quantity == "pos" else int(model.jnt_dofadr[j])
 
 
@@ -48,7 +54,9 @@ def _joint_address(model, name: str, where: str, label: str, quantity: str) -> i
 class Binding:
     """A declaration's names resolved against one compiled model: where each number is read and written."""
 
-    sources: list[tuple]  # per observation: ("qpos"|"qvel", adr) | ("site", id, axis) | ("sensor", adr) | ("target", name, i)
+    sources: list[
+        tuple
+    ]  # per observation: ("qpos"|"qvel", adr) | ("site", id, axis) | ("sensor", adr) | ("target", name, i)
     ctrl: list[int]  # actuator id per action element
     scale: np.ndarray  # ctrl per unit action
     substeps: int
@@ -71,7 +79,9 @@ def bind(decl: PlantDeclaration, model: mujoco.MjModel, label: str = "the MJCF")
             sources.append(("sensor", int(model.sensor_adr[s]) + o.index))
         else:
             sources.append(("target", o.target, o.index))
-    ctrl = [_element(model, "actuator", a.name, f"plant.actuators[{i}].name", label) for i, a in enumerate(decl.actuators)]
+    ctrl = [
+        _element(model, "actuator", a.name, f"plant.actuators[{i}].name", label) for i, a in enumerate(decl.actuators)
+    ]
     for kind, ranges in decl.initial_state.items():
         for name in ranges:
             _joint_address(model, name, f"plant.initial_state.{kind}.{name}", label, "pos" if kind == "qpos" else "vel")
@@ -79,8 +89,10 @@ def bind(decl: PlantDeclaration, model: mujoco.MjModel, label: str = "the MJCF")
         _joint_address(model, name, f"plant.shield_model.operating_point.{name}", label, "pos")
     substeps = round(decl.control_period / model.opt.timestep)
     if substeps < 1 or not math.isclose(substeps * model.opt.timestep, decl.control_period, rel_tol=1e-6):
-        raise DeclarationError(f"plant.control_period: {decl.control_period} s is not a whole number of the "
-                               f"MJCF's {model.opt.timestep} s physics steps")
+        raise DeclarationError(
+            f"plant.control_period: {decl.control_period} s is not a whole number of the "
+            f"MJCF's {model.opt.timestep} s physics steps"
+        )
     return Binding(sources, ctrl, np.array([a.scale for a in decl.actuators]), substeps)
 
 
@@ -95,11 +107,18 @@ def nominal_model(decl: PlantDeclaration, path: Path) -> NominalModel:
     # The shield's linear model x+ = A x + B u + c takes the operating point as a fixed point under zero action.
     worst = float(np.max(np.abs(data.qacc))) if model.nv else 0.0
     if worst > 1e-6:
-        raise DeclarationError(f"plant.shield_model.operating_point: not an equilibrium under zero action "
-                               f"(|qacc| up to {worst:.3g}); linearize where the plant rests")
+        raise DeclarationError(
+            f"plant.shield_model.operating_point: not an equilibrium under zero action "
+            f"(|qacc| up to {worst:.3g}); linearize where the plant rests"
+        )
     obs_to_state = {i: s for i, s in enumerate(binding.sources) if s[0] in ("qpos", "qvel")}
-    return NominalModel(model=model, qpos=data.qpos.copy(), qvel=np.zeros(model.nv), substeps=binding.substeps,
-                        obs_to_state=obs_to_state)
+    return NominalModel(
+        model=model,
+        qpos=data.qpos.copy(),
+        qvel=np.zeros(model.nv),
+        substeps=binding.substeps,
+        obs_to_state=obs_to_state,
+    )
 
 
 class DeclaredTaskEnv(MujocoTaskEnv):
@@ -118,20 +137,34 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         self._targets = {name: [0.0] * len(t.low) for name, t in decl.targets.items()}
         self._goals = {name: [0.0] * len(t.low) for name, t in decl.targets.items()}
         self._hold = {name: 0 for name in decl.targets}
-        self._ramps = [(name, None if t.speed is None else t.speed * decl.control_period) for name, t in decl.targets.items()]
+        self._ramps = [
+            (name, None if t.speed is None else t.speed * decl.control_period) for name, t in decl.targets.items()
+        ]
         dt = decl.control_period
-        self._draws = {name: (list(zip(t.low, t.high)), round(t.hold_s[0] / dt), round(t.hold_s[1] / dt) + 1)
-                       for name, t in decl.targets.items()}
-        self._reward = [(t.term or "function", t.weight, [decl.index(n) for n in t.observations],
-                         [decl.index(n) for n in t.targets], t.clip,
-                         resolve_entry_point(t.function, f"plant.reward[{i}].function") if t.function else None)
-                        for i, t in enumerate(decl.reward)]
+        self._draws = {
+            name: (list(zip(t.low, t.high)), round(t.hold_s[0] / dt), round(t.hold_s[1] / dt) + 1)
+            for name, t in decl.targets.items()
+        }
+        self._reward = [
+            (
+                t.term or "function",
+                t.weight,
+                [decl.index(n) for n in t.observations],
+                [decl.index(n) for n in t.targets],
+                t.clip,
+                resolve_entry_point(t.function, f"plant.reward[{i}].function") if t.function else None,
+            )
+            for i, t in enumerate(decl.reward)
+        ]
         self._ends = [(decl.index(t.observation), t.above, t.below, t.abs_above) for t in decl.termination]
         self._needs_before = any(t.term == "progress" for t in decl.reward)
         self._state_values = decl.numerics.values == "state"
         self._elementwise_effort = decl.numerics.effort == "elementwise"
-        self._init = [(kind, _joint_address(self.model, name, "", "", "pos" if kind == "qpos" else "vel"), lo, hi)
-                      for kind, ranges in decl.initial_state.items() for name, (lo, hi) in ranges.items()]
+        self._init = [
+            (kind, _joint_address(self.model, name, "", "", "pos" if kind == "qpos" else "vel"), lo, hi)
+            for kind, ranges in decl.initial_state.items()
+            for name, (lo, hi) in ranges.items()
+        ]
         self._gather = _gathers(b.sources)
         # mj_step computes site positions and sensor data before it integrates: an observation read from them
         # after the step would be one physics step older than the joints'. Refreshed where the plant reads them.
@@ -188,8 +221,9 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         for name, t in self.decl.targets.items():
             self._new_goal(name)
             # The observed set-point starts at the goal when it jumps, else at the middle of its box.
-            self._targets[name] = list(self._goals[name]) if t.speed is None else \
-                [0.5 * (lo + hi) for lo, hi in zip(t.low, t.high)]
+            self._targets[name] = (
+                list(self._goals[name]) if t.speed is None else [0.5 * (lo + hi) for lo, hi in zip(t.low, t.high)]
+            )
         obs = self._obs()
         return obs, {"cost": self._cost(obs), "constraint_values": self._constraint_values, "domain": {}}
 
@@ -216,8 +250,11 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         terminated = not all(map(math.isfinite, listed))
         for i, above, below, abs_above in self._ends:
             v = listed[i]
-            if (above is not None and v > above) or (below is not None and v < below) or \
-                    (abs_above is not None and abs(v) > abs_above):
+            if (
+                (above is not None and v > above)
+                or (below is not None and v < below)
+                or (abs_above is not None and abs(v) > abs_above)
+            ):
                 terminated = True
         return obs, float(reward), terminated, False, {"cost": cost, "constraint_values": self._constraint_values}
 

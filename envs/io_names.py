@@ -23,11 +23,16 @@ _JOINT_UNITS = {
 }
 # Sensor type -> unit, for the sensors whose unit MuJoCo fixes.
 _SENSOR_UNITS = {
-    mujoco.mjtSensor.mjSENS_ACCELEROMETER: "m/s^2", mujoco.mjtSensor.mjSENS_VELOCIMETER: "m/s",
-    mujoco.mjtSensor.mjSENS_GYRO: "rad/s", mujoco.mjtSensor.mjSENS_FORCE: "N",
-    mujoco.mjtSensor.mjSENS_TORQUE: "N m", mujoco.mjtSensor.mjSENS_FRAMEPOS: "m",
-    mujoco.mjtSensor.mjSENS_FRAMELINVEL: "m/s", mujoco.mjtSensor.mjSENS_FRAMEANGVEL: "rad/s",
-    mujoco.mjtSensor.mjSENS_TOUCH: "N", mujoco.mjtSensor.mjSENS_RANGEFINDER: "m",
+    mujoco.mjtSensor.mjSENS_ACCELEROMETER: "m/s^2",
+    mujoco.mjtSensor.mjSENS_VELOCIMETER: "m/s",
+    mujoco.mjtSensor.mjSENS_GYRO: "rad/s",
+    mujoco.mjtSensor.mjSENS_FORCE: "N",
+    mujoco.mjtSensor.mjSENS_TORQUE: "N m",
+    mujoco.mjtSensor.mjSENS_FRAMEPOS: "m",
+    mujoco.mjtSensor.mjSENS_FRAMELINVEL: "m/s",
+    mujoco.mjtSensor.mjSENS_FRAMEANGVEL: "rad/s",
+    mujoco.mjtSensor.mjSENS_TOUCH: "N",
+    mujoco.mjtSensor.mjSENS_RANGEFINDER: "m",
 }
 
 
@@ -43,7 +48,10 @@ def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
     for o in decl.observations:
         if o.joint is not None:
             jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, o.joint)
-            source, unit = f"joint {o.joint} {'qpos' if o.quantity == 'pos' else 'qvel'}", _joint_unit(model, jid, o.quantity)
+            source, unit = (
+                f"joint {o.joint} {'qpos' if o.quantity == 'pos' else 'qvel'}",
+                _joint_unit(model, jid, o.quantity),
+            )
         elif o.site is not None:
             source, unit = f"site {o.site} world position axis {o.axis}", "m"
         elif o.sensor is not None:
@@ -51,8 +59,9 @@ def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
             stype = int(model.sensor_type[sid])
             unit = _SENSOR_UNITS.get(stype, "")
             if stype in (mujoco.mjtSensor.mjSENS_JOINTPOS, mujoco.mjtSensor.mjSENS_JOINTVEL):
-                unit = _joint_unit(model, int(model.sensor_objid[sid]),
-                                   "pos" if stype == mujoco.mjtSensor.mjSENS_JOINTPOS else "vel")
+                unit = _joint_unit(
+                    model, int(model.sensor_objid[sid]), "pos" if stype == mujoco.mjtSensor.mjSENS_JOINTPOS else "vel"
+                )
             source = f"sensor {o.sensor}[{o.index}]"
         else:
             source, unit = f"target {o.target}[{o.index}]", ""
@@ -65,12 +74,18 @@ def _action(model: mujoco.MjModel, actuator) -> dict:
     N m on a hinge. Anything else (a position servo, a tendon) is stated in ctrl units unless declared."""
     aid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_ACTUATOR, actuator.name)
     unit, per_action = "ctrl", actuator.scale
-    motor = (int(model.actuator_gaintype[aid]) == mujoco.mjtGain.mjGAIN_FIXED
-             and int(model.actuator_biastype[aid]) == mujoco.mjtBias.mjBIAS_NONE)
+    motor = (
+        int(model.actuator_gaintype[aid]) == mujoco.mjtGain.mjGAIN_FIXED
+        and int(model.actuator_biastype[aid]) == mujoco.mjtBias.mjBIAS_NONE
+    )
     if int(model.actuator_trntype[aid]) == mujoco.mjtTrn.mjTRN_JOINT and motor:
         unit = _JOINT_UNITS.get(int(model.jnt_type[model.actuator_trnid[aid, 0]]), ("", "", "ctrl"))[2]
         per_action = actuator.scale * float(model.actuator_gainprm[aid, 0]) * float(model.actuator_gear[aid, 0])
     if actuator.units_per_action is not None:
         per_action = actuator.units_per_action
-    return {"name": actuator.name, "source": f"actuator {actuator.name}",
-            "unit": actuator.unit if actuator.unit is not None else unit, "units_per_action": per_action}
+    return {
+        "name": actuator.name,
+        "source": f"actuator {actuator.name}",
+        "unit": actuator.unit if actuator.unit is not None else unit,
+        "units_per_action": per_action,
+    }

@@ -46,8 +46,9 @@ class PidLoops:
         for k, (action, m_ix, sp_ix, sp_value, rate_ix, loop) in enumerate(self._rows):
             e = (obs[:, sp_ix] if sp_ix is not None else sp_value) - obs[:, m_ix]
             errors[:, k] = e
-            self._integral[:, k] = np.clip(self._integral[:, k] + loop.ki * e * self.dt,
-                                           -loop.integral_limit, loop.integral_limit)
+            self._integral[:, k] = np.clip(
+                self._integral[:, k] + loop.ki * e * self.dt, -loop.integral_limit, loop.integral_limit
+            )
             if rate_ix is not None:
                 derivative = -obs[:, rate_ix]
             elif self._last_error is not None:
@@ -71,15 +72,18 @@ class DeclaredLqr:
         a, b = a[np.ix_(rows, rows)], b[rows]
         legacy = decl.legacy
         if len(legacy.q) != len(states) or len(legacy.r) != b.shape[1]:
-            raise DeclarationError(f"plant.legacy: lqr needs {len(states)} q weights (one per joint observation) "
-                                   f"and {b.shape[1]} r weights")
+            raise DeclarationError(
+                f"plant.legacy: lqr needs {len(states)} q weights (one per joint observation) "
+                f"and {b.shape[1]} r weights"
+            )
         try:
             self.gain = discrete_lqr(a, b, np.diag(legacy.q), np.diag(legacy.r))
         except ValueError as exc:
             raise DeclarationError(f"plant.legacy: {exc}") from exc
         self._states = states
-        self._x_op = np.array([nominal.qpos[i] if kind == "qpos" else 0.0
-                               for kind, i in (nominal.obs_to_state[o] for o in states)])
+        self._x_op = np.array(
+            [nominal.qpos[i] if kind == "qpos" else 0.0 for kind, i in (nominal.obs_to_state[o] for o in states)]
+        )
         self._refs = [(states.index(decl.index(k)), decl.index(v)) for k, v in legacy.setpoints.items()]
 
     def reset(self) -> None:

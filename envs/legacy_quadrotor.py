@@ -74,7 +74,8 @@ class QuadrotorCascadedPid:
         err = v_des - vel
         if self._integral is None or self._integral.shape != err.shape:
             self._integral = np.zeros_like(err)
-        self._integral = np.clip(self._integral + VELOCITY_INTEGRAL_GAIN * err * self.dt,
-                                 -INTEGRAL_LIMIT, INTEGRAL_LIMIT)
+        self._integral = np.clip(
+            self._integral + VELOCITY_INTEGRAL_GAIN * err * self.dt, -INTEGRAL_LIMIT, INTEGRAL_LIMIT
+        )
         accel = VELOCITY_GAIN * err + self._integral
         return np.clip(accel / self._scale, -1.0, 1.0).astype(np.float32)

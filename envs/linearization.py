@@ -49,7 +49,8 @@ def discrete_lqr(a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray) -> 
 
     The Riccati equation is solved by SciPy's `solve_discrete_are` (a QZ-based Schur method): it
     reaches the solution to round-off, where a fixed-point iteration stops short of it at its
-    tolerance, and it fails loudly instead of returning an unconverged gain. Its last bits still follow the CPU's LAPACK kernels: compare gains to a
+    tolerance, and it fails loudly instead of returning an unconverged gain.
+    Its last bits still follow the CPU's LAPACK kernels: compare gains to a
     tolerance, never bit for bit. Raises ValueError when no stabilizing gain exists.
     """
     from scipy import linalg
@@ -57,11 +58,14 @@ def discrete_lqr(a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray) -> 
     try:
         p = linalg.solve_discrete_are(a, b, q, r)
     except (np.linalg.LinAlgError, ValueError) as exc:
-        raise ValueError(f"the discrete Riccati equation has no stabilizing solution ({exc}); "
-                         "is every unstable mode reachable from the inputs?") from exc
+        raise ValueError(
+            f"the discrete Riccati equation has no stabilizing solution ({exc}); "
+            "is every unstable mode reachable from the inputs?"
+        ) from exc
     bt_p = b.T @ p
     k = np.linalg.solve(r + bt_p @ b, bt_p @ a)
     if not np.all(np.abs(np.linalg.eigvals(a - b @ k)) < 1.0):
-        raise ValueError("the LQR gain does not stabilize the linearized plant; "
-                         "is every unstable mode reachable from the inputs?")
+        raise ValueError(
+            "the LQR gain does not stabilize the linearized plant; is every unstable mode reachable from the inputs?"
+        )
     return k

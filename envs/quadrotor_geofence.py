@@ -70,9 +70,18 @@ def io_names() -> dict:
     obs += [(f"waypoint_d{a}", "current waypoint minus position", "m") for a in xyz]
     obs += [(f"tilt_{a}", "body z axis in the world frame", "1") for a in xyz]
     obs += [(f"w{a}", "body angular velocity", "rad/s") for a in xyz]
-    return {"observations": [{"name": n, "source": s, "unit": u} for n, s, u in obs],
-            "actions": [{"name": f"a{a}", "source": "acceleration set-point (gravity compensated)", "unit": "m/s^2",
-                         "units_per_action": scale} for a, scale in zip(xyz, MAX_ACCEL)]}
+    return {
+        "observations": [{"name": n, "source": s, "unit": u} for n, s, u in obs],
+        "actions": [
+            {
+                "name": f"a{a}",
+                "source": "acceleration set-point (gravity compensated)",
+                "unit": "m/s^2",
+                "units_per_action": scale,
+            }
+            for a, scale in zip(xyz, MAX_ACCEL)
+        ],
+    }
 
 
 ARM = 0.15  # m
@@ -95,12 +104,21 @@ WIND_CHANGE_PROBABILITY = 0.02  # per control step
 SAFETY = {
     "kinematics": {"position_index": [0, 1, 2], "velocity_index": [3, 4, 5]},
     "constraints": [
-        {"name": "geofence", "type": "box", "index": [0, 1, 2],
-         "low": [-FENCE_XY, -FENCE_XY, 0.0], "high": [FENCE_XY, FENCE_XY, CEILING]},
-        {"name": "altitude_floor", "type": "halfspace",
-         "a": [0.0, 0.0, -1.0] + [0.0] * (OBS_DIM - 3), "b": -FLOOR},
-        {"name": "person_keepout", "type": "cylinder", "index": [0, 1],
-         "center": list(PERSON_XY), "radius": KEEPOUT_RADIUS},
+        {
+            "name": "geofence",
+            "type": "box",
+            "index": [0, 1, 2],
+            "low": [-FENCE_XY, -FENCE_XY, 0.0],
+            "high": [FENCE_XY, FENCE_XY, CEILING],
+        },
+        {"name": "altitude_floor", "type": "halfspace", "a": [0.0, 0.0, -1.0] + [0.0] * (OBS_DIM - 3), "b": -FLOOR},
+        {
+            "name": "person_keepout",
+            "type": "cylinder",
+            "index": [0, 1],
+            "center": list(PERSON_XY),
+            "radius": KEEPOUT_RADIUS,
+        },
     ],
 }
 
@@ -119,8 +137,14 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
         self._body = body
         # Nominal mass/inertia, read once: the inner loop does not learn a randomized plant.
         self.nominal_mass = float(self.model.body_subtreemass[body])
-        self.loop = AttitudeThrustLoop(self.nominal_mass, self.model.body_inertia[body].copy(),
-                                       ARM, YAW_COEFF, MAX_ROTOR_THRUST, float(self.model.opt.timestep))
+        self.loop = AttitudeThrustLoop(
+            self.nominal_mass,
+            self.model.body_inertia[body].copy(),
+            ARM,
+            YAW_COEFF,
+            MAX_ROTOR_THRUST,
+            float(self.model.opt.timestep),
+        )
         self._accel_scale = np.asarray(MAX_ACCEL)
         self._wind_max = np.asarray(WIND_MAX) * float(wind_scale)
         self.wind = np.zeros(3)
@@ -160,8 +184,12 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
         self.loop.reset()
         mujoco.mj_forward(self.model, self.data)
         obs = self._obs()
-        return obs, {"cost": self._cost(obs), "constraint_values": self._constraint_values, "domain": {},
-                     "waypoints_reached": 0}
+        return obs, {
+            "cost": self._cost(obs),
+            "constraint_values": self._constraint_values,
+            "domain": {},
+            "waypoints_reached": 0,
+        }
 
     # -- dynamics ----------------------------------------------------------------------------
     def _obs(self) -> np.ndarray:
@@ -169,8 +197,9 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
         d.mocap_pos[0] = self.waypoints[self.waypoint_index]  # the visual marker only
         rot = d.xmat[self._body].reshape(3, 3)
         pos = d.qpos[:3]
-        return np.concatenate((pos, d.qvel[:3], self.waypoints[self.waypoint_index] - pos,
-                               rot[:, 2], d.qvel[3:6])).astype(np.float32)
+        return np.concatenate(
+            (pos, d.qvel[:3], self.waypoints[self.waypoint_index] - pos, rot[:, 2], d.qvel[3:6])
+        ).astype(np.float32)
 
     def _cost(self, obs) -> float:
         # Evaluated on the true (noise-free) observation, so cost == "some SAFETY constraint violated".
@@ -208,12 +237,27 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
                 obs = self._obs()
         # Survival dominates (a safe step far away still earns ~0.2), so ending an episode early never
         # pays; the distance term and the waypoint bonus separate flying the route from hovering.
-        reward = (1.0 - 0.8 * min(after, 5.0) / 5.0 + 5.0 * (before - after) + 5.0 * reached
-                  - 0.01 * float(a @ a) - 0.5 * cost)
+        reward = (
+            1.0
+            - 0.8 * min(after, 5.0) / 5.0
+            + 5.0 * (before - after)
+            + 5.0 * reached
+            - 0.01 * float(a @ a)
+            - 0.5 * cost
+        )
         upright = d.xmat[self._body][8]
         terminated = bool(
-            pos[2] < 0.1 or upright < 0.0 or abs(pos[0]) > 6 or abs(pos[1]) > 6 or pos[2] > 6
+            pos[2] < 0.1
+            or upright < 0.0
+            or abs(pos[0]) > 6
+            or abs(pos[1]) > 6
+            or pos[2] > 6
             or not np.all(np.isfinite(pos))
         )
-        return obs, reward, terminated, False, {"cost": cost, "constraint_values": self._constraint_values,
-                                                "waypoints_reached": self.reached_count}
+        return (
+            obs,
+            reward,
+            terminated,
+            False,
+            {"cost": cost, "constraint_values": self._constraint_values, "waypoints_reached": self.reached_count},
+        )

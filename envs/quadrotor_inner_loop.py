@@ -54,12 +54,14 @@ class AttitudeThrustLoop:
         self.k_r = ATTITUDE_NATURAL_FREQ**2
         self.k_w = 2.0 * ATTITUDE_DAMPING * ATTITUDE_NATURAL_FREQ
         # Rows: total thrust, roll torque (about x), pitch torque (about y), yaw torque; rotors at +x, +y, -x, -y.
-        mix = np.array([
-            [1.0, 1.0, 1.0, 1.0],
-            [0.0, arm, 0.0, -arm],
-            [-arm, 0.0, arm, 0.0],
-            [-yaw_coeff, yaw_coeff, -yaw_coeff, yaw_coeff],
-        ])
+        mix = np.array(
+            [
+                [1.0, 1.0, 1.0, 1.0],
+                [0.0, arm, 0.0, -arm],
+                [-arm, 0.0, arm, 0.0],
+                [-yaw_coeff, yaw_coeff, -yaw_coeff, yaw_coeff],
+            ]
+        )
         self.unmix = np.linalg.inv(mix)
         self._unmix_rows = [tuple(float(v) for v in row) for row in self.unmix]
         self._inertia_flat = tuple(float(v) for v in self.inertia)
@@ -73,8 +75,7 @@ class AttitudeThrustLoop:
     def set_acceleration(self, accel) -> None:
         """Hold a new world acceleration set-point (m/s^2) until the next call; the force set-point moves toward it."""
         # Plain floats: this runs every control step and numpy's small-array overhead dominates here.
-        fx, fy, fz = (self.mass * float(accel[0]), self.mass * float(accel[1]),
-                      self.mass * (float(accel[2]) + GRAVITY))
+        fx, fy, fz = (self.mass * float(accel[0]), self.mass * float(accel[1]), self.mass * (float(accel[2]) + GRAVITY))
         fz = max(fz, MIN_THRUST_FRACTION * self.mass * GRAVITY)
         horizontal = math.hypot(fx, fy)
         limit = fz * math.tan(MAX_TILT)

@@ -139,7 +139,7 @@ def _format_errors(err: ValidationError, prefix: str) -> str:
 
 
 def parse_randomization(raw, where: str = "randomization") -> RandomizationSet:
-    """Validate a plain dict as a RandomizationSet; errors name the key path, e.g. randomization.train.body_mass.cart.low."""
+    """Validate a plain dict as a RandomizationSet; errors name the key path (randomization.train.body_mass.x.low)."""
     if raw is None:
         raw = {}
     try:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import copy
 import os
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
-
 
 CONFIG_DIR_ENV = "SIM2REAL_CONFIG_DIR"
 
@@ -82,9 +82,15 @@ class TaskSpec:
     def safety_spec(self) -> dict:
         """SAFETY plus dt (s), action bounds, obs/act sizes, action_scale and the shield model's kind."""
         spec = copy.deepcopy(self.safety)
-        spec.update(dt=self.control_period, action_low=[-1.0] * self.act_dim, action_high=[1.0] * self.act_dim,
-                    obs_dim=self.obs_dim, act_dim=self.act_dim, action_scale=list(self.action_scale),
-                    model=self.shield_model["type"])
+        spec.update(
+            dt=self.control_period,
+            action_low=[-1.0] * self.act_dim,
+            action_high=[1.0] * self.act_dim,
+            obs_dim=self.obs_dim,
+            act_dim=self.act_dim,
+            action_scale=list(self.action_scale),
+            model=self.shield_model["type"],
+        )
         if self.shield_model["type"] == "linear":
             spec["substeps"] = self.nominal_model().substeps
         else:
@@ -102,12 +108,20 @@ class TaskSpec:
 
     def describe(self) -> dict:
         """One row for `sim2real envs`."""
-        return {"env_id": self.env_id, "task": self.name, "obs_dim": self.obs_dim, "act_dim": self.act_dim,
-                "constraints": [c["name"] for c in self.safety["constraints"]],
-                "legacy_controller": self.legacy_name, "legacy": self.legacy_name,
-                "control_period_s": self.control_period, "dt": self.control_period,
-                "max_episode_steps": self.episode_steps, "config": str(self.config_path),
-                "declared": self.declared}
+        return {
+            "env_id": self.env_id,
+            "task": self.name,
+            "obs_dim": self.obs_dim,
+            "act_dim": self.act_dim,
+            "constraints": [c["name"] for c in self.safety["constraints"]],
+            "legacy_controller": self.legacy_name,
+            "legacy": self.legacy_name,
+            "control_period_s": self.control_period,
+            "dt": self.control_period,
+            "max_episode_steps": self.episode_steps,
+            "config": str(self.config_path),
+            "declared": self.declared,
+        }
 
 
 _TASKS: dict[str, TaskSpec] = {}
@@ -120,12 +134,17 @@ def register(spec: TaskSpec) -> TaskSpec:
         if known.fingerprint and known.fingerprint == spec.fingerprint:
             return known  # the same declaration again (e.g. the copy a training run keeps)
         if known.config_file is None or known.config_file != spec.config_file:
-            raise UnknownTaskError(f"task {spec.env_id} is declared twice, differently: in {known.config_path} "
-                             f"and in {spec.config_path}")
+            raise UnknownTaskError(
+                f"task {spec.env_id} is declared twice, differently: in {known.config_path} and in {spec.config_path}"
+            )
     _TASKS[spec.env_id] = spec
     if spec.env_id not in gym.registry:
-        gym.register(id=spec.env_id, entry_point="envs.tasks:make_task_env",
-                     kwargs={"env_id": spec.env_id}, max_episode_steps=spec.episode_steps)
+        gym.register(
+            id=spec.env_id,
+            entry_point="envs.tasks:make_task_env",
+            kwargs={"env_id": spec.env_id},
+            max_episode_steps=spec.episode_steps,
+        )
     return spec
 
 
@@ -138,7 +157,8 @@ def task(env_id: str) -> TaskSpec:
             f"unknown task env id {env_id!r}: no task declares it; known tasks: {sorted(_TASKS)} "
             f"(a gymnasium MuJoCo env such as HalfCheetah-v5 can be trained by id, but export, eval and "
             f"shadow need a task declaration: constraints, shield model and legacy controller; see "
-            f"docs/how-to/own-plant.md)") from None
+            f"docs/how-to/own-plant.md)"
+        ) from None
 
 
 def find(env_id: str) -> TaskSpec | None:

@@ -45,12 +45,22 @@ def _code_tasks() -> list[TaskSpec]:
     qd = quadrotor_geofence
     return [
         # The inner attitude loop (envs/quadrotor_inner_loop.py) is code, so this task is too.
-        TaskSpec(env_id=qd.ENV_ID, name=qd.TASK_NAME, config_file=None,
-                 make_env=qd.QuadrotorGeofenceEnv, obs_dim=qd.OBS_DIM, act_dim=qd.ACT_DIM,
-                 control_period=qd.CONTROL_PERIOD, episode_steps=qd.EPISODE_STEPS, safety=qd.SAFETY,
-                 shield_model={"type": "double_integrator", "response_time_constant": qd.ACCEL_TIME_CONSTANT},
-                 action_scale=list(qd.MAX_ACCEL), legacy_name="cascaded_pid", make_legacy=_quadrotor_legacy,
-                 describe_io=qd.io_names),
+        TaskSpec(
+            env_id=qd.ENV_ID,
+            name=qd.TASK_NAME,
+            config_file=None,
+            make_env=qd.QuadrotorGeofenceEnv,
+            obs_dim=qd.OBS_DIM,
+            act_dim=qd.ACT_DIM,
+            control_period=qd.CONTROL_PERIOD,
+            episode_steps=qd.EPISODE_STEPS,
+            safety=qd.SAFETY,
+            shield_model={"type": "double_integrator", "response_time_constant": qd.ACCEL_TIME_CONSTANT},
+            action_scale=list(qd.MAX_ACCEL),
+            legacy_name="cascaded_pid",
+            make_legacy=_quadrotor_legacy,
+            describe_io=qd.io_names,
+        ),
     ]
 
 
@@ -95,13 +105,17 @@ def _declared_legacy(decl: PlantDeclaration, mjcf: Path):
         return PidLoops(decl, name)
     if legacy.type == "lqr":
         if decl.shield_model.type != "linear":
-            raise DeclarationError("plant.legacy: lqr needs shield_model.type linear (the linearization it is designed on)")
+            raise DeclarationError(
+                "plant.legacy: lqr needs shield_model.type linear (the linearization it is designed on)"
+            )
         return DeclaredLqr(decl, _nominal(decl, mjcf), name)
     factory = resolve_entry_point(legacy.callable, "plant.legacy.callable")
     try:
         return factory()
     except Exception as err:  # the user's code: its error, with the key that names it
-        raise DeclarationError(f"plant.legacy.callable: {legacy.callable}() raised {type(err).__name__}: {err}") from None
+        raise DeclarationError(
+            f"plant.legacy.callable: {legacy.callable}() raised {type(err).__name__}: {err}"
+        ) from None
 
 
 def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskSpec:
@@ -116,7 +130,9 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
     sm = decl.shield_model
     if sm.type == "double_integrator":
         if sm.accel_per_action is None or len(sm.accel_per_action) != len(decl.actuators):
-            raise DeclarationError(f"plant.shield_model.accel_per_action: needs one value per actuator ({len(decl.actuators)})")
+            raise DeclarationError(
+                f"plant.shield_model.accel_per_action: needs one value per actuator ({len(decl.actuators)})"
+            )
         shield_model, scale = {"type": sm.type, "response_time_constant": sm.response_time_s}, list(sm.accel_per_action)
     else:
         shield_model = {"type": "linear", "nominal": partial(_nominal, decl, mjcf)}
@@ -124,12 +140,25 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
     steer = decl.index(decl.steerable_setpoint) if decl.steerable_setpoint else None
     canonical = decl.model_dump(mode="json") | {"mjcf": mjcf_identity(mjcf), "task": [head["name"], head["env_id"]]}
     fingerprint = hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()
-    return TaskSpec(env_id=head["env_id"], name=head["name"], config_file=path, make_env=partial(_make_declared, decl, mjcf),
-                    obs_dim=len(decl.observations), act_dim=len(decl.actuators), control_period=decl.control_period,
-                    episode_steps=decl.episode_steps, safety=decl.safety(), shield_model=shield_model,
-                    action_scale=scale, legacy_name=decl.legacy.name or decl.legacy.type,
-                    make_legacy=partial(_declared_legacy, decl, mjcf), steerable_setpoint=steer, declared=True,
-                    fingerprint=fingerprint, describe_io=partial(declared_io, decl, mjcf))
+    return TaskSpec(
+        env_id=head["env_id"],
+        name=head["name"],
+        config_file=path,
+        make_env=partial(_make_declared, decl, mjcf),
+        obs_dim=len(decl.observations),
+        act_dim=len(decl.actuators),
+        control_period=decl.control_period,
+        episode_steps=decl.episode_steps,
+        safety=decl.safety(),
+        shield_model=shield_model,
+        action_scale=scale,
+        legacy_name=decl.legacy.name or decl.legacy.type,
+        make_legacy=partial(_declared_legacy, decl, mjcf),
+        steerable_setpoint=steer,
+        declared=True,
+        fingerprint=fingerprint,
+        describe_io=partial(declared_io, decl, mjcf),
+    )
 
 
 def _check(spec: TaskSpec, decl: PlantDeclaration) -> None:
@@ -152,16 +181,23 @@ def _check_linear_state(spec: TaskSpec, nominal, names: list[str]) -> None:
     every constrained observation must be one (a site or sensor reading is not in it)."""
     safety = spec.safety_spec()
     state = nominal.obs_to_state
-    wanted = [(f"plant.kinematics.{key}[{k}]", o) for key, idx in (("positions", "position_index"),
-                                                                    ("velocities", "velocity_index"))
-              for k, o in enumerate(safety["kinematics"][idx])]
-    wanted += [(f"plant.constraints[{c}] ({con.name})", o)
-               for c, con in enumerate(parse_constraints(safety["constraints"], len(names))) for o in con.used]
+    wanted = [
+        (f"plant.kinematics.{key}[{k}]", o)
+        for key, idx in (("positions", "position_index"), ("velocities", "velocity_index"))
+        for k, o in enumerate(safety["kinematics"][idx])
+    ]
+    wanted += [
+        (f"plant.constraints[{c}] ({con.name})", o)
+        for c, con in enumerate(parse_constraints(safety["constraints"], len(names)))
+        for o in con.used
+    ]
     for where, o in wanted:
         if o not in state:
-            raise DeclarationError(f"{where}: observation {names[o]!r} is not a joint's qpos or qvel, and a "
-                                   f"linear shield model's state holds only those (linearized from the MJCF): observe "
-                                   f"the joint itself, or use shield_model: double_integrator")
+            raise DeclarationError(
+                f"{where}: observation {names[o]!r} is not a joint's qpos or qvel, and a "
+                f"linear shield model's state holds only those (linearized from the MJCF): observe "
+                f"the joint itself, or use shield_model: double_integrator"
+            )
 
 
 def register_task_file(path, check: bool = False) -> TaskSpec | None:
@@ -223,10 +259,13 @@ def resolve_randomization(env_id: str, spec) -> RandomizationSet | None:
         path = task(env_id).config_path
         sets = load_randomization_sets(path)
         if spec not in sets:
-            raise RandomizationError(f"randomization set {spec!r} is not in {path}; available: {sorted(sets) or 'none'}")
+            raise RandomizationError(
+                f"randomization set {spec!r} is not in {path}; available: {sorted(sets) or 'none'}"
+            )
         return sets[spec]
     raise RandomizationError(
-        f"randomization must be None, a set name, a dict or a RandomizationSet, not {type(spec).__name__}")
+        f"randomization must be None, a set name, a dict or a RandomizationSet, not {type(spec).__name__}"
+    )
 
 
 def make_task_env(env_id: str, randomization=None, **kwargs) -> gym.Env:
@@ -251,8 +290,7 @@ def nominal_model(env_id: str):
     return task(env_id).nominal_model()
 
 
-def measured_response(env_id: str, pushes: list[str] | None = None, rollouts: int = 4,
-                      steps: int = 100) -> dict:
+def measured_response(env_id: str, pushes: list[str] | None = None, rollouts: int = 4, steps: int = 100) -> dict:
     """How a declared plant at its nominal parameters answers, read on its kinematics velocities over one
     physics step from rest (the acceleration itself: damping, which only ever helps a brake, has not acted
     yet, and no joint stop is reached): what a `double_integrator` shield model is held to. Returns
@@ -282,15 +320,21 @@ def measured_response(env_id: str, pushes: list[str] | None = None, rollouts: in
         lag = [float(model.actuator_dynprm[i][0]) if int(model.actuator_dyntype[i]) in filters else 0.0 for i in ctrl]
         # A state resting on a joint limit or in contact is held there by the constraint force, not drifting:
         # the drift is read where nothing but the plant's own dynamics acts.
-        held = {int(c) for c in (mujoco.mjtConstraint.mjCNSTR_LIMIT_JOINT, mujoco.mjtConstraint.mjCNSTR_LIMIT_TENDON,
-                                 mujoco.mjtConstraint.mjCNSTR_CONTACT_FRICTIONLESS,
-                                 mujoco.mjtConstraint.mjCNSTR_CONTACT_PYRAMIDAL,
-                                 mujoco.mjtConstraint.mjCNSTR_CONTACT_ELLIPTIC)}
+        held = {
+            int(c)
+            for c in (
+                mujoco.mjtConstraint.mjCNSTR_LIMIT_JOINT,
+                mujoco.mjtConstraint.mjCNSTR_LIMIT_TENDON,
+                mujoco.mjtConstraint.mjCNSTR_CONTACT_FRICTIONLESS,
+                mujoco.mjtConstraint.mjCNSTR_CONTACT_PYRAMIDAL,
+                mujoco.mjtConstraint.mjCNSTR_CONTACT_ELLIPTIC,
+            )
+        }
 
         def free(qpos: np.ndarray) -> bool:
             data.qpos[:], data.qvel[:] = qpos, 0.0
             mujoco.mj_forward(model, data)
-            return not any(int(t) in held for t in data.efc_type[:data.nefc])
+            return not any(int(t) in held for t in data.efc_type[: data.nefc])
 
         def accel(qpos: np.ndarray, action: np.ndarray, body: int = -1, axis: int = 0) -> np.ndarray:
             data.qpos[:], data.qvel[:], data.act[:] = qpos, 0.0, 0.0
@@ -337,8 +381,13 @@ def measured_response(env_id: str, pushes: list[str] | None = None, rollouts: in
             push[name] = np.array([accel(center, zero, b, a) - accel(center, zero) for a in range(3)]).T.tolist()
     finally:
         env.close()
-    return {"per_action": per_action.tolist(), "lag_s": lag, "drift": drift.tolist(), "push": push,
-            "states": len(visited)}
+    return {
+        "per_action": per_action.tolist(),
+        "lag_s": lag,
+        "drift": drift.tolist(),
+        "push": push,
+        "states": len(visited),
+    }
 
 
 def legacy_controller(env_id: str):
@@ -351,6 +400,20 @@ def describe_tasks() -> list[dict]:
     return [t.describe() for t in all_tasks()]
 
 
-__all__ = ["UnknownTaskError", "check_task_file", "compile_declaration", "config_dirs", "describe_tasks", "legacy_controller",
-           "make_task_env", "measured_response", "nominal_model", "read_declaration", "register_task_file", "register_tasks",
-           "resolve_randomization", "safety_spec", "task_config_path"]
+__all__ = [
+    "UnknownTaskError",
+    "check_task_file",
+    "compile_declaration",
+    "config_dirs",
+    "describe_tasks",
+    "legacy_controller",
+    "make_task_env",
+    "measured_response",
+    "nominal_model",
+    "read_declaration",
+    "register_task_file",
+    "register_tasks",
+    "resolve_randomization",
+    "safety_spec",
+    "task_config_path",
+]

@@ -140,8 +140,15 @@ class ObservationNoise(gym.Wrapper):
 class Pushes(gym.Wrapper):
     """Random pushes: a world-frame force (N) on one body, started with a probability each control step."""
 
-    def __init__(self, env: gym.Env, body: str, max_force: float, probability: float,
-                 duration_steps: int = 1, axes=("x", "y", "z")):
+    def __init__(
+        self,
+        env: gym.Env,
+        body: str,
+        max_force: float,
+        probability: float,
+        duration_steps: int = 1,
+        axes=("x", "y", "z"),
+    ):
         super().__init__(env)
         self._data = env.unwrapped.data
         label = env.spec.id if env.spec is not None else type(env.unwrapped).__name__

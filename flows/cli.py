@@ -31,8 +31,15 @@ class RunCommand:
         _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.retrain import retrain
 
-        state = retrain(config_path=args.config, models_root=args.models, runs_dir=args.runs, steps=args.steps,
-                        ray_address=args.ray_address, from_log=getattr(args, "from_log", None), return_state=True)
+        state = retrain(
+            config_path=args.config,
+            models_root=args.models,
+            runs_dir=args.runs,
+            steps=args.steps,
+            ray_address=args.ray_address,
+            from_log=getattr(args, "from_log", None),
+            return_state=True,
+        )
         outcome = state.result(raise_on_failure=False)  # a gate's "no" ends Failed with the summary as its data
         summary = outcome if isinstance(outcome, dict) else _summary_after_failure(args, state)
         print(json.dumps(summary, default=str) if args.json else _human_summary(summary))
@@ -50,8 +57,11 @@ class ScheduleCommand:
         _flow_arguments(p, " (each scheduled run reads what is there by then)")
         p.add_argument("--name", default=None, help="deployment name (default retrain-<task>)")
         p.add_argument("--timezone", default="UTC", help="time zone of the cron schedule (default UTC)")
-        p.add_argument("--serve", action="store_true",
-                       help="stay in the foreground and run scheduled flows in this process (flow.serve)")
+        p.add_argument(
+            "--serve",
+            action="store_true",
+            help="stay in the foreground and run scheduled flows in this process (flow.serve)",
+        )
         p.add_argument("--json", action="store_true", help="print one JSON object")
 
     @staticmethod
@@ -59,9 +69,18 @@ class ScheduleCommand:
         _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.schedule import schedule
 
-        result = schedule(args.config, args.cron, name=args.name, timezone=args.timezone, serve=args.serve,
-                          models_root=args.models, runs_dir=args.runs, steps=args.steps, ray_address=args.ray_address,
-                          from_log=args.from_log)
+        result = schedule(
+            args.config,
+            args.cron,
+            name=args.name,
+            timezone=args.timezone,
+            serve=args.serve,
+            models_root=args.models,
+            runs_dir=args.runs,
+            steps=args.steps,
+            ray_address=args.ray_address,
+            from_log=args.from_log,
+        )
         if args.json:
             print(json.dumps(result))
         else:
@@ -80,8 +99,12 @@ def _flow_arguments(p: argparse.ArgumentParser, logs_note: str = "") -> None:
     p.add_argument("--models", default="models", help="registry root (default models/)")
     p.add_argument("--runs", default="runs", help="where training runs and reports go (default runs/)")
     p.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else local)")
-    p.add_argument("--from-log", metavar="LOGS", help="field shadow logs (file or directory): calibrate the twin "
-                   "to them first, train around the calibrated set, gate on it as well as on reality" + logs_note)
+    p.add_argument(
+        "--from-log",
+        metavar="LOGS",
+        help="field shadow logs (file or directory): calibrate the twin "
+        "to them first, train around the calibrated set, gate on it as well as on reality" + logs_note,
+    )
 
 
 def _prefect_defaults() -> None:
@@ -94,15 +117,21 @@ def _summary_after_failure(args: argparse.Namespace, state) -> dict:
     from pipeline.deployment.registry import Registry
 
     cfg = load_config(args.config)
-    return {"task": cfg.task.name, "decision": "fail", "state": state.name, "error": str(state.message),
-            "production": Registry(args.models).production(cfg.task.name)}
+    return {
+        "task": cfg.task.name,
+        "decision": "fail",
+        "state": state.name,
+        "error": str(state.message),
+        "production": Registry(args.models).production(cfg.task.name),
+    }
 
 
 def _human_summary(s: dict) -> str:
     lines = [f"sim2real run: {s['task']}: gate {s['decision'].upper()}"]
     if "version" in s:
-        lines.append(f"  registered version {s['version']}; production -> {s['production']}"
-                     f" (was {s.get('previous_production')})")
+        lines.append(
+            f"  registered version {s['version']}; production -> {s['production']} (was {s.get('previous_production')})"
+        )
     else:
         lines.append(f"  flow ended {s.get('state')}: {s.get('error')}")
         lines.append(f"  production unchanged: {s.get('production')}")

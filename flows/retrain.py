@@ -28,7 +28,6 @@ import shutil
 from pathlib import Path
 
 import yaml
-
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.context import get_run_context
@@ -108,25 +107,42 @@ def falsify_step(bundle_dir: str, config_path: str, out_dir: str) -> dict:
 
 
 @task(name="shadow", retries=0, persist_result=True)
-def shadow_step(bundle_dir: str, config_path: str, report_dir: str, falsification: dict | None = None,
-                domains: str | None = None, calibration: dict | None = None, production_dir: str | None = None) -> dict:
+def shadow_step(
+    bundle_dir: str,
+    config_path: str,
+    report_dir: str,
+    falsification: dict | None = None,
+    domains: str | None = None,
+    calibration: dict | None = None,
+    production_dir: str | None = None,
+) -> dict:
     """Shadow pass beside the legacy controller, counterfactual pass, production on the same seeds, sequential gate
     decision (with falsify's cases), report (with the twin's calibration, when the flow calibrated it)."""
     _fault_drill("shadow")
     cfg = load_config(config_path)
-    return run_shadow(bundle_dir, cfg, domains=domains or cfg.shadow.domains, report_dir=report_dir,
-                      falsification=falsification, calibration=calibration, production_dir=production_dir)
+    return run_shadow(
+        bundle_dir,
+        cfg,
+        domains=domains or cfg.shadow.domains,
+        report_dir=report_dir,
+        falsification=falsification,
+        calibration=calibration,
+        production_dir=production_dir,
+    )
 
 
 @task(name="register", retries=1, retry_delay_seconds=2, persist_result=True)
-def register_step(bundle_dir: str, models_root: str, metrics: dict, flow_run_id: str, task_name: str,
-                  production: int | None = None) -> int:
+def register_step(
+    bundle_dir: str, models_root: str, metrics: dict, flow_run_id: str, task_name: str, production: int | None = None
+) -> int:
     """Copy the bundle into the registry as a new version, with its shadow metrics and why it is (not) promoted."""
     _fault_drill("register")
     registry = Registry(models_root)
     version = registry.register(bundle_dir, metrics=metrics, extra={"prefect_flow_run_id": flow_run_id})
-    gate = {**metrics["gate"], "verdict": promotion_verdict(metrics["gate"]["decision"], version, production,
-                                                            metrics["gate"]["reasons"])}
+    gate = {
+        **metrics["gate"],
+        "verdict": promotion_verdict(metrics["gate"]["decision"], version, production, metrics["gate"]["reasons"]),
+    }
     registry.annotate(task_name, version, metrics={"gate": gate})
     return version
 
@@ -140,8 +156,14 @@ def promote_step(models_root: str, task_name: str, version: int) -> int:
 
 
 @flow(name="retrain", log_prints=True)
-def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "models", runs_dir: str = "runs",
-            steps: int | None = None, ray_address: str | None = None, from_log: str | None = None) -> dict:
+def retrain(
+    config_path: str = "configs/cartpole.yaml",
+    models_root: str = "models",
+    runs_dir: str = "runs",
+    steps: int | None = None,
+    ray_address: str | None = None,
+    from_log: str | None = None,
+) -> dict:
     """Nightly retraining: promotes the new policy only if it passes the shadow gate.
 
     from_log: field shadow logs (file or directory); calibrate first and gate on the calibrated set too.
@@ -164,26 +186,59 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
     logger.info("exported bundle %s (parity max abs err %.2e)", exported["bundle"], exported["parity_max_abs_err"])
     falsification = falsify_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "falsify"))
     min_h = falsification["min_h"]
-    logger.info("falsify: %s shielded violation case(s) in %s candidates; lowest barrier value the shield saw %s "
-                "(below 0: inside its margin or braking distance, where it brakes; a case is the constraint itself "
-                "crossed)", falsification["cases_found"], falsification["evaluated"],
-                "n/a" if min_h is None else f"{min_h:.4g}")
+    logger.info(
+        "falsify: %s shielded violation case(s) in %s candidates; lowest barrier value the shield saw %s "
+        "(below 0: inside its margin or braking distance, where it brakes; a case is the constraint itself "
+        "crossed)",
+        falsification["cases_found"],
+        falsification["evaluated"],
+        "n/a" if min_h is None else f"{min_h:.4g}",
+    )
     calibrated = calibration["result"] if calibration is not None else None
-    shadow = shadow_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "report"), falsification,
-                         calibration=calibrated, production_dir=production_dir)
+    shadow = shadow_step(
+        exported["bundle"],
+        config_path,
+        str(Path(trained["run_dir"]) / "report"),
+        falsification,
+        calibration=calibrated,
+        production_dir=production_dir,
+    )
     if calibration is not None:
         report_calibrated = str(Path(trained["run_dir"]) / "report-calibrated")
-        on_calibrated = shadow_step(exported["bundle"], config_path, report_calibrated, falsification,
-                                    domains="calibrated", calibration=calibrated, production_dir=production_dir)
+        on_calibrated = shadow_step(
+            exported["bundle"],
+            config_path,
+            report_calibrated,
+            falsification,
+            domains="calibrated",
+            calibration=calibrated,
+            production_dir=production_dir,
+        )
         shadow = _gate_on_both(shadow, on_calibrated)
 
-    metrics = {"shadow": shadow["metrics"], "gate": {"decision": shadow["decision"], "reasons": shadow["reasons"],
-                                                     "loosened": shadow.get("loosened", []),
-                                                     "against_production": previous},
-               "train": {k: trained.get(k) for k in ("env_steps", "updates", "final_return", "wall_s",
-                                                     # transfer: the checkpoint selected on validation and why (issue 13)
-                                                     "best_updates", "best_validation_return", "stopped_early",
-                                                     "adr_fraction")}}
+    metrics = {
+        "shadow": shadow["metrics"],
+        "gate": {
+            "decision": shadow["decision"],
+            "reasons": shadow["reasons"],
+            "loosened": shadow.get("loosened", []),
+            "against_production": previous,
+        },
+        "train": {
+            k: trained.get(k)
+            for k in (
+                "env_steps",
+                "updates",
+                "final_return",
+                "wall_s",
+                # transfer: the checkpoint selected on validation and why (issue 13)
+                "best_updates",
+                "best_validation_return",
+                "stopped_early",
+                "adr_fraction",
+            )
+        },
+    }
     if calibration is not None:
         metrics["calibration"] = _calibration_metrics(calibration["result"])
     version = register_step(exported["bundle"], models_root, metrics, flow_run_id, cfg.task.name, previous)
@@ -192,21 +247,34 @@ def retrain(config_path: str = "configs/cartpole.yaml", models_root: str = "mode
         promote_step(models_root, cfg.task.name, version)
 
     summary = {
-        "task": cfg.task.name, "decision": shadow["decision"], "reasons": shadow["reasons"], "version": version,
+        "task": cfg.task.name,
+        "decision": shadow["decision"],
+        "reasons": shadow["reasons"],
+        "version": version,
         "verdict": promotion_verdict(shadow["decision"], version, previous, shadow["reasons"]),
-        "production": registry.production(cfg.task.name), "previous_production": previous,
-        "comparison": side_by_side(shadow["metrics"]), "loosened": shadow.get("loosened", []),
-        "report": shadow["report"], "run_dir": trained["run_dir"], "flow_run_id": flow_run_id,
+        "production": registry.production(cfg.task.name),
+        "previous_production": previous,
+        "comparison": side_by_side(shadow["metrics"]),
+        "loosened": shadow.get("loosened", []),
+        "report": shadow["report"],
+        "run_dir": trained["run_dir"],
+        "flow_run_id": flow_run_id,
     }
     if calibration is not None:
-        summary["calibration"] = {**metrics["calibration"], "calibrated_set": calibration["calibrated"],
-                                  "config": calibration["config_path"]}
+        summary["calibration"] = {
+            **metrics["calibration"],
+            "calibrated_set": calibration["calibrated"],
+            "config": calibration["config_path"],
+        }
     _publish_artifacts(summary, shadow, trained, calibration["result"] if calibration else None)
     logger.info("%s", summary["verdict"])
     if shadow["decision"] in ("fail", "inconclusive"):  # a Failed state carrying the summary, not an exception
         verb = "failed" if shadow["decision"] == "fail" else "inconclusive"
-        return Failed(message=f"gate {verb} for {cfg.task.name} v{version}; production stays at {previous}: "
-                              + "; ".join(shadow["reasons"]), data=summary)
+        return Failed(
+            message=f"gate {verb} for {cfg.task.name} v{version}; production stays at {previous}: "
+            + "; ".join(shadow["reasons"]),
+            data=summary,
+        )
     return summary
 
 
@@ -219,49 +287,78 @@ def _gate_on_both(reality: dict, calibrated: dict) -> dict:
     decision = min(reality["decision"], calibrated["decision"], key=_DECISION_ORDER.index)
     reasons = list(reality["reasons"]) + [f"calibrated: {r}" for r in calibrated["reasons"]]
     metrics = {**reality["metrics"], "calibrated": calibrated["metrics"]}
-    return {**reality, "decision": decision, "reasons": reasons, "metrics": metrics,
-            "report_calibrated": calibrated["report"]}
+    return {
+        **reality,
+        "decision": decision,
+        "reasons": reasons,
+        "metrics": metrics,
+        "report_calibrated": calibrated["report"],
+    }
 
 
 def _calibration_metrics(result: dict) -> dict:
     """What the registry keeps of a calibration: identified vs nominal, error before/after, wall time."""
-    return {"latency_steps": result["latency_steps"]["identified"],
-            "parameters": {n: {k: p[k] for k in ("nominal", "identified", "identified_ok", "range")}
-                           for n, p in result["parameters"].items()},
-            "unidentified": result["unidentified"],
-            "prediction_error_before": result["prediction_error"]["before"]["rms_normalized"],
-            "prediction_error_after": result["prediction_error"]["after"]["rms_normalized"],
-            "wall_s": result["wall_s"]}
+    return {
+        "latency_steps": result["latency_steps"]["identified"],
+        "parameters": {
+            n: {k: p[k] for k in ("nominal", "identified", "identified_ok", "range")}
+            for n, p in result["parameters"].items()
+        },
+        "unidentified": result["unidentified"],
+        "prediction_error_before": result["prediction_error"]["before"]["rms_normalized"],
+        "prediction_error_after": result["prediction_error"]["after"]["rms_normalized"],
+        "wall_s": result["wall_s"],
+    }
 
 
 def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: dict | None = None) -> None:
     from pipeline.calibration.calibrate import summary_lines
 
-    headline = {"pass": "PASSED, promoted", "kept": "production KEPT", "inconclusive": "INCONCLUSIVE, not promoted"}.get(
-        summary["decision"], "FAILED, not promoted")
+    headline = {
+        "pass": "PASSED, promoted",
+        "kept": "production KEPT",
+        "inconclusive": "INCONCLUSIVE, not promoted",
+    }.get(summary["decision"], "FAILED, not promoted")
     reasons = "\n".join(f"- {r}" for r in summary["reasons"])
-    table = "".join(f"| {who}{' v' + str(row['version']) if 'version' in row else ''} | {row['episodes']} | "
-                    f"{row['return_mean']:.2f} | [{row['return_ci95'][0]:.2f}, {row['return_ci95'][1]:.2f}] |\n"
-                    for who, row in summary["comparison"].items())
+    table = "".join(
+        f"| {who}{' v' + str(row['version']) if 'version' in row else ''} | {row['episodes']} | "
+        f"{row['return_mean']:.2f} | [{row['return_ci95'][0]:.2f}, {row['return_ci95'][1]:.2f}] |\n"
+        for who, row in summary["comparison"].items()
+    )
     loosened = "".join(f"- LOOSENED: {line}\n" for line in summary.get("loosened", []))
-    calibrated = "" if calibration is None else (
-        "\n## Calibration (identified vs nominal)\n" + "\n".join(f"- {line}" for line in summary_lines(calibration))
-        + f"\n- calibrated set: `{summary['calibration']['calibrated_set']}`\n")
+    calibrated = (
+        ""
+        if calibration is None
+        else (
+            "\n## Calibration (identified vs nominal)\n"
+            + "\n".join(f"- {line}" for line in summary_lines(calibration))
+            + f"\n- calibrated set: `{summary['calibration']['calibrated_set']}`\n"
+        )
+    )
     create_markdown_artifact(
         key="retrain-summary",
-        markdown=(f"# Retrain {summary['task']}: gate {headline}\n\n"
-                  f"- version: **{summary['version']}**\n- production: **{summary['production']}** "
-                  f"(was {summary['previous_production']})\n- training: {trained['env_steps']} env steps, "
-                  f"{trained['wall_s']:.0f} s, final return {trained['final_return']:.1f}\n"
-                  f"- report: `{summary['report']}`\n- {summary['verdict']}\n\n"
-                  f"## Same episodes, side by side\n| policy | episodes | mean return | 95% CI |\n|---|---|---|---|\n"
-                  f"{table}\n## Gate\n{loosened}{reasons}\n{calibrated}"),
-        description=f"gate {summary['decision']}")
-    rows = [{"metric": k, "value": json.dumps(v) if isinstance(v, (dict, list)) else v}
-            for k, v in _flatten(shadow["metrics"]).items()]
+        markdown=(
+            f"# Retrain {summary['task']}: gate {headline}\n\n"
+            f"- version: **{summary['version']}**\n- production: **{summary['production']}** "
+            f"(was {summary['previous_production']})\n- training: {trained['env_steps']} env steps, "
+            f"{trained['wall_s']:.0f} s, final return {trained['final_return']:.1f}\n"
+            f"- report: `{summary['report']}`\n- {summary['verdict']}\n\n"
+            f"## Same episodes, side by side\n| policy | episodes | mean return | 95% CI |\n|---|---|---|---|\n"
+            f"{table}\n## Gate\n{loosened}{reasons}\n{calibrated}"
+        ),
+        description=f"gate {summary['decision']}",
+    )
+    rows = [
+        {"metric": k, "value": json.dumps(v) if isinstance(v, (dict, list)) else v}
+        for k, v in _flatten(shadow["metrics"]).items()
+    ]
     create_table_artifact(key="shadow-metrics", table=rows, description="shadow-mode metrics")
-    create_link_artifact(key="shadow-report", link=Path(summary["report"]).resolve().as_uri(),
-                         link_text="HTML shadow report", description="plots, gate table, animation")
+    create_link_artifact(
+        key="shadow-report",
+        link=Path(summary["report"]).resolve().as_uri(),
+        link_text="HTML shadow report",
+        description="plots, gate table, animation",
+    )
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

@@ -35,9 +35,19 @@ async def ensure_work_pool(name: str = WORK_POOL) -> None:
             await client.create_work_pool(WorkPoolCreate(name=name, type="process"))
 
 
-def schedule(config_path: str, cron: str, name: str | None = None, timezone: str = "UTC", serve: bool = False, *,
-             models_root: str = "models", runs_dir: str = "runs", steps: int | None = None,
-             ray_address: str | None = None, from_log: str | None = None) -> dict:
+def schedule(
+    config_path: str,
+    cron: str,
+    name: str | None = None,
+    timezone: str = "UTC",
+    serve: bool = False,
+    *,
+    models_root: str = "models",
+    runs_dir: str = "runs",
+    steps: int | None = None,
+    ray_address: str | None = None,
+    from_log: str | None = None,
+) -> dict:
     """Create (or update) the cron deployment of the retrain flow; returns its id, schedule and parameters.
 
     The parameters are `retrain`'s (`sim2real run`'s options). `from_log`: the field shadow logs every
@@ -50,17 +60,27 @@ def schedule(config_path: str, cron: str, name: str | None = None, timezone: str
         raise FileNotFoundError(f"--from-log {from_log}: no such file or directory")
     name = name or f"retrain-{cfg.task.name}"
     parameters = {"config_path": str(Path(config_path)), "models_root": models_root, "runs_dir": runs_dir}
-    extra = {"steps": steps, "ray_address": ray_address,
-             "from_log": str(Path(from_log).resolve()) if from_log is not None else None}
+    extra = {
+        "steps": steps,
+        "ray_address": ray_address,
+        "from_log": str(Path(from_log).resolve()) if from_log is not None else None,
+    }
     parameters.update({k: v for k, v in extra.items() if v is not None})
     when = Cron(cron, timezone=timezone)
     if serve:
         retrain.serve(name=name, schedule=when, parameters=parameters)  # blocks, running scheduled runs
         return {"deployment": name, "cron": cron, "served": True, "parameters": parameters}
     asyncio.run(ensure_work_pool())
-    deployment = retrain.to_deployment(name=name, schedule=when, parameters=parameters,
-                                       description=f"nightly retrain of {cfg.task.name}")
+    deployment = retrain.to_deployment(
+        name=name, schedule=when, parameters=parameters, description=f"nightly retrain of {cfg.task.name}"
+    )
     deployment_id = deployment.apply(work_pool_name=WORK_POOL)
-    return {"deployment": f"retrain/{name}", "deployment_id": str(deployment_id), "cron": cron,
-            "timezone": timezone, "work_pool": WORK_POOL, "parameters": parameters,
-            "api": os.environ.get("PREFECT_API_URL", "ephemeral")}
+    return {
+        "deployment": f"retrain/{name}",
+        "deployment_id": str(deployment_id),
+        "cron": cron,
+        "timezone": timezone,
+        "work_pool": WORK_POOL,
+        "parameters": parameters,
+        "api": os.environ.get("PREFECT_API_URL", "ephemeral"),
+    }

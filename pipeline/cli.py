@@ -4,7 +4,8 @@ Parsers are defined here so `--help` is complete and fast; each command's work
 lives in its own module of `pipeline.commands` (`run(args) -> int`), imported
 only when that command runs. The output helper and the exit-code policy (0 ok,
 1 the check failed, 2 a user error in one line, 130 interrupted) are in
-`pipeline.commands` and apply to every command, the plugged-in ones too. The orchestration commands (`run`, `schedule`) belong to `flows/`,
+`pipeline.commands` and apply to every command, the plugged-in ones too.
+The orchestration commands (`run`, `schedule`) belong to `flows/`,
 which depends on `pipeline` and not the other way round, so they are found
 through the `sim2real.commands` entry-point group instead of an import.
 """
@@ -14,8 +15,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import Any
 
 from pipeline import DEFAULT_CONFIG
 from pipeline.commands import guarded
@@ -42,14 +44,21 @@ def _json_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _config_flag(p: argparse.ArgumentParser, required: bool = False) -> None:
-    p.add_argument("--config", required=required, default=None if required else DEFAULT_CONFIG,
-                   help=f"task config YAML (default {DEFAULT_CONFIG}); see `sim2real config`")
+    p.add_argument(
+        "--config",
+        required=required,
+        default=None if required else DEFAULT_CONFIG,
+        help=f"task config YAML (default {DEFAULT_CONFIG}); see `sim2real config`",
+    )
 
 
 def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("envs", help="list the tasks: obs/action sizes, constraints, legacy controller, registry versions")
-    p.add_argument("--config", action="append", metavar="FILE",
-                   help="also declare the plant of this task YAML (repeatable)")
+    p = sub.add_parser(
+        "envs", help="list the tasks: obs/action sizes, constraints, legacy controller, registry versions"
+    )
+    p.add_argument(
+        "--config", action="append", metavar="FILE", help="also declare the plant of this task YAML (repeatable)"
+    )
     p.add_argument("--registry", default="models", help="registry root whose tasks are listed too (default models/)")
     _json_flag(p)
 
@@ -57,8 +66,10 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", metavar="FILE", help="validate FILE and report every bad key")
     _json_flag(p)
 
-    p = sub.add_parser("train", help="train a policy: Ray rollout actors and the learner train.algorithm names "
-                                     "(appo, impala, sac, td3)")
+    p = sub.add_parser(
+        "train",
+        help="train a policy: Ray rollout actors and the learner train.algorithm names (appo, impala, sac, td3)",
+    )
     p.add_argument("--config", help=f"task config YAML (default {DEFAULT_CONFIG}; with --resume, the run's own)")
     p.add_argument("--steps", type=int, help="total env steps (overrides train.total_env_steps)")
     p.add_argument("--actors", type=int, help="rollout actors (overrides train.num_actors)")
@@ -76,16 +87,23 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("eval", help="evaluate a bundle or a reference policy, with or without the shield")
     p.add_argument("bundle", nargs="?", help="bundle directory (or use --policy)")
-    # pipeline.evaluation.adversary.REFERENCE_POLICIES, spelled out so the parser imports nothing heavy (a test holds them equal)
-    p.add_argument("--policy", choices=["legacy", "random", "bang_bang", "adversarial"],
-                   help="reference policy instead of a bundle (bang_bang: each action flips between its bounds)")
+    # pipeline.evaluation.adversary.REFERENCE_POLICIES, spelled out so the parser imports nothing heavy (a test holds
+    # them equal)
+    p.add_argument(
+        "--policy",
+        choices=["legacy", "random", "bang_bang", "adversarial"],
+        help="reference policy instead of a bundle (bang_bang: each action flips between its bounds)",
+    )
     _config_flag(p)
     p.add_argument("--domains", default="train", help="randomization set: train, reality, nominal (none), or FILE.yaml")
     p.add_argument("--episodes", type=int, default=20, help="episodes to run")
     p.add_argument("--no-shield", action="store_true", help="run the policy without the safety shield")
-    p.add_argument("--past-termination", action="store_true",
-                   help="step on past the task's termination (a fallen pole) to the episode's length, as a real "
-                        "plant goes on: does the shield still hold the limits?")
+    p.add_argument(
+        "--past-termination",
+        action="store_true",
+        help="step on past the task's termination (a fallen pole) to the episode's length, as a real "
+        "plant goes on: does the shield still hold the limits?",
+    )
     p.add_argument("--seed", type=int, default=0, help="first episode seed")
     _json_flag(p)
 
@@ -93,15 +111,29 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("bundle", help="candidate bundle directory")
     _config_flag(p)
     p.add_argument("--legacy", help="legacy controller name (default: the task's)")
-    p.add_argument("--domains", default=None, help="randomization set, nominal (none), or FILE.yaml (default shadow.domains)")
-    p.add_argument("--episodes", type=int, help="episodes per batch of each pass; the gate adds batches until it "
-                   "decides or gate.max_episodes ran (default shadow.episodes)")
+    p.add_argument(
+        "--domains", default=None, help="randomization set, nominal (none), or FILE.yaml (default shadow.domains)"
+    )
+    p.add_argument(
+        "--episodes",
+        type=int,
+        help="episodes per batch of each pass; the gate adds batches until it "
+        "decides or gate.max_episodes ran (default shadow.episodes)",
+    )
     p.add_argument("--seed", type=int, help="first episode seed (default shadow.seed)")
     p.add_argument("--report", metavar="DIR", help="write the HTML report and logs here")
-    p.add_argument("--production", metavar="BUNDLE", help="the production bundle: run on the same seeds, and the "
-                   "candidate must beat it too (gate.min_return_ratio_production)")
-    p.add_argument("--from-log", metavar="PATH", help="use logs recorded by `sim2real serve --mode shadow` (or by a "
-                   "simulated shadow run, then paired with the candidate's counterfactual) instead of simulating")
+    p.add_argument(
+        "--production",
+        metavar="BUNDLE",
+        help="the production bundle: run on the same seeds, and the "
+        "candidate must beat it too (gate.min_return_ratio_production)",
+    )
+    p.add_argument(
+        "--from-log",
+        metavar="PATH",
+        help="use logs recorded by `sim2real serve --mode shadow` (or by a "
+        "simulated shadow run, then paired with the candidate's counterfactual) instead of simulating",
+    )
     _json_flag(p)
 
     p = sub.add_parser("falsify", help="search the config's envelope for a shielded violation (exit 1 if one is found)")
@@ -112,10 +144,16 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="where found cases are written (default reports/falsify-<task>-<time>)")
     _json_flag(p)
 
-    p = sub.add_parser("calibrate", help="fit the twin's randomized parameters and latency to shadow logs: a calibrated set")
+    p = sub.add_parser(
+        "calibrate", help="fit the twin's randomized parameters and latency to shadow logs: a calibrated set"
+    )
     _config_flag(p)
-    p.add_argument("--from-log", required=True, metavar="PATH", help="shadow logs (file or directory) from `serve --mode shadow`")
-    p.add_argument("--out", metavar="FILE.yaml", help="write the calibrated randomization set here (usable as --domains)")
+    p.add_argument(
+        "--from-log", required=True, metavar="PATH", help="shadow logs (file or directory) from `serve --mode shadow`"
+    )
+    p.add_argument(
+        "--out", metavar="FILE.yaml", help="write the calibrated randomization set here (usable as --domains)"
+    )
     _json_flag(p)
 
     p = sub.add_parser("registry", help="list, inspect, promote, roll back or verify bundles in models/")
@@ -136,11 +174,14 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
         rp.add_argument("--root", default="models", help="registry root (default models/)")
         _json_flag(rp)
 
-    p = sub.add_parser("shield", help="synthesize the shield from the plant and certify it (or refuse, naming the range)")
+    p = sub.add_parser(
+        "shield", help="synthesize the shield from the plant and certify it (or refuse, naming the range)"
+    )
     importlib.import_module("pipeline.commands.shield").add_arguments(p, DEFAULT_CONFIG)
 
     p = sub.add_parser("serve", help="serve a verified bundle to physical controllers over UDP")
     add_serve_arguments(p)  # one definition, shared with `python -m shield.server`
+
 
 def _plugin_commands() -> dict[str, Any]:
     """Commands contributed by other packages (flows' `run` and `schedule`)."""
@@ -152,7 +193,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     parser = argparse.ArgumentParser(
         prog="sim2real",
         description="MuJoCo digital twin -> domain-randomized training on Ray -> ONNX bundle -> "
-                    "shadow evaluation and gate -> CBF-shielded edge serving. Prefect chains it (`sim2real run`).",
+        "shadow evaluation and gate -> CBF-shielded edge serving. Prefect chains it (`sim2real run`).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_pipeline_commands(sub)

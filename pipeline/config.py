@@ -32,8 +32,10 @@ class Section(BaseModel):
 class TaskConfig(Section):
     """Which simulated plant this config trains and evaluates."""
 
-    name: str = Field(description="Short task name: the registry folder models/<name>/ and `serve --registry NAME`.",
-                      pattern=r"^[a-z][a-z0-9_-]*$")
+    name: str = Field(
+        description="Short task name: the registry folder models/<name>/ and `serve --registry NAME`.",
+        pattern=r"^[a-z][a-z0-9_-]*$",
+    )
     env_id: str = Field(description="Gymnasium id of the plant, e.g. sim2real/CartPoleRail-v0.")
     max_episode_steps: int | None = Field(None, gt=0, description="Override of the env's episode length (steps).")
 
@@ -42,11 +44,23 @@ class AdrConfig(Section):
     """Automatic domain randomization: `train` ranges start narrow and widen toward their declared bounds."""
 
     enabled: bool = Field(False, description="Widen the train ranges step by step while validation holds up.")
-    start_fraction: float = Field(0.25, ge=0, le=1, description="Width of the first ranges, as a fraction of the declared ones "
-                                  "(around the nominal value 1.0, or the range's middle when 1.0 lies outside it).")
-    step: float = Field(0.25, gt=0, le=1, description="Fraction added to the width after each validation that holds up.")
-    keep_fraction: float = Field(0.9, gt=0, le=1, description="Widen only while the latest validation return is >= this "
-                                 "fraction of the best seen at the current width.")
+    start_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="Width of the first ranges, as a fraction of the declared ones "
+        "(around the nominal value 1.0, or the range's middle when 1.0 lies outside it).",
+    )
+    step: float = Field(
+        0.25, gt=0, le=1, description="Fraction added to the width after each validation that holds up."
+    )
+    keep_fraction: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Widen only while the latest validation return is >= this "
+        "fraction of the best seen at the current width.",
+    )
 
 
 class OffPolicyConfig(Section):
@@ -54,17 +68,31 @@ class OffPolicyConfig(Section):
 
     lr: float = Field(3e-4, gt=0, description="Adam learning rate (actor, critics and, for SAC, the temperature).")
     batch_size: int = Field(256, ge=1, description="Transitions per learner step, drawn from all replay shards.")
-    replay_ratio: float = Field(64.0, gt=0, description="Transitions learned per transition collected (batch_size / env steps per update).")
+    replay_ratio: float = Field(
+        64.0, gt=0, description="Transitions learned per transition collected (batch_size / env steps per update)."
+    )
     learning_starts: int = Field(2000, ge=0, description="Env steps collected before the first learner step.")
     n_step: int = Field(3, ge=1, description="Steps summed into each transition's return (n-step TD targets).")
     tau: float = Field(0.005, gt=0, le=1, description="Polyak rate of the target networks per learner step.")
-    exploration_noise: float = Field(0.3, ge=0, description="Ape-X levels: actor i adds N(0, s_i^2) to its actions, s_i = this^(1 + "
-                                     "exploration_alpha * i / (num_actors - 1)) (normalized action units).")
-    exploration_alpha: float = Field(7.0, ge=0, description="Spread of the per-actor exploration levels (Ape-X uses 7).")
-    prefetch_batches: int = Field(4, ge=1, description="Minibatches fetched from the shards per request (fewer round trips; priorities that much staler).")
+    exploration_noise: float = Field(
+        0.3,
+        ge=0,
+        description="Ape-X levels: actor i adds N(0, s_i^2) to its actions, s_i = this^(1 + "
+        "exploration_alpha * i / (num_actors - 1)) (normalized action units).",
+    )
+    exploration_alpha: float = Field(
+        7.0, ge=0, description="Spread of the per-actor exploration levels (Ape-X uses 7)."
+    )
+    prefetch_batches: int = Field(
+        4,
+        ge=1,
+        description="Minibatches fetched from the shards per request (fewer round trips; priorities that much staler).",
+    )
     publish_every: int = Field(10, ge=1, description="Broadcast actor weights every N learner steps.")
     log_every: int = Field(50, ge=1, description="Write a metrics record every N learner steps.")
-    checkpoint_every: int = Field(5000, ge=1, description="Checkpoint (learner and replay snapshot) every N learner steps, and at the end.")
+    checkpoint_every: int = Field(
+        5000, ge=1, description="Checkpoint (learner and replay snapshot) every N learner steps, and at the end."
+    )
 
 
 class SacConfig(OffPolicyConfig):
@@ -75,9 +103,11 @@ class SacConfig(OffPolicyConfig):
 
 
 class Td3Config(OffPolicyConfig):
-    """Off-policy TD3 learner (deterministic actor, twin critics, target smoothing) and its Ape-X actors (train.algorithm: td3)."""
+    """Off-policy TD3 learner (deterministic actor, twin critics, target smoothing), Ape-X actors (algorithm: td3)."""
 
-    policy_noise: float = Field(0.2, ge=0, description="Std of the noise on the target action (target policy smoothing, normalized units).")
+    policy_noise: float = Field(
+        0.2, ge=0, description="Std of the noise on the target action (target policy smoothing, normalized units)."
+    )
     noise_clip: float = Field(0.5, ge=0, description="The target action's noise is clipped to +-this.")
     policy_delay: int = Field(2, ge=1, description="Critic steps per actor (and target) update.")
 
@@ -85,12 +115,20 @@ class Td3Config(OffPolicyConfig):
 class ReplayConfig(Section):
     """Sharded prioritized replay (off-policy algorithms)."""
 
-    capacity: int = Field(200_000, ge=1, description="Transitions kept over all shards (each holds capacity / num_shards).")
+    capacity: int = Field(
+        200_000, ge=1, description="Transitions kept over all shards (each holds capacity / num_shards)."
+    )
     num_shards: int = Field(2, ge=1, description="Replay shards (Ray actors, spread over the cluster's nodes).")
     alpha: float = Field(0.6, ge=0, description="Prioritization exponent: P(i) ~ p_i^alpha (0 = uniform).")
-    beta: float = Field(0.4, ge=0, le=1, description="Importance-weight exponent at the start; annealed to 1 at total_env_steps.")
-    shard_num_cpus: float = Field(0.25, ge=0, description="CPUs reserved per shard (fractional leaves room for restarts after a node loss).")
-    checkpoint: bool = Field(True, description="Save the shards' contents with every checkpoint (replay/shard_<k>.npz) for --resume.")
+    beta: float = Field(
+        0.4, ge=0, le=1, description="Importance-weight exponent at the start; annealed to 1 at total_env_steps."
+    )
+    shard_num_cpus: float = Field(
+        0.25, ge=0, description="CPUs reserved per shard (fractional leaves room for restarts after a node loss)."
+    )
+    checkpoint: bool = Field(
+        True, description="Save the shards' contents with every checkpoint (replay/shard_<k>.npz) for --resume."
+    )
 
 
 class TrainCommon(Section):
@@ -104,10 +142,14 @@ class TrainCommon(Section):
     num_actors: int = Field(2, ge=1, description="Ray rollout actors.")
     envs_per_actor: int = Field(8, ge=1, description="Envs stepped as a vector inside each actor.")
     rollout_length: int = Field(32, ge=2, description="Steps per trajectory batch (time dimension T).")
-    max_batches_in_flight: int = Field(4, ge=1, description="Back-pressure: at most this many batches requested and not yet consumed.")
+    max_batches_in_flight: int = Field(
+        4, ge=1, description="Back-pressure: at most this many batches requested and not yet consumed."
+    )
     hidden_sizes: list[int] = Field([64, 64], min_length=1, description="MLP hidden layer widths (policy and value).")
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Learner device; auto picks CUDA when torch sees it.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Learner device; auto picks CUDA when torch sees it."
+    )
 
 
 class ImpalaTrainConfig(TrainCommon):
@@ -116,23 +158,39 @@ class ImpalaTrainConfig(TrainCommon):
     selects_on_validation: ClassVar[bool] = True
 
     algorithm: Literal["impala"] = Field(description="impala: V-trace actor-critic.")
-    sync: bool = Field(False, description="Actors wait for fresh weights after every batch (policy lag 0), for comparison.")
-    batches_per_update: int = Field(1, ge=1, description="Actor batches stacked into one learner update (sync mode: all actors' batches).")
+    sync: bool = Field(
+        False, description="Actors wait for fresh weights after every batch (policy lag 0), for comparison."
+    )
+    batches_per_update: int = Field(
+        1, ge=1, description="Actor batches stacked into one learner update (sync mode: all actors' batches)."
+    )
     lr: float = Field(3e-4, gt=0, description="Adam learning rate.")
-    lr_schedule: Literal["constant", "linear"] = Field("constant", description="linear: anneal the learning rate toward "
-                                                       "5% of `lr` at total_env_steps, so late updates refine instead of unlearning.")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant",
+        description="linear: anneal the learning rate toward "
+        "5% of `lr` at total_env_steps, so late updates refine instead of unlearning.",
+    )
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
     value_coef: float = Field(0.5, ge=0, description="Value loss weight.")
     clip_rho_threshold: float = Field(1.0, gt=0, description="V-trace rho-bar (value targets).")
     clip_pg_rho_threshold: float = Field(1.0, gt=0, description="V-trace rho-bar for policy-gradient advantages.")
     num_epochs: int = Field(1, ge=1, description="Passes of SGD over each batch.")
-    num_minibatches: int = Field(1, ge=1, description="Adam steps per epoch; minibatches split the env axis (whole traces).")
+    num_minibatches: int = Field(
+        1, ge=1, description="Adam steps per epoch; minibatches split the env axis (whole traces)."
+    )
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
-    checkpoint_every: int = Field(50, ge=1, description="Write an atomic checkpoint every N learner updates (and at the end).")
+    checkpoint_every: int = Field(
+        50, ge=1, description="Write an atomic checkpoint every N learner updates (and at the end)."
+    )
     log_std_init: float = Field(-0.5, description="Initial log standard deviation of the Gaussian policy.")
-    history_length: int = Field(0, ge=0, le=64, description="Past (observation, sent action) pairs the policy sees besides the "
-                                "current observation (implicit system identification, RMA-style); 0: memoryless MLP. "
-                                "The exported ONNX graph then takes a `history` input and the edge keeps one history per plant.")
+    history_length: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Past (observation, sent action) pairs the policy sees besides the "
+        "current observation (implicit system identification, RMA-style); 0: memoryless MLP. "
+        "The exported ONNX graph then takes a `history` input and the edge keeps one history per plant.",
+    )
     adr: AdrConfig = Field(default_factory=AdrConfig, description="Automatic domain randomization of the `train` set.")
 
 
@@ -141,11 +199,13 @@ class AppoTrainConfig(ImpalaTrainConfig):
 
     algorithm: Literal["appo"] = Field("appo", description="appo: V-trace targets + clipped surrogate.")
     clip_param: float = Field(0.2, gt=0, description="APPO surrogate clip epsilon.")
-    kl_coef: float = Field(0.0, ge=0, description="APPO: weight of the KL(behaviour || current) penalty; 0 disables it.")
+    kl_coef: float = Field(
+        0.0, ge=0, description="APPO: weight of the KL(behaviour || current) penalty; 0 disables it."
+    )
 
 
 class SacTrainConfig(TrainCommon):
-    """SAC with Ape-X exploring actors and sharded prioritized replay; no validation selection (export takes the last checkpoint)."""
+    """SAC, Ape-X exploring actors, sharded prioritized replay; export takes the last checkpoint (no validation)."""
 
     algorithm: Literal["sac"] = Field(description="sac: off-policy soft actor-critic (train.sac, train.replay).")
     sac: SacConfig = Field(default_factory=SacConfig, description="SAC learner settings.")
@@ -153,7 +213,7 @@ class SacTrainConfig(TrainCommon):
 
 
 class Td3TrainConfig(TrainCommon):
-    """TD3 with Ape-X exploring actors and sharded prioritized replay; no validation selection (export takes the last checkpoint)."""
+    """TD3, Ape-X exploring actors, sharded prioritized replay; export takes the last checkpoint (no validation)."""
 
     algorithm: Literal["td3"] = Field(description="td3: off-policy twin delayed DDPG (train.td3, train.replay).")
     td3: Td3Config = Field(default_factory=Td3Config, description="TD3 learner settings.")
@@ -171,33 +231,53 @@ def _tag(model: type[TrainCommon]) -> str:
 
 
 def _algorithm_of(value: Any) -> str:
-    return (value.get("algorithm", DEFAULT_ALGORITHM) if isinstance(value, dict)
-            else getattr(value, "algorithm", DEFAULT_ALGORITHM))
+    return (
+        value.get("algorithm", DEFAULT_ALGORITHM)
+        if isinstance(value, dict)
+        else getattr(value, "algorithm", DEFAULT_ALGORITHM)
+    )
 
 
-TrainConfig = Annotated[Union[tuple(Annotated[m, Tag(_tag(m))] for m in TRAIN_CONFIGS)],
-                        Discriminator(_algorithm_of, custom_error_type="train_algorithm",
-                                      custom_error_message="unknown train.algorithm")]
+TrainConfig = Annotated[
+    Union[tuple(Annotated[m, Tag(_tag(m))] for m in TRAIN_CONFIGS)],  # noqa: UP007 (a union built from the table)
+    Discriminator(_algorithm_of, custom_error_type="train_algorithm", custom_error_message="unknown train.algorithm"),
+]
 ALGORITHM_NAMES: tuple[str, ...] = tuple(_tag(m) for m in TRAIN_CONFIGS)
 
 
 class ValidationConfig(Section):
     """Model selection during training: the deterministic policy on the `validation` randomization set."""
 
-    enabled: bool = Field(True, description="Evaluate during training; export takes the best checkpoint by validation return.")
-    domains: str = Field("validation", description="Randomization set evaluated (held apart from train's seeds and reality).")
-    every_updates: int = Field(20, ge=1, description="Submit an evaluation every N learner updates (one in flight at a time; "
-                               "the learner does not wait for it except with train.sync).")
+    enabled: bool = Field(
+        True, description="Evaluate during training; export takes the best checkpoint by validation return."
+    )
+    domains: str = Field(
+        "validation", description="Randomization set evaluated (held apart from train's seeds and reality)."
+    )
+    every_updates: int = Field(
+        20,
+        ge=1,
+        description="Submit an evaluation every N learner updates (one in flight at a time; "
+        "the learner does not wait for it except with train.sync).",
+    )
     episodes: int = Field(8, ge=1, description="Episodes per evaluation, stepped together as one batch.")
-    seed: int = Field(2000, ge=0, description="First episode seed of every evaluation (the same seeds each time, so returns compare).")
-    patience: int = Field(0, ge=0, description="Stop training after this many evaluations without a new best (0: never stop early).")
-    min_improvement: float = Field(0.0, ge=0, description="A new best must beat the old one by more than this (return units).")
+    seed: int = Field(
+        2000, ge=0, description="First episode seed of every evaluation (the same seeds each time, so returns compare)."
+    )
+    patience: int = Field(
+        0, ge=0, description="Stop training after this many evaluations without a new best (0: never stop early)."
+    )
+    min_improvement: float = Field(
+        0.0, ge=0, description="A new best must beat the old one by more than this (return units)."
+    )
 
 
 class RayConfig(Section):
     """Where Ray runs and what each part asks of it."""
 
-    address: str | None = Field(None, description="Ray cluster address; None starts a local instance (RAY_ADDRESS overrides).")
+    address: str | None = Field(
+        None, description="Ray cluster address; None starts a local instance (RAY_ADDRESS overrides)."
+    )
     actor_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per rollout actor.")
     max_actor_restarts: int = Field(3, ge=0, description="Ray restarts a dead rollout actor up to this many times.")
 
@@ -206,77 +286,221 @@ class ShieldConfig(Section):
     """The CBF safety shield around the policy (built into the bundle's shield.json)."""
 
     enabled: bool = Field(True, description="Wrap the policy in the CBF shield when evaluating and serving.")
-    gain: float = Field(0.3, gt=0, le=1, description="Default discrete-time class-K gain: h(x+) >= (1 - gain) h(x); larger lets the plant approach a boundary faster.")
-    gains: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field({}, description="Per-constraint gain overrides, by constraint name (each in (0, 1]).")
-    margin: float | None = Field(None, ge=0, description="Safety margin in each constraint's units (m for positions), covering model error and sensor noise. "
-                                 "None: synthesized (sim2real shield synthesize); set, synthesis checks it covers what it measures.")
-    brake_fraction: float | None = Field(None, gt=0, le=1, description="Share of the nominal full-action deceleration the braking-distance barrier counts on; the rest absorbs mass, gain and disturbance mismatch. "
-                                         "None (and no brake_accel): the braking each constraint measurably has, synthesized.")
-    input_gain_error: float | None = Field(None, ge=0, lt=0.9, description="Relative error of the input's effect (actuator gain over mass) the CBF conditions hold for: (1 +- this) x nominal. "
-                                           "None: synthesized from the measured input-gain range (low/high in the certificate).")
-    brake_accel: list[Annotated[float, Field(gt=0)] | Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]] | None = Field(
-        None, description="Braking acceleration per position of the task's kinematics (units/s^2), each a number or [toward -, toward +] "
-                          "where the plant brakes harder one way (gravity helps a quadrotor brake a climb); overrides brake_fraction.")
-    keepout_steering: bool = Field(True, description="Keep-out zones (cylinders, spheres) credit the plant's sideways speed: it may pass a zone "
-                                   "rather than stop before it (shield/barrier.py). Needs each axis's authority to brake and hold against the disturbance at once (checked).")
-    disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Bound on an unknown additive acceleration per position (units/s^2: wind, gravity-compensation error, the linear model's error) the conditions are robust to; None: synthesized from the measured model error.")
-    latency_steps: int | None = Field(None, ge=0, description="Control steps of actuation latency the shield predicts through; None: the largest latency_steps of every randomization set.")
-    latency_min_steps: int | None = Field(None, ge=0, description="The fewest latency steps the plant may have: every latency from it to latency_steps is a case of the shield's prediction (more conservative, a little more compute per case). None: the fewest any randomization set admits (a set without latency_steps admits 0).")
-    ambient_disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(None, description="Additive acceleration per position (units/s^2) present in every domain that no randomization set states (e.g. the quadrotor's built-in wind); counted in the envelope check.")
-    model_ranges: dict[str, Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]] = Field({}, description="Ranges [low, high] of randomized parameters the envelope check cannot derive (damping, friction: `joint_damping.<joint>`, `geom_friction.<geom>`; `gravity_scale` for a linear or declared double-integrator model), for which the guarantee was established by falsification; a set outside them is refused, and so is a key no set randomizes.")
-    synthesis_samples: int = Field(4000, ge=100, description="States x actions per randomization set at which synthesis measures the nominal model's error (more: a tighter confidence on the bound).")
+    gain: float = Field(
+        0.3,
+        gt=0,
+        le=1,
+        description="Default discrete-time class-K gain: h(x+) >= (1 - gain) h(x); larger lets the plant approach a "
+        "boundary faster.",
+    )
+    gains: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        {}, description="Per-constraint gain overrides, by constraint name (each in (0, 1])."
+    )
+    margin: float | None = Field(
+        None,
+        ge=0,
+        description="Safety margin in each constraint's units (m for positions), covering model error and sensor "
+        "noise. "
+        "None: synthesized (sim2real shield synthesize); set, synthesis checks it covers what it measures.",
+    )
+    brake_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Share of the nominal full-action deceleration the braking-distance barrier counts on; the rest "
+        "absorbs mass, gain and disturbance mismatch. "
+        "None (and no brake_accel): the braking each constraint measurably has, synthesized.",
+    )
+    input_gain_error: float | None = Field(
+        None,
+        ge=0,
+        lt=0.9,
+        description="Relative error of the input's effect (actuator gain over mass) the CBF conditions hold for: (1 "
+        "+- this) x nominal. "
+        "None: synthesized from the measured input-gain range (low/high in the certificate).",
+    )
+    brake_accel: (
+        list[
+            Annotated[float, Field(gt=0)]
+            | Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]
+        ]
+        | None
+    ) = Field(
+        None,
+        description="Braking acceleration per position of the task's kinematics (units/s^2), each a number or [toward "
+        "-, toward +] "
+        "where the plant brakes harder one way (gravity helps a quadrotor brake a climb); overrides brake_fraction.",
+    )
+    keepout_steering: bool = Field(
+        True,
+        description="Keep-out zones (cylinders, spheres) credit the plant's sideways speed: it may pass a zone "
+        "rather than stop before it (shield/barrier.py). Needs each axis's authority to brake and hold against the "
+        "disturbance at once (checked).",
+    )
+    disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(
+        None,
+        description="Bound on an unknown additive acceleration per position (units/s^2: wind, gravity-compensation "
+        "error, the linear model's error) the conditions are robust to; None: synthesized from the "
+        "measured model error.",
+    )
+    latency_steps: int | None = Field(
+        None,
+        ge=0,
+        description="Control steps of actuation latency the shield predicts through; None: the largest latency_steps "
+        "of every randomization set.",
+    )
+    latency_min_steps: int | None = Field(
+        None,
+        ge=0,
+        description="The fewest latency steps the plant may have: every latency from it to latency_steps is a case of "
+        "the shield's prediction (more conservative, a little more compute per case). None: the fewest "
+        "any randomization set admits (a set without latency_steps admits 0).",
+    )
+    ambient_disturbance_accel: list[Annotated[float, Field(ge=0)]] | None = Field(
+        None,
+        description="Additive acceleration per position (units/s^2) present in every domain that no randomization set "
+        "states (e.g. the quadrotor's built-in wind); counted in the envelope check.",
+    )
+    model_ranges: dict[str, Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]] = Field(
+        {},
+        description="Ranges [low, high] of randomized parameters the envelope check cannot derive (damping, friction: "
+        "`joint_damping.<joint>`, `geom_friction.<geom>`; `gravity_scale` for a linear or declared "
+        "double-integrator model), for which the guarantee was established by falsification; a set "
+        "outside them is refused, and so is a key no set randomizes.",
+    )
+    synthesis_samples: int = Field(
+        4000,
+        ge=100,
+        description="States x actions per randomization set at which synthesis measures the nominal model's error "
+        "(more: a tighter confidence on the bound).",
+    )
     train_in_loop: bool = Field(False, description="Train with the shield filtering the actions the env receives.")
-    intervention_penalty: float = Field(0.0, ge=0, description="Reward subtracted on each step the shield changes the action (training in the loop).")
-    train_margin: float | None = Field(None, ge=0, description="Margin of the shield in the training loop and in model selection (train_in_loop); None: `margin`. "
-                                       "Wider than `margin`, the policy learns to keep that clearance itself, so the deployed shield seldom has to act.")
+    intervention_penalty: float = Field(
+        0.0, ge=0, description="Reward subtracted on each step the shield changes the action (training in the loop)."
+    )
+    train_margin: float | None = Field(
+        None,
+        ge=0,
+        description="Margin of the shield in the training loop and in model selection (train_in_loop); None: `margin`. "
+        "Wider than `margin`, the policy learns to keep that clearance itself, so the deployed shield seldom has to "
+        "act.",
+    )
 
 
 class GateConfig(Section):
     """Promotion gate: paired statistical decisions against legacy and production, and safety checks
     (pipeline/evaluation/gate.py, pipeline/evaluation/gate_statistics.py)."""
 
-    confidence: float = Field(0.95, gt=0.5, lt=1, description="One-sided confidence of every bound the gate decides on "
-                              "(paired return differences, rate bounds), over all its sequential looks together.")
-    min_return_ratio: float = Field(1.0, gt=0, description="Against legacy: the lower confidence bound on the mean paired "
-                                    "return difference (candidate - legacy, same seeds and domains) must exceed "
-                                    "(x - 1)|R_l|, R_l legacy's mean return. 1.0: no worse than legacy (equal is not "
-                                    "enough); below 1 allows a margin, which the report names as loosened by this key.")
-    min_return_ratio_production: float = Field(1.0, gt=0, description="The same rule against the production version "
-                                               "(run in the same paired episodes); a candidate that does not clear it "
-                                               "is registered but production is kept.")
-    max_episodes: int = Field(40, ge=1, description="Episode budget per policy: batches of shadow.episodes are added "
-                              "until every bound decides or this many ran; still undecided is `inconclusive`.")
-    min_episodes: int = Field(20, ge=2, description="Fewest paired episodes a return comparison may pass on (it may fail "
-                              "on fewer): a skew of the returns the sample has not yet shown cannot be corrected for.")
-    max_seconds: float | None = Field(None, gt=0, description="Wall-clock budget of the sequential evaluation (s); no "
-                                      "batch starts that would likely end past it. None: the episode budget only.")
-    max_violations: int = Field(0, ge=0, description="Most constraint-violating steps (info cost) allowed for the candidate driving, all episodes together (an absolute count, not a rate).")
-    max_intervention_rate: float = Field(0.1, ge=0, le=1, description="Largest share of steps the shield may change the "
-                                         "candidate's action, judged on its exact upper confidence bound (gate.confidence).")
-    max_latency_p99_us: float = Field(2000.0, gt=0, description="Candidate per-action latency p99 (policy + shield), microseconds; "
-                                      "the worse of the shadow and counterfactual passes.")
-    waive: list[str] = Field([], description="Checks (by key, e.g. gate.min_return_ratio) a decision may pass without; any other check that could not run makes the decision `inconclusive`.")
-    max_falsification_cases: int = Field(0, ge=0, description="Shielded violations `falsify` may find before the gate fails (the flow runs it before the gate).")
+    confidence: float = Field(
+        0.95,
+        gt=0.5,
+        lt=1,
+        description="One-sided confidence of every bound the gate decides on "
+        "(paired return differences, rate bounds), over all its sequential looks together.",
+    )
+    min_return_ratio: float = Field(
+        1.0,
+        gt=0,
+        description="Against legacy: the lower confidence bound on the mean paired "
+        "return difference (candidate - legacy, same seeds and domains) must exceed "
+        "(x - 1)|R_l|, R_l legacy's mean return. 1.0: no worse than legacy (equal is not "
+        "enough); below 1 allows a margin, which the report names as loosened by this key.",
+    )
+    min_return_ratio_production: float = Field(
+        1.0,
+        gt=0,
+        description="The same rule against the production version "
+        "(run in the same paired episodes); a candidate that does not clear it "
+        "is registered but production is kept.",
+    )
+    max_episodes: int = Field(
+        40,
+        ge=1,
+        description="Episode budget per policy: batches of shadow.episodes are added "
+        "until every bound decides or this many ran; still undecided is `inconclusive`.",
+    )
+    min_episodes: int = Field(
+        20,
+        ge=2,
+        description="Fewest paired episodes a return comparison may pass on (it may fail "
+        "on fewer): a skew of the returns the sample has not yet shown cannot be corrected for.",
+    )
+    max_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="Wall-clock budget of the sequential evaluation (s); no "
+        "batch starts that would likely end past it. None: the episode budget only.",
+    )
+    max_violations: int = Field(
+        0,
+        ge=0,
+        description="Most constraint-violating steps (info cost) allowed for the candidate driving, all episodes "
+        "together (an absolute count, not a rate).",
+    )
+    max_intervention_rate: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Largest share of steps the shield may change the "
+        "candidate's action, judged on its exact upper confidence bound (gate.confidence).",
+    )
+    max_latency_p99_us: float = Field(
+        2000.0,
+        gt=0,
+        description="Candidate per-action latency p99 (policy + shield), microseconds; "
+        "the worse of the shadow and counterfactual passes.",
+    )
+    waive: list[str] = Field(
+        [],
+        description="Checks (by key, e.g. gate.min_return_ratio) a decision may pass without; any other check that "
+        "could not run makes the decision `inconclusive`.",
+    )
+    max_falsification_cases: int = Field(
+        0,
+        ge=0,
+        description="Shielded violations `falsify` may find before the gate fails (the flow runs it before the gate).",
+    )
 
 
 class FalsifyConfig(Section):
     """`sim2real falsify`: the search for a shielded violation inside the config's envelope (a gate step)."""
 
-    budget_s: float = Field(60.0, gt=0, description="Wall-clock budget of one search (s); the retrain flow runs it before the gate.")
+    budget_s: float = Field(
+        60.0, gt=0, description="Wall-clock budget of one search (s); the retrain flow runs it before the gate."
+    )
     seed: int = Field(0, ge=0, description="Seed of the search (which corners, draws and episodes).")
     episode_steps: int = Field(150, gt=0, description="Steps per searched episode (long enough to reach any boundary).")
-    episodes_per_candidate: int = Field(2, ge=1, description="Episodes (seeds) run for each searched domain and attack.")
-    max_candidates: int | None = Field(None, gt=0, description="Most candidates one search evaluates (None: no cap); with it the search is the same on any machine, whichever of it and budget_s comes first ends it.")
-    corner_share: float = Field(0.2, ge=0, le=1, description="Share of the budget spent on corners (each range at one end), drawn at random once there are more than that share can run; a tenth goes to random draws, the rest to the optimizer.")
+    episodes_per_candidate: int = Field(
+        2, ge=1, description="Episodes (seeds) run for each searched domain and attack."
+    )
+    max_candidates: int | None = Field(
+        None,
+        gt=0,
+        description="Most candidates one search evaluates (None: no cap); with it the search is the same on any "
+        "machine, whichever of it and budget_s comes first ends it.",
+    )
+    corner_share: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="Share of the budget spent on corners (each range at one end), drawn at random once there are "
+        "more than that share can run; a tenth goes to random draws, the rest to the optimizer.",
+    )
 
 
 class ShadowConfig(Section):
     """Shadow-mode evaluation beside the legacy controller."""
 
-    episodes: int = Field(10, ge=1, description="Episodes per batch of every pass (shadow, counterfactual, production); the "
-                          "gate looks after each batch, up to gate.max_episodes.")
+    episodes: int = Field(
+        10,
+        ge=1,
+        description="Episodes per batch of every pass (shadow, counterfactual, production); the "
+        "gate looks after each batch, up to gate.max_episodes.",
+    )
     domains: str = Field("reality", description="Randomization set name (or YAML file) the shadow passes run on.")
-    agreement_tolerance: float = Field(0.1, gt=0, description="Actions agree when every |legacy - candidate| <= this (normalized units).")
+    agreement_tolerance: float = Field(
+        0.1, gt=0, description="Actions agree when every |legacy - candidate| <= this (normalized units)."
+    )
     seed: int = Field(1000, ge=0, description="First episode seed; held out from training seeds.")
 
 
@@ -284,11 +508,17 @@ class CalibrationConfig(Section):
     """Real-to-sim calibration from field logs (`sim2real calibrate`, `sim2real run --from-log`)."""
 
     known: dict[str, Annotated[float, Field(gt=0)]] = Field(
-        {}, description="Scales measured on the bench, by parameter name (e.g. joint_damping.slider: 1.2 from the "
-                        "motor's back-EMF constant): held fixed. Kinematic logs only pin ratios of masses, dampings "
-                        "and gains; one known force-unit parameter fixes their common scale.")
-    horizon_steps: int = Field(15, ge=2, le=200, description="Control steps per prediction window (keep it shorter "
-                                                             "than the plant's open-loop divergence time).")
+        {},
+        description="Scales measured on the bench, by parameter name (e.g. joint_damping.slider: 1.2 from the "
+        "motor's back-EMF constant): held fixed. Kinematic logs only pin ratios of masses, dampings "
+        "and gains; one known force-unit parameter fixes their common scale.",
+    )
+    horizon_steps: int = Field(
+        15,
+        ge=2,
+        le=200,
+        description="Control steps per prediction window (keep it shorter than the plant's open-loop divergence time).",
+    )
     min_log_seconds: float = Field(10.0, gt=0, description="Shortest usable log, s of control.")
 
 
@@ -297,10 +527,17 @@ class Config(Section):
 
     task: TaskConfig
     plant: dict[str, Any] | None = Field(
-        None, description="The task declared as data beside its MJCF (format: envs/declaration.py); absent for a task whose parts must stay code (the quadrotor).")
+        None,
+        description="The task declared as data beside its MJCF (format: envs/declaration.py); absent for a task whose "
+        "parts must stay code (the quadrotor).",
+    )
     randomization: dict[str, RandomizationSet] = Field(
-        description="Named domain-randomization sets; `train` is used for training, `reality` is held out for shadow evaluation.")
-    train: TrainConfig = Field(default_factory=AppoTrainConfig, description="Training: the algorithm and what it reads.")
+        description="Named domain-randomization sets; `train` is used for training, `reality` is held out for shadow "
+        "evaluation."
+    )
+    train: TrainConfig = Field(
+        default_factory=AppoTrainConfig, description="Training: the algorithm and what it reads."
+    )
     ray: RayConfig = RayConfig()
     shield: ShieldConfig = ShieldConfig()
     gate: GateConfig = GateConfig()
@@ -310,21 +547,27 @@ class Config(Section):
     calibration: CalibrationConfig = CalibrationConfig()
 
     @model_validator(mode="after")
-    def _needs_train_and_reality(self) -> "Config":
+    def _needs_train_and_reality(self) -> Config:
         if not self.train.selects_on_validation:
             if "validation" in self.model_fields_set and self.validation.enabled:
-                raise ValueError(f"validation: train.algorithm {self.train.algorithm!r} does not select a checkpoint on "
-                                 f"validation (export takes the last one); remove the section or set validation.enabled: false")
+                raise ValueError(
+                    f"validation: train.algorithm {self.train.algorithm!r} does not select a checkpoint on "
+                    f"validation (export takes the last one); remove the section or set validation.enabled: false"
+                )
             self.validation.enabled = False
         missing = [name for name in ("train", "reality") if name not in self.randomization]
         if missing:
             raise ValueError(f"randomization: missing set(s) {missing}; both 'train' and 'reality' are required")
         if self.validation.enabled and self.validation.domains not in self.randomization:
-            raise ValueError(f"validation.domains: no randomization set {self.validation.domains!r} "
-                             f"(have {sorted(self.randomization)}); add it or set validation.enabled: false")
+            raise ValueError(
+                f"validation.domains: no randomization set {self.validation.domains!r} "
+                f"(have {sorted(self.randomization)}); add it or set validation.enabled: false"
+            )
         if self.validation.enabled and self.validation.domains == self.shadow.domains:
-            raise ValueError(f"validation.domains: {self.validation.domains!r} is the gate's held-out set (shadow.domains); "
-                             f"selecting a model on it would leak the gate's domains into training")
+            raise ValueError(
+                f"validation.domains: {self.validation.domains!r} is the gate's held-out set (shadow.domains); "
+                f"selecting a model on it would leak the gate's domains into training"
+            )
         return self
 
     def config_hash(self) -> str:
@@ -351,10 +594,20 @@ def _format_errors(err: ValidationError, source: str) -> str:
         msg = e["msg"]
         if loc[:1] == ["train"] and len(loc) > 1 and loc[1] in ALGORITHM_NAMES:
             algorithm = loc.pop(1)  # the union's tag: the user wrote train.<key>, not train.<algorithm>.<key>
-            if e["type"] == "extra_forbidden" and len(loc) == 2 and any(loc[1] in m.model_fields for m in TRAIN_CONFIGS):
-                msg = f"not read by train.algorithm {algorithm!r}; remove it (`sim2real config` lists what each algorithm reads)"
+            if (
+                e["type"] == "extra_forbidden"
+                and len(loc) == 2
+                and any(loc[1] in m.model_fields for m in TRAIN_CONFIGS)
+            ):
+                msg = (
+                    f"not read by train.algorithm {algorithm!r}; remove it (`sim2real config` lists what each "
+                    f"algorithm reads)"
+                )
         if e["type"] == "train_algorithm":
-            loc, msg = ["train", "algorithm"], f"unknown algorithm {_algorithm_of(e['input'])!r}; one of {', '.join(ALGORITHM_NAMES)}"
+            loc, msg = (
+                ["train", "algorithm"],
+                f"unknown algorithm {_algorithm_of(e['input'])!r}; one of {', '.join(ALGORITHM_NAMES)}",
+            )
         elif e["type"] == "extra_forbidden" and not msg.startswith("not read"):
             msg = "unknown key"
         elif e["type"] == "value_error":
@@ -383,7 +636,9 @@ def _check_task(cfg: Config, path: Path) -> None:
         if cfg.plant is not None:
             spec = envs.check_task_file(path)
             if spec.env_id != cfg.task.env_id or spec.name != cfg.task.name:
-                raise DeclarationError(f"task: {cfg.task.name}/{cfg.task.env_id} differs from the declared {spec.name}/{spec.env_id}")
+                raise DeclarationError(
+                    f"task: {cfg.task.name}/{cfg.task.env_id} differs from the declared {spec.name}/{spec.env_id}"
+                )
         elif cfg.task.env_id.startswith("sim2real/"):
             envs.task(cfg.task.env_id)  # any other id is a plain gymnasium env, trainable by id
     except (DeclarationError, envs.UnknownTaskError) as err:
@@ -444,8 +699,14 @@ def type_name(annotation) -> str:
 
 
 # What the keys of a map of sections name, for the reference: randomization.<set>.body_mass.<body>.low
-_KEY_NAMES = {"randomization": "set", "body_mass": "body", "geom_friction": "geom", "joint_damping": "joint",
-              "actuator_gain": "actuator", "targets": "target"}
+_KEY_NAMES = {
+    "randomization": "set",
+    "body_mass": "body",
+    "geom_friction": "geom",
+    "joint_damping": "joint",
+    "actuator_gain": "actuator",
+    "targets": "target",
+}
 
 
 def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
@@ -462,8 +723,15 @@ def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[t
         members = [get_args(a)[0] if get_origin(a) is Annotated else a for a in get_args(field.annotation)]
         variants = [a for a in members if isinstance(a, type) and issubclass(a, TrainCommon)]
         if variants:  # the union train.algorithm picks from
-            rows.append((key, "section", "", f"{field.description} One of: " + "; ".join(
-                f"{_tag(m)}: {(m.__doc__ or '').strip()}" for m in variants)))
+            rows.append(
+                (
+                    key,
+                    "section",
+                    "",
+                    f"{field.description} One of: "
+                    + "; ".join(f"{_tag(m)}: {(m.__doc__ or '').strip()}" for m in variants),
+                )
+            )
             rows.extend(_train_rows(variants, key + "."))
             continue
         annotation = PlantDeclaration | None if (model is Config and name == "plant") else field.annotation
@@ -487,9 +755,16 @@ def _train_rows(variants: list[type[TrainCommon]], prefix: str) -> list[tuple[st
         for row in describe_fields(m, prefix):
             if row[0] == prefix + "algorithm":
                 names = [_tag(v) for v in variants]
-                row = (row[0], " | ".join(map(repr, names)), repr(DEFAULT_ALGORITHM), "One of " + ", ".join(names) + ".")
+                row = (
+                    row[0],
+                    " | ".join(map(repr, names)),
+                    repr(DEFAULT_ALGORITHM),
+                    "One of " + ", ".join(names) + ".",
+                )
             described.setdefault(row[0], row)
             readers.setdefault(row[0], []).append(_tag(m))
     order = sorted(described, key=lambda k: k != prefix + "algorithm")  # the key that picks the others first
-    return [(k, t, v, d if len(readers[k]) == len(variants) or k.count(".") > 1 else f"{d} ({', '.join(readers[k])} only)")
-            for k, t, v, d in (described[k] for k in order)]
+    return [
+        (k, t, v, d if len(readers[k]) == len(variants) or k.count(".") > 1 else f"{d} ({', '.join(readers[k])} only)")
+        for k, t, v, d in (described[k] for k in order)
+    ]

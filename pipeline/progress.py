@@ -13,8 +13,15 @@ LINES = 10  # plain lines per run when stderr is not a terminal
 class Progress:
     """`update_to(n, postfix)` / `update(k)` / `close()`, like a tqdm bar, which it is on a terminal."""
 
-    def __init__(self, total: int, unit: str, desc: str = "", initial: int = 0, enabled: bool = True,
-                 stream: IO[str] | None = None):
+    def __init__(
+        self,
+        total: int,
+        unit: str,
+        desc: str = "",
+        initial: int = 0,
+        enabled: bool = True,
+        stream: IO[str] | None = None,
+    ):
         self.stream = stream or sys.stderr
         self.total, self.unit, self.desc, self.n, self.enabled = max(int(total), 1), unit, desc, int(initial), enabled
         self.postfix: dict[str, Any] = {}
@@ -22,8 +29,15 @@ class Progress:
         if enabled and self.stream.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, unit=unit, file=self.stream, desc=desc or None,
-                            dynamic_ncols=True, smoothing=0.1)
+            self.bar = tqdm(
+                total=total,
+                initial=initial,
+                unit=unit,
+                file=self.stream,
+                desc=desc or None,
+                dynamic_ncols=True,
+                smoothing=0.1,
+            )
         self._tenth, self._printed = self._tenth_of(self.n), self.n
         self._start, self._n0 = time.perf_counter(), self.n
 
@@ -55,6 +69,10 @@ class Progress:
     def _line(self, n: int) -> None:
         rate = (n - self._n0) / max(time.perf_counter() - self._start, 1e-9)
         figures = "".join(f", {k} {v}" for k, v in self.postfix.items())
-        print(f"{self.desc + ': ' if self.desc else ''}{n}/{self.total} {self.unit} ({100 * n / self.total:.0f} %), "
-              f"{rate:.3g} {self.unit}/s{figures}", file=self.stream, flush=True)
+        print(
+            f"{self.desc + ': ' if self.desc else ''}{n}/{self.total} {self.unit} ({100 * n / self.total:.0f} %), "
+            f"{rate:.3g} {self.unit}/s{figures}",
+            file=self.stream,
+            flush=True,
+        )
         self._printed = n

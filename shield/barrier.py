@@ -71,8 +71,11 @@ class BarrierRows:
             # The distance grows along +weights: braking accelerates that way, so a positive weight
             # counts on the position's toward-+ braking and a negative one on its toward-- braking.
             # A keep-out row's normal changes every step (not directional): the weaker direction.
-            a_brake = (min(brake_of[o][v > 0] if directional else min(brake_of[o]) for o, v in weights.items())
-                       if positional else math.inf)
+            a_brake = (
+                min(brake_of[o][v > 0] if directional else min(brake_of[o]) for o, v in weights.items())
+                if positional
+                else math.inf
+            )
             if positional:
                 w_n, kick_n = _along_normal(weights, directional, w_of), _along_normal(weights, directional, kick_of)
                 closing0.append(tau * (a_brake + w_n) + kick_n)
@@ -113,9 +116,17 @@ class BarrierRows:
         if R and len(set(owner.tolist())) != self.n_constraints:
             raise ValueError("shield spec: every constraint needs at least one finite bound")
         # Keep-out rows as plain lists: (row, position cols, velocity cols, acceleration cols, center, radius).
-        self.dynamic = [(r, cols, vc, None if vc is None or not accel_col else
-                          [accel_col[i] for i in spec.constraints[owner[r]]["index"]],
-                          [float(v) for v in center], radius) for r, cols, vc, center, radius in dynamic]
+        self.dynamic = [
+            (
+                r,
+                cols,
+                vc,
+                None if vc is None or not accel_col else [accel_col[i] for i in spec.constraints[owner[r]]["index"]],
+                [float(v) for v in center],
+                radius,
+            )
+            for r, cols, vc, center, radius in dynamic
+        ]
         # Per keep-out row, the matrix entries its unit normal n sets: the distance's (state, index into n) and
         # the closing speed's (state, index into n, factor); with steering, the sideways speed's entries in the
         # distance part (state, index into the sideways direction, factor).
@@ -125,22 +136,38 @@ class BarrierRows:
         # how each axis's push raises the row without it, the push maps, closing0, root), read by `uncredited`.
         self._last_credited: list = []
         # Per keep-out row, each of its positions' index among the spec's positions (the disturbance's axes).
-        self._zone_axes = {r: [spec.position_index.index(o) for o in spec.constraints[owner[r]]["index"]]
-                           for r, *_ in self.dynamic}
+        self._zone_axes = {
+            r: [spec.position_index.index(o) for o in spec.constraints[owner[r]]["index"]] for r, *_ in self.dynamic
+        }
         self.steering = bool(spec.keepout_steering)
         T0, T1 = spec.latency_steps * spec.dt, (spec.latency_steps + 1) * spec.dt
         for r, pcols, vcols, acols, _, radius in self.dynamic:
             root = self._root_list[r]
-            speed = ([(j, i, 1.0) for i, j in enumerate(vcols or ())]
-                     + [(j, i, self._tau) for i, j in enumerate(acols or ())])
+            speed = [(j, i, 1.0) for i, j in enumerate(vcols or ())] + [
+                (j, i, self._tau) for i, j in enumerate(acols or ())
+            ]
             keep = float(self.keep[r])
             # Steering: (R = radius + margin, 1 / (2 a), sideways-speed entries, position and velocity exposure
             # to a push over the step, as in `_build_offsets`), or None.
             axes = spec.constraints[owner[r]]["index"]
-            steer = ((radius + self._margin, root * root, speed, 0.5 * (T1 * T1 - keep * T0 * T0), T1 - keep * T0,
-                      [w_of[o][0] for o in axes], self._closing0_list[r])
-                     if self.steering and vcols is not None else None)
-            self._dyn_writes[r] = ([(j, i) for i, j in enumerate(pcols)], [(j, i, -root * f) for j, i, f in speed], steer)
+            steer = (
+                (
+                    radius + self._margin,
+                    root * root,
+                    speed,
+                    0.5 * (T1 * T1 - keep * T0 * T0),
+                    T1 - keep * T0,
+                    [w_of[o][0] for o in axes],
+                    self._closing0_list[r],
+                )
+                if self.steering and vcols is not None
+                else None
+            )
+            self._dyn_writes[r] = (
+                [(j, i) for i, j in enumerate(pcols)],
+                [(j, i, -root * f) for j, i, f in speed],
+                steer,
+            )
 
     def _build_offsets(self) -> None:
         """Per row, shift the next-state barrier by the worst additive acceleration; allocate the hot-path buffers.
@@ -177,16 +204,22 @@ class BarrierRows:
                 if acols is not None:
                     Pv[range(len(pcols)), acols] = self._tau
                 Er = E1 - self.keep[r] * E0
-                self._dyn_offsets[i] = tuple([(int(a), int(k), float(X[a, k])) for a, k in zip(*np.nonzero(X))]
-                                             for X in ((Pw + Pv) @ E1, Pw @ Er, Pv @ Er))
+                self._dyn_offsets[i] = tuple(
+                    [(int(a), int(k), float(X[a, k])) for a, k in zip(*np.nonzero(X))]
+                    for X in ((Pw + Pv) @ E1, Pw @ Er, Pv @ Er)
+                )
         # Barrier parts per state: Y[0] = distance - margin, Y[1] = closing speed scaled by 1 / sqrt(2 a),
         # each (states, rows) with rows 0..C-1 for x_L and C..2C-1 for x+. Kept as separate contiguous
         # blocks: numpy's per-call cost roughly doubles on strided slices at these sizes.
         root = self._root
         self._MT = np.ascontiguousarray(np.vstack([W, -Wv * root[:, None]]).T)  # (state, 2 rows)
         self.MT_parts = (self._MT[:, :R], self._MT[:, R:])
-        self.off = np.stack([np.concatenate([np.tile(self._f - self._margin, (C, 1)), np.tile(f_next - self._margin, (C, 1))]),
-                              np.concatenate([np.tile(self._closing0 * root, (C, 1)), np.tile(closing0_next * root, (C, 1))])])
+        self.off = np.stack(
+            [
+                np.concatenate([np.tile(self._f - self._margin, (C, 1)), np.tile(f_next - self._margin, (C, 1))]),
+                np.concatenate([np.tile(self._closing0 * root, (C, 1)), np.tile(closing0_next * root, (C, 1))]),
+            ]
+        )
         # The input's effect on both parts per gain case, (2, cases, rows, inputs); refreshed when keep-out rows move.
         self._MB = self._MT.T @ self._B
         self._scales4 = self._scales[None, :, :, None]
@@ -203,12 +236,29 @@ class BarrierRows:
         for (r, pcols, _, _, center, radius), maps in zip(self.dynamic, self._dyn_offsets):
             pos_writes, closing_writes, steer = self._dyn_writes[r]
             if steer is not None:  # the sideways-speed entries' flat indices in place of their state columns
-                steer = steer[:2] + ([(j * two_r + r, i, fac) for j, i, fac in steer[2]], *steer[2:]) + (
-                    [j * two_r + r for j, _, _ in steer[2]],)
-            self._hot.append((r, pcols, center, radius, [(j * two_r + r, i) for j, i in pos_writes],
-                              [(j * two_r + R + r, i, coef) for j, i, coef in closing_writes], steer, maps,
-                              self._zone_axes[r], [k * R + r for k in range(C)], [(C + k) * R + r for k in range(C)],
-                              [(3 * C + k) * R + r for k in range(C)], self._closing0_list[r], self._root_list[r]))
+                steer = (
+                    steer[:2]
+                    + ([(j * two_r + r, i, fac) for j, i, fac in steer[2]], *steer[2:])
+                    + ([j * two_r + r for j, _, _ in steer[2]],)
+                )
+            self._hot.append(
+                (
+                    r,
+                    pcols,
+                    center,
+                    radius,
+                    [(j * two_r + r, i) for j, i in pos_writes],
+                    [(j * two_r + R + r, i, coef) for j, i, coef in closing_writes],
+                    steer,
+                    maps,
+                    self._zone_axes[r],
+                    [k * R + r for k in range(C)],
+                    [(C + k) * R + r for k in range(C)],
+                    [(3 * C + k) * R + r for k in range(C)],
+                    self._closing0_list[r],
+                    self._root_list[r],
+                )
+            )
 
     def linearize_keepouts(self, x: np.ndarray) -> None:
         """Replace each keep-out zone's row by the tangent halfspace at the position in x (plain floats: 2-3 entries).
@@ -236,8 +286,22 @@ class BarrierRows:
         steering = self.steering and self.steer_now
         credited = self._last_credited
         credited.clear()
-        for (r, pcols, center, radius, pos_writes, closing_writes, steer, maps, zone_axes, i_now, i_next, i_closing,
-             closing0_r, root_r) in self._hot:
+        for (
+            r,
+            pcols,
+            center,
+            radius,
+            pos_writes,
+            closing_writes,
+            steer,
+            maps,
+            zone_axes,
+            i_now,
+            i_next,
+            i_closing,
+            closing0_r,
+            root_r,
+        ) in self._hot:
             dist, n = _normal(xs, pcols, center)
             nc = sum(map(mul, n, center))
             f = -nc - radius
@@ -280,12 +344,11 @@ class BarrierRows:
                 if row_credited:
                     S_plain = S[:]  # the row without the credit: its own worst push (`uncredited`)
                 if beta:  # with the credit: the sign that lowers the whole row, per axis of the zone
-                    for (k, a, b) in zip(zone_axes, n, t):
+                    for k, a, b in zip(zone_axes, n, t):
                         S[k] = alpha * a + beta * b
                 w, shift_f, shift_closing = _push(S, w_list, n, Fw, Fv)
                 if beta:  # the credit's own terms under that push
-                    credit_shift = sum([(kappa * a * e_pos + g * b * e_vel) * w[k]
-                                        for k, a, b in zip(zone_axes, n, t)])
+                    credit_shift = sum([(kappa * a * e_pos + g * b * e_vel) * w[k] for k, a, b in zip(zone_axes, n, t)])
             if row_credited:
                 credited.append((r, n, -nc - radius - self._margin, S_plain, maps, closing0_r, root_r))
             f_now = f + credit_f - self._margin

@@ -33,7 +33,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,19 @@ PAYLOAD_FILES = (POLICY_FILE, SHIELD_FILE)
 # The registry's per-task production pointer (written by pipeline/registry.py).
 PRODUCTION_FILE = "production"
 
-_REQUIRED_KEYS = ("schema_version", "task", "env_id", "version", "parent", "config_hash",
-                  "git_commit", "created_utc", "files", "metrics", "manifest_sha256")
+_REQUIRED_KEYS = (
+    "schema_version",
+    "task",
+    "env_id",
+    "version",
+    "parent",
+    "config_hash",
+    "git_commit",
+    "created_utc",
+    "files",
+    "metrics",
+    "manifest_sha256",
+)
 
 
 class BundleError(RuntimeError):
@@ -58,6 +69,7 @@ class BundleError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- atomic files
+
 
 def fsync_dir(path: str | Path) -> None:
     """fsync a directory so renames inside it survive a power loss."""
@@ -128,24 +140,45 @@ def json_safe(obj: Any) -> Any:
 
 def utc_now() -> str:
     """Current UTC time, ISO 8601 with a Z suffix."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # --------------------------------------------------------------------------- manifest
 
-def make_manifest(*, task: str, env_id: str, files: dict[str, bytes], config_hash: str,
-                  git_commit: str = "unknown", version: int | None = None, parent: int | None = None,
-                  metrics: dict | None = None, extra: dict | None = None, contract: dict | None = None,
-                  **info: Any) -> dict:
+
+def make_manifest(
+    *,
+    task: str,
+    env_id: str,
+    files: dict[str, bytes],
+    config_hash: str,
+    git_commit: str = "unknown",
+    version: int | None = None,
+    parent: int | None = None,
+    metrics: dict | None = None,
+    extra: dict | None = None,
+    contract: dict | None = None,
+    **info: Any,
+) -> dict:
     """A sealed manifest for payload `files` ({name: bytes}); `info` adds plain fields (obs_dim...). With an I/O
     `contract` it is schema 2; without one it is a schema-1 manifest, as bundles were before contracts."""
     if contract is not None:
         info["contract"] = contract
     schema = SCHEMA_VERSION if contract is not None else 1
-    manifest = dict(schema_version=schema, task=task, env_id=env_id, version=version, parent=parent,
-                    config_hash=config_hash, git_commit=git_commit, created_utc=utc_now(),
-                    files={name: sha256_bytes(data) for name, data in sorted(files.items())},
-                    metrics=json_safe(metrics or {}), extra=json_safe(extra or {}), **json_safe(info))
+    manifest = dict(
+        schema_version=schema,
+        task=task,
+        env_id=env_id,
+        version=version,
+        parent=parent,
+        config_hash=config_hash,
+        git_commit=git_commit,
+        created_utc=utc_now(),
+        files={name: sha256_bytes(data) for name, data in sorted(files.items())},
+        metrics=json_safe(metrics or {}),
+        extra=json_safe(extra or {}),
+        **json_safe(info),
+    )
     return seal_manifest(manifest)
 
 
@@ -184,6 +217,7 @@ def parse_manifest(data: bytes, where: str = MANIFEST_FILE) -> dict:
 
 # --------------------------------------------------------------------------- bundle
 
+
 @dataclass(frozen=True)
 class Bundle:
     """A verified bundle held in memory: the manifest, the ONNX bytes and the shield spec."""
@@ -203,7 +237,7 @@ class Bundle:
         return self.manifest["version"]
 
     @classmethod
-    def load(cls, bundle_dir: str | Path, pinned: dict | None = None) -> "Bundle":
+    def load(cls, bundle_dir: str | Path, pinned: dict | None = None) -> Bundle:
         """Read and verify a bundle directory; BundleError naming the file on any mismatch.
 
         `pinned` ({file: sha256}, the registry pointer's `files`) is checked against the hashes
@@ -238,8 +272,10 @@ def _read_verified(bundle_dir: Path) -> tuple[dict[str, bytes], dict]:
         data = _read_file(bundle_dir / name)
         actual, expected = sha256_bytes(data), manifest["files"][name]
         if actual != expected:
-            raise BundleError(f"{name}: sha256 mismatch in {bundle_dir} (manifest {expected[:12]}..., "
-                              f"file {actual[:12]}...); the file was modified or corrupted")
+            raise BundleError(
+                f"{name}: sha256 mismatch in {bundle_dir} (manifest {expected[:12]}..., "
+                f"file {actual[:12]}...); the file was modified or corrupted"
+            )
         files[name] = data
     return files, manifest
 
@@ -294,6 +330,7 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 # --------------------------------------------------------------------------- production pointer
 
+
 def read_production(task_dir: str | Path) -> dict | None:
     """The registry's production pointer of a task dir: {"version", "files", "history", ...} or None.
 
@@ -331,8 +368,10 @@ def production_target(models_root: str | Path, task: str) -> tuple[Path, dict]:
     task_dir = Path(models_root) / task
     pointer = read_production(task_dir)
     if pointer is None:
-        raise BundleError(f"{task_dir / PRODUCTION_FILE}: no production version for task {task!r} "
-                          f"(promote one with `sim2real registry promote {task} VERSION`)")
+        raise BundleError(
+            f"{task_dir / PRODUCTION_FILE}: no production version for task {task!r} "
+            f"(promote one with `sim2real registry promote {task} VERSION`)"
+        )
     return task_dir / str(pointer["version"]), dict(pointer.get("files", {}))
 
 
@@ -348,5 +387,7 @@ def check_pinned(bundle_dir: str | Path, manifest: dict, pointer: dict) -> None:
     for name, pinned in sorted(pointer.get("files", {}).items()):
         found = manifest["files"].get(name)
         if found != pinned:
-            raise BundleError(f"{name}: differs from the file that was promoted in {bundle_dir} "
-                              f"(pointer pins sha256 {str(pinned)[:12]}..., manifest has {str(found)[:12]}...)")
+            raise BundleError(
+                f"{name}: differs from the file that was promoted in {bundle_dir} "
+                f"(pointer pins sha256 {str(pinned)[:12]}..., manifest has {str(found)[:12]}...)"
+            )

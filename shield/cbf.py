@@ -75,8 +75,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from operator import le, mul
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -158,11 +159,13 @@ class CbfShield:
         self._req, self._t_buffer, self._t2, self._cond = (np.empty((C, R)) for _ in range(4))
         self._cond_cases, self._cond_rows = tuple(self._cond[k] for k in range(C)), np.empty(R)
         self._t = self._t_buffer  # the scaled closing speeds at the last point the conditions were evaluated
-        self._predictor = LatencyPredictor(self._A, self._B, offsets, scales, spec.latency_steps, self._n,
-                                           inits, self._fallback, latencies)
+        self._predictor = LatencyPredictor(
+            self._A, self._B, offsets, scales, spec.latency_steps, self._n, inits, self._fallback, latencies
+        )
         # Per plant: is the plant inside the declared envelope? While not, the gains are divided (conservative mode).
-        self._monitor = AssumptionMonitor(spec, self._A, self._B, offsets, scales, spec.latency_steps,
-                                          len(self._predictor.v))
+        self._monitor = AssumptionMonitor(
+            spec, self._A, self._B, offsets, scales, spec.latency_steps, len(self._predictor.v)
+        )
         if self._monitor.enabled:
             self._predictor.attach_monitor(self._monitor)
         self._keep_normal = rows.keep
@@ -289,7 +292,7 @@ class CbfShield:
         return G, G @ u - self._cond.reshape(-1)
 
     def _at(self, obs: np.ndarray, steering: bool) -> np.ndarray:
-        """Evaluate the rows at `obs` (the fallback action loaded), leaving the per-call buffers set; no state change."""
+        """Evaluate the rows at `obs` (the fallback action loaded), leaving the per-call buffers set; no state moves."""
         pred = self._predictor
         saved = pred.v.copy()
         obs_list = np.asarray(obs, np.float64).tolist()
@@ -373,7 +376,7 @@ class CbfShield:
             pred.commit(u, have_state=True)
             return out, self._info(bad or out.tolist() != act_list, True, bad, h_now, 0.0, t0)
         if in_box:  # u_p is its own box projection and fails the conditions, which `_prepare` left in place
-            self._t = self._closing[self._cases:]
+            self._t = self._closing[self._cases :]
         u_p = self._fallback if bad else action.astype(np.float64)
         self._free_part(u_p)
         u, feasible, slack = self._solve(u_p, in_box)
@@ -416,8 +419,10 @@ class CbfShield:
         h_rows = self._h_rows if C > 1 else self._H_now_cases[0]  # as `_prepare` left it
         cond_rows = self._worst_case(self._cond_cases, self._cond_rows)
         credited = rows.credited_rows
-        if any((h < 0.0 or c < 0.0) and not credited[r] for r, (h, c) in enumerate(zip(h_rows.tolist(),
-                                                                                       cond_rows.tolist()))):
+        if any(
+            (h < 0.0 or c < 0.0) and not credited[r]
+            for r, (h, c) in enumerate(zip(h_rows.tolist(), cond_rows.tolist()))
+        ):
             return None
         keep = self._keep
         plain = rows.uncredited(self._P.tolist())
@@ -475,8 +480,11 @@ class CbfShield:
                 k = int(self._cond.argmin())
                 a, b, c, d = self._row(k)
                 other = _project_on_row(up, a, b, c, d)
-                if other is not None and self._cond.flat[k] < 0.0 and not any(
-                        (x or y) and (z or w) for x, y, z, w in zip(aj, cj, a, c)):
+                if (
+                    other is not None
+                    and self._cond.flat[k] < 0.0
+                    and not any((x or y) and (z or w) for x, y, z, w in zip(aj, cj, a, c))
+                ):
                     # Row k moves none of the inputs row j moves: each projection leaves the other's inputs (and
                     # row) as they were, so together they are the KKT point of both rows.
                     u = np.array([o if (z or w) else x for x, o, z, w in zip(one, other, a, c)])
@@ -524,17 +532,17 @@ class CbfShield:
         """
         u = np.minimum(np.maximum(u_p, self._low), self._high)
         if self._rows.credited_now:  # the rows violated with or without the credit, braked on without it
-            H_steer = self._H[:self._cases].copy()
+            H_steer = self._H[: self._cases].copy()
             self._rows.steer_now = False
             try:
                 self._prepare()
             finally:
                 self._rows.steer_now = True
-            np.minimum(self._H[:self._cases], H_steer, out=self._H[:self._cases])
+            np.minimum(self._H[: self._cases], H_steer, out=self._H[: self._cases])
         self._free_part(u)
         self._conditions(u)
         G, lb = self._linearized_rows(u)
-        violated = (self._H[:self._cases] < 0.0).reshape(-1)
+        violated = (self._H[: self._cases] < 0.0).reshape(-1)
         pull = G[violated].sum(axis=0)
         moved = np.abs(pull) > 1e-12 * max(1.0, float(np.abs(G[violated]).max()))
         brake = np.where(pull > 0.0, self._high, self._low)
@@ -562,10 +570,20 @@ class CbfShield:
         # Rows are contiguous per constraint, so reduceat gives each constraint's worst row.
         return np.minimum.reduceat(h_rows, self._row_start)
 
-    def _info(self, intervened: bool, fallback: bool, bad: bool, h: np.ndarray, slack: float, t0: float) -> dict[str, Any]:
-        return {"intervened": intervened, "fallback": fallback, "bad_input": bad, "h": h,
-                "slack": slack, "envelope": self._envelope, "blind": self._blind > self.blind_horizon,
-                "blind_steps": self._blind, "solve_us": (time.perf_counter() - t0) * 1e6}
+    def _info(
+        self, intervened: bool, fallback: bool, bad: bool, h: np.ndarray, slack: float, t0: float
+    ) -> dict[str, Any]:
+        return {
+            "intervened": intervened,
+            "fallback": fallback,
+            "bad_input": bad,
+            "h": h,
+            "slack": slack,
+            "envelope": self._envelope,
+            "blind": self._blind > self.blind_horizon,
+            "blind_steps": self._blind,
+            "solve_us": (time.perf_counter() - t0) * 1e6,
+        }
 
 
 class ShieldedPolicy:

@@ -20,8 +20,17 @@ import os
 import socket
 import time
 
-from shield.protocol import (HEADER, MsgType, PacketError, Reply, ServerStatus, decode_act_reply,
-                             decode_status_reply, encode_act_request, encode_status_request)
+from shield.protocol import (
+    HEADER,
+    MsgType,
+    PacketError,
+    Reply,
+    ServerStatus,
+    decode_act_reply,
+    decode_status_reply,
+    encode_act_request,
+    encode_status_request,
+)
 
 
 class PolicyTimeout(TimeoutError):
@@ -31,8 +40,9 @@ class PolicyTimeout(TimeoutError):
 class PolicyClient:
     """Blocking UDP client: one request, one reply."""
 
-    def __init__(self, host: str, port: int, key: bytes | None = None, *, timeout_s: float = 1.0,
-                 busy_poll: bool = False):
+    def __init__(
+        self, host: str, port: int, key: bytes | None = None, *, timeout_s: float = 1.0, busy_poll: bool = False
+    ):
         """`busy_poll`: wait for replies by spinning (no wake-up latency, one CPU busy while waiting)."""
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 (seconds to wait for a reply), got {timeout_s!r}")
@@ -57,8 +67,9 @@ class PolicyClient:
     def send_act(self, obs, legacy_action=None) -> int:
         """Send an act request without waiting; returns its sequence number."""
         seq = self.next_seq()
-        self.sock.send(encode_act_request(seq, time.monotonic_ns() // 1000, obs, legacy_action, self.key,
-                                          self.client_id))
+        self.sock.send(
+            encode_act_request(seq, time.monotonic_ns() // 1000, obs, legacy_action, self.key, self.client_id)
+        )
         return seq
 
     def _recv(self, deadline: float) -> bytes:
@@ -72,7 +83,7 @@ class PolicyClient:
             self.sock.settimeout(left)
             try:
                 return self.sock.recv(65535)
-            except socket.timeout:
+            except TimeoutError:
                 raise PolicyTimeout(f"no reply from {self.address[0]}:{self.address[1]}") from None
         while True:
             try:
@@ -125,9 +136,8 @@ class PolicyClient:
         """Close the socket."""
         self.sock.close()
 
-    def __enter__(self) -> "PolicyClient":
+    def __enter__(self) -> PolicyClient:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-

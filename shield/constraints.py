@@ -21,8 +21,9 @@ edge box and `envs` import it (and nothing else of `shield`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, NoReturn
 
 
 class ConstraintError(ValueError):
@@ -34,8 +35,12 @@ def _fail(key: str, msg: str) -> NoReturn:
 
 
 def _number(v: Any, key: str, finite: bool = True) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(float(v)) or (
-            finite and not math.isfinite(float(v))):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or math.isnan(float(v))
+        or (finite and not math.isfinite(float(v)))
+    ):
         _fail(key, f"must be a {'finite ' if finite else ''}number, got {v!r}")
     return float(v)
 
@@ -99,7 +104,7 @@ class Constraint:
         return not v >= 0.0
 
     @classmethod
-    def parse(cls, con: dict, key: str, obs_dim: int) -> "Constraint":
+    def parse(cls, con: dict, key: str, obs_dim: int) -> Constraint:
         """The constraint of one spec entry (`con` at `key`), checked; ConstraintError naming the key."""
         raise NotImplementedError
 
@@ -140,7 +145,7 @@ class Halfspace(Constraint):
         super().__init__(name, gain, [i for i, _ in self._nz])
 
     @classmethod
-    def parse(cls, con: dict, key: str, obs_dim: int) -> "Halfspace":
+    def parse(cls, con: dict, key: str, obs_dim: int) -> Halfspace:
         a = _numbers(_need(con, "a", key), f"{key}.a", obs_dim)
         if not any(a):
             _fail(f"{key}.a", "must not be all zeros")
@@ -165,7 +170,7 @@ class Box(Constraint):
         super().__init__(name, gain, index)
 
     @classmethod
-    def parse(cls, con: dict, key: str, obs_dim: int) -> "Box":
+    def parse(cls, con: dict, key: str, obs_dim: int) -> Box:
         index = indices(_need(con, "index", key), f"{key}.index", obs_dim)
         low = _numbers(_need(con, "low", key), f"{key}.low", len(index), finite=False)
         high = _numbers(_need(con, "high", key), f"{key}.high", len(index), finite=False)
@@ -200,7 +205,7 @@ class Keepout(Constraint):
         super().__init__(name, gain, index)
 
     @classmethod
-    def parse(cls, con: dict, key: str, obs_dim: int) -> "Keepout":
+    def parse(cls, con: dict, key: str, obs_dim: int) -> Keepout:
         index = indices(_need(con, "index", key), f"{key}.index", obs_dim)
         if len(index) != cls.dim:
             _fail(f"{key}.index", f"a {cls.kind} takes {cls.dim} indices, got {len(index)}")

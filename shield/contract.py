@@ -35,8 +35,11 @@ class ContractError(ValueError):
 
 def names_sha256(observations: list[str], actions: list[str], control_period_s: float | None) -> str:
     """The hash a controller checks: observation and action names in order, and the control period (s)."""
-    canonical = json.dumps({"observations": list(observations), "actions": list(actions),
-                            "control_period_s": control_period_s}, sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(
+        {"observations": list(observations), "actions": list(actions), "control_period_s": control_period_s},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -55,8 +58,10 @@ def check_contract(contract: Any, obs_dim: int | None = None, act_dim: int | Non
     period = contract.get("control_period_s")
     if period is not None:
         _number(period, "contract.control_period_s", positive=True)
-    for kind, dim, numbers in (("observations", obs_dim, ("expected_low", "expected_high")),
-                               ("actions", act_dim, ("units_per_action", "low", "high"))):
+    for kind, dim, numbers in (
+        ("observations", obs_dim, ("expected_low", "expected_high")),
+        ("actions", act_dim, ("units_per_action", "low", "high")),
+    ):
         entries = contract.get(kind)
         if not isinstance(entries, list) or not entries:
             raise ContractError(f"contract.{kind}: must be a non-empty list")
@@ -74,8 +79,9 @@ def check_contract(contract: Any, obs_dim: int | None = None, act_dim: int | Non
     state = contract.get("policy_state")
     if not isinstance(state, dict) or state.get("kind") not in POLICY_STATE_KINDS:
         raise ContractError(f"contract.policy_state.kind: must be one of {POLICY_STATE_KINDS}")
-    expected = names_sha256([o["name"] for o in contract["observations"]], [a["name"] for a in contract["actions"]],
-                            period)
+    expected = names_sha256(
+        [o["name"] for o in contract["observations"]], [a["name"] for a in contract["actions"]], period
+    )
     if contract.get("names_sha256") != expected:
         raise ContractError("contract.names_sha256: does not hash the contract's names and control period")
     return contract
@@ -86,9 +92,15 @@ def describe(contract: dict | None) -> list[str]:
     if not contract:
         return ["no I/O contract (a schema-1 bundle): the task's config says what the observations are"]
     period = contract.get("control_period_s")
-    lines = [f"control period {period:g} s" if period else "control period not stated",
-             "observations: " + ", ".join(f"{o['name']} [{o['unit'] or '-'}]" for o in contract["observations"]),
-             "actions: " + ", ".join(f"{a['name']} [{a['units_per_action']:g} {a['unit'] or 'units'} per unit, "
-                                     f"{a['low']:g}..{a['high']:g}]" for a in contract["actions"]),
-             f"policy state: {contract['policy_state']['kind']}", f"names sha256: {contract['names_sha256']}"]
+    lines = [
+        f"control period {period:g} s" if period else "control period not stated",
+        "observations: " + ", ".join(f"{o['name']} [{o['unit'] or '-'}]" for o in contract["observations"]),
+        "actions: "
+        + ", ".join(
+            f"{a['name']} [{a['units_per_action']:g} {a['unit'] or 'units'} per unit, {a['low']:g}..{a['high']:g}]"
+            for a in contract["actions"]
+        ),
+        f"policy state: {contract['policy_state']['kind']}",
+        f"names sha256: {contract['names_sha256']}",
+    ]
     return lines

@@ -30,7 +30,9 @@ class BoxHalfspaceProjection:
         """low <= u <= high (pass it to `solve` when solving for one u_p several times)."""
         return all(lo <= x <= hi for x, lo, hi in zip(u.tolist(), self._low_list, self._high_list))
 
-    def solve(self, G: np.ndarray, lb: np.ndarray, u_p: np.ndarray, u_p_in_box: bool | None = None) -> np.ndarray | None:
+    def solve(
+        self, G: np.ndarray, lb: np.ndarray, u_p: np.ndarray, u_p_in_box: bool | None = None
+    ) -> np.ndarray | None:
         """The projection of u_p, or None when no input in the box meets every row."""
         if self.in_box(u_p) if u_p_in_box is None else u_p_in_box:
             viol = lb - G @ u_p
@@ -51,7 +53,7 @@ class BoxHalfspaceProjection:
                         if float(slack.min()) >= 0.0:
                             return u
         n = self._m + len(lb)
-        self._lower[self._m:n] = lb
+        self._lower[self._m : n] = lb
         if n == len(self._lower):  # the usual case: every row, no slicing
             upper, lower, sense = self._upper, self._lower, self._sense
         else:
@@ -72,8 +74,9 @@ def _binding(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: np.ndarray) -
     return np.minimum(G * low, G * high).sum(axis=1) < lb
 
 
-def least_violation_brake(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: np.ndarray,
-                          constant: np.ndarray) -> np.ndarray:
+def least_violation_brake(
+    G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: np.ndarray, constant: np.ndarray
+) -> np.ndarray:
     """The input in the box that minimizes the summed squared (normalized) shortfalls of G u >= lb.
 
     min sum_r s_r^2 s.t. G_r u + |G_r| s_r >= lb_r, s >= 0, u in the box: each
@@ -102,8 +105,9 @@ def least_violation_brake(G: np.ndarray, lb: np.ndarray, low: np.ndarray, high: 
         f = np.zeros(m + rows)
         upper = np.concatenate([high, np.full(rows, _INF), np.full(rows, _INF)])
         lower = np.concatenate([low, np.zeros(rows), lb[live]])
-        x, _, exitflag, _ = daqp.solve(H, f, np.ascontiguousarray(A), upper, lower,
-                                       np.zeros(len(upper), dtype=np.int32))
+        x, _, exitflag, _ = daqp.solve(
+            H, f, np.ascontiguousarray(A), upper, lower, np.zeros(len(upper), dtype=np.int32)
+        )
         if exitflag >= 1:
             return np.clip(x[:m], low, high)
     best = np.where(G > 0, G * high, G * low).sum(axis=1)
@@ -127,8 +131,14 @@ class LeastViolationBrake:
         self._lower = np.concatenate([self.low, np.zeros(2 * rows)])
         self._sense = np.zeros(m + 2 * rows, dtype=np.int32)
 
-    def __call__(self, G: np.ndarray, lb: np.ndarray, low: np.ndarray | None = None, high: np.ndarray | None = None,
-                 constant: np.ndarray | None = None) -> np.ndarray:
+    def __call__(
+        self,
+        G: np.ndarray,
+        lb: np.ndarray,
+        low: np.ndarray | None = None,
+        high: np.ndarray | None = None,
+        constant: np.ndarray | None = None,
+    ) -> np.ndarray:
         """The braking input for the conditions G u >= lb (see `least_violation_brake`); `low`, `high` and
         `constant` replace the box and the constant for this call (inputs the caller has already fixed)."""
         if low is None or high is None or constant is None:
@@ -142,7 +152,7 @@ class LeastViolationBrake:
         self._A[:, :m] = G
         self._A[self._diag] = norms
         self._upper[:m], self._lower[:m] = high, low
-        self._lower[m + self._rows:] = lb
+        self._lower[m + self._rows :] = lb
         x, _, exitflag, _ = daqp.solve(self._H, self._f, self._A, self._upper, self._lower, self._sense)
         if exitflag >= 1:
             return np.minimum(np.maximum(x[:m], low), high)  # np.clip costs more

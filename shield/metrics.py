@@ -31,18 +31,21 @@ def _collector(server: Any):
         def collect(self):
             stats = server.stats
             for name in COUNTER_NAMES:
-                family = CounterMetricFamily(f"s2r_serve_{name}", f"serve counter {name} (docs/reference/protocol.md, Status request)")
+                family = CounterMetricFamily(
+                    f"s2r_serve_{name}", f"serve counter {name} (docs/reference/protocol.md, Status request)"
+                )
                 family.add_metric([], getattr(stats, name))
                 yield family
             hist = list(stats.histogram)
             buckets, acc = [], 0
             for i in range(LATENCY_BINS - 1):  # bin i counts latencies below 2**i µs (bin 0: below 1 µs)
                 acc += hist[i]
-                buckets.append((repr(2.0 ** i / 1e6), acc))
+                buckets.append((repr(2.0**i / 1e6), acc))
             acc += hist[-1]
             buckets.append(("+Inf", acc))
-            latency = HistogramMetricFamily("s2r_serve_latency_seconds",
-                                            "act replies: kernel receive to reply built (s)")
+            latency = HistogramMetricFamily(
+                "s2r_serve_latency_seconds", "act replies: kernel receive to reply built (s)"
+            )
             latency.add_metric([], buckets, sum_value=stats.latency_sum_us / 1e6)
             yield latency
             version = GaugeMetricFamily("s2r_serve_bundle_version", "bundle version being served")

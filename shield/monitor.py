@@ -49,8 +49,18 @@ CONSERVATIVE_GAIN_DIVISOR = 4.0
 class AssumptionMonitor:
     """Windowed residual test of observed transitions against the shield's model (see the module docstring)."""
 
-    def __init__(self, spec, A: np.ndarray, B: np.ndarray, offsets: list[np.ndarray], scales: list[float], latency: int,
-                 v_size: int, window: int = WINDOW, z: float = Z):
+    def __init__(
+        self,
+        spec,
+        A: np.ndarray,
+        B: np.ndarray,
+        offsets: list[np.ndarray],
+        scales: list[float],
+        latency: int,
+        v_size: int,
+        window: int = WINDOW,
+        z: float = Z,
+    ):
         a = spec.assumptions or {}
         noise = a.get("obs_noise_std")
         mon = a.get("monitor") or {}
@@ -79,8 +89,8 @@ class AssumptionMonitor:
                 slot = p0 + j * m  # j == L is the new action's slot (right after the pending ones)
                 for q, r in enumerate(vel):
                     out = (ci * self._cand + j) * k + q
-                    K[ci * N:(ci + 1) * N, out] = A[r]
-                    K[slot:slot + m, out] = s * B[r]
+                    K[ci * N : (ci + 1) * N, out] = A[r]
+                    K[slot : slot + m, out] = s * B[r]
                     K[-1, out] = c[r]
         self.K = K  # v -> predicted velocities; the predictor computes it with its next state
         # Standard deviation of a sum of t residuals (t = 1..window) of each velocity under obs noise.
@@ -127,7 +137,7 @@ class AssumptionMonitor:
             return None
         out = []
         for q, (o, _, _) in enumerate(self._per_velocity):
-            values = self._pred[q::self._k]
+            values = self._pred[q :: self._k]
             lo, hi = min(values), max(values)
             out.append((obs[o] - 0.5 * (lo + hi), 0.5 * (hi - lo)))
         return out

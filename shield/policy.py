@@ -59,13 +59,13 @@ class HistoryBuffer:
         if self.array.shape[1] == 0:
             return
         self.array[:, 1:] = self.array[:, :-1]
-        self.array[:, 0, :self.obs_dim] = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
-        self.array[:, 0, self.obs_dim:] = np.asarray(action, np.float32).reshape(-1, self.act_dim)
+        self.array[:, 0, : self.obs_dim] = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
+        self.array[:, 0, self.obs_dim :] = np.asarray(action, np.float32).reshape(-1, self.act_dim)
 
     def note_sent(self, action: np.ndarray) -> None:
         """Replace the newest recorded actions with what the plants really got (e.g. after the shield)."""
         if self.array.shape[1]:
-            self.array[:, 0, self.obs_dim:] = np.asarray(action, np.float32).reshape(-1, self.act_dim)
+            self.array[:, 0, self.obs_dim :] = np.asarray(action, np.float32).reshape(-1, self.act_dim)
 
 
 class OnnxPolicy:
@@ -78,8 +78,9 @@ class OnnxPolicy:
     (server, edge runtime) use `new_memory` / `act` / `remember` instead.
     """
 
-    def __init__(self, model: bytes | str | Path, *, edge: bool = True,
-                 session_options: ort.SessionOptions | None = None):
+    def __init__(
+        self, model: bytes | str | Path, *, edge: bool = True, session_options: ort.SessionOptions | None = None
+    ):
         opts = session_options if session_options is not None else (edge_session_options() if edge else None)
         source = model if isinstance(model, bytes) else str(model)
         try:
@@ -89,18 +90,32 @@ class OnnxPolicy:
             raise PolicyError(f"{where}: onnxruntime cannot load the model ({err})") from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         if len(inputs) not in (1, 2) or len(outputs) != 1:
-            raise PolicyError(f"policy.onnx: expected 1 input (+ optional history) and 1 output, got {len(inputs)} and {len(outputs)}")
+            raise PolicyError(
+                f"policy.onnx: expected 1 input (+ optional history) and 1 output, got {len(inputs)} and {len(outputs)}"
+            )
         self.input_name, self.output_name = inputs[0].name, outputs[0].name
         in_shape, out_shape = inputs[0].shape, outputs[0].shape
-        if len(in_shape) != 2 or not isinstance(in_shape[1], int) or len(out_shape) != 2 or not isinstance(out_shape[1], int):
-            raise PolicyError(f"policy.onnx: expected [batch, obs_dim] -> [batch, act_dim], got {in_shape} -> {out_shape}")
+        if (
+            len(in_shape) != 2
+            or not isinstance(in_shape[1], int)
+            or len(out_shape) != 2
+            or not isinstance(out_shape[1], int)
+        ):
+            raise PolicyError(
+                f"policy.onnx: expected [batch, obs_dim] -> [batch, act_dim], got {in_shape} -> {out_shape}"
+            )
         self.obs_dim, self.act_dim = int(in_shape[1]), int(out_shape[1])
         self.history_name, self.history_length = None, 0
         if len(inputs) == 2:
             h_shape = inputs[1].shape
-            if (len(h_shape) != 3 or not all(isinstance(d, int) for d in h_shape[1:])
-                    or h_shape[2] != self.obs_dim + self.act_dim):
-                raise PolicyError(f"policy.onnx: history input must be [batch, H, {self.obs_dim + self.act_dim}], got {h_shape}")
+            if (
+                len(h_shape) != 3
+                or not all(isinstance(d, int) for d in h_shape[1:])
+                or h_shape[2] != self.obs_dim + self.act_dim
+            ):
+                raise PolicyError(
+                    f"policy.onnx: history input must be [batch, H, {self.obs_dim + self.act_dim}], got {h_shape}"
+                )
             self.history_name, self.history_length = inputs[1].name, int(h_shape[1])
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         self._outputs = [self.output_name]
@@ -119,7 +134,8 @@ class OnnxPolicy:
         inputs = {self.input_name: self._obs1}
         if self.history_name is not None:
             self._hist1 = inputs[self.history_name] = np.zeros(
-                (1, self.history_length, self.obs_dim + self.act_dim), np.float32)
+                (1, self.history_length, self.obs_dim + self.act_dim), np.float32
+            )
         binding = self.session.io_binding()
         self._bound = []  # the OrtValues over the buffers, alive as long as the binding
         for name, array in inputs.items():
@@ -134,7 +150,9 @@ class OnnxPolicy:
         feeds = {self.input_name: np.ascontiguousarray(obs, dtype=np.float32)}
         if self.history_name is not None:
             if history is None:
-                raise ValueError(f"this policy takes a history input [n, {self.history_length}, {self.obs_dim + self.act_dim}]")
+                raise ValueError(
+                    f"this policy takes a history input [n, {self.history_length}, {self.obs_dim + self.act_dim}]"
+                )
             feeds[self.history_name] = np.ascontiguousarray(history, dtype=np.float32)
         return self.session.run(self._outputs, feeds)[0]
 

@@ -27,9 +27,18 @@ import numpy as np
 class LatencyPredictor:
     """Per-case state buffer and the affine maps over it; `predict()` and `commit(u)` are the hot path."""
 
-    def __init__(self, A: np.ndarray, B: np.ndarray, offsets: list[np.ndarray], scales: list[float], latency_steps: int,
-                 observed: int, internal_inits: list[np.ndarray], fallback: np.ndarray,
-                 latencies: list[int] | None = None):
+    def __init__(
+        self,
+        A: np.ndarray,
+        B: np.ndarray,
+        offsets: list[np.ndarray],
+        scales: list[float],
+        latency_steps: int,
+        observed: int,
+        internal_inits: list[np.ndarray],
+        fallback: np.ndarray,
+        latencies: list[int] | None = None,
+    ):
         """`offsets` and `internal_inits`: per case (with `scales`), its c_k and internal states after reset.
 
         `latencies`: per case, the plant's latency l_k <= latency_steps (default: all latency_steps). A plant
@@ -62,12 +71,12 @@ class LatencyPredictor:
                 pj = slice(self._p0 + j * m, self._p0 + (j + 1) * m)
                 K[pj, ls] = (s * powers[lk - 1 - i] @ B).T
                 K[pj, fs] = (s * powers[lk - i] @ B).T
-            K[self._u0:self._u0 + m, fs] = (s * B).T
+            K[self._u0 : self._u0 + m, fs] = (s * B).T
             K[-1, ls] = drift
             K[-1, fs] = A @ drift + c
             K_next[xs, ls] = A.T
             first = self._p0 + (L - lk) * m  # p_(L-lk), or u itself when lk == 0
-            K_next[first:first + m, ls] = (s * B).T
+            K_next[first : first + m, ls] = (s * B).T
             K_next[-1, ls] = c
             if L and not lk:
                 self._now_applied.append((ls, s))
@@ -86,7 +95,7 @@ class LatencyPredictor:
 
     def reset(self) -> None:
         """Episode start: the pending actions are the fallback, the internal states their initial value."""
-        self.v[self._p0:self._u0] = np.tile(self._fallback, self.latency)
+        self.v[self._p0 : self._u0] = np.tile(self._fallback, self.latency)
         self.has_state = False  # is there a predicted state for the next call?
         self.committed = False  # has an action been committed since reset (for `resend`)?
         self._next[:] = self._init
@@ -97,47 +106,47 @@ class LatencyPredictor:
         self._n_state = self._K_next.shape[1]
         self._K_next = np.hstack([self._K_next, monitor.K])
         self._next_all = np.empty(self._K_next.shape[1])
-        self._next_all[:self._n_state] = self._next
-        self._next = self._next_all[:self._n_state]  # a view: the state part
+        self._next_all[: self._n_state] = self._next
+        self._next = self._next_all[: self._n_state]  # a view: the state part
 
     def load_observation(self, observed: np.ndarray) -> None:
         """Each case's state: the observed entries, and the internal ones predicted at the last call."""
         if not self._all_observed:
-            self.v[:self._p0] = self._next
+            self.v[: self._p0] = self._next
         self.v[self._obs_slots] = observed
 
     def load_prediction(self) -> bool:
         """No observation: use the state predicted at the last call; False if there is none."""
         if not self.has_state:
             return False
-        self.v[:self._p0] = self._next
+        self.v[: self._p0] = self._next
         return True
 
     def load_action(self, u: np.ndarray) -> None:
         """The action whose next state `predict` returns (and that `commit` sends unless told otherwise)."""
-        self.v[self._u0:self._u0 + self.inputs] = u
+        self.v[self._u0 : self._u0 + self.inputs] = u
 
     def predict(self) -> np.ndarray:
-        """(2 cases, states): rows ``0..C-1`` each case's x_L, rows ``C..2C-1`` its next state under the loaded action."""
+        """(2 cases, states): rows ``0..C-1`` each case's x_L, ``C..2C-1`` its next state under the loaded action."""
         np.dot(self.v, self.K, out=self._out)
         return self._out.reshape(2 * self.cases, self.states)
 
     def commit(self, u: np.ndarray | None, have_state: bool) -> None:
-        """`u` (None: the loaded action) was sent: predict the state at the next call (if this call had one), queue `u`."""
+        """`u` (None: the loaded action) was sent: predict the next call's state (if this one had one), queue `u`."""
         if u is not None:
-            self.v[self._u0:self._u0 + self.inputs] = u
+            self.v[self._u0 : self._u0 + self.inputs] = u
         self.has_state = have_state
         self.committed = True
         if have_state:
             np.dot(self.v, self._K_next, out=self._next_all)  # with the monitor's columns: one product for both
         if self.monitor is not None:  # before the pending actions shift: it predicts under each of them
             if have_state:
-                self.monitor.take(self._next_all[self._n_state:])
+                self.monitor.take(self._next_all[self._n_state :])
             else:
                 self.monitor.forget()
         if self.latency:
             # Oldest pending action out, u in (numpy copies overlapping slices correctly).
-            self.v[self._p0:self._u0] = self.v[self._p0 + self.inputs:self._u0 + self.inputs]
+            self.v[self._p0 : self._u0] = self.v[self._p0 + self.inputs : self._u0 + self.inputs]
 
     def resend(self, u: np.ndarray) -> None:
         """The last committed action was replaced by `u` on the way to the plant: correct the buffers."""
@@ -145,11 +154,11 @@ class LatencyPredictor:
             return
         m = self.inputs
         if self._now_applied and self.has_state:  # cases whose plant applies it at once predicted with the old u
-            delta = self._B @ (u - self.v[self._u0:self._u0 + m])
+            delta = self._B @ (u - self.v[self._u0 : self._u0 + m])
             for ls, s in self._now_applied:
                 self._next[ls] += s * delta
-        self.v[self._u0:self._u0 + m] = u
+        self.v[self._u0 : self._u0 + m] = u
         if self.latency:
-            self.v[self._u0 - m:self._u0] = u  # the newest pending action; the state predicted used the oldest
+            self.v[self._u0 - m : self._u0] = u  # the newest pending action; the state predicted used the oldest
         elif self.has_state:
             np.dot(self.v, self._K_next, out=self._next_all)  # no latency: the sent action moves the next state

@@ -28,7 +28,7 @@ import numpy as np
 MAGIC = b"S2RP"
 PROTOCOL_VERSION = 2
 REQUEST_KEY_LABEL = b"S2RP v2 request"  # derives the controller -> server MAC key from the PSK
-REPLY_KEY_LABEL = b"S2RP v2 reply"      # derives the server -> controller MAC key
+REPLY_KEY_LABEL = b"S2RP v2 reply"  # derives the server -> controller MAC key
 
 # magic, version, type, flags, seq, timestamp_us, payload_len, client_id
 HEADER = struct.Struct("<4sBBHQQII")
@@ -43,24 +43,24 @@ ACT_REPLY_HEAD = struct.Struct("<IIIHH")
 STATUS_REQUEST_PAD = 480
 # Counters in a status reply, in wire order (each u64). Names match ServeStats.
 COUNTER_NAMES = (
-    "requests",          # datagrams received, whatever they hold (answered + dropped)
-    "answered",          # replies sent (act replies, refusals included, and status replies)
-    "dropped",           # datagrams not answered (too short, not a request, unauthenticated, ...)
-    "policy_calls",      # times the policy ran (one per accepted act request)
-    "interventions",     # active replies whose action the shield changed
-    "fallbacks",         # act replies carrying the fallback action (refusals included)
-    "bad_inputs",        # malformed or non-finite requests, answered BAD_INPUT
-    "auth_failures",     # missing or wrong MAC (dropped with a key; answered without one)
-    "stale",             # refusals STALE sent: seq not newer than the client's last, or (with a key)
-                         # outside the server's clock window: replays included
-    "deadline_misses",   # kernel receive -> action computed overran --deadline-us: fallback sent
+    "requests",  # datagrams received, whatever they hold (answered + dropped)
+    "answered",  # replies sent (act replies, refusals included, and status replies)
+    "dropped",  # datagrams not answered (too short, not a request, unauthenticated, ...)
+    "policy_calls",  # times the policy ran (one per accepted act request)
+    "interventions",  # active replies whose action the shield changed
+    "fallbacks",  # act replies carrying the fallback action (refusals included)
+    "bad_inputs",  # malformed or non-finite requests, answered BAD_INPUT
+    "auth_failures",  # missing or wrong MAC (dropped with a key; answered without one)
+    "stale",  # refusals STALE sent: seq not newer than the client's last, or (with a key)
+    # outside the server's clock window: replays included
+    "deadline_misses",  # kernel receive -> action computed overran --deadline-us: fallback sent
     "inference_errors",  # runtime raised, returned non-finite values, or the policy's action was non-finite
-                         # (active: INFERENCE_ERROR replies; shadow: counted and logged, legacy sent)
-    "reloads",           # hot reloads of a newly promoted bundle
-    "status_requests",   # status requests answered
-    "envelope_flags",    # act replies with ENVELOPE: the plant was outside the declared envelope
-    "plants_evicted",    # plant sessions (shield state, policy memory) dropped to admit a new plant
-    "plants_refused",    # act requests of a new plant answered BUSY: every session held by a live plant
+    # (active: INFERENCE_ERROR replies; shadow: counted and logged, legacy sent)
+    "reloads",  # hot reloads of a newly promoted bundle
+    "status_requests",  # status requests answered
+    "envelope_flags",  # act replies with ENVELOPE: the plant was outside the declared envelope
+    "plants_evicted",  # plant sessions (shield state, policy memory) dropped to admit a new plant
+    "plants_refused",  # act requests of a new plant answered BUSY: every session held by a live plant
 )
 # bundle version, uptime (µs), n_counters, n_bins; then u64 counters, u64 histogram bins
 STATUS_REPLY_HEAD = struct.Struct("<IQHH")
@@ -93,21 +93,28 @@ class Status(IntFlag):
     """Status bits of an act reply: they describe the action in that reply."""
 
     OK = 0
-    INTERVENED = 1 << 0       # the CBF shield changed the policy's action
-    FALLBACK = 1 << 1         # the action is the fallback safe action
-    BAD_INPUT = 1 << 2        # malformed request or non-finite values: never reached the policy
-    AUTH_FAILED = 1 << 3      # bad/missing MAC or replayed sequence: never reached the policy
-    SHADOW = 1 << 4           # shadow mode: the action is the request's legacy action
-    STALE = 1 << 5            # sequence number not newer than this client's last one
-    DEADLINE = 1 << 6         # compute overran the deadline: fallback sent instead
+    INTERVENED = 1 << 0  # the CBF shield changed the policy's action
+    FALLBACK = 1 << 1  # the action is the fallback safe action
+    BAD_INPUT = 1 << 2  # malformed request or non-finite values: never reached the policy
+    AUTH_FAILED = 1 << 3  # bad/missing MAC or replayed sequence: never reached the policy
+    SHADOW = 1 << 4  # shadow mode: the action is the request's legacy action
+    STALE = 1 << 5  # sequence number not newer than this client's last one
+    DEADLINE = 1 << 6  # compute overran the deadline: fallback sent instead
     INFERENCE_ERROR = 1 << 7  # the runtime failed or returned non-finite values
-    ENVELOPE = 1 << 8         # the plant is outside the declared envelope: the shield is in its conservative mode
-    BUSY = 1 << 9             # a new plant, and every session is held by a live plant: fallback, no session
+    ENVELOPE = 1 << 8  # the plant is outside the declared envelope: the shield is in its conservative mode
+    BUSY = 1 << 9  # a new plant, and every session is held by a live plant: fallback, no session
 
 
 # Bits a controller treats as an alarm (the action is then the fallback, or the policy misbehaved).
-ALARM_BITS = (Status.FALLBACK | Status.BAD_INPUT | Status.AUTH_FAILED | Status.STALE | Status.DEADLINE
-              | Status.INFERENCE_ERROR | Status.BUSY)
+ALARM_BITS = (
+    Status.FALLBACK
+    | Status.BAD_INPUT
+    | Status.AUTH_FAILED
+    | Status.STALE
+    | Status.DEADLINE
+    | Status.INFERENCE_ERROR
+    | Status.BUSY
+)
 
 
 def latency_bin(latency_us: float) -> int:
@@ -143,8 +150,9 @@ def _direction(msg_type: int) -> bytes:
     return REQUEST_KEY_LABEL if msg_type in REQUEST_TYPES else REPLY_KEY_LABEL
 
 
-def _frame(msg_type: MsgType, seq: int, timestamp_us: int, payload: bytes, key: bytes | None,
-           client_id: int = 0) -> bytes:
+def _frame(
+    msg_type: MsgType, seq: int, timestamp_us: int, payload: bytes, key: bytes | None, client_id: int = 0
+) -> bytes:
     """A frame, signed with the PSK's key for its direction (requests vs replies) when `key` (the PSK) is given."""
     flags = Flags.HMAC if key is not None else Flags.NONE
     head = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(msg_type), int(flags), seq, timestamp_us, len(payload), client_id)
@@ -159,8 +167,9 @@ def _floats(values) -> bytes:
     return arr.tobytes()
 
 
-def encode_act_request(seq: int, timestamp_us: int, obs, legacy_action=None, key: bytes | None = None,
-                       client_id: int = 0) -> bytes:
+def encode_act_request(
+    seq: int, timestamp_us: int, obs, legacy_action=None, key: bytes | None = None, client_id: int = 0
+) -> bytes:
     """Frame an act request: observation (float32) and, in shadow mode, the legacy action applied."""
     obs_b, leg_b = _floats(obs), _floats(legacy_action)
     payload = ACT_REQUEST_HEAD.pack(len(obs_b) // 4, len(leg_b) // 4) + obs_b + leg_b
@@ -172,21 +181,39 @@ def encode_status_request(seq: int, timestamp_us: int, key: bytes | None = None,
     return _frame(MsgType.STATUS_REQUEST, seq, timestamp_us, bytes(STATUS_REQUEST_PAD), key, client_id)
 
 
-def encode_act_reply(seq: int, timestamp_us: int, status: int, latency_us: int, bundle_version: int,
-                     action, key: bytes | None = None, client_id: int = 0) -> bytes:
+def encode_act_reply(
+    seq: int,
+    timestamp_us: int,
+    status: int,
+    latency_us: int,
+    bundle_version: int,
+    action,
+    key: bytes | None = None,
+    client_id: int = 0,
+) -> bytes:
     """Frame an act reply (the server builds the same bytes on its hot path)."""
     act_b = _floats(action)
     payload = ACT_REPLY_HEAD.pack(int(status), int(latency_us), int(bundle_version), len(act_b) // 4, 0) + act_b
     return _frame(MsgType.ACT_REPLY, seq, timestamp_us, payload, key, client_id)
 
 
-def encode_status_reply(seq: int, timestamp_us: int, bundle_version: int, uptime_us: int,
-                        counters: dict[str, int], histogram, key: bytes | None = None, client_id: int = 0) -> bytes:
+def encode_status_reply(
+    seq: int,
+    timestamp_us: int,
+    bundle_version: int,
+    uptime_us: int,
+    counters: dict[str, int],
+    histogram,
+    key: bytes | None = None,
+    client_id: int = 0,
+) -> bytes:
     """Frame a status reply: fixed binary counters and latency histogram."""
     hist = np.asarray(histogram, dtype="<u8").reshape(-1)
-    payload = (STATUS_REPLY_HEAD.pack(int(bundle_version), int(uptime_us), len(COUNTER_NAMES), len(hist))
-               + struct.pack(f"<{len(COUNTER_NAMES)}Q", *(int(counters[n]) for n in COUNTER_NAMES))
-               + hist.tobytes())
+    payload = (
+        STATUS_REPLY_HEAD.pack(int(bundle_version), int(uptime_us), len(COUNTER_NAMES), len(hist))
+        + struct.pack(f"<{len(COUNTER_NAMES)}Q", *(int(counters[n]) for n in COUNTER_NAMES))
+        + hist.tobytes()
+    )
     return _frame(MsgType.STATUS_REPLY, seq, timestamp_us, payload, key, client_id)
 
 
@@ -235,7 +262,7 @@ def open_frame(data: bytes, expected_type: MsgType, key: bytes | None = None) ->
         raise PacketError("frame is signed but no key is configured", Status.AUTH_FAILED)
     if HEADER_SIZE + head.payload_len + (MAC_SIZE if has_mac else 0) != len(data):
         raise PacketError(f"payload_len {head.payload_len} does not match the datagram's {len(data)} bytes")
-    return head, memoryview(data)[HEADER_SIZE:HEADER_SIZE + head.payload_len]
+    return head, memoryview(data)[HEADER_SIZE : HEADER_SIZE + head.payload_len]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ Stdlib only.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class SequenceGuard:

@@ -46,7 +46,7 @@ class PlantSession:
 
     __slots__ = ("runtime", "policy", "shield", "memory", "episode", "step", "seq", "seen_ns")
 
-    def __init__(self, runtime: "EdgeRuntime", shield=_BUILD):
+    def __init__(self, runtime: EdgeRuntime, shield=_BUILD):
         self.runtime, self.policy = runtime, runtime.policy
         self.shield = runtime.new_shield() if shield is _BUILD else shield
         self.memory = self.policy.new_memory()
@@ -54,14 +54,17 @@ class PlantSession:
         self.seq, self.seen_ns = -1, 0  # the server's: last accepted seq, and when (shield.replay.PlantTable)
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
-        """(safe action, raw policy action, info) for one observation float32[obs_dim]; state moves only in the shield."""
+        """(safe action, raw policy action, info) for one observation float32[obs_dim]; only the shield's state moves"""
         t0 = time.perf_counter()
         raw = self.policy.act(obs, self.memory)
         t1 = time.perf_counter()
         shield = self.shield
         if shield is None:
-            return raw.copy(), raw, {"intervened": False, "fallback": False, "policy_us": (t1 - t0) * 1e6,
-                                     "shield_us": 0.0}
+            return (
+                raw.copy(),
+                raw,
+                {"intervened": False, "fallback": False, "policy_us": (t1 - t0) * 1e6, "shield_us": 0.0},
+            )
         safe, info = shield.filter(obs, raw)
         info["policy_us"], info["shield_us"] = (t1 - t0) * 1e6, (time.perf_counter() - t1) * 1e6
         return safe, raw, info
@@ -78,7 +81,7 @@ class PlantSession:
             self.shield.reset()
         self.memory = self.policy.new_memory()
 
-    def moved_to(self, runtime: "EdgeRuntime", shield=None) -> "PlantSession":
+    def moved_to(self, runtime: EdgeRuntime, shield=None) -> PlantSession:
         """This plant's session under a newly loaded runtime (hot reload): the actions already sent carry over.
 
         Same shield spec (by content): the shield object itself carries over (pending actions,
@@ -110,8 +113,8 @@ def carry_pending_actions(old, new) -> bool:
         return False
     m = po.inputs
     span = min(po.latency, pn.latency) * m
-    pn.v[pn._u0 - span:pn._u0] = po.v[po._u0 - span:po._u0]
-    pn.v[pn._u0:pn._u0 + m] = po.v[po._u0:po._u0 + m]
+    pn.v[pn._u0 - span : pn._u0] = po.v[po._u0 - span : po._u0]
+    pn.v[pn._u0 : pn._u0 + m] = po.v[po._u0 : po._u0 + m]
     pn.committed = po.committed
     if po.has_state and (po.cases, po.states) == (pn.cases, pn.states):
         pn._next[:] = po._next
@@ -120,7 +123,7 @@ def carry_pending_actions(old, new) -> bool:
 
 
 class EdgeRuntime:
-    """Shared policy + spec of one verified bundle; `act(obs_1d) -> (safe_action, raw_action, info)` on a default plant."""
+    """Shared policy + spec of one verified bundle; `act(obs_1d) -> (safe, raw, info)` on a default plant."""
 
     def __init__(self, bundle: Bundle | None, policy: OnnxPolicy, shield=None, spec=None):
         self.bundle, self.policy = bundle, policy
@@ -130,7 +133,7 @@ class EdgeRuntime:
         self._batch: ShieldedPolicy | None = None  # for batch calls: one shield state per row
 
     @classmethod
-    def load(cls, bundle_dir: str | Path, *, shield: bool = True, pinned: dict | None = None) -> "EdgeRuntime":
+    def load(cls, bundle_dir: str | Path, *, shield: bool = True, pinned: dict | None = None) -> EdgeRuntime:
         """Verify and load a bundle; `shield=False` serves the bare policy (for comparison only).
 
         `pinned`: the registry pointer's {file: sha256}; checked on the very bytes that are loaded.
@@ -143,7 +146,9 @@ class EdgeRuntime:
         manifest = bundle.manifest
         for key, have in (("obs_dim", policy.obs_dim), ("act_dim", policy.act_dim)):
             if key in manifest and manifest[key] != have:
-                raise BundleError(f"policy.onnx: {key} {have} disagrees with manifest.json ({manifest[key]}) in {bundle_dir}")
+                raise BundleError(
+                    f"policy.onnx: {key} {have} disagrees with manifest.json ({manifest[key]}) in {bundle_dir}"
+                )
         if not shield:  # the bare policy: shield.json is not even parsed
             return cls(bundle, policy)
         runtime = cls(bundle, policy, spec=_parse_spec(bundle, policy))
@@ -214,6 +219,7 @@ class EdgeRuntime:
             return self.policy(obs)
         if self._batch is None:
             from shield.cbf import ShieldedPolicy
+
             self._batch = ShieldedPolicy(self.policy, self.spec)
         return self._batch(np.asarray(obs, dtype=np.float32).reshape(-1, self.obs_dim))
 
@@ -227,6 +233,8 @@ def _parse_spec(bundle: Bundle, policy: OnnxPolicy):
     except ShieldSpecError as err:
         raise BundleError(f"shield.json in {bundle.path}: {err}") from None
     if (spec.obs_dim, spec.act_dim) != (policy.obs_dim, policy.act_dim):
-        raise BundleError(f"shield.json in {bundle.path}: sized for obs {spec.obs_dim}/act {spec.act_dim}, "
-                          f"policy.onnx is obs {policy.obs_dim}/act {policy.act_dim}")
+        raise BundleError(
+            f"shield.json in {bundle.path}: sized for obs {spec.obs_dim}/act {spec.act_dim}, "
+            f"policy.onnx is obs {policy.obs_dim}/act {policy.act_dim}"
+        )
     return spec

@@ -21,8 +21,9 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from shield.contract import describe as describe_contract
 
@@ -33,6 +34,7 @@ REALTIME_PRIORITY = 50  # SCHED_FIFO priority: above ordinary threads, below the
 def _positive(kind: type, what: str, smallest: float | None = None) -> Callable[[str], Any]:
     """argparse type: a finite number > 0 (a 0 or a negative here would silently mean something else), and at
     least `smallest` where the server counts in coarser units (a smaller value would round to 0)."""
+
     def parse(text: str):
         try:
             value = kind(text)
@@ -41,46 +43,82 @@ def _positive(kind: type, what: str, smallest: float | None = None) -> Callable[
         if not (math.isfinite(value) and value > 0):
             raise argparse.ArgumentTypeError(f"{what} must be finite and > 0, got {text!r}")
         if smallest is not None and value < smallest:
-            raise argparse.ArgumentTypeError(f"{what} must be at least {smallest:g} (the server counts whole "
-                                             f"microseconds), got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"{what} must be at least {smallest:g} (the server counts whole microseconds), got {text!r}"
+            )
         return value
+
     return parse
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """The `serve` arguments (docs/how-to/serve.md, "Running the server")."""
     p.add_argument("bundle", nargs="?", help="bundle directory (or use --registry)")
-    p.add_argument("--registry", metavar="TASK", help="serve TASK's production bundle and hot-reload on promote/rollback")
+    p.add_argument(
+        "--registry", metavar="TASK", help="serve TASK's production bundle and hot-reload on promote/rollback"
+    )
     p.add_argument("--models", default="models", help="registry root for --registry (default models/)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="IPv4 address to bind (default 127.0.0.1; any other address needs --key-file or --insecure)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="IPv4 address to bind (default 127.0.0.1; any other address needs --key-file or --insecure)",
+    )
     p.add_argument("--port", type=int, default=9870, help="UDP port (default 9870; 0 picks a free one)")
-    p.add_argument("--mode", choices=["active", "shadow"], default="active",
-                   help="active: reply with the shielded action; shadow: echo the legacy action and log the "
-                        "candidate (needs --log)")
-    p.add_argument("--key-file", help="pre-shared key: the file's bytes (not hex-decoded), >= 32 bytes, mode 0600; "
-                                      "requests must be signed")
+    p.add_argument(
+        "--mode",
+        choices=["active", "shadow"],
+        default="active",
+        help="active: reply with the shielded action; shadow: echo the legacy action and log the "
+        "candidate (needs --log)",
+    )
+    p.add_argument(
+        "--key-file",
+        help="pre-shared key: the file's bytes (not hex-decoded), >= 32 bytes, mode 0600; requests must be signed",
+    )
     p.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without a key")
     p.add_argument("--log", metavar="DIR", help="write shadow logs (NPZ) here (required with --mode shadow)")
-    p.add_argument("--deadline-us", type=_positive(float, "--deadline-us", 1.0), default=1000.0,
-                   help="deadline from kernel receive to reply built (µs, default 1000); overruns get the fallback")
-    p.add_argument("--max-plants", type=_positive(int, "--max-plants"), default=64,
-                   help="plant sessions kept (default 64); a new plant takes the least recently seen one's place "
-                        "once that one has been silent for a second, and is refused (BUSY) until then")
-    p.add_argument("--clock-window-ms", type=_positive(float, "--clock-window-ms", 0.001), default=1000.0,
-                   help="with a key: a request's seq must be within this of the server's clock (default 1000 ms)")
-    p.add_argument("--realtime", action="store_true",
-                   help="SCHED_FIFO, mlockall and CPU pinning where permitted (docs/how-to/serve.md: what it needs)")
+    p.add_argument(
+        "--deadline-us",
+        type=_positive(float, "--deadline-us", 1.0),
+        default=1000.0,
+        help="deadline from kernel receive to reply built (µs, default 1000); overruns get the fallback",
+    )
+    p.add_argument(
+        "--max-plants",
+        type=_positive(int, "--max-plants"),
+        default=64,
+        help="plant sessions kept (default 64); a new plant takes the least recently seen one's place "
+        "once that one has been silent for a second, and is refused (BUSY) until then",
+    )
+    p.add_argument(
+        "--clock-window-ms",
+        type=_positive(float, "--clock-window-ms", 0.001),
+        default=1000.0,
+        help="with a key: a request's seq must be within this of the server's clock (default 1000 ms)",
+    )
+    p.add_argument(
+        "--realtime",
+        action="store_true",
+        help="SCHED_FIFO, mlockall and CPU pinning where permitted (docs/how-to/serve.md: what it needs)",
+    )
     p.add_argument("--cpu", type=int, help="with --realtime: the CPU to pin the serving thread to")
-    p.add_argument("--busy-poll", action="store_true",
-                   help="spin on the socket instead of sleeping in the kernel: no wake-up latency per request, "
-                        "one CPU at 100 %% (pair with --realtime --cpu N)")
-    p.add_argument("--metrics-port", type=int,
-                   help="expose counters and the latency histogram for Prometheus on this TCP port "
-                        "(needs the `metrics` extra)")
-    p.add_argument("--metrics-host", default="127.0.0.1",
-                   help="address of the metrics endpoint (default 127.0.0.1; any other address needs --key-file or "
-                        "--insecure, as --host does)")
+    p.add_argument(
+        "--busy-poll",
+        action="store_true",
+        help="spin on the socket instead of sleeping in the kernel: no wake-up latency per request, "
+        "one CPU at 100 %% (pair with --realtime --cpu N)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="expose counters and the latency histogram for Prometheus on this TCP port (needs the `metrics` extra)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address of the metrics endpoint (default 127.0.0.1; any other address needs --key-file or "
+        "--insecure, as --host does)",
+    )
 
 
 def read_key_file(path: str | Path) -> bytes:
@@ -88,12 +126,15 @@ def read_key_file(path: str | Path) -> bytes:
     path = Path(path)
     mode = path.stat().st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ValueError(f"{path}: key file is accessible to group/others (mode {stat.S_IMODE(mode):04o}); "
-                         f"run `chmod 600 {path}`")
+        raise ValueError(
+            f"{path}: key file is accessible to group/others (mode {stat.S_IMODE(mode):04o}); run `chmod 600 {path}`"
+        )
     key = path.read_bytes().rstrip(b" \t\r\n")
     if len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"{path}: key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes "
-                         f"(e.g. `openssl rand -hex 32 > {path}`: 64 characters, used as they are)")
+        raise ValueError(
+            f"{path}: key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes "
+            f"(e.g. `openssl rand -hex 32 > {path}`: 64 characters, used as they are)"
+        )
     return key
 
 
@@ -158,8 +199,9 @@ def go_realtime(cpu: int | None, helpers: tuple[int, ...] = (), spinning: bool =
             os.write(fd, (0).to_bytes(4, sys.byteorder))
             _LATENCY_QOS.append(fd)
         except OSError as err:
-            problems.append(f"/dev/cpu_dma_latency: {err.strerror} (needs root; without it an idle CPU may sleep "
-                            f"between requests)")
+            problems.append(
+                f"/dev/cpu_dma_latency: {err.strerror} (needs root; without it an idle CPU may sleep between requests)"
+            )
     if cpu is not None:
         try:
             os.sched_setaffinity(0, {cpu})
@@ -170,17 +212,20 @@ def go_realtime(cpu: int | None, helpers: tuple[int, ...] = (), spinning: bool =
 
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.mlockall(1 | 2) != 0:  # MCL_CURRENT | MCL_FUTURE: no page fault on the hot path
-            problems.append(f"mlockall: {os.strerror(ctypes.get_errno())} (needs CAP_IPC_LOCK or a "
-                            f"large enough `ulimit -l`)")
+            problems.append(
+                f"mlockall: {os.strerror(ctypes.get_errno())} (needs CAP_IPC_LOCK or a large enough `ulimit -l`)"
+            )
     except (OSError, AttributeError) as err:
         problems.append(f"mlockall: {err}")
     throttle = rt_throttle() if spinning else None
     if throttle is not None:
         runtime, period = throttle
-        problems.append(f"SCHED_FIFO for a thread that spins (--busy-poll): the kernel stops real-time threads "
-                        f"after {runtime} of every {period} µs (kernel.sched_rt_runtime_us), so a spinning one "
-                        f"would stall {(period - runtime) / 1000:g} ms every {period / 1e6:g} s; it spins as an "
-                        f"ordinary thread on its CPU instead (set kernel.sched_rt_runtime_us = -1 for both)")
+        problems.append(
+            f"SCHED_FIFO for a thread that spins (--busy-poll): the kernel stops real-time threads "
+            f"after {runtime} of every {period} µs (kernel.sched_rt_runtime_us), so a spinning one "
+            f"would stall {(period - runtime) / 1000:g} ms every {period / 1e6:g} s; it spins as an "
+            f"ordinary thread on its CPU instead (set kernel.sched_rt_runtime_us = -1 for both)"
+        )
     try:
         if throttle is None:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
@@ -190,8 +235,10 @@ def go_realtime(cpu: int | None, helpers: tuple[int, ...] = (), spinning: bool =
                 os.sched_setaffinity(tid, {cpu})
         sys.setswitchinterval(1e-4)
     except (OSError, AttributeError) as err:
-        problems.append(f"SCHED_FIFO priority {REALTIME_PRIORITY}: {getattr(err, 'strerror', err)} (needs "
-                        f"CAP_SYS_NICE, root, or `ulimit -r` >= {REALTIME_PRIORITY})")
+        problems.append(
+            f"SCHED_FIFO priority {REALTIME_PRIORITY}: {getattr(err, 'strerror', err)} (needs "
+            f"CAP_SYS_NICE, root, or `ulimit -r` >= {REALTIME_PRIORITY})"
+        )
     return problems
 
 
@@ -223,13 +270,17 @@ def run_cli(args: argparse.Namespace) -> int:
         return _user_error("--mode shadow needs --log DIR (the shadow log is the point of shadow mode)")
     open_ok = bool(getattr(args, "key_file", None) or getattr(args, "insecure", False))
     if not open_ok and not is_loopback(host):
-        return _user_error(f"--host {host} is not loopback and no --key-file is given: anyone on that network could "
-                           f"drive the plant. Give a key, or --insecure on a closed control network.")
+        return _user_error(
+            f"--host {host} is not loopback and no --key-file is given: anyone on that network could "
+            f"drive the plant. Give a key, or --insecure on a closed control network."
+        )
     metrics_host = getattr(args, "metrics_host", "127.0.0.1")
     if getattr(args, "metrics_port", None) is not None and not open_ok and not is_loopback(metrics_host):
-        return _user_error(f"--metrics-host {metrics_host} is not loopback and no --key-file is given: anyone on that "
-                           f"network could read the plant's counters. Give a key, or --insecure on a closed control "
-                           f"network (the endpoint itself has no authentication: put it behind your own).")
+        return _user_error(
+            f"--metrics-host {metrics_host} is not loopback and no --key-file is given: anyone on that "
+            f"network could read the plant's counters. Give a key, or --insecure on a closed control "
+            f"network (the endpoint itself has no authentication: put it behind your own)."
+        )
     models = Path(getattr(args, "models", None) or "models")
     try:
         key = read_key_file(args.key_file) if getattr(args, "key_file", None) else None
@@ -245,10 +296,17 @@ def run_cli(args: argparse.Namespace) -> int:
 
         shadow_log = ShadowLogWriter(log_dir)
     try:
-        server = PolicyServer(runtime, host=host, port=int(getattr(args, "port", 9870)), mode=mode, key=key,
-                              shadow_log=shadow_log, deadline_us=float(getattr(args, "deadline_us", 1000.0)),
-                              max_plants=int(getattr(args, "max_plants", 64)),
-                              clock_window_us=round(1000 * float(getattr(args, "clock_window_ms", 1000.0))))
+        server = PolicyServer(
+            runtime,
+            host=host,
+            port=int(getattr(args, "port", 9870)),
+            mode=mode,
+            key=key,
+            shadow_log=shadow_log,
+            deadline_us=float(getattr(args, "deadline_us", 1000.0)),
+            max_plants=int(getattr(args, "max_plants", 64)),
+            clock_window_us=round(1000 * float(getattr(args, "clock_window_ms", 1000.0))),
+        )
     except OSError as err:
         return _user_error(f"cannot bind {host}:{getattr(args, 'port', '')}: {err.strerror}")
     except ValueError as err:
@@ -270,8 +328,9 @@ def run_cli(args: argparse.Namespace) -> int:
     for h in helpers:
         h.start()
     if getattr(args, "realtime", False):
-        for problem in go_realtime(getattr(args, "cpu", None), tuple(h.native_id for h in helpers),
-                                   spinning=getattr(args, "busy_poll", False)):
+        for problem in go_realtime(
+            getattr(args, "cpu", None), tuple(h.native_id for h in helpers), spinning=getattr(args, "busy_poll", False)
+        ):
             print(f"serve: --realtime: not permitted: {problem}; continuing without it", file=sys.stderr)
     elif getattr(args, "cpu", None) is not None:
         print("serve: --cpu only applies with --realtime", file=sys.stderr)
@@ -289,9 +348,12 @@ def run_cli(args: argparse.Namespace) -> int:
     for line in describe_contract(runtime.bundle.manifest.get("contract") if runtime.bundle is not None else None):
         print(f"serve: contract: {line}", flush=True)  # what the plant's controller must send, and at which rate
     extra = f" metrics=http://{metrics[0]}:{metrics[1]}/metrics" if metrics else ""
-    print(f"serve: listening udp://{bound_host}:{port} task={server.served.meta['task']} "
-          f"version={server.served.version} mode={mode} auth={'hmac' if key else 'off'}"
-          f" timestamps={'kernel' if server.kernel_timestamps else 'dequeue'}{extra}", flush=True)
+    print(
+        f"serve: listening udp://{bound_host}:{port} task={server.served.meta['task']} "
+        f"version={server.served.version} mode={mode} auth={'hmac' if key else 'off'}"
+        f" timestamps={'kernel' if server.kernel_timestamps else 'dequeue'}{extra}",
+        flush=True,
+    )
     try:
         server.serve_forever(busy_poll=getattr(args, "busy_poll", False))
     finally:

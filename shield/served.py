@@ -48,8 +48,10 @@ class ServeStats:
     def summary(self) -> str:
         """One line for the log: non-zero counters and latency bins."""
         counters = " ".join(f"{k}={v}" for k, v in self.as_dict().items() if v)
-        return (f"stats: {counters or 'no requests'} latency_p50<={self.latency_percentile_us(0.5):g}us "
-                f"p99<={self.latency_percentile_us(0.99):g}us")
+        return (
+            f"stats: {counters or 'no requests'} latency_p50<={self.latency_percentile_us(0.5):g}us "
+            f"p99<={self.latency_percentile_us(0.99):g}us"
+        )
 
 
 class _SharedStateSession:
@@ -89,8 +91,11 @@ class ServedBundle:
         bundle = getattr(runtime, "bundle", None)
         self.version = int(getattr(bundle, "version", None) or getattr(runtime, "version", 0) or 0)
         getter = getattr(runtime, "fallback_action", None)
-        self.fallback = (np.asarray(getter(), np.float32).reshape(self.act_dim) if callable(getter)
-                         else np.zeros(self.act_dim, np.float32))
+        self.fallback = (
+            np.asarray(getter(), np.float32).reshape(self.act_dim)
+            if callable(getter)
+            else np.zeros(self.act_dim, np.float32)
+        )
         self.fallback_bytes = self.fallback.astype("<f4").tobytes()
         bounds = runtime.action_bounds() if callable(getattr(runtime, "action_bounds", None)) else None
         self.low: np.ndarray | None
@@ -106,9 +111,13 @@ class ServedBundle:
         in_flight_s = (getattr(spec, "latency_steps", 0) + 1) * float(getattr(spec, "dt", 0.0) or 0.0)
         self.plant_live_ns = int((PLANT_LIVE_S + in_flight_s) * 1e9)
         self.constraint_names = [c["name"] for c in getattr(spec, "constraints", [])]
-        self.meta = {"task": getattr(bundle, "task", "") or "", "bundle_version": self.version,
-                     "control_period_s": float(getattr(spec, "dt", float("nan"))),
-                     "constraint_names": self.constraint_names, "source": "serve"}
+        self.meta = {
+            "task": getattr(bundle, "task", "") or "",
+            "bundle_version": self.version,
+            "control_period_s": float(getattr(spec, "dt", float("nan"))),
+            "constraint_names": self.constraint_names,
+            "source": "serve",
+        }
 
     def new_session(self) -> Any:
         return self.runtime.new_session() if self.has_sessions else _SharedStateSession(self.runtime)

@@ -32,10 +32,24 @@ from typing import Any
 
 import numpy as np
 
-from shield.protocol import (ACT_REPLY_HEAD, ACT_REQUEST_HEAD, HEADER, HEADER_SIZE,
-                             MAC_SIZE, MAGIC, PROTOCOL_VERSION, REPLY_KEY_LABEL, REQUEST_KEY_LABEL,
-                             STATUS_REQUEST_PAD, Flags, MsgType, Status, direction_key, encode_status_reply,
-                             latency_bin)
+from shield.protocol import (
+    ACT_REPLY_HEAD,
+    ACT_REQUEST_HEAD,
+    HEADER,
+    HEADER_SIZE,
+    MAC_SIZE,
+    MAGIC,
+    PROTOCOL_VERSION,
+    REPLY_KEY_LABEL,
+    REQUEST_KEY_LABEL,
+    STATUS_REQUEST_PAD,
+    Flags,
+    MsgType,
+    Status,
+    direction_key,
+    encode_status_reply,
+    latency_bin,
+)
 from shield.replay import PlantTable, SequenceGuard
 from shield.served import SPARE_SESSIONS, ServedBundle, ServeStats
 from shield.spec import same_spec
@@ -44,10 +58,18 @@ __all__ = ["PolicyServer", "ServeStats", "ServedBundle", "run_cli", "main"]
 
 _U32_MAX = 2**32 - 1
 # Plain ints on the hot path: IntFlag arithmetic costs a microsecond per operation.
-_INTERVENED, _FALLBACK, _BAD_INPUT, _AUTH_FAILED = (int(Status.INTERVENED), int(Status.FALLBACK),
-                                                    int(Status.BAD_INPUT), int(Status.AUTH_FAILED))
-_SHADOW, _STALE, _DEADLINE, _INFERENCE_ERROR = (int(Status.SHADOW), int(Status.STALE), int(Status.DEADLINE),
-                                                int(Status.INFERENCE_ERROR))
+_INTERVENED, _FALLBACK, _BAD_INPUT, _AUTH_FAILED = (
+    int(Status.INTERVENED),
+    int(Status.FALLBACK),
+    int(Status.BAD_INPUT),
+    int(Status.AUTH_FAILED),
+)
+_SHADOW, _STALE, _DEADLINE, _INFERENCE_ERROR = (
+    int(Status.SHADOW),
+    int(Status.STALE),
+    int(Status.DEADLINE),
+    int(Status.INFERENCE_ERROR),
+)
 _ENVELOPE, _BUSY = int(Status.ENVELOPE), int(Status.BUSY)
 _HMAC, _RESERVED = int(Flags.HMAC), int(Flags.RESERVED)
 _ACT_REQUEST, _ACT_REPLY = int(MsgType.ACT_REQUEST), int(MsgType.ACT_REPLY)
@@ -69,10 +91,21 @@ GC_BACKLOG = 2000
 class PolicyServer:
     """UDP server: act requests in, shielded (or, in shadow mode, legacy) actions out, one session per plant."""
 
-    def __init__(self, runtime: Any, *, host: str = "127.0.0.1", port: int = 0, mode: str = "active",
-                 key: bytes | None = None, shadow_log: Any = None, deadline_us: float = DEFAULT_DEADLINE_US,
-                 max_plants: int = DEFAULT_MAX_PLANTS, clock_window_us: int = DEFAULT_CLOCK_WINDOW_US,
-                 not_before_us: int | None = None, wall_clock_ns=time.time_ns):
+    def __init__(
+        self,
+        runtime: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        mode: str = "active",
+        key: bytes | None = None,
+        shadow_log: Any = None,
+        deadline_us: float = DEFAULT_DEADLINE_US,
+        max_plants: int = DEFAULT_MAX_PLANTS,
+        clock_window_us: int = DEFAULT_CLOCK_WINDOW_US,
+        not_before_us: int | None = None,
+        wall_clock_ns=time.time_ns,
+    ):
         if mode not in ("active", "shadow"):
             raise ValueError(f"mode must be 'active' or 'shadow', got {mode!r}")
         if not (math.isfinite(deadline_us) and deadline_us >= 0):  # 0: every reply overruns (tests)
@@ -129,8 +162,10 @@ class PolicyServer:
         """
         new = ServedBundle(runtime)
         if (new.obs_dim, new.act_dim) != (self.served.obs_dim, self.served.act_dim):
-            raise ValueError(f"new bundle is obs {new.obs_dim}/act {new.act_dim}, the plant speaks "
-                             f"obs {self.served.obs_dim}/act {self.served.act_dim}; refusing to switch")
+            raise ValueError(
+                f"new bundle is obs {new.obs_dim}/act {new.act_dim}, the plant speaks "
+                f"obs {self.served.obs_dim}/act {self.served.act_dim}; refusing to switch"
+            )
         # Shields for a changed spec are built here, off the hot path (one per plant now served).
         same = same_spec(getattr(runtime, "spec", None), getattr(self.served.runtime, "spec", None))
         spares = [] if same or not new.has_sessions else [runtime.new_shield() for _ in range(len(self.plants))]
@@ -172,21 +207,24 @@ class PolicyServer:
         srv = self.served  # one snapshot per request: a reload never mixes versions in a reply
         key, body_end = self._request_key, n
         if key is not None:
-            if not flags & _HMAC or n < HEADER_SIZE + MAC_SIZE or not hmac.compare_digest(
-                    hmac.digest(key, buf[:n - MAC_SIZE], "sha256"), buf[n - MAC_SIZE:n]):
+            if (
+                not flags & _HMAC
+                or n < HEADER_SIZE + MAC_SIZE
+                or not hmac.compare_digest(hmac.digest(key, buf[: n - MAC_SIZE], "sha256"), buf[n - MAC_SIZE : n])
+            ):
                 stats.auth_failures += 1
                 stats.dropped += 1  # unauthenticated: no reply (no amplification), no state change
                 return 0
             body_end -= MAC_SIZE
         elif flags & _HMAC:
             return self._refuse(srv, seq, ts, client_id, _AUTH_FAILED, n)  # signed, but this server has no key
-        if (magic != MAGIC or version != PROTOCOL_VERSION or flags & _RESERVED
-                or payload_len != body_end - HEADER_SIZE):
+        if magic != MAGIC or version != PROTOCOL_VERSION or flags & _RESERVED or payload_len != body_end - HEADER_SIZE:
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         client = client_id if key is not None else (addr, client_id)
         guard = self.guard
-        if (not guard.fresh(client, seq, self.wall_clock_ns() // 1000 if key is not None else 0)
-                or seq <= self.plants.last_seq(client)):
+        if not guard.fresh(
+            client, seq, self.wall_clock_ns() // 1000 if key is not None else 0
+        ) or seq <= self.plants.last_seq(client):
             return self._refuse(srv, seq, ts, client_id, _STALE, n)  # late, duplicated or replayed: nothing moves
         if key is not None:
             # Authenticated and fresh: its seq is spent whatever the answer (as IPsec's anti-replay window moves
@@ -205,8 +243,11 @@ class PolicyServer:
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         n_obs, n_legacy = ACT_REQUEST_HEAD.unpack_from(buf, HEADER_SIZE)
         shadow = self.mode == "shadow"
-        if (n_obs != srv.obs_dim or n_legacy not in ((srv.act_dim,) if shadow else (0, srv.act_dim))
-                or payload_len != ACT_REQUEST_HEAD.size + 4 * (n_obs + n_legacy)):
+        if (
+            n_obs != srv.obs_dim
+            or n_legacy not in ((srv.act_dim,) if shadow else (0, srv.act_dim))
+            or payload_len != ACT_REQUEST_HEAD.size + 4 * (n_obs + n_legacy)
+        ):
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         floats = np.frombuffer(buf, dtype="<f4", count=n_obs + n_legacy, offset=HEADER_SIZE + ACT_REQUEST_HEAD.size)
         if not all(map(_isfinite, floats.tolist())):  # for a handful of values, cheaper than numpy's reduction
@@ -226,8 +267,9 @@ class PolicyServer:
         stats.plants_evicted = plants.evicted
         return self._act(srv, session, obs, legacy, seq, ts, client_id, t0)
 
-    def _act(self, srv: ServedBundle, session: Any, obs: np.ndarray, legacy, seq: int, ts: int, client_id: int,
-             t0: int) -> int:
+    def _act(
+        self, srv: ServedBundle, session: Any, obs: np.ndarray, legacy, seq: int, ts: int, client_id: int, t0: int
+    ) -> int:
         stats = self.stats
         stats.policy_calls += 1
         raised = False
@@ -258,10 +300,18 @@ class PolicyServer:
         if failed or late:
             if not raised:  # a runtime that raised may not have filtered: nothing to correct
                 session.sent(obs, srv.fallback, replaced=True)
-            return self._reply(srv, seq, ts, client_id,
-                               status | _FALLBACK | (_INFERENCE_ERROR if failed else _DEADLINE)
-                               | (_INFERENCE_ERROR if info.get("bad_input") else 0), srv.fallback_bytes,
-                               decided)
+            return self._reply(
+                srv,
+                seq,
+                ts,
+                client_id,
+                status
+                | _FALLBACK
+                | (_INFERENCE_ERROR if failed else _DEADLINE)
+                | (_INFERENCE_ERROR if info.get("bad_input") else 0),
+                srv.fallback_bytes,
+                decided,
+            )
         session.sent(obs, safe, replaced=False)
         if info.get("intervened"):
             status |= _INTERVENED
@@ -287,8 +337,16 @@ class PolicyServer:
             stats.auth_failures += 1
         return self._reply(srv, seq, ts, client_id, status | _FALLBACK, srv.fallback_bytes)
 
-    def _reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int, status: int, action: bytes,
-               decided_ns: int | None = None) -> int:
+    def _reply(
+        self,
+        srv: ServedBundle,
+        seq: int,
+        ts: int,
+        client_id: int,
+        status: int,
+        action: bytes,
+        decided_ns: int | None = None,
+    ) -> int:
         """Write an act reply into the preallocated buffer (signed with the reply key); returns its size.
 
         `decided_ns`: the clock reading that decided whether the reply is late; its latency_us is that
@@ -296,8 +354,9 @@ class PolicyServer:
         between the decision and this line cannot make an on-time verdict carry a late latency).
         """
         stats = self.stats
-        latency_us = min(max(0, ((time.perf_counter_ns() if decided_ns is None else decided_ns) - self._t0) // 1000),
-                         _U32_MAX)
+        latency_us = min(
+            max(0, ((time.perf_counter_ns() if decided_ns is None else decided_ns) - self._t0) // 1000), _U32_MAX
+        )
         stats.answered += 1
         stats.histogram[latency_bin(latency_us)] += 1
         stats.latency_sum_us += latency_us
@@ -305,12 +364,22 @@ class PolicyServer:
             stats.fallbacks += 1
         key, out = self._reply_key, self._out
         size = HEADER_SIZE + ACT_REPLY_HEAD.size + len(action)
-        HEADER.pack_into(out, 0, MAGIC, PROTOCOL_VERSION, _ACT_REPLY, _HMAC if key is not None else 0,
-                         seq, ts, ACT_REPLY_HEAD.size + len(action), client_id)
+        HEADER.pack_into(
+            out,
+            0,
+            MAGIC,
+            PROTOCOL_VERSION,
+            _ACT_REPLY,
+            _HMAC if key is not None else 0,
+            seq,
+            ts,
+            ACT_REPLY_HEAD.size + len(action),
+            client_id,
+        )
         ACT_REPLY_HEAD.pack_into(out, HEADER_SIZE, status, latency_us, srv.version, len(action) // 4, 0)
-        out[HEADER_SIZE + ACT_REPLY_HEAD.size:size] = action
+        out[HEADER_SIZE + ACT_REPLY_HEAD.size : size] = action
         if key is not None:
-            out[size:size + MAC_SIZE] = hmac.digest(key, memoryview(out)[:size], "sha256")
+            out[size : size + MAC_SIZE] = hmac.digest(key, memoryview(out)[:size], "sha256")
             size += MAC_SIZE
         return size
 
@@ -318,20 +387,42 @@ class PolicyServer:
         stats = self.stats
         stats.status_requests += 1
         stats.answered += 1
-        frame = encode_status_reply(seq, ts, srv.version, int((time.monotonic() - stats.started) * 1e6),
-                                    stats.as_dict(), stats.histogram, self.key, client_id)
-        self._out[:len(frame)] = frame  # the buffer has room for it (sized in __init__)
+        frame = encode_status_reply(
+            seq,
+            ts,
+            srv.version,
+            int((time.monotonic() - stats.started) * 1e6),
+            stats.as_dict(),
+            stats.histogram,
+            self.key,
+            client_id,
+        )
+        self._out[: len(frame)] = frame  # the buffer has room for it (sized in __init__)
         return len(frame)
 
     def _log(self, srv: ServedBundle, session: Any, obs, legacy, raw, safe, info: dict, t0: int) -> None:
         if self.shadow_log is None:
             return
         h = info.get("h")
-        h = (np.full(len(srv.constraint_names), np.nan, np.float32) if h is None
-             else np.asarray(h, dtype=np.float32).reshape(-1))
-        self.shadow_log.append(srv.meta, time.time(), session.episode, session.step, obs, legacy,
-                               np.asarray(raw, np.float32).reshape(-1), safe, bool(info.get("intervened")),
-                               bool(info.get("fallback")), h, (time.perf_counter_ns() - t0) / 1000.0)
+        h = (
+            np.full(len(srv.constraint_names), np.nan, np.float32)
+            if h is None
+            else np.asarray(h, dtype=np.float32).reshape(-1)
+        )
+        self.shadow_log.append(
+            srv.meta,
+            time.time(),
+            session.episode,
+            session.step,
+            obs,
+            legacy,
+            np.asarray(raw, np.float32).reshape(-1),
+            safe,
+            bool(info.get("intervened")),
+            bool(info.get("fallback")),
+            h,
+            (time.perf_counter_ns() - t0) / 1000.0,
+        )
         session.step += 1
 
     # ---- the loop ---------------------------------------------------------------
@@ -388,8 +479,9 @@ class PolicyServer:
             if gc_enabled:
                 gc.enable()
 
-    def _serve_loop(self, sock: socket.socket, buf: memoryview, out: memoryview, anc: int, idle_every_ns: int,
-                    next_idle: int) -> None:
+    def _serve_loop(
+        self, sock: socket.socket, buf: memoryview, out: memoryview, anc: int, idle_every_ns: int, next_idle: int
+    ) -> None:
         """`serve_forever`'s loop; `idle_every_ns` > 0: busy-poll, `_idle` at most that often."""
         stats, get_count, collect = self.stats, gc.get_count, gc.collect
         while not self._stop.is_set():
@@ -400,7 +492,7 @@ class PolicyServer:
                     self._idle(quiet=time.perf_counter_ns() - self.last_request_ns > idle_every_ns)
                     next_idle = time.perf_counter_ns() + idle_every_ns
                 continue
-            except socket.timeout:
+            except TimeoutError:
                 self._idle()
                 continue
             except OSError:

@@ -30,9 +30,19 @@ from typing import Any
 import numpy as np
 
 COLUMNS: dict[str, str] = {
-    "t": "f8", "episode": "i4", "step": "i4", "obs": "f4", "legacy_action": "f4",
-    "candidate_raw": "f4", "candidate_action": "f4", "intervened": "?", "fallback": "?",
-    "h": "f4", "latency_us": "f4", "reward": "f4", "cost": "f4",
+    "t": "f8",
+    "episode": "i4",
+    "step": "i4",
+    "obs": "f4",
+    "legacy_action": "f4",
+    "candidate_raw": "f4",
+    "candidate_action": "f4",
+    "intervened": "?",
+    "fallback": "?",
+    "h": "f4",
+    "latency_us": "f4",
+    "reward": "f4",
+    "cost": "f4",
 }
 _MATRIX_COLUMNS = ("obs", "legacy_action", "candidate_raw", "candidate_action", "h")
 
@@ -141,9 +151,23 @@ class ShadowLogWriter:
         self.written: list[Path] = []
         self.errors: list[str] = []
 
-    def append(self, meta: dict, t: float, episode: int, step: int, obs, legacy, raw, safe,
-               intervened: bool, fallback: bool, h, latency_us: float,
-               reward: float = float("nan"), cost: float = float("nan")) -> None:
+    def append(
+        self,
+        meta: dict,
+        t: float,
+        episode: int,
+        step: int,
+        obs,
+        legacy,
+        raw,
+        safe,
+        intervened: bool,
+        fallback: bool,
+        h,
+        latency_us: float,
+        reward: float = float("nan"),
+        cost: float = float("nan"),
+    ) -> None:
         """Buffer one row (arrays are copied by the caller or immutable)."""
         if meta is not self._meta and meta != self._meta:
             self.flush()

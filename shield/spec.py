@@ -97,8 +97,7 @@ def _finite(value: Any, key: str, length: int | None = None) -> list[float]:
     return out
 
 
-def _number(value: Any, key: str, low: float | None = None, high: float | None = None,
-            low_open: bool = False) -> float:
+def _number(value: Any, key: str, low: float | None = None, high: float | None = None, low_open: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
         _fail(key, f"must be a finite number, got {value!r}")
     v = float(value)
@@ -119,7 +118,9 @@ def _indices(value: Any, key: str, dim: int) -> list[int]:
 def _matrix(value: Any, key: str, rows: int, cols: int) -> np.ndarray:
     if not isinstance(value, (list, tuple)) or len(value) != rows:
         _fail(key, f"must be a {rows}x{cols} list of rows")
-    return np.array([_finite(r, f"{key}[{i}]", cols) for i, r in enumerate(value)], dtype=np.float64).reshape(rows, cols)
+    return np.array([_finite(r, f"{key}[{i}]", cols) for i, r in enumerate(value)], dtype=np.float64).reshape(
+        rows, cols
+    )
 
 
 @dataclass
@@ -191,15 +192,33 @@ class ShieldSpec:
 
     # ---- (de)serialization -------------------------------------------------
     @classmethod
-    def from_dict(cls, d: Any) -> "ShieldSpec":
+    def from_dict(cls, d: Any) -> ShieldSpec:
         """Validate a parsed shield.json mapping; raise ShieldSpecError naming the bad key."""
         if not isinstance(d, dict):
             _fail("<root>", f"must be a mapping, got {type(d).__name__}")
-        known = {"schema_version", "task", "obs_dim", "act_dim", "dt", "action_low", "action_high",
-                 "state_index", "model", "kinematics", "constraints", "latency_steps", "latency_min_steps", "margin",
-                 "input_gain_error", "input_gain_range",
-                 "disturbance_accel", "push_velocity", "angles",
-                 "fallback_action", "assumptions"}
+        known = {
+            "schema_version",
+            "task",
+            "obs_dim",
+            "act_dim",
+            "dt",
+            "action_low",
+            "action_high",
+            "state_index",
+            "model",
+            "kinematics",
+            "constraints",
+            "latency_steps",
+            "latency_min_steps",
+            "margin",
+            "input_gain_error",
+            "input_gain_range",
+            "disturbance_accel",
+            "push_velocity",
+            "angles",
+            "fallback_action",
+            "assumptions",
+        }
         for k in d:
             if k not in known:
                 _fail(str(k), "unknown key")
@@ -249,8 +268,9 @@ class ShieldSpec:
         if isinstance(latency, bool) or not isinstance(latency, int) or latency < 0:
             _fail("latency_steps", f"must be a non-negative integer, got {latency!r}")
         latency_min = d.get("latency_min_steps")
-        if latency_min is not None and (isinstance(latency_min, bool) or not isinstance(latency_min, int)
-                                        or not 0 <= latency_min <= latency):
+        if latency_min is not None and (
+            isinstance(latency_min, bool) or not isinstance(latency_min, int) or not 0 <= latency_min <= latency
+        ):
             _fail("latency_min_steps", f"must be an integer from 0 to latency_steps ({latency}), got {latency_min!r}")
         margin = _number(d.get("margin", 0.0), "margin", 0.0)
         gain_error = _number(d.get("input_gain_error", 0.0), "input_gain_error", 0.0, 0.9)
@@ -284,12 +304,32 @@ class ShieldSpec:
         task = d.get("task", "")
         if not isinstance(task, str):
             _fail("task", "must be a string")
-        return cls(obs_dim=obs_dim, act_dim=act_dim, dt=dt, action_low=low, action_high=high,
-                   state_index=state_index, model=model, position_index=pos, velocity_index=vel,
-                   brake_accel=brake, brake_accel_pairs=pairs, constraints=constraints, latency_steps=latency, margin=margin,
-                   input_gain_error=gain_error, disturbance_accel=disturbance,
-                   fallback_action=fallback, assumptions=assumptions, task=task, keepout_steering=steering,
-                   latency_min_steps=latency_min, push_velocity=kick, angles=angles, input_gain_range=gain_range)
+        return cls(
+            obs_dim=obs_dim,
+            act_dim=act_dim,
+            dt=dt,
+            action_low=low,
+            action_high=high,
+            state_index=state_index,
+            model=model,
+            position_index=pos,
+            velocity_index=vel,
+            brake_accel=brake,
+            brake_accel_pairs=pairs,
+            constraints=constraints,
+            latency_steps=latency,
+            margin=margin,
+            input_gain_error=gain_error,
+            disturbance_accel=disturbance,
+            fallback_action=fallback,
+            assumptions=assumptions,
+            task=task,
+            keepout_steering=steering,
+            latency_min_steps=latency_min,
+            push_velocity=kick,
+            angles=angles,
+            input_gain_range=gain_range,
+        )
 
     @staticmethod
     def _check_model(model: Any, n: int, m: int, state_index: list[int], pos: list[int], vel: list[int]) -> None:
@@ -346,15 +386,23 @@ class ShieldSpec:
     def to_dict(self) -> dict:
         """The JSON-ready mapping (inverse of `from_dict`)."""
         return {
-            "schema_version": SCHEMA_VERSION, "task": self.task,
-            "obs_dim": self.obs_dim, "act_dim": self.act_dim, "dt": self.dt,
-            "action_low": list(self.action_low), "action_high": list(self.action_high),
-            "state_index": list(self.state_index), "model": self.model,
-            "kinematics": {"position_index": list(self.position_index),
-                           "velocity_index": list(self.velocity_index),
-                           "brake_accel": pairs_to_list(self.brake_accel_pairs),
-                           **({"keepout_steering": True} if self.keepout_steering else {})},
-            "constraints": self.constraints, "latency_steps": self.latency_steps,
+            "schema_version": SCHEMA_VERSION,
+            "task": self.task,
+            "obs_dim": self.obs_dim,
+            "act_dim": self.act_dim,
+            "dt": self.dt,
+            "action_low": list(self.action_low),
+            "action_high": list(self.action_high),
+            "state_index": list(self.state_index),
+            "model": self.model,
+            "kinematics": {
+                "position_index": list(self.position_index),
+                "velocity_index": list(self.velocity_index),
+                "brake_accel": pairs_to_list(self.brake_accel_pairs),
+                **({"keepout_steering": True} if self.keepout_steering else {}),
+            },
+            "constraints": self.constraints,
+            "latency_steps": self.latency_steps,
             **({"latency_min_steps": self.latency_min_steps} if self.latency_min_steps is not None else {}),
             "margin": self.margin,
             "input_gain_error": self.input_gain_error,
@@ -367,7 +415,7 @@ class ShieldSpec:
         }
 
     @classmethod
-    def load(cls, path: str | Path) -> "ShieldSpec":
+    def load(cls, path: str | Path) -> ShieldSpec:
         """Read and validate a shield.json file."""
         path = Path(path)
         try:
@@ -399,10 +447,16 @@ class ShieldSpec:
         m = self.model
         if m["type"] == "linear":
             nz = int(m.get("internal_dim", 0))
-            return LinearModel(np.asarray(m["A"], np.float64), np.asarray(m["B"], np.float64),
-                               np.asarray(m["c"], np.float64), nz)
+            return LinearModel(
+                np.asarray(m["A"], np.float64), np.asarray(m["B"], np.float64), np.asarray(m["c"], np.float64), nz
+            )
         k = len(self.position_index)
-        args = (self.state_index, self.position_index, self.velocity_index, np.asarray(m["accel_per_action"], np.float64))
+        args = (
+            self.state_index,
+            self.position_index,
+            self.velocity_index,
+            np.asarray(m["accel_per_action"], np.float64),
+        )
         offset = np.asarray(m.get("accel_offset", [0.0] * k), np.float64)
         tau = float(m.get("response_time_s", 0.0))
         model = double_integrator_model(*args, offset, tau, self.dt)
@@ -431,7 +485,7 @@ def _angles(value: Any, obs_dim: int, state_index: list[int]) -> list[tuple[int,
 
 
 def angles_to_dict(angles: list[tuple[int, float]]) -> dict:
-    """(observation index, center) pairs in the spec's form, {"index": [...], "center": [...]} (inverse of `_angles`)."""
+    """(observation index, center) pairs as the spec writes them: {"index": [...], "center": [...]}."""
     return {"index": [i for i, _ in angles], "center": [c for _, c in angles]}
 
 
@@ -461,9 +515,16 @@ def pairs_to_list(pairs: list[tuple[float, float]]) -> list:
     return [lo if lo == hi else [lo, hi] for lo, hi in pairs]
 
 
-def double_integrator_model(state_index: list[int], pos: list[int], vel: list[int], accel_per_action: np.ndarray,
-                            accel_offset: np.ndarray, response_time_s: float, dt: float,
-                            substeps: int = 50) -> LinearModel:
+def double_integrator_model(
+    state_index: list[int],
+    pos: list[int],
+    vel: list[int],
+    accel_per_action: np.ndarray,
+    accel_offset: np.ndarray,
+    response_time_s: float,
+    dt: float,
+    substeps: int = 50,
+) -> LinearModel:
     """Discretize p'' = a, a' = (M u + a0 - a) / tau (tau = response_time_s, s) over one period dt (s).
 
     With tau > 0 the realized acceleration is an internal (predicted, not observed)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class Watchdog(threading.Thread):
@@ -32,9 +33,12 @@ class Watchdog(threading.Thread):
         while not self._halt.wait(0.1):
             now, busy, last = time.perf_counter_ns(), self.server.busy_since_ns, self.server.last_request_ns
             if self.server.stats.plants_refused != refused and now - refusal_noted > self.refusal_every_ns:
-                print(f"serve: watchdog: {self.server.stats.plants_refused - refused} new plant request(s) refused "
-                      f"(BUSY): all {self.server.plants.capacity} plant sessions are held by plants heard from in "
-                      f"the last second; raise --max-plants", file=sys.stderr)
+                print(
+                    f"serve: watchdog: {self.server.stats.plants_refused - refused} new plant request(s) refused "
+                    f"(BUSY): all {self.server.plants.capacity} plant sessions are held by plants heard from in "
+                    f"the last second; raise --max-plants",
+                    file=sys.stderr,
+                )
                 refused, refusal_noted = self.server.stats.plants_refused, now
             if busy and now - busy > self.stall_ns and not stalled:
                 print(f"serve: watchdog: one request has taken {(now - busy) / 1e6:.0f} ms", file=sys.stderr)
@@ -56,8 +60,16 @@ class RegistryWatcher(threading.Thread):
     again when it changes), never silently skipped; the old version keeps serving.
     """
 
-    def __init__(self, server: Any, models_root: str | Path, task: str,
-                 loader: Callable[[Path, dict], Any], *, poll_s: float = 0.2, seen: bytes | None = None):
+    def __init__(
+        self,
+        server: Any,
+        models_root: str | Path,
+        task: str,
+        loader: Callable[[Path, dict], Any],
+        *,
+        poll_s: float = 0.2,
+        seen: bytes | None = None,
+    ):
         """`seen`: the pointer's bytes as read before the served runtime was loaded (default: read now). A
         promote or rollback that lands while the server starts then differs from it and is applied."""
         super().__init__(name="serve-reload", daemon=True)
@@ -92,8 +104,11 @@ class RegistryWatcher(threading.Thread):
                 version = self.server.swap_runtime(self.loader(bundle_dir, pinned))
                 print(f"serve: reloaded {self.task} v{version} from {bundle_dir}", flush=True)
             except Exception as err:  # a bad promote must not stop the plant: keep serving the old version
-                print(f"serve: reload failed, still serving v{self.server.served.version}: {err}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"serve: reload failed, still serving v{self.server.served.version}: {err}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def stop(self) -> None:
         self._halt.set()

@@ -38,6 +38,7 @@ def export_test_bundle(tmp_path_factory, name: str):
 
     policy, meta = trained_like_policy()
     out = tmp_path_factory.mktemp(name) / "bundle"
-    export_deterministic(policy, meta, shield_spec(), config_hash="c0ffee", out_dir=out,
-                         registry_root=tmp_path_factory.mktemp("unused"))
+    export_deterministic(
+        policy, meta, shield_spec(), config_hash="c0ffee", out_dir=out, registry_root=tmp_path_factory.mktemp("unused")
+    )
     return out, policy

@@ -37,5 +37,6 @@ def trained_cartpole(tmp_path_factory):
     base = tmp_path_factory.mktemp("trained-cartpole")
     run = train(cfg, out_dir=base / "run", steps=TRAINED_STEP_BUDGET, progress=False)
     exported = export_policy(run.run_dir, out_dir=base / "bundle")
-    return SimpleNamespace(cfg=cfg, run=run, run_dir=Path(run.run_dir), bundle=Path(exported["bundle"]),
-                           export=exported)
+    return SimpleNamespace(
+        cfg=cfg, run=run, run_dir=Path(run.run_dir), bundle=Path(exported["bundle"]), export=exported
+    )

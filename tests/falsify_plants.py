@@ -16,9 +16,12 @@ def ballast_cartpole(folder: Path):
     """The cart-pole carrying BALLAST blocks, every mass, damping and gain randomized: 12 parameters per set, 4,096
     corners each (the shipped cart-pole has 6). Written to `folder`, loaded as a declared plant."""
     xml = (ROOT / "configs" / "cartpole_rail.xml").read_text()
-    blocks = "".join(f'\n      <body name="ballast{i}" pos="{0.08 * (i - 2.5):.2f} 0 -0.07">'
-                     f'<geom name="ballast{i}" type="box" size="0.03 0.03 0.02" mass="0.05" contype="0" '
-                     f'conaffinity="0"/></body>' for i in range(BALLAST))
+    blocks = "".join(
+        f'\n      <body name="ballast{i}" pos="{0.08 * (i - 2.5):.2f} 0 -0.07">'
+        f'<geom name="ballast{i}" type="box" size="0.03 0.03 0.02" mass="0.05" contype="0" '
+        f'conaffinity="0"/></body>'
+        for i in range(BALLAST)
+    )
     anchor = '<body name="pole" pos="0 0 0">'
     assert anchor in xml
     (folder / "ballast_cartpole.xml").write_text(xml.replace(anchor, blocks.lstrip("\n ") + "\n      " + anchor, 1))

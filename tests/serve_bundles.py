@@ -26,31 +26,49 @@ def tiny_policy_onnx(seed: int, obs_dim: int = OBS_DIM, act_dim: int = ACT_DIM) 
     b1 = rng.normal(0, 0.1, 16).astype(np.float32)
     w2 = rng.normal(0, 0.5, (16, act_dim)).astype(np.float32)
     b2 = rng.normal(0, 0.1, act_dim).astype(np.float32)
-    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"),
-                                                        (np.float32(-1.0), "lo"), (np.float32(1.0), "hi"))]
-    nodes = [helper.make_node("MatMul", ["obs", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["a1"]),
-             helper.make_node("Tanh", ["a1"], ["t1"]), helper.make_node("MatMul", ["t1", "w2"], ["m2"]),
-             helper.make_node("Add", ["m2", "b2"], ["a2"]), helper.make_node("Clip", ["a2", "lo", "hi"], ["action"])]
-    graph = helper.make_graph(nodes, "tiny_policy",
-                              [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", obs_dim])],
-                              [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", act_dim])], inits)
+    inits = [
+        numpy_helper.from_array(a, n)
+        for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"), (np.float32(-1.0), "lo"), (np.float32(1.0), "hi"))
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["obs", "w1"], ["m1"]),
+        helper.make_node("Add", ["m1", "b1"], ["a1"]),
+        helper.make_node("Tanh", ["a1"], ["t1"]),
+        helper.make_node("MatMul", ["t1", "w2"], ["m2"]),
+        helper.make_node("Add", ["m2", "b2"], ["a2"]),
+        helper.make_node("Clip", ["a2", "lo", "hi"], ["action"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_policy",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", obs_dim])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", act_dim])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model.SerializeToString()
 
 
-def write_tiny_bundle(out_dir, seed: int = 0, version: int | None = None, latency_steps: int = 0,
-                      action_bound: float = 1.0):
+def write_tiny_bundle(
+    out_dir, seed: int = 0, version: int | None = None, latency_steps: int = 0, action_bound: float = 1.0
+):
     """A complete, verifiable bundle for the planar double integrator (obs 4, act 2), actions in +-action_bound."""
     spec = planar_double_integrator(latency_steps=latency_steps)
     spec["task"] = "planar"
     spec["action_low"], spec["action_high"] = [-action_bound] * 2, [action_bound] * 2
     policy = tiny_policy_onnx(seed)
     shield_bytes = json.dumps(spec, indent=2, sort_keys=True).encode()
-    manifest = make_manifest(task="planar", env_id="test/Planar-v0", files={"policy.onnx": policy,
-                             "shield.json": shield_bytes}, config_hash="0" * 64, version=version,
-                             obs_dim=OBS_DIM, act_dim=ACT_DIM)
+    manifest = make_manifest(
+        task="planar",
+        env_id="test/Planar-v0",
+        files={"policy.onnx": policy, "shield.json": shield_bytes},
+        config_hash="0" * 64,
+        version=version,
+        obs_dim=OBS_DIM,
+        act_dim=ACT_DIM,
+    )
     return write_bundle(out_dir, policy_onnx=policy, shield_spec=shield_bytes, manifest=manifest)
 
 
@@ -69,8 +87,14 @@ class ServerProcess:
     def __init__(self, *args: str, cwd=None, command: tuple[str, ...] | None = None):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         command = command or (sys.executable, "-m", "shield.server")
-        self.proc = subprocess.Popen([*command, *args, "--port", "0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+        self.proc = subprocess.Popen(
+            [*command, *args, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
         self.lines: list[str] = []
         for line in self.proc.stdout:
             self.lines.append(line)
@@ -91,7 +115,7 @@ class ServerProcess:
         assert self.proc.returncode == 0, text
         return text
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc) -> None:

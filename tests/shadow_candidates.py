@@ -41,12 +41,19 @@ def _stand_in_shield_spec() -> dict:
 
     a, b = linearize_control_step(envs.nominal_model(ENV_ID))
     return {
-        "schema_version": 1, "task": "cartpole", "obs_dim": 5, "act_dim": 1, "dt": envs.task(ENV_ID).control_period,
-        "action_low": [-1.0], "action_high": [1.0], "state_index": [0, 1, 2, 3],
+        "schema_version": 1,
+        "task": "cartpole",
+        "obs_dim": 5,
+        "act_dim": 1,
+        "dt": envs.task(ENV_ID).control_period,
+        "action_low": [-1.0],
+        "action_high": [1.0],
+        "state_index": [0, 1, 2, 3],
         "model": {"type": "linear", "A": a.tolist(), "B": b.tolist(), "c": [0.0] * 4},
         "kinematics": {"position_index": [0], "velocity_index": [2], "brake_accel": [20.0]},
         "constraints": [{"name": "rail_band", "type": "box", "index": [0], "low": [-1.0], "high": [1.0], "gain": 0.3}],
-        "latency_steps": 0, "margin": 0.01,
+        "latency_steps": 0,
+        "margin": 0.01,
     }
 
 
@@ -61,14 +68,15 @@ def lqr_onnx(gain: np.ndarray, scale: float = 1.0, setpoint_scale: float = 1.0) 
     w[:4, 0] = -k
     w[4, 0] = k[0] * setpoint_scale  # the set-point shifts the position error
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["obs", "W"], ["u"]),
-         helper.make_node("Clip", ["u", "lo", "hi"], ["action"])],
+        [helper.make_node("MatMul", ["obs", "W"], ["u"]), helper.make_node("Clip", ["u", "lo", "hi"], ["action"])],
         "legacy_lqr_copy",
         [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 5])],
         [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 1])],
-        initializer=[helper.make_tensor("W", TensorProto.FLOAT, [5, 1], w.ravel().tolist()),
-                     helper.make_tensor("lo", TensorProto.FLOAT, [], [-1.0]),
-                     helper.make_tensor("hi", TensorProto.FLOAT, [], [1.0])],
+        initializer=[
+            helper.make_tensor("W", TensorProto.FLOAT, [5, 1], w.ravel().tolist()),
+            helper.make_tensor("lo", TensorProto.FLOAT, [], [-1.0]),
+            helper.make_tensor("hi", TensorProto.FLOAT, [], [1.0]),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model, full_check=True)
@@ -81,8 +89,14 @@ def write_lqr_bundle(out_dir, cfg, scale: float = 1.0, setpoint_scale: float = 1
 
     onnx_bytes = lqr_onnx(envs.legacy_controller(ENV_ID).gain, scale, setpoint_scale)
     shield_bytes = json.dumps(cartpole_shield_spec(cfg), indent=2).encode()
-    manifest = make_manifest(task="cartpole", env_id=ENV_ID, config_hash=cfg.config_hash(),
-                             files={POLICY_FILE: onnx_bytes, SHIELD_FILE: shield_bytes}, obs_dim=5, act_dim=1)
+    manifest = make_manifest(
+        task="cartpole",
+        env_id=ENV_ID,
+        config_hash=cfg.config_hash(),
+        files={POLICY_FILE: onnx_bytes, SHIELD_FILE: shield_bytes},
+        obs_dim=5,
+        act_dim=1,
+    )
     return write_bundle(out_dir, policy_onnx=onnx_bytes, shield_spec=shield_bytes, manifest=manifest)
 
 
@@ -96,8 +110,9 @@ def write_random_bundle(out_dir, cfg, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     ac = ActorCritic(5, 1, cfg.train.hidden_sizes)
     meta = dict(task="cartpole", env_id=ENV_ID, updates=0, env_steps=0, **ac.spec())
-    result = export_deterministic(DeterministicPolicy(ac), meta, cartpole_shield_spec(cfg),
-                                  config_hash=cfg.config_hash(), out_dir=out_dir)
+    result = export_deterministic(
+        DeterministicPolicy(ac), meta, cartpole_shield_spec(cfg), config_hash=cfg.config_hash(), out_dir=out_dir
+    )
     return Path(result["bundle"])
 
 

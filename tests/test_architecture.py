@@ -14,7 +14,9 @@ HEAVY = ("torch", "ray", "mujoco", "gymnasium", "prefect")
 def test_import_contracts_hold():
     """import-linter: flows -> pipeline -> envs, shield standalone, edge stays light."""
     lint = Path(sys.executable).with_name("lint-imports")
-    out = subprocess.run([str(lint), "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(lint), "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "BROKEN" not in out.stdout
 
@@ -40,9 +42,11 @@ def test_every_shield_module_loads_nothing_heavy(module):
 
 def test_envs_imports_nothing_of_pipeline_shield_or_flows():
     # Of shield, envs may load only the constraint geometry (the one constraint definition).
-    code = ("import envs, sys; print(sorted(m for m in sys.modules "
-            "if m.split('.')[0] in ('pipeline', 'shield', 'flows', 'ray', 'torch', 'prefect') "
-            "and m not in ('shield', 'shield.constraints')))")
+    code = (
+        "import envs, sys; print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('pipeline', 'shield', 'flows', 'ray', 'torch', 'prefect') "
+        "and m not in ('shield', 'shield.constraints')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -59,8 +63,9 @@ def test_help_and_every_command_module_load_nothing_heavy():
 def test_every_pipeline_command_runs_from_pipeline_commands():
     from pipeline.cli import HANDLERS
 
-    outside = {name: spec for name, spec in HANDLERS.items()
-               if not spec.startswith("pipeline.commands.") and name != "serve"}  # serve is the edge's own CLI
+    outside = {
+        name: spec for name, spec in HANDLERS.items() if not spec.startswith("pipeline.commands.") and name != "serve"
+    }  # serve is the edge's own CLI
     assert outside == {}
 
 

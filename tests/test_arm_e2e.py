@@ -24,9 +24,25 @@ def test_sim2real_run_promotes_the_arm_with_zero_violations(tmp_path):
     from shield.bundle import verify_bundle
 
     models, runs = tmp_path / "models", tmp_path / "runs"
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", "configs/arm.yaml",
-                          "--models", str(models), "--runs", str(runs), "--json"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=840)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "run",
+            "--config",
+            "configs/arm.yaml",
+            "--models",
+            str(models),
+            "--runs",
+            str(runs),
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["task"] == "arm" and summary["decision"] == "pass", summary["reasons"]

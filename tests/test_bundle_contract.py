@@ -29,12 +29,14 @@ def cartpole_bundle(tmp_path_factory) -> Path:
     cfg = load_config(ROOT / "configs" / "cartpole.yaml")
     torch.manual_seed(0)
     ac = ActorCritic(5, 1, (16, 16), action_low=[-1.0], action_high=[1.0])
-    ac.obs_rms.update(torch.randn(2000, 5, dtype=torch.float64) * torch.tensor([0.3, 0.05, 0.5, 0.4, 0.4],
-                                                                              dtype=torch.float64))
+    ac.obs_rms.update(
+        torch.randn(2000, 5, dtype=torch.float64) * torch.tensor([0.3, 0.05, 0.5, 0.4, 0.4], dtype=torch.float64)
+    )
     meta = dict(task=cfg.task.name, env_id=cfg.task.env_id, updates=1, env_steps=1, **ac.spec())
     out = tmp_path_factory.mktemp("contract") / "bundle"
-    export_deterministic(DeterministicPolicy(ac), meta, build_shield_spec(cfg), config_hash=cfg.config_hash(),
-                         out_dir=out)
+    export_deterministic(
+        DeterministicPolicy(ac), meta, build_shield_spec(cfg), config_hash=cfg.config_hash(), out_dir=out
+    )
     return out
 
 
@@ -57,8 +59,16 @@ def test_the_contract_carries_the_declaration_s_names_units_and_numbers(cartpole
     assert [o["name"] for o in contract["observations"]] == [o.name for o in decl.observations]
     assert [o["unit"] for o in contract["observations"]] == ["m", "rad", "m/s", "rad/s", "m"]
     assert contract["observations"][0]["source"] == "joint slider qpos"
-    assert contract["actions"] == [{"name": "cart_force", "source": "actuator cart_force", "unit": "N",
-                                    "units_per_action": 30.0, "low": -1.0, "high": 1.0}]
+    assert contract["actions"] == [
+        {
+            "name": "cart_force",
+            "source": "actuator cart_force",
+            "unit": "N",
+            "units_per_action": 30.0,
+            "low": -1.0,
+            "high": 1.0,
+        }
+    ]
     assert contract["control_period_s"] == decl.control_period and contract["policy_state"] == {"kind": "none"}
     for o in contract["observations"]:  # numbers as numbers, an expected range around the training data
         assert isinstance(o["expected_low"], float) and o["expected_low"] < 0.0 < o["expected_high"]
@@ -68,13 +78,16 @@ def test_the_contract_carries_the_declaration_s_names_units_and_numbers(cartpole
     assert Bundle.load(cartpole_bundle).manifest["contract"] == contract
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda c: c["observations"].reverse(), "names_sha256"),  # the names reordered: not the hashed ones
-    (lambda c: c.update(control_period_s=0.01), "names_sha256"),  # another rate
-    (lambda c: c["actions"][0].update(units_per_action="30"), r"units_per_action: must be a finite number"),
-    (lambda c: c["observations"].pop(), "4 entries, the policy has 5"),
-    (lambda c: c.pop("policy_state"), "policy_state.kind"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda c: c["observations"].reverse(), "names_sha256"),  # the names reordered: not the hashed ones
+        (lambda c: c.update(control_period_s=0.01), "names_sha256"),  # another rate
+        (lambda c: c["actions"][0].update(units_per_action="30"), r"units_per_action: must be a finite number"),
+        (lambda c: c["observations"].pop(), "4 entries, the policy has 5"),
+        (lambda c: c.pop("policy_state"), "policy_state.kind"),
+    ],
+)
 def test_a_contract_that_does_not_hold_is_refused_even_when_resealed(cartpole_bundle, tmp_path, edit, message):
     import shutil
 

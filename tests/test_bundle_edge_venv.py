@@ -53,8 +53,12 @@ def edge_python(tmp_path_factory):
             shutil.copy2(src, source / name)
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(base / "venv")
     python = base / "venv" / "bin" / "python"
-    out = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"{source}[edge]"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"{source}[edge]"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, f"pip install sim2real[edge] into the edge venv failed:\n{out.stderr[-2000:]}"
     return python
 
@@ -66,8 +70,14 @@ def test_bundle_loads_and_acts_in_an_edge_venv_without_torch(edge_python, tmp_pa
     registry.promote("planar", result["version"])
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    out = subprocess.run([str(edge_python), "-c", EDGE_SCRIPT % (HEAVY,), str(registry.root)], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(edge_python), "-c", EDGE_SCRIPT % (HEAVY,), str(registry.root)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["heavy"] == [], f"the edge runtime imported {report['heavy']}"
@@ -75,16 +85,22 @@ def test_bundle_loads_and_acts_in_an_edge_venv_without_torch(edge_python, tmp_pa
     assert report["shield_module"].startswith(str(edge_python.parents[1])), "must run the installed copy"
     assert report["bundle"].endswith("planar/1")
     # The same bundle acts the same way at the edge as here, and the shield is active there.
-    from shield.runtime import EdgeRuntime
     import numpy as np
+
+    from shield.runtime import EdgeRuntime
+
     safe, raw, _ = EdgeRuntime.load(result["bundle"]).act(np.array([1.95, 0.0, 2.0, 0.0], np.float32))
     assert np.allclose(report["raw"], raw, atol=1e-6) and np.allclose(report["safe"], safe, atol=1e-6)
     assert report["intervened"] and report["safe"][0] <= 0.0
 
 
 def test_edge_install_pulls_only_the_edge_packages(edge_python):
-    out = subprocess.run([str(edge_python), "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(edge_python), "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     installed = {p["name"].lower() for p in json.loads(out.stdout)}
     assert {"sim2real", "numpy", "onnxruntime", "daqp"} <= installed
     assert not installed & {"torch", "mujoco", "ray", "gymnasium", "prefect", "onnx", "pydantic"}, installed

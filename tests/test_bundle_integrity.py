@@ -11,8 +11,19 @@ import torch
 
 from pipeline.commands.registry import run as run_cli
 from pipeline.deployment.registry import Registry
-from shield.bundle import (MANIFEST_FILE, Bundle, BundleError, make_manifest, manifest_bytes, parse_manifest,
-                           resolve_production, seal_manifest, sha256_bytes, verify_bundle, write_bundle)
+from shield.bundle import (
+    MANIFEST_FILE,
+    Bundle,
+    BundleError,
+    make_manifest,
+    manifest_bytes,
+    parse_manifest,
+    resolve_production,
+    seal_manifest,
+    sha256_bytes,
+    verify_bundle,
+    write_bundle,
+)
 from shield.runtime import EdgeRuntime
 from tests.bundle_helpers import export_test_bundle
 
@@ -102,12 +113,18 @@ def test_edited_manifest_field_is_refused(bundle):
         verify_bundle(bundle)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda b: (b / "policy.onnx").unlink(), r"^policy\.onnx: missing"),
-    (lambda b: (b / MANIFEST_FILE).unlink(), r"^manifest\.json: missing"),
-    (lambda b: (b / MANIFEST_FILE).write_text("{not json"), r"^manifest\.json in .*: not valid JSON"),
-    (lambda b: (b / MANIFEST_FILE).write_text(json.dumps({"schema_version": 99})), r"unsupported schema_version 99"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda b: (b / "policy.onnx").unlink(), r"^policy\.onnx: missing"),
+        (lambda b: (b / MANIFEST_FILE).unlink(), r"^manifest\.json: missing"),
+        (lambda b: (b / MANIFEST_FILE).write_text("{not json"), r"^manifest\.json in .*: not valid JSON"),
+        (
+            lambda b: (b / MANIFEST_FILE).write_text(json.dumps({"schema_version": 99})),
+            r"unsupported schema_version 99",
+        ),
+    ],
+)
 def test_broken_bundles_give_one_clear_error(bundle, damage, message):
     damage(bundle)
     with pytest.raises(BundleError, match=message):
@@ -139,6 +156,7 @@ def test_registry_verify_cli_names_the_tampered_file_and_fails(bundle, tmp_path,
 
     class Args:
         registry_cmd, task, version, root, json = "verify", "planar", None, str(tmp_path / "models"), False
+
     assert run_cli(Args) == 1
     out = capsys.readouterr().out
     assert "planar v2: policy.onnx: sha256 mismatch" in out and "v1" not in out
@@ -150,8 +168,12 @@ def test_a_sealed_bundle_with_an_invalid_shield_spec_is_refused_at_load(bundle, 
     source = Bundle.load(bundle)
     spec = dict(source.shield_spec, margin=-1.0)
     shield_bytes = json.dumps(spec).encode()
-    manifest = make_manifest(task="planar", env_id="x", config_hash="y",
-                             files={"policy.onnx": source.policy_onnx, "shield.json": shield_bytes})
+    manifest = make_manifest(
+        task="planar",
+        env_id="x",
+        config_hash="y",
+        files={"policy.onnx": source.policy_onnx, "shield.json": shield_bytes},
+    )
     out = write_bundle(tmp_path / "bad", policy_onnx=source.policy_onnx, shield_spec=shield_bytes, manifest=manifest)
     with pytest.raises(BundleError, match=r"^shield\.json in .*: shield spec: margin"):
         EdgeRuntime.load(out)
@@ -163,6 +185,10 @@ def test_write_bundle_refuses_to_overwrite_and_a_mismatched_manifest(bundle, tmp
     with pytest.raises(BundleError, match="already exists"):
         write_bundle(bundle, policy_onnx=source.policy_onnx, shield_spec=source.shield_json, manifest=source.manifest)
     with pytest.raises(BundleError, match=r"^policy\.onnx: the manifest's sha256 does not match"):
-        write_bundle(tmp_path / "new", policy_onnx=source.policy_onnx + b"x", shield_spec=source.shield_json,
-                     manifest=source.manifest)
+        write_bundle(
+            tmp_path / "new",
+            policy_onnx=source.policy_onnx + b"x",
+            shield_spec=source.shield_json,
+            manifest=source.manifest,
+        )
     assert not (tmp_path / "new").exists()

@@ -22,16 +22,19 @@ def _one_error_line(err: str, command: str) -> None:
     assert err.startswith(f"sim2real {command}: error: ") and err.count("\n") == 1 and "Traceback" not in err
 
 
-@pytest.mark.parametrize("argv,culprit", [
-    (["config", "--check", "no/such.yaml"], "no/such.yaml"),
-    (["eval", "--policy", "legacy", "some/bundle"], "BUNDLE"),
-    (["eval", "--policy", "legacy", "--episodes", "0"], "--episodes"),
-    (["falsify", "--budget-s", "0"], "--budget-s"),
-    (["shadow", "no/such/bundle", "--episodes", "1"], "no/such/bundle"),
-    (["export", "no/such/run"], "no/such/run"),
-    (["calibrate", "--from-log", "no/such/log.npz"], "no/such/log.npz"),
-    (["train", "--config", "no/such.yaml"], "no/such.yaml"),
-])
+@pytest.mark.parametrize(
+    "argv,culprit",
+    [
+        (["config", "--check", "no/such.yaml"], "no/such.yaml"),
+        (["eval", "--policy", "legacy", "some/bundle"], "BUNDLE"),
+        (["eval", "--policy", "legacy", "--episodes", "0"], "--episodes"),
+        (["falsify", "--budget-s", "0"], "--budget-s"),
+        (["shadow", "no/such/bundle", "--episodes", "1"], "no/such/bundle"),
+        (["export", "no/such/run"], "no/such/run"),
+        (["calibrate", "--from-log", "no/such/log.npz"], "no/such/log.npz"),
+        (["train", "--config", "no/such.yaml"], "no/such.yaml"),
+    ],
+)
 def test_a_user_error_is_exit_2_and_one_line_naming_the_culprit(argv, culprit, capsys, tmp_path):
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -65,15 +68,23 @@ def test_interrupt_is_130_and_a_bug_keeps_its_traceback(capsys):
 
 
 def test_the_console_script_exits_with_the_policy_code():
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "config", "--check", "no/such.yaml"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "config", "--check", "no/such.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     _one_error_line(out.stderr, "config")
 
 
 def test_json_output_is_one_object_with_numpy_values_as_lists(capsys):
-    emit(argparse.Namespace(json=True), {"rmse": np.array([0.5, 0.25], dtype=np.float32), "n": np.int64(3),
-                                         "path": Path("runs/x")}, "human text")
+    emit(
+        argparse.Namespace(json=True),
+        {"rmse": np.array([0.5, 0.25], dtype=np.float32), "n": np.int64(3), "path": Path("runs/x")},
+        "human text",
+    )
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and json.loads(out) == {"rmse": [0.5, 0.25], "n": 3, "path": "runs/x"}
     emit(argparse.Namespace(json=False), {"n": 1}, "human text")

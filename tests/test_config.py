@@ -99,15 +99,17 @@ def test_cli_rejects_bad_config_with_key_path(tmp_path, cartpole_dict):
     cartpole_dict["shadow"]["episodes"] = -3
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(cartpole_dict))
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "config", "--check", str(bad)],
-                         cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "config", "--check", str(bad)], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode != 0
     assert "shadow.episodes" in out.stderr
     assert "Traceback" not in out.stderr
 
 
 def test_cli_documents_every_key():
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "config"], cwd=ROOT,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "config"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     for key in ("train.lr", "gate.min_return_ratio", "ray.actor_num_cpus", "shield.enabled"):
         assert key in out.stdout

@@ -50,49 +50,88 @@ def stage(tmp_path, name: str, mjcf: str = MJCF, push: dict | None = None, **edi
     `push`: the reality set's push."""
     (tmp_path / "stage.xml").write_text(mjcf)
     plant = {
-        "mjcf": "stage.xml", "control_period": 0.02, "episode_steps": 200,
+        "mjcf": "stage.xml",
+        "control_period": 0.02,
+        "episode_steps": 200,
         "actuators": [{"name": n, "scale": 1.0} for n in ("mx", "my", "mz")],
         "targets": {"goal": {"low": [-0.3, -0.3, -0.1], "high": [0.3, 0.3, 0.1], "hold_s": [1.0, 2.0]}},
         "initial_state": {"qpos": {"sx": [-0.1, 0.1], "sy": [-0.1, 0.1]}},
         "observations": [{"name": n, "joint": j} for n, j in (("x", "sx"), ("y", "sy"), ("z", "sz"))]
         + [{"name": n, "joint": j, "quantity": "vel"} for n, j in (("vx", "sx"), ("vy", "sy"), ("vz", "sz"))]
         + [{"name": f"{a}_ref", "target": "goal", "index": i} for i, a in enumerate("xyz")],
-        "reward": [{"term": "alive", "weight": 1.0},
-                   {"term": "tracking", "observations": ["x", "y", "z"], "targets": ["x_ref", "y_ref", "z_ref"],
-                    "weight": -1.0, "clip": 1.0}],
+        "reward": [
+            {"term": "alive", "weight": 1.0},
+            {
+                "term": "tracking",
+                "observations": ["x", "y", "z"],
+                "targets": ["x_ref", "y_ref", "z_ref"],
+                "weight": -1.0,
+                "clip": 1.0,
+            },
+        ],
         "termination": [{"observation": "x", "abs_above": 0.68}],
         "kinematics": {"positions": ["x", "y", "z"], "velocities": ["vx", "vy", "vz"]},
-        "constraints": [{"name": "workspace", "type": "box", "observations": ["x", "y"], "low": [-0.5, -0.5],
-                         "high": [0.5, 0.5]},
-                        {"name": "floor", "type": "halfspace", "a": {"z": -1.0}, "b": 0.3}],
+        "constraints": [
+            {"name": "workspace", "type": "box", "observations": ["x", "y"], "low": [-0.5, -0.5], "high": [0.5, 0.5]},
+            {"name": "floor", "type": "halfspace", "a": {"z": -1.0}, "b": 0.3},
+        ],
         "shield_model": {"type": "double_integrator", "accel_per_action": TRUE_ACCEL},
-        "legacy": {"type": "pid", "loops": [{"action": i, "measured": a, "setpoint": f"{a}_ref", "rate": f"v{a}",
-                                             "kp": 2.0, "kd": 0.3} for i, a in enumerate("xyz")]},
+        "legacy": {
+            "type": "pid",
+            "loops": [
+                {"action": i, "measured": a, "setpoint": f"{a}_ref", "rate": f"v{a}", "kp": 2.0, "kd": 0.3}
+                for i, a in enumerate("xyz")
+            ],
+        },
     }
-    shield = {"enabled": True, "margin": 0.01, "brake_fraction": 0.3, "input_gain_error": 0.2,
-              "disturbance_accel": [0.5, 0.5, 10.5]}  # z: gravity, 9.81
+    shield = {
+        "enabled": True,
+        "margin": 0.01,
+        "brake_fraction": 0.3,
+        "input_gain_error": 0.2,
+        "disturbance_accel": [0.5, 0.5, 10.5],
+    }  # z: gravity, 9.81
     for key, value in edits.items():
         (shield if key in shield else plant)[key] = value
-    doc = {"task": {"name": name, "env_id": f"sim2real/{name.capitalize()}-v0"}, "plant": plant,
-           "randomization": {
-               "train": {"actuator_gain": {m: {"dist": "uniform", "low": 0.9, "high": 1.1} for m in ("mx", "my", "mz")}},
-               "reality": {"actuator_gain": {m: {"dist": "uniform", "low": 0.9, "high": 1.05} for m in ("mx", "my", "mz")},
-                           "latency_steps": {"low": 0, "high": 1}, **({"push": push} if push else {})}},
-           "shield": shield, "validation": {"enabled": False}, "shadow": {"episodes": 2, "domains": "reality"}}
+    doc = {
+        "task": {"name": name, "env_id": f"sim2real/{name.capitalize()}-v0"},
+        "plant": plant,
+        "randomization": {
+            "train": {"actuator_gain": {m: {"dist": "uniform", "low": 0.9, "high": 1.1} for m in ("mx", "my", "mz")}},
+            "reality": {
+                "actuator_gain": {m: {"dist": "uniform", "low": 0.9, "high": 1.05} for m in ("mx", "my", "mz")},
+                "latency_steps": {"low": 0, "high": 1},
+                **({"push": push} if push else {}),
+            },
+        },
+        "shield": shield,
+        "validation": {"enabled": False},
+        "shadow": {"episodes": 2, "domains": "reality"},
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return str(path)
 
 
-@pytest.mark.parametrize("edits,key,number", [
-    ({"disturbance_accel": [0.5, 0.5, 0.5]}, "shield.disturbance_accel[2]", "9.7"),  # gravity on z uncovered
-    ({"kinematics": {"positions": ["z", "x", "y"], "velocities": ["vz", "vx", "vy"]}},
-     "plant.kinematics.positions[0]", "19."),  # input 2 moves the first position listed
-    ({"shield_model": {"type": "double_integrator", "accel_per_action": [100.0, 15.0, 20.0]}},
-     "plant.shield_model.accel_per_action[0]", "declare 9.9"),  # ten times the motor
-])
-def test_a_double_integrator_the_mjcf_does_not_follow_is_refused_with_its_key(tmp_path, capsys, monkeypatch, edits,
-                                                                               key, number):
+@pytest.mark.parametrize(
+    "edits,key,number",
+    [
+        ({"disturbance_accel": [0.5, 0.5, 0.5]}, "shield.disturbance_accel[2]", "9.7"),  # gravity on z uncovered
+        (
+            {"kinematics": {"positions": ["z", "x", "y"], "velocities": ["vz", "vx", "vy"]}},
+            "plant.kinematics.positions[0]",
+            "19.",
+        ),  # input 2 moves the first position listed
+        (
+            {"shield_model": {"type": "double_integrator", "accel_per_action": [100.0, 15.0, 20.0]}},
+            "plant.shield_model.accel_per_action[0]",
+            "declare 9.9",
+        ),  # ten times the motor
+    ],
+)
+def test_a_double_integrator_the_mjcf_does_not_follow_is_refused_with_its_key(
+    tmp_path, capsys, monkeypatch, edits, key, number
+):
     monkeypatch.setenv("SIM2REAL_TASKS", "")
     name = f"stage{abs(hash(key)) % 10**6}"
     assert sim2real(["config", "--check", stage(tmp_path, name, **edits)]) == 2
@@ -109,19 +148,28 @@ def test_the_stage_declared_as_it_is_passes_and_the_shield_holds_its_floor(tmp_p
     capsys.readouterr()
     runs = {}
     for policy, shield in (("adversarial", []), ("bang_bang", []), ("adversarial", ["--no-shield"])):
-        assert sim2real(["eval", "--config", path, "--policy", policy, "--domains", "reality", "--episodes", "4",
-                         "--json", *shield]) in (0, 1)
+        assert sim2real(
+            ["eval", "--config", path, "--policy", policy, "--domains", "reality", "--episodes", "4", "--json", *shield]
+        ) in (0, 1)
         runs[(policy, bool(shield))] = json.loads(capsys.readouterr().out)["violations"]
     assert runs[("adversarial", False)] == 0 and runs[("bang_bang", False)] == 0, runs
     assert runs[("adversarial", True)] > 0, runs  # without the shield the adversary does cross: the test can fail
 
 
-LAGGED = MJCF.replace('<motor name="mx" joint="sx" gear="20" ctrlrange="-1 1"/>',
-                      '<general name="mx" joint="sx" gear="20" ctrlrange="-1 1" dyntype="filter" dynprm="0.1"/>') \
-    .replace('<motor name="my" joint="sy" gear="15" ctrlrange="-1 1"/>',
-             '<general name="my" joint="sy" gear="15" ctrlrange="-1 1" dyntype="filter" dynprm="0.1"/>') \
-    .replace('<motor name="mz" joint="sz" gear="10" ctrlrange="-1 1"/>',
-             '<general name="mz" joint="sz" gear="10" ctrlrange="-1 1" dyntype="filter" dynprm="0.1"/>')
+LAGGED = (
+    MJCF.replace(
+        '<motor name="mx" joint="sx" gear="20" ctrlrange="-1 1"/>',
+        '<general name="mx" joint="sx" gear="20" ctrlrange="-1 1" dyntype="filter" dynprm="0.1"/>',
+    )
+    .replace(
+        '<motor name="my" joint="sy" gear="15" ctrlrange="-1 1"/>',
+        '<general name="my" joint="sy" gear="15" ctrlrange="-1 1" dyntype="filter" dynprm="0.1"/>',
+    )
+    .replace(
+        '<motor name="mz" joint="sz" gear="10" ctrlrange="-1 1"/>',
+        '<general name="mz" joint="sz" gear="10" ctrlrange="-1 1" dyntype="filter" dynprm="0.1"/>',
+    )
+)
 
 
 def test_an_actuator_lag_is_read_from_the_mjcf_and_a_push_from_the_body_it_pushes(tmp_path, capsys, monkeypatch):
@@ -132,8 +180,9 @@ def test_an_actuator_lag_is_read_from_the_mjcf_and_a_push_from_the_body_it_pushe
     moving bodies' summed mass said 4, and the stage crossed its floor)."""
     monkeypatch.setenv("SIM2REAL_TASKS", "")
     lagged = {"shield_model": {"type": "double_integrator", "accel_per_action": TRUE_ACCEL, "response_time_s": 0.1}}
-    assert sim2real(["config", "--check", stage(tmp_path, "stagelag", mjcf=LAGGED, **lagged)]) == 0, \
+    assert sim2real(["config", "--check", stage(tmp_path, "stagelag", mjcf=LAGGED, **lagged)]) == 0, (
         capsys.readouterr().err
+    )
     capsys.readouterr()
     short = {"shield_model": {"type": "double_integrator", "accel_per_action": TRUE_ACCEL, "response_time_s": 0.05}}
     assert sim2real(["config", "--check", stage(tmp_path, "stageshortlag", mjcf=LAGGED, **short)]) == 2
@@ -154,13 +203,16 @@ def test_sensor_and_site_observations_are_of_the_state_the_step_reached(tmp_path
     import envs
 
     monkeypatch.setenv("SIM2REAL_TASKS", "")
-    mjcf = MJCF.replace('<geom type="sphere" size="0.03" mass="0.5" contype="0" conaffinity="0"/>',
-                        '<geom type="sphere" size="0.03" mass="0.5" contype="0" conaffinity="0"/>'
-                        '<site name="tip" pos="0 0 0"/>').replace(
-        "</actuator>", '</actuator>\n  <sensor><jointpos name="zpos" joint="sz"/></sensor>')
+    mjcf = MJCF.replace(
+        '<geom type="sphere" size="0.03" mass="0.5" contype="0" conaffinity="0"/>',
+        '<geom type="sphere" size="0.03" mass="0.5" contype="0" conaffinity="0"/><site name="tip" pos="0 0 0"/>',
+    ).replace("</actuator>", '</actuator>\n  <sensor><jointpos name="zpos" joint="sz"/></sensor>')
     path = stage(tmp_path, "stagesensed", mjcf=mjcf)
     doc = yaml.safe_load(open(path))
-    doc["plant"]["observations"] += [{"name": "z_sensed", "sensor": "zpos"}, {"name": "z_site", "site": "tip", "axis": 2}]
+    doc["plant"]["observations"] += [
+        {"name": "z_sensed", "sensor": "zpos"},
+        {"name": "z_site", "site": "tip", "axis": 2},
+    ]
     with open(path, "w") as f:
         yaml.safe_dump(doc, f, sort_keys=False)
     spec = envs.register_task_file(path, check=True)

@@ -25,8 +25,13 @@ def site(tmp_path_factory) -> Path:
     pytest.importorskip("mkdocs")
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "DISABLE_MKDOCS_2_WARNING": "true"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -72,8 +77,9 @@ def _matches(path: str, documented: set[str]) -> bool:
     parts = path.split(".")
     for key in documented:
         kparts = key.split(".")
-        if len(kparts) == len(parts) and all(k == p or (k.startswith("<") and k.endswith(">"))
-                                             for k, p in zip(kparts, parts)):
+        if len(kparts) == len(parts) and all(
+            k == p or (k.startswith("<") and k.endswith(">")) for k, p in zip(kparts, parts)
+        ):
             return True
     return False
 
@@ -86,15 +92,22 @@ def test_the_config_and_plant_references_have_every_key_the_models_and_the_shipp
         assert key in text, key
         assert description, f"{key} has no description"
     documented = {k for k, *_ in rows}
-    documented |= {".".join(k.split(".")[:i + 1]) for k in documented for i, part in enumerate(k.split("."))
-                   if part.startswith("<")}  # a named entry itself: randomization.<set>
+    documented |= {
+        ".".join(k.split(".")[: i + 1])
+        for k in documented
+        for i, part in enumerate(k.split("."))
+        if part.startswith("<")
+    }  # a named entry itself: randomization.<set>
     for config in sorted((ROOT / "configs").glob("*.yaml")):
         data = yaml.safe_load(config.read_text())
         if "plant" in data and "initial_state" in data["plant"]:  # {qpos|qvel: {joint: [lo, hi]}} is free-form
             data["plant"]["initial_state"] = {}
         for path in _yaml_keys(data):
-            free_form = re.match(r"(plant\.(shield_model\.operating_point|legacy\.setpoints|constraints\[\]\.a)"
-                                 r"|shield\.(model_ranges|gains|ambient_disturbance_accel))\.", path)
+            free_form = re.match(
+                r"(plant\.(shield_model\.operating_point|legacy\.setpoints|constraints\[\]\.a)"
+                r"|shield\.(model_ranges|gains|ambient_disturbance_accel))\.",
+                path,
+            )
             assert free_form or _matches(path, documented), f"{config.name}: {path} is not in the reference"
 
 

@@ -1,4 +1,4 @@
-"""Issue 11: every corner of each shipped config's envelope, shielded, with the adversarial and random policies: 0 violations.
+"""Every corner of each shipped config's envelope, shielded, with the adversarial and random policies: 0 violations.
 
 The envelope is the hull of the config's randomization sets (`falsify.envelope_set`):
 each corner pins every range (masses, gains, damping, latency) to one end, with the
@@ -37,9 +37,16 @@ def test_every_corner_of_the_envelope_stays_safe_under_the_shield(task):
     bad = []
     for i, domain in enumerate(corners):
         for name, episodes in per_corner.items():
-            result = evaluate(cfg, reference_policy(name, cfg, spec, seed=i), domains=parse_randomization(domain),
-                              episodes=episodes, seed=1000 * i, shield=True, spec=spec,
-                              max_episode_steps=EPISODE_STEPS[task])
+            result = evaluate(
+                cfg,
+                reference_policy(name, cfg, spec, seed=i),
+                domains=parse_randomization(domain),
+                episodes=episodes,
+                seed=1000 * i,
+                shield=True,
+                spec=spec,
+                max_episode_steps=EPISODE_STEPS[task],
+            )
             if result["violations"]:
                 bad.append((i, name, result["violations"], domain))
     assert not bad, bad
@@ -53,18 +60,26 @@ BANG_BANG = {"cartpole": (2, 500), "quadrotor": (2, 1000), "arm": (1, 300)}  # (
 def test_every_corner_stays_safe_under_bang_bang_set_points(task):
     """Each action flipping between its bounds at its own period, full-length episodes: the pattern that took the
     quadrotor out of its fence on 33 of 200 corner episodes while its inner loop overshot the shield's lag model
-    (tests/test_known_gaps.py). The adversary drives one way and the random policy averages to zero: neither found it."""
+    (tests/test_known_gaps.py). The adversary drives one way and the random policy averages to zero: neither
+    found it."""
     cfg = load_config(f"configs/{task}.yaml")
     spec = ShieldSpec.from_dict(build_shield_spec(cfg))
     episodes, steps = BANG_BANG[task]
     bad = []
     for i, domain in enumerate(corner_domains(envelope_set(cfg))):
-        result = evaluate(cfg, reference_policy("bang_bang", cfg, spec, seed=i), domains=parse_randomization(domain),
-                          episodes=episodes, seed=1000 * i, shield=True, spec=spec, max_episode_steps=steps)
+        result = evaluate(
+            cfg,
+            reference_policy("bang_bang", cfg, spec, seed=i),
+            domains=parse_randomization(domain),
+            episodes=episodes,
+            seed=1000 * i,
+            shield=True,
+            spec=spec,
+            max_episode_steps=steps,
+        )
         if result["violations"]:
             bad.append((i, result["violations"], domain))
     assert not bad, bad
-
 
 
 @pytest.mark.slow
@@ -79,8 +94,16 @@ def test_every_cartpole_corner_keeps_the_cart_in_its_band_after_the_pole_falls()
     bad = []
     for i, domain in enumerate(corner_domains(envelope_set(cfg))):
         for name in ("bang_bang", "adversarial"):
-            result = evaluate(cfg, reference_policy(name, cfg, spec, seed=i), domains=parse_randomization(domain),
-                              episodes=1, seed=1000 * i, shield=True, spec=spec, past_termination=True)
+            result = evaluate(
+                cfg,
+                reference_policy(name, cfg, spec, seed=i),
+                domains=parse_randomization(domain),
+                episodes=1,
+                seed=1000 * i,
+                shield=True,
+                spec=spec,
+                past_termination=True,
+            )
             assert result["steps"] == 500  # on to the episode's length
             if result["violations"]:
                 bad.append((i, name, result["violations"]))

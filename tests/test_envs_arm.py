@@ -1,9 +1,8 @@
-"""The planar arm, a task shipped as files only (configs/arm.yaml + configs/planar_arm.xml), and declared tasks in general."""
+"""The planar arm, a task shipped as files only (configs/arm.yaml + planar_arm.xml), and declared tasks in general."""
 
 from __future__ import annotations
 
 import itertools
-
 import json
 import os
 import subprocess
@@ -79,8 +78,18 @@ def test_declared_pd_tracks_the_targets_safely_and_beats_random():
 
 
 def test_adversary_is_held_inside_the_limits_by_the_shield_on_reality(capsys):
-    common = ["eval", "--config", str(ARM_CONFIG), "--policy", "adversarial", "--domains", "reality",
-              "--episodes", "2", "--json"]
+    common = [
+        "eval",
+        "--config",
+        str(ARM_CONFIG),
+        "--policy",
+        "adversarial",
+        "--domains",
+        "reality",
+        "--episodes",
+        "2",
+        "--json",
+    ]
     assert sim2real(common + ["--no-shield"]) == 0
     assert json.loads(capsys.readouterr().out)["violations"] > 0
     assert sim2real(common) == 0
@@ -98,35 +107,59 @@ def _broken(tmp_path, edit) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("edit,key", [
-    (lambda d: d["plant"]["observations"][1].update(joint="elbw"), "plant.observations[1].joint"),
-    (lambda d: d["plant"]["actuators"][0].update(name="shoulder"), "plant.actuators[0].name"),
-    (lambda d: d["plant"]["constraints"][0].update(low=[2.0, -1.8]), "plant.constraints[0]"),
-    (lambda d: d["plant"]["constraints"][1].update(observations=["dq1", "speed"]), "plant.constraints[1]"),
-    (lambda d: d["plant"]["constraints"][1].update(type="ellipse"), "plant.constraints[1].type"),
-    (lambda d: d["plant"]["reward"][1].update(term="distance"), "plant.reward[1].term"),
-    (lambda d: d["plant"]["reward"].append({"function": "no_such_module:reward"}), "plant.reward[4].function"),
-    (lambda d: d["plant"].update(legacy={"type": "callable", "callable": "envs:no_such_controller"}), "plant.legacy.callable"),
-    (lambda d: d["plant"]["legacy"]["loops"][0].update(measured="q3"), "plant.legacy.loops[0]"),
-    (lambda d: d["plant"]["shield_model"].update(operating_point={"shoulder": 0.5}), "plant.shield_model.operating_point"),
-    # Found declaring new plants from the README: each was a traceback, or passed and failed later (in a Ray
-    # actor, or silently: a misspelt model range covers nothing).
-    (lambda d: d["plant"].update(legacy={"type": "callable", "callable": "os:path"}), "plant.legacy.callable"),
-    (lambda d: d["plant"].update(legacy={"type": "callable", "callable": "json:loads"}),
-     "plant.legacy.callable"),  # calling the factory raises: its error, with the key
-    (lambda d: d["plant"]["initial_state"]["qpos"].update(elbow=[0.2, -0.2]), "plant.initial_state.qpos.elbow"),
-    (lambda d: d["plant"]["constraints"].append(
-        {"name": "ball", "type": "sphere", "observations": ["q1", "q2"], "center": [0, 0], "radius": 0.1}),
-     "plant.constraints[2]"),
-    (lambda d: (d["plant"]["observations"].append({"name": "tip_x", "site": "tip", "axis": 0}),
-                d["plant"]["constraints"].append({"name": "wall", "type": "halfspace", "a": {"tip_x": 1.0}, "b": 0.5})),
-     "plant.constraints[2] (wall)"),  # a linear model's state is the joints': not a site
-    (lambda d: d["randomization"]["train"]["body_mass"].update(forearmm={"dist": "uniform", "low": 0.9, "high": 1.1}),
-     "randomization.train"),
-    (lambda d: d["randomization"]["reality"].update(obs_noise_std=[0.01, 0.01]), "randomization.reality"),
-    (lambda d: d["shield"]["model_ranges"].update({"joint_damping.elbw": [0.6, 1.5]}),
-     "shield.model_ranges.joint_damping.elbw"),
-])
+@pytest.mark.parametrize(
+    "edit,key",
+    [
+        (lambda d: d["plant"]["observations"][1].update(joint="elbw"), "plant.observations[1].joint"),
+        (lambda d: d["plant"]["actuators"][0].update(name="shoulder"), "plant.actuators[0].name"),
+        (lambda d: d["plant"]["constraints"][0].update(low=[2.0, -1.8]), "plant.constraints[0]"),
+        (lambda d: d["plant"]["constraints"][1].update(observations=["dq1", "speed"]), "plant.constraints[1]"),
+        (lambda d: d["plant"]["constraints"][1].update(type="ellipse"), "plant.constraints[1].type"),
+        (lambda d: d["plant"]["reward"][1].update(term="distance"), "plant.reward[1].term"),
+        (lambda d: d["plant"]["reward"].append({"function": "no_such_module:reward"}), "plant.reward[4].function"),
+        (
+            lambda d: d["plant"].update(legacy={"type": "callable", "callable": "envs:no_such_controller"}),
+            "plant.legacy.callable",
+        ),
+        (lambda d: d["plant"]["legacy"]["loops"][0].update(measured="q3"), "plant.legacy.loops[0]"),
+        (
+            lambda d: d["plant"]["shield_model"].update(operating_point={"shoulder": 0.5}),
+            "plant.shield_model.operating_point",
+        ),
+        # Found declaring new plants from the README: each was a traceback, or passed and failed later (in a Ray
+        # actor, or silently: a misspelt model range covers nothing).
+        (lambda d: d["plant"].update(legacy={"type": "callable", "callable": "os:path"}), "plant.legacy.callable"),
+        (
+            lambda d: d["plant"].update(legacy={"type": "callable", "callable": "json:loads"}),
+            "plant.legacy.callable",
+        ),  # calling the factory raises: its error, with the key
+        (lambda d: d["plant"]["initial_state"]["qpos"].update(elbow=[0.2, -0.2]), "plant.initial_state.qpos.elbow"),
+        (
+            lambda d: d["plant"]["constraints"].append(
+                {"name": "ball", "type": "sphere", "observations": ["q1", "q2"], "center": [0, 0], "radius": 0.1}
+            ),
+            "plant.constraints[2]",
+        ),
+        (
+            lambda d: (
+                d["plant"]["observations"].append({"name": "tip_x", "site": "tip", "axis": 0}),
+                d["plant"]["constraints"].append({"name": "wall", "type": "halfspace", "a": {"tip_x": 1.0}, "b": 0.5}),
+            ),
+            "plant.constraints[2] (wall)",
+        ),  # a linear model's state is the joints': not a site
+        (
+            lambda d: d["randomization"]["train"]["body_mass"].update(
+                forearmm={"dist": "uniform", "low": 0.9, "high": 1.1}
+            ),
+            "randomization.train",
+        ),
+        (lambda d: d["randomization"]["reality"].update(obs_noise_std=[0.01, 0.01]), "randomization.reality"),
+        (
+            lambda d: d["shield"]["model_ranges"].update({"joint_damping.elbw": [0.6, 1.5]}),
+            "shield.model_ranges.joint_damping.elbw",
+        ),
+    ],
+)
 def test_config_check_names_the_key(tmp_path, capsys, monkeypatch, edit, key):
     monkeypatch.setenv("SIM2REAL_TASKS", "")
     assert sim2real(["config", "--check", _broken(tmp_path, edit)]) == 2
@@ -141,10 +174,12 @@ def test_a_legacy_controller_of_the_wrong_shape_is_refused_before_training(tmp_p
     (tmp_path / "one_output_legacy.py").write_text(
         "import numpy as np\n\n\nclass OneOutput:\n    name = 'one_output'\n\n"
         "    def reset(self):\n        pass\n\n"
-        "    def __call__(self, obs):\n        return np.zeros((len(obs), 1), np.float32)\n")
+        "    def __call__(self, obs):\n        return np.zeros((len(obs), 1), np.float32)\n"
+    )
     monkeypatch.setenv("SIM2REAL_TASKS", "")  # the module lies beside the YAML: found there, no PYTHONPATH
-    path = _broken(tmp_path, lambda d: d["plant"].update(
-        legacy={"type": "callable", "callable": "one_output_legacy:OneOutput"}))
+    path = _broken(
+        tmp_path, lambda d: d["plant"].update(legacy={"type": "callable", "callable": "one_output_legacy:OneOutput"})
+    )
     assert sim2real(["config", "--check", path]) == 2
     assert "plant.legacy" in capsys.readouterr().err
     runs = tmp_path / "runs"
@@ -175,8 +210,14 @@ def test_a_users_plant_in_its_own_folder_registers_for_this_process_and_its_chil
     assert envs.task_config_path(cfg.task.env_id) == (folder / "my_arm.yaml").resolve()
     assert gym.make(cfg.task.env_id, randomization="reality").reset(seed=1)[0].shape == (6,)
     code = "import envs, gymnasium as gym; print(gym.make('sim2real/MyArm-v0').observation_space.shape)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+    )
     assert out.stdout.strip() == "(6,)"
 
 
@@ -204,7 +245,10 @@ def test_shield_disturbance_bound_covers_the_arms_nonlinearity_over_the_safe_set
     for corner in ("low", "high"):
         for name, scale in reality.body_mass.items():
             i = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
-            model.body_mass[i], model.body_inertia[i] = mass0[i] * getattr(scale, corner), inertia0[i] * getattr(scale, corner)
+            model.body_mass[i], model.body_inertia[i] = (
+                mass0[i] * getattr(scale, corner),
+                inertia0[i] * getattr(scale, corner),
+            )
         mujoco.mj_setConst(model, data)
         for damping in itertools.product(*[(r.low, r.high) for r in reality.joint_damping.values()]):
             model.dof_damping[:] = damping0 * np.asarray(damping)

@@ -150,8 +150,14 @@ def _gain_with_generic_blas_kernels() -> np.ndarray:
     if coretype is None:
         pytest.skip(f"no generic OpenBLAS kernel known for {platform.machine()}")
     script = f"import envs, json; print(json.dumps(envs.legacy_controller({ENV_ID!r}).gain.tolist()))"
-    out = subprocess.run([sys.executable, "-c", script], env={**os.environ, "OPENBLAS_CORETYPE": coretype},
-                         cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "OPENBLAS_CORETYPE": coretype},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return np.array(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -225,8 +231,10 @@ def test_registered_from_its_declaration_with_the_code_tasks_settings():
     spec = envs.task(ENV_ID)
     assert spec.declared and spec.config_path == REPO / "configs" / "cartpole.yaml"
     assert spec.steerable_setpoint == 4 and spec.legacy_name == "lqr" and spec.action_scale == [30.0]
-    assert spec.safety == {"kinematics": {"position_index": [0], "velocity_index": [2]},
-                           "constraints": [{"name": "rail_band", "type": "box", "index": [0], "low": [-1.0], "high": [1.0]}]}
+    assert spec.safety == {
+        "kinematics": {"position_index": [0], "velocity_index": [2]},
+        "constraints": [{"name": "rail_band", "type": "box", "index": [0], "low": [-1.0], "high": [1.0]}],
+    }
     nominal = envs.nominal_model(ENV_ID)
     assert nominal.obs_to_state == {0: ("qpos", 0), 1: ("qpos", 1), 2: ("qvel", 0), 3: ("qvel", 1)}
     assert not nominal.qpos.any() and not nominal.qvel.any() and nominal.substeps == 4
@@ -234,8 +242,11 @@ def test_registered_from_its_declaration_with_the_code_tasks_settings():
 
 def test_no_python_names_the_cartpole():
     """The cart-pole is data: no module of its own, and no project file outside configs/ knows its code names."""
-    modules = [rel for rel in tracked_files() if "cartpole" in Path(rel).name.lower()
-               and not rel.startswith(("configs/", "tests/"))]
+    modules = [
+        rel
+        for rel in tracked_files()
+        if "cartpole" in Path(rel).name.lower() and not rel.startswith(("configs/", "tests/"))
+    ]
     assert not modules, modules
     offenders = files_naming(("cartpole_rail", "legacy_cartpole", "CartPoleLqr", "CartPoleRailEnv"))
     assert not offenders, offenders
@@ -250,8 +261,9 @@ def test_no_python_names_the_cartpole():
 # move the physics' last bits: re-record only after checking the old code env (git show 4d920dc) agrees.
 
 # Sets the shipped config has changed since the recording, as they were then (the env is what is compared).
-RECORDED_SETS = {"train": {"push": {"body": "pole", "max_force": 0.5, "probability": 0.01, "duration_steps": 5,
-                                    "axes": ["x"]}}}
+RECORDED_SETS = {
+    "train": {"push": {"body": "pole", "max_force": 0.5, "probability": 0.01, "duration_steps": 5, "axes": ["x"]}}
+}
 
 
 def _as_recorded(name: str | None):
@@ -284,8 +296,13 @@ def _digest(randomization, policy: str, seeds=(0, 1, 2), steps: int = 300) -> st
         for _ in range(steps):
             action = rng.uniform(-1.2, 1.2, 1).astype(np.float32) if policy == "random" else lqr(obs[None])[0]
             obs, reward, terminated, truncated, info = env.step(action)
-            h.update(obs.tobytes() + np.float64(reward).tobytes() + bytes([terminated, truncated])
-                     + np.float64(info["cost"]).tobytes() + np.float32(action).tobytes())
+            h.update(
+                obs.tobytes()
+                + np.float64(reward).tobytes()
+                + bytes([terminated, truncated])
+                + np.float64(info["cost"]).tobytes()
+                + np.float32(action).tobytes()
+            )
             if terminated or truncated:
                 obs, info = env.reset()
                 h.update(obs.tobytes())
@@ -317,8 +334,7 @@ def test_first_steps_and_lqr_gain_are_the_code_envs_values():
         obs, reward, *_ = env.step(rng.uniform(-1.0, 1.0, 1).astype(np.float32))
         rewards.append(reward)
     # MuJoCo's arithmetic is the project's promise of identity for a seed: bit for bit.
-    assert obs.tolist() == [0.042978640645742416, -0.12703949213027954, -0.10394185036420822,
-                            -0.4256168007850647, 0.25]
+    assert obs.tolist() == [0.042978640645742416, -0.12703949213027954, -0.10394185036420822, -0.4256168007850647, 0.25]
     assert rewards[-1] == 0.895956770468693 and sum(rewards) == 23.862606065147304
     # The gain goes through LAPACK, whose last bits follow the CPU: equal to the Riccati solution's round-off.
     np.testing.assert_allclose(envs.legacy_controller(ENV_ID).gain, LQR_GAIN, rtol=LQR_RTOL)

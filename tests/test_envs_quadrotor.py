@@ -88,8 +88,15 @@ def test_under_flipping_set_points_the_plant_follows_the_shields_lag_model():
     shield's model (a first-order lag of ACCEL_TIME_CONSTANT, shield/spec.py) predicts from the same set-points. The
     inner loop before its set-point smoothing and prioritized mixer missed it by 6-8 m/s^2 here (tilt overshoot, thrust
     along a stale tilt, yaw taking an axis's rotors); now by under 3.5."""
-    model = double_integrator_model(list(range(6)), [0, 1, 2], [3, 4, 5], np.diag(task.MAX_ACCEL), np.zeros(3),
-                                    task.ACCEL_TIME_CONSTANT, task.CONTROL_PERIOD)
+    model = double_integrator_model(
+        list(range(6)),
+        [0, 1, 2],
+        [3, 4, 5],
+        np.diag(task.MAX_ACCEL),
+        np.zeros(3),
+        task.ACCEL_TIME_CONSTANT,
+        task.CONTROL_PERIOD,
+    )
     worst = np.zeros(3)
     for seed in range(6):
         rng = np.random.default_rng(seed)

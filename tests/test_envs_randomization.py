@@ -159,12 +159,27 @@ def test_sampled_latency_varies_and_is_applied():
     ("raw", "path", "words"),
     [
         ({"body_mass": {"cart": {"low": 1.2, "high": 0.8}}}, "randomization.train.body_mass.cart.high", "low"),
-        ({"body_mass": {"cart": {"low": -1.0, "high": 1.2}}}, "randomization.train.body_mass.cart.low", "greater than 0"),
-        ({"joint_damping": {"hinge": {"dist": "loguniform", "low": 0.0, "high": 2.0}}},
-         "randomization.train.joint_damping.hinge.low", "greater than 0"),
+        (
+            {"body_mass": {"cart": {"low": -1.0, "high": 1.2}}},
+            "randomization.train.body_mass.cart.low",
+            "greater than 0",
+        ),
+        (
+            {"joint_damping": {"hinge": {"dist": "loguniform", "low": 0.0, "high": 2.0}}},
+            "randomization.train.joint_damping.hinge.low",
+            "greater than 0",
+        ),
         ({"body_mas": {"cart": {"low": 0.8, "high": 1.2}}}, "randomization.train.body_mas", "Extra inputs"),
-        ({"body_mass": {"cart": {"low": 0.8, "high": 1.2, "mean": 1}}}, "randomization.train.body_mass.cart.mean", "Extra"),
-        ({"body_mass": {"cart": {"dist": "normal", "low": 0.8, "high": 1.2}}}, "randomization.train.body_mass.cart.dist", "uniform"),
+        (
+            {"body_mass": {"cart": {"low": 0.8, "high": 1.2, "mean": 1}}},
+            "randomization.train.body_mass.cart.mean",
+            "Extra",
+        ),
+        (
+            {"body_mass": {"cart": {"dist": "normal", "low": 0.8, "high": 1.2}}},
+            "randomization.train.body_mass.cart.dist",
+            "uniform",
+        ),
         ({"latency_steps": {"low": 3, "high": 1}}, "randomization.train.latency_steps.high", "low"),
         ({"obs_noise_std": [0.1, -0.1]}, "randomization.train.obs_noise_std.1", "greater than or equal"),
     ],
@@ -218,8 +233,13 @@ def test_halfcheetah_randomized_by_element_name_is_deterministic():
     b, dom_b = _rollout(env_b, seed=3, steps=300)
     assert a.tobytes() == b.tobytes() and dom_a == dom_b
     assert set(dom_a[0]) == {
-        "body_mass.torso", "body_mass.bthigh", "geom_friction.floor", "joint_damping.bthigh",
-        "actuator_gain.fthigh", "gravity_scale", "latency_steps",
+        "body_mass.torso",
+        "body_mass.bthigh",
+        "geom_friction.floor",
+        "joint_damping.bthigh",
+        "actuator_gain.fthigh",
+        "gravity_scale",
+        "latency_steps",
     }
     _, info = env_a.reset(seed=4)
     model, pristine = env_a.unwrapped.model, gym.make("HalfCheetah-v5").unwrapped.model
@@ -227,7 +247,8 @@ def test_halfcheetah_randomized_by_element_name_is_deterministic():
     assert model.body_mass[torso] == pytest.approx(pristine.body_mass[torso] * info["domain"]["body_mass.torso"])
     fthigh = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_ACTUATOR, "fthigh")
     assert model.actuator_gainprm[fthigh, 0] == pytest.approx(
-        pristine.actuator_gainprm[fthigh, 0] * info["domain"]["actuator_gain.fthigh"])
+        pristine.actuator_gainprm[fthigh, 0] * info["domain"]["actuator_gain.fthigh"]
+    )
     np.testing.assert_allclose(model.opt.gravity, pristine.opt.gravity * info["domain"]["gravity_scale"])
     c, dom_c = _rollout(_cheetah(), seed=5, steps=50)
     assert dom_c[0] != dom_a[0]

@@ -95,29 +95,62 @@ def test_an_installed_wheel_finds_the_task_yamls_without_a_checkout(tmp_path):
             shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(root / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path / "dist")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
     py = env_dir / "bin" / "python"
-    site = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(py), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     wheel = next((tmp_path / "dist").glob("*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q", "--prefix", str(env_dir), str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--ignore-installed",
+            "-q",
+            "--prefix",
+            str(env_dir),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     # The heavy dependencies come from this interpreter's site-packages, after the wheel's own files.
     deps = [p for p in sys.path if p.endswith("site-packages")]
     (Path(site) / "zz_deps.pth").write_text("\n".join(deps) + "\n")
-    code = ("import envs, json, gymnasium as gym; "
-            "print(json.dumps([envs.__file__, {t['task']: t['config'] for t in envs.describe_tasks()}, "
-            "gym.make(envs.describe_tasks()[-1]['env_id'], randomization='reality').reset(seed=0)[0].tolist()]))")
+    code = (
+        "import envs, json, gymnasium as gym; "
+        "print(json.dumps([envs.__file__, {t['task']: t['config'] for t in envs.describe_tasks()}, "
+        "gym.make(envs.describe_tasks()[-1]['env_id'], randomization='reality').reset(seed=0)[0].tolist()]))"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SIM2REAL_CONFIG_DIR", "SIM2REAL_TASKS")}
     out = subprocess.run([str(py), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     module, configs, obs = json.loads(out.stdout.strip().splitlines()[-1])
     assert module.startswith(str(env_dir))
     shipped = {yaml.safe_load(p.read_text())["task"]["name"] for p in (root / "configs").glob("*.yaml")}  # variants too
-    assert set(configs) == shipped and all(c.startswith(str(env_dir / "share" / "sim2real" / "configs")) for c in configs.values())
+    assert set(configs) == shipped and all(
+        c.startswith(str(env_dir / "share" / "sim2real" / "configs")) for c in configs.values()
+    )
     assert len(obs) > 0
 
 
@@ -135,15 +168,19 @@ def test_a_checkout_elsewhere_is_the_same_task_with_the_same_config_hash(tmp_pat
     for name in ("cartpole.yaml", "cartpole_rail.xml"):
         shutil.copy(root / "configs" / name, tmp_path / name)
     assert register_task_file(tmp_path / "cartpole.yaml", check=True) is envs.task("sim2real/CartPoleRail-v0")
-    assert load_config(tmp_path / "cartpole.yaml").config_hash() == load_config(root / "configs" / "cartpole.yaml").config_hash()
+    assert (
+        load_config(tmp_path / "cartpole.yaml").config_hash()
+        == load_config(root / "configs" / "cartpole.yaml").config_hash()
+    )
     with open(tmp_path / "cartpole_rail.xml", "a") as f:
         f.write("<!-- edited -->\n")
     with pytest.raises(envs.UnknownTaskError, match="declared twice"):
         register_task_file(tmp_path / "cartpole.yaml")
 
 
-def test_envs_lists_a_plant_declared_elsewhere_and_the_registry_s_tasks(tmp_path, tmp_path_factory, monkeypatch,
-                                                                      capsys):
+def test_envs_lists_a_plant_declared_elsewhere_and_the_registry_s_tasks(
+    tmp_path, tmp_path_factory, monkeypatch, capsys
+):
     """`sim2real envs --config FILE` declares a plant kept outside configs/; a task with bundles in the registry
     is listed with its versions, also when its YAML is not found here."""
     import json
@@ -173,8 +210,10 @@ def test_envs_lists_a_plant_declared_elsewhere_and_the_registry_s_tasks(tmp_path
     mine = tasks["sim2real/MyCart-v0"]
     assert mine["task"] == "mycart" and mine["constraints"] and mine["obs_dim"] == 5
     planar = tasks["sim2real/Planar-test"]
-    assert planar["declared_here"] is False and planar["registry"] == {"env_id": "sim2real/Planar-test",
-                                                                        "versions": [1], "production": None}
+    assert planar["declared_here"] is False and planar["registry"] == {
+        "env_id": "sim2real/Planar-test",
+        "versions": [1],
+        "production": None,
+    }
     assert main(["envs", "--config", str(tmp_path / "mycart.yaml"), "--registry", str(models)]) == 0
     assert "only in the registry" in capsys.readouterr().out
-

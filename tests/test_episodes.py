@@ -1,4 +1,4 @@
-"""The one episode runner: eval, shadow and the bench report identical figures; one domain resolver; plain gymnasium ids."""
+"""The one episode runner: eval, shadow and the bench report the same figures; one domain resolver; gymnasium ids."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
+from pipeline.commands.eval import run as eval_cli
 from pipeline.config import ConfigError, load_config
 from pipeline.evaluation.episodes import DomainsError, resolve_domains
 from pipeline.evaluation.evaluate import evaluate
-from pipeline.commands.eval import run as eval_cli
 from pipeline.evaluation.shadow import evaluate_candidate, run_shadow
 from shield.runtime import EdgeRuntime
 from tests.cli_args import cli_args
@@ -30,13 +30,15 @@ def test_eval_shadow_and_bench_report_identical_figures(bundle, capsys, tmp_path
     doc = yaml.safe_load(CARTPOLE_CONFIG.read_text())
     doc["task"]["max_episode_steps"] = 120
     short.write_text(yaml.safe_dump(doc, sort_keys=False))  # set order is draw order
-    args = cli_args("eval", bundle=str(bundle), config=str(short), domains="reality", episodes=3, seed=cfg.shadow.seed,
-                     json=True)
+    args = cli_args(
+        "eval", bundle=str(bundle), config=str(short), domains="reality", episodes=3, seed=cfg.shadow.seed, json=True
+    )
     assert eval_cli(args) == 0
     by_eval = json.loads(capsys.readouterr().out)
     _, cf, shadow = evaluate_candidate(EdgeRuntime.load(bundle), cfg, domains="reality")
-    by_bench = evaluate(cfg, EdgeRuntime.load(bundle, shield=False), domains="reality", episodes=3,
-                        seed=cfg.shadow.seed, shield=True)
+    by_bench = evaluate(
+        cfg, EdgeRuntime.load(bundle, shield=False), domains="reality", episodes=3, seed=cfg.shadow.seed, shield=True
+    )
     assert shadow["seeds"] == by_eval["seeds"] == by_bench["seeds"] == [1000, 1001, 1002]
     assert shadow["candidate_returns"] == by_eval["returns"] == by_bench["returns"]
     assert shadow["candidate_violations"] == by_eval["violations"] == by_bench["violations"]

@@ -17,8 +17,17 @@ from pipeline.safety.shield_spec import build_shield_spec
 from shield.bundle import make_manifest, write_bundle
 from tests.cli_args import cli_args
 
-KEYS = {"episodes", "return_mean", "return_std", "violations", "violation_episodes", "intervention_rate",
-        "fallbacks", "shield_us_p50", "shield_us_p99"}
+KEYS = {
+    "episodes",
+    "return_mean",
+    "return_std",
+    "violations",
+    "violation_episodes",
+    "intervention_rate",
+    "fallbacks",
+    "shield_us_p50",
+    "shield_us_p99",
+}
 
 
 def _args(**kw) -> argparse.Namespace:
@@ -74,8 +83,12 @@ def test_past_termination_steps_on_past_a_fallen_pole_and_the_shield_still_holds
 def test_same_seed_gives_the_same_figures():
     cfg = load_config("configs/cartpole.yaml")
     spec = build_shield_spec(cfg)
-    runs = [evaluate(cfg, reference_policy("random", cfg, _spec(spec), seed=5), domains="train", episodes=3,
-                     seed=7, spec=spec) for _ in range(2)]
+    runs = [
+        evaluate(
+            cfg, reference_policy("random", cfg, _spec(spec), seed=5), domains="train", episodes=3, seed=7, spec=spec
+        )
+        for _ in range(2)
+    ]
     assert runs[0]["returns"] == runs[1]["returns"] and runs[0]["intervention_rate"] == runs[1]["intervention_rate"]
 
 
@@ -96,13 +109,16 @@ def test_domains_from_a_yaml_file(tmp_path, capsys):
     assert "latency_stepz" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kw,culprit", [
-    (dict(domains="nowhere"), "nowhere"),
-    (dict(episodes=0), "--episodes"),
-    (dict(policy=None), "BUNDLE"),
-    (dict(config="configs/missing.yaml"), "missing.yaml"),
-    (dict(policy=None, bundle="no/such/bundle"), "no/such/bundle"),
-])
+@pytest.mark.parametrize(
+    "kw,culprit",
+    [
+        (dict(domains="nowhere"), "nowhere"),
+        (dict(episodes=0), "--episodes"),
+        (dict(policy=None), "BUNDLE"),
+        (dict(config="configs/missing.yaml"), "missing.yaml"),
+        (dict(policy=None, bundle="no/such/bundle"), "no/such/bundle"),
+    ],
+)
 def test_bad_arguments_name_the_culprit(kw, culprit, capsys):
     assert run_cli(_args(**kw)) == 2
     err = capsys.readouterr().err
@@ -115,8 +131,9 @@ def test_a_bundle_is_evaluated_with_its_own_shield_json(tmp_path, capsys):
     policy = mlp_onnx(5, 1, seed=3)
     spec_bytes = json.dumps(spec).encode()
     files = {"policy.onnx": policy, "shield.json": spec_bytes}
-    manifest = make_manifest(task="cartpole", env_id=cfg.task.env_id, files=files, config_hash=cfg.config_hash(),
-                             obs_dim=5, act_dim=1)
+    manifest = make_manifest(
+        task="cartpole", env_id=cfg.task.env_id, files=files, config_hash=cfg.config_hash(), obs_dim=5, act_dim=1
+    )
     bundle = write_bundle(tmp_path / "b", policy_onnx=policy, shield_spec=spec_bytes, manifest=manifest)
     assert run_cli(_args(policy=None, bundle=str(bundle), domains="train", episodes=2)) == 0
     result = json.loads(capsys.readouterr().out)
@@ -132,11 +149,14 @@ def test_a_bundle_of_another_task_is_refused_by_name(tmp_path, capsys):
     spec_bytes = json.dumps(build_shield_spec(cfg)).encode()
     policy = mlp_onnx(5, 1, seed=3)
     files = {"policy.onnx": policy, "shield.json": spec_bytes}
-    manifest = make_manifest(task="cartpole", env_id=cfg.task.env_id, files=files, config_hash=cfg.config_hash(),
-                             obs_dim=5, act_dim=1)
+    manifest = make_manifest(
+        task="cartpole", env_id=cfg.task.env_id, files=files, config_hash=cfg.config_hash(), obs_dim=5, act_dim=1
+    )
     bundle = write_bundle(tmp_path / "b", policy_onnx=policy, shield_spec=spec_bytes, manifest=manifest)
-    for command in (["eval", str(bundle), "--episodes", "1"], ["shadow", str(bundle), "--episodes", "1",
-                                                                "--report", str(tmp_path / "report")]):
+    for command in (
+        ["eval", str(bundle), "--episodes", "1"],
+        ["shadow", str(bundle), "--episodes", "1", "--report", str(tmp_path / "report")],
+    ):
         assert main([*command, "--config", "configs/arm.yaml"]) == 2
         err = capsys.readouterr().err
         assert "exported for task cartpole" in err and "arm" in err and "Traceback" not in err, err

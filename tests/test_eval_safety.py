@@ -31,9 +31,16 @@ def test_shield_keeps_random_and_adversarial_policies_safe(task, domains):
     counts = {}
     for name in ("random", "adversarial"):
         for shield in (False, True):
-            result = evaluate(cfg, reference_policy(name, cfg, spec, seed=1), domains=domains,
-                              episodes=EPISODES if shield else UNSHIELDED_EPISODES, seed=10_000, shield=shield,
-                              spec=spec, max_episode_steps=EPISODE_STEPS[task])
+            result = evaluate(
+                cfg,
+                reference_policy(name, cfg, spec, seed=1),
+                domains=domains,
+                episodes=EPISODES if shield else UNSHIELDED_EPISODES,
+                seed=10_000,
+                shield=shield,
+                spec=spec,
+                max_episode_steps=EPISODE_STEPS[task],
+            )
             counts[(name, shield)] = (result["violations"], result["violation_episodes"], result["fallbacks"])
     print(task, domains, counts)  # unshielded counts are part of the record (pytest -s shows them)
     assert counts[("adversarial", False)][1] >= UNSHIELDED_EPISODES // 2, counts
@@ -48,6 +55,13 @@ def test_full_length_quadrotor_episodes_stay_safe():
     cfg = load_config("configs/quadrotor.yaml")
     spec = ShieldSpec.from_dict(build_shield_spec(cfg))
     for name in ("adversarial", "random"):
-        result = evaluate(cfg, reference_policy(name, cfg, spec, seed=2), domains="reality", episodes=8,
-                          seed=20_000, shield=True, spec=spec)
+        result = evaluate(
+            cfg,
+            reference_policy(name, cfg, spec, seed=2),
+            domains="reality",
+            episodes=8,
+            seed=20_000,
+            shield=True,
+            spec=spec,
+        )
         assert result["steps"] >= 8 * 900 and result["violations"] == 0, (name, result["violations"])

@@ -11,12 +11,18 @@ import torch
 import yaml
 
 from pipeline.commands.export import run as run_cli
-from pipeline.training.checkpoint import write_checkpoint
 from pipeline.config import load_config
-from pipeline.deployment.export import (PARITY_TOL, ExportError, check_graph, export_deterministic, export_policy,
-                             parity_observations)
-from pipeline.training.model import ActorCritic, DeterministicPolicy
+from pipeline.deployment.export import (
+    PARITY_TOL,
+    ExportError,
+    check_graph,
+    export_deterministic,
+    export_policy,
+    parity_observations,
+)
 from pipeline.deployment.registry import Registry
+from pipeline.training.checkpoint import write_checkpoint
+from pipeline.training.model import ActorCritic, DeterministicPolicy
 from shield.bundle import Bundle
 from shield.policy import OnnxPolicy
 from tests.bundle_helpers import OBS_MEAN, OBS_STD, shield_spec, trained_like_policy
@@ -24,8 +30,14 @@ from tests.bundle_helpers import OBS_MEAN, OBS_STD, shield_spec, trained_like_po
 
 def _export(tmp_path_factory, policy, meta, config_hash):
     out = tmp_path_factory.mktemp("export") / "bundle"
-    result = export_deterministic(policy, meta, shield_spec(), config_hash=config_hash, out_dir=out,
-                                  registry_root=tmp_path_factory.mktemp("models"))
+    result = export_deterministic(
+        policy,
+        meta,
+        shield_spec(),
+        config_hash=config_hash,
+        out_dir=out,
+        registry_root=tmp_path_factory.mktemp("models"),
+    )
     return result, Bundle.load(out)
 
 
@@ -49,13 +61,13 @@ def test_onnx_matches_torch_on_training_data_and_extremes_at_batch_1_and_64(expo
     assert 0.05 < clipped.mean(axis=0).min() and clipped.mean(axis=0).max() < 0.95
     session = OnnxPolicy(bundle.policy_onnx)
     for batch in (1, 64):
-        actions = np.concatenate([session(obs[i:i + batch]) for i in range(0, len(obs), batch)])
+        actions = np.concatenate([session(obs[i : i + batch]) for i in range(0, len(obs), batch)])
         assert actions.dtype == np.float32 and actions.shape == reference.shape
         assert np.abs(actions - reference).max() <= PARITY_TOL, f"batch {batch}"
     # One plant's call (`act`: the preallocated IOBinding) is the graph at batch 1, bit for bit, and every
     # action it returns is its own array (the binding's buffer is overwritten by the next call).
     singles = [session.act(o) for o in obs[:300]]
-    assert np.stack(singles).tobytes() == np.concatenate([session.run(obs[i:i + 1]) for i in range(300)]).tobytes()
+    assert np.stack(singles).tobytes() == np.concatenate([session.run(obs[i : i + 1]) for i in range(300)]).tobytes()
 
 
 def test_export_reports_parity_and_writes_a_labelled_bundle(exported):
@@ -68,7 +80,11 @@ def test_export_reports_parity_and_writes_a_labelled_bundle(exported):
     model = onnx.load_from_string(bundle.policy_onnx)
     props = {p.key: p.value for p in model.metadata_props}
     assert props["task"] == "planar" and props["env_id"] == meta["env_id"]
-    assert (props["obs_dim"], props["act_dim"], props["bundle_version"]) == ("4", "2", "2")  # schema 2: with the I/O contract
+    assert (props["obs_dim"], props["act_dim"], props["bundle_version"]) == (
+        "4",
+        "2",
+        "2",
+    )  # schema 2: with the I/O contract
     assert json.loads(props["action_low"]) == [-1.0, -0.5] and json.loads(props["action_high"]) == [1.0, 0.5]
     assert props["config_hash"] == "c0ffee" and props["git_commit"]
     assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17
@@ -102,8 +118,9 @@ def test_export_refuses_a_graph_that_disagrees_with_torch(tmp_path):
     broken = _TracedBranchPolicy(ActorCritic(4, 2, (64, 64), [-1.0, -0.5], [1.0, 0.5]))
     broken.load_state_dict(policy.state_dict())
     with pytest.raises(ExportError, match=r"policy\.onnx: onnxruntime disagrees with torch"):
-        export_deterministic(broken, meta, shield_spec(), config_hash="x", out_dir=tmp_path / "b",
-                             registry_root=tmp_path / "models")
+        export_deterministic(
+            broken, meta, shield_spec(), config_hash="x", out_dir=tmp_path / "b", registry_root=tmp_path / "models"
+        )
     assert not (tmp_path / "b").exists() and not (tmp_path / "models" / "planar").exists()
 
 
@@ -126,6 +143,7 @@ def test_export_refuses_a_shield_spec_that_does_not_fit_the_policy(tmp_path):
 def test_checker_rejects_an_invalid_graph():
     policy, _ = trained_like_policy()
     from pipeline.deployment.export import to_onnx
+
     model = to_onnx(policy, 4, {})
     model.graph.node[-1].input[0] = "no_such_tensor"
     with pytest.raises(ExportError, match=r"policy\.onnx: onnx\.checker rejected"):
@@ -141,13 +159,25 @@ def _run_dir(tmp_path):
     import gymnasium as gym
 
     import envs  # noqa: F401  (registers the sim2real ids)
+
     env = gym.make(cfg.task.env_id)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     env.close()
     ac = ActorCritic(obs_dim, act_dim, (32, 32))
     ac.obs_rms.update(torch.randn(256, obs_dim, dtype=torch.float64) * 2 + 1)
-    write_checkpoint(run_dir, 5, dict(model=ac.state_dict(), model_spec=ac.spec(), updates=5, env_steps=640,
-                                      env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash()))
+    write_checkpoint(
+        run_dir,
+        5,
+        dict(
+            model=ac.state_dict(),
+            model_spec=ac.spec(),
+            updates=5,
+            env_steps=640,
+            env_id=cfg.task.env_id,
+            task=cfg.task.name,
+            config_hash=cfg.config_hash(),
+        ),
+    )
     return run_dir, cfg
 
 
@@ -161,6 +191,7 @@ def test_export_policy_from_a_run_dir_registers_the_next_version(tmp_path, capsy
 
     class Args:
         out, registry, json = None, str(models), True
+
     Args.run_dir = str(run_dir)
     assert run_cli(Args) == 0
     second = json.loads(capsys.readouterr().out)
@@ -173,6 +204,7 @@ def test_export_policy_from_a_run_dir_registers_the_next_version(tmp_path, capsy
 def test_export_cli_reports_a_missing_run_dir_cleanly(tmp_path, capsys):
     class Args:
         run_dir, out, registry, json = str(tmp_path / "nope"), None, str(tmp_path / "models"), False
+
     assert run_cli(Args) == 2  # a user error (pipeline.commands: exit 2, one line on stderr)
     err = capsys.readouterr().err
     assert err.startswith("sim2real export: error:") and "nope" in err and "Traceback" not in err

@@ -16,10 +16,10 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.evaluation.falsify import falsify, parameters, pinned_domain, replay_case
-from tests.falsify_plants import ballast_cartpole
 from pipeline.evaluation.gate import decide
 from pipeline.safety.shield_spec import build_shield_spec
 from shield.spec import ShieldSpec
+from tests.falsify_plants import ballast_cartpole
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,9 +36,18 @@ def test_a_planted_fault_is_found_replayed_and_fails_the_gate(tmp_path, fault):
     assert domain_file.is_file() and json.loads(case_file.read_text())["seed"] == case["seed"]
     replayed = replay_case(cfg, case_file, ShieldSpec.from_dict(spec))
     assert replayed["violations"] == case["violations"] > 0  # the same episode, step for step
-    gate = decide({"candidate_return_mean": 1.0, "legacy_return_mean": 1.0, "candidate_violations": 0,
-                   "candidate_intervention_rate": 0.0, "latency_p99_us": 1.0,
-                   "falsification_cases": result["cases_found"], "falsification_min_h": result["min_h"]}, cfg.gate)
+    gate = decide(
+        {
+            "candidate_return_mean": 1.0,
+            "legacy_return_mean": 1.0,
+            "candidate_violations": 0,
+            "candidate_intervention_rate": 0.0,
+            "latency_p99_us": 1.0,
+            "falsification_cases": result["cases_found"],
+            "falsification_min_h": result["min_h"],
+        },
+        cfg.gate,
+    )
     assert gate.decision == "fail" and gate.failing == ["gate.max_falsification_cases"]
 
 
@@ -62,9 +71,26 @@ def test_corners_pin_every_range_to_an_end():
 
 @pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
 def test_shipped_configs_hold_within_the_budget(tmp_path, task):
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "falsify", "--config", f"configs/{task}.yaml",
-                          "--budget-s", "20", "--seed", "3", "--out", str(tmp_path), "--json"],
-                         cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "falsify",
+            "--config",
+            f"configs/{task}.yaml",
+            "--budget-s",
+            "20",
+            "--seed",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads(out.stdout)
     assert result["cases_found"] == 0 and result["evaluated"] >= 1

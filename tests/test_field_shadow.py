@@ -27,8 +27,16 @@ def test_serve_shadow_logs_feed_shadow_from_log_and_give_a_report(trained_cartpo
     env = gym.make(cfg.task.env_id, randomization="reality", max_episode_steps=200)
     logs = tmp_path / "field-logs"
     applied = []
-    with ServerProcess(str(trained_cartpole.bundle), "--mode", "shadow", "--log", str(logs),
-                       "--deadline-us", "1e7", command=(sys.executable, "-m", "pipeline.cli", "serve")) as server:
+    with ServerProcess(
+        str(trained_cartpole.bundle),
+        "--mode",
+        "shadow",
+        "--log",
+        str(logs),
+        "--deadline-us",
+        "1e7",
+        command=(sys.executable, "-m", "pipeline.cli", "serve"),
+    ) as server:
         with PolicyClient(server.host, server.port, timeout_s=5.0) as plant:
             obs, _ = env.reset(seed=7)
             legacy.reset()
@@ -49,9 +57,25 @@ def test_serve_shadow_logs_feed_shadow_from_log_and_give_a_report(trained_cartpo
     config_file = tmp_path / "cartpole.yaml"
     config_file.write_text(yaml.safe_dump(config))
     report_dir = tmp_path / "report"
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "shadow", str(trained_cartpole.bundle),
-                          "--config", str(config_file), "--from-log", str(logs),
-                          "--report", str(report_dir), "--json"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "shadow",
+            str(trained_cartpole.bundle),
+            "--config",
+            str(config_file),
+            "--from-log",
+            str(logs),
+            "--report",
+            str(report_dir),
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode in (0, 1), out.stderr  # 0 pass, 1 fail: a decision either way, never a crash
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["metrics"]["steps"] == len(applied)

@@ -62,7 +62,9 @@ def _artifacts(flow_run_id: str) -> list:
 
     async def read():
         async with get_client() as client:
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+            )
 
     return asyncio.run(read())
 
@@ -75,8 +77,12 @@ def promoted(harness, tmp_path_factory):
     base = tmp_path_factory.mktemp("promoted")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(FAULT_DRILL_ENV, "export:1")
-        state = retrain(config_path=str(_tiny_config(base)), models_root=str(base / "models"),
-                        runs_dir=str(base / "runs"), return_state=True)
+        state = retrain(
+            config_path=str(_tiny_config(base)),
+            models_root=str(base / "models"),
+            runs_dir=str(base / "runs"),
+            return_state=True,
+        )
     return SimpleNamespace(models=base / "models", state=state)
 
 
@@ -95,8 +101,10 @@ def test_flow_promotes_and_retries_a_transient_failure(promoted):
     manifest = verify_bundle(registry.bundle_dir("cartpole", summary["version"]))
     assert manifest["extra"]["prefect_flow_run_id"] == summary["flow_run_id"]
     assert manifest["metrics"]["gate"]["decision"] == "pass"
-    assert manifest["metrics"]["gate"]["verdict"] == f"promoted v{summary['version']} (no production before): every " \
-                                                     "check passed, against legacy"
+    assert (
+        manifest["metrics"]["gate"]["verdict"] == f"promoted v{summary['version']} (no production before): every "
+        "check passed, against legacy"
+    )
     assert set(summary["comparison"]) == {"candidate", "legacy"}  # no production yet: two side by side
 
     runs = _task_runs(summary["flow_run_id"])
@@ -118,8 +126,9 @@ def test_failing_gate_leaves_production_unchanged(promoted, tmp_path):
     assert before == promoted.state.result()["version"]
 
     forced = _tiny_config(tmp_path, max_violations=0, min_return_ratio=1000.0)
-    state = retrain(config_path=str(forced), models_root=str(models), runs_dir=str(tmp_path / "runs"),
-                    return_state=True)
+    state = retrain(
+        config_path=str(forced), models_root=str(models), runs_dir=str(tmp_path / "runs"), return_state=True
+    )
     assert state.is_failed()
     assert Registry(models).production("cartpole") == before
     assert "min_return_ratio" in state.message or "return" in state.message
@@ -150,13 +159,14 @@ def test_a_nightly_candidate_worse_than_production_keeps_production(promoted, tm
     config["falsify"]["budget_s"] = 3
     path = tmp_path / "nightly.yaml"
     path.write_text(yaml.safe_dump(config))
-    state = retrain(config_path=str(path), models_root=str(models), runs_dir=str(tmp_path / "runs"),
-                    return_state=True)
+    state = retrain(config_path=str(path), models_root=str(models), runs_dir=str(tmp_path / "runs"), return_state=True)
     assert state.is_completed(), state.message  # nothing went wrong: the candidate was just not better
     summary = state.result()
     assert summary["decision"] == "kept" and summary["production"] == incumbent == summary["previous_production"]
-    assert summary["verdict"].startswith(f"kept v{incumbent}: v{summary['version']} not better (FAIL "
-                                         "gate.min_return_ratio_production: candidate - production")
+    assert summary["verdict"].startswith(
+        f"kept v{incumbent}: v{summary['version']} not better (FAIL "
+        "gate.min_return_ratio_production: candidate - production"
+    )
     assert set(summary["comparison"]) == {"candidate", "legacy", "production"}
     assert summary["comparison"]["production"]["version"] == incumbent
     assert registry.production("cartpole") == incumbent
@@ -200,10 +210,18 @@ def _free_port() -> int:
 @pytest.fixture()
 def prefect_server(tmp_path):
     port = _free_port()
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_API_URL="")
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_API_URL="",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -225,9 +243,28 @@ def test_schedule_creates_cron_deployment_on_a_real_server(prefect_server, tmp_p
     env = dict(os.environ, PREFECT_API_URL=prefect_server, PREFECT_HOME=str(tmp_path / "client-home"))
     logs = tmp_path / "field-logs"  # where the plant's `serve --mode shadow` writes: each night reads it anew
     logs.mkdir()
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "schedule", "--cron", "0 3 * * *",
-                          "--config", "configs/cartpole.yaml", "--from-log", str(logs), "--steps", "20000", "--json"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "schedule",
+            "--cron",
+            "0 3 * * *",
+            "--config",
+            "configs/cartpole.yaml",
+            "--from-log",
+            str(logs),
+            "--steps",
+            "20000",
+            "--json",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -242,21 +279,33 @@ def test_schedule_creates_cron_deployment_on_a_real_server(prefect_server, tmp_p
         "                          'active': [s.active for s in d.schedules], 'parameters': d.parameters}))\n"
         "asyncio.run(main())\n"
     )
-    shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=120, check=True)
+    shown = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True
+    )
     deployment = json.loads(shown.stdout.strip().splitlines()[-1])
     assert deployment["id"] == result["deployment_id"]
     assert deployment["crons"] == ["0 3 * * *"]
     assert deployment["active"] == [True]
     assert deployment["pool"] == "sim2real-process"
-    assert deployment["parameters"] == {"config_path": "configs/cartpole.yaml", "models_root": "models",
-                                        "runs_dir": "runs", "steps": 20000, "from_log": str(logs.resolve())}
+    assert deployment["parameters"] == {
+        "config_path": "configs/cartpole.yaml",
+        "models_root": "models",
+        "runs_dir": "runs",
+        "steps": 20000,
+        "from_log": str(logs.resolve()),
+    }
 
 
 def test_schedule_refuses_field_logs_that_are_not_there(tmp_path):
     """A nightly run must not find out at 3 a.m. that its logs path is wrong: exit 2 now, naming it."""
     env = dict(os.environ, PREFECT_API_URL="http://127.0.0.1:9/api", PREFECT_HOME=str(tmp_path / "home"))
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "schedule", "--from-log", str(tmp_path / "nope")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "schedule", "--from-log", str(tmp_path / "nope")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.startswith("sim2real schedule: error: --from-log ") and str(tmp_path / "nope") in out.stderr

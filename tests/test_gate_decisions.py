@@ -21,10 +21,20 @@ def paired(mean_difference: float, n: int = N, legacy_mean: float = 100.0, noise
 
 def good_metrics(**overrides) -> dict:
     legacy, cand = paired(+5.0)
-    m = {"legacy_returns": legacy, "candidate_returns": cand, "candidate_violations": 0,
-         "candidate_violation_episodes": 0, "candidate_interventions": 150, "candidate_steps": 15000,
-         "would_be_interventions": 300, "steps": 15000, "latency_p99_us": 150.0,
-         "counterfactual_latency_p99_us": 160.0, "looks": 1, "planned_looks": 1}
+    m = {
+        "legacy_returns": legacy,
+        "candidate_returns": cand,
+        "candidate_violations": 0,
+        "candidate_violation_episodes": 0,
+        "candidate_interventions": 150,
+        "candidate_steps": 15000,
+        "would_be_interventions": 300,
+        "steps": 15000,
+        "latency_p99_us": 150.0,
+        "counterfactual_latency_p99_us": 160.0,
+        "looks": 1,
+        "planned_looks": 1,
+    }
     m.update(overrides)
     return m
 
@@ -32,20 +42,29 @@ def good_metrics(**overrides) -> dict:
 def test_good_candidate_passes_with_every_check_reported():
     decision = decide(good_metrics(), GateConfig())
     assert decision.decision == "pass"
-    assert [c.key for c in decision.checks] == ["gate.min_return_ratio", "gate.max_violations",
-                                                "gate.max_intervention_rate", "gate.max_latency_p99_us"]
+    assert [c.key for c in decision.checks] == [
+        "gate.min_return_ratio",
+        "gate.max_violations",
+        "gate.max_intervention_rate",
+        "gate.max_latency_p99_us",
+    ]
     assert all(r.startswith("PASS ") for r in decision.reasons)
     assert not decision.loosened
 
 
-@pytest.mark.parametrize("overrides, failing", [
-    (dict(zip(("legacy_returns", "candidate_returns"), paired(-3.0))), ["gate.min_return_ratio"]),
-    ({"candidate_violations": 1, "candidate_violation_episodes": 1}, ["gate.max_violations"]),
-    ({"candidate_interventions": 2500}, ["gate.max_intervention_rate"]),
-    ({"counterfactual_latency_p99_us": 2500.0}, ["gate.max_latency_p99_us"]),  # the worse pass decides
-    ({**dict(zip(("legacy_returns", "candidate_returns"), paired(-50.0))), "candidate_violations": 3},
-     ["gate.min_return_ratio", "gate.max_violations"]),
-])
+@pytest.mark.parametrize(
+    "overrides, failing",
+    [
+        (dict(zip(("legacy_returns", "candidate_returns"), paired(-3.0))), ["gate.min_return_ratio"]),
+        ({"candidate_violations": 1, "candidate_violation_episodes": 1}, ["gate.max_violations"]),
+        ({"candidate_interventions": 2500}, ["gate.max_intervention_rate"]),
+        ({"counterfactual_latency_p99_us": 2500.0}, ["gate.max_latency_p99_us"]),  # the worse pass decides
+        (
+            {**dict(zip(("legacy_returns", "candidate_returns"), paired(-50.0))), "candidate_violations": 3},
+            ["gate.min_return_ratio", "gate.max_violations"],
+        ),
+    ],
+)
 def test_failing_thresholds_are_named(overrides, failing):
     decision = decide(good_metrics(**overrides), GateConfig())
     assert decision.decision == "fail"
@@ -112,8 +131,15 @@ def test_production_is_the_incumbent():
     assert promotion_verdict("pass", 4, 3, passed.reasons).startswith("promoted v4 over v3")
     # A failure against legacy is a failure, whatever production says.
     legacy, bad = paired(-5.0)
-    assert decide(good_metrics(legacy_returns=legacy, candidate_returns=bad, production_returns=better_prod,
-                               production_version=3), GateConfig()).decision == "fail"
+    assert (
+        decide(
+            good_metrics(
+                legacy_returns=legacy, candidate_returns=bad, production_returns=better_prod, production_version=3
+            ),
+            GateConfig(),
+        ).decision
+        == "fail"
+    )
 
 
 def test_intervention_rate_is_judged_on_its_upper_bound():
@@ -128,8 +154,13 @@ def test_intervention_rate_is_judged_on_its_upper_bound():
 
 
 def test_field_log_metrics_skip_what_they_cannot_measure():
-    metrics = good_metrics(candidate_returns=None, candidate_violations=None, candidate_interventions=None,
-                           candidate_steps=None, counterfactual_latency_p99_us=None)
+    metrics = good_metrics(
+        candidate_returns=None,
+        candidate_violations=None,
+        candidate_interventions=None,
+        candidate_steps=None,
+        counterfactual_latency_p99_us=None,
+    )
     decision = decide(metrics, GateConfig())
     # A gate never passes on checks it could not run.
     assert decision.decision == "inconclusive" and not decision.passed
@@ -143,8 +174,13 @@ def test_field_log_metrics_skip_what_they_cannot_measure():
 
 
 def test_a_waived_check_may_be_skipped_and_a_failed_one_still_fails():
-    metrics = good_metrics(candidate_returns=None, candidate_violations=None, candidate_interventions=None,
-                           candidate_steps=None, counterfactual_latency_p99_us=None)
+    metrics = good_metrics(
+        candidate_returns=None,
+        candidate_violations=None,
+        candidate_interventions=None,
+        candidate_steps=None,
+        counterfactual_latency_p99_us=None,
+    )
     waived = GateConfig(waive=["gate.min_return_ratio", "gate.max_violations"])
     assert decide(metrics, waived).decision == "pass"
     assert decide(metrics, GateConfig(waive=["gate.min_return_ratio"])).decision == "inconclusive"

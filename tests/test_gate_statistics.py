@@ -13,8 +13,12 @@ from scipy.stats import binom
 
 from pipeline.config import GateConfig
 from pipeline.evaluation.gate import decide
-from pipeline.evaluation.gate_statistics import (clopper_pearson_lower, clopper_pearson_upper, paired_bound,
-                                                 planned_looks)
+from pipeline.evaluation.gate_statistics import (
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+    paired_bound,
+    planned_looks,
+)
 
 LEGACY_MEAN = 400.0  # return units: the size of a cart-pole episode's return
 
@@ -69,12 +73,21 @@ def test_paired_bound_edge_cases():
 
 # ----------------------------------------------------------------------------- the sequential gate, simulated
 
+
 def _metrics(legacy: np.ndarray, cand: np.ndarray, look: int, looks: int) -> dict:
     """What the shadow run hands the gate at one look; every safety check passes, so returns decide."""
-    return {"legacy_returns": legacy.tolist(), "candidate_returns": cand.tolist(), "looks": look,
-            "planned_looks": looks, "candidate_violations": 0, "candidate_violation_episodes": 0,
-            "candidate_interventions": 0, "candidate_steps": 500 * len(cand), "latency_p99_us": 100.0,
-            "counterfactual_latency_p99_us": 100.0}
+    return {
+        "legacy_returns": legacy.tolist(),
+        "candidate_returns": cand.tolist(),
+        "looks": look,
+        "planned_looks": looks,
+        "candidate_violations": 0,
+        "candidate_violation_episodes": 0,
+        "candidate_interventions": 0,
+        "candidate_steps": 500 * len(cand),
+        "latency_p99_us": 100.0,
+        "counterfactual_latency_p99_us": 100.0,
+    }
 
 
 def simulate_gate(gate: GateConfig, batch: int, difference, spread: float, runs: int, seed: int):
@@ -117,8 +130,12 @@ def _uniform(rng, n):
 
 
 @settings(max_examples=6, deadline=None)
-@given(batch=st.sampled_from([5, 10]), budget=st.sampled_from([30, 40]),
-       noise=st.sampled_from([_normal, _skewed, _binary, _uniform]), spread=st.sampled_from([1.0, 25.0]))
+@given(
+    batch=st.sampled_from([5, 10]),
+    budget=st.sampled_from([30, 40]),
+    noise=st.sampled_from([_normal, _skewed, _binary, _uniform]),
+    spread=st.sampled_from([1.0, 25.0]),
+)
 def test_an_equal_candidate_is_never_promoted_more_often_than_the_confidence_allows(batch, budget, noise, spread):
     gate = GateConfig(max_episodes=budget)  # defaults: no worse than legacy at 95 %
     runs = 500

@@ -3,7 +3,8 @@ plant itself. A gap not closed yet is marked `xfail(strict=True)`: the day a fix
 the pass into a failure, the marker comes off, and the test guards the fix (none is open now).
 
 - arm (closed): the spec counted on 10.7 and 13.7 rad/s^2 of braking (0.3 x each joint's summed |B| row) where the
-  weakest plant had 6.9 and -5.3 left after the declared input-gain error, the other joint's torque through the coupling and
+  weakest plant had 6.9 and -5.3 left after the declared input-gain error, the other joint's torque through the
+  coupling and
   the declared model error; a constant full-torque policy took the elbow past its limit. `config --check` now holds
   braking to what is left (pipeline/safety/envelope.py), and the arm's motors are geared so that some is.
 - arm, latency (closed): the shield predicted through exactly `latency_steps` (2); the sets admit 0 to 2. A plant
@@ -42,13 +43,14 @@ from pipeline.safety.shield_spec import build_shield_spec
 from shield.cbf import CbfShield
 
 
-def _shielded_violations(cfg, env, policy, seed: int, steps: int, start: dict | None = None,
-                         through_termination: bool = False) -> int:
+def _shielded_violations(
+    cfg, env, policy, seed: int, steps: int, start: dict | None = None, through_termination: bool = False
+) -> int:
     shield = CbfShield(build_shield_spec(cfg))
     obs, _ = env.reset(seed=seed)
     if start is not None:
         data = env.unwrapped.data
-        data.qpos[:len(start["qpos"])], data.qvel[:len(start["qvel"])] = start["qpos"], start["qvel"]
+        data.qpos[: len(start["qpos"])], data.qvel[: len(start["qvel"])] = start["qpos"], start["qvel"]
         mujoco.mj_forward(env.unwrapped.model, data)
         obs = env.unwrapped._obs()
     violations = 0
@@ -92,12 +94,19 @@ def test_quadrotor_pushed_while_it_brakes_at_the_weakest_corner_stays_inside_its
     steps here). The spec now carries that shortfall as speed every barrier row brakes from (`push_velocity`,
     pipeline/safety/envelope.py): 0.18 m/s on x and y."""
     cfg = load_config("configs/quadrotor.yaml")
-    corner = {"body_mass": {"quad": {"low": 1.1, "high": 1.1}},  # heavy, two weak rotors: gain/mass 0.89
-              "actuator_gain": {"rotor0": {"low": 0.88, "high": 0.88}, "rotor1": {"low": 1.08, "high": 1.08},
-                                "rotor2": {"low": 1.08, "high": 1.08}, "rotor3": {"low": 0.88, "high": 0.88}},
-              "latency_steps": {"low": 2, "high": 2}, "action_noise_std": 0.03,
-              "obs_noise_std": [0.03] * 3 + [0.08] * 3 + [0.03] * 3 + [0.015] * 3 + [0.03] * 3,
-              "push": {"body": "quad", "max_force": 1.5, "probability": 0.01, "duration_steps": 10, "axes": ["x", "y"]}}
+    corner = {
+        "body_mass": {"quad": {"low": 1.1, "high": 1.1}},  # heavy, two weak rotors: gain/mass 0.89
+        "actuator_gain": {
+            "rotor0": {"low": 0.88, "high": 0.88},
+            "rotor1": {"low": 1.08, "high": 1.08},
+            "rotor2": {"low": 1.08, "high": 1.08},
+            "rotor3": {"low": 0.88, "high": 0.88},
+        },
+        "latency_steps": {"low": 2, "high": 2},
+        "action_noise_std": 0.03,
+        "obs_noise_std": [0.03] * 3 + [0.08] * 3 + [0.03] * 3 + [0.015] * 3 + [0.03] * 3,
+        "push": {"body": "quad", "max_force": 1.5, "probability": 0.01, "duration_steps": 10, "axes": ["x", "y"]},
+    }
     env = make_env(cfg, parse_randomization(corner), 1000)
     high, half = np.array([False, True, False]), np.array([15, 28, 11])
     policy = lambda t: np.float32(np.where(high ^ ((t // half) % 2).astype(bool), 1.0, -1.0))  # noqa: E731

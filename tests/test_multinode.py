@@ -44,8 +44,12 @@ def test_run_survives_losing_a_worker_node(cluster, tmp_path):
         hosting = set(state["nodes"]["actors"]) | set(state["nodes"]["shards"])
         victims = [w for w in workers if w.node_id in hosting]
         if victims:
-            killed.update(node=victims[0].node_id, actors=victims[0].node_id in state["nodes"]["actors"],
-                          shards=victims[0].node_id in state["nodes"]["shards"], env_steps=state["env_steps"])
+            killed.update(
+                node=victims[0].node_id,
+                actors=victims[0].node_id in state["nodes"]["actors"],
+                shards=victims[0].node_id in state["nodes"]["shards"],
+                env_steps=state["env_steps"],
+            )
             cluster.remove_node(victims[0])
 
     steps = 6_000

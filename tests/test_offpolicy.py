@@ -73,8 +73,18 @@ def test_sac_reaches_cartpole_threshold_and_exports(ray_local, tmp_path):
     assert learned.mean() >= RETURN_RATIO * legacy.mean(), (learned.mean(), legacy.mean())
 
     records = read_metrics(result.run_dir)
-    for key in ("replay_size", "replay_insert_per_s", "replay_sample_per_s", "priority_max", "replay_ratio",
-                "is_weight_mean", "critic_loss", "temperature", "shard_restarts", "transitions_lost"):
+    for key in (
+        "replay_size",
+        "replay_insert_per_s",
+        "replay_sample_per_s",
+        "priority_max",
+        "replay_ratio",
+        "is_weight_mean",
+        "critic_loss",
+        "temperature",
+        "shard_restarts",
+        "transitions_lost",
+    ):
         assert key in records[-1], key
     assert 0 < records[-1]["is_weight_mean"] <= 1
 
@@ -110,8 +120,11 @@ def test_resumed_run_continues_update_counter_and_replay(ray_local, tmp_path):
 
     def capture_start(state):
         if not seen:
-            seen.update(updates=state["updates"], env_steps=state["env_steps"],
-                        tensors=learner_tensors(state["learner"].state_dict()))
+            seen.update(
+                updates=state["updates"],
+                env_steps=state["env_steps"],
+                tensors=learner_tensors(state["learner"].state_dict()),
+            )
 
     second = train(cfg, resume=run_dir, steps=3_500, progress=False, callback=capture_start)
     assert seen["updates"] == k and seen["env_steps"] == first.env_steps
@@ -134,8 +147,14 @@ def test_each_algorithm_refuses_the_keys_it_would_ignore():
     sac = load_config("configs/cartpole_sac.yaml").model_dump(mode="json")
     assert sac["validation"]["enabled"] is False  # SAC exports its last checkpoint
     parse_config(sac)  # a run's resolved config.yaml loads again (--resume)
-    for key, value in (("lr_schedule", "linear"), ("sync", True), ("batches_per_update", 2), ("entropy_coef", 0.01),
-                       ("adr", {"enabled": True}), ("history_length", 0)):
+    for key, value in (
+        ("lr_schedule", "linear"),
+        ("sync", True),
+        ("batches_per_update", 2),
+        ("entropy_coef", 0.01),
+        ("adr", {"enabled": True}),
+        ("history_length", 0),
+    ):
         bad = {**sac, "train": {**sac["train"], key: value}}
         with pytest.raises(ConfigError, match=f"train.{key}: not read by train.algorithm 'sac'"):
             parse_config(bad)

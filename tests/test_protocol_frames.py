@@ -1,4 +1,4 @@
-"""Byte-exact frames (built by hand from README.md, "Wire protocol") and how the server classifies every kind of packet."""
+"""Byte-exact frames (built by hand from docs/reference/protocol.md) and how the server classifies every packet."""
 
 from __future__ import annotations
 
@@ -10,9 +10,20 @@ import time
 import numpy as np
 import pytest
 
-from shield.protocol import (COUNTER_NAMES, LATENCY_BINS, MsgType, PacketError, Status, decode_act_reply,
-                             decode_act_request, decode_status_reply, encode_act_reply, encode_act_request,
-                             encode_status_request, latency_bin)
+from shield.protocol import (
+    COUNTER_NAMES,
+    LATENCY_BINS,
+    MsgType,
+    PacketError,
+    Status,
+    decode_act_reply,
+    decode_act_request,
+    decode_status_reply,
+    encode_act_reply,
+    encode_act_request,
+    encode_status_request,
+    latency_bin,
+)
 from shield.runtime import EdgeRuntime
 from shield.server import PolicyServer
 from tests.serve_bundles import write_tiny_bundle
@@ -26,8 +37,15 @@ ADDR = ("127.0.0.1", 40000)
 
 def doc_header(msg_type: int, flags: int, seq: int, ts: int, payload_len: int, client_id: int = 0) -> bytes:
     """The 32-byte header exactly as the table in README.md, "Wire protocol" lays it out."""
-    return (b"S2RP" + bytes([2, msg_type]) + flags.to_bytes(2, "little") + seq.to_bytes(8, "little")
-            + ts.to_bytes(8, "little") + payload_len.to_bytes(4, "little") + client_id.to_bytes(4, "little"))
+    return (
+        b"S2RP"
+        + bytes([2, msg_type])
+        + flags.to_bytes(2, "little")
+        + seq.to_bytes(8, "little")
+        + ts.to_bytes(8, "little")
+        + payload_len.to_bytes(4, "little")
+        + client_id.to_bytes(4, "little")
+    )
 
 
 def test_act_request_is_byte_exact():
@@ -59,9 +77,20 @@ def test_act_reply_and_status_request_are_byte_exact():
     signed_reply += hmac.new(REPLY_KEY, signed_reply, hashlib.sha256).digest()
     assert encode_act_reply(9, 55, status, 42, 3, action, key=KEY, client_id=5) == signed_reply
     # Status bits are the documented powers of two.
-    assert [int(s) for s in (Status.INTERVENED, Status.FALLBACK, Status.BAD_INPUT, Status.AUTH_FAILED, Status.SHADOW,
-                             Status.STALE, Status.DEADLINE, Status.INFERENCE_ERROR, Status.ENVELOPE)] == [
-        1 << i for i in range(9)]
+    assert [
+        int(s)
+        for s in (
+            Status.INTERVENED,
+            Status.FALLBACK,
+            Status.BAD_INPUT,
+            Status.AUTH_FAILED,
+            Status.SHADOW,
+            Status.STALE,
+            Status.DEADLINE,
+            Status.INFERENCE_ERROR,
+            Status.ENVELOPE,
+        )
+    ] == [1 << i for i in range(9)]
 
 
 def test_reply_decoding_refuses_forged_and_truncated_frames():
@@ -121,7 +150,9 @@ def test_server_answers_or_drops_exactly_as_documented(bundle):
     bad = {
         "magic": b"XXXX" + good[4:],
         "version": good[:4] + b"\x01" + good[5:],
-        "type": encode_act_request(2, 10, OBS)[:5] + b"\x03" + encode_act_request(2, 10, OBS)[6:],  # a status request, not padded
+        "type": encode_act_request(2, 10, OBS)[:5]
+        + b"\x03"
+        + encode_act_request(2, 10, OBS)[6:],  # a status request, not padded
         "reserved flag": good[:6] + b"\x02\x00" + good[8:],
         "payload_len short": good[:24] + (19).to_bytes(4, "little") + good[28:],
         "extra byte": good + b"\x00",
@@ -161,8 +192,10 @@ def test_stale_sequence_is_refused_before_the_policy_with_or_without_a_key(bundl
     assert keyed.stats.policy_calls == 1 and keyed.stats.stale == 2
     # Outside the clock window (either side), or signed with the PSK itself (version 1 style): refused.
     for seq in (now - 5_000_000, now + 5_000_000):
-        assert decode_act_reply(keyed.handle(encode_act_request(seq, 0, OBS, key=KEY, client_id=2), ADDR),
-                                KEY).status == Status.STALE | Status.FALLBACK
+        assert (
+            decode_act_reply(keyed.handle(encode_act_request(seq, 0, OBS, key=KEY, client_id=2), ADDR), KEY).status
+            == Status.STALE | Status.FALLBACK
+        )
     v1_style = encode_act_request(now + 1, 0, OBS, client_id=3)
     v1_style = v1_style[:6] + b"\x01\x00" + v1_style[8:]
     assert keyed.handle(v1_style + hmac.new(KEY, v1_style, hashlib.sha256).digest(), ADDR) is None
@@ -185,9 +218,21 @@ def test_status_reply_layout(bundle):
     assert status.counters["requests"] == 2 and status.counters["status_requests"] == 1
     assert int(status.histogram.sum()) == 1
     # An older reader that knows only the first 13 counters reads them unchanged (extra ones are appended).
-    assert COUNTER_NAMES[:13] == ("requests", "answered", "dropped", "policy_calls", "interventions", "fallbacks",
-                                  "bad_inputs", "auth_failures", "stale", "deadline_misses", "inference_errors",
-                                  "reloads", "status_requests")
+    assert COUNTER_NAMES[:13] == (
+        "requests",
+        "answered",
+        "dropped",
+        "policy_calls",
+        "interventions",
+        "fallbacks",
+        "bad_inputs",
+        "auth_failures",
+        "stale",
+        "deadline_misses",
+        "inference_errors",
+        "reloads",
+        "status_requests",
+    )
     assert COUNTER_NAMES[13:] == ("envelope_flags", "plants_evicted", "plants_refused")
 
 
@@ -254,6 +299,7 @@ def test_the_example_frame_in_the_docs_is_what_the_encoder_writes():
     expected = encode_act_request(7, 123456, [0.25, -0.5, 1.0, 0.003], client_id=99)
     assert bytes.fromhex(example.replace(" ", "")) == expected
     trailer = text.split("flags `0100`, then the trailer")[1].split("`")[1]
-    signed = encode_act_request(7, 123456, [0.25, -0.5, 1.0, 0.003], key=b"0123456789abcdef0123456789abcdef",
-                                client_id=99)
+    signed = encode_act_request(
+        7, 123456, [0.25, -0.5, 1.0, 0.003], key=b"0123456789abcdef0123456789abcdef", client_id=99
+    )
     assert signed[6:8] == b"\x01\x00" and bytes.fromhex(trailer) == signed[-32:] and len(signed) == 84

@@ -59,8 +59,12 @@ def test_sigkill_at_random_instants_leaves_the_registry_consistent(source_bundle
     rng = random.Random(1234)
     interrupted, promoted_seen = 0, 0
     for trial in range(TRIALS):
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(source_bundle), str(trial)],
-                                  cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(root), str(source_bundle), str(trial)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert writer.stdout.readline().strip() == "ready"
             time.sleep(rng.uniform(0.0, 0.12))

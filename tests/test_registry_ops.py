@@ -34,8 +34,10 @@ def _cli(registry, cmd, task=None, version=None, as_json=True):
 
 def test_versions_only_increase_and_carry_metrics(registry, source_bundle):
     before = (source_bundle / "manifest.json").read_bytes()
-    versions = [registry.register(source_bundle, metrics={"shadow_return": 1.5 * i}, extra={"flow_run_id": f"f{i}"})
-                for i in range(3)]
+    versions = [
+        registry.register(source_bundle, metrics={"shadow_return": 1.5 * i}, extra={"flow_run_id": f"f{i}"})
+        for i in range(3)
+    ]
     assert versions == [1, 2, 3] and registry.versions("planar") == [1, 2, 3]
     assert (source_bundle / "manifest.json").read_bytes() == before, "registering must not modify the source"
     shown = registry.show("planar", 3)
@@ -126,17 +128,26 @@ def test_list_show_promote_print_json(registry, source_bundle, capsys):
 
 def test_the_sim2real_cli_exits_nonzero_without_a_traceback(registry, source_bundle):
     registry.register(source_bundle)
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "registry", "promote", "planar", "7",
-                          "--root", str(registry.root)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "registry", "promote", "planar", "7", "--root", str(registry.root)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "version 7 does not exist" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_concurrent_writers_get_distinct_versions(registry, source_bundle):
-    code = ("import sys; from pipeline.deployment.registry import Registry; r = Registry(sys.argv[1]); "
-            "[r.register(sys.argv[2]) for _ in range(5)]")
-    writers = [subprocess.Popen([sys.executable, "-c", code, str(registry.root), str(source_bundle)], cwd=ROOT)
-               for _ in range(2)]
+    code = (
+        "import sys; from pipeline.deployment.registry import Registry; r = Registry(sys.argv[1]); "
+        "[r.register(sys.argv[2]) for _ in range(5)]"
+    )
+    writers = [
+        subprocess.Popen([sys.executable, "-c", code, str(registry.root), str(source_bundle)], cwd=ROOT)
+        for _ in range(2)
+    ]
     assert [w.wait(timeout=60) for w in writers] == [0, 0]
     assert registry.versions("planar") == list(range(1, 11))
     registry.verify("planar")

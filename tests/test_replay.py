@@ -11,8 +11,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pipeline.training.replay import (NStepBuilder, PrioritizedReplay, SumTree, allocate, combine_samples,
-                                      importance_weights)
+from pipeline.training.replay import (
+    NStepBuilder,
+    PrioritizedReplay,
+    SumTree,
+    allocate,
+    combine_samples,
+    importance_weights,
+)
 
 OBS_DIM, ACT_DIM = 3, 2
 DRAWS = 200_000
@@ -20,15 +26,20 @@ DRAWS = 200_000
 
 def transitions(n: int, start: int = 0) -> dict:
     ids = np.arange(start, start + n, dtype=np.float32)
-    return dict(obs=np.repeat(ids[:, None], OBS_DIM, 1), action=np.zeros((n, ACT_DIM), np.float32),
-                reward=ids, next_obs=np.zeros((n, OBS_DIM), np.float32), discount=np.ones(n, np.float32))
+    return dict(
+        obs=np.repeat(ids[:, None], OBS_DIM, 1),
+        action=np.zeros((n, ACT_DIM), np.float32),
+        reward=ids,
+        next_obs=np.zeros((n, OBS_DIM), np.float32),
+        discount=np.ones(n, np.float32),
+    )
 
 
 def filled(priorities: np.ndarray, alpha: float, capacity: int | None = None, seed: int = 0) -> PrioritizedReplay:
     replay = PrioritizedReplay(capacity or len(priorities), OBS_DIM, ACT_DIM, alpha=alpha, seed=seed)
     replay.add(transitions(len(priorities)))
     sample = replay.sample(len(priorities))  # any sample: then set every priority explicitly
-    replay.update_priorities(np.arange(len(priorities)), replay.generation[:len(priorities)].copy(), priorities)
+    replay.update_priorities(np.arange(len(priorities)), replay.generation[: len(priorities)].copy(), priorities)
     assert len(sample["reward"]) == len(priorities)
     return replay
 
@@ -122,8 +133,7 @@ def test_state_round_trip_keeps_contents_and_priorities():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 40), st.floats(0.0, 100.0)), min_size=1, max_size=80),
-       st.floats(0.0, 1.0))
+@given(st.lists(st.tuples(st.integers(0, 40), st.floats(0.0, 100.0)), min_size=1, max_size=80), st.floats(0.0, 1.0))
 @example([(0, 5e-324)], 1.0)  # a subnormal total: rounding put the mass at the total, past every real leaf
 def test_sum_tree_matches_brute_force(updates, fraction):
     tree, leaves = SumTree(41), np.zeros(41)
@@ -150,22 +160,28 @@ def test_n_step_transitions_match_definition(n, events):
     got = []
     rewards = np.arange(1.0, len(events) + 1)
     for t, event in enumerate(events):
-        out = builder.step(np.array([[t]]), np.array([[t]]), rewards[t:t + 1], np.array([[t + 1]]),
-                           [event == "term"], [event == "trunc"])
+        out = builder.step(
+            np.array([[t]]),
+            np.array([[t]]),
+            rewards[t : t + 1],
+            np.array([[t + 1]]),
+            [event == "term"],
+            [event == "trunc"],
+        )
         got += list(zip(out["obs"][:, 0], out["reward"], out["next_obs"][:, 0], out["discount"]))
     # Brute force: for each start t, run until n steps pass or the episode ends.
     expected = []
     for t in range(len(events)):
         ret, k, end_kind = 0.0, 0, "go"
         while k < n and t + k < len(events):
-            ret += gamma ** k * rewards[t + k]
+            ret += gamma**k * rewards[t + k]
             end_kind = events[t + k]
             k += 1
             if end_kind != "go":
                 break
         if end_kind == "go" and k < n:
             continue  # not finished yet: still pending in the builder
-        expected.append((t, ret, t + k, 0.0 if end_kind == "term" else gamma ** k))
+        expected.append((t, ret, t + k, 0.0 if end_kind == "term" else gamma**k))
     assert len(got) == len(expected)
     for g, e in zip(sorted(got), sorted(expected)):
         np.testing.assert_allclose(g, e, rtol=1e-5)

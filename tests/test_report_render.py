@@ -14,8 +14,16 @@ import pytest
 from tests.shadow_candidates import shadow_result
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 # Runs after load: records, for every <img>, whether the browser decoded it (naturalWidth > 0).
 IMAGE_CHECK = """<script>
@@ -45,9 +53,19 @@ def decoded_images(html_path, tmp_path) -> list[dict]:
     page = tmp_path / f"checked-{html_path.stem}.html"
     page.write_text(html_path.read_text().replace("</body>", IMAGE_CHECK))
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
-        proc = subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-                               "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                _chromium(),
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                "--virtual-time-budget=10000",
+                "--dump-dom",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     match = re.search(r"IMAGECHECK(.*?)ENDCHECK", proc.stdout, re.S)
     assert match, f"the page's check never ran (rc {proc.returncode}): {proc.stderr[-500:]}"
     return json.loads(match.group(1).replace("&quot;", '"'))
@@ -73,7 +91,7 @@ def test_every_plot_renders_in_chromium(lqr_report, tmp_path):
     # The check really fails on a broken plot: truncate one image's data and load again.
     start = html.index('alt="returns" src="data:image/png;base64,') + len('alt="returns" src="data:image/png;base64,')
     damaged = tmp_path / "damaged.html"
-    damaged.write_text(html[:start] + html[start + 5000:])
+    damaged.write_text(html[:start] + html[start + 5000 :])
     images = decoded_images(damaged, tmp_path)
     assert [im["alt"] for im in images if not im["ok"]] == ["returns"]
 
@@ -82,7 +100,12 @@ def test_report_has_the_gate_table(lqr_report):
     from pathlib import Path
 
     html = Path(lqr_report["report"]).read_text()
-    for key in ("gate.min_return_ratio", "gate.max_violations", "gate.max_intervention_rate", "gate.max_latency_p99_us"):
+    for key in (
+        "gate.min_return_ratio",
+        "gate.max_violations",
+        "gate.max_intervention_rate",
+        "gate.max_latency_p99_us",
+    ):
         assert key in html
     assert "verdict pass" in html
 
@@ -112,8 +135,14 @@ CALIBRATION = {
     "parameters": {
         "body_mass.cart": {"nominal": 1.0, "identified": 1.31, "identified_ok": True, "range": [1.26, 1.36]},
         "body_mass.pole": {"nominal": 1.0, "identified": 1.8, "identified_ok": False, "range": [0.9, 1.5]},
-        "joint_damping.slider": {"nominal": 1.0, "identified": 1.1, "identified_ok": True, "known": True,
-                                 "range": [1.1, 1.1]}},
+        "joint_damping.slider": {
+            "nominal": 1.0,
+            "identified": 1.1,
+            "identified_ok": True,
+            "known": True,
+            "range": [1.1, 1.1],
+        },
+    },
     "flat_directions": [{"weights": {"body_mass.pole": 0.7, "actuator_gain.cart_force": -0.7}}],
     "latency_steps": {"identified": 2},
     "log": {"source": "field-logs/", "seconds": 120.0},
@@ -134,14 +163,18 @@ def test_report_shows_the_twin_calibration_the_gate_ran_on(lqr_report, tmp_path)
     cfg.gate.max_latency_p99_us = LOOSE_LATENCY_US
     result = run_shadow(bundle, cfg, report_dir=tmp_path / "calibrated", calibration=CALIBRATION)
     page = Path(result["report"]).read_text()
-    section = page[page.index("<h2>Twin calibration: identified vs nominal</h2>"):]
-    section = section[:section.index("<h2>", 4)]
-    rows = re.findall(r'<tr class="(\w+)"><td>([^<]+)</td><td>[^<]+</td><td>([^<]+)</td><td>([^<]+)</td>'
-                      r"<td>([^<]+)</td></tr>", section)
-    assert rows == [("pass", "body_mass.cart", "1.31", "1.26 .. 1.36", "identified"),
-                    ("skipped", "body_mass.pole", "1.8", "0.9 .. 1.5",
-                     "NOT identified by the logs: keeps its configured range"),
-                    ("pass", "joint_damping.slider", "1.1", "1.1 .. 1.1", "known (calibration.known)")]
+    section = page[page.index("<h2>Twin calibration: identified vs nominal</h2>") :]
+    section = section[: section.index("<h2>", 4)]
+    rows = re.findall(
+        r'<tr class="(\w+)"><td>([^<]+)</td><td>[^<]+</td><td>([^<]+)</td><td>([^<]+)</td>'
+        r"<td>([^<]+)</td></tr>",
+        section,
+    )
+    assert rows == [
+        ("pass", "body_mass.cart", "1.31", "1.26 .. 1.36", "identified"),
+        ("skipped", "body_mass.pole", "1.8", "0.9 .. 1.5", "NOT identified by the logs: keeps its configured range"),
+        ("pass", "joint_damping.slider", "1.1", "1.1 .. 1.1", "known (calibration.known)"),
+    ]
     assert "from 3.20 (nominal) to 0.90 (calibrated)" in section and "latency 2 control steps" in section
     assert "+0.70 log body_mass.pole + -0.70 log actuator_gain.cart_force" in section
     assert "Twin calibration" not in Path(lqr_report["report"]).read_text()

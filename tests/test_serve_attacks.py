@@ -179,8 +179,14 @@ def test_no_sender_can_take_a_live_plants_session_and_the_plant_stays_inside_its
     period_ns = 1_000_000
     for key in (None, KEY):
         clock = [time.time_ns()]
-        server = PolicyServer(EdgeRuntime.load(bundle), key=key, deadline_us=1e9, max_plants=8, not_before_us=0,
-                              wall_clock_ns=lambda: clock[0])
+        server = PolicyServer(
+            EdgeRuntime.load(bundle),
+            key=key,
+            deadline_us=1e9,
+            max_plants=8,
+            not_before_us=0,
+            wall_clock_ns=lambda: clock[0],
+        )
         server.sock.close()  # handle() only, on the server's own clock
         fence = FencePlant(EdgeRuntime.load(bundle))
         busy, cid = 0, 100
@@ -188,8 +194,9 @@ def test_no_sender_can_take_a_live_plants_session_and_the_plant_stays_inside_its
             clock[0] += period_ns
             now_us, t0 = clock[0] // 1000, time.perf_counter_ns()
             obs = fence.obs()
-            reply = decode_act_reply(server.handle(encode_act_request(now_us, 0, obs, key=key, client_id=7),
-                                                   ("127.0.0.1", 4444), t0), key)
+            reply = decode_act_reply(
+                server.handle(encode_act_request(now_us, 0, obs, key=key, client_id=7), ("127.0.0.1", 4444), t0), key
+            )
             # Unkeyed: 8 made-up ids from the attacker's address. Keyed: 8 other honest plants, each live.
             for i in range(8):
                 cid = cid + 1 if key is None else 100 + i
@@ -214,8 +221,14 @@ def test_a_signed_request_refused_busy_or_bad_input_cannot_be_replayed_once_it_w
     STALE: an authenticated request's seq is spent whatever the answer. Before, 80 of 80 replays were accepted
     and the victim's next action was computed from a prediction holding actions it never received."""
     clock = [time.time_ns()]
-    server = PolicyServer(EdgeRuntime.load(bundle), key=KEY, deadline_us=1e9, max_plants=1, not_before_us=0,
-                          wall_clock_ns=lambda: clock[0])
+    server = PolicyServer(
+        EdgeRuntime.load(bundle),
+        key=KEY,
+        deadline_us=1e9,
+        max_plants=1,
+        not_before_us=0,
+        wall_clock_ns=lambda: clock[0],
+    )
     server.sock.close()  # handle() only, on the server's own clock
     perf0, wall0 = time.perf_counter_ns(), clock[0]
 
@@ -240,16 +253,17 @@ def test_a_signed_request_refused_busy_or_bad_input_cannot_be_replayed_once_it_w
     t_free = (server.plants.live_ns + 5 * 10**7) / 1e9  # plant 1 silent for longer than the live window
     assert t_free + 0.01 < 0.3 + 1.0  # every captured packet is still inside the 1 s clock window
     calls = server.stats.policy_calls
-    accepted = sum(not at(t_free + 1e-4 * i, frame, ("127.0.0.1", 6666)).status & Status.STALE
-                   for i, frame in enumerate(captured))
+    accepted = sum(
+        not at(t_free + 1e-4 * i, frame, ("127.0.0.1", 6666)).status & Status.STALE for i, frame in enumerate(captured)
+    )
     assert accepted == 0 and server.stats.policy_calls == calls
     # The victim is served as a plant the server has never answered: its session holds only its own actions.
     obs = np.array([1.8, 1.8, 1.9, 1.9], np.float32)
-    reply = at(t_free + 0.01, encode_act_request(us(t_free + 0.01), 0, obs, key=KEY, client_id=2),
-               ("127.0.0.1", 5555))
+    reply = at(t_free + 0.01, encode_act_request(us(t_free + 0.01), 0, obs, key=KEY, client_id=2), ("127.0.0.1", 5555))
     assert not reply.status & (Status.BUSY | Status.STALE)
-    assert reply.action.tobytes() == np.asarray(EdgeRuntime.load(bundle).new_session().act(obs)[0],
-                                                np.float32).tobytes()
+    assert (
+        reply.action.tobytes() == np.asarray(EdgeRuntime.load(bundle).new_session().act(obs)[0], np.float32).tobytes()
+    )
 
 
 # ---- item 3: replay protection that does not forget ----------------------------------------------
@@ -324,16 +338,27 @@ def test_a_bundle_rewritten_after_promotion_is_refused_and_a_reload_keeps_pendin
     # Rewrite payload and manifest consistently (a self-consistent bundle, just not the promoted one).
     policy = tiny_policy_onnx(99)
     shield_json = (bundle_dir / "shield.json").read_bytes()
-    manifest = make_manifest(task="planar", env_id="test/Planar-v0", version=version, config_hash="0" * 64,
-                             files={"policy.onnx": policy, "shield.json": shield_json}, obs_dim=4, act_dim=2)
+    manifest = make_manifest(
+        task="planar",
+        env_id="test/Planar-v0",
+        version=version,
+        config_hash="0" * 64,
+        files={"policy.onnx": policy, "shield.json": shield_json},
+        obs_dim=4,
+        act_dim=2,
+    )
     from shield.bundle import manifest_bytes
 
     (bundle_dir / "policy.onnx").write_bytes(policy)
     (bundle_dir / "manifest.json").write_bytes(manifest_bytes(manifest))
     with pytest.raises(BundleError, match="policy.onnx"):
         EdgeRuntime.load(bundle_dir, pinned=pinned)
-    out = subprocess.run([sys.executable, "-m", "shield.server", "--registry", "planar", "--models",
-                          str(registry.root), "--port", "0"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "shield.server", "--registry", "planar", "--models", str(registry.root), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "policy.onnx" in out.stderr and "promoted" in out.stderr
 
     # Hot reload mid-stream: the plant's next actions are exactly those of a server that never reloaded.
@@ -355,9 +380,18 @@ def test_a_bundle_rewritten_after_promotion_is_refused_and_a_reload_keeps_pendin
 
     def spec_bundle(name: str, **changes) -> Path:
         text = json.dumps({**spec, **changes}, indent=None if changes else 7, sort_keys=not changes).encode()
-        write_bundle(tmp_path / name, policy_onnx=policy, shield_spec=text,
-                     manifest=make_manifest(task="planar", env_id="test/Planar-v0", config_hash="0" * 64, version=4,
-                                            files={"policy.onnx": policy, "shield.json": text}))
+        write_bundle(
+            tmp_path / name,
+            policy_onnx=policy,
+            shield_spec=text,
+            manifest=make_manifest(
+                task="planar",
+                env_id="test/Planar-v0",
+                config_hash="0" * 64,
+                version=4,
+                files={"policy.onnx": policy, "shield.json": text},
+            ),
+        )
         return tmp_path / name
 
     def reload(bundle_dir: Path):
@@ -377,18 +411,18 @@ def test_a_bundle_rewritten_after_promotion_is_refused_and_a_reload_keeps_pendin
     assert moved._predictor is before
     # A new shield.json (here: another margin, same latency): pending actions, the last action sent and the
     # predicted state are copied into the new shield.
-    sent_before, next_before = before.v[-3 - 2 * 2:-1].copy(), before._next.copy()  # two pending, then u
+    sent_before, next_before = before.v[-3 - 2 * 2 : -1].copy(), before._next.copy()  # two pending, then u
     assert np.abs(sent_before).sum() > 0 and before.has_state  # not the reset state
     _, moved = reload(spec_bundle("changed", margin=0.05))
     assert moved.spec.margin == 0.05 and moved._predictor is not before
-    assert np.array_equal(moved._predictor.v[-3 - 2 * 2:-1], sent_before)
+    assert np.array_equal(moved._predictor.v[-3 - 2 * 2 : -1], sent_before)
     assert moved._predictor.has_state and np.array_equal(moved._predictor._next, next_before)
     # Another latency: the newest actions that fit are kept; a longer one has the fallback in its older slots.
     before, moved = reload(spec_bundle("shorter", latency_steps=1))
-    assert np.array_equal(moved._predictor.v[-3 - 2:-1], before.v[-3 - 2:-1])
+    assert np.array_equal(moved._predictor.v[-3 - 2 : -1], before.v[-3 - 2 : -1])
     before, moved = reload(spec_bundle("longer", latency_steps=3))
-    assert np.array_equal(moved._predictor.v[-3 - 2:-1], before.v[-3 - 2:-1])
-    assert np.array_equal(moved._predictor.v[-3 - 6:-3 - 2], np.zeros(4))  # the fallback, as a fresh session
+    assert np.array_equal(moved._predictor.v[-3 - 2 : -1], before.v[-3 - 2 : -1])
+    assert np.array_equal(moved._predictor.v[-3 - 6 : -3 - 2], np.zeros(4))  # the fallback, as a fresh session
     assert server.stats.reloads == 5
 
 
@@ -505,8 +539,12 @@ def test_no_reply_is_larger_than_an_unauthenticated_request_and_open_binds_need_
                 assert got <= sent
             sock.close()
             server.stop()
-    out = subprocess.run([sys.executable, "-m", "shield.server", str(bundle), "--host", "0.0.0.0", "--port", "0"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "shield.server", str(bundle), "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "--insecure" in out.stderr
 
 

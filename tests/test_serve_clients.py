@@ -53,8 +53,12 @@ def run_c(exe, server, obs, key_file=None, legacy=None) -> dict:
     args = [str(exe)] + (["-k", str(key_file)] if key_file else [])
     if legacy is not None:
         args += ["-l", ",".join(repr(float(v)) for v in legacy)]
-    out = subprocess.run(args + [server.host, str(server.port)] + [repr(float(v)) for v in obs],
-                         capture_output=True, text=True, timeout=10)
+    out = subprocess.run(
+        args + [server.host, str(server.port)] + [repr(float(v)) for v in obs],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     assert out.returncode == 0, out.stderr
     fields = out.stdout.split(" bits=")
     bits = np.array([int(w, 16) for w in fields[1].split()], dtype=np.uint32).view(np.float32)
@@ -68,7 +72,10 @@ def test_python_and_c_clients_get_the_in_process_shielded_action(bundle, c_clien
     obs_set = observations(40)
     expected = [reference.act(o) for o in obs_set]
     assert any(info["intervened"] for _, _, info in expected), "the set should exercise the shield"
-    with ServerProcess(str(bundle), *NO_DEADLINE) as server, PolicyClient(server.host, server.port, timeout_s=5.0) as client:
+    with (
+        ServerProcess(str(bundle), *NO_DEADLINE) as server,
+        PolicyClient(server.host, server.port, timeout_s=5.0) as client,
+    ):
         for obs, (safe, _, info) in zip(obs_set, expected):
             reply = client.act(obs)
             assert reply.action.tobytes() == safe.tobytes()
@@ -99,8 +106,10 @@ def test_auth_drops_forged_packets_and_refuses_replays_before_the_policy(bundle,
     obs = observations(1, seed=5)[0]
     with ServerProcess(str(bundle), "--key-file", str(key_file), *NO_DEADLINE) as server:
         client = PolicyClient(server.host, server.port, key=key, timeout_s=5.0)
-        captured = [encode_act_request(client.next_seq(), 0, o, key=key, client_id=client.client_id)
-                    for o in observations(20, seed=6)]
+        captured = [
+            encode_act_request(client.next_seq(), 0, o, key=key, client_id=client.client_id)
+            for o in observations(20, seed=6)
+        ]
         raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         raw.settimeout(5.0)
         for frame in captured:  # genuine packets, sent once
@@ -116,10 +125,15 @@ def test_auth_drops_forged_packets_and_refuses_replays_before_the_policy(bundle,
         for frame in captured:
             flipped = bytearray(frame)
             flipped[rng.integers(0, len(frame))] ^= 1 << int(rng.integers(0, 8))
-            forged += [bytes(flipped), frame[:-MAC_SIZE] + os.urandom(MAC_SIZE), frame[:-MAC_SIZE],
-                       encode_act_request(client.next_seq(), 0, obs, key=b"not the key at all, sorry, not at all",
-                                          client_id=client.client_id),
-                       encode_act_request(client.next_seq(), 0, obs)]  # unsigned
+            forged += [
+                bytes(flipped),
+                frame[:-MAC_SIZE] + os.urandom(MAC_SIZE),
+                frame[:-MAC_SIZE],
+                encode_act_request(
+                    client.next_seq(), 0, obs, key=b"not the key at all, sorry, not at all", client_id=client.client_id
+                ),
+                encode_act_request(client.next_seq(), 0, obs),
+            ]  # unsigned
         attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # another address: still a replay
         attacker.settimeout(5.0)
         for i, frame in enumerate(forged):
@@ -139,8 +153,9 @@ def test_auth_drops_forged_packets_and_refuses_replays_before_the_policy(bundle,
         assert stats["policy_calls"] == before["policy_calls"], "a replayed packet reached the policy"
         assert stats["stale"] == len(replays)
         # The C client without the key is not answered at all.
-        out = subprocess.run([str(c_client), server.host, str(server.port), *map(str, obs)],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [str(c_client), server.host, str(server.port), *map(str, obs)], capture_output=True, text=True
+        )
         assert out.returncode == 2 and "timeout" in out.stderr
         raw.close()
         attacker.close()
@@ -184,22 +199,28 @@ def test_serve_refuses_a_tampered_bundle(bundle, tmp_path):
     data = bytearray((bad / "policy.onnx").read_bytes())
     data[-1] ^= 0xFF
     (bad / "policy.onnx").write_bytes(bytes(data))
-    out = subprocess.run([sys.executable, "-m", "shield.server", str(bad), "--port", "0"], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "shield.server", str(bad), "--port", "0"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2 and "policy.onnx" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_edge_modules_import_nothing_heavy():
-    code = ("import sys, shield.server, shield.client, shield.protocol, shield.shadowlog;"
-            "heavy = {'torch', 'ray', 'mujoco', 'gymnasium', 'prefect', 'pydantic', 'yaml', 'pipeline', 'envs'}"
-            " & set(sys.modules);"
-            "print(sorted(heavy)); sys.exit(1 if heavy else 0)")
+    code = (
+        "import sys, shield.server, shield.client, shield.protocol, shield.shadowlog;"
+        "heavy = {'torch', 'ray', 'mujoco', 'gymnasium', 'prefect', 'pydantic', 'yaml', 'pipeline', 'envs'}"
+        " & set(sys.modules);"
+        "print(sorted(heavy)); sys.exit(1 if heavy else 0)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_status_counts_match_traffic(bundle):
-    with ServerProcess(str(bundle), *NO_DEADLINE) as server, PolicyClient(server.host, server.port, timeout_s=5.0) as client:
+    with (
+        ServerProcess(str(bundle), *NO_DEADLINE) as server,
+        PolicyClient(server.host, server.port, timeout_s=5.0) as client,
+    ):
         for obs in observations(10, seed=1):
             client.act(obs)
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -212,7 +233,12 @@ def test_status_counts_match_traffic(bundle):
         time.sleep(0.05)
         stats = client.status().counters
         assert (stats["requests"], stats["answered"], stats["dropped"], stats["policy_calls"], stats["bad_inputs"]) == (
-            15, 12, 3, 10, 1)
+            15,
+            12,
+            3,
+            10,
+            1,
+        )
         sock.close()
         server.stop()
 
@@ -223,23 +249,34 @@ def test_serve_cli_errors_are_one_clear_line(bundle, tmp_path, capsys):
     from shield.server import run_cli
 
     def args(**kw):
-        base = dict(bundle=None, registry=None, models=str(tmp_path / "models"), host="127.0.0.1", port=0,
-                    mode="active", key_file=None, log=None, deadline_us=1000.0)
+        base = dict(
+            bundle=None,
+            registry=None,
+            models=str(tmp_path / "models"),
+            host="127.0.0.1",
+            port=0,
+            mode="active",
+            key_file=None,
+            log=None,
+            deadline_us=1000.0,
+        )
         return Namespace(**{**base, **kw})
 
     short_key = write_key_file(tmp_path / "short", b"0123456789abcdef0123456789abcde\n")  # 31 bytes
     open_key = tmp_path / "open"
     open_key.write_bytes(b"k" * 32)
     open_key.chmod(0o640)
-    cases = [(args(), "exactly one of BUNDLE or --registry"),
-             (args(bundle=str(bundle), registry="planar"), "exactly one of BUNDLE or --registry"),
-             (args(bundle=str(bundle), mode="shadow"), "--mode shadow needs --log"),
-             (args(registry="planar"), "no production version"),
-             (args(bundle=str(tmp_path / "nope")), "not a bundle directory"),
-             (args(bundle=str(bundle), key_file=str(short_key)), "at least 32"),
-             (args(bundle=str(bundle), key_file=str(open_key)), "chmod 600"),
-             (args(bundle=str(bundle), host="0.0.0.0"), "not loopback and no --key-file"),
-             (args(bundle=str(bundle), metrics_port=0, metrics_host="0.0.0.0"), "--metrics-host 0.0.0.0 is not loopback")]
+    cases = [
+        (args(), "exactly one of BUNDLE or --registry"),
+        (args(bundle=str(bundle), registry="planar"), "exactly one of BUNDLE or --registry"),
+        (args(bundle=str(bundle), mode="shadow"), "--mode shadow needs --log"),
+        (args(registry="planar"), "no production version"),
+        (args(bundle=str(tmp_path / "nope")), "not a bundle directory"),
+        (args(bundle=str(bundle), key_file=str(short_key)), "at least 32"),
+        (args(bundle=str(bundle), key_file=str(open_key)), "chmod 600"),
+        (args(bundle=str(bundle), host="0.0.0.0"), "not loopback and no --key-file"),
+        (args(bundle=str(bundle), metrics_port=0, metrics_host="0.0.0.0"), "--metrics-host 0.0.0.0 is not loopback"),
+    ]
     for a, message in cases:
         assert run_cli(a) == 2
         err = capsys.readouterr().err
@@ -362,8 +399,11 @@ def _realtime_threads(pid: int) -> list[tuple[int, int, str]]:
     out = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        cpus = next(line.split()[1] for line in (task / "status").read_text().splitlines()
-                    if line.startswith("Cpus_allowed_list"))
+        cpus = next(
+            line.split()[1]
+            for line in (task / "status").read_text().splitlines()
+            if line.startswith("Cpus_allowed_list")
+        )
         out.append((int(fields[38]), int(fields[37]), cpus))  # stat fields 41 (policy) and 40 (rt_priority)
     return out
 
@@ -453,8 +493,11 @@ def test_a_stale_datagram_does_not_restart_the_blocking_clients_wait(monkeypatch
     from shield.client import PolicyTimeout
 
     now = [100.0]
-    monkeypatch.setattr(client_module, "time", SimpleNamespace(
-        monotonic=lambda: now[0], time_ns=time.time_ns, monotonic_ns=time.monotonic_ns))
+    monkeypatch.setattr(
+        client_module,
+        "time",
+        SimpleNamespace(monotonic=lambda: now[0], time_ns=time.time_ns, monotonic_ns=time.monotonic_ns),
+    )
 
     class Recorded:
         """The client's real socket; each recv first takes 0.3 s on the client's clock."""

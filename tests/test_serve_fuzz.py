@@ -17,8 +17,14 @@ import numpy as np
 import pytest
 
 from shield.client import PolicyClient
-from shield.protocol import (MsgType, Status, decode_act_reply, decode_status_reply, encode_act_request,
-                             encode_status_request)
+from shield.protocol import (
+    MsgType,
+    Status,
+    decode_act_reply,
+    decode_status_reply,
+    encode_act_request,
+    encode_status_request,
+)
 from shield.runtime import EdgeRuntime
 from tests.serve_bundles import ServerProcess, write_key_file, write_tiny_bundle
 
@@ -83,11 +89,11 @@ def fuzz_packets(rng: np.random.Generator, n: int) -> list[bytes]:
     for i in range(n):
         seq, obs = int(seqs[i]), obs_all[i]
         legacy = legacy_all[i] if u[i, 0] < 0.3 else None
-        rand = blob[64 * i:64 * (i + 1)]
+        rand = blob[64 * i : 64 * (i + 1)]
         base = encode_act_request(seq, i, obs, legacy) if u[i, 1] < 0.9 else encode_status_request(seq, i)
         kind = int(k[i, 0] % 10)
         if kind == 0:
-            pkt = rand[:k[i, 1] % 65]
+            pkt = rand[: k[i, 1] % 65]
         elif kind == 1:
             b = bytearray(base)
             for j in range(1 + k[i, 1] % 3):
@@ -97,12 +103,12 @@ def fuzz_packets(rng: np.random.Generator, n: int) -> list[bytes]:
                 b[pos + 8 if 8 <= pos < 16 else pos] = rand[j]
             pkt = bytes(b)
         elif kind == 2:
-            pkt = base[:k[i, 1] % len(base)]
+            pkt = base[: k[i, 1] % len(base)]
         elif kind == 3:
-            pkt = base + rand[:1 + k[i, 1] % 63]
+            pkt = base + rand[: 1 + k[i, 1] % 63]
         elif kind == 4:  # one header or payload-head field set to a random value
             off, width = fields[k[i, 1] % len(fields)]
-            pkt = base[:off] + rand[:width] + base[off + width:] if off < len(base) else base
+            pkt = base[:off] + rand[:width] + base[off + width :] if off < len(base) else base
         elif kind == 5:  # non-finite observation
             bad = obs.copy()
             bad[k[i, 1] % 4] = specials[k[i, 2] % 3]
@@ -114,7 +120,7 @@ def fuzz_packets(rng: np.random.Generator, n: int) -> list[bytes]:
         elif kind == 8:
             pkt = base
         else:
-            pkt = rand[:k[i, 1] % 32]
+            pkt = rand[: k[i, 1] % 32]
         out.append(pkt)
     return out
 
@@ -139,7 +145,7 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
         packets = fuzz_packets(rng, N_PACKETS)
         classify = Classifier()
         for start in range(0, N_PACKETS, BURST):
-            burst = packets[start:start + BURST]
+            burst = packets[start : start + BURST]
             kinds = [classify(p) for p in burst]
             for p in burst:
                 fuzz.sendto(p, (server.host, server.port))
@@ -199,7 +205,7 @@ def test_fuzz_with_a_key_nothing_unsigned_is_answered_or_reaches_the_policy(bund
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         plant = PolicyClient(server.host, server.port, key=key, timeout_s=5.0)
         for start in range(0, len(packets), BURST):
-            for p in packets[start:start + BURST]:
+            for p in packets[start : start + BURST]:
                 sock.sendto(p, (server.host, server.port))
             plant.status()  # paces the bursts: the server has read everything sent before
         stats = plant.status().counters

@@ -28,8 +28,9 @@ def history_bundle(tmp_path_factory):
 
     policy, meta = history_policy()
     out = tmp_path_factory.mktemp("history") / "bundle"
-    export_deterministic(policy, meta, shield_spec(), config_hash="h1st", out_dir=out,
-                         registry_root=tmp_path_factory.mktemp("models"))
+    export_deterministic(
+        policy, meta, shield_spec(), config_hash="h1st", out_dir=out, registry_root=tmp_path_factory.mktemp("models")
+    )
     return out
 
 

@@ -49,23 +49,33 @@ def servers(tmp_path_factory):
 def authentic(data: bytes) -> bool:
     """True when `data` carries a valid request MAC (README: HMAC-SHA256 with the request-direction key)."""
     request_key = hmac.new(KEY, b"S2RP v2 request", hashlib.sha256).digest()
-    return len(data) >= 64 and hmac.compare_digest(hmac.new(request_key, data[:-32], hashlib.sha256).digest(),
-                                                   data[-32:])
+    return len(data) >= 64 and hmac.compare_digest(
+        hmac.new(request_key, data[:-32], hashlib.sha256).digest(), data[-32:]
+    )
 
 
 def state(server: PolicyServer) -> tuple:
-    sessions = tuple((client, s.shield._predictor.v.tobytes(), s.shield._predictor.has_state)
-                     for client, s in server.plants.sessions.items())
+    sessions = tuple(
+        (client, s.shield._predictor.v.tobytes(), s.shield._predictor.has_state)
+        for client, s in server.plants.sessions.items()
+    )
     return server.guard.snapshot(), sessions, server.stats.policy_calls, server.stats.status_requests
 
 
 def valid_frames(key: bytes | None) -> st.SearchStrategy[bytes]:
     now = time.time_ns() // 1000
     obs = st.lists(st.floats(-3, 3, width=32), min_size=4, max_size=4)
-    act = st.builds(lambda o, s, c: encode_act_request(now - s, 0, o, key=key, client_id=c), obs,
-                    st.integers(0, 10**6), st.sampled_from([1, 2, 3]))
-    status = st.builds(lambda s, c: encode_status_request(now - s, 0, key=key, client_id=c), st.integers(0, 10**6),
-                       st.sampled_from([1, 2]))
+    act = st.builds(
+        lambda o, s, c: encode_act_request(now - s, 0, o, key=key, client_id=c),
+        obs,
+        st.integers(0, 10**6),
+        st.sampled_from([1, 2, 3]),
+    )
+    status = st.builds(
+        lambda s, c: encode_status_request(now - s, 0, key=key, client_id=c),
+        st.integers(0, 10**6),
+        st.sampled_from([1, 2]),
+    )
     return st.one_of(act, status)
 
 
@@ -78,7 +88,7 @@ def mutated(draw, key: bytes | None) -> bytes:
             i = draw(st.integers(0, len(frame) - 1))
             frame[i] ^= 1 << draw(st.integers(0, 7))
         elif op == "cut" and frame:
-            del frame[draw(st.integers(0, len(frame) - 1)):]
+            del frame[draw(st.integers(0, len(frame) - 1)) :]
         elif op == "grow":
             frame += draw(st.binary(min_size=1, max_size=16))
         elif op == "set" and len(frame) > 8:
@@ -91,8 +101,9 @@ def datagrams(key: bytes | None) -> st.SearchStrategy[bytes]:
     return st.one_of(st.binary(max_size=600), mutated(key))
 
 
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@settings(
+    max_examples=800, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=datagrams(KEY))
 def test_keyed_no_unauthenticated_datagram_changes_any_state_or_is_answered(servers, data):
     assume(not authentic(data))  # a mutation that changed nothing is still the key holder's frame
@@ -103,8 +114,9 @@ def test_keyed_no_unauthenticated_datagram_changes_any_state_or_is_answered(serv
     assert state(server) == before
 
 
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@settings(
+    max_examples=800, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=datagrams(None))
 def test_open_server_a_refused_datagram_changes_no_state(servers, data):
     """Without a key: a datagram dropped or refused (malformed, stale) leaves every state as it was."""
@@ -120,8 +132,11 @@ def test_open_server_a_refused_datagram_changes_no_state(servers, data):
 
 
 LEGACY_BOUND = 0.3  # no float32 is 0.3: float32(0.3) lies 1.2e-8 outside the box
-EDGES = [float(v) for b in (LEGACY_BOUND, -LEGACY_BOUND) for v in
-         (np.float32(b), np.nextafter(np.float32(b), np.float32(0)), np.nextafter(np.float32(b), np.float32(2 * b)))]
+EDGES = [
+    float(v)
+    for b in (LEGACY_BOUND, -LEGACY_BOUND)
+    for v in (np.float32(b), np.nextafter(np.float32(b), np.float32(0)), np.nextafter(np.float32(b), np.float32(2 * b)))
+]
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +163,9 @@ def test_shadow_echoes_a_legacy_action_only_when_it_lies_in_the_declared_box(sha
     server.shadow_seq = getattr(server, "shadow_seq", 0) + 1
     legacy32 = np.asarray(legacy, np.float32)
     inside = all(-LEGACY_BOUND <= float(v) <= LEGACY_BOUND for v in legacy32)
-    reply = decode_act_reply(server.handle(encode_act_request(server.shadow_seq, 0, [0.1, -0.2, 0.0, 0.3],
-                                                              legacy32, client_id=1), ADDR))
+    reply = decode_act_reply(
+        server.handle(encode_act_request(server.shadow_seq, 0, [0.1, -0.2, 0.0, 0.3], legacy32, client_id=1), ADDR)
+    )
     if inside:
         assert reply.status & Status.SHADOW and reply.action.tobytes() == legacy32.tobytes()
     else:
@@ -181,8 +197,9 @@ def test_prometheus_endpoint_shows_the_counters_moving(tmp_path):
 
         def scrape() -> dict[str, float]:
             text = urllib.request.urlopen(url, timeout=5).read().decode()
-            return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(s2r_serve_\w+(?:\{[^}]*\})?) (\S+)$",
-                                                                       text, re.M)}
+            return {
+                m.group(1): float(m.group(2)) for m in re.finditer(r"^(s2r_serve_\w+(?:\{[^}]*\})?) (\S+)$", text, re.M)
+            }
 
         first = scrape()
         with PolicyClient(server.host, server.port, timeout_s=5.0) as client:
@@ -192,7 +209,9 @@ def test_prometheus_endpoint_shows_the_counters_moving(tmp_path):
         server.stop()
     assert first["s2r_serve_policy_calls_total"] == 0 and second["s2r_serve_policy_calls_total"] == 25
     assert second["s2r_serve_answered_total"] == 25 and second["s2r_serve_bundle_version"] == 6
-    assert second['s2r_serve_latency_seconds_count'] == 25 and second['s2r_serve_latency_seconds_bucket{le="+Inf"}'] == 25
+    assert (
+        second["s2r_serve_latency_seconds_count"] == 25 and second['s2r_serve_latency_seconds_bucket{le="+Inf"}'] == 25
+    )
     assert "s2r_serve_envelope_flags_total" in second and "s2r_serve_plants_evicted_total" in second
 
 
@@ -200,13 +219,16 @@ def test_metrics_endpoint_binds_loopback_and_import_shield_stays_light():
     import subprocess
     import sys
 
-    code = ("import sys, shield, shield.server, shield.serve_cli, shield.metrics;"
-            "print(sorted(m for m in ('prometheus_client', 'torch', 'ray', 'mujoco', 'gymnasium', 'prefect')"
-            " if m in sys.modules))")
+    code = (
+        "import sys, shield, shield.server, shield.serve_cli, shield.metrics;"
+        "print(sorted(m for m in ('prometheus_client', 'torch', 'ray', 'mujoco', 'gymnasium', 'prefect')"
+        " if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
-    from shield.serve_cli import add_serve_arguments
     import argparse
+
+    from shield.serve_cli import add_serve_arguments
 
     p = argparse.ArgumentParser()
     add_serve_arguments(p)

@@ -73,9 +73,19 @@ def test_shadow_log_through_the_sim2real_cli_splits_parts_at_a_reload(tmp_path):
     logs = tmp_path / "logs"
     rng = np.random.default_rng(4)
     sent = []
-    with ServerProcess("--registry", "planar", "--models", str(tmp_path / "models"), "--mode", "shadow",
-                       "--log", str(logs), "--deadline-us", "1e7",
-                       command=(sys.executable, "-m", "pipeline.cli", "serve")) as server:
+    with ServerProcess(
+        "--registry",
+        "planar",
+        "--models",
+        str(tmp_path / "models"),
+        "--mode",
+        "shadow",
+        "--log",
+        str(logs),
+        "--deadline-us",
+        "1e7",
+        command=(sys.executable, "-m", "pipeline.cli", "serve"),
+    ) as server:
         client = PolicyClient(server.host, server.port, timeout_s=5.0)
         versions = []
         registry_promoted = False

@@ -16,14 +16,28 @@ from pipeline.evaluation.shadow import load_legacy, make_env, resolve_domains, r
 from shield.runtime import EdgeRuntime
 from shield.shadowlog import ShadowLogWriter, read_shadow_log
 from tests.cli_args import cli_args
-from tests.shadow_candidates import (CARTPOLE_CONFIG, LOOSE_LATENCY_US, cartpole_config, shadow_result,
-                                     write_lqr_bundle)
+from tests.shadow_candidates import CARTPOLE_CONFIG, LOOSE_LATENCY_US, cartpole_config, shadow_result, write_lqr_bundle
 
 # Metrics both the in-sim pass and a field log compute (everything log_metrics returns).
-SHARED_KEYS = ("steps", "episodes", "action_rmse", "action_p95_abs_diff", "raw_action_rmse", "agreement_rate",
-               "would_be_intervention_rate", "would_be_fallback_rate", "legacy_returns", "legacy_return_mean",
-               "legacy_return_ci95", "legacy_violations", "min_h", "latency_p50_us", "latency_p99_us",
-               "latency_max_us", "deadline_misses")
+SHARED_KEYS = (
+    "steps",
+    "episodes",
+    "action_rmse",
+    "action_p95_abs_diff",
+    "raw_action_rmse",
+    "agreement_rate",
+    "would_be_intervention_rate",
+    "would_be_fallback_rate",
+    "legacy_returns",
+    "legacy_return_mean",
+    "legacy_return_ci95",
+    "legacy_violations",
+    "min_h",
+    "latency_p50_us",
+    "latency_p99_us",
+    "latency_max_us",
+    "deadline_misses",
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +59,15 @@ def test_legacy_copy_shows_no_divergence_and_passes_with_a_stated_margin(base):
     assert result["decision"] == "pass", result["reasons"]
     assert len(result["reasons"]) == 4 and all(r.startswith("PASS ") for r in result["reasons"])
     assert "LOOSENED by gate.min_return_ratio=0.99" in result["reasons"][0]
-    assert result["loosened"] == ["gate.min_return_ratio=0.99: the candidate may be 1% of legacy's |mean return| "
-                                  "worse than legacy"]
+    assert result["loosened"] == [
+        "gate.min_return_ratio=0.99: the candidate may be 1% of legacy's |mean return| worse than legacy"
+    ]
     # Sequential: it stopped when the bound decided, before the budget, and never before gate.min_episodes.
     assert m["stopped"] == "decided" and 20 <= len(m["candidate_returns"]) < 40
 
 
 def test_equal_to_legacy_is_not_promoted_by_the_default_gate(base):
-    """"No worse than legacy" at 95 % cannot be shown for a copy of legacy: undecided to the budget, inconclusive."""
+    """ "No worse than legacy" at 95 % cannot be shown for a copy of legacy: undecided to the budget, inconclusive."""
     bundle, _ = shadow_result("lqr", base)
     cfg = cartpole_config(episodes=5, max_episode_steps=60)
     cfg.gate.max_latency_p99_us = LOOSE_LATENCY_US
@@ -96,14 +111,18 @@ def test_cli_gates_against_a_production_bundle(base, capsys):
     if not worse.exists():
         write_lqr_bundle(worse, cartpole_config(), setpoint_scale=0.5)
     loose = _config_with_gate(base / "loose-prod.yaml", max_latency_p99_us=1e6)
-    code = run_cli(_args(bundle=str(worse), config=loose, production=str(copy), episodes=10,
-                         report=str(base / "cli-prod"), json=True))
+    code = run_cli(
+        _args(
+            bundle=str(worse), config=loose, production=str(copy), episodes=10, report=str(base / "cli-prod"), json=True
+        )
+    )
     out = json.loads(capsys.readouterr().out)
     assert code == 1 and out["decision"] == "fail"
     line = next(r for r in out["reasons"] if "gate.min_return_ratio_production" in r)
     assert "candidate - production" in line and "bounds [" in line
-    assert out["metrics"]["production_returns"] and len(out["metrics"]["production_returns"]) == \
-        len(out["metrics"]["candidate_returns"])
+    assert out["metrics"]["production_returns"] and len(out["metrics"]["production_returns"]) == len(
+        out["metrics"]["candidate_returns"]
+    )
 
 
 def test_random_candidate_fails_and_names_the_thresholds(base):
@@ -144,10 +163,22 @@ def test_field_logs_give_the_same_metrics(base):
     # Re-record the same steps the way `sim2real serve --mode shadow` does: several NPZ parts in a directory.
     writer = ShadowLogWriter(base / "field-logs", flush_rows=150, flush_s=1e9)
     for i in range(len(cols["t"])):
-        writer.append(meta, cols["t"][i], cols["episode"][i], cols["step"][i], cols["obs"][i],
-                      cols["legacy_action"][i], cols["candidate_raw"][i], cols["candidate_action"][i],
-                      cols["intervened"][i], cols["fallback"][i], cols["h"][i], cols["latency_us"][i],
-                      cols["reward"][i], cols["cost"][i])
+        writer.append(
+            meta,
+            cols["t"][i],
+            cols["episode"][i],
+            cols["step"][i],
+            cols["obs"][i],
+            cols["legacy_action"][i],
+            cols["candidate_raw"][i],
+            cols["candidate_action"][i],
+            cols["intervened"][i],
+            cols["fallback"][i],
+            cols["h"][i],
+            cols["latency_us"][i],
+            cols["reward"][i],
+            cols["cost"][i],
+        )
     writer.close()
     assert len(writer.written) > 1 and not writer.errors
 
@@ -177,8 +208,9 @@ def test_a_simulated_log_pairs_with_the_candidates_counterfactual(base):
     logged legacy returns, under the same rules. A log whose legacy episodes the twin does not reproduce is not
     paired (inconclusive, as a plant's log)."""
     bundle, sim = shadow_result("random", base)
-    paired = run_shadow(bundle, cartpole_config(max_episode_steps=100), from_log=sim["log"],
-                        report_dir=base / "paired-report")
+    paired = run_shadow(
+        bundle, cartpole_config(max_episode_steps=100), from_log=sim["log"], report_dir=base / "paired-report"
+    )
     m = paired["metrics"]
     assert m["paired_with_log"] is True and m["candidate_returns"] == sim["metrics"]["candidate_returns"]
     assert paired["decision"] == "fail" and paired["reasons"][0].startswith("FAIL gate.min_return_ratio")
@@ -187,8 +219,9 @@ def test_a_simulated_log_pairs_with_the_candidates_counterfactual(base):
     from shield.shadowlog import write_shadow_log
 
     forged = write_shadow_log(base / "forged.npz", cols, meta)
-    unpaired = run_shadow(bundle, cartpole_config(max_episode_steps=100), from_log=forged,
-                          report_dir=base / "forged-report")
+    unpaired = run_shadow(
+        bundle, cartpole_config(max_episode_steps=100), from_log=forged, report_dir=base / "forged-report"
+    )
     assert unpaired["metrics"]["paired_with_log"] is False and unpaired["metrics"]["candidate_returns"] is None
     assert unpaired["reasons"][0].startswith("SKIPPED gate.min_return_ratio")
 
@@ -202,15 +235,19 @@ def test_cli_exit_code_follows_the_gate(base, capsys):
 
     plant_log = str(write_shadow_log(base / "plant-log.npz", cols, _as_plant_log(meta)))
     sim = {**sim, "log": plant_log}
-    assert run_cli(_args(bundle=str(bundle), config=strict, from_log=sim["log"], report=str(base / "cli1"), json=True)) == 1
+    assert (
+        run_cli(_args(bundle=str(bundle), config=strict, from_log=sim["log"], report=str(base / "cli1"), json=True))
+        == 1
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["decision"] == "fail" and out["failing"] == ["gate.max_latency_p99_us"]
     # Field logs cannot run the return and violation checks: inconclusive (exit 1, never promoted)...
     assert run_cli(_args(bundle=str(bundle), config=loose, from_log=sim["log"], report=str(base / "cli2"))) == 1
     assert "gate: INCONCLUSIVE" in capsys.readouterr().out
     # ...unless the config waives exactly those checks.
-    waived = _config_with_gate(base / "waived.yaml", max_latency_p99_us=1e6,
-                               waive=["gate.min_return_ratio", "gate.max_violations"])
+    waived = _config_with_gate(
+        base / "waived.yaml", max_latency_p99_us=1e6, waive=["gate.min_return_ratio", "gate.max_violations"]
+    )
     assert run_cli(_args(bundle=str(bundle), config=waived, from_log=sim["log"], report=str(base / "cli3"))) == 0
     assert "gate: PASS" in capsys.readouterr().out
 
@@ -267,17 +304,18 @@ def test_quadrotor_shadow_covers_every_action_axis_and_constraint(tmp_path):
     from pipeline.config import load_config
     from pipeline.deployment.export import export_deterministic
     from pipeline.evaluation.gate import decide
-    from pipeline.training.model import ActorCritic, DeterministicPolicy
     from pipeline.evaluation.shadow import evaluate_candidate
     from pipeline.safety.shield_spec import build_shield_spec
+    from pipeline.training.model import ActorCritic, DeterministicPolicy
 
     cfg = load_config(CARTPOLE_CONFIG.parent / "quadrotor.yaml")
     cfg.task.max_episode_steps = 60
     torch.manual_seed(0)
     ac = ActorCritic(15, 3, cfg.train.hidden_sizes)
     meta = dict(task="quadrotor", env_id=cfg.task.env_id, updates=0, env_steps=0, **ac.spec())
-    bundle = export_deterministic(DeterministicPolicy(ac), meta, build_shield_spec(cfg), config_hash=cfg.config_hash(),
-                                  out_dir=tmp_path / "quad")["bundle"]
+    bundle = export_deterministic(
+        DeterministicPolicy(ac), meta, build_shield_spec(cfg), config_hash=cfg.config_hash(), out_dir=tmp_path / "quad"
+    )["bundle"]
     runtime = EdgeRuntime.load(bundle)
     shadow, cf, m = evaluate_candidate(runtime, cfg, episodes=2)
     names = shadow.meta["constraint_names"]

@@ -27,10 +27,15 @@ def _reference(conditions, u_p: np.ndarray, low: np.ndarray, high: np.ndarray) -
     eye = np.eye(len(u_p)) * 1e-6
     grad = np.stack([(conditions(start + e) - conditions(start - e)) / 2e-6 for e in eye], axis=1)
     scale = 1.0 / np.maximum(np.linalg.norm(grad, axis=1), 1e-6)
-    res = minimize(lambda u: float((u - u_p) @ (u - u_p)), start,
-                   jac=lambda u: 2 * (u - u_p), method="SLSQP", bounds=list(zip(low, high)),
-                   constraints=[{"type": "ineq", "fun": lambda u: scale * conditions(u)}],
-                   options={"ftol": 1e-15, "maxiter": 500})
+    res = minimize(
+        lambda u: float((u - u_p) @ (u - u_p)),
+        start,
+        jac=lambda u: 2 * (u - u_p),
+        method="SLSQP",
+        bounds=list(zip(low, high)),
+        constraints=[{"type": "ineq", "fun": lambda u: scale * conditions(u)}],
+        options={"ftol": 1e-15, "maxiter": 500},
+    )
     return res.x
 
 
@@ -137,8 +142,16 @@ def test_bad_input_falls_back_without_exception(bad):
     assert info["bad_input"] and info["fallback"] and np.all(np.isfinite(u)) and u.shape == (2,)
 
 
-def _rollout(shield: CbfShield, start: np.ndarray, push: np.ndarray, steps: int, rng, accel_error: float,
-             noise: float, latency: int) -> tuple[float, int]:
+def _rollout(
+    shield: CbfShield,
+    start: np.ndarray,
+    push: np.ndarray,
+    steps: int,
+    rng,
+    accel_error: float,
+    noise: float,
+    latency: int,
+) -> tuple[float, int]:
     """Simulate the planar plant (with its own latency, lag and acceleration error); return min distance, fallbacks."""
     A, B, c = shield._A, shield._B, shield._c  # the true plant = nominal model, another gain, a disturbance
     B = B * rng.uniform(0.75, 1.25)
@@ -162,10 +175,16 @@ _BOX_SHIELD = {}
 
 
 @settings(max_examples=300, deadline=None)
-@given(obs=st.lists(st.floats(-5.0, 5.0, width=32) | st.sampled_from([np.nan, np.inf, -np.inf, 3e38]),
-                    min_size=4, max_size=4),
-       action=st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True) | st.sampled_from([0.3, -0.7, 0.7]),
-                       min_size=2, max_size=2))
+@given(
+    obs=st.lists(
+        st.floats(-5.0, 5.0, width=32) | st.sampled_from([np.nan, np.inf, -np.inf, 3e38]), min_size=4, max_size=4
+    ),
+    action=st.lists(
+        st.floats(width=32, allow_nan=True, allow_infinity=True) | st.sampled_from([0.3, -0.7, 0.7]),
+        min_size=2,
+        max_size=2,
+    ),
+)
 def test_every_action_is_inside_the_declared_box_even_where_a_bound_has_no_float32(obs, action):
     """Bounds like 0.3 and 0.7 have no float32; the double clipped to them used to round to a float32 1e-8
     outside (0.30000001), which a plant checking its limits in double refuses. Every action the shield returns,
@@ -193,8 +212,14 @@ def _cartpole_specs() -> tuple[dict, dict]:
 
 
 @settings(max_examples=200, deadline=None)
-@given(theta=st.floats(-np.pi, np.pi), turns=st.integers(-60, 60), x=st.floats(-1.2, 1.2), x_dot=st.floats(-4.0, 4.0),
-       theta_dot=st.floats(-30.0, 30.0), action=st.floats(-1.0, 1.0, width=32))
+@given(
+    theta=st.floats(-np.pi, np.pi),
+    turns=st.integers(-60, 60),
+    x=st.floats(-1.2, 1.2),
+    x_dot=st.floats(-4.0, 4.0),
+    theta_dot=st.floats(-30.0, 30.0),
+    action=st.floats(-1.0, 1.0, width=32),
+)
 def test_the_pole_angle_reads_the_same_after_any_number_of_turns(theta, turns, x, x_dot, theta_dot, action):
     """A pole that fell and spun round is the plant state it is: the shield's action and barrier values at
     theta + 2 pi k are those at theta (the linearization holds near upright; the cart's coupling to the pole,
@@ -248,11 +273,18 @@ def test_each_bound_brakes_with_the_acceleration_of_its_own_direction(speed):
     """A vertical axis braking at 3.0 m/s^2 toward - (gravity helps stop a climb) and 0.5 toward +:
     h = distance - margin - closing^2 / (2 a), with a the braking that points away from that bound."""
     spec = {
-        "schema_version": 1, "obs_dim": 2, "act_dim": 1, "dt": 0.02, "action_low": [-1.0], "action_high": [1.0],
-        "state_index": [0, 1], "model": {"type": "double_integrator", "accel_per_action": [[4.0]]},
+        "schema_version": 1,
+        "obs_dim": 2,
+        "act_dim": 1,
+        "dt": 0.02,
+        "action_low": [-1.0],
+        "action_high": [1.0],
+        "state_index": [0, 1],
+        "model": {"type": "double_integrator", "accel_per_action": [[4.0]]},
         "kinematics": {"position_index": [0], "velocity_index": [1], "brake_accel": [[3.0, 0.5]]},
-        "constraints": [{"name": "floor_ceiling", "type": "box", "index": [0], "low": [0.0], "high": [10.0],
-                         "gain": 0.3}],
+        "constraints": [
+            {"name": "floor_ceiling", "type": "box", "index": [0], "low": [0.0], "high": [10.0], "gain": 0.3}
+        ],
         "margin": 0.1,
     }
     _, info = CbfShield(spec).filter(np.array([5.0, speed], np.float32), np.zeros(1, np.float32))
@@ -285,8 +317,12 @@ def test_projection_onto_one_condition_is_the_kkt_point(m, data):
     if u is None:
         # Allowed only when no input near u_p meets the row (the shield's inputs live in a box of size ~1;
         # a far projection is left to the QP): h is concave, so its maximum over a ball is found reliably.
-        best = minimize(lambda v: -h(v), up, method="SLSQP",
-                        constraints=[{"type": "ineq", "fun": lambda v: 100.0 - (v - up) @ (v - up)}])
+        best = minimize(
+            lambda v: -h(v),
+            up,
+            method="SLSQP",
+            constraints=[{"type": "ineq", "fun": lambda v: 100.0 - (v - up) @ (v - up)}],
+        )
         assert -best.fun < 1e-3, (best.x, -best.fun)
         return
     u = np.array(u)
@@ -300,8 +336,7 @@ def test_projection_onto_one_condition_is_the_kkt_point(m, data):
         # The gradient vanishes at the solution (a ~ 0, the closing speed brought to 0: a = [0, -1.2e-8, 0] was
         # one): its multiplier is ~1 / |grad| and the KKT residual is rounding; the feasible set near u is a
         # sliver. Then no exactly feasible point the reference solver finds (from u_p) may be closer to u_p.
-        ref = minimize(lambda v: (v - up) @ (v - up), up, method="SLSQP",
-                       constraints=[{"type": "ineq", "fun": h}])
+        ref = minimize(lambda v: (v - up) @ (v - up), up, method="SLSQP", constraints=[{"type": "ineq", "fun": h}])
         if ref.success and h(ref.x) >= 0.0:
             assert np.linalg.norm(u - up) <= np.linalg.norm(ref.x - up) + 1e-6, (u, ref.x)
         return
@@ -377,6 +412,11 @@ def test_least_violation_brake_minimizes_the_summed_shortfalls(m, rows, data):
 
     u = least_violation_brake(G, lb, low, high, np.zeros(m))
     assert np.all(u >= low) and np.all(u <= high)
-    best = minimize(cost, np.clip(np.zeros(m), low, high), method="L-BFGS-B", bounds=list(zip(low, high)),
-                    options={"ftol": 1e-15, "gtol": 1e-12})
+    best = minimize(
+        cost,
+        np.clip(np.zeros(m), low, high),
+        method="L-BFGS-B",
+        bounds=list(zip(low, high)),
+        options={"ftol": 1e-15, "gtol": 1e-12},
+    )
     assert cost(u) <= cost(best.x) + 1e-7 * (1.0 + cost(best.x))

@@ -36,8 +36,13 @@ def constraints(draw, kind=None):
         hi = [lo_i + draw(st.floats(0.1, 6)) for lo_i in lo]
         return {"name": "c", "type": kind, "index": idx, "low": lo, "high": hi}
     dim = 2 if kind == "cylinder" else 3
-    return {"name": "c", "type": kind, "index": list(range(dim)), "center": [draw(coord) for _ in range(dim)],
-            "radius": draw(st.floats(0.1, 3))}
+    return {
+        "name": "c",
+        "type": kind,
+        "index": list(range(dim)),
+        "center": [draw(coord) for _ in range(dim)],
+        "radius": draw(st.floats(0.1, 3)),
+    }
 
 
 def _geometric(con: dict, p: list[float]) -> bool:
@@ -51,11 +56,18 @@ def _geometric(con: dict, p: list[float]) -> bool:
 
 def _spec(con: dict) -> dict:
     return {
-        "schema_version": 1, "obs_dim": OBS_DIM, "act_dim": 3, "dt": 0.05,
-        "action_low": [-1.0] * 3, "action_high": [1.0] * 3, "state_index": list(range(OBS_DIM)),
+        "schema_version": 1,
+        "obs_dim": OBS_DIM,
+        "act_dim": 3,
+        "dt": 0.05,
+        "action_low": [-1.0] * 3,
+        "action_high": [1.0] * 3,
+        "state_index": list(range(OBS_DIM)),
         "model": {"type": "double_integrator", "accel_per_action": np.diag([4.0] * 3).tolist()},
         "kinematics": {"position_index": [0, 1, 2], "velocity_index": [3, 4, 5], "brake_accel": [2.0] * 3},
-        "constraints": [dict(con, gain=0.5)], "latency_steps": 0, "margin": 0.0,
+        "constraints": [dict(con, gain=0.5)],
+        "latency_steps": 0,
+        "margin": 0.0,
     }
 
 
@@ -78,24 +90,29 @@ def test_cost_and_barrier_agree_with_the_geometry_on_every_type(con, p):
 
 @pytest.mark.parametrize("kind", CONSTRAINT_TYPES)
 def test_rows_and_nearest_point_toward_violation(kind):
-    con = {"halfspace": {"name": "c", "type": kind, "a": [1, 0, 0, 0, 0, 0], "b": 1.0},
-           "box": {"name": "c", "type": kind, "index": [0], "low": [-1.0], "high": [1.0]},
-           "cylinder": {"name": "c", "type": kind, "index": [0, 1], "center": [2.0, 0.0], "radius": 0.5},
-           "sphere": {"name": "c", "type": kind, "index": [0, 1, 2], "center": [2.0, 0.0, 0.0], "radius": 0.5}}[kind]
+    con = {
+        "halfspace": {"name": "c", "type": kind, "a": [1, 0, 0, 0, 0, 0], "b": 1.0},
+        "box": {"name": "c", "type": kind, "index": [0], "low": [-1.0], "high": [1.0]},
+        "cylinder": {"name": "c", "type": kind, "index": [0, 1], "center": [2.0, 0.0], "radius": 0.5},
+        "sphere": {"name": "c", "type": kind, "index": [0, 1, 2], "center": [2.0, 0.0, 0.0], "radius": 0.5},
+    }[kind]
     c = parse_constraint(con, "c", OBS_DIM)
     d, direction = c.nearest([0.5, 0, 0, 0, 0, 0])
     assert d == pytest.approx(c.value([0.5, 0, 0, 0, 0, 0])) and direction[0] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("con,key", [
-    ({"name": "c", "type": "donut"}, "c.type"),
-    ({"name": "c", "type": "box", "index": [0], "low": [1.0], "high": [0.0]}, "c.low[0]"),
-    ({"name": "c", "type": "box", "index": [0], "low": [-math.inf], "high": [math.inf]}, "finite bound"),
-    ({"name": "c", "type": "sphere", "index": [0, 1], "center": [0, 0], "radius": 1}, "c.index"),
-    ({"name": "c", "type": "cylinder", "index": [0, 1], "center": [0, 0], "radius": 0}, "c.radius"),
-    ({"name": "c", "type": "halfspace", "a": [0] * 6, "b": 1}, "c.a"),
-    ({"name": "c", "type": "halfspace", "a": [1] + [0] * 5, "b": 1, "extra": 2}, "c.extra"),
-])
+@pytest.mark.parametrize(
+    "con,key",
+    [
+        ({"name": "c", "type": "donut"}, "c.type"),
+        ({"name": "c", "type": "box", "index": [0], "low": [1.0], "high": [0.0]}, "c.low[0]"),
+        ({"name": "c", "type": "box", "index": [0], "low": [-math.inf], "high": [math.inf]}, "finite bound"),
+        ({"name": "c", "type": "sphere", "index": [0, 1], "center": [0, 0], "radius": 1}, "c.index"),
+        ({"name": "c", "type": "cylinder", "index": [0, 1], "center": [0, 0], "radius": 0}, "c.radius"),
+        ({"name": "c", "type": "halfspace", "a": [0] * 6, "b": 1}, "c.a"),
+        ({"name": "c", "type": "halfspace", "a": [1] + [0] * 5, "b": 1, "extra": 2}, "c.extra"),
+    ],
+)
 def test_a_bad_constraint_names_its_key(con, key):
     with pytest.raises(ConstraintError, match=key.replace("[", r"\[").replace("]", r"\]")):
         parse_constraint(con, "c", OBS_DIM)

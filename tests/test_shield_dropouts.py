@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from shield.cbf import CbfShield
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _setup(task: str):
     from pipeline.config import load_config
     from pipeline.safety.shield_spec import build_shield_spec

@@ -28,7 +28,7 @@ FLAG_WITHIN = 40  # steps (0.8 s at 50 Hz)
 EDGE_FLAG_WITHIN = 50  # steps (1 s at 50 Hz), a plant 10 % past the envelope's edge
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _setup(task: str):
     from pipeline.config import load_config
     from pipeline.safety.shield_spec import build_shield_spec
@@ -63,8 +63,9 @@ def test_quadrotor_with_rotors_at_half_gain_is_flagged_and_shield_turns_conserva
     env.close()
 
 
-def _model_plant_steps(spec: dict, steps: int, rng: np.random.Generator, glitch_at: int | None = None,
-                       accel: list[float] | None = None) -> int:
+def _model_plant_steps(
+    spec: dict, steps: int, rng: np.random.Generator, glitch_at: int | None = None, accel: list[float] | None = None
+) -> int:
     """Run the shield on its own model at the envelope's edges; return the number of flagged steps.
 
     `glitch_at`: at that step of every episode one velocity reads 1e20 (a sensor glitch, finite); flags are
@@ -120,7 +121,7 @@ def test_one_glitched_reading_is_forgotten_once_it_leaves_the_window(task):
     assert _model_plant_steps(spec, 4_000, np.random.default_rng(11), glitch_at=20) == 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _measured(task: str):
     from pipeline.evaluation.monitor_bounds import with_measured_monitor
 
@@ -135,12 +136,16 @@ def test_a_quadrotor_ten_percent_past_the_envelope_is_flagged_before_it_violates
 
     cfg, _ = _setup("quadrotor")
     spec = _measured("quadrotor")
-    lowest = min(min(r.low for r in rset.actuator_gain.values()) / rset.body_mass["quad"].high
-                 for rset in cfg.randomization.values())
+    lowest = min(
+        min(r.low for r in rset.actuator_gain.values()) / rset.body_mass["quad"].high
+        for rset in cfg.randomization.values()
+    )
     assert lowest == pytest.approx(0.8) and 0.792 / 1.1 == pytest.approx(0.9 * lowest)
-    weak = {"body_mass": {"quad": {"low": 1.1, "high": 1.1}},
-            "actuator_gain": {f"rotor{i}": {"low": 0.792, "high": 0.792} for i in range(4)},
-            "latency_steps": {"low": 2, "high": 2}}
+    weak = {
+        "body_mass": {"quad": {"low": 1.1, "high": 1.1}},
+        "actuator_gain": {f"rotor{i}": {"low": 0.792, "high": 0.792} for i in range(4)},
+        "latency_steps": {"low": 2, "high": 2},
+    }
     env = gym.make(cfg.task.env_id, randomization=weak, max_episode_steps=200)
     shield, legacy = CbfShield(spec), envs.legacy_controller(cfg.task.env_id)
     for seed in range(3):
@@ -183,10 +188,15 @@ def test_past_the_edge_the_flagged_shield_is_no_worse_than_the_legacy_controller
     spec = ShieldSpec.from_dict(_measured("quadrotor"))
     g = 0.76 * 1.1
     reality = cfg.randomization["reality"]
-    weak = parse_randomization({"body_mass": {"quad": {"low": 1.1, "high": 1.1}},
-                                "actuator_gain": {f"rotor{i}": {"low": g, "high": g} for i in range(4)},
-                                "latency_steps": {"low": 0, "high": 2}, "obs_noise_std": reality.obs_noise_std,
-                                "action_noise_std": reality.action_noise_std})
+    weak = parse_randomization(
+        {
+            "body_mass": {"quad": {"low": 1.1, "high": 1.1}},
+            "actuator_gain": {f"rotor{i}": {"low": g, "high": g} for i in range(4)},
+            "latency_steps": {"low": 0, "high": 2},
+            "obs_noise_std": reality.obs_noise_std,
+            "action_noise_std": reality.action_noise_std,
+        }
+    )
     run = dict(domains=weak, seed=0, episodes=2, max_episode_steps=500)
     alone = evaluate(cfg, reference_policy("legacy", cfg, spec), shield=False, **run)
     for name in ("legacy", "adversarial"):

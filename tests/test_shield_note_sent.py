@@ -78,7 +78,9 @@ def test_a_resent_action_moves_the_prediction_of_a_plant_that_applies_it_at_once
     sent, other = rng.uniform(-1, 1, 2), rng.uniform(-1, 1, 2)
     made = []
     for _ in range(2):
-        p = LatencyPredictor(A, B, [c, c, c], [1.0, 1.2, 0.8], 2, 4, [np.zeros(0)] * 3, np.zeros(2), latencies=[2, 1, 0])
+        p = LatencyPredictor(
+            A, B, [c, c, c], [1.0, 1.2, 0.8], 2, 4, [np.zeros(0)] * 3, np.zeros(2), latencies=[2, 1, 0]
+        )
         for x, u in history:
             p.load_observation(np.tile(x, 3))
             p.commit(u, have_state=True)

@@ -36,7 +36,9 @@ def test_quadrotor_spec_is_a_lagged_double_integrator_with_the_task_constraints(
     d = build_shield_spec(load_config("configs/quadrotor.yaml"))
     spec = ShieldSpec.from_dict(d)
     assert spec.model["type"] == "double_integrator" and spec.linear_model().internal_dim == 3
-    assert [c["name"] for c in spec.constraints] == [c["name"] for c in envs.safety_spec(envs.quadrotor_geofence.ENV_ID)["constraints"]]
+    assert [c["name"] for c in spec.constraints] == [
+        c["name"] for c in envs.safety_spec(envs.quadrotor_geofence.ENV_ID)["constraints"]
+    ]
     assert spec.assumptions["max_latency_s"] == pytest.approx(0.04) and spec.assumptions["statement"]
 
 

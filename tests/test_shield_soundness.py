@@ -24,7 +24,7 @@ from shield.cbf import CbfShield
 from tests.shield_specs import planar_double_integrator
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _task_spec(task: str) -> dict:
     from pipeline.config import load_config
     from pipeline.safety.shield_spec import build_shield_spec
@@ -35,9 +35,18 @@ def _task_spec(task: str) -> dict:
 def _sphere_spec(latency: int) -> dict:
     """A 3-D point mass with every constraint type (the planar spec has no sphere)."""
     return {
-        "schema_version": 1, "obs_dim": 6, "act_dim": 3, "dt": 0.02,
-        "action_low": [-1.0] * 3, "action_high": [1.0] * 3, "state_index": list(range(6)),
-        "model": {"type": "double_integrator", "accel_per_action": np.diag([4.0] * 3).tolist(), "response_time_s": 0.05},
+        "schema_version": 1,
+        "obs_dim": 6,
+        "act_dim": 3,
+        "dt": 0.02,
+        "action_low": [-1.0] * 3,
+        "action_high": [1.0] * 3,
+        "state_index": list(range(6)),
+        "model": {
+            "type": "double_integrator",
+            "accel_per_action": np.diag([4.0] * 3).tolist(),
+            "response_time_s": 0.05,
+        },
         "kinematics": {"position_index": [0, 1, 2], "velocity_index": [3, 4, 5], "brake_accel": [2.0] * 3},
         "constraints": [
             {"name": "room", "type": "box", "index": [0, 1, 2], "low": [-3, -3, 0], "high": [3, 3, 3], "gain": 0.3},
@@ -45,7 +54,10 @@ def _sphere_spec(latency: int) -> dict:
             {"name": "post", "type": "cylinder", "index": [0, 1], "center": [-1, -1], "radius": 0.3},
             {"name": "slope", "type": "halfspace", "a": [0, 1, 1, 0, 0, 0], "b": 5.0},
         ],
-        "latency_steps": latency, "margin": 0.05, "input_gain_error": 0.3, "disturbance_accel": [0.5, 0.5, 0.5],
+        "latency_steps": latency,
+        "margin": 0.05,
+        "input_gain_error": 0.3,
+        "disturbance_accel": [0.5, 0.5, 0.5],
     }
 
 

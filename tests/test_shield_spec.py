@@ -23,40 +23,51 @@ def test_round_trip_through_a_file(tmp_path):
     np.testing.assert_array_equal(again.linear_model().A, spec.linear_model().A)
 
 
-@pytest.mark.parametrize("edit,key", [
-    (lambda d: d.pop("dt"), "dt"),
-    (lambda d: d.update(bogus=1), "bogus"),
-    (lambda d: d.update(schema_version=9), "schema_version"),
-    (lambda d: d.update(action_low=[-1.0]), "action_low"),
-    (lambda d: d["constraints"][2].update(radius=-1.0), "constraints[2].radius"),
-    (lambda d: d["constraints"][0].update(type="donut"), "constraints[0].type"),
-    (lambda d: d["constraints"][1].update(a=[1.0, 1.0]), "constraints[1].a"),
-    (lambda d: d["constraints"][3].update(gain=0.0), "constraints[3].gain"),
-    (lambda d: d["constraints"][0].update(index=[0, 9]), "constraints[0].index[1]"),
-    (lambda d: d["kinematics"].update(brake_accel=[1.0, float("nan")]), "kinematics.brake_accel[1]"),
-    (lambda d: d["kinematics"].update(brake_accel=[1.0, [2.0, 0.0]]), "kinematics.brake_accel[1]"),
-    (lambda d: d["kinematics"].update(brake_accel=[1.0, [2.0, 1.0, 3.0]]), "kinematics.brake_accel[1]"),
-    (lambda d: d["kinematics"].update(brake_accel=[1.0]), "kinematics.brake_accel"),
-    (lambda d: d["model"].update(gain_scaled_accel=[9.81]), "model.gain_scaled_accel"),
-    (lambda d: d["model"].update(accel_per_action=[[1.0, 0.0]]), "model.accel_per_action"),
-    (lambda d: d.update(latency_steps=-1), "latency_steps"),
-    (lambda d: d.update(latency_steps=1, latency_min_steps=2), "latency_min_steps"),
-    (lambda d: d.update(fallback_action=[2.0, 0.0]), "fallback_action[0]"),
-    (lambda d: d.update(push_velocity=[0.1]), "push_velocity"),
-    (lambda d: d.update(push_velocity=[0.1, -0.2]), "push_velocity[1]"),
-    (lambda d: d.update(push_velocity=[0.1, float("inf")]), "push_velocity[1]"),
-    (lambda d: d.update(angles=[1]), "angles"),
-    (lambda d: d.update(angles={"index": [9]}), "angles.index[0]"),
-    (lambda d: d.update(angles={"index": [1, 1]}), "angles.index"),
-    (lambda d: (d.update(obs_dim=5, angles={"index": [4]}), d["constraints"][1].update(a=[1.0, 1.0, 0.0, 0.0, 0.0])),
-     "angles.index"),  # entry 4 is observed but not in state_index
-    (lambda d: d.update(angles={"index": [1], "center": [float("nan")]}), "angles.center[0]"),
-    (lambda d: d.update(angles={"index": [1], "center": [0.0, 1.0]}), "angles.center"),
-    (lambda d: d.update(angles={"index": [1], "centre": [0.0]}), "angles.centre"),
-    (lambda d: d.update(input_gain_range=[0.7]), "input_gain_range"),
-    (lambda d: d.update(input_gain_range=[1.1, 1.2]), "input_gain_range"),  # nominal itself outside it
-    (lambda d: d.update(input_gain_error=0.2, input_gain_range=[0.7, 1.1]), "input_gain_range"),  # beyond 1 +- error
-])
+@pytest.mark.parametrize(
+    "edit,key",
+    [
+        (lambda d: d.pop("dt"), "dt"),
+        (lambda d: d.update(bogus=1), "bogus"),
+        (lambda d: d.update(schema_version=9), "schema_version"),
+        (lambda d: d.update(action_low=[-1.0]), "action_low"),
+        (lambda d: d["constraints"][2].update(radius=-1.0), "constraints[2].radius"),
+        (lambda d: d["constraints"][0].update(type="donut"), "constraints[0].type"),
+        (lambda d: d["constraints"][1].update(a=[1.0, 1.0]), "constraints[1].a"),
+        (lambda d: d["constraints"][3].update(gain=0.0), "constraints[3].gain"),
+        (lambda d: d["constraints"][0].update(index=[0, 9]), "constraints[0].index[1]"),
+        (lambda d: d["kinematics"].update(brake_accel=[1.0, float("nan")]), "kinematics.brake_accel[1]"),
+        (lambda d: d["kinematics"].update(brake_accel=[1.0, [2.0, 0.0]]), "kinematics.brake_accel[1]"),
+        (lambda d: d["kinematics"].update(brake_accel=[1.0, [2.0, 1.0, 3.0]]), "kinematics.brake_accel[1]"),
+        (lambda d: d["kinematics"].update(brake_accel=[1.0]), "kinematics.brake_accel"),
+        (lambda d: d["model"].update(gain_scaled_accel=[9.81]), "model.gain_scaled_accel"),
+        (lambda d: d["model"].update(accel_per_action=[[1.0, 0.0]]), "model.accel_per_action"),
+        (lambda d: d.update(latency_steps=-1), "latency_steps"),
+        (lambda d: d.update(latency_steps=1, latency_min_steps=2), "latency_min_steps"),
+        (lambda d: d.update(fallback_action=[2.0, 0.0]), "fallback_action[0]"),
+        (lambda d: d.update(push_velocity=[0.1]), "push_velocity"),
+        (lambda d: d.update(push_velocity=[0.1, -0.2]), "push_velocity[1]"),
+        (lambda d: d.update(push_velocity=[0.1, float("inf")]), "push_velocity[1]"),
+        (lambda d: d.update(angles=[1]), "angles"),
+        (lambda d: d.update(angles={"index": [9]}), "angles.index[0]"),
+        (lambda d: d.update(angles={"index": [1, 1]}), "angles.index"),
+        (
+            lambda d: (
+                d.update(obs_dim=5, angles={"index": [4]}),
+                d["constraints"][1].update(a=[1.0, 1.0, 0.0, 0.0, 0.0]),
+            ),
+            "angles.index",
+        ),  # entry 4 is observed but not in state_index
+        (lambda d: d.update(angles={"index": [1], "center": [float("nan")]}), "angles.center[0]"),
+        (lambda d: d.update(angles={"index": [1], "center": [0.0, 1.0]}), "angles.center"),
+        (lambda d: d.update(angles={"index": [1], "centre": [0.0]}), "angles.centre"),
+        (lambda d: d.update(input_gain_range=[0.7]), "input_gain_range"),
+        (lambda d: d.update(input_gain_range=[1.1, 1.2]), "input_gain_range"),  # nominal itself outside it
+        (
+            lambda d: d.update(input_gain_error=0.2, input_gain_range=[0.7, 1.1]),
+            "input_gain_range",
+        ),  # beyond 1 +- error
+    ],
+)
 def test_invalid_spec_names_the_key(edit, key):
     d = copy.deepcopy(planar_double_integrator())
     edit(d)
@@ -128,8 +139,9 @@ def test_gain_scaled_acceleration_is_the_model_of_a_plant_whose_gain_scales_its_
     d = planar_double_integrator(response_time_s=tau)
     d["model"]["gain_scaled_accel"] = [0.0, 9.81]
     m = ShieldSpec.from_dict(d).linear_model()
-    plant = double_integrator_model([0, 1, 2, 3], [0, 1], [2, 3], scale * np.diag([4.0, 4.0]),
-                                    np.array([0.0, (scale - 1.0) * 9.81]), tau, d["dt"])
+    plant = double_integrator_model(
+        [0, 1, 2, 3], [0, 1], [2, 3], scale * np.diag([4.0, 4.0]), np.array([0.0, (scale - 1.0) * 9.81]), tau, d["dt"]
+    )
     np.testing.assert_allclose(m.A, plant.A, atol=1e-12)
     np.testing.assert_allclose(scale * m.B, plant.B, atol=1e-12)
     np.testing.assert_allclose(m.offset(scale), plant.c, atol=1e-12)
@@ -140,8 +152,11 @@ def test_gain_scaled_acceleration_is_the_model_of_a_plant_whose_gain_scales_its_
 
 
 def test_importing_the_shield_pulls_in_no_training_stack():
-    code = ("import shield.cbf, shield.spec, shield.fallback, sys; "
-            "print([m for m in ('torch','ray','mujoco','gymnasium','prefect','scipy','pydantic','yaml') if m in sys.modules])")
+    code = (
+        "import shield.cbf, shield.spec, shield.fallback, sys; "
+        "print([m for m in ('torch','ray','mujoco','gymnasium','prefect','scipy','pydantic','yaml') if m in "
+        "sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -157,8 +172,9 @@ def test_push_velocity_makes_every_row_brake_from_that_much_more_speed():
     assert "push_velocity" not in ShieldSpec.from_dict(plain).to_dict()
     toward_wall = np.float32([1.2, -1.5, 0.8, 0.0])  # moving at +x toward the fence's x = 2 wall
     _, with_kick = CbfShield(ShieldSpec.from_dict(kicked)).filter(toward_wall, np.zeros(2, np.float32))
-    _, faster = CbfShield(ShieldSpec.from_dict(plain)).filter(toward_wall + np.float32([0, 0, 0.3, 0]),
-                                                              np.zeros(2, np.float32))
+    _, faster = CbfShield(ShieldSpec.from_dict(plain)).filter(
+        toward_wall + np.float32([0, 0, 0.3, 0]), np.zeros(2, np.float32)
+    )
     _, same = CbfShield(ShieldSpec.from_dict(plain)).filter(toward_wall, np.zeros(2, np.float32))
     wall = 1  # info["h"] per constraint: the diagonal wall x + y <= 3, closed on along x
     assert with_kick["h"][wall] == pytest.approx(faster["h"][wall], abs=1e-6)  # (obs are float32)

@@ -34,8 +34,10 @@ def _closest_approach(r0: float, s: float, q: float, a: float) -> float:
     """Closest distance to the centre of a point at r0 closing at s, sideways at q, braking radially at a (RK4)."""
     p, v = np.array([r0, 0.0]), np.array([-s, q])
     dt, closest = 1e-3 / max(1.0, abs(s) + abs(q)), r0
+
     def acc(p):
         return a * p / np.linalg.norm(p)
+
     for _ in range(200000):
         k1p, k1v = v, acc(p)
         k2p, k2v = v + 0.5 * dt * k1v, acc(p + 0.5 * dt * k1p)
@@ -163,8 +165,9 @@ def test_adversaries_aiming_at_skimming_or_spiralling_into_the_zone_never_get_in
 def test_random_full_pushes_never_cross_any_constraint(steering):
     # tests/test_shield_cbf.py's adversary on the whole planar spec (fences, wall, pillar), with and without the credit.
     rng = np.random.default_rng(11)
-    spec = planar_double_integrator(latency_steps=2, response_time_s=0.05, margin=0.03, input_gain_error=0.3,
-                                    keepout_steering=steering)
+    spec = planar_double_integrator(
+        latency_steps=2, response_time_s=0.05, margin=0.03, input_gain_error=0.3, keepout_steering=steering
+    )
     shield = CbfShield(spec)
     worst = np.inf
     for _ in range(30):
@@ -173,8 +176,16 @@ def test_random_full_pushes_never_cross_any_constraint(steering):
             continue
         push = rng.uniform(-1, 1, 2)
         shield.reset()
-        w, _ = _rollout(shield, start, (push / np.max(np.abs(push))).astype(np.float32), 120, rng,
-                        accel_error=0.5, noise=0.002, latency=2)
+        w, _ = _rollout(
+            shield,
+            start,
+            (push / np.max(np.abs(push))).astype(np.float32),
+            120,
+            rng,
+            accel_error=0.5,
+            noise=0.002,
+            latency=2,
+        )
         worst = min(worst, w)
     assert worst > 0.0
 
@@ -216,7 +227,6 @@ def test_steering_needs_the_authority_to_brake_and_hold_against_a_push_at_once(t
     assert build_shield_spec(load_config(ROOT / "configs" / "quadrotor.yaml"))["kinematics"]["keepout_steering"] is True
 
 
-
 @pytest.mark.parametrize("task", ["planar", "planar_two_zones_pushed", "quadrotor"])
 def test_the_credit_never_costs_the_policy_an_intervention(task):
     # `filter` decides on the credited rows and, where they reject, asks the rows that got the credit again
@@ -229,11 +239,20 @@ def test_the_credit_never_costs_the_policy_an_intervention(task):
     only_without_credit = 0
     for latency, gain_error in [(0, 0.0), (1, 0.3), (2, 0.0), (3, 0.3)]:
         if task.startswith("planar"):
-            spec = planar_double_integrator(latency, 0.05, margin=0.03, input_gain_error=gain_error,
-                                            keepout_steering=True)
+            spec = planar_double_integrator(
+                latency, 0.05, margin=0.03, input_gain_error=gain_error, keepout_steering=True
+            )
             if task == "planar_two_zones_pushed":
-                spec["constraints"].append({"name": "pillar2", "type": "cylinder", "index": [0, 1],
-                                            "center": [0.5, 0.45], "radius": 0.25, "gain": 0.3})
+                spec["constraints"].append(
+                    {
+                        "name": "pillar2",
+                        "type": "cylinder",
+                        "index": [0, 1],
+                        "center": [0.5, 0.45],
+                        "radius": 0.25,
+                        "gain": 0.3,
+                    }
+                )
                 spec["disturbance_accel"] = spec["assumptions"]["max_disturbance_accel"] = [0.5, 0.3]
         else:
             spec = build_shield_spec(load_config(ROOT / "configs" / "quadrotor.yaml"))
@@ -260,8 +279,13 @@ def test_the_credit_never_costs_the_policy_an_intervention(task):
             shield.filter(obs, rng.uniform(low, high).astype(np.float32))
             obs[pos] += 0.01 * obs[vel]
             action = rng.uniform(low, high).astype(np.float32)
-            accepts = [min(shield.cbf_conditions(obs, steering)(action.astype(np.float64)).min(),
-                           shield.barrier_values(obs, steering).min()) for steering in (True, False)]
+            accepts = [
+                min(
+                    shield.cbf_conditions(obs, steering)(action.astype(np.float64)).min(),
+                    shield.barrier_values(obs, steering).min(),
+                )
+                for steering in (True, False)
+            ]
             out, info = shield.filter(obs, action)
             if max(accepts) > 1e-9:  # one kind of rows accepts, clear of rounding
                 assert not info["intervened"] and out.tobytes() == action.tobytes(), (latency, accepts)

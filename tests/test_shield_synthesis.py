@@ -41,32 +41,49 @@ MJCF = """<mujoco model="springbob">
 """
 
 
-def springbob(tmp_path, name: str, bob=(0.5, 1.5), shield: dict | None = None, samples: int = 1500,
-              gain: tuple | None = None, k: float = K) -> str:
+def springbob(
+    tmp_path,
+    name: str,
+    bob=(0.5, 1.5),
+    shield: dict | None = None,
+    samples: int = 1500,
+    gain: tuple | None = None,
+    k: float = K,
+) -> str:
     """The plant's YAML as a user writes it: no shield number unless `shield` sets one; `gain`: the motor's
     gain range (default: not randomized); `k`: the spring's stiffness (N/m)."""
     (tmp_path / "springbob.xml").write_text(MJCF.format(k=k, m1=M1, m2=M2, gear=GEAR))
     plant = {
-        "mjcf": "springbob.xml", "control_period": 0.01, "episode_steps": 200,
+        "mjcf": "springbob.xml",
+        "control_period": 0.01,
+        "episode_steps": 200,
         "actuators": [{"name": "m1"}],
-        "observations": [{"name": "x", "joint": "s1"}, {"name": "stretch", "joint": "s2"},
-                         {"name": "x_dot", "joint": "s1", "quantity": "vel"},
-                         {"name": "stretch_dot", "joint": "s2", "quantity": "vel"}],
+        "observations": [
+            {"name": "x", "joint": "s1"},
+            {"name": "stretch", "joint": "s2"},
+            {"name": "x_dot", "joint": "s1", "quantity": "vel"},
+            {"name": "stretch_dot", "joint": "s2", "quantity": "vel"},
+        ],
         "reward": [{"term": "alive", "weight": 1.0}],
         "kinematics": {"positions": ["x", "stretch"], "velocities": ["x_dot", "stretch_dot"]},
-        "constraints": [{"name": "rail", "type": "box", "observations": ["x"], "low": [-0.5], "high": [0.5]},
-                        {"name": "spring", "type": "box", "observations": ["stretch"], "low": [-BOB_LIMIT],
-                         "high": [BOB_LIMIT]}],
+        "constraints": [
+            {"name": "rail", "type": "box", "observations": ["x"], "low": [-0.5], "high": [0.5]},
+            {"name": "spring", "type": "box", "observations": ["stretch"], "low": [-BOB_LIMIT], "high": [BOB_LIMIT]},
+        ],
         "shield_model": {"type": "linear"},
         "legacy": {"type": "lqr", "q": [1.0, 1.0, 0.1, 0.1], "r": [1.0]},
     }
     rset = {"body_mass": {"bob": {"dist": "uniform", "low": bob[0], "high": bob[1]}}}
     if gain:
         rset["actuator_gain"] = {"m1": {"dist": "uniform", "low": gain[0], "high": gain[1]}}
-    doc = {"task": {"name": name, "env_id": f"sim2real/{name.capitalize()}-v0"}, "plant": plant,
-           "randomization": {"train": rset, "reality": rset},
-           "shield": {"enabled": True, "synthesis_samples": samples, **(shield or {})},
-           "validation": {"enabled": False}, "shadow": {"episodes": 2, "domains": "reality"}}
+    doc = {
+        "task": {"name": name, "env_id": f"sim2real/{name.capitalize()}-v0"},
+        "plant": plant,
+        "randomization": {"train": rset, "reality": rset},
+        "shield": {"enabled": True, "synthesis_samples": samples, **(shield or {})},
+        "validation": {"enabled": False},
+        "shadow": {"episodes": 2, "domains": "reality"},
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return str(path)
@@ -108,8 +125,7 @@ def test_synthesis_measures_the_coupling_it_was_not_told_of(measured):
 
 
 @settings(max_examples=40, deadline=None)
-@given(q2=st.floats(-BOB_LIMIT, BOB_LIMIT), v=st.floats(-0.3, 0.3), scale=st.floats(0.5, 1.5),
-       u=st.floats(-1.0, 1.0))
+@given(q2=st.floats(-BOB_LIMIT, BOB_LIMIT), v=st.floats(-0.3, 0.3), scale=st.floats(0.5, 1.5), u=st.floats(-1.0, 1.0))
 def test_every_state_in_the_envelope_is_within_the_measured_bound(measured, q2, v, scale, u):
     """For every stretch, speed, bob mass and action, the one-step error of the nominal model is within the bound
     synthesis measured (and the closed form says it should be)."""
@@ -129,13 +145,17 @@ def test_every_state_in_the_envelope_is_within_the_measured_bound(measured, q2, 
     assert abs(r[1]) <= K * (abs(q2) + abs(v) * 0.01) * abs(1.0 / scale - 1.0) / M2 * 1.1 + 1e-3
 
 
-@pytest.mark.parametrize("shield,key,figure", [
-    ({"disturbance_accel": [0.0, 0.0], "brake_fraction": 0.9}, "shield.disturbance_accel[1]", "measures up to"),
-    ({"input_gain_error": 0.1}, "shield.input_gain_error = 0.1", "0.8"),  # the motor's 0.8 .. 1.2, as it is
-    ({"brake_accel": [50.0, 5.0]}, "shield.brake_accel", "measurably reaches"),
-])
-def test_an_override_the_measurement_does_not_cover_is_refused_naming_the_key(tmp_path, capsys, monkeypatch,
-                                                                              shield, key, figure):
+@pytest.mark.parametrize(
+    "shield,key,figure",
+    [
+        ({"disturbance_accel": [0.0, 0.0], "brake_fraction": 0.9}, "shield.disturbance_accel[1]", "measures up to"),
+        ({"input_gain_error": 0.1}, "shield.input_gain_error = 0.1", "0.8"),  # the motor's 0.8 .. 1.2, as it is
+        ({"brake_accel": [50.0, 5.0]}, "shield.brake_accel", "measurably reaches"),
+    ],
+)
+def test_an_override_the_measurement_does_not_cover_is_refused_naming_the_key(
+    tmp_path, capsys, monkeypatch, shield, key, figure
+):
     monkeypatch.setenv("SIM2REAL_TASKS", "")
     name = f"springbob{abs(hash(key)) % 10**6}"
     assert sim2real(["config", "--check", springbob(tmp_path, name, shield=shield, gain=(0.8, 1.2))]) == 2
@@ -156,15 +176,31 @@ def test_a_measured_asymmetric_gain_range_is_recorded_low_and_high(tmp_path, mon
     assert 1.0 - spec["input_gain_error"] <= lo and 1.0 + spec["input_gain_error"] >= hi
 
 
-def test_a_range_that_cannot_be_certified_is_refused_with_its_parameter_and_the_range_that_can(tmp_path, capsys,
-                                                                                                monkeypatch):
+def test_a_range_that_cannot_be_certified_is_refused_with_its_parameter_and_the_range_that_can(
+    tmp_path, capsys, monkeypatch
+):
     """A stiff spring (250 N/m): at full stretch it pulls the carrier with 25 N, and the motor's 20 N is randomized
     0.5x to 1.5x: a weak motor cannot brake the carrier toward the side the bob pulls it. The refusal names the
     motor's gain range, its weak end, and the widest range that can be certified."""
     monkeypatch.setenv("SIM2REAL_TASKS", "")
     path = springbob(tmp_path, "springstiff", gain=(0.5, 1.5), k=250.0, samples=600)
-    assert sim2real(["shield", "synthesize", "--config", path, "--out", str(tmp_path / "out"), "--no-falsify",
-                     "--episodes", "0", "--json"]) == 1
+    assert (
+        sim2real(
+            [
+                "shield",
+                "synthesize",
+                "--config",
+                path,
+                "--out",
+                str(tmp_path / "out"),
+                "--no-falsify",
+                "--episodes",
+                "0",
+                "--json",
+            ]
+        )
+        == 1
+    )
     record = json.loads(capsys.readouterr().out)
     assert record["certified"] is False and record["parameter"] == "actuator_gain.m1", record
     assert record["range"] == [0.5, 1.5] and record["offending_end"] == "low"
@@ -185,6 +221,5 @@ def test_the_crane_is_refused_naming_the_payload_range_and_why(capsys):
     assert A[2, 1] / 0.02 == pytest.approx(-8.0 * 9.81 / 5.0, rel=0.1)  # the swing pulls the trolley
     assert sim2real(["config", "--check", "configs/crane.yaml"]) == 2
     err = capsys.readouterr().err
-    for needle in ("randomization.*.body_mass.payload over [0.5, 1.5]", "high end", "cannot brake x",
-                   "payload 1.5x"):
+    for needle in ("randomization.*.body_mass.payload over [0.5, 1.5]", "high end", "cannot brake x", "payload 1.5x"):
         assert needle in err, err

@@ -80,12 +80,16 @@ def test_an_algorithm_goes_through_every_command(ray_local, algorithm, tmp_path,
     code, evaluated = sim2real(capsys, "eval", bundle, "--config", config, "--episodes", 2, "--domains", "reality")
     assert code == 0 and evaluated["episodes"] == 2 and evaluated["violations"] == 0  # the shield holds the band
 
-    code, shadow = sim2real(capsys, "shadow", bundle, "--config", config, "--episodes", 2, "--report", tmp_path / "report")
+    code, shadow = sim2real(
+        capsys, "shadow", bundle, "--config", config, "--episodes", 2, "--report", tmp_path / "report"
+    )
     assert shadow["decision"] in ("pass", "fail") and code == (0 if shadow["decision"] == "pass" else 1)
     assert shadow["metrics"]["episodes"] == 2
 
 
-@pytest.mark.parametrize("key, value", [("lr_schedule", "linear"), ("batches_per_update", 2), ("adr", {"enabled": True})])
+@pytest.mark.parametrize(
+    "key, value", [("lr_schedule", "linear"), ("batches_per_update", 2), ("adr", {"enabled": True})]
+)
 def test_train_refuses_a_key_the_algorithm_would_ignore(key, value, tmp_path, capsys):
     data = yaml.safe_load((ROOT / "configs" / "cartpole_sac.yaml").read_text())
     data["train"][key] = value

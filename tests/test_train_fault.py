@@ -11,10 +11,10 @@ import pytest
 import ray
 import torch
 
-from pipeline.training.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
-from pipeline.config import load_config, parse_config
-from pipeline.training.policy import load_policy
 from pipeline.commands.train import run as run_cli
+from pipeline.config import load_config, parse_config
+from pipeline.training.checkpoint import CheckpointError, latest_checkpoint, read_checkpoint
+from pipeline.training.policy import load_policy
 from pipeline.training.train import train
 from tests.cli_args import cli_args
 
@@ -119,8 +119,20 @@ def test_sync_mode_has_zero_policy_lag_and_impala_runs(ray_local, cfg, tmp_path)
     records = read_metrics(result.run_dir)
     assert len(records) == result.updates > 0
     assert max(r["policy_lag_max"] for r in records) == 0
-    required = {"env_steps", "env_steps_per_s", "learner_samples_per_s", "learner_utilization", "policy_lag_mean",
-                "policy_lag_max", "entropy", "approx_kl", "policy_loss", "value_loss", "grad_norm", "actor_restarts"}
+    required = {
+        "env_steps",
+        "env_steps_per_s",
+        "learner_samples_per_s",
+        "learner_utilization",
+        "policy_lag_mean",
+        "policy_lag_max",
+        "entropy",
+        "approx_kl",
+        "policy_loss",
+        "value_loss",
+        "grad_norm",
+        "actor_restarts",
+    }
     assert all(required <= r.keys() for r in records)
     assert any("episode_return" in r and "episode_cost" in r for r in records)
     assert list((tmp_path / "run").glob("events.out.tfevents.*"))  # TensorBoard

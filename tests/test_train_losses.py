@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from pipeline.training.learner import PolicyTerms, appo_policy_loss, impala_policy_loss
 from pipeline.config import Td3Config
+from pipeline.training.learner import PolicyTerms, appo_policy_loss, impala_policy_loss
 from pipeline.training.sac import soft_actor_loss, soft_target, temperature_loss, twin_critic_loss
 from pipeline.training.td3 import Td3Learner, smoothed
 
@@ -21,24 +21,35 @@ class Cfg:
 
 def terms(rewards, log_rhos, kl=0.0):
     """T = 2 steps of one trace: discounts 0.9, V-trace targets vs = [2, 1], bootstrap 3, baseline V = [1.5, 0.5]."""
-    return PolicyTerms(logp=torch.tensor([[-1.0], [-2.0]]), log_rhos=torch.tensor(log_rhos, requires_grad=True),
-                       pg_advantages=torch.tensor([[0.5], [-1.0]]), vs=torch.tensor([[2.0], [1.0]]),
-                       values=torch.tensor([[1.5], [0.5]]), bootstrap_value=torch.tensor([3.0]),
-                       rewards=torch.tensor(rewards), discounts=torch.tensor([[0.9], [0.9]]), kl=torch.tensor(kl))
+    return PolicyTerms(
+        logp=torch.tensor([[-1.0], [-2.0]]),
+        log_rhos=torch.tensor(log_rhos, requires_grad=True),
+        pg_advantages=torch.tensor([[0.5], [-1.0]]),
+        vs=torch.tensor([[2.0], [1.0]]),
+        values=torch.tensor([[1.5], [0.5]]),
+        bootstrap_value=torch.tensor([3.0]),
+        rewards=torch.tensor(rewards),
+        discounts=torch.tensor([[0.9], [0.9]]),
+        kl=torch.tensor(kl),
+    )
 
 
 RATIOS = [[math.log(1.5)], [math.log(0.5)]]  # ratio 1.5 above 1 + clip, 0.5 below 1 - clip
 
 
 def test_appo_loss_keeps_the_pessimistic_side_of_the_clip():
-    # advantages r + 0.9 vs_next - V = [1 + 0.9 * 1 - 1.5, 0 + 0.9 * 3 - 0.5] = [0.4, 2.2], normalized: [-1, 1] / sqrt(2)
-    # t0: min(1.5 * -0.7071, 1.2 * -0.7071) = -1.0607 (unclipped); t1: min(0.5 * 0.7071, 0.8 * 0.7071) = 0.3536 (unclipped)
+    # advantages r + 0.9 vs_next - V = [1 + 0.9 * 1 - 1.5, 0 + 0.9 * 3 - 0.5] = [0.4, 2.2], normalized: [-1, 1] /
+    # sqrt(2)
+    # t0: min(1.5 * -0.7071, 1.2 * -0.7071) = -1.0607 (unclipped); t1: min(0.5 * 0.7071, 0.8 * 0.7071) = 0.3536
+    # (unclipped)
     t = terms([[1.0], [0.0]], RATIOS)
     loss = appo_policy_loss(t, Cfg())
     assert loss.item() == pytest.approx(-(-1.5 + 0.5) / math.sqrt(2) / 2, abs=1e-6)  # 0.35355
     loss.backward()
     # d/d log_rho_t = -ratio_t * adv_t / 2 on the unclipped side
-    assert t.log_rhos.grad.flatten().tolist() == pytest.approx([1.5 / math.sqrt(2) / 2, -0.5 / math.sqrt(2) / 2], abs=1e-6)
+    assert t.log_rhos.grad.flatten().tolist() == pytest.approx(
+        [1.5 / math.sqrt(2) / 2, -0.5 / math.sqrt(2) / 2], abs=1e-6
+    )
 
 
 def test_appo_loss_has_no_gradient_where_the_clip_binds():
@@ -54,7 +65,9 @@ def test_appo_loss_has_no_gradient_where_the_clip_binds():
 def test_appo_loss_adds_the_kl_penalty():
     cfg = Cfg()
     cfg.kl_coef = 0.5
-    assert appo_policy_loss(terms([[1.0], [0.0]], RATIOS, kl=0.1), cfg).item() == pytest.approx(0.35355 + 0.05, abs=1e-5)
+    assert appo_policy_loss(terms([[1.0], [0.0]], RATIOS, kl=0.1), cfg).item() == pytest.approx(
+        0.35355 + 0.05, abs=1e-5
+    )
 
 
 def test_impala_loss_is_the_advantage_weighted_log_likelihood():
@@ -69,8 +82,14 @@ def test_impala_loss_is_the_advantage_weighted_log_likelihood():
 def test_sac_target_and_losses():
     temperature = torch.tensor(0.2)
     # y = r + discount (min(Q'1, Q'2) - 0.2 log pi'): [1 + 0.9 (2 + 0.2), 0.5 + 0 (the episode ended)]
-    target = soft_target(torch.tensor([1.0, 0.5]), torch.tensor([0.9, 0.0]), torch.tensor([2.0, 1.0]),
-                         torch.tensor([3.0, 0.5]), torch.tensor([-1.0, 0.5]), temperature)
+    target = soft_target(
+        torch.tensor([1.0, 0.5]),
+        torch.tensor([0.9, 0.0]),
+        torch.tensor([2.0, 1.0]),
+        torch.tensor([3.0, 0.5]),
+        torch.tensor([-1.0, 0.5]),
+        temperature,
+    )
     assert target.tolist() == pytest.approx([2.98, 0.5])
     # Q1 - y = [-0.48, 0.5], Q2 - y = [0.02, -0.5], weights [1, 0.5]: 0.5 mean([0.2304 + 0.0004, 0.5 (0.25 + 0.25)])
     critic = twin_critic_loss(torch.tensor([2.5, 1.0]), torch.tensor([3.0, 0.0]), target, torch.tensor([1.0, 0.5]))
@@ -99,10 +118,15 @@ def test_td3_updates_its_actor_every_policy_delay_critic_steps():
     spec = dict(obs_dim=3, act_dim=1, hidden_sizes=[8], action_low=[-1.0], action_high=[1.0])
     learner = Td3Learner(spec, Td3Config(policy_delay=2, lr=1e-2), gamma=0.99, device=torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
-    batch = {k: torch.randn(16, n, generator=gen).squeeze(-1).numpy() for k, n in
-             (("obs", 3), ("next_obs", 3), ("action", 1), ("reward", 1))}
-    batch.update(action=batch["action"][:, None].clip(-1, 1), discount=torch.full((16,), 0.9).numpy(),
-                 weight=torch.ones(16).numpy())
+    batch = {
+        k: torch.randn(16, n, generator=gen).squeeze(-1).numpy()
+        for k, n in (("obs", 3), ("next_obs", 3), ("action", 1), ("reward", 1))
+    }
+    batch.update(
+        action=batch["action"][:, None].clip(-1, 1),
+        discount=torch.full((16,), 0.9).numpy(),
+        weight=torch.ones(16).numpy(),
+    )
     before_pi, before_q = copied(learner.actor.pi), copied(learner.critic)
     learner.update(batch)
     assert same(before_pi, learner.actor.pi) and not same(before_q, learner.critic)  # step 1: critics only

@@ -46,8 +46,9 @@ def test_same_seed_same_batch_and_layout():
     assert a["version"] == 7 and a["env_restarts"] == 0
     # Behaviour log-probs are those of the stored (unclipped) actions under the stored mean/std.
     dist = torch.distributions.Normal(torch.from_numpy(a["behaviour_mean"]), float(np.exp(a["behaviour_log_std"][0])))
-    np.testing.assert_allclose(dist.log_prob(torch.from_numpy(a["actions"])).sum(-1).numpy(), a["behaviour_logp"],
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        dist.log_prob(torch.from_numpy(a["actions"])).sum(-1).numpy(), a["behaviour_logp"], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_env_that_raises_is_recreated_and_counted():

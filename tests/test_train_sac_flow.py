@@ -29,10 +29,30 @@ def test_sac_flow_failing_its_gate_says_so_once_and_quietly(tmp_path):
     config.write_text(yaml.safe_dump(data))
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS", "RAY_AUTH_MODE")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(config), "--steps", "1500",
-                          "--models", str(tmp_path / "models"), "--runs", str(tmp_path / "runs")],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "run",
+            "--config",
+            str(config),
+            "--steps",
+            "1500",
+            "--models",
+            str(tmp_path / "models"),
+            "--runs",
+            str(tmp_path / "runs"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=560,
+    )
     assert out.returncode == 1 and "gate FAIL" in out.stdout, out.stdout + out.stderr[-3000:]
     assert "min_return_ratio" in out.stdout and "registered version 1" in out.stdout
     assert "Traceback" not in out.stderr, out.stderr

@@ -101,7 +101,9 @@ def test_adr_widens_train_ranges_and_records_them(ray_local, tmp_path):
     metrics = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [m["adr_fraction"] for m in metrics if "adr_fraction" in m][:2] == [0.5, 1.0]
     best = read_checkpoint(best_checkpoint(run.run_dir))["selection"]
-    assert best["train_randomization"] == adr_set(cfg.randomization["train"], best["adr_fraction"]).model_dump(mode="json")
+    assert best["train_randomization"] == adr_set(cfg.randomization["train"], best["adr_fraction"]).model_dump(
+        mode="json"
+    )
 
 
 def test_adr_set_narrows_around_nominal_and_reaches_the_declared_bounds():
@@ -110,8 +112,11 @@ def test_adr_set_narrows_around_nominal_and_reaches_the_declared_bounds():
     nominal = adr_set(rset, 0.0)
     for group in ("body_mass", "joint_damping", "actuator_gain"):
         for name, r in getattr(nominal, group).items():
-            assert r.low == pytest.approx(r.high) == pytest.approx(min(max(1.0, getattr(rset, group)[name].low),
-                                                                        getattr(rset, group)[name].high))
+            assert (
+                r.low
+                == pytest.approx(r.high)
+                == pytest.approx(min(max(1.0, getattr(rset, group)[name].low), getattr(rset, group)[name].high))
+            )
     assert nominal.push is None and not any(nominal.obs_noise_std)
     assert nominal.latency_steps.high == rset.latency_steps.low
     half = adr_set(rset, 0.5).body_mass["pole"]

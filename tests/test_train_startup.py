@@ -20,7 +20,9 @@ def _failing_pool(*args, **kwargs):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("config, loop", [("configs/cartpole.yaml", onpolicy), ("configs/cartpole_sac.yaml", offpolicy)])
+@pytest.mark.parametrize(
+    "config, loop", [("configs/cartpole.yaml", onpolicy), ("configs/cartpole_sac.yaml", offpolicy)]
+)
 def test_a_failure_while_the_actors_start_shuts_ray_down_and_restores_torch(config, loop, monkeypatch, tmp_path):
     cfg = load_config(config)
     cfg.train.envs_per_actor, cfg.train.rollout_length, cfg.train.device = 4, 16, "cpu"

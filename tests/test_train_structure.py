@@ -38,7 +38,11 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
             names = [alias.name for alias in node.names]
             found.append((module, names))
             # `from pipeline.training import sac` imports the module pipeline.training.sac
-            found += [(f"{module}.{n}", []) for n in names if (ROOT / Path(*f"{module}.{n}".split("."))).with_suffix(".py").is_file()]
+            found += [
+                (f"{module}.{n}", [])
+                for n in names
+                if (ROOT / Path(*f"{module}.{n}".split("."))).with_suffix(".py").is_file()
+            ]
     return found
 
 
@@ -49,7 +53,7 @@ def test_the_training_package_has_no_import_cycle():
 
     def visit(name: str, stack: list[str]) -> None:
         if name in stack:
-            raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(name):] + [name]))
+            raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(name) :] + [name]))
         if name in done:
             return
         for dep in sorted(graph[name]):
@@ -61,10 +65,14 @@ def test_the_training_package_has_no_import_cycle():
 
 
 def test_no_private_name_of_the_training_package_is_imported_elsewhere():
-    crossing = [f"{_module_name(p)} takes {n} from {m}"
-                for p in _modules("pipeline", "flows", "tests", "bench") for m, names in _imports(p)
-                if m.startswith("pipeline.training") and m != _module_name(p)
-                for n in names if n.startswith("_") and not n.startswith("__")]
+    crossing = [
+        f"{_module_name(p)} takes {n} from {m}"
+        for p in _modules("pipeline", "flows", "tests", "bench")
+        for m, names in _imports(p)
+        if m.startswith("pipeline.training") and m != _module_name(p)
+        for n in names
+        if n.startswith("_") and not n.startswith("__")
+    ]
     assert crossing == []
 
 
@@ -78,7 +86,11 @@ def _string_compares(path: Path) -> list[str]:
                 values = [op] + (list(op.elts) if isinstance(op, (ast.Tuple, ast.List, ast.Set)) else [])
                 if any(isinstance(v, ast.Constant) and v.value in ALGORITHM_NAMES for v in values):
                     hits.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-        elif isinstance(node, ast.MatchValue) and isinstance(node.value, ast.Constant) and node.value.value in ALGORITHM_NAMES:
+        elif (
+            isinstance(node, ast.MatchValue)
+            and isinstance(node.value, ast.Constant)
+            and node.value.value in ALGORITHM_NAMES
+        ):
             hits.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     return hits
 

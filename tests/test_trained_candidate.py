@@ -1,4 +1,4 @@
-"""A really trained policy through the rest of the pipeline: export parity, the shield keeps its return, the gate passes it."""
+"""A really trained policy through the rest of the pipeline: export parity, the shield keeps its return, the gate."""
 
 from __future__ import annotations
 

@@ -26,7 +26,9 @@ def brute_force_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar,
                 weight = 1.0
                 for k in range(s, t):
                     weight *= discounts[k, b] * min(1.0, rhos[k, b])
-                delta = min(rho_bar, rhos[t, b]) * (rewards[t, b] + discounts[t, b] * values_ext[t + 1, b] - values[t, b])
+                delta = min(rho_bar, rhos[t, b]) * (
+                    rewards[t, b] + discounts[t, b] * values_ext[t + 1, b] - values[t, b]
+                )
                 total += weight * delta
             vs[s, b] = values[s, b] + total
     vs_ext = np.concatenate([vs, bootstrap[None]], axis=0)
@@ -53,8 +55,11 @@ def test_vtrace_matches_paper_definition(T, B, rho_bar, pg_rho_bar):
     rhos = np.exp(inputs[0])
     assert (rhos < min(rho_bar, pg_rho_bar, 1.0)).any() and (rhos > max(rho_bar, pg_rho_bar, 1.0)).any() or T * B < 10
     want_vs, want_adv = brute_force_vtrace(*inputs, rho_bar, pg_rho_bar)
-    got_vs, got_adv = vtrace(*(torch.tensor(x, dtype=torch.float64) for x in inputs),
-                             clip_rho_threshold=rho_bar, clip_pg_rho_threshold=pg_rho_bar)
+    got_vs, got_adv = vtrace(
+        *(torch.tensor(x, dtype=torch.float64) for x in inputs),
+        clip_rho_threshold=rho_bar,
+        clip_pg_rho_threshold=pg_rho_bar,
+    )
     np.testing.assert_allclose(got_vs.numpy(), want_vs, atol=1e-6, rtol=0)
     np.testing.assert_allclose(got_adv.numpy(), want_adv, atol=1e-6, rtol=0)
 
@@ -65,8 +70,13 @@ def test_on_policy_no_discount_ends_is_discounted_return():
     rewards = torch.rand(T, B, dtype=torch.float64)
     values = torch.rand(T, B, dtype=torch.float64)
     bootstrap = torch.rand(B, dtype=torch.float64)
-    vs, _ = vtrace(torch.zeros(T, B, dtype=torch.float64), torch.full((T, B), gamma, dtype=torch.float64),
-                   rewards, values, bootstrap)
+    vs, _ = vtrace(
+        torch.zeros(T, B, dtype=torch.float64),
+        torch.full((T, B), gamma, dtype=torch.float64),
+        rewards,
+        values,
+        bootstrap,
+    )
     want = bootstrap.clone()
     for t in range(T - 1, -1, -1):
         want = rewards[t] + gamma * want

@@ -31,15 +31,26 @@ import argparse
 import functools
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 OK, CHECK_FAILED, USER_ERROR, INTERRUPTED = 0, 1, 2, 130
 
 # Errors a user can cause, by class name so that matching them imports nothing heavy.
 # ValueError covers the library's bad-value errors (ConfigError, DomainsError, ShadowError,
 # CalibrationError, ShieldSpecError, UnknownTaskError, ... all derive from it).
-USER_ERRORS = frozenset({"ValueError", "BundleError", "RegistryError", "CheckpointError", "ExportError",
-                         "FileNotFoundError", "NotADirectoryError", "IsADirectoryError"})
+USER_ERRORS = frozenset(
+    {
+        "ValueError",
+        "BundleError",
+        "RegistryError",
+        "CheckpointError",
+        "ExportError",
+        "FileNotFoundError",
+        "NotADirectoryError",
+        "IsADirectoryError",
+    }
+)
 
 Handler = Callable[[argparse.Namespace], int]
 

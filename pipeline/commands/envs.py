@@ -49,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"{t['env_id']}  (task {t['task']})")
         reg = t.get("registry")
         if t.get("declared_here") is False:
-            lines.append(f"  only in the registry ({args.registry}/): its YAML is not among the config folders; "
-                         f"`sim2real envs --config YOUR.yaml` declares it here")
+            lines.append(
+                f"  only in the registry ({args.registry}/): its YAML is not among the config folders; "
+                f"`sim2real envs --config YOUR.yaml` declares it here"
+            )
         else:
             lines.append(f"  obs {t['obs_dim']}  act {t['act_dim']}  control period {t['dt']} s  ({t['config']})")
             lines.append(f"  constraints: {', '.join(t['constraints'])}")

@@ -6,16 +6,29 @@ import argparse
 
 from pipeline.commands import UsageError, command, emit
 
-_SUMMARY_KEYS = ("policy", "task", "domains", "shield", "episodes", "return_mean", "return_std", "violations",
-                 "violation_episodes", "intervention_rate", "fallbacks", "shield_us_p50", "shield_us_p99")
+_SUMMARY_KEYS = (
+    "policy",
+    "task",
+    "domains",
+    "shield",
+    "episodes",
+    "return_mean",
+    "return_std",
+    "violations",
+    "violation_episodes",
+    "intervention_rate",
+    "fallbacks",
+    "shield_us_p50",
+    "shield_us_p99",
+)
 
 
 @command("eval")
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.evaluation.adversary import REFERENCE_POLICIES
-    from pipeline.evaluation.evaluate import evaluate, reference_policy
     from pipeline.evaluation.episodes import resolve_domains
+    from pipeline.evaluation.evaluate import evaluate, reference_policy
     from shield.spec import ShieldSpec
 
     cfg = load_config(args.config)
@@ -35,12 +48,25 @@ def run(args: argparse.Namespace) -> int:
 
         spec = ShieldSpec.from_dict(build_shield_spec(cfg))
         policy = reference_policy(args.policy, cfg, spec, seed=args.seed)
-    result = evaluate(cfg, policy, domains=args.domains, episodes=args.episodes, seed=args.seed,
-                      shield=use_shield, spec=spec, progress=not args.json and args.episodes > 1,
-                      past_termination=args.past_termination)
+    result = evaluate(
+        cfg,
+        policy,
+        domains=args.domains,
+        episodes=args.episodes,
+        seed=args.seed,
+        shield=use_shield,
+        spec=spec,
+        progress=not args.json and args.episodes > 1,
+        past_termination=args.past_termination,
+    )
     result["policy"] = args.bundle or args.policy
-    emit(args, result, "\n".join([*(f"{key:>20}: {result[key]}" for key in _SUMMARY_KEYS),
-                                   *constraint_lines(result.get("constraints", {}))]))
+    emit(
+        args,
+        result,
+        "\n".join(
+            [*(f"{key:>20}: {result[key]}" for key in _SUMMARY_KEYS), *constraint_lines(result.get("constraints", {}))]
+        ),
+    )
     return 0
 
 
@@ -56,6 +82,8 @@ def constraint_lines(constraints: dict) -> list[str]:
     width = max(len(n) for n in [*constraints, "constraint"])
     lines = [f"{'constraint':<{width}}  violating steps  worst excursion  lowest h  interventions"]
     for name, c in constraints.items():
-        lines.append(f"{name:<{width}}  {c['violating_steps']:>15}  {num(c['worst_excursion']):>15}  "
-                     f"{num(c['min_h']):>8}  {c['interventions']:>13}")
+        lines.append(
+            f"{name:<{width}}  {c['violating_steps']:>15}  {num(c['worst_excursion']):>15}  "
+            f"{num(c['min_h']):>8}  {c['interventions']:>13}"
+        )
     return lines

@@ -13,6 +13,10 @@ def run(args: argparse.Namespace) -> int:
 
     result = export_policy(args.run_dir, out_dir=args.out, registry_root=getattr(args, "registry", "models"))
     where = f"registered as {result['task']} v{result['version']}" if result["version"] else "standalone bundle"
-    emit(args, result, f"exported {result['bundle']} ({where}); parity max abs err "
-                       f"{result['parity_max_abs_err']:.2e} on {result['parity_observations']} observations")
+    emit(
+        args,
+        result,
+        f"exported {result['bundle']} ({where}); parity max abs err "
+        f"{result['parity_max_abs_err']:.2e} on {result['parity_observations']} observations",
+    )
     return 0

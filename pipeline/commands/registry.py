@@ -19,15 +19,21 @@ def run(args: argparse.Namespace) -> int:
     cmd, task, version = args.registry_cmd, getattr(args, "task", None), getattr(args, "version", None)
     if cmd == "list":
         rows = [{**r, "why": why(r)} if "error" not in r else r for r in registry.list(task)]
-        out = {"versions": rows, "production": {t: registry.production(t) for t in ([task] if task else registry.tasks())}}
+        out = {
+            "versions": rows,
+            "production": {t: registry.production(t) for t in ([task] if task else registry.tasks())},
+        }
         emit(args, out, _format_list(rows))
     elif cmd == "show":
         info = registry.show(task, version)
         emit(args, info, json.dumps(info, indent=2, sort_keys=True))
     elif cmd == "promote":
         was = registry.promote(task, version)
-        emit(args, {"task": task, "production": version, "previous": was},
-             f"{task}: production -> {version} (was {was if was is not None else 'none'})")
+        emit(
+            args,
+            {"task": task, "production": version, "previous": was},
+            f"{task}: production -> {version} (was {was if was is not None else 'none'})",
+        )
     elif cmd == "rollback":
         was = registry.production(task)
         now = registry.rollback(task)
@@ -51,8 +57,10 @@ def _verify(args: argparse.Namespace, registry, task: str | None, version: int |
             results.append({"task": name, "ok": True, "versions": checked})
         except (BundleError, RegistryError) as err:  # the finding this command reports, not a usage error
             results.append({"task": name, "ok": False, "error": str(err)})
-    lines = [f"{r['task']}: ok ({len(r['versions'])} version(s))" if r["ok"] else f"{r['task']}: FAILED\n  {r['error']}"
-             for r in results]
+    lines = [
+        f"{r['task']}: ok ({len(r['versions'])} version(s))" if r["ok"] else f"{r['task']}: FAILED\n  {r['error']}"
+        for r in results
+    ]
     ok = all(r["ok"] for r in results)
     emit(args, {"ok": ok, "tasks": results}, "\n".join(lines) or "registry is empty")
     return OK if ok else CHECK_FAILED
@@ -66,8 +74,10 @@ def _format_list(rows: list[dict]) -> str:
         if "error" in r:
             lines.append(f"{r['task']:<12} {r['version']:>4} {'*' if r['production'] else '':<4} ERROR: {r['error']}")
             continue
-        lines.append(f"{r['task']:<12} {r['version']:>4} {'*' if r['production'] else '':<4} "
-                     f"{r['created_utc'][:19]:<20} {str(r['parent'] or '-'):>6}  {r['config_hash'][:12]}")
+        lines.append(
+            f"{r['task']:<12} {r['version']:>4} {'*' if r['production'] else '':<4} "
+            f"{r['created_utc'][:19]:<20} {str(r['parent'] or '-'):>6}  {r['config_hash'][:12]}"
+        )
         lines.append(f"{'':<17} why: {why(r)}")
     return "\n".join(lines)
 

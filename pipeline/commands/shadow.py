@@ -1,5 +1,5 @@
 """`sim2real shadow BUNDLE`: shadow evaluation beside the legacy controller, then the gate (exit 1 unless it passes:
-failed, inconclusive, or not better than the `--production` bundle; the first output line after the metrics says which)."""
+failed, inconclusive, or not better than the `--production` bundle; the line after the metrics says which)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,27 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.evaluation.shadow import run_shadow
 
     cfg = load_config(args.config)
-    result = run_shadow(args.bundle, cfg, domains=args.domains, episodes=args.episodes, seed=args.seed,
-                        report_dir=args.report, legacy=args.legacy, from_log=args.from_log,
-                        production_dir=getattr(args, "production", None))
+    result = run_shadow(
+        args.bundle,
+        cfg,
+        domains=args.domains,
+        episodes=args.episodes,
+        seed=args.seed,
+        report_dir=args.report,
+        legacy=args.legacy,
+        from_log=args.from_log,
+        production_dir=getattr(args, "production", None),
+    )
     m = result["metrics"]
-    lines = [f"{m['episodes']} episodes, {m['steps']} steps ({m['source']}): action RMSE "
-             f"{[round(x, 4) for x in m['action_rmse']]}, agreement {m['agreement_rate']:.3f}, "
-             f"would-be interventions {m['would_be_intervention_rate']:.3f}",
-             f"gate: {result['decision'].upper()} after {m.get('looks', 1)} look(s), "
-             f"{len(m.get('candidate_returns') or []) or m['episodes']} paired episodes ({m.get('stopped', 'logged')})",
-             *(f"  LOOSENED {line}" for line in result.get("loosened", [])),
-             *(f"  {reason}" for reason in result["reasons"]),
-             f"report: {result['report']}"]
+    lines = [
+        f"{m['episodes']} episodes, {m['steps']} steps ({m['source']}): action RMSE "
+        f"{[round(x, 4) for x in m['action_rmse']]}, agreement {m['agreement_rate']:.3f}, "
+        f"would-be interventions {m['would_be_intervention_rate']:.3f}",
+        f"gate: {result['decision'].upper()} after {m.get('looks', 1)} look(s), "
+        f"{len(m.get('candidate_returns') or []) or m['episodes']} paired episodes ({m.get('stopped', 'logged')})",
+        *(f"  LOOSENED {line}" for line in result.get("loosened", [])),
+        *(f"  {reason}" for reason in result["reasons"]),
+        f"report: {result['report']}",
+    ]
     emit(args, result, "\n".join(lines))
     return OK if result["decision"] == "pass" else CHECK_FAILED

@@ -19,14 +19,21 @@ LEGACY_EPISODES = 10  # reality episodes the legacy controller runs behind the s
 def add_arguments(p: argparse.ArgumentParser, default_config: str) -> None:
     """The `shield` command's parser (`pipeline/cli.py` registers it)."""
     sub = p.add_subparsers(dest="shield_cmd", required=True, metavar="ACTION")
-    s = sub.add_parser("synthesize", help="measure the shield's numbers from the MJCF and the randomization sets, "
-                                          "falsify, and write shield.json + certificate.json (exit 1: refused)")
+    s = sub.add_parser(
+        "synthesize",
+        help="measure the shield's numbers from the MJCF and the randomization sets, "
+        "falsify, and write shield.json + certificate.json (exit 1: refused)",
+    )
     s.add_argument("--config", default=default_config, help=f"task config YAML (default {default_config})")
     s.add_argument("--out", help="folder for shield.json and certificate.json (default reports/shield-<task>)")
     s.add_argument("--budget-s", type=float, help="falsification budget in seconds (default falsify.budget_s)")
     s.add_argument("--no-falsify", action="store_true", help="measure and build only (the certificate says so)")
-    s.add_argument("--episodes", type=int, default=LEGACY_EPISODES,
-                   help=f"reality episodes of the legacy controller behind the shield (default {LEGACY_EPISODES})")
+    s.add_argument(
+        "--episodes",
+        type=int,
+        default=LEGACY_EPISODES,
+        help=f"reality episodes of the legacy controller behind the shield (default {LEGACY_EPISODES})",
+    )
     s.add_argument("--seed", type=int, default=0, help="seed of the measurement and the search")
     s.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
 
@@ -59,17 +66,25 @@ def run(args: argparse.Namespace) -> int:
         falsified = _falsify(cfg, spec, args, out)
         if falsified["cases_found"]:
             worst = falsified["cases"][0]
-            refused = {"certified": False, "falsification": falsified,
-                       "reason": f"falsify found {falsified['cases_found']} shielded violation(s) within the envelope, "
-                                 f"e.g. set {worst['set']}, policy {worst['policy']}, seed {worst['seed']}, domain "
-                                 f"{worst.get('domain')}",
-                       "message": f"cannot certify {cfg.task.name}: falsify found a shielded violation "
-                                  f"(case {worst.get('case_file')})"}
+            refused = {
+                "certified": False,
+                "falsification": falsified,
+                "reason": f"falsify found {falsified['cases_found']} shielded violation(s) within the envelope, "
+                f"e.g. set {worst['set']}, policy {worst['policy']}, seed {worst['seed']}, domain "
+                f"{worst.get('domain')}",
+                "message": f"cannot certify {cfg.task.name}: falsify found a shielded violation "
+                f"(case {worst.get('case_file')})",
+            }
     legacy = _legacy(cfg, spec, args) if spec is not None and args.episodes else None
     out.mkdir(parents=True, exist_ok=True)
     if refused is not None:
-        record = {**refused, "task": cfg.task.name, "envelope": certificate.envelope_record(cfg),
-                  "model_error": meas.record(), "legacy_on_reality": legacy}
+        record = {
+            **refused,
+            "task": cfg.task.name,
+            "envelope": certificate.envelope_record(cfg),
+            "model_error": meas.record(),
+            "legacy_on_reality": legacy,
+        }
     else:
         record = certificate.certificate(cfg, meas, spec, falsified, legacy)
         (out / "shield.json").write_text(json.dumps(spec, indent=2) + "\n")
@@ -82,8 +97,9 @@ def run(args: argparse.Namespace) -> int:
 def _falsify(cfg, spec: dict, args, out: Path) -> dict:
     from pipeline.evaluation.falsify import falsify
 
-    result = falsify(cfg, spec=spec, budget_s=args.budget_s, seed=args.seed, out_dir=out / "falsify",
-                     progress=not args.json)
+    result = falsify(
+        cfg, spec=spec, budget_s=args.budget_s, seed=args.seed, out_dir=out / "falsify", progress=not args.json
+    )
     keep = ("cases_found", "cases", "min_h", "evaluated", "phases", "budget_s", "seed", "wall_s")
     return {k: result.get(k) for k in keep}
 
@@ -93,10 +109,25 @@ def _legacy(cfg, spec: dict, args) -> dict:
     from shield.spec import ShieldSpec
 
     shield_spec = ShieldSpec.from_dict(spec)
-    result = evaluate(cfg, reference_policy("legacy", cfg, shield_spec, seed=cfg.shadow.seed), domains="reality",
-                      episodes=args.episodes, seed=cfg.shadow.seed, shield=True, spec=shield_spec)
-    keep = ("episodes", "steps", "return_mean", "violations", "violation_episodes", "intervention_rate",
-            "fallback_rate", "min_h")
+    result = evaluate(
+        cfg,
+        reference_policy("legacy", cfg, shield_spec, seed=cfg.shadow.seed),
+        domains="reality",
+        episodes=args.episodes,
+        seed=cfg.shadow.seed,
+        shield=True,
+        spec=shield_spec,
+    )
+    keep = (
+        "episodes",
+        "steps",
+        "return_mean",
+        "violations",
+        "violation_episodes",
+        "intervention_rate",
+        "fallback_rate",
+        "min_h",
+    )
     return {k: result.get(k) for k in keep}
 
 
@@ -105,27 +136,37 @@ def _plain(obj):
 
 
 def _human(cfg, meas, spec, record, refused, out: Path) -> str:
-    head = (f"shield synthesis for {cfg.task.name}: {meas.samples} residual samples on {meas.domains} plants "
-            f"in {meas.wall_s:.1f} s")
+    head = (
+        f"shield synthesis for {cfg.task.name}: {meas.samples} residual samples on {meas.domains} plants "
+        f"in {meas.wall_s:.1f} s"
+    )
     lines = [head]
     for k, name in enumerate(meas.names):
         lo, hi = meas.gain_range[k]
         law = meas.residual_law[k]
-        lines.append(f"  {name}: braking {meas.authority[k][0]:.3g} / {meas.authority[k][1]:.3g} units/s^2 "
-                     f"(toward - / +), model error <= {meas.residual_accel[k]:.3g} units/s^2 (law {law['accel']:g} + "
-                     f"{law['per_unit']:g} x {law['feature']}), input gain {lo:.3f} .. {hi:.3f} x nominal")
+        lines.append(
+            f"  {name}: braking {meas.authority[k][0]:.3g} / {meas.authority[k][1]:.3g} units/s^2 "
+            f"(toward - / +), model error <= {meas.residual_accel[k]:.3g} units/s^2 (law {law['accel']:g} + "
+            f"{law['per_unit']:g} x {law['feature']}), input gain {lo:.3f} .. {hi:.3f} x nominal"
+        )
     if refused is not None:
         lines.append(f"REFUSED: {refused['message']}")
     else:
         falsified = record.get("falsification")
-        lines.append(f"CERTIFIED: margin {spec['margin']:g}, brake {spec['kinematics']['brake_accel']}, "
-                     f"disturbance {spec['disturbance_accel']}, input_gain_error {spec['input_gain_error']:g}")
+        lines.append(
+            f"CERTIFIED: margin {spec['margin']:g}, brake {spec['kinematics']['brake_accel']}, "
+            f"disturbance {spec['disturbance_accel']}, input_gain_error {spec['input_gain_error']:g}"
+        )
         if falsified:
-            lines.append(f"  falsify: {falsified['evaluated']} candidates in {falsified['wall_s']:.0f} s, "
-                         f"lowest h {falsified['min_h']}")
+            lines.append(
+                f"  falsify: {falsified['evaluated']} candidates in {falsified['wall_s']:.0f} s, "
+                f"lowest h {falsified['min_h']}"
+            )
     legacy = record.get("legacy_on_reality")
     if legacy:
-        lines.append(f"  legacy on reality behind the shield: {legacy['intervention_rate']:.1%} of steps changed, "
-                     f"{legacy['violations']} violating steps")
+        lines.append(
+            f"  legacy on reality behind the shield: {legacy['intervention_rate']:.1%} of steps changed, "
+            f"{legacy['violations']} violating steps"
+        )
     lines.append(f"  written: {out / 'certificate.json'}" + ("" if refused else f", {out / 'shield.json'}"))
     return "\n".join(lines)

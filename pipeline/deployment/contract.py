@@ -20,20 +20,41 @@ def io_contract(env_id: str, obs_mean, obs_std, action_low, action_high, history
     low, high = np.asarray(action_low, np.float64), np.asarray(action_high, np.float64)
     io = task.describe_io() if task is not None and task.describe_io is not None else None
     if io is None:
-        io = {"observations": [{"name": f"obs_{i}", "source": "", "unit": ""} for i in range(len(mean))],
-              "actions": [{"name": f"action_{j}", "source": "", "unit": "", "units_per_action": 1.0}
-                          for j in range(len(low))]}
-    observations = [{**o, "expected_low": float(m - EXPECTED_SIGMA * s), "expected_high": float(m + EXPECTED_SIGMA * s)}
-                    for o, m, s in zip(io["observations"], mean, std, strict=True)]
-    actions = [{**a, "units_per_action": float(a["units_per_action"]), "low": float(lo), "high": float(hi)}
-               for a, lo, hi in zip(io["actions"], low, high, strict=True)]
+        io = {
+            "observations": [{"name": f"obs_{i}", "source": "", "unit": ""} for i in range(len(mean))],
+            "actions": [
+                {"name": f"action_{j}", "source": "", "unit": "", "units_per_action": 1.0} for j in range(len(low))
+            ],
+        }
+    observations = [
+        {**o, "expected_low": float(m - EXPECTED_SIGMA * s), "expected_high": float(m + EXPECTED_SIGMA * s)}
+        for o, m, s in zip(io["observations"], mean, std, strict=True)
+    ]
+    actions = [
+        {**a, "units_per_action": float(a["units_per_action"]), "low": float(lo), "high": float(hi)}
+        for a, lo, hi in zip(io["actions"], low, high, strict=True)
+    ]
     period = float(task.control_period) if task is not None else None
-    state = {"kind": "none"} if not history_length else {
-        "kind": "history", "length": int(history_length), "initial": "zeros",
-        "holds": "each step's observation and the action the plant was sent (after the shield)",
-        "reset": ["new plant session (a client_id the server has not seen, or one whose session expired)",
-                  "the edge runtime's reset() (a new episode in simulation)"]}
-    contract = {"control_period_s": period, "observations": observations, "actions": actions, "policy_state": state,
-                "expected_range": f"the training observations' mean +- {EXPECTED_SIGMA:g} std",
-                "names_sha256": names_sha256([o["name"] for o in observations], [a["name"] for a in actions], period)}
+    state = (
+        {"kind": "none"}
+        if not history_length
+        else {
+            "kind": "history",
+            "length": int(history_length),
+            "initial": "zeros",
+            "holds": "each step's observation and the action the plant was sent (after the shield)",
+            "reset": [
+                "new plant session (a client_id the server has not seen, or one whose session expired)",
+                "the edge runtime's reset() (a new episode in simulation)",
+            ],
+        }
+    )
+    contract = {
+        "control_period_s": period,
+        "observations": observations,
+        "actions": actions,
+        "policy_state": state,
+        "expected_range": f"the training observations' mean +- {EXPECTED_SIGMA:g} std",
+        "names_sha256": names_sha256([o["name"] for o in observations], [a["name"] for a in actions], period),
+    }
     return check_contract(contract, len(mean), len(low))

@@ -1,4 +1,4 @@
-"""Export (`sim2real export`, pipeline.commands.export): a training run's deterministic policy -> a parity-checked ONNX bundle.
+"""Export (`sim2real export`): a training run's deterministic policy -> a parity-checked ONNX bundle.
 
 The exported graph is the whole deployable policy: raw observation in,
 normalization (clipped to +-10 sigma), the mean head, clipping to the env's
@@ -54,8 +54,13 @@ class ExportError(RuntimeError):
 def git_commit() -> str:
     """`git rev-parse HEAD` of the source tree, or "unknown" outside a repo / before the first commit."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
@@ -73,9 +78,16 @@ def to_onnx(policy: torch.nn.Module, obs_dim: int, metadata: dict[str, str]) -> 
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         # dynamo=False: the TorchScript exporter works offline (no onnxscript) and
         # yields a small Gemm/Tanh/Clip graph for these MLPs.
-        torch.onnx.export(policy.eval(), args, buf, input_names=names,
-                          output_names=[OUTPUT_NAME], opset_version=OPSET, dynamo=False,
-                          dynamic_axes={**{n: {0: "batch"} for n in names}, OUTPUT_NAME: {0: "batch"}})
+        torch.onnx.export(
+            policy.eval(),
+            args,
+            buf,
+            input_names=names,
+            output_names=[OUTPUT_NAME],
+            opset_version=OPSET,
+            dynamo=False,
+            dynamic_axes={**{n: {0: "batch"} for n in names}, OUTPUT_NAME: {0: "batch"}},
+        )
     model = onnx.load_from_string(buf.getvalue())
     for key, value in sorted(metadata.items()):
         entry = model.metadata_props.add()
@@ -98,11 +110,14 @@ def check_shield_spec(shield_spec: dict, obs_dim: int, act_dim: int) -> None:
     except ShieldSpecError as err:
         raise ExportError(f"{SHIELD_FILE}: {err}") from None
     if (spec.obs_dim, spec.act_dim) != (obs_dim, act_dim):
-        raise ExportError(f"{SHIELD_FILE}: sized for obs {spec.obs_dim}/act {spec.act_dim}, "
-                          f"the policy is obs {obs_dim}/act {act_dim}")
+        raise ExportError(
+            f"{SHIELD_FILE}: sized for obs {spec.obs_dim}/act {spec.act_dim}, the policy is obs {obs_dim}/act {act_dim}"
+        )
 
 
-def parity_observations(obs_mean: np.ndarray, obs_std: np.ndarray, n: int = PARITY_SAMPLES, seed: int = 0) -> np.ndarray:
+def parity_observations(
+    obs_mean: np.ndarray, obs_std: np.ndarray, n: int = PARITY_SAMPLES, seed: int = 0
+) -> np.ndarray:
     """Observations for the parity check: n Gaussian draws of the training distribution + extremes + zeros."""
     rng = np.random.default_rng(seed)
     mean, std = np.asarray(obs_mean, np.float64), np.asarray(obs_std, np.float64)
@@ -122,21 +137,28 @@ def split_inputs(policy: torch.nn.Module, inputs: np.ndarray) -> tuple[np.ndarra
     obs_dim, history_length = int(policy.obs_dim), int(getattr(policy, "history_length", 0))
     if not history_length:
         return inputs, None
-    return (np.ascontiguousarray(inputs[:, :obs_dim]),
-            np.ascontiguousarray(inputs[:, obs_dim:].reshape(len(inputs), history_length, -1)))
+    return (
+        np.ascontiguousarray(inputs[:, :obs_dim]),
+        np.ascontiguousarray(inputs[:, obs_dim:].reshape(len(inputs), history_length, -1)),
+    )
 
 
-def parity_error(policy: torch.nn.Module, onnx_bytes: bytes, inputs: np.ndarray,
-                 batches: tuple[int, ...] = PARITY_BATCHES) -> dict[int, float]:
-    """Max |onnxruntime - torch| over flat `inputs` (observation [+ history]), through the edge session at each batch size."""
+def parity_error(
+    policy: torch.nn.Module, onnx_bytes: bytes, inputs: np.ndarray, batches: tuple[int, ...] = PARITY_BATCHES
+) -> dict[int, float]:
+    """Max |onnxruntime - torch| over flat `inputs` (observation [+ history]), edge session, per batch size."""
     obs, history = split_inputs(policy, inputs)
     with torch.no_grad():
         reference = policy(*[torch.from_numpy(a) for a in (obs, history) if a is not None]).numpy()
     session = OnnxPolicy(onnx_bytes)
     errors = {}
     for batch in batches:
-        actions = np.concatenate([session.run(obs[i:i + batch], None if history is None else history[i:i + batch])
-                                  for i in range(0, len(obs), batch)])
+        actions = np.concatenate(
+            [
+                session.run(obs[i : i + batch], None if history is None else history[i : i + batch])
+                for i in range(0, len(obs), batch)
+            ]
+        )
         if actions.shape != reference.shape:
             raise ExportError(f"{POLICY_FILE}: onnxruntime returned shape {actions.shape}, torch {reference.shape}")
         errors[batch] = float(np.max(np.abs(actions.astype(np.float64) - reference)))
@@ -145,19 +167,35 @@ def parity_error(policy: torch.nn.Module, onnx_bytes: bytes, inputs: np.ndarray,
     return errors
 
 
-def export_deterministic(policy: torch.nn.Module, meta: dict, shield_spec: dict, *, config_hash: str,
-                         out_dir: str | Path | None = None, registry_root: str | Path = "models",
-                         parity_tol: float = PARITY_TOL, metrics: dict | None = None,
-                         extra: dict | None = None) -> dict:
+def export_deterministic(
+    policy: torch.nn.Module,
+    meta: dict,
+    shield_spec: dict,
+    *,
+    config_hash: str,
+    out_dir: str | Path | None = None,
+    registry_root: str | Path = "models",
+    parity_tol: float = PARITY_TOL,
+    metrics: dict | None = None,
+    extra: dict | None = None,
+) -> dict:
     """Export a given deterministic policy (+ meta from `load_policy`) to a bundle; see `export_policy`."""
     obs_dim, act_dim = int(meta["obs_dim"]), int(meta["act_dim"])
     check_shield_spec(shield_spec, obs_dim, act_dim)
     commit = git_commit()
-    metadata = dict(task=meta["task"], env_id=meta["env_id"], obs_dim=obs_dim, act_dim=act_dim,
-                    action_low=json.dumps([float(v) for v in np.broadcast_to(meta["action_low"], (act_dim,))]),
-                    action_high=json.dumps([float(v) for v in np.broadcast_to(meta["action_high"], (act_dim,))]),
-                    obs_clip_sigma=EXTREME_SIGMA, bundle_version=BUNDLE_VERSION, config_hash=config_hash,
-                    git_commit=commit, history_length=int(meta.get("history_length", 0)))
+    metadata = dict(
+        task=meta["task"],
+        env_id=meta["env_id"],
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        action_low=json.dumps([float(v) for v in np.broadcast_to(meta["action_low"], (act_dim,))]),
+        action_high=json.dumps([float(v) for v in np.broadcast_to(meta["action_high"], (act_dim,))]),
+        obs_clip_sigma=EXTREME_SIGMA,
+        bundle_version=BUNDLE_VERSION,
+        config_hash=config_hash,
+        git_commit=commit,
+        history_length=int(meta.get("history_length", 0)),
+    )
     model = to_onnx(policy, obs_dim, metadata)
     check_graph(model)
     onnx_bytes = model.SerializeToString()
@@ -167,34 +205,69 @@ def export_deterministic(policy: torch.nn.Module, meta: dict, shield_spec: dict,
     worst = max(errors.values())
     if not worst <= parity_tol:
         detail = ", ".join(f"batch {b}: {e:.3g}" for b, e in errors.items())
-        raise ExportError(f"{POLICY_FILE}: onnxruntime disagrees with torch (max abs error {detail}; "
-                          f"tolerance {parity_tol:g}) on {len(obs)} observations; bundle not written")
+        raise ExportError(
+            f"{POLICY_FILE}: onnxruntime disagrees with torch (max abs error {detail}; "
+            f"tolerance {parity_tol:g}) on {len(obs)} observations; bundle not written"
+        )
 
     registry = Registry(registry_root)
     parent = _production_or_none(registry, meta["task"])
-    all_metrics = {"parity_max_abs_err": worst, "parity_observations": int(len(obs)),
-                   "train_updates": meta.get("updates"), "train_env_steps": meta.get("env_steps"), **(metrics or {})}
+    all_metrics = {
+        "parity_max_abs_err": worst,
+        "parity_observations": int(len(obs)),
+        "train_updates": meta.get("updates"),
+        "train_env_steps": meta.get("env_steps"),
+        **(metrics or {}),
+    }
     if meta.get("selection"):
         sel = meta["selection"]
         all_metrics["validation_return"] = sel.get("validation_return")
         # Which checkpoint and why; the train ranges it was trained on (ADR: the ranges reached, fraction < 1).
-        extra = {**(extra or {}), "selection": {k: v for k, v in sel.items() if k != "train_randomization"},
-                 "checkpoint": meta.get("checkpoint"), "adr_fraction": sel.get("adr_fraction"),
-                 "train_randomization": sel.get("train_randomization")}
+        extra = {
+            **(extra or {}),
+            "selection": {k: v for k, v in sel.items() if k != "train_randomization"},
+            "checkpoint": meta.get("checkpoint"),
+            "adr_fraction": sel.get("adr_fraction"),
+            "train_randomization": sel.get("train_randomization"),
+        }
     shield_bytes = json.dumps(shield_spec, indent=2, sort_keys=True).encode()
     action_low = [float(v) for v in np.broadcast_to(meta["action_low"], (act_dim,))]
     action_high = [float(v) for v in np.broadcast_to(meta["action_high"], (act_dim,))]
     # The normalizer covers the network's whole input (a history policy's too): the observation comes first.
-    contract = io_contract(meta["env_id"], policy.obs_mean.numpy()[:obs_dim], policy.obs_std.numpy()[:obs_dim],
-                           action_low, action_high, int(meta.get("history_length", 0)))
-    manifest = make_manifest(task=meta["task"], env_id=meta["env_id"], config_hash=config_hash, git_commit=commit,
-                             parent=parent, files={POLICY_FILE: onnx_bytes, SHIELD_FILE: shield_bytes},
-                             metrics=all_metrics, extra=extra, obs_dim=obs_dim, act_dim=act_dim,
-                             action_low=action_low, action_high=action_high, contract=contract,
-                             hidden_sizes=list(meta.get("hidden_sizes", [])), opset=OPSET,
-                             history_length=int(meta.get("history_length", 0)))
-    result = {"task": meta["task"], "parity_max_abs_err": worst, "parity_by_batch": errors,
-              "parity_observations": int(len(obs)), "parent": parent, "config_hash": config_hash}
+    contract = io_contract(
+        meta["env_id"],
+        policy.obs_mean.numpy()[:obs_dim],
+        policy.obs_std.numpy()[:obs_dim],
+        action_low,
+        action_high,
+        int(meta.get("history_length", 0)),
+    )
+    manifest = make_manifest(
+        task=meta["task"],
+        env_id=meta["env_id"],
+        config_hash=config_hash,
+        git_commit=commit,
+        parent=parent,
+        files={POLICY_FILE: onnx_bytes, SHIELD_FILE: shield_bytes},
+        metrics=all_metrics,
+        extra=extra,
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        action_low=action_low,
+        action_high=action_high,
+        contract=contract,
+        hidden_sizes=list(meta.get("hidden_sizes", [])),
+        opset=OPSET,
+        history_length=int(meta.get("history_length", 0)),
+    )
+    result = {
+        "task": meta["task"],
+        "parity_max_abs_err": worst,
+        "parity_by_batch": errors,
+        "parity_observations": int(len(obs)),
+        "parent": parent,
+        "config_hash": config_hash,
+    }
     if out_dir is not None:
         path = write_bundle(out_dir, policy_onnx=onnx_bytes, shield_spec=shield_bytes, manifest=manifest)
         return {**result, "bundle": str(path), "version": None}
@@ -214,7 +287,9 @@ def _production_or_none(registry, task: str) -> int | None:
         return None  # an unreadable pointer is the registry's problem to report, not export's
 
 
-def export_policy(run_dir: str | Path, *, out_dir: str | Path | None = None, registry_root: str | Path = "models") -> dict:
+def export_policy(
+    run_dir: str | Path, *, out_dir: str | Path | None = None, registry_root: str | Path = "models"
+) -> dict:
     """Export a run's latest checkpoint to a bundle (registered unless `out_dir`); returns bundle, version, parity."""
     from pipeline.config import load_config
     from pipeline.training.policy import load_policy
@@ -224,13 +299,25 @@ def export_policy(run_dir: str | Path, *, out_dir: str | Path | None = None, reg
         raise ExportError(f"{run_dir}: no such training run directory")
     cfg = load_config(run_dir / "config.yaml")
     policy, meta = load_policy(run_dir)
-    from pipeline.safety.shield_spec import build_shield_spec  # the config -> shield.json mapping lives with the shield helpers
+    from pipeline.safety.shield_spec import (
+        build_shield_spec,
+    )  # the config -> shield.json mapping lives with the shield helpers
 
     extra = {"run": run_dir.resolve().name}  # the run's name: a bundle carries no path of the training machine
     if meta["config_hash"] != cfg.config_hash():
         # The manifest keeps the hash the weights were trained under; say loudly that config.yaml drifted.
-        print(f"warning: {run_dir / 'config.yaml'} hashes to {cfg.config_hash()[:12]}..., the checkpoint was "
-              f"trained under {meta['config_hash'][:12]}...; was the run dir edited?", file=sys.stderr)
+        print(
+            f"warning: {run_dir / 'config.yaml'} hashes to {cfg.config_hash()[:12]}..., the checkpoint was "
+            f"trained under {meta['config_hash'][:12]}...; was the run dir edited?",
+            file=sys.stderr,
+        )
         extra["config_yaml_hash"] = cfg.config_hash()
-    return export_deterministic(policy, meta, build_shield_spec(cfg), config_hash=meta["config_hash"],
-                                out_dir=out_dir, registry_root=registry_root, extra=extra)
+    return export_deterministic(
+        policy,
+        meta,
+        build_shield_spec(cfg),
+        config_hash=meta["config_hash"],
+        out_dir=out_dir,
+        registry_root=registry_root,
+        extra=extra,
+    )

@@ -24,12 +24,25 @@ import fcntl
 import json
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-from shield.bundle import (MANIFEST_FILE, PRODUCTION_FILE, Bundle, BundleError, atomic_write_bytes,
-                           check_pinned, manifest_bytes, parse_manifest, read_production, seal_manifest,
-                           utc_now, verify_bundle, write_bundle, json_safe)
+from shield.bundle import (
+    MANIFEST_FILE,
+    PRODUCTION_FILE,
+    Bundle,
+    BundleError,
+    atomic_write_bytes,
+    check_pinned,
+    json_safe,
+    manifest_bytes,
+    parse_manifest,
+    read_production,
+    seal_manifest,
+    utc_now,
+    verify_bundle,
+    write_bundle,
+)
 
 _TASK = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -98,8 +111,13 @@ class Registry:
                 row = {"task": name, "version": version, "production": version == prod}
                 try:
                     m = self.show(name, version)
-                    row.update(created_utc=m["created_utc"], parent=m["parent"], config_hash=m["config_hash"],
-                               git_commit=m["git_commit"], metrics=m["metrics"])
+                    row.update(
+                        created_utc=m["created_utc"],
+                        parent=m["parent"],
+                        config_hash=m["config_hash"],
+                        git_commit=m["git_commit"],
+                        metrics=m["metrics"],
+                    )
                 except (BundleError, OSError) as err:
                     row["error"] = str(err)
                 rows.append(row)
@@ -138,7 +156,9 @@ class Registry:
         if create:
             task_dir.mkdir(parents=True, exist_ok=True)
         elif not task_dir.is_dir():
-            raise RegistryError(f"unknown task {task!r}: no {task_dir} (registered tasks: {', '.join(self.tasks()) or 'none'})")
+            raise RegistryError(
+                f"unknown task {task!r}: no {task_dir} (registered tasks: {', '.join(self.tasks()) or 'none'})"
+            )
         with open(task_dir / ".lock", "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
@@ -156,8 +176,12 @@ class Registry:
         with self._locked(source.task, create=True) as task_dir:
             version = max(self.versions(source.task), default=0) + 1
             manifest.update(version=version, registered_utc=utc_now())
-            write_bundle(task_dir / str(version), policy_onnx=source.policy_onnx, shield_spec=source.shield_json,
-                         manifest=seal_manifest(manifest))
+            write_bundle(
+                task_dir / str(version),
+                policy_onnx=source.policy_onnx,
+                shield_spec=source.shield_json,
+                manifest=seal_manifest(manifest),
+            )
             verify_bundle(task_dir / str(version))
         return version
 
@@ -192,7 +216,9 @@ class Registry:
                 raise RegistryError(f"{task}: nothing to roll back, no version is in production")
             history = [v for v in old["history"] if v != old["version"]]
             if not history:
-                raise RegistryError(f"{task}: nothing to roll back to, version {old['version']} is the only one ever promoted")
+                raise RegistryError(
+                    f"{task}: nothing to roll back to, version {old['version']} is the only one ever promoted"
+                )
             previous = history.pop()
             manifest = verify_bundle(self.bundle_dir(task, previous))
             self._write_pointer(task_dir, previous, manifest, history)
@@ -200,8 +226,13 @@ class Registry:
 
     @staticmethod
     def _write_pointer(task_dir: Path, version: int, manifest: dict, history: list[int]) -> None:
-        pointer = {"task": task_dir.name, "version": version, "files": manifest["files"],
-                   "history": history, "updated_utc": utc_now()}
+        pointer = {
+            "task": task_dir.name,
+            "version": version,
+            "files": manifest["files"],
+            "history": history,
+            "updated_utc": utc_now(),
+        }
         atomic_write_bytes(task_dir / PRODUCTION_FILE, json.dumps(pointer, indent=2).encode())
 
 

@@ -11,8 +11,8 @@ prediction).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -72,15 +72,18 @@ class BangBangPolicy:
 
 
 class AdversarialPolicy:
-    """Drives toward a constraint at full action (or, for a task that would fall over, steers its legacy controller there)."""
+    """Drives toward a constraint at full action (or, where the task would fall, steers its legacy controller there)."""
 
-    def __init__(self, spec: ShieldSpec, steer: tuple[Callable, int] | None = None,
-                 params: AdversaryParams = AdversaryParams()):
+    def __init__(
+        self, spec: ShieldSpec, steer: tuple[Callable, int] | None = None, params: AdversaryParams = AdversaryParams()
+    ):
         self.spec, self.params = spec, params
         model = spec.linear_model()
         cols = {o: j for j, o in enumerate(spec.state_index)}
         # Velocity change of each position per unit action over one period.
-        self._dv = np.array([model.B[cols[v]] for v in spec.velocity_index]).reshape(len(spec.position_index), spec.act_dim)
+        self._dv = np.array([model.B[cols[v]] for v in spec.velocity_index]).reshape(
+            len(spec.position_index), spec.act_dim
+        )
         self._pos = list(spec.position_index)
         self._where = {o_i: k for k, o_i in enumerate(self._pos)}
         self._constraints = spec.constraint_objects()

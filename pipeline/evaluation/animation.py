@@ -22,8 +22,15 @@ import numpy as np
 RENDER_TIMEOUT_S = 120
 
 
-def render_animation(env_id: str, states: dict[str, np.ndarray], out_path: str | Path, *, fps: float = 25.0,
-                     width: int = 160, height: int = 120) -> tuple[Path | None, str]:
+def render_animation(
+    env_id: str,
+    states: dict[str, np.ndarray],
+    out_path: str | Path,
+    *,
+    fps: float = 25.0,
+    width: int = 160,
+    height: int = 120,
+) -> tuple[Path | None, str]:
     """Render `states` (qpos, qvel arrays [T, ...]) to a GIF; returns (path or None, note for the report)."""
     if not states or len(states.get("qpos", [])) < 2:
         return None, "animation skipped: no MuJoCo states were recorded for this episode"
@@ -32,8 +39,20 @@ def render_animation(env_id: str, states: dict[str, np.ndarray], out_path: str |
         states_path = Path(tmp) / "states.npz"
         np.savez(states_path, **{k: v for k, v in states.items() if k in ("qpos", "qvel", "mocap_pos")})
         env = dict(os.environ, MUJOCO_GL="osmesa", PYOPENGL_PLATFORM="osmesa")
-        cmd = [sys.executable, "-m", "pipeline.evaluation.animation", env_id, str(states_path), str(out_path),
-               "--width", str(width), "--height", str(height), "--fps", str(fps)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipeline.evaluation.animation",
+            env_id,
+            str(states_path),
+            str(out_path),
+            "--width",
+            str(width),
+            "--height",
+            str(height),
+            "--fps",
+            str(fps),
+        ]
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RENDER_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -47,8 +47,10 @@ def resolve_domains(cfg, domains: Any):
         return cfg.randomization[domains]
     path = Path(str(domains))
     if path.suffix not in (".yaml", ".yml") and not path.is_file():
-        raise DomainsError(f"--domains {domains!r}: not a randomization set of this config "
-                           f"({sorted(cfg.randomization)}), nor 'nominal', nor a YAML file")
+        raise DomainsError(
+            f"--domains {domains!r}: not a randomization set of this config "
+            f"({sorted(cfg.randomization)}), nor 'nominal', nor a YAML file"
+        )
     try:
         doc = yaml.safe_load(path.read_text())
         if isinstance(doc, dict) and "randomization" in doc:
@@ -87,8 +89,10 @@ def check_bundle_task(cfg, manifest: dict, bundle: Any) -> None:
     that the observation has the wrong size, or (the same size) run without a word."""
     exported = (manifest.get("task"), manifest.get("env_id"))
     if exported != (cfg.task.name, cfg.task.env_id):
-        raise ValueError(f"{bundle}: exported for task {exported[0]} ({exported[1]}), but the config is for "
-                         f"{cfg.task.name} ({cfg.task.env_id}): give the config of the bundle's task")
+        raise ValueError(
+            f"{bundle}: exported for task {exported[0]} ({exported[1]}), but the config is for "
+            f"{cfg.task.name} ({cfg.task.env_id}): give the config of the bundle's task"
+        )
 
 
 def control_period_s(cfg) -> float:
@@ -193,10 +197,13 @@ class ConstraintTotals:
 
     def summary(self) -> dict:
         low = self.min_value if math.isfinite(self.min_value) or math.isnan(self.min_value) else None
-        return {"violating_steps": self.violating_steps,
-                "worst_excursion": None if low is None else (math.inf if math.isnan(low) else max(0.0, -low)),
-                "min_value": low, "min_h": self.min_h if math.isfinite(self.min_h) else None,
-                "interventions": self.interventions}
+        return {
+            "violating_steps": self.violating_steps,
+            "worst_excursion": None if low is None else (math.inf if math.isnan(low) else max(0.0, -low)),
+            "min_value": low,
+            "min_h": self.min_h if math.isfinite(self.min_h) else None,
+            "interventions": self.interventions,
+        }
 
 
 @dataclass
@@ -212,7 +219,7 @@ class RunTotals:
     shield_us: list[float] = field(default_factory=list)  # per shielded step: the shield's own solve time
     shielded: bool = False
     min_h: float = math.inf  # the shield's lowest barrier value seen (falsify's objective)
-    constraints: dict[str, "ConstraintTotals"] = field(default_factory=dict)  # by name, in the task's order
+    constraints: dict[str, ConstraintTotals] = field(default_factory=dict)  # by name, in the task's order
 
     def count_constraints(self, values: dict[str, float] | None, sinfo: dict | None) -> None:
         """One step's per-constraint figures: the env's signed distances (true state) and the shield's h."""
@@ -239,14 +246,21 @@ class RunTotals:
         lat = np.asarray(self.latency_us) if self.latency_us else np.zeros(1)
         solve = np.asarray(self.shield_us) if self.shield_us else np.zeros(1)
         out = {
-            "episodes": len(self.returns), "steps": self.steps, "seeds": list(self.seeds),
+            "episodes": len(self.returns),
+            "steps": self.steps,
+            "seeds": list(self.seeds),
             "returns": [float(r) for r in self.returns],
-            "return_mean": float(np.mean(self.returns)), "return_std": float(np.std(self.returns)),
+            "return_mean": float(np.mean(self.returns)),
+            "return_std": float(np.std(self.returns)),
             "episode_length_mean": float(np.mean(self.lengths)),
-            "violations": int(sum(self.violations)), "violation_episodes": int(sum(v > 0 for v in self.violations)),
-            "intervention_rate": self.flags["intervened"] / n, "fallback_rate": self.flags["fallback"] / n,
-            "fallbacks": int(self.flags["fallback"]), "bad_inputs": int(self.flags["bad_input"]),
-            "latency_p50_us": float(np.percentile(lat, 50)), "latency_p99_us": float(np.percentile(lat, 99)),
+            "violations": int(sum(self.violations)),
+            "violation_episodes": int(sum(v > 0 for v in self.violations)),
+            "intervention_rate": self.flags["intervened"] / n,
+            "fallback_rate": self.flags["fallback"] / n,
+            "fallbacks": int(self.flags["fallback"]),
+            "bad_inputs": int(self.flags["bad_input"]),
+            "latency_p50_us": float(np.percentile(lat, 50)),
+            "latency_p99_us": float(np.percentile(lat, 99)),
             "shield_us_p50": float(np.percentile(solve, 50)) if self.shielded else 0.0,
             "shield_us_p99": float(np.percentile(solve, 99)) if self.shielded else 0.0,
             "min_h": self.min_h if math.isfinite(self.min_h) else None,
@@ -258,8 +272,16 @@ class RunTotals:
         return out
 
 
-def run_episodes(env, driver: Driver, seeds: list[int], *, dt: float, observers=(), progress: str | None = None,
-                 past_termination: bool = False) -> RunTotals:
+def run_episodes(
+    env,
+    driver: Driver,
+    seeds: list[int],
+    *,
+    dt: float,
+    observers=(),
+    progress: str | None = None,
+    past_termination: bool = False,
+) -> RunTotals:
     """Run one episode per seed with `driver` acting; observers see every step. Returns the run's totals.
     `past_termination`: an episode ends only when truncated (its length), not when the task terminates."""
     totals = RunTotals(seeds=list(seeds))

@@ -28,9 +28,19 @@ from shield.spec import ShieldSpec
 __all__ = ["evaluate", "reference_policy"]
 
 
-def evaluate(cfg, policy, *, domains: Any = "train", episodes: int = 20, seed: int = 0, shield: bool = True,
-             spec: dict | ShieldSpec | None = None, max_episode_steps: int | None = None,
-             progress: bool = False, past_termination: bool = False) -> dict:
+def evaluate(
+    cfg,
+    policy,
+    *,
+    domains: Any = "train",
+    episodes: int = 20,
+    seed: int = 0,
+    shield: bool = True,
+    spec: dict | ShieldSpec | None = None,
+    max_episode_steps: int | None = None,
+    progress: bool = False,
+    past_termination: bool = False,
+) -> dict:
     """Run `policy` for `episodes` seeded episodes (seeds seed, seed + 1, ...); returns returns, violations and
     shield figures. `policy` is a batch policy, shielded here by `spec` (default: built from the config), or an
     EdgeRuntime, which brings its own shield (shield.json) and is run exactly as `serve` runs it.
@@ -54,9 +64,20 @@ def evaluate(cfg, policy, *, domains: Any = "train", episodes: int = 20, seed: i
         driver = PolicyDriver(policy, CbfShield(spec) if shield else None)
     env = make_env(cfg, resolve_domains(cfg, domains), max_episode_steps)
     try:
-        totals = run_episodes(env, driver, list(range(seed, seed + episodes)), dt=control_period_s(cfg),
-                              progress="eval" if progress else None, past_termination=past_termination)
+        totals = run_episodes(
+            env,
+            driver,
+            list(range(seed, seed + episodes)),
+            dt=control_period_s(cfg),
+            progress="eval" if progress else None,
+            past_termination=past_termination,
+        )
     finally:
         env.close()
-    return {"task": cfg.task.name, "domains": domains_label(domains), "shield": bool(shield), "seed": seed,
-            **totals.summary()}
+    return {
+        "task": cfg.task.name,
+        "domains": domains_label(domains),
+        "shield": bool(shield),
+        "seed": seed,
+        **totals.summary(),
+    }

@@ -41,8 +41,8 @@ and the command that replays it); `sim2real falsify` then exits 1.
 from __future__ import annotations
 
 import itertools
-import math
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +130,7 @@ def envelope_set(cfg):
         doc[key] = widest
     pushes = [r.push for r in sets if r.push is not None]
     if pushes:
-        doc["push"] = max(pushes, key=lambda p: (p.max_force * p.probability * p.duration_steps)).model_dump(mode="json")
+        doc["push"] = max(pushes, key=lambda p: p.max_force * p.probability * p.duration_steps).model_dump(mode="json")
     return parse_randomization(doc, "envelope")
 
 
@@ -143,9 +143,13 @@ def corner_domains(rset) -> list[dict]:
 def attack_params(a: np.ndarray, n_constraints: int) -> AdversaryParams:
     """Normalized attack vector -> AdversaryParams (target -1 means the nearest constraint)."""
     a = np.clip(a, 0.0, 1.0)
-    return AdversaryParams(target=int(np.floor(a[0] * (n_constraints + 1) - 1e-9)) - 1,
-                           start_step=int(round(a[1] * 50)), strength=float(0.3 + 0.7 * a[2]),
-                           overshoot=float(1.5 * a[3]), flip_every=int(round(a[4] * 6)))
+    return AdversaryParams(
+        target=int(np.floor(a[0] * (n_constraints + 1) - 1e-9)) - 1,
+        start_step=int(round(a[1] * 50)),
+        strength=float(0.3 + 0.7 * a[2]),
+        overshoot=float(1.5 * a[3]),
+        flip_every=int(round(a[4] * 6)),
+    )
 
 
 _DEFAULT_ATTACK = np.array([0.0, 0.0, 1.0, 0.4, 0.0])  # nearest constraint, at once, full force, 0.6 past
@@ -159,8 +163,18 @@ def generation_size(dims: int) -> int:
 class Falsifier:
     """The search state: config, spec, policies, budget; `run()` returns the summary."""
 
-    def __init__(self, cfg, spec, *, bundle_policy=None, budget_s: float | None = None, seed: int | None = None,
-                 out_dir: str | Path | None = None, progress: bool = False, max_candidates: int | None = None):
+    def __init__(
+        self,
+        cfg,
+        spec,
+        *,
+        bundle_policy=None,
+        budget_s: float | None = None,
+        seed: int | None = None,
+        out_dir: str | Path | None = None,
+        progress: bool = False,
+        max_candidates: int | None = None,
+    ):
         self.cfg, self.spec = cfg, spec
         self.bundle_policy = bundle_policy
         self.budget_s = cfg.falsify.budget_s if budget_s is None else float(budget_s)
@@ -170,8 +184,10 @@ class Falsifier:
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
         self.sets = {name: (rset, parameters(rset)) for name, rset in cfg.randomization.items()}
-        self.policies = ([p for p in REFERENCE_POLICIES if p != "legacy"]  # the attacks (the legacy one is trusted)
-                         + (["bundle"] if bundle_policy is not None else []))
+        self.policies = (
+            [p for p in REFERENCE_POLICIES if p != "legacy"]  # the attacks (the legacy one is trusted)
+            + (["bundle"] if bundle_policy is not None else [])
+        )
         self.n_constraints = len(spec.constraints)
         self.evaluated = 0
         self.best: dict | None = None
@@ -210,15 +226,31 @@ class Falsifier:
 
         rset, _ = self.sets[cand.set_name]
         domain = pinned_domain(rset, cand.x)
-        result = evaluate(self.cfg, self._policy(cand), domains=parse_randomization(domain), seed=cand.seed,
-                          episodes=self.cfg.falsify.episodes_per_candidate, shield=True, spec=self.spec,
-                          max_episode_steps=self.cfg.falsify.episode_steps)
+        result = evaluate(
+            self.cfg,
+            self._policy(cand),
+            domains=parse_randomization(domain),
+            seed=cand.seed,
+            episodes=self.cfg.falsify.episodes_per_candidate,
+            shield=True,
+            spec=self.spec,
+            max_episode_steps=self.cfg.falsify.episode_steps,
+        )
         self.evaluated += 1
         h = result["min_h"] if result["min_h"] is not None else float("inf")
-        record = {"set": cand.set_name, "domain": domain, "seed": cand.seed, "policy": cand.policy,
-                  "attack": attack_params(cand.attack, self.n_constraints).to_dict() if cand.policy == "adversarial" else None,
-                  "episodes": self.cfg.falsify.episodes_per_candidate, "episode_steps": self.cfg.falsify.episode_steps,
-                  "min_h": h, "violations": result["violations"]}
+        record = {
+            "set": cand.set_name,
+            "domain": domain,
+            "seed": cand.seed,
+            "policy": cand.policy,
+            "attack": attack_params(cand.attack, self.n_constraints).to_dict()
+            if cand.policy == "adversarial"
+            else None,
+            "episodes": self.cfg.falsify.episodes_per_candidate,
+            "episode_steps": self.cfg.falsify.episode_steps,
+            "min_h": h,
+            "violations": result["violations"],
+        }
         if cand.policy == "adversarial":
             self._history[cand.set_name].append((h, np.concatenate([np.clip(cand.x, 0, 1), cand.attack])))
         if self.best is None or h < self.best["min_h"]:
@@ -226,9 +258,10 @@ class Falsifier:
         if result["violations"] > 0:
             self.cases.append(self._write_case(record))
         if self._bar is not None:
-            self._bar.update_to(min(int(time.monotonic() - self._t0), self._bar.total),
-                                {"evaluated": self.evaluated, "cases": len(self.cases),
-                                 "worst h": f"{self.best['min_h']:.4f}"})
+            self._bar.update_to(
+                min(int(time.monotonic() - self._t0), self._bar.total),
+                {"evaluated": self.evaluated, "cases": len(self.cases), "worst h": f"{self.best['min_h']:.4f}"},
+            )
         return record
 
     def _write_case(self, record: dict) -> dict:
@@ -252,8 +285,12 @@ class Falsifier:
         names = list(self.sets)
         total = self.corner_count()
         if total <= (limit if limit is not None else 4096):
-            order = [(name, np.array(c), policy) for name, (_, params) in self.sets.items()
-                     for c in itertools.product((0.0, 1.0), repeat=len(params)) for policy in self.policies]
+            order = [
+                (name, np.array(c), policy)
+                for name, (_, params) in self.sets.items()
+                for c in itertools.product((0.0, 1.0), repeat=len(params))
+                for policy in self.policies
+            ]
             for i in self.rng.permutation(len(order)):  # budget-limited: every corner equally likely to be reached
                 name, x, policy = order[i]
                 yield Candidate(name, x, policy, _DEFAULT_ATTACK.copy(), int(self.rng.integers(2**31)))
@@ -268,12 +305,17 @@ class Falsifier:
 
     def _random(self, name: str) -> Candidate:
         k = len(self.sets[name][1])
-        return Candidate(name, self.rng.uniform(0, 1, k), "adversarial", self.rng.uniform(0, 1, _ATTACK_DIMS),
-                         int(self.rng.integers(2**31)))
+        return Candidate(
+            name,
+            self.rng.uniform(0, 1, k),
+            "adversarial",
+            self.rng.uniform(0, 1, _ATTACK_DIMS),
+            int(self.rng.integers(2**31)),
+        )
 
     def _fit(self, name: str, dims: int, size: int) -> tuple[np.ndarray, np.ndarray]:
         """A Gaussian over the best candidates seen in set `name` (wide and centred when there are too few)."""
-        seen = sorted(self._history[name], key=lambda t: t[0])[:max(2, int(_ELITE * size))]
+        seen = sorted(self._history[name], key=lambda t: t[0])[: max(2, int(_ELITE * size))]
         if len(seen) < 2:
             return np.full(dims, 0.5), np.full(dims, 0.35)
         elite = np.array([z for _, z in seen])
@@ -304,7 +346,7 @@ class Falsifier:
             if len(scored) < 2:
                 continue
             scored.sort(key=lambda t: t[0])
-            elite = np.array([z for _, z in scored[:max(2, int(_ELITE * len(scored)))]])
+            elite = np.array([z for _, z in scored[: max(2, int(_ELITE * len(scored)))]])
             st["mu"] = _SMOOTHING * elite.mean(axis=0) + (1 - _SMOOTHING) * st["mu"]
             st["sd"] = np.maximum(_SMOOTHING * elite.std(axis=0) + (1 - _SMOOTHING) * st["sd"], _MIN_SD)
             if scored[0][0] < st["best"]:
@@ -338,12 +380,22 @@ class Falsifier:
         if self._bar is not None:
             self._bar.close()
         wall = time.monotonic() - self._t0
-        return {"task": self.cfg.task.name, "cases_found": len(self.cases), "cases": self.cases,
-                "min_h": None if self.best is None else self.best["min_h"], "worst": self.best,
-                "evaluated": self.evaluated, "phases": phases, "evals_per_s": self.evaluated / max(wall, 1e-9),
-                "dimensions": {n: len(p) + _ATTACK_DIMS for n, (_, p) in self.sets.items()},
-                "corners_total": self.corner_count(), "budget_s": self.budget_s,
-                "max_candidates": self.max_candidates, "seed": self.seed, "wall_s": wall}
+        return {
+            "task": self.cfg.task.name,
+            "cases_found": len(self.cases),
+            "cases": self.cases,
+            "min_h": None if self.best is None else self.best["min_h"],
+            "worst": self.best,
+            "evaluated": self.evaluated,
+            "phases": phases,
+            "evals_per_s": self.evaluated / max(wall, 1e-9),
+            "dimensions": {n: len(p) + _ATTACK_DIMS for n, (_, p) in self.sets.items()},
+            "corners_total": self.corner_count(),
+            "budget_s": self.budget_s,
+            "max_candidates": self.max_candidates,
+            "seed": self.seed,
+            "wall_s": wall,
+        }
 
 
 def replay_case(cfg, case: dict | str | Path, spec) -> dict:
@@ -354,14 +406,30 @@ def replay_case(cfg, case: dict | str | Path, spec) -> dict:
         case = json.loads(Path(case).read_text())
     params = AdversaryParams(**case["attack"]) if case.get("attack") else None
     policy = reference_policy(case["policy"], cfg, spec, seed=case["seed"], params=params)
-    return evaluate(cfg, policy, domains=parse_randomization(case["domain"]), seed=case["seed"],
-                    episodes=case["episodes"], shield=True, spec=spec, max_episode_steps=case["episode_steps"])
+    return evaluate(
+        cfg,
+        policy,
+        domains=parse_randomization(case["domain"]),
+        seed=case["seed"],
+        episodes=case["episodes"],
+        shield=True,
+        spec=spec,
+        max_episode_steps=case["episode_steps"],
+    )
 
 
-def falsify(cfg, *, bundle: str | None = None, budget_s: float | None = None, seed: int | None = None,
-            out_dir: str | Path | None = None, spec=None, progress: bool = False,
-            max_candidates: int | None = None) -> dict:
-    """Search `cfg`'s envelope (with the bundle's policy and shield.json, or the config's spec); see the module docstring."""
+def falsify(
+    cfg,
+    *,
+    bundle: str | None = None,
+    budget_s: float | None = None,
+    seed: int | None = None,
+    out_dir: str | Path | None = None,
+    spec=None,
+    progress: bool = False,
+    max_candidates: int | None = None,
+) -> dict:
+    """Search `cfg`'s envelope (the bundle's policy and shield.json, or the config's spec); see the module docstring."""
     from shield.spec import ShieldSpec
 
     bundle_policy = None
@@ -376,5 +444,13 @@ def falsify(cfg, *, bundle: str | None = None, budget_s: float | None = None, se
 
         spec = build_shield_spec(cfg)
     spec = spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)
-    return Falsifier(cfg, spec, bundle_policy=bundle_policy, budget_s=budget_s, seed=seed, out_dir=out_dir,
-                     progress=progress, max_candidates=max_candidates).run()
+    return Falsifier(
+        cfg,
+        spec,
+        bundle_policy=bundle_policy,
+        budget_s=budget_s,
+        seed=seed,
+        out_dir=out_dir,
+        progress=progress,
+        max_candidates=max_candidates,
+    ).run()

@@ -47,8 +47,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pipeline.evaluation.gate_statistics import (BOUND_METHOD, RATE_METHOD, clopper_pearson_lower,
-                                                 clopper_pearson_upper, look_alpha, paired_bound)
+from pipeline.evaluation.gate_statistics import (
+    BOUND_METHOD,
+    RATE_METHOD,
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+    look_alpha,
+    paired_bound,
+)
 
 PRODUCTION_KEY = "gate.min_return_ratio_production"
 
@@ -158,8 +164,11 @@ def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
     label = ("production" + (f" v{version}" if version else "")) if production else "legacy"
     cand = metrics.get("candidate_returns")
     if not cand or not ref_returns:
-        missing = ("candidate returns (needs the counterfactual pass)" if not cand
-                   else f"{reference} returns (the log has no rewards)")
+        missing = (
+            "candidate returns (needs the counterfactual pass)"
+            if not cand
+            else f"{reference} returns (the log has no rewards)"
+        )
         return GateCheck(key, None, ratio, None, f"no {missing}")
     if len(cand) != len(ref_returns):
         return GateCheck(key, None, ratio, None, f"candidate and {label} ran different episodes: cannot pair")
@@ -171,19 +180,28 @@ def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
     if verdict == "above" and bound.n < gate.min_episodes:
         verdict = "early"
     passed = {"above": True, "below": False, "undecided": None, "early": None}[verdict]
-    margin = (f"no worse than {label}" if ratio == 1.0 else
-              f"margin LOOSENED by {key}={ratio:g}: may be {1 - ratio:.0%} of |{label} mean| worse" if ratio < 1.0
-              else f"must beat {label} by {ratio - 1:.0%} of its |mean| ({key}={ratio:g})")
-    said = {"above": f"better than the threshold at {gate.confidence:.0%}",
-            "below": f"worse than the threshold at {gate.confidence:.0%}",
-            "undecided": "the interval straddles the threshold: undecided",
-            "early": f"above the threshold, but a pass needs gate.min_episodes={gate.min_episodes} paired episodes: "
-                     f"undecided"}[verdict]
-    detail = (f"candidate - {label}: mean {bound.mean:+.3f} per episode, bounds [{bound.lower:+.3f}, "
-              f"{bound.upper:+.3f}] vs threshold {thr:+.3f} ({margin}); {said} "
-              f"(n={bound.n} paired episodes, {BOUND_METHOD}, {where})")
-    return GateCheck(key, bound.mean, thr, passed, detail, undecided=passed is None,
-                     interval=(bound.lower, bound.upper))
+    margin = (
+        f"no worse than {label}"
+        if ratio == 1.0
+        else f"margin LOOSENED by {key}={ratio:g}: may be {1 - ratio:.0%} of |{label} mean| worse"
+        if ratio < 1.0
+        else f"must beat {label} by {ratio - 1:.0%} of its |mean| ({key}={ratio:g})"
+    )
+    said = {
+        "above": f"better than the threshold at {gate.confidence:.0%}",
+        "below": f"worse than the threshold at {gate.confidence:.0%}",
+        "undecided": "the interval straddles the threshold: undecided",
+        "early": f"above the threshold, but a pass needs gate.min_episodes={gate.min_episodes} paired episodes: "
+        f"undecided",
+    }[verdict]
+    detail = (
+        f"candidate - {label}: mean {bound.mean:+.3f} per episode, bounds [{bound.lower:+.3f}, "
+        f"{bound.upper:+.3f}] vs threshold {thr:+.3f} ({margin}); {said} "
+        f"(n={bound.n} paired episodes, {BOUND_METHOD}, {where})"
+    )
+    return GateCheck(
+        key, bound.mean, thr, passed, detail, undecided=passed is None, interval=(bound.lower, bound.upper)
+    )
 
 
 def intervention_check(metrics: dict, gate) -> GateCheck:
@@ -197,16 +215,26 @@ def intervention_check(metrics: dict, gate) -> GateCheck:
         source = "candidate driving"
         if not _known(rate):
             rate, source = metrics.get("would_be_intervention_rate"), "would-be, legacy driving"
-        return _at_most(key, rate, limit, lambda x, op: f"shield intervention rate {x:.4f} {op} {limit:g} ({source}; "
-                                                        f"no counts: no bound)", "no steps logged")
+        return _at_most(
+            key,
+            rate,
+            limit,
+            lambda x, op: f"shield intervention rate {x:.4f} {op} {limit:g} ({source}; no counts: no bound)",
+            "no steps logged",
+        )
     alpha, where = _look(metrics, gate)
     k, n = int(k), int(n)
     upper, lower = clopper_pearson_upper(k, n, alpha), clopper_pearson_lower(k, n, alpha)
     passed = True if upper <= limit else False if lower > limit else None
-    said = {True: f"upper bound {upper:.4f} <= {limit:g}", False: f"lower bound {lower:.4f} > {limit:g}",
-            None: f"bounds straddle {limit:g}: undecided"}[passed]
-    detail = (f"shield intervened on {k} of {n} steps ({k / n:.4f}, {source}), bounds [{lower:.4f}, {upper:.4f}]: "
-              f"{said} ({RATE_METHOD} over steps, {where})")
+    said = {
+        True: f"upper bound {upper:.4f} <= {limit:g}",
+        False: f"lower bound {lower:.4f} > {limit:g}",
+        None: f"bounds straddle {limit:g}: undecided",
+    }[passed]
+    detail = (
+        f"shield intervened on {k} of {n} steps ({k / n:.4f}, {source}), bounds [{lower:.4f}, {upper:.4f}]: "
+        f"{said} ({RATE_METHOD} over steps, {where})"
+    )
     return GateCheck(key, upper, limit, passed, detail, undecided=passed is None, interval=(lower, upper))
 
 
@@ -218,38 +246,63 @@ def _violations_detail(metrics: dict, gate, op: str) -> str:
     if episodes and _known(bad):
         n = len(episodes)
         upper = clopper_pearson_upper(int(bad), n, 1.0 - gate.confidence)
-        line += (f"; {int(bad)} of {n} episodes violated: episode violation rate <= {upper:.3f} at "
-                 f"{gate.confidence:.0%} ({RATE_METHOD})")
+        line += (
+            f"; {int(bad)} of {n} episodes violated: episode violation rate <= {upper:.3f} at "
+            f"{gate.confidence:.0%} ({RATE_METHOD})"
+        )
     return line
 
 
 def decide(metrics: dict, gate) -> GateDecision:
-    """Apply `gate` (a GateConfig) to shadow `metrics` (pipeline.evaluation.shadow_metrics keys); every check reported."""
+    """Apply `gate` (a GateConfig) to shadow `metrics` (shadow_metrics keys); every check reported."""
     checks = [return_check(metrics, gate, "legacy")]
     production = return_check(metrics, gate, "production")
     if production is not None:
         checks.append(production)
 
-    checks.append(_at_most("gate.max_violations", metrics.get("candidate_violations"), gate.max_violations,
-                           lambda x, op: _violations_detail(metrics, gate, op),
-                           "candidate violations: they need the counterfactual pass"))
+    checks.append(
+        _at_most(
+            "gate.max_violations",
+            metrics.get("candidate_violations"),
+            gate.max_violations,
+            lambda x, op: _violations_detail(metrics, gate, op),
+            "candidate violations: they need the counterfactual pass",
+        )
+    )
     checks.append(intervention_check(metrics, gate))
 
     known_p99 = [x for x in (metrics.get("latency_p99_us"), metrics.get("counterfactual_latency_p99_us")) if _known(x)]
     p99 = max(known_p99) if known_p99 else None  # the worse pass decides
-    checks.append(_at_most("gate.max_latency_p99_us", p99, gate.max_latency_p99_us,
-                           lambda x, op: f"candidate latency p99 {x:.1f} us {op} {gate.max_latency_p99_us:g} us",
-                           "no latency logged"))
+    checks.append(
+        _at_most(
+            "gate.max_latency_p99_us",
+            p99,
+            gate.max_latency_p99_us,
+            lambda x, op: f"candidate latency p99 {x:.1f} us {op} {gate.max_latency_p99_us:g} us",
+            "no latency logged",
+        )
+    )
 
     if "falsification_cases" in metrics:  # the retrain flow ran `falsify` before the gate
         worst = metrics.get("falsification_min_h")
-        checks.append(_at_most("gate.max_falsification_cases", metrics.get("falsification_cases"),
-                               gate.max_falsification_cases,
-                               lambda x, op: f"falsify found {int(x)} shielded violation case(s) "
-                                             f"{op} {gate.max_falsification_cases}"
-                                             + (f" (lowest barrier value the shield saw {worst:.4f}; below 0 is "
-                                                f"inside its margin or braking distance)" if _known(worst) else ""),
-                               "falsify did not run"))
+        checks.append(
+            _at_most(
+                "gate.max_falsification_cases",
+                metrics.get("falsification_cases"),
+                gate.max_falsification_cases,
+                lambda x, op: (
+                    f"falsify found {int(x)} shielded violation case(s) "
+                    f"{op} {gate.max_falsification_cases}"
+                    + (
+                        f" (lowest barrier value the shield saw {worst:.4f}; below 0 is "
+                        f"inside its margin or braking distance)"
+                        if _known(worst)
+                        else ""
+                    )
+                ),
+                "falsify did not run",
+            )
+        )
     return GateDecision(checks, tuple(gate.waive), loosened_keys(gate, production is not None))
 
 
@@ -257,23 +310,29 @@ def loosened_keys(gate, with_production: bool = True) -> tuple[str, ...]:
     """One line per config key that lets a candidate be worse than its reference (a margin below 1.0)."""
     out = []
     if gate.min_return_ratio < 1.0:
-        out.append(f"gate.min_return_ratio={gate.min_return_ratio:g}: the candidate may be "
-                   f"{1 - gate.min_return_ratio:.0%} of legacy's |mean return| worse than legacy")
+        out.append(
+            f"gate.min_return_ratio={gate.min_return_ratio:g}: the candidate may be "
+            f"{1 - gate.min_return_ratio:.0%} of legacy's |mean return| worse than legacy"
+        )
     if with_production and gate.min_return_ratio_production < 1.0:
-        out.append(f"{PRODUCTION_KEY}={gate.min_return_ratio_production:g}: the candidate may be "
-                   f"{1 - gate.min_return_ratio_production:.0%} of production's |mean return| worse than production")
+        out.append(
+            f"{PRODUCTION_KEY}={gate.min_return_ratio_production:g}: the candidate may be "
+            f"{1 - gate.min_return_ratio_production:.0%} of production's |mean return| worse than production"
+        )
     return tuple(out)
 
 
 def promotion_verdict(decision: str, version: int, production: int | None, reasons: list[str]) -> str:
     """One line saying why `version` was or was not promoted (kept in its manifest, shown by `registry list`)."""
+
     def named(*keys):
         return "; ".join(r for r in reasons if any(f" {k}:" in r for k in keys)) or "; ".join(reasons)
 
     if decision == "pass":
         over = f" over v{production}" if production is not None else " (no production before)"
-        return (f"promoted v{version}{over}: every check passed, against legacy"
-                + (" and production" if production is not None else ""))
+        return f"promoted v{version}{over}: every check passed, against legacy" + (
+            " and production" if production is not None else ""
+        )
     if decision == "kept":
         return f"kept v{production}: v{version} not better ({named('gate.min_return_ratio_production')})"
     failing = [r for r in reasons if r.startswith(("FAIL ", "UNDECIDED ", "SKIPPED "))]

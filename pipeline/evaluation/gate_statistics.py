@@ -154,5 +154,10 @@ def rate_summary(k: int | None, n: int | None, confidence: float) -> dict | None
     """{k, n, rate, upper} with the exact upper bound at `confidence`; None when unknown."""
     if k is None or n is None or n <= 0:
         return None
-    return {"k": int(k), "n": int(n), "rate": k / n, "upper": clopper_pearson_upper(int(k), int(n), 1.0 - confidence),
-            "confidence": confidence}
+    return {
+        "k": int(k),
+        "n": int(n),
+        "rate": k / n,
+        "upper": clopper_pearson_upper(int(k), int(n), 1.0 - confidence),
+        "confidence": confidence,
+    }

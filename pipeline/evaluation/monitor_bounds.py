@@ -59,8 +59,9 @@ def full_action_accel(spec) -> list[float]:
     return best.tolist()
 
 
-def window_excess(trace: list[list[tuple[float, float, float]]], sigma: list[list[float]], window: int,
-                  dt: float) -> np.ndarray:
+def window_excess(
+    trace: list[list[tuple[float, float, float]]], sigma: list[list[float]], window: int, dt: float
+) -> np.ndarray:
     """Per velocity, the largest acceleration (units/s^2) the monitor's window needed beyond its other terms.
 
     `trace`: per step, per velocity (e, hull half-width + per-speed allowance) x dt units; `sigma`: the monitor's
@@ -81,8 +82,7 @@ def window_excess(trace: list[list[tuple[float, float, float]]], sigma: list[lis
     return need.max(axis=0)
 
 
-def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: int = 0,
-            window: int = WINDOW) -> dict:
+def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: int = 0, window: int = WINDOW) -> dict:
     """The monitor's bounds for `spec` over `cfg`'s envelope: {"accel", "accel_per_speed", "window", "measured"}.
 
     `measured`: per velocity the bound on the window excess (units/s^2) and the largest seen, the steps and runs
@@ -125,8 +125,12 @@ def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: 
                 obs_list = np.asarray(obs, np.float64).tolist()
                 res = monitor.residuals(obs_list)
                 if res is not None:
-                    trace.append([(e, hw + b * abs(obs_list[o]) * s.dt) for (e, hw), o, b
-                                  in zip(res, s.velocity_index, per_speed)])
+                    trace.append(
+                        [
+                            (e, hw + b * abs(obs_list[o]) * s.dt)
+                            for (e, hw), o, b in zip(res, s.velocity_index, per_speed)
+                        ]
+                    )
                 u, _ = shield.filter(obs, policy(np.asarray(obs, np.float32)[None])[0])
                 obs, _, terminated, truncated, _ = env.step(u)
                 if terminated or truncated:
@@ -138,9 +142,19 @@ def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: 
     largest, tail = maxima.max(axis=0), maxima.mean(axis=0) + TAIL_SIGMAS * maxima.std(axis=0)
     bound = np.maximum(np.maximum(largest, tail), 0.0)
     margin = [MARGIN_SHARE * a for a in full_action_accel(ShieldSpec.from_dict(spec))]
-    return {"accel": [float(w + m) for w, m in zip(bound, margin)], "accel_per_speed": per_speed, "window": window,
-            "measured": {"excess_accel": bound.tolist(), "largest_excess_accel": largest.tolist(),
-                         "margin_accel": margin, "steps": total, "runs": len(maxima), "seed": seed}}
+    return {
+        "accel": [float(w + m) for w, m in zip(bound, margin)],
+        "accel_per_speed": per_speed,
+        "window": window,
+        "measured": {
+            "excess_accel": bound.tolist(),
+            "largest_excess_accel": largest.tolist(),
+            "margin_accel": margin,
+            "steps": total,
+            "runs": len(maxima),
+            "seed": seed,
+        },
+    }
 
 
 def with_measured_monitor(cfg, spec: dict, **kw) -> dict:
@@ -148,4 +162,3 @@ def with_measured_monitor(cfg, spec: dict, **kw) -> dict:
     out = copy.deepcopy(spec)
     out["assumptions"]["monitor"] = measure(cfg, spec, **kw)
     return out
-

@@ -72,8 +72,14 @@ def plot_barriers(t: np.ndarray, h: np.ndarray, intervened: np.ndarray, names: l
     if hits.size:
         finite = h[np.isfinite(h)]
         y = float(finite.min()) if finite.size else 0.0
-        ax.scatter(t[hits], np.full(hits.size, y), marker="|", color="crimson", s=80,
-                   label=f"shield intervened ({hits.size} steps)")
+        ax.scatter(
+            t[hits],
+            np.full(hits.size, y),
+            marker="|",
+            color="crimson",
+            s=80,
+            label=f"shield intervened ({hits.size} steps)",
+        )
     ax.set_xlabel("time (s)")
     ax.set_ylabel("h(x)")
     ax.set_title(title, fontsize=9)
@@ -98,8 +104,14 @@ def plot_returns(metrics: dict) -> str:
         r = np.asarray(returns)
         ax.scatter(x + rng.uniform(-0.12, 0.12, r.size), r, color=color, alpha=0.6, s=18)
         lo, hi = metrics[f"{key}_return_ci95"]
-        ax.errorbar(x + 0.25, metrics[f"{key}_return_mean"], yerr=[[metrics[f"{key}_return_mean"] - lo],
-                    [hi - metrics[f"{key}_return_mean"]]], fmt="D", color=color, capsize=4)
+        ax.errorbar(
+            x + 0.25,
+            metrics[f"{key}_return_mean"],
+            yerr=[[metrics[f"{key}_return_mean"] - lo], [hi - metrics[f"{key}_return_mean"]]],
+            fmt="D",
+            color=color,
+            capsize=4,
+        )
     ax.set_xticks(range(len(who)), [label for _, label, _ in who])
     ax.set_xlim(-0.6, len(who) - 0.4)
     ax.set_ylabel("episode return")
@@ -131,10 +143,15 @@ def _gate_table(decision) -> str:
     for c in decision.checks:
         status = c.status
         value = "n/a" if c.value is None else f"{c.value:.6g}"
-        rows.append(f'<tr class="{status}"><td>{html.escape(c.key)}</td><td>{value}</td>'
-                    f"<td>{c.threshold:.6g}</td><td>{status.upper()}</td><td>{html.escape(c.detail)}</td></tr>")
-    return ("<table><tr><th>threshold</th><th>value</th><th>limit</th><th>result</th><th>detail</th></tr>"
-            + "".join(rows) + "</table>")
+        rows.append(
+            f'<tr class="{status}"><td>{html.escape(c.key)}</td><td>{value}</td>'
+            f"<td>{c.threshold:.6g}</td><td>{status.upper()}</td><td>{html.escape(c.detail)}</td></tr>"
+        )
+    return (
+        "<table><tr><th>threshold</th><th>value</th><th>limit</th><th>result</th><th>detail</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
 
 
 def _side_by_side(metrics: dict, decision) -> str:
@@ -146,40 +163,61 @@ def _side_by_side(metrics: dict, decision) -> str:
         if mean is None:
             continue
         name = f"production v{metrics.get('production_version') or '?'}" if who == "production" else who
-        rows.append(f"<tr><td>{html.escape(name)}</td><td>{len(metrics.get(f'{who}_returns') or [])}</td>"
-                    f"<td>{mean:.4g}</td><td>[{ci[0]:.4g}, {ci[1]:.4g}]</td></tr>")
+        rows.append(
+            f"<tr><td>{html.escape(name)}</td><td>{len(metrics.get(f'{who}_returns') or [])}</td>"
+            f"<td>{mean:.4g}</td><td>[{ci[0]:.4g}, {ci[1]:.4g}]</td></tr>"
+        )
     if not rows:
         return ""
     pairs = []
     for c in decision.checks:
         if c.interval is not None and c.key.startswith("gate.min_return_ratio"):
-            pairs.append(f"<tr class=\"{c.status}\"><td>{html.escape(c.key)}</td><td>{c.value:+.4g}</td>"
-                         f"<td>[{c.interval[0]:+.4g}, {c.interval[1]:+.4g}]</td><td>{c.threshold:+.4g}</td>"
-                         f"<td>{c.status.upper()}</td></tr>")
+            pairs.append(
+                f'<tr class="{c.status}"><td>{html.escape(c.key)}</td><td>{c.value:+.4g}</td>'
+                f"<td>[{c.interval[0]:+.4g}, {c.interval[1]:+.4g}]</td><td>{c.threshold:+.4g}</td>"
+                f"<td>{c.status.upper()}</td></tr>"
+            )
     loosened = "".join(f"<p class='loosened'>LOOSENED by config: {html.escape(line)}</p>" for line in decision.loosened)
-    looks = (f"<p>{len(metrics.get('candidate_returns') or [])} paired episodes in {metrics.get('looks', 1)} look(s) of "
-             f"{metrics.get('planned_looks', 1)} planned; stopped: {html.escape(str(metrics.get('stopped', 'n/a')))}"
-             + (f"; {metrics['evaluation_wall_s']:.1f} s" if metrics.get("evaluation_wall_s") else "") + ".</p>")
-    return ("<h2>Same episodes, side by side</h2>" + loosened +
-            "<table><tr><th>policy</th><th>episodes</th><th>mean return</th><th>95% CI (bootstrap)</th></tr>"
-            + "".join(rows) + "</table>"
-            + ("<table><tr><th>paired difference (candidate - reference)</th><th>mean per episode</th>"
-               f"<th>bounds ({BOUND_METHOD})</th><th>threshold</th><th>result</th></tr>"
-               + "".join(pairs) + "</table>" if pairs else "") + looks)
+    looks = (
+        f"<p>{len(metrics.get('candidate_returns') or [])} paired episodes in {metrics.get('looks', 1)} look(s) of "
+        f"{metrics.get('planned_looks', 1)} planned; stopped: {html.escape(str(metrics.get('stopped', 'n/a')))}"
+        + (f"; {metrics['evaluation_wall_s']:.1f} s" if metrics.get("evaluation_wall_s") else "")
+        + ".</p>"
+    )
+    return (
+        "<h2>Same episodes, side by side</h2>"
+        + loosened
+        + "<table><tr><th>policy</th><th>episodes</th><th>mean return</th><th>95% CI (bootstrap)</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        + (
+            "<table><tr><th>paired difference (candidate - reference)</th><th>mean per episode</th>"
+            f"<th>bounds ({BOUND_METHOD})</th><th>threshold</th><th>result</th></tr>" + "".join(pairs) + "</table>"
+            if pairs
+            else ""
+        )
+        + looks
+    )
 
 
 def _safety_case(metrics: dict) -> str:
     """The assumption monitor's flag rates and the falsification's worst case (lowest h), when known."""
-    rows = [("envelope_rate (shadow pass)", metrics.get("envelope_rate")),
-            ("envelope_rate (candidate driving)", metrics.get("candidate_envelope_rate")),
-            ("falsification cases", metrics.get("falsification_cases")),
-            ("falsification worst h", metrics.get("falsification_min_h"))]
+    rows = [
+        ("envelope_rate (shadow pass)", metrics.get("envelope_rate")),
+        ("envelope_rate (candidate driving)", metrics.get("candidate_envelope_rate")),
+        ("falsification cases", metrics.get("falsification_cases")),
+        ("falsification worst h", metrics.get("falsification_min_h")),
+    ]
     body = "".join(f"<tr><td>{k}</td><td>{'n/a' if v is None else html.escape(f'{v:.6g}')}</td></tr>" for k, v in rows)
     worst = metrics.get("falsification_worst")
-    detail = (f"<p>worst case: <code>{html.escape(json.dumps(worst))}</code></p>" if worst else "")
-    detail += ("<p class=\"note\">worst h: the lowest barrier value the shield saw in the search. Below 0 the plant "
-               "was inside the shield's margin or braking distance, which the shield answers by braking; a case is "
-               "the constraint itself crossed.</p>" if metrics.get("falsification_min_h") is not None else "")
+    detail = f"<p>worst case: <code>{html.escape(json.dumps(worst))}</code></p>" if worst else ""
+    detail += (
+        '<p class="note">worst h: the lowest barrier value the shield saw in the search. Below 0 the plant '
+        "was inside the shield's margin or braking distance, which the shield answers by braking; a case is "
+        "the constraint itself crossed.</p>"
+        if metrics.get("falsification_min_h") is not None
+        else ""
+    )
     return f"<h2>Safety case: envelope and falsification</h2><table>{body}</table>{detail}"
 
 
@@ -189,29 +227,45 @@ def _calibration(result: dict) -> str:
     rows = []
     for name, p in sorted(result["parameters"].items()):
         lo, hi = p["range"]
-        status = ("known (calibration.known)" if p.get("known") else "identified" if p["identified_ok"]
-                  else "NOT identified by the logs: keeps its configured range")
-        rows.append(f"<tr class=\"{'pass' if p['identified_ok'] else 'skipped'}\"><td>{html.escape(name)}</td>"
-                    f"<td>{p['nominal']:.3g}</td><td>{p['identified']:.4g}</td><td>{lo:.4g} .. {hi:.4g}</td>"
-                    f"<td>{html.escape(status)}</td></tr>")
+        status = (
+            "known (calibration.known)"
+            if p.get("known")
+            else "identified"
+            if p["identified_ok"]
+            else "NOT identified by the logs: keeps its configured range"
+        )
+        rows.append(
+            f'<tr class="{"pass" if p["identified_ok"] else "skipped"}"><td>{html.escape(name)}</td>'
+            f"<td>{p['nominal']:.3g}</td><td>{p['identified']:.4g}</td><td>{lo:.4g} .. {hi:.4g}</td>"
+            f"<td>{html.escape(status)}</td></tr>"
+        )
     log, err = result["log"], result["prediction_error"]
-    flat = "".join(f"<li>{html.escape(' + '.join(f'{w:+.2f} log {n}' for n, w in d['weights'].items()))}</li>"
-                   for d in result.get("flat_directions", []))
-    return ("<h2>Twin calibration: identified vs nominal</h2>"
-            f"<p>From {log['seconds']:.0f} s of field log ({html.escape(str(log['source']))}): the twin's prediction "
-            f"error (RMS over the window, in noise std units) went from {err['before']['rms_normalized']:.2f} "
-            f"(nominal) to {err['after']['rms_normalized']:.2f} (calibrated); latency "
-            f"{result['latency_steps']['identified']} control steps. The candidate was trained around the "
-            "calibrated set and gated on it as well as on <code>reality</code>.</p>"
-            "<table><tr><th>parameter (scale)</th><th>nominal</th><th>identified</th><th>calibrated range</th>"
-            "<th>status</th></tr>" + "".join(rows) + "</table>"
-            + (f"<p>Directions the logs cannot pin (flat):</p><ul>{flat}</ul>" if flat else ""))
+    flat = "".join(
+        f"<li>{html.escape(' + '.join(f'{w:+.2f} log {n}' for n, w in d['weights'].items()))}</li>"
+        for d in result.get("flat_directions", [])
+    )
+    return (
+        "<h2>Twin calibration: identified vs nominal</h2>"
+        f"<p>From {log['seconds']:.0f} s of field log ({html.escape(str(log['source']))}): the twin's prediction "
+        f"error (RMS over the window, in noise std units) went from {err['before']['rms_normalized']:.2f} "
+        f"(nominal) to {err['after']['rms_normalized']:.2f} (calibrated); latency "
+        f"{result['latency_steps']['identified']} control steps. The candidate was trained around the "
+        "calibrated set and gated on it as well as on <code>reality</code>.</p>"
+        "<table><tr><th>parameter (scale)</th><th>nominal</th><th>identified</th><th>calibrated range</th>"
+        "<th>status</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        + (f"<p>Directions the logs cannot pin (flat):</p><ul>{flat}</ul>" if flat else "")
+    )
 
 
 def _metrics_table(metrics: dict) -> str:
     skip = {"legacy_returns", "candidate_returns", "production_returns", "seeds"}
-    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(json.dumps(v))}</td></tr>"
-                   for k, v in metrics.items() if k not in skip)
+    rows = "".join(
+        f"<tr><td>{html.escape(k)}</td><td>{html.escape(json.dumps(v))}</td></tr>"
+        for k, v in metrics.items()
+        if k not in skip
+    )
     return f"<table>{rows}</table>"
 
 
@@ -224,8 +278,9 @@ tr.undecided td{background:#ffe9c4}.loosened{color:#b00;font-weight:bold}
 img.plot{display:block;max-width:100%;margin:0.5em 0}.note{color:#666;font-style:italic}"""
 
 
-def write_report(out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, counterfactual=None,
-                 calibration: dict | None = None) -> Path:
+def write_report(
+    out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, counterfactual=None, calibration: dict | None = None
+) -> Path:
     """Write `shadow-report.html` (and the animation GIF) into `out_dir`; returns the HTML path.
     `calibration`: the twin's calibration result (`pipeline.calibration.calibrate`) when the gate ran on it."""
     import matplotlib
@@ -236,21 +291,45 @@ def write_report(out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, c
     cols, meta = shadow.columns, shadow.meta
     names = list(meta.get("constraint_names") or [])
     sel = _first_episode(cols)
-    parts = [f"<h2>Gate: <span class='verdict {decision.decision}'>{decision.decision.upper()}</span></h2>",
-             _gate_table(decision), _side_by_side(metrics, decision),
-             "<h2>Actions: legacy vs candidate</h2>", _img(plot_actions(cols), "action traces")]
-    parts += ["<h2>Safety: h(x) over time</h2>",
-              _img(plot_barriers(cols["t"][sel], cols["h"][sel], cols["intervened"][sel], names,
-                                 "Shadow pass (legacy drives): would-be interventions"), "h shadow")]
+    parts = [
+        f"<h2>Gate: <span class='verdict {decision.decision}'>{decision.decision.upper()}</span></h2>",
+        _gate_table(decision),
+        _side_by_side(metrics, decision),
+        "<h2>Actions: legacy vs candidate</h2>",
+        _img(plot_actions(cols), "action traces"),
+    ]
+    parts += [
+        "<h2>Safety: h(x) over time</h2>",
+        _img(
+            plot_barriers(
+                cols["t"][sel],
+                cols["h"][sel],
+                cols["intervened"][sel],
+                names,
+                "Shadow pass (legacy drives): would-be interventions",
+            ),
+            "h shadow",
+        ),
+    ]
     if counterfactual is not None and len(counterfactual.trace.get("t", [])):
         tr = counterfactual.trace
-        parts.append(_img(plot_barriers(tr["t"], tr["h"], tr["intervened"], names,
-                                        "Counterfactual pass (candidate drives, shielded)"), "h counterfactual"))
+        parts.append(
+            _img(
+                plot_barriers(
+                    tr["t"], tr["h"], tr["intervened"], names, "Counterfactual pass (candidate drives, shielded)"
+                ),
+                "h counterfactual",
+            )
+        )
     parts.append(_safety_case(metrics))
     if calibration is not None:
         parts.append(_calibration(calibration))
-    parts += ["<h2>Returns</h2>", _img(plot_returns(metrics), "returns"),
-              "<h2>Latency</h2>", _img(plot_latency(cols["latency_us"], metrics.get("control_period_s")), "latency")]
+    parts += [
+        "<h2>Returns</h2>",
+        _img(plot_returns(metrics), "returns"),
+        "<h2>Latency</h2>",
+        _img(plot_latency(cols["latency_us"], metrics.get("control_period_s")), "latency"),
+    ]
     parts.append("<h2>Counterfactual episode (animation)</h2>")
     if counterfactual is None:
         parts.append("<p class='note'>animation skipped: field logs have no counterfactual pass</p>")
@@ -263,12 +342,18 @@ def write_report(out_dir, *, cfg, bundle_dir, metrics: dict, decision, shadow, c
             parts.append(_img(base64.b64encode(gif.read_bytes()).decode(), "counterfactual animation", "image/gif"))
         parts.append(f"<p class='note'>{html.escape(note)}</p>")
     parts += ["<h2>All metrics</h2>", _metrics_table(metrics)]
-    source = metrics.get("log") if metrics.get("source") == "field_log" else f"simulation, domains {metrics.get('domains')}"
-    head = (f"<h1>Shadow report: {html.escape(cfg.task.name)}</h1><p>candidate bundle <code>{html.escape(str(bundle_dir))}"
-            f"</code> (version {html.escape(str(meta.get('bundle_version')))}) vs legacy; "
-            f"source: {html.escape(str(source))}; {metrics['episodes']} episodes, {metrics['steps']} steps.</p>")
-    doc = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>sim2real shadow report: "
-           f"{html.escape(cfg.task.name)}</title><style>{_CSS}</style></head><body>{head}{''.join(parts)}</body></html>")
+    source = (
+        metrics.get("log") if metrics.get("source") == "field_log" else f"simulation, domains {metrics.get('domains')}"
+    )
+    head = (
+        f"<h1>Shadow report: {html.escape(cfg.task.name)}</h1><p>candidate bundle <code>{html.escape(str(bundle_dir))}"
+        f"</code> (version {html.escape(str(meta.get('bundle_version')))}) vs legacy; "
+        f"source: {html.escape(str(source))}; {metrics['episodes']} episodes, {metrics['steps']} steps.</p>"
+    )
+    doc = (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>sim2real shadow report: "
+        f"{html.escape(cfg.task.name)}</title><style>{_CSS}</style></head><body>{head}{''.join(parts)}</body></html>"
+    )
     path = out_dir / REPORT_FILE
     path.write_text(doc, encoding="utf-8")
     return path

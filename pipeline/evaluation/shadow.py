@@ -33,8 +33,8 @@ import numpy as np
 
 from pipeline.evaluation.episodes import (
     PolicyDriver,
-    RunTotals,
     RuntimeDriver,
+    RunTotals,
     Step,
     check_bundle_task,
     control_period_s,
@@ -44,8 +44,12 @@ from pipeline.evaluation.episodes import (
 )
 from pipeline.evaluation.gate import GateDecision, decide
 from pipeline.evaluation.gate_statistics import planned_looks
-from pipeline.evaluation.shadow_metrics import (counterfactual_metrics, empty_counterfactual, log_metrics,
-                                                production_metrics)
+from pipeline.evaluation.shadow_metrics import (
+    counterfactual_metrics,
+    empty_counterfactual,
+    log_metrics,
+    production_metrics,
+)
 
 ANIMATION_FRAMES = 100  # frames of the counterfactual episode kept for the report's animation
 
@@ -88,8 +92,21 @@ class ShadowLog:
     """Observer of the shadow pass: computes the candidate on a copy of each observation (never applied) and
     keeps every step in the shadow-log columns (`shield.shadowlog`)."""
 
-    KEYS = ("t", "episode", "step", "obs", "legacy_action", "candidate_raw", "candidate_action", "intervened",
-            "fallback", "h", "latency_us", "reward", "cost")
+    KEYS = (
+        "t",
+        "episode",
+        "step",
+        "obs",
+        "legacy_action",
+        "candidate_raw",
+        "candidate_action",
+        "intervened",
+        "fallback",
+        "h",
+        "latency_us",
+        "reward",
+        "cost",
+    )
 
     def __init__(self, candidate, n_h: int, act_dim: int):
         self.candidate, self.n_h, self.act_dim = candidate, n_h, act_dim
@@ -107,8 +124,14 @@ class ShadowLog:
             safe, raw, info = self.candidate.act(obs_copy)
             latency = (time.perf_counter_ns() - t0) / 1e3
             h = np.asarray(info.get("h", np.full(self.n_h, np.nan)), np.float32).reshape(-1)
-            cand = (np.asarray(raw, np.float32), np.asarray(safe, np.float32), bool(info.get("intervened")),
-                    bool(info.get("fallback")), h, latency)
+            cand = (
+                np.asarray(raw, np.float32),
+                np.asarray(safe, np.float32),
+                bool(info.get("intervened")),
+                bool(info.get("fallback")),
+                h,
+                latency,
+            )
         else:
             nan = np.full(self.act_dim, np.nan, np.float32)
             cand = (nan, nan, False, False, np.full(self.n_h, np.nan, np.float32), np.nan)
@@ -170,8 +193,10 @@ def shadow_pass(env, legacy, candidate, seeds: list[int], dt: float, meta: dict)
     return ShadowRun(log.columns(), meta)
 
 
-def counterfactual_pass(env, candidate, seeds: list[int], dt: float, frames: int = ANIMATION_FRAMES) -> CounterfactualRun:
-    """The shielded candidate (an EdgeRuntime) drives every seed; episode 0's trace and states are kept for the report."""
+def counterfactual_pass(
+    env, candidate, seeds: list[int], dt: float, frames: int = ANIMATION_FRAMES
+) -> CounterfactualRun:
+    """The shielded candidate (an EdgeRuntime) drives every seed; episode 0's trace and states go to the report."""
     trace = CounterfactualTrace(frames)
     totals = run_episodes(env, RuntimeDriver(candidate), seeds, dt=dt, observers=[trace])
     tr, states = trace.result()
@@ -205,15 +230,30 @@ def warm_up(runtime, obs_dim: int, calls: int = 3) -> None:
 
 def _log_meta(cfg, runtime, dt: float) -> dict:
     spec = runtime.bundle.shield_spec if runtime is not None else {}
-    return {"task": cfg.task.name, "env_id": cfg.task.env_id,
-            "bundle_version": runtime.bundle.version if runtime is not None else None,
-            "control_period_s": dt, "constraint_names": [c["name"] for c in spec.get("constraints", [])],
-            "legacy": __import__("envs").task(cfg.task.env_id).legacy_name, "source": "sim"}
+    return {
+        "task": cfg.task.name,
+        "env_id": cfg.task.env_id,
+        "bundle_version": runtime.bundle.version if runtime is not None else None,
+        "control_period_s": dt,
+        "constraint_names": [c["name"] for c in spec.get("constraints", [])],
+        "legacy": __import__("envs").task(cfg.task.env_id).legacy_name,
+        "source": "sim",
+    }
 
 
-def evaluate_candidate(runtime, cfg, *, domains: str | None = None, episodes: int | None = None,
-                       seed: int | None = None, legacy=None, legacy_name: str | None = None, production=None,
-                       sequential: bool = False, extra_metrics: dict | None = None):
+def evaluate_candidate(
+    runtime,
+    cfg,
+    *,
+    domains: str | None = None,
+    episodes: int | None = None,
+    seed: int | None = None,
+    legacy=None,
+    legacy_name: str | None = None,
+    production=None,
+    sequential: bool = False,
+    extra_metrics: dict | None = None,
+):
     """Run the passes with a loaded candidate (`act`/`reset`); returns (ShadowRun, CounterfactualRun, metrics).
 
     Defaults come from the config's `shadow:` section (domains, episodes, first seed). `production`: the
@@ -246,8 +286,10 @@ def evaluate_candidate(runtime, cfg, *, domains: str | None = None, episodes: in
             seeds = list(range(seed + done, seed + min(done + batch, budget)))
             log.episode_offset = done
             run_episodes(env, PolicyDriver(legacy), seeds, dt=dt, observers=[log])
-            merge_totals(cand_totals, run_episodes(env, RuntimeDriver(runtime), seeds, dt=dt,
-                                                   observers=[trace] if look == 1 else []))
+            merge_totals(
+                cand_totals,
+                run_episodes(env, RuntimeDriver(runtime), seeds, dt=dt, observers=[trace] if look == 1 else []),
+            )
             if production is not None:
                 merge_totals(prod_totals, run_episodes(env, RuntimeDriver(production), seeds, dt=dt))
             done += len(seeds)
@@ -273,8 +315,13 @@ def evaluate_candidate(runtime, cfg, *, domains: str | None = None, episodes: in
         stopped = "decided"
     meta.update(domains=domains if isinstance(domains, str) else None, seeds=list(range(seed, seed + done)))
     tr, states = trace.result()
-    metrics.update(source="sim", domains=domains, seeds=list(range(seed, seed + done)), stopped=stopped,
-                   evaluation_wall_s=time.perf_counter() - start)
+    metrics.update(
+        source="sim",
+        domains=domains,
+        seeds=list(range(seed, seed + done)),
+        stopped=stopped,
+        evaluation_wall_s=time.perf_counter() - start,
+    )
     return ShadowRun(columns, meta), CounterfactualRun(cand_totals, tr, states), metrics
 
 
@@ -282,8 +329,10 @@ def check_log_matches_bundle(meta: dict, bundle_version, path) -> None:
     """Refuse to gate a registered bundle on logs recorded from a different version."""
     logged = {v for v in (meta.get("bundle_versions") or [meta.get("bundle_version")]) if v}
     if bundle_version and logged and bundle_version not in logged:
-        raise ShadowError(f"--from-log {path}: recorded with bundle version(s) {sorted(logged, key=str)}, "
-                          f"the candidate bundle is version {bundle_version}")
+        raise ShadowError(
+            f"--from-log {path}: recorded with bundle version(s) {sorted(logged, key=str)}, "
+            f"the candidate bundle is version {bundle_version}"
+        )
 
 
 def metrics_from_log(path: str | Path, cfg) -> tuple[ShadowRun, dict]:
@@ -350,9 +399,20 @@ def _production_runtime(production_dir, cfg):
     return runtime
 
 
-def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | None = None, seed: int | None = None,
-               report_dir=None, legacy: str | None = None, from_log=None, falsification: dict | None = None,
-               calibration: dict | None = None, production_dir=None) -> dict:
+def run_shadow(
+    bundle_dir,
+    cfg,
+    *,
+    domains: str | None = None,
+    episodes: int | None = None,
+    seed: int | None = None,
+    report_dir=None,
+    legacy: str | None = None,
+    from_log=None,
+    falsification: dict | None = None,
+    calibration: dict | None = None,
+    production_dir=None,
+) -> dict:
     """Shadow-evaluate a bundle (or logs), gate it, write the report; returns decision, reasons, metrics, report.
 
     `domains` defaults to the config's `shadow.domains` (a set name, `nominal`, or a YAML file). `episodes`: the
@@ -368,9 +428,11 @@ def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | N
     report_dir = Path(report_dir)
     extra = {}
     if falsification is not None:  # `falsify` ran before the gate (the retrain flow): its cases are a gate check
-        extra = dict(falsification_cases=falsification.get("cases_found"),
-                     falsification_min_h=falsification.get("min_h"),
-                     falsification_worst=falsification.get("worst"))
+        extra = dict(
+            falsification_cases=falsification.get("cases_found"),
+            falsification_min_h=falsification.get("min_h"),
+            falsification_worst=falsification.get("worst"),
+        )
     if from_log is not None:
         from shield.bundle import verify_bundle
 
@@ -386,19 +448,41 @@ def run_shadow(bundle_dir, cfg, *, domains: str | None = None, episodes: int | N
     else:
         runtime = EdgeRuntime.load(bundle_dir)  # verifies every hash; BundleError names the file
         check_bundle_task(cfg, runtime.bundle.manifest, bundle_dir)
-        shadow, cf, metrics = evaluate_candidate(runtime, cfg, domains=domains, episodes=episodes, seed=seed,
-                                                 legacy_name=legacy, production=_production_runtime(production_dir, cfg),
-                                                 sequential=True, extra_metrics=extra)
+        shadow, cf, metrics = evaluate_candidate(
+            runtime,
+            cfg,
+            domains=domains,
+            episodes=episodes,
+            seed=seed,
+            legacy_name=legacy,
+            production=_production_runtime(production_dir, cfg),
+            sequential=True,
+            extra_metrics=extra,
+        )
     decision: GateDecision = decide(metrics, cfg.gate)
-    from shield.shadowlog import write_shadow_log
     from pipeline.evaluation.report import write_report
+    from shield.shadowlog import write_shadow_log
 
     report_dir.mkdir(parents=True, exist_ok=True)
     log_path = None
     if from_log is None:
         log_path = write_shadow_log(report_dir / "shadow-log.npz", shadow.columns, shadow.meta)
-    report = write_report(report_dir, cfg=cfg, bundle_dir=bundle_dir, metrics=metrics, decision=decision,
-                          shadow=shadow, counterfactual=cf, calibration=calibration)
-    return {"decision": decision.decision, "reasons": decision.reasons, "failing": decision.failing,
-            "loosened": list(decision.loosened), "metrics": metrics, "report": str(report),
-            "log": str(log_path) if log_path else None}
+    report = write_report(
+        report_dir,
+        cfg=cfg,
+        bundle_dir=bundle_dir,
+        metrics=metrics,
+        decision=decision,
+        shadow=shadow,
+        counterfactual=cf,
+        calibration=calibration,
+    )
+    return {
+        "decision": decision.decision,
+        "reasons": decision.reasons,
+        "failing": decision.failing,
+        "loosened": list(decision.loosened),
+        "metrics": metrics,
+        "report": str(report),
+        "log": str(log_path) if log_path else None,
+    }

@@ -40,8 +40,12 @@ def latency_stats(latency_us: np.ndarray, control_period_s: float | None) -> dic
     if lat.size == 0:
         return {"latency_p50_us": None, "latency_p99_us": None, "latency_max_us": None, "deadline_misses": None}
     misses = int(np.sum(lat > control_period_s * 1e6)) if control_period_s else None
-    return {"latency_p50_us": float(np.percentile(lat, 50)), "latency_p99_us": float(np.percentile(lat, 99)),
-            "latency_max_us": float(lat.max()), "deadline_misses": misses}
+    return {
+        "latency_p50_us": float(np.percentile(lat, 50)),
+        "latency_p99_us": float(np.percentile(lat, 99)),
+        "latency_max_us": float(lat.max()),
+        "deadline_misses": misses,
+    }
 
 
 def log_metrics(cols: dict[str, np.ndarray], control_period_s: float | None, agreement_tolerance: float) -> dict:
@@ -106,17 +110,26 @@ def counterfactual_metrics(totals, control_period_s: float | None) -> dict:
     }
     # Further shield flags (e.g. the assumption monitor's `envelope`) under their summary names, prefixed like
     # the rest of this pass (the shadow pass's own `envelope_rate` comes from the log).
-    out.update({f"candidate_{k}": v for k, v in summary.items()
-                if k.endswith("_rate") and k not in ("intervention_rate", "fallback_rate")})
+    out.update(
+        {
+            f"candidate_{k}": v
+            for k, v in summary.items()
+            if k.endswith("_rate") and k not in ("intervention_rate", "fallback_rate")
+        }
+    )
     return out
 
 
 def production_metrics(totals, version) -> dict:
     """The production version driving the same seeds: its returns (paired with the candidate's) and safety counts."""
     mean, ci = mean_ci95(np.asarray(totals.returns))
-    return {"production_version": version, "production_returns": [float(r) for r in totals.returns],
-            "production_return_mean": mean, "production_return_ci95": ci,
-            "production_violations": int(sum(totals.violations))}
+    return {
+        "production_version": version,
+        "production_returns": [float(r) for r in totals.returns],
+        "production_return_mean": mean,
+        "production_return_ci95": ci,
+        "production_violations": int(sum(totals.violations)),
+    }
 
 
 def empty_counterfactual() -> dict:
@@ -132,8 +145,11 @@ def side_by_side(metrics: dict) -> dict:
     rows = {}
     for who in ("candidate", "legacy", "production"):
         if metrics.get(f"{who}_return_mean") is not None:
-            rows[who] = {"return_mean": metrics[f"{who}_return_mean"], "return_ci95": metrics[f"{who}_return_ci95"],
-                         "episodes": len(metrics.get(f"{who}_returns") or [])}
+            rows[who] = {
+                "return_mean": metrics[f"{who}_return_mean"],
+                "return_ci95": metrics[f"{who}_return_ci95"],
+                "episodes": len(metrics.get(f"{who}_returns") or []),
+            }
     if metrics.get("production_version") is not None and "production" in rows:
         rows["production"]["version"] = metrics["production_version"]
     return rows

@@ -45,7 +45,9 @@ def narrowed(cfg, parameter: str, low: float, high: float):
         if parameter == "gravity_scale":
             if rset.gravity_scale is not None:
                 r = rset.gravity_scale
-                rset.gravity_scale = ScaleRange(dist=r.dist, low=min(max(r.low, low), high), high=max(min(r.high, high), low))
+                rset.gravity_scale = ScaleRange(
+                    dist=r.dist, low=min(max(r.low, low), high), high=max(min(r.high, high), low)
+                )
             continue
         group, element = parameter.split(".", 1)
         ranges = getattr(rset, group)
@@ -127,8 +129,9 @@ def largest_certifiable(cfg, parameter: str, end: str, seed: int = 0) -> tuple[f
     return (keep, good) if end == "high" else (good, keep)
 
 
-def refusal(cfg, meas: synthesis.Measurement, problems: list[tuple[int, int, str]] | None = None,
-            bisect: bool = True) -> dict:
+def refusal(
+    cfg, meas: synthesis.Measurement, problems: list[tuple[int, int, str]] | None = None, bisect: bool = True
+) -> dict:
     """Why the envelope cannot be certified: the parameter, its range, the physical reason, and (with `bisect`:
     a measurement per halving) the largest sub-range that can."""
     problems = problems if problems is not None else synthesis.authority_problems(meas)
@@ -141,8 +144,14 @@ def refusal(cfg, meas: synthesis.Measurement, problems: list[tuple[int, int, str
     parameter, end = found
     lo, hi = _full_range(cfg, parameter)
     sub = largest_certifiable(cfg, parameter, end) if bisect else None
-    out.update({"parameter": parameter, "range": [lo, hi], "offending_end": end,
-                "certifiable_range": list(sub) if sub else None})
+    out.update(
+        {
+            "parameter": parameter,
+            "range": [lo, hi],
+            "offending_end": end,
+            "certifiable_range": list(sub) if sub else None,
+        }
+    )
     where = f"randomization.*.{parameter}"
     if not bisect:
         tail = "; `sim2real shield synthesize` finds the largest sub-range that can be certified"
@@ -150,22 +159,29 @@ def refusal(cfg, meas: synthesis.Measurement, problems: list[tuple[int, int, str
         tail = f"; the largest sub-range that can be certified is [{sub[0]:g}, {sub[1]:g}]"
     else:
         tail = "; no sub-range of it can be certified with the other ranges as they are"
-    out["message"] = (f"cannot certify {where} over [{lo:g}, {hi:g}] (its {end} end): {reason}{tail}")
+    out["message"] = f"cannot certify {where} over [{lo:g}, {hi:g}] (its {end} end): {reason}{tail}"
     return out
 
 
-def certificate(cfg, meas: synthesis.Measurement | None, spec: dict, falsified: dict | None,
-                legacy: dict | None) -> dict:
+def certificate(
+    cfg, meas: synthesis.Measurement | None, spec: dict, falsified: dict | None, legacy: dict | None
+) -> dict:
     """The certificate of a synthesized (or checked) shield spec: see the module docstring."""
     return {
-        "certified": True, "task": cfg.task.name, "config_hash": cfg.config_hash(),
+        "certified": True,
+        "task": cfg.task.name,
+        "config_hash": cfg.config_hash(),
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "envelope": envelope_record(cfg),
-        "shield_numbers": {"margin": spec["margin"], "brake_accel": spec["kinematics"]["brake_accel"],
-                           "disturbance_accel": spec["disturbance_accel"],
-                           "input_gain_error": spec["input_gain_error"],
-                           "push_velocity": spec.get("push_velocity"), "latency_steps": spec["latency_steps"],
-                           "set_by_hand": _set_by_hand(cfg)},
+        "shield_numbers": {
+            "margin": spec["margin"],
+            "brake_accel": spec["kinematics"]["brake_accel"],
+            "disturbance_accel": spec["disturbance_accel"],
+            "input_gain_error": spec["input_gain_error"],
+            "push_velocity": spec.get("push_velocity"),
+            "latency_steps": spec["latency_steps"],
+            "set_by_hand": _set_by_hand(cfg),
+        },
         "model_error": meas.record() if meas is not None else None,
         "falsification": falsified,
         "legacy_on_reality": legacy,

@@ -124,12 +124,17 @@ def declared_push_accel(measured: dict, rset, positions: list[int]) -> list[floa
         return [0.0] * len(positions)
     per_newton = measured["push"][p.body]
     m_lo = min([r.low for r in rset.body_mass.values()] + [1.0])
-    return [p.max_force * sum(abs(per_newton[k][AXIS_INDEX[a]]) for a in p.axes) / m_lo
-            for k in range(len(positions))]
+    return [p.max_force * sum(abs(per_newton[k][AXIS_INDEX[a]]) for a in p.axes) / m_lo for k in range(len(positions))]
 
 
-def declared_model_problems(cfg, positions: list[int], accel_per_action: list[float], disturbance: list[float],
-                            response_time_s: float, measured: dict) -> list[str]:
+def declared_model_problems(
+    cfg,
+    positions: list[int],
+    accel_per_action: list[float],
+    disturbance: list[float],
+    response_time_s: float,
+    measured: dict,
+) -> list[str]:
     """Where a declared plant's `double_integrator` model (input j accelerates position j by accel_per_action[j]
     per unit action through the first-order lag response_time_s, nothing else moves it) is not what its MJCF
     does at nominal parameters (`envs.measured_response`): a stronger or weaker input, an input that moves
@@ -142,34 +147,51 @@ def declared_model_problems(cfg, positions: list[int], accel_per_action: list[fl
     problems = []
     for j, lag in enumerate(measured["lag_s"]):
         if abs(lag - response_time_s) > MODEL_GAIN_TOLERANCE * max(lag, response_time_s):
-            problems.append(f"plant.shield_model.response_time_s: {response_time_s:g} s, but actuator {j} has a "
-                            f"first-order lag of {lag:g} s in the MJCF (its filter's time constant): declare {lag:g}")
+            problems.append(
+                f"plant.shield_model.response_time_s: {response_time_s:g} s, but actuator {j} has a "
+                f"first-order lag of {lag:g} s in the MJCF (its filter's time constant): declare {lag:g}"
+            )
     for k, o in enumerate(positions):
         declared, got = float(accel_per_action[k]), float(per_action[k, k]) if k < per_action.shape[1] else 0.0
         if abs(got - declared) > MODEL_GAIN_TOLERANCE * abs(declared):
-            problems.append(f"plant.shield_model.accel_per_action[{k}]: declared {declared:g}, but a unit action of "
-                            f"input {k} accelerates position obs[{o}] by {got:.4g} units/s^2 in the MJCF at nominal "
-                            f"parameters (gear x units_per_action over what it moves, from rest): declare {got:.4g}")
+            problems.append(
+                f"plant.shield_model.accel_per_action[{k}]: declared {declared:g}, but a unit action of "
+                f"input {k} accelerates position obs[{o}] by {got:.4g} units/s^2 in the MJCF at nominal "
+                f"parameters (gear x units_per_action over what it moves, from rest): declare {got:.4g}"
+            )
         for j in range(per_action.shape[1]):
             if j != k and abs(per_action[k, j]) > MODEL_CROSS_TOLERANCE * abs(declared):
-                problems.append(f"plant.kinematics.positions[{k}]: input {j} accelerates position obs[{o}] by "
-                                f"{per_action[k, j]:.4g} units/s^2 per unit action; a double_integrator drives "
-                                f"position k by input k alone: list the positions (and velocities) in the order "
-                                f"of plant.actuators, or use shield_model: linear")
+                problems.append(
+                    f"plant.kinematics.positions[{k}]: input {j} accelerates position obs[{o}] by "
+                    f"{per_action[k, j]:.4g} units/s^2 per unit action; a double_integrator drives "
+                    f"position k by input k alone: list the positions (and velocities) in the order "
+                    f"of plant.actuators, or use shield_model: linear"
+                )
         pull = abs(float(drift[k])) * s_hi
         if pull > disturbance[k] + 1e-6:
-            problems.append(f"shield.disturbance_accel[{k}]: under zero action position obs[{o}] accelerates at up "
-                            f"to {drift[k]:.4g} units/s^2 in the MJCF (gravity, a spring) where the plant goes "
-                            f"inside its constraints ({measured['states']} states), x{s_hi:g} at the largest "
-                            f"gravity_scale, and the double_integrator model predicts none: declare at least "
-                            f"{pull:.4g}, compensate it in the plant, or use shield_model: linear")
+            problems.append(
+                f"shield.disturbance_accel[{k}]: under zero action position obs[{o}] accelerates at up "
+                f"to {drift[k]:.4g} units/s^2 in the MJCF (gravity, a spring) where the plant goes "
+                f"inside its constraints ({measured['states']} states), x{s_hi:g} at the largest "
+                f"gravity_scale, and the double_integrator model predicts none: declare at least "
+                f"{pull:.4g}, compensate it in the plant, or use shield_model: linear"
+            )
     return problems
 
 
-def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bool,
-                  full_accel: list[float], plant: tuple, cross_accel: list[float] | None = None,
-                  disturbance: list[float] | None = None, dt: float = 0.0,
-                  push_accel_of=None, ratio=None) -> list[SetEnvelope]:
+def set_envelopes(
+    cfg,
+    positions: list[int],
+    obs_dim: int,
+    double_integrator: bool,
+    full_accel: list[float],
+    plant: tuple,
+    cross_accel: list[float] | None = None,
+    disturbance: list[float] | None = None,
+    dt: float = 0.0,
+    push_accel_of=None,
+    ratio=None,
+) -> list[SetEnvelope]:
     """One SetEnvelope per randomization set of `cfg`; `plant`: `plant_weights(cfg.task.env_id)`; `dt`: the control
     period (s), a push's duration is counted in.
 
@@ -195,8 +217,12 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
         if push_accel_of is not None:  # measured on the plant (a declared double integrator)
             push = list(push_accel_of(rset))
         else:  # the force over the moving bodies' mass, on world axis k = position k
-            push = [p.max_force / (moving_mass * m_lo) if p is not None and k < 3 and
-                    any(AXIS_INDEX[a] == k for a in p.axes) else 0.0 for k in range(len(positions))]
+            push = [
+                p.max_force / (moving_mass * m_lo)
+                if p is not None and k < 3 and any(AXIS_INDEX[a] == k for a in p.axes)
+                else 0.0
+                for k in range(len(positions))
+            ]
         for k in range(len(positions)):
             # The inner loop adds g_c = -g (for the nominal mass); the plant feels r (u + g_c) - s g_c.
             g_c = -float(gravity[k]) if double_integrator and k < 3 else 0.0
@@ -209,19 +235,27 @@ def set_envelopes(cfg, positions: list[int], obs_dim: int, double_integrator: bo
             # known only as the spec declares it (shield.disturbance_accel): braking must hold against it too.
             drift = 0.0 if double_integrator else declared[k]
             F, against = full_accel[k] - cross[k], ratio_set[1] * cross[k] + max(amb, drift)
-            authority.append((min(r * (F - g_c) + s * g_c for r in ratio_set for s in (s_lo, s_hi)) - against,
-                              min(r * (F + g_c) - s * g_c for r in ratio_set for s in (s_lo, s_hi)) - against))
+            authority.append(
+                (
+                    min(r * (F - g_c) + s * g_c for r in ratio_set for s in (s_lo, s_hi)) - against,
+                    min(r * (F + g_c) - s * g_c for r in ratio_set for s in (s_lo, s_hi)) - against,
+                )
+            )
         std = list(rset.obs_noise_std)
         noise = [std[0]] * obs_dim if len(std) == 1 else (std + [0.0] * obs_dim)[:obs_dim]
-        other = {f"{group}.{el}": (r.low, r.high) for group in _MODEL_RANGE_GROUPS
-                 for el, r in getattr(rset, group).items()}
+        other = {
+            f"{group}.{el}": (r.low, r.high) for group in _MODEL_RANGE_GROUPS for el, r in getattr(rset, group).items()
+        }
         if rset.gravity_scale is not None and not double_integrator:
             other["gravity_scale"] = (s_lo, s_hi)
         lat = rset.latency_steps.high if rset.latency_steps is not None else 0
         lat_min = rset.latency_steps.low if rset.latency_steps is not None else 0
         duration = rset.push.duration_steps * dt if rset.push is not None else 0.0
-        out.append(SetEnvelope(name, lat, lat_min, ratio_set, persistent, push, noise, other, authority, moving_mass * m_lo,
-                               duration))
+        out.append(
+            SetEnvelope(
+                name, lat, lat_min, ratio_set, persistent, push, noise, other, authority, moving_mass * m_lo, duration
+            )
+        )
     return out
 
 
@@ -245,49 +279,66 @@ def push_velocity(envelopes: list[SetEnvelope], brake: list) -> list[tuple[float
     return [tuple(p) for p in out]
 
 
-def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel: list[float],
-                      measured_ranges: bool = False) -> list[str]:
+def envelope_problems(
+    cfg, spec: dict, envelopes: list[SetEnvelope], full_accel: list[float], measured_ranges: bool = False
+) -> list[str]:
     """Every way a set admits a plant the spec's assumptions do not cover (empty: all covered). `measured_ranges`:
     synthesis measured the model's error over every randomized range, so none needs `shield.model_ranges`."""
     problems = []
     err = spec["input_gain_error"]
-    brake = brake_pairs(spec["kinematics"]["brake_accel"], len(spec["kinematics"]["position_index"]))  # (toward -, toward +)
+    brake = brake_pairs(
+        spec["kinematics"]["brake_accel"], len(spec["kinematics"]["position_index"])
+    )  # (toward -, toward +)
     dist = spec["disturbance_accel"]
     pos = spec["kinematics"]["position_index"]
     for env in envelopes:
         where = f"randomization.{env.name}"
         if env.latency_max > spec["latency_steps"]:
-            problems.append(f"{where}.latency_steps: up to {env.latency_max} steps, beyond the "
-                            f"{spec['latency_steps']} the shield predicts through (shield.latency_steps)")
+            problems.append(
+                f"{where}.latency_steps: up to {env.latency_max} steps, beyond the "
+                f"{spec['latency_steps']} the shield predicts through (shield.latency_steps)"
+            )
         fewest = spec.get("latency_min_steps")
         if fewest is not None and env.latency_min < fewest:
-            problems.append(f"{where}.latency_steps: from {env.latency_min} steps, below the {fewest} the shield "
-                            f"predicts for (shield.latency_min_steps)")
+            problems.append(
+                f"{where}.latency_steps: from {env.latency_min} steps, below the {fewest} the shield "
+                f"predicts for (shield.latency_min_steps)"
+            )
         lo, hi = env.ratio
         gain_cover = spec.get("input_gain_range") or [1.0 - err, 1.0 + err]
         if lo < gain_cover[0] - 1e-9 or hi > gain_cover[1] + 1e-9:
-            problems.append(f"{where}.actuator_gain / body_mass: input gain over mass ranges [{lo:.3f}, {hi:.3f}] x "
-                            f"nominal, outside the [{1 - err:.3f}, {1 + err:.3f}] of shield.input_gain_error = {err:g}")
+            problems.append(
+                f"{where}.actuator_gain / body_mass: input gain over mass ranges [{lo:.3f}, {hi:.3f}] x "
+                f"nominal, outside the [{1 - err:.3f}, {1 + err:.3f}] of shield.input_gain_error = {err:g}"
+            )
         for k, o in enumerate(pos):
             axis = f"position obs[{o}]"
             if env.persistent_accel[k] > dist[k] + 1e-9:
-                problems.append(f"{where}: persistent disturbance on {axis} up to {env.persistent_accel[k]:.3f} "
-                                f"m/s^2 (gravity compensation at gain/mass {lo:.3f}..{hi:.3f} plus "
-                                f"shield.ambient_disturbance_accel), beyond shield.disturbance_accel[{k}] = {dist[k]:g}")
+                problems.append(
+                    f"{where}: persistent disturbance on {axis} up to {env.persistent_accel[k]:.3f} "
+                    f"m/s^2 (gravity compensation at gain/mass {lo:.3f}..{hi:.3f} plus "
+                    f"shield.ambient_disturbance_accel), beyond shield.disturbance_accel[{k}] = {dist[k]:g}"
+                )
             for d, sign in enumerate("-+"):
                 if env.authority[k][d] < brake[k][d] - 1e-9:
-                    problems.append(f"{where}.actuator_gain / body_mass: at gain/mass {lo:.3f}..{hi:.3f} the plant reaches "
-                                    f"{env.authority[k][d]:.3f} m/s^2 toward {sign} on {axis} at full action against the "
-                                    f"persistent disturbance, below the braking (or floor-holding) acceleration "
-                                    f"{brake[k][d]:g} the shield counts on (shield.brake_accel[{k}])")
+                    problems.append(
+                        f"{where}.actuator_gain / body_mass: at gain/mass {lo:.3f}..{hi:.3f} the plant reaches "
+                        f"{env.authority[k][d]:.3f} m/s^2 toward {sign} on {axis} at full action against the "
+                        f"persistent disturbance, below the braking (or floor-holding) acceleration "
+                        f"{brake[k][d]:g} the shield counts on (shield.brake_accel[{k}])"
+                    )
             authority = min(env.authority[k])
             if env.push_accel[k] > max(authority, 0.0) + 1e-9:
-                problems.append(f"{where}.push.max_force: a push gives {env.push_accel[k]:.3f} m/s^2 on {axis}, more "
-                                f"than the {max(authority, 0.0):.3f} m/s^2 the weakest plant can answer with")
+                problems.append(
+                    f"{where}.push.max_force: a push gives {env.push_accel[k]:.3f} m/s^2 on {axis}, more "
+                    f"than the {max(authority, 0.0):.3f} m/s^2 the weakest plant can answer with"
+                )
             noise = NOISE_SIGMAS * env.obs_noise_std[o]
             if noise > spec["margin"] + 1e-9:
-                problems.append(f"{where}.obs_noise_std[{o}]: {NOISE_SIGMAS:g} sigma = {noise:.4f}, beyond "
-                                f"shield.margin = {spec['margin']:g}")
+                problems.append(
+                    f"{where}.obs_noise_std[{o}]: {NOISE_SIGMAS:g} sigma = {noise:.4f}, beyond "
+                    f"shield.margin = {spec['margin']:g}"
+                )
         if spec["kinematics"].get("keepout_steering"):
             problems += _steering_problems(where, spec, env, brake)
         covered = cfg.shield.model_ranges
@@ -295,16 +346,20 @@ def envelope_problems(cfg, spec: dict, envelopes: list[SetEnvelope], full_accel:
             if measured_ranges and key not in covered:
                 continue
             if key not in covered:
-                problems.append(f"{where}.{key}: range [{lo_p:g}, {hi_p:g}] is not among the ranges the shield's "
-                                f"guarantee was established for (shield.model_ranges)")
+                problems.append(
+                    f"{where}.{key}: range [{lo_p:g}, {hi_p:g}] is not among the ranges the shield's "
+                    f"guarantee was established for (shield.model_ranges)"
+                )
             elif lo_p < covered[key][0] - 1e-9 or hi_p > covered[key][1] + 1e-9:
-                problems.append(f"{where}.{key}: range [{lo_p:g}, {hi_p:g}] leaves shield.model_ranges.{key} = "
-                                f"{list(covered[key])}")
+                problems.append(
+                    f"{where}.{key}: range [{lo_p:g}, {hi_p:g}] leaves shield.model_ranges.{key} = {list(covered[key])}"
+                )
     randomized = sorted({key for env in envelopes for key in env.other})
     for key in cfg.shield.model_ranges:
         if key not in randomized:  # a misspelt element covers nothing, and would say nothing
-            problems.append(f"shield.model_ranges.{key}: no randomization set randomizes it (randomized: "
-                            f"{randomized or 'none'})")
+            problems.append(
+                f"shield.model_ranges.{key}: no randomization set randomizes it (randomized: {randomized or 'none'})"
+            )
     return problems
 
 
@@ -321,18 +376,27 @@ def _steering_problems(where: str, spec: dict, env: SetEnvelope, brake: list[tup
         for k in axes:
             need = float(np.hypot(a, env.push_accel[k]))
             if min(env.authority[k]) < need - 1e-9:
-                problems.append(f"{where}.push.max_force: passing the keep-out {con['name']!r} the plant brakes at {a:g} "
-                                f"and holds its sideways speed against a {env.push_accel[k]:.3f} m/s^2 push at once, "
-                                f"{need:.3f} m/s^2 on position obs[{pos[k]}], more than the {min(env.authority[k]):.3f} "
-                                f"the weakest plant has (lower shield.brake_accel, or set shield.keepout_steering: false)")
+                problems.append(
+                    f"{where}.push.max_force: passing the keep-out {con['name']!r} the plant brakes at {a:g} "
+                    f"and holds its sideways speed against a {env.push_accel[k]:.3f} m/s^2 push at once, "
+                    f"{need:.3f} m/s^2 on position obs[{pos[k]}], more than the {min(env.authority[k]):.3f} "
+                    f"the weakest plant has (lower shield.brake_accel, or set shield.keepout_steering: false)"
+                )
     return problems
 
 
-MONITOR_SLACK = 0.15  # of the full-action acceleration: what the monitor forgives as model error (lag shape, linearization)
+MONITOR_SLACK = (
+    0.15  # of the full-action acceleration: what the monitor forgives as model error (lag shape, linearization)
+)
 
 
-def monitor_bounds(envelopes: list[SetEnvelope], full_accel: list[float], damping: list[tuple[float, str]],
-                   model_ranges: dict, disturbance: list[float] | None = None) -> dict:
+def monitor_bounds(
+    envelopes: list[SetEnvelope],
+    full_accel: list[float],
+    damping: list[tuple[float, str]],
+    model_ranges: dict,
+    disturbance: list[float] | None = None,
+) -> dict:
     """The monitor's allowed unmodelled acceleration per position: accel + accel_per_speed |v| (m/s^2, 1/s).
 
     accel: the larger of the spec's declared disturbance and the worst persistent disturbance plus push over
@@ -344,8 +408,11 @@ def monitor_bounds(envelopes: list[SetEnvelope], full_accel: list[float], dampin
     k = len(full_accel)
     declared = disturbance or [0.0] * k
     # The spec's declared additive acceleration is inside the envelope: the monitor never flags it.
-    accel = [max([declared[q]] + [e.persistent_accel[q] + e.push_accel[q] for e in envelopes])
-             + MONITOR_SLACK * full_accel[q] for q in range(k)]
+    accel = [
+        max([declared[q]] + [e.persistent_accel[q] + e.push_accel[q] for e in envelopes])
+        + MONITOR_SLACK * full_accel[q]
+        for q in range(k)
+    ]
     per_speed = []
     light = min(e.moving_mass_low for e in envelopes)
     for q, (c, joint) in enumerate(damping):
@@ -361,8 +428,15 @@ def assumptions(envelopes: list[SetEnvelope], obs_dim: int, monitor: dict) -> di
         "obs_noise_std": noise,
         "obs_noise_sigmas": NOISE_SIGMAS,
         "monitor": monitor,
-        "sets": {e.name: {"latency_steps_max": e.latency_max, "gain_over_mass": list(e.ratio),
-                          "persistent_accel": e.persistent_accel, "push_accel": e.push_accel,
-                          "authority_accel": e.authority,
-                          "model_ranges": {k: list(v) for k, v in e.other.items()}} for e in envelopes},
+        "sets": {
+            e.name: {
+                "latency_steps_max": e.latency_max,
+                "gain_over_mass": list(e.ratio),
+                "persistent_accel": e.persistent_accel,
+                "push_accel": e.push_accel,
+                "authority_accel": e.authority,
+                "model_ranges": {k: list(v) for k, v in e.other.items()},
+            }
+            for e in envelopes
+        },
     }

@@ -44,7 +44,7 @@ def set_domains(rset, rng: np.random.Generator, draws: int) -> list[dict]:
 
     params = range_parameters(rset)
     d = len(params)
-    if 2 ** d <= MAX_CORNERS:
+    if 2**d <= MAX_CORNERS:
         bits = list(itertools.product((0, 1), repeat=d))
     else:
         bits = [tuple(rng.integers(0, 2, d)) for _ in range(MAX_CORNERS)]
@@ -106,10 +106,12 @@ class EnvelopeSampler:
         self.cfg, self.rng = cfg, rng
         safety = envs.safety_spec(cfg.task.env_id)
         if safety["model"] != "linear":
-            raise SynthesisError(f"task {cfg.task.name}: shield synthesis measures linear shield models "
-                                 f"(plant.shield_model.type: linear), this task's is {safety['model']!r}: set "
-                                 f"shield.margin, brake_accel (or brake_fraction), disturbance_accel and "
-                                 f"input_gain_error")
+            raise SynthesisError(
+                f"task {cfg.task.name}: shield synthesis measures linear shield models "
+                f"(plant.shield_model.type: linear), this task's is {safety['model']!r}: set "
+                f"shield.margin, brake_accel (or brake_fraction), disturbance_accel and "
+                f"input_gain_error"
+            )
         self.safety = safety
         nominal = envs.nominal_model(cfg.task.env_id)
         self.state_index = sorted(nominal.obs_to_state)
@@ -129,8 +131,10 @@ class EnvelopeSampler:
         qcols = {i: j for j, (kind, i) in enumerate(src) if kind == "qpos"}
         vcols = {i: j for j, (kind, i) in enumerate(src) if kind == "qvel"}
         if len(qcols) != nominal.model.nq or len(vcols) != nominal.model.nv:
-            raise SynthesisError(f"task {cfg.task.name}: synthesis needs every joint's position and velocity "
-                                 f"observed (plant.observations), so a sampled shield state is a whole plant state")
+            raise SynthesisError(
+                f"task {cfg.task.name}: synthesis needs every joint's position and velocity "
+                f"observed (plant.observations), so a sampled shield state is a whole plant state"
+            )
         self.box = _constraint_box(safety, col, n)
         self.x_op = np.array([nominal.qpos[i] if kind == "qpos" else nominal.qvel[i] for kind, i in src])
         self.plants = {name: SteppedPlant(nominal, rset, qcols, vcols, n) for name, rset in cfg.randomization.items()}
@@ -141,7 +145,7 @@ class EnvelopeSampler:
         self.action_noise = {}
         for name, rset in cfg.randomization.items():
             std = list(rset.action_noise_std)
-            std = (std * len(half))[:len(half)] if len(std) == 1 else (std + [0.0] * len(half))[:len(half)]
+            std = (std * len(half))[: len(half)] if len(std) == 1 else (std + [0.0] * len(half))[: len(half)]
             self.action_noise[name] = NOISE_SIGMAS * np.asarray(std, np.float64) * half
         self.main_in = [int(np.argmax(np.abs(self.B[j]) * self.full)) for j in self.iv]
         self.nominal_full = [float(np.abs(self.B[j]) @ self.full / self.dt) for j in self.iv]
@@ -169,7 +173,7 @@ class EnvelopeSampler:
         steps = int(self.cfg.task.max_episode_steps or 250)
         for name, plant in self.plants.items():
             doms = self.domains[name]
-            for dom in doms[::max(1, len(doms) // 8)]:
+            for dom in doms[:: max(1, len(doms) // 8)]:
                 plant.apply(dom)
                 for _ in range(ROLLOUT_EPISODES):
                     x = x_op + rng.uniform(-0.05, 0.05, self.n)

@@ -41,13 +41,15 @@ from shield.spec import (
 )
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
-_STATEMENT = ("No constraint is violated while the actuation latency is at most max_latency_s, the "
-              "plant's achievable deceleration is at least brake_accel (per position) despite mass, "
-              "gain and disturbance errors up to max_accel_error, the input's effect is within "
-              "(1 +- max_input_gain_error) x nominal, an unknown additive acceleration stays within "
-              "max_disturbance_accel (per position) and a push adds at most max_push_velocity to a speed "
-              "beyond it, and observation noise stays within "
-              "max_obs_noise (absorbed by the margin).")
+_STATEMENT = (
+    "No constraint is violated while the actuation latency is at most max_latency_s, the "
+    "plant's achievable deceleration is at least brake_accel (per position) despite mass, "
+    "gain and disturbance errors up to max_accel_error, the input's effect is within "
+    "(1 +- max_input_gain_error) x nominal, an unknown additive acceleration stays within "
+    "max_disturbance_accel (per position) and a push adds at most max_push_velocity to a speed "
+    "beyond it, and observation noise stays within "
+    "max_obs_noise (absorbed by the margin)."
+)
 
 
 def linearize_mujoco(nominal, state_obs: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -85,13 +87,17 @@ def _latency_range(cfg, envelopes) -> tuple[int, int]:
 
 
 class EnvelopeError(ConfigError):
-    """A randomization set admits plants outside the shield's assumptions; the message names set, parameter, range, limit."""
+    """A set admits plants outside the shield's assumptions; the message names set, parameter, range, limit."""
 
 
 def needs_synthesis(shield_cfg) -> bool:
     """True when the config leaves a shield number to synthesis (margin, braking, disturbance or input gain)."""
-    return (shield_cfg.margin is None or shield_cfg.input_gain_error is None or shield_cfg.disturbance_accel is None
-            or (shield_cfg.brake_fraction is None and shield_cfg.brake_accel is None))
+    return (
+        shield_cfg.margin is None
+        or shield_cfg.input_gain_error is None
+        or shield_cfg.disturbance_accel is None
+        or (shield_cfg.brake_fraction is None and shield_cfg.brake_accel is None)
+    )
 
 
 def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dict:
@@ -146,13 +152,16 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
     elif safety["model"] == "double_integrator":
         scale = np.asarray(safety["action_scale"], np.float64)
         state_index = pos + vel
-        model = {"type": "double_integrator", "accel_per_action": np.diag(scale).tolist(),
-                 "response_time_s": float(safety.get("response_time_constant", 0.0))}
+        model = {
+            "type": "double_integrator",
+            "accel_per_action": np.diag(scale).tolist(),
+            "response_time_s": float(safety.get("response_time_constant", 0.0)),
+        }
         if compensated:
             # The inner loop compensates gravity for the nominal mass (envs: acceleration set-points, gravity
             # excluded), so a plant with gain/mass r feels r (u + g_c) - g: the compensation g_c scales with
             # the input's gain like the action, and each input-gain case predicts with its own drift.
-            model["gain_scaled_accel"] = [0.0 - float(g) for g in plant[3][:len(pos)]]  # 0.0 - : no -0.0 in JSON
+            model["gain_scaled_accel"] = [0.0 - float(g) for g in plant[3][: len(pos)]]  # 0.0 - : no -0.0 in JSON
         full_accel = [float(scale[i] * full[i]) for i in range(len(pos))]
         cross_accel = [0.0] * len(pos)  # one input per axis
         damping = [(0.0, "")] * len(pos)
@@ -178,19 +187,27 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
         brake = [pair if pair[0] != pair[1] else pair[0] for pair in derived["brake_accel"]]
     if sc.brake_accel is not None:
         if len(sc.brake_accel) != len(pos):
-            raise ShieldSpecError(f"shield.brake_accel: needs {len(pos)} values (one per position), got {len(sc.brake_accel)}")
+            raise ShieldSpecError(
+                f"shield.brake_accel: needs {len(pos)} values (one per position), got {len(sc.brake_accel)}"
+            )
         brake = [[float(v) for v in a] if isinstance(a, list) else float(a) for a in sc.brake_accel]
     brake_min = [min(pair) for pair in brake_pairs(brake, len(pos))]
-    disturbance = derived["disturbance_accel"] if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
+    disturbance = (
+        derived["disturbance_accel"] if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
+    )
     if len(disturbance) != len(pos):
-        raise ShieldSpecError(f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}")
+        raise ShieldSpecError(
+            f"shield.disturbance_accel: needs {len(pos)} values (one per position), got {len(disturbance)}"
+        )
     push_accel_of = None
     if safety["model"] == "double_integrator" and not compensated:
         measured = envs.measured_response(cfg.task.env_id, pushes=pushed_bodies(cfg))
         problems = declared_model_problems(cfg, pos, list(scale), disturbance, model["response_time_s"], measured)
         if problems:
-            raise EnvelopeError("the double_integrator shield model does not describe the plant the MJCF "
-                                "declares:\n  " + "\n  ".join(problems))
+            raise EnvelopeError(
+                "the double_integrator shield model does not describe the plant the MJCF "
+                "declares:\n  " + "\n  ".join(problems)
+            )
         push_accel_of = partial(declared_push_accel, measured, positions=pos)
     ratio_of = None
     if synthesized:
@@ -199,28 +216,55 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
         measured_push = {id(rset): measurement.push_accel[name] for name, rset in cfg.randomization.items()}
         push_accel_of = partial(_by_id, measured_push)
         ratio_of = _measured_ratio(measurement)
-    envelopes = set_envelopes(cfg, pos, obs_dim, safety["model"] == "double_integrator" and compensated, full_accel,
-                              plant, cross_accel, disturbance, dt, push_accel_of, ratio_of)
+    envelopes = set_envelopes(
+        cfg,
+        pos,
+        obs_dim,
+        safety["model"] == "double_integrator" and compensated,
+        full_accel,
+        plant,
+        cross_accel,
+        disturbance,
+        dt,
+        push_accel_of,
+        ratio_of,
+    )
     if synthesized:  # the braking measured on the plant (its model error, couplings and pulls included) is what it has
         for e in envelopes:
             e.authority = [tuple(pair) for pair in measurement.authority]
     latency_min, latency = _latency_range(cfg, envelopes)
     kick = push_velocity(envelopes, brake)
     spec = {
-        "schema_version": 1, "task": cfg.task.name, "obs_dim": obs_dim, "act_dim": act_dim, "dt": dt,
-        "action_low": low.tolist(), "action_high": high.tolist(), "state_index": state_index,
+        "schema_version": 1,
+        "task": cfg.task.name,
+        "obs_dim": obs_dim,
+        "act_dim": act_dim,
+        "dt": dt,
+        "action_low": low.tolist(),
+        "action_high": high.tolist(),
+        "state_index": state_index,
         "model": model,
-        "kinematics": {"position_index": pos, "velocity_index": vel, "brake_accel": brake,
-                       **({"keepout_steering": True} if sc.keepout_steering else {})},
-        "constraints": constraints, "latency_steps": latency,
+        "kinematics": {
+            "position_index": pos,
+            "velocity_index": vel,
+            "brake_accel": brake,
+            **({"keepout_steering": True} if sc.keepout_steering else {}),
+        },
+        "constraints": constraints,
+        "latency_steps": latency,
         # A plant with fewer steps applies each action sooner than a prediction through `latency_steps` says:
         # each admitted latency is a case of its own (absent when there is only one: the same spec as before).
-        **({"latency_min_steps": int(latency_min)} if sc.latency_min_steps is not None or latency_min < latency else {}),
+        **(
+            {"latency_min_steps": int(latency_min)} if sc.latency_min_steps is not None or latency_min < latency else {}
+        ),
         "margin": margin,
         "input_gain_error": gain_error,
         # The measured range as it is, when synthesis set the error: its ends are the gain cases.
-        **({"input_gain_range": list(derived["input_gain_range"])} if synthesized and sc.input_gain_error is None
-           else {}),
+        **(
+            {"input_gain_range": list(derived["input_gain_range"])}
+            if synthesized and sc.input_gain_error is None
+            else {}
+        ),
         "disturbance_accel": disturbance,
         # Absent where every push fits inside the braking margin and the declared disturbance (the same spec as
         # before the key existed).
@@ -236,7 +280,9 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
             "max_push_velocity": pairs_to_list(kick),
             "max_obs_noise": max([NOISE_SIGMAS * e.obs_noise_std[o] for e in envelopes for o in pos], default=0.0),
             "statement": _STATEMENT,
-            **assumptions(envelopes, obs_dim, monitor_bounds(envelopes, full_accel, damping, sc.model_ranges, disturbance)),
+            **assumptions(
+                envelopes, obs_dim, monitor_bounds(envelopes, full_accel, damping, sc.model_ranges, disturbance)
+            ),
             # What synthesis measured, and how (absent where the config sets every number).
             **({"synthesis": measurement.record()} if synthesized else {}),
         },
@@ -287,4 +333,3 @@ def _joint_damping(nominal, obs_index: int) -> tuple[float, str]:
     model = nominal.model
     joint = int(model.dof_jntid[i])
     return float(model.dof_damping[i]), mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, joint) or ""
-

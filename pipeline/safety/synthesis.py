@@ -91,7 +91,7 @@ class Measurement:
     def excess_position(self, k: int) -> float:
         """Position k's measured error through the latency beyond what its disturbance bound accounts for (units)."""
         horizon = (self.latency_steps + 1) * self.dt
-        return max(0.0, self.residual_pos[k] - 0.5 * self.residual_accel[k] * horizon ** 2)
+        return max(0.0, self.residual_pos[k] - 0.5 * self.residual_accel[k] * horizon**2)
 
     def record(self) -> dict:
         """The measurement as the certificate and the spec's assumptions state it."""
@@ -99,19 +99,24 @@ class Measurement:
         q = 1.0 - math.log(1.0 / (1.0 - CONFIDENCE)) / per_set
         return {
             "method": "one-step and latency+1-step prediction residuals of the nominal linear model, simulated in "
-                      "MuJoCo at states inside the constraints (moving no faster than the measured braking stops) "
-                      "and actions in the box, on every randomization set's corners and random draws",
-            "samples": self.samples, "plants": self.domains, "sets": self.sets,
+            "MuJoCo at states inside the constraints (moving no faster than the measured braking stops) "
+            "and actions in the box, on every randomization set's corners and random draws",
+            "samples": self.samples,
+            "plants": self.domains,
+            "sets": self.sets,
             "confidence": f"per set, the max of its samples bounds the {q:.4f} quantile with confidence "
-                          f"{CONFIDENCE:g}; every bound is that max x {INFLATION:g}",
-            "positions": self.positions, "names": self.names,
+            f"{CONFIDENCE:g}; every bound is that max x {INFLATION:g}",
+            "positions": self.positions,
+            "names": self.names,
             "input_gain_range": [[round(lo, 4), round(hi, 4)] for lo, hi in self.gain_range],
-            "residual_accel": [round(r, 4) for r in self.residual_accel], "residual_law": self.residual_law,
+            "residual_accel": [round(r, 4) for r in self.residual_accel],
+            "residual_law": self.residual_law,
             "residual_position": [round(r, 5) for r in self.residual_pos],
             "authority_accel": [[round(a, 4) for a in pair] for pair in self.authority],
             "authority_at": [list(a) for a in self.authority_at],
             "push_accel": {k: [round(p, 4) for p in v] for k, v in self.push_accel.items()},
-            "noise_margin": self.noise_margin, "speed_bound": [round(s, 4) for s in self.speed_bound],
+            "noise_margin": self.noise_margin,
+            "speed_bound": [round(s, 4) for s in self.speed_bound],
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -149,9 +154,14 @@ def measure_authority(env: EnvelopeSampler, samples: int) -> tuple[list, list]:
                                 u[j] = s * env.full[j]
                             a = sign * (plant.step(x, u)[v] - x[v]) / env.dt
                             if a < worst:
-                                worst, at = float(a), {"set": name, "domain": dict(dom),
-                                                       "state": {str(o): round(float(x[env.col[o]]), 4)
-                                                                 for o in env.state_index}}
+                                worst, at = (
+                                    float(a),
+                                    {
+                                        "set": name,
+                                        "domain": dict(dom),
+                                        "state": {str(o): round(float(x[env.col[o]]), 4) for o in env.state_index},
+                                    },
+                                )
             pair.append(worst)
             at_pair.append(at)
         authority.append(tuple(pair))
@@ -171,8 +181,7 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
     for _ in range(AUTHORITY_PASSES):
         authority, authority_at = measure_authority(env, samples)
         # The barrier brakes at most at VIABLE_BRAKING x nominal: states faster than that are not admitted.
-        env.braking = [tuple(min(a, VIABLE_BRAKING * f) for a in pair)
-                       for pair, f in zip(authority, env.nominal_full)]
+        env.braking = [tuple(min(a, VIABLE_BRAKING * f) for a in pair) for pair, f in zip(authority, env.nominal_full)]
     lat_max = max([r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None] + [0])
     res_v, res_p, feats, gains = [], [], [], [[] for _ in env.pos]
     push_accel, sets_info, n_domains = {}, {}, 0
@@ -195,8 +204,11 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
                 for _h in range(lat_max):
                     uh = env.draw_action()
                     xs, xm = env.wrap(plant.step(xs, env.applied(name, uh))), env.predict(xm, uh)
-                rp = (env.wrap(plant.step(xs, env.applied(name, u)) - env.predict(xm, u) + env.x_op) - env.x_op
-                      if lat_max else r)
+                rp = (
+                    env.wrap(plant.step(xs, env.applied(name, u)) - env.predict(xm, u) + env.x_op) - env.x_op
+                    if lat_max
+                    else r
+                )
                 res_p.append(np.abs(rp[env.ip]))
                 if rng.random() < 0.25:
                     _gain_samples(env, plant, x, gains)
@@ -209,22 +221,40 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
                             kicked = plant.step(x, u, (pushed[0], f))
                             push_k = np.maximum(push_k, np.abs(kicked[env.iv] - base[env.iv]) / env.dt)
         push_accel[name] = [float(p) * INFLATION for p in push_k]
-        sets_info[name] = {"plants": len(doms), "samples": per_dom * len(doms),
-                           "corners": len(doms) - draws, "draws": draws}
+        sets_info[name] = {
+            "plants": len(doms),
+            "samples": per_dom * len(doms),
+            "corners": len(doms) - draws,
+            "draws": draws,
+        }
     res_v, res_p, feats = np.array(res_v), np.array(res_p), np.array(feats)
     noise = _noise_margin(cfg, env.safety)
     names = _position_names(cfg, env.pos)
     return Measurement(
-        task=cfg.task.name, positions=env.pos, names=names, full_accel=env.nominal_full,
+        task=cfg.task.name,
+        positions=env.pos,
+        names=names,
+        full_accel=env.nominal_full,
         state_names=dict(zip(env.state_index, _position_names(cfg, env.state_index))),
         gain_range=[(min(g), max(g)) if g else (1.0, 1.0) for g in gains],
         residual_accel=[float(res_v[:, k].max()) * INFLATION for k in range(len(env.pos))],
-        residual_law=[_residual_law(res_v[:, k], feats, _position_names(cfg, env.state_index), env.x_op)
-                      for k in range(len(env.pos))],
+        residual_law=[
+            _residual_law(res_v[:, k], feats, _position_names(cfg, env.state_index), env.x_op)
+            for k in range(len(env.pos))
+        ],
         residual_pos=[float(res_p[:, k].max()) * INFLATION for k in range(len(env.pos))],
-        authority=authority, authority_at=authority_at, push_accel=push_accel, noise_margin=noise,
-        samples=len(res_v), domains=n_domains, speed_bound=env.speed, latency_steps=lat_max, dt=env.dt,
-        wall_s=time.monotonic() - t0, sets=sets_info)
+        authority=authority,
+        authority_at=authority_at,
+        push_accel=push_accel,
+        noise_margin=noise,
+        samples=len(res_v),
+        domains=n_domains,
+        speed_bound=env.speed,
+        latency_steps=lat_max,
+        dt=env.dt,
+        wall_s=time.monotonic() - t0,
+        sets=sets_info,
+    )
 
 
 def _pushed(env: EnvelopeSampler, rset):
@@ -263,8 +293,9 @@ def _noise_margin(cfg, safety: dict) -> float:
 
 def _position_names(cfg, pos: list[int]) -> list[str]:
     obs = (cfg.plant or {}).get("observations") or []
-    return [obs[o]["name"] if o < len(obs) and isinstance(obs[o], dict) and "name" in obs[o] else f"obs[{o}]"
-            for o in pos]
+    return [
+        obs[o]["name"] if o < len(obs) and isinstance(obs[o], dict) and "name" in obs[o] else f"obs[{o}]" for o in pos
+    ]
 
 
 def _residual_law(res: np.ndarray, feats: np.ndarray, names: list[str], x_op: np.ndarray) -> dict:
@@ -286,29 +317,38 @@ def _residual_law(res: np.ndarray, feats: np.ndarray, names: list[str], x_op: np
             mean = float(np.mean(a + b * f)) * INFLATION
             if mean < mean_best:
                 mean_best = mean
-                best = {"accel": round(a * INFLATION, 4), "per_unit": round(b * INFLATION, 4),
-                        "feature": (f"|{names[j]}|" if x_op[j] == 0.0 else f"|{names[j]} - {x_op[j]:g}|")
-                                   + ("^2" if power == 2 else "")}
+                best = {
+                    "accel": round(a * INFLATION, 4),
+                    "per_unit": round(b * INFLATION, 4),
+                    "feature": (f"|{names[j]}|" if x_op[j] == 0.0 else f"|{names[j]} - {x_op[j]:g}|")
+                    + ("^2" if power == 2 else ""),
+                }
     return best
 
 
 def derived_numbers(meas: Measurement) -> dict:
     """The shield numbers a measurement gives: margin, input_gain_error, disturbance_accel, brake_accel (pairs)."""
-    brake = [[_round_down(min(a, VIABLE_BRAKING * meas.full_accel[k])) for a in pair]
-             for k, pair in enumerate(meas.authority)]
+    brake = [
+        [_round_down(min(a, VIABLE_BRAKING * meas.full_accel[k])) for a in pair]
+        for k, pair in enumerate(meas.authority)
+    ]
     lo = _round_down(min(lo for lo, _ in meas.gain_range))
     hi = _round_up(max(hi for _, hi in meas.gain_range))
-    return {"margin": _round_up(meas.margin()), "input_gain_error": _round_up(max(1.0 - lo, hi - 1.0)),
-            "input_gain_range": [min(lo, 1.0), max(hi, 1.0)],
-            "disturbance_accel": [_round_up(w) for w in meas.residual_accel], "brake_accel": brake}
+    return {
+        "margin": _round_up(meas.margin()),
+        "input_gain_error": _round_up(max(1.0 - lo, hi - 1.0)),
+        "input_gain_range": [min(lo, 1.0), max(hi, 1.0)],
+        "disturbance_accel": [_round_up(w) for w in meas.residual_accel],
+        "brake_accel": brake,
+    }
 
 
 def _round_up(v: float, digits: int = 3) -> float:
-    return math.ceil(v * 10 ** digits - 1e-9) / 10 ** digits
+    return math.ceil(v * 10**digits - 1e-9) / 10**digits
 
 
 def _round_down(v: float, digits: int = 3) -> float:
-    return math.floor(v * 10 ** digits + 1e-9) / 10 ** digits
+    return math.floor(v * 10**digits + 1e-9) / 10**digits
 
 
 def describe_state(meas: Measurement, at: dict) -> str:
@@ -316,7 +356,9 @@ def describe_state(meas: Measurement, at: dict) -> str:
     if not at:
         return "nowhere sampled"
     dom = ", ".join(f"{k} {v:.3g}x" for k, v in sorted(at.get("domain", {}).items())) or "nominal"
-    state = ", ".join(f"{meas.state_names.get(int(o), 'obs[' + o + ']')} {v:.3g}" for o, v in at.get("state", {}).items())
+    state = ", ".join(
+        f"{meas.state_names.get(int(o), 'obs[' + o + ']')} {v:.3g}" for o, v in at.get("state", {}).items()
+    )
     return f"set {at.get('set')}, {dom}, at {state}"
 
 
@@ -328,10 +370,12 @@ def authority_problems(meas: Measurement) -> list[tuple[int, int, str]]:
         for d, side in enumerate(("-", "+")):
             if pair[d] <= 0.0:
                 bound = "upper" if d == 0 else "lower"
-                reason = (f"full action cannot brake {meas.names[k]} (obs[{meas.positions[k]}]) moving toward its "
-                          f"{bound} bound: what the rest of the plant does to it (a payload's pull, a coupling, "
-                          f"gravity) outweighs the actuator, which still leaves it accelerating {abs(pair[d]):.3g} "
-                          f"units/s^2 toward that bound ({describe_state(meas, meas.authority_at[k][d])})")
+                reason = (
+                    f"full action cannot brake {meas.names[k]} (obs[{meas.positions[k]}]) moving toward its "
+                    f"{bound} bound: what the rest of the plant does to it (a payload's pull, a coupling, "
+                    f"gravity) outweighs the actuator, which still leaves it accelerating {abs(pair[d]):.3g} "
+                    f"units/s^2 toward that bound ({describe_state(meas, meas.authority_at[k][d])})"
+                )
                 out.append((k, d, reason))
     return out
 
@@ -340,14 +384,18 @@ def override_problems(cfg, meas: Measurement, spec: dict) -> list[str]:
     """Every hand-set shield number that does not cover what synthesis measured, naming the key and the figure."""
     sc, problems = cfg.shield, []
     if sc.margin is not None and sc.margin + 1e-9 < meas.margin():
-        problems.append(f"shield.margin = {sc.margin:g} does not cover the measured {meas.margin():.4g} "
-                        f"({NOISE_SIGMAS:g} sigma of the constrained observations' noise {meas.noise_margin:.4g} "
-                        f"plus the position error through the latency that the disturbance bound leaves)")
+        problems.append(
+            f"shield.margin = {sc.margin:g} does not cover the measured {meas.margin():.4g} "
+            f"({NOISE_SIGMAS:g} sigma of the constrained observations' noise {meas.noise_margin:.4g} "
+            f"plus the position error through the latency that the disturbance bound leaves)"
+        )
     if sc.input_gain_error is not None:
         for k, (lo, hi) in enumerate(meas.gain_range):
             if lo < 1.0 - sc.input_gain_error - 1e-9 or hi > 1.0 + sc.input_gain_error + 1e-9:
-                problems.append(f"shield.input_gain_error = {sc.input_gain_error:g} does not cover the measured "
-                                f"input effect on {meas.names[k]}: {lo:.3f} .. {hi:.3f} x nominal")
+                problems.append(
+                    f"shield.input_gain_error = {sc.input_gain_error:g} does not cover the measured "
+                    f"input effect on {meas.names[k]}: {lo:.3f} .. {hi:.3f} x nominal"
+                )
     pairs = spec["kinematics"]["brake_accel"]
     key = "shield.brake_accel" if sc.brake_accel is not None else "shield.brake_fraction"
     slack = []
@@ -358,16 +406,20 @@ def override_problems(cfg, meas: Measurement, spec: dict) -> list[str]:
             continue
         for d, side in enumerate("-+"):
             if p[d] > meas.authority[k][d] + 1e-9:
-                problems.append(f"{key}: the shield brakes {meas.names[k]} toward {side} at {p[d]:g}, but the "
-                                f"weakest plant measurably reaches {meas.authority[k][d]:.4g} at full action "
-                                f"({describe_state(meas, meas.authority_at[k][d])})")
+                problems.append(
+                    f"{key}: the shield brakes {meas.names[k]} toward {side} at {p[d]:g}, but the "
+                    f"weakest plant measurably reaches {meas.authority[k][d]:.4g} at full action "
+                    f"({describe_state(meas, meas.authority_at[k][d])})"
+                )
     if sc.disturbance_accel is not None:
         for k in range(len(meas.positions)):
             w = sc.disturbance_accel[k] if k < len(sc.disturbance_accel) else 0.0
             if w + max(slack[k], 0.0) + 1e-9 < meas.residual_accel[k]:
-                problems.append(f"shield.disturbance_accel[{k}] = {w:g}: the nominal model's error on "
-                                f"{meas.names[k]} measures up to {meas.residual_accel[k]:.4g} units/s^2, more than "
-                                f"it and the braking slack {max(slack[k], 0.0):.4g} cover together")
+                problems.append(
+                    f"shield.disturbance_accel[{k}] = {w:g}: the nominal model's error on "
+                    f"{meas.names[k]} measures up to {meas.residual_accel[k]:.4g} units/s^2, more than "
+                    f"it and the braking slack {max(slack[k], 0.0):.4g} cover together"
+                )
     return problems
 
 

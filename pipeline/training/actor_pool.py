@@ -32,8 +32,12 @@ def ray_for_run(address: str | None, num_cpus: float):
     started = not ray.is_initialized()
     if started:
         _quiet_token_auth_notice()
-        ray.init(address=address, num_cpus=None if address else max(usable_cpus(), math.ceil(num_cpus)),
-                 include_dashboard=False, log_to_driver=True)
+        ray.init(
+            address=address,
+            num_cpus=None if address else max(usable_cpus(), math.ceil(num_cpus)),
+            include_dashboard=False,
+            log_to_driver=True,
+        )
     try:
         yield
     finally:

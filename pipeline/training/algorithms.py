@@ -8,13 +8,13 @@ field is documented once); a test holds the table and the config's algorithms eq
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 from torch import nn
 
-from pipeline.config import (AppoTrainConfig, ImpalaTrainConfig, SacTrainConfig, Td3TrainConfig, TrainCommon)
+from pipeline.config import AppoTrainConfig, ImpalaTrainConfig, SacTrainConfig, Td3TrainConfig, TrainCommon
 from pipeline.training import model, sac, td3
 from pipeline.training.learner import appo_policy_loss, impala_policy_loss
 from pipeline.training.offpolicy import train_offpolicy
@@ -27,20 +27,37 @@ class Algorithm:
     """One row: what `train.algorithm: <name>` means."""
 
     name: str
-    config: type[TrainCommon]                  # the `train:` model: the keys it reads, and no others
-    train: Callable[..., TrainResult]          # train(cfg, *, out_dir, steps, ..., callback) -> TrainResult
-    deployable: Callable[[dict], nn.Module]    # checkpoint -> the deterministic policy export ships
+    config: type[TrainCommon]  # the `train:` model: the keys it reads, and no others
+    train: Callable[..., TrainResult]  # train(cfg, *, out_dir, steps, ..., callback) -> TrainResult
+    deployable: Callable[[dict], nn.Module]  # checkpoint -> the deterministic policy export ships
 
 
-ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
-    Algorithm("appo", AppoTrainConfig, partial(train_vtrace, policy_loss=appo_policy_loss), model.policy_from_checkpoint),
-    Algorithm("impala", ImpalaTrainConfig, partial(train_vtrace, policy_loss=impala_policy_loss),
-              model.policy_from_checkpoint),
-    Algorithm("sac", SacTrainConfig, partial(train_offpolicy, learner_cls=sac.SacLearner, settings_of=lambda tc: tc.sac),
-              sac.policy_from_checkpoint),
-    Algorithm("td3", Td3TrainConfig, partial(train_offpolicy, learner_cls=td3.Td3Learner, settings_of=lambda tc: tc.td3),
-              sac.policy_from_checkpoint),
-)}
+ALGORITHMS: dict[str, Algorithm] = {
+    a.name: a
+    for a in (
+        Algorithm(
+            "appo", AppoTrainConfig, partial(train_vtrace, policy_loss=appo_policy_loss), model.policy_from_checkpoint
+        ),
+        Algorithm(
+            "impala",
+            ImpalaTrainConfig,
+            partial(train_vtrace, policy_loss=impala_policy_loss),
+            model.policy_from_checkpoint,
+        ),
+        Algorithm(
+            "sac",
+            SacTrainConfig,
+            partial(train_offpolicy, learner_cls=sac.SacLearner, settings_of=lambda tc: tc.sac),
+            sac.policy_from_checkpoint,
+        ),
+        Algorithm(
+            "td3",
+            Td3TrainConfig,
+            partial(train_offpolicy, learner_cls=td3.Td3Learner, settings_of=lambda tc: tc.td3),
+            sac.policy_from_checkpoint,
+        ),
+    )
+}
 
 
 def algorithm(name: str) -> Algorithm:

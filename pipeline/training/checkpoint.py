@@ -73,7 +73,9 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     """Path of the newest checkpoint in `run_dir`; CheckpointError if there is none."""
     found = list_checkpoints(run_dir)
     if not found:
-        raise CheckpointError(f"no checkpoint in {Path(run_dir) / CHECKPOINT_DIR} (is {run_dir} a training run directory?)")
+        raise CheckpointError(
+            f"no checkpoint in {Path(run_dir) / CHECKPOINT_DIR} (is {run_dir} a training run directory?)"
+        )
     return found[-1]
 
 

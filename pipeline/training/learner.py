@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,7 +72,8 @@ def stack_batches(batches: list[dict], device: torch.device) -> dict[str, torch.
     # The behaviour log-std is state-independent: one row per actor batch, repeated over its envs.
     out["behaviour_log_std"] = torch.as_tensor(
         np.concatenate([np.broadcast_to(b["behaviour_log_std"], b["actions"].shape[1:]) for b in batches], axis=0),
-        device=device)
+        device=device,
+    )
     return out
 
 
@@ -79,15 +81,15 @@ def stack_batches(batches: list[dict], device: torch.device) -> dict[str, torch.
 class PolicyTerms:
     """What a policy loss reads of one minibatch: time-major [T, B] tensors (kl: a scalar)."""
 
-    logp: torch.Tensor            # log pi(a_t | x_t) under the current policy
-    log_rhos: torch.Tensor        # logp - behaviour logp
-    pg_advantages: torch.Tensor   # V-trace's clipped-rho advantages (IMPALA)
-    vs: torch.Tensor              # V-trace value targets
-    values: torch.Tensor          # the current baseline V(x_t), no gradient
+    logp: torch.Tensor  # log pi(a_t | x_t) under the current policy
+    log_rhos: torch.Tensor  # logp - behaviour logp
+    pg_advantages: torch.Tensor  # V-trace's clipped-rho advantages (IMPALA)
+    vs: torch.Tensor  # V-trace value targets
+    values: torch.Tensor  # the current baseline V(x_t), no gradient
     bootstrap_value: torch.Tensor  # V(x_T), no gradient
     rewards: torch.Tensor
     discounts: torch.Tensor
-    kl: torch.Tensor              # KL(behaviour || current), mean over the minibatch
+    kl: torch.Tensor  # KL(behaviour || current), mean over the minibatch
 
 
 def impala_policy_loss(t: PolicyTerms, cfg) -> torch.Tensor:
@@ -116,8 +118,9 @@ PolicyLoss = Callable[[PolicyTerms, Any], torch.Tensor]
 class Learner:
     """Owns the trainable ActorCritic, its optimizer and normalizer; `update()` consumes batches."""
 
-    def __init__(self, model_spec: dict, train_cfg, device: torch.device, policy_loss: PolicyLoss,
-                 log_std_init: float = -0.5):
+    def __init__(
+        self, model_spec: dict, train_cfg, device: torch.device, policy_loss: PolicyLoss, log_std_init: float = -0.5
+    ):
         self.cfg, self.policy_loss = train_cfg, policy_loss
         self.device = device
         self.model = ActorCritic(**model_spec, log_std_init=log_std_init).to(device)
@@ -163,15 +166,31 @@ class Learner:
                 logp = dist.log_prob(mb["actions"]).sum(-1)
                 log_rhos = logp - mb["behaviour_logp"]
 
-                vs, pg_advantages = vtrace(log_rhos, mb["discounts"], mb["rewards"], values, bootstrap_value,
-                                           cfg.clip_rho_threshold, cfg.clip_pg_rho_threshold)
+                vs, pg_advantages = vtrace(
+                    log_rhos,
+                    mb["discounts"],
+                    mb["rewards"],
+                    values,
+                    bootstrap_value,
+                    cfg.clip_rho_threshold,
+                    cfg.clip_pg_rho_threshold,
+                )
 
-                behaviour = torch.distributions.Normal(mb["behaviour_mean"],
-                                                       mb["behaviour_log_std"].exp().expand_as(mean))
+                behaviour = torch.distributions.Normal(
+                    mb["behaviour_mean"], mb["behaviour_log_std"].exp().expand_as(mean)
+                )
                 kl = torch.distributions.kl_divergence(behaviour, dist).sum(-1).mean()
-                terms = PolicyTerms(logp=logp, log_rhos=log_rhos, pg_advantages=pg_advantages, vs=vs,
-                                    values=values.detach(), bootstrap_value=bootstrap_value.detach(),
-                                    rewards=mb["rewards"], discounts=mb["discounts"], kl=kl)
+                terms = PolicyTerms(
+                    logp=logp,
+                    log_rhos=log_rhos,
+                    pg_advantages=pg_advantages,
+                    vs=vs,
+                    values=values.detach(),
+                    bootstrap_value=bootstrap_value.detach(),
+                    rewards=mb["rewards"],
+                    discounts=mb["discounts"],
+                    kl=kl,
+                )
                 policy_loss = self.policy_loss(terms, cfg)
                 value_loss = 0.5 * (values - vs).pow(2).mean()
                 entropy = dist.entropy().sum(-1).mean()
@@ -187,10 +206,18 @@ class Learner:
             # k3 estimator of KL(behaviour || current): unbiased and always >= 0.
             approx_kl = ((torch.exp(-log_rhos) - 1) + log_rhos).mean()
             explained_var = 1 - (vs - values).var() / (vs.var() + 1e-8)
-        return dict(policy_loss=policy_loss.item(), value_loss=value_loss.item(), entropy=entropy.item(),
-                    approx_kl=approx_kl.item(), kl=kl.item(), grad_norm=float(grad_norm),
-                    explained_variance=float(explained_var), lr=self.optimizer.param_groups[0]["lr"], samples=T * B,
-                    learner_s=time.perf_counter() - start)
+        return dict(
+            policy_loss=policy_loss.item(),
+            value_loss=value_loss.item(),
+            entropy=entropy.item(),
+            approx_kl=approx_kl.item(),
+            kl=kl.item(),
+            grad_norm=float(grad_norm),
+            explained_variance=float(explained_var),
+            lr=self.optimizer.param_groups[0]["lr"],
+            samples=T * B,
+            learner_s=time.perf_counter() - start,
+        )
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: weights, normalizer, optimizer, version."""
@@ -201,4 +228,3 @@ class Learner:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
-

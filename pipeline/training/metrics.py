@@ -10,8 +10,15 @@ from torch.utils.tensorboard import SummaryWriter
 from pipeline.progress import Progress
 
 # What the progress line shows; everything else goes only to the files.
-PROGRESS_KEYS = ("env_steps_per_s", "episode_return", "episode_cost", "policy_lag_mean", "approx_kl", "entropy",
-                 "actor_restarts")
+PROGRESS_KEYS = (
+    "env_steps_per_s",
+    "episode_return",
+    "episode_cost",
+    "policy_lag_mean",
+    "approx_kl",
+    "entropy",
+    "actor_restarts",
+)
 
 # The policy's entropy per action dimension (nats) below which the progress line and the run's result say it
 # collapsed: a Gaussian of std 0.05 in a normalized action unit has -1.58 nats. Below it the policy barely

@@ -14,7 +14,7 @@ policy takes (obs, history) separately, as the ONNX graph does.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -31,9 +31,16 @@ class ActorCritic(nn.Module):
     the log-probability is that of the unclipped sample (standard for PPO/IMPALA).
     """
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: Sequence[int] = (64, 64),
-                 action_low: Sequence[float] | float = -1.0, action_high: Sequence[float] | float = 1.0,
-                 log_std_init: float = -0.5, history_length: int = 0):
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden_sizes: Sequence[int] = (64, 64),
+        action_low: Sequence[float] | float = -1.0,
+        action_high: Sequence[float] | float = 1.0,
+        log_std_init: float = -0.5,
+        history_length: int = 0,
+    ):
         super().__init__()
         self.obs_dim, self.act_dim, self.hidden_sizes = int(obs_dim), int(act_dim), [int(h) for h in hidden_sizes]
         self.history_length = int(history_length)
@@ -62,9 +69,14 @@ class ActorCritic(nn.Module):
 
     def spec(self) -> dict:
         """Constructor arguments, as plain data (checkpoints store this)."""
-        return dict(obs_dim=self.obs_dim, act_dim=self.act_dim, hidden_sizes=list(self.hidden_sizes),
-                    action_low=self.action_low.tolist(), action_high=self.action_high.tolist(),
-                    history_length=self.history_length)
+        return dict(
+            obs_dim=self.obs_dim,
+            act_dim=self.act_dim,
+            hidden_sizes=list(self.hidden_sizes),
+            action_low=self.action_low.tolist(),
+            action_high=self.action_high.tolist(),
+            history_length=self.history_length,
+        )
 
 
 def input_dim(obs_dim: int, act_dim: int, history_length: int) -> int:

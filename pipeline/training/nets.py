@@ -6,7 +6,7 @@ rollout actors and the exported graph all normalize the same way.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

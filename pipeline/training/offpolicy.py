@@ -24,7 +24,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 import ray
@@ -39,9 +40,19 @@ from pipeline.training.metrics import MetricsLogger
 from pipeline.training.replay import NStepBuilder, ReplayClient, ReplayShard, load_snapshot, save_snapshot
 from pipeline.training.rollout import RolloutActor
 from pipeline.training.sac import SquashedGaussianActor
-from pipeline.training.scaffold import (FINAL_RETURN_WINDOW, ReplayFigures, TrainResult, WeightPublisher, actor_seed_for,
-                                        add_episode_figures, entropy_figures, final_return_of, ray_address_for,
-                                        shield_in_loop, start_run)
+from pipeline.training.scaffold import (
+    FINAL_RETURN_WINDOW,
+    ReplayFigures,
+    TrainResult,
+    WeightPublisher,
+    actor_seed_for,
+    add_episode_figures,
+    entropy_figures,
+    final_return_of,
+    ray_address_for,
+    shield_in_loop,
+    start_run,
+)
 
 REPLAY_DIR = "replay"
 
@@ -56,10 +67,36 @@ def exploration_levels(base: float, alpha: float, num_actors: int) -> list[float
 class ExploringActor(RolloutActor):
     """A rollout actor that explores at its own level and inserts n-step transitions into replay."""
 
-    def __init__(self, index, env_id, randomization, max_episode_steps, num_envs, chunk_steps, seed, model_spec,
-                 weight_source, shard_names, noise_std, n_step, gamma, stochastic, shield=None):
-        super().__init__(index, env_id, randomization, max_episode_steps, num_envs, chunk_steps, seed, model_spec,
-                         weight_source, shield)
+    def __init__(
+        self,
+        index,
+        env_id,
+        randomization,
+        max_episode_steps,
+        num_envs,
+        chunk_steps,
+        seed,
+        model_spec,
+        weight_source,
+        shard_names,
+        noise_std,
+        n_step,
+        gamma,
+        stochastic,
+        shield=None,
+    ):
+        super().__init__(
+            index,
+            env_id,
+            randomization,
+            max_episode_steps,
+            num_envs,
+            chunk_steps,
+            seed,
+            model_spec,
+            weight_source,
+            shield,
+        )
         self.model = SquashedGaussianActor(**model_spec).eval()
         self.stochastic = bool(stochastic)  # sample the policy (SAC), or act on its mean (TD3: the noise explores)
         self.noise_std = float(noise_std)
@@ -78,8 +115,9 @@ class ExploringActor(RolloutActor):
         for _ in range(self.T):
             obs = self.obs.copy()
             with torch.no_grad():
-                action, _ = self.model.sample(self.model.normalize(torch.from_numpy(obs)), self.torch_gen,
-                                              deterministic=not self.stochastic)
+                action, _ = self.model.sample(
+                    self.model.normalize(torch.from_numpy(obs)), self.torch_gen, deterministic=not self.stochastic
+                )
             action = action.numpy()
             if self.noise_std > 0:
                 action = np.clip(action + self.noise_std * self.noise_rng.standard_normal(action.shape), -1, 1)
@@ -105,10 +143,18 @@ class ExploringActor(RolloutActor):
             chunks.append(self.nstep.step(obs, action, rewards, next_obs, terminated, truncated, active=ok))
         batch = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
         inserted = self._insert(batch)
-        return dict(actor=self.index, life=self.life, reconstructed=self.reconstructed, node_id=self.node_id,
-                    version=self.version,
-                    steps=self.T * M, inserted=inserted, lost=self.lost, env_restarts=self.env_restarts,
-                    episodes=np.asarray(episodes, np.float64).reshape(-1, 3))
+        return dict(
+            actor=self.index,
+            life=self.life,
+            reconstructed=self.reconstructed,
+            node_id=self.node_id,
+            version=self.version,
+            steps=self.T * M,
+            inserted=inserted,
+            lost=self.lost,
+            env_restarts=self.env_restarts,
+            episodes=np.asarray(episodes, np.float64).reshape(-1, 3),
+        )
 
     def _insert(self, batch: dict) -> int:
         """Into this actor's shard, or the next live one; transitions nobody took are counted as lost."""
@@ -139,9 +185,20 @@ class OffPolicyLearner(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
-def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Callable[[Any], Any], out_dir=None,
-                    steps=None, actors=None, envs_per_actor=None, ray_address=None, resume=None, progress=True,
-                    callback: Callable[[dict], bool] | None = None) -> TrainResult:
+def train_offpolicy(
+    cfg,
+    *,
+    learner_cls: type[OffPolicyLearner],
+    settings_of: Callable[[Any], Any],
+    out_dir=None,
+    steps=None,
+    actors=None,
+    envs_per_actor=None,
+    ray_address=None,
+    resume=None,
+    progress=True,
+    callback: Callable[[dict], bool] | None = None,
+) -> TrainResult:
     """Train an off-policy learner; `train.train` documents the arguments. `settings_of(cfg.train)` is the
     learner's section (train.sac, train.td3).
 
@@ -150,7 +207,9 @@ def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Ca
     actors, shards, metrics); returning True stops the run (with a final checkpoint).
     """
     start_wall = time.perf_counter()
-    cfg, run_dir, ckpt, model_spec, randomization, device = start_run(cfg, out_dir, resume, steps, actors, envs_per_actor)
+    cfg, run_dir, ckpt, model_spec, randomization, device = start_run(
+        cfg, out_dir, resume, steps, actors, envs_per_actor
+    )
     tc, sc, rc = cfg.train, settings_of(cfg.train), cfg.train.replay
     learner = learner_cls(model_spec, sc, tc.gamma, device)
     env_steps, learned, episodes_total, prior_wall = 0, 0, 0, 0.0
@@ -162,36 +221,71 @@ def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Ca
         episodes_total, prior_wall = int(ckpt["episodes"]), float(ckpt["wall_s"])
         restarts_before = dict(ckpt["restarts"])
 
-    with (learner_threads(device, tc.num_actors * cfg.ray.actor_num_cpus),
-          ray_for_run(ray_address_for(cfg, ray_address), tc.num_actors * cfg.ray.actor_num_cpus + rc.num_shards * rc.shard_num_cpus)):
+    with (
+        learner_threads(device, tc.num_actors * cfg.ray.actor_num_cpus),
+        ray_for_run(
+            ray_address_for(cfg, ray_address),
+            tc.num_actors * cfg.ray.actor_num_cpus + rc.num_shards * rc.shard_num_cpus,
+        ),
+    ):
         run_id = uuid.uuid4().hex[:12]
         # The weight source stays with the driver: losing another node must not lose it.
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-        weight_source = ray.remote(num_cpus=0)(WeightSource).options(
-            name=f"sim2real-weights-{run_id}", scheduling_strategy=here).remote()
+        weight_source = (
+            ray.remote(num_cpus=0)(WeightSource)
+            .options(name=f"sim2real-weights-{run_id}", scheduling_strategy=here)
+            .remote()
+        )
         publisher = WeightPublisher(learner, weight_source)
         publisher.publish()  # nothing waits for it to boot here (onpolicy.py's start-up order): checked below
 
         shard_names = [f"sim2real-replay-{run_id}-{k}" for k in range(rc.num_shards)]
         shard_cls = ray.remote(ReplayShard)
-        shards = [shard_cls.options(name=name, num_cpus=rc.shard_num_cpus, max_restarts=cfg.ray.max_actor_restarts,
-                                    max_task_retries=0, scheduling_strategy="SPREAD").remote(k, max(1, rc.capacity // rc.num_shards), model_spec["obs_dim"],
-                                                       model_spec["act_dim"], rc.alpha, tc.seed)
-                  for k, name in enumerate(shard_names)]
+        shards = [
+            shard_cls.options(
+                name=name,
+                num_cpus=rc.shard_num_cpus,
+                max_restarts=cfg.ray.max_actor_restarts,
+                max_task_retries=0,
+                scheduling_strategy="SPREAD",
+            ).remote(
+                k, max(1, rc.capacity // rc.num_shards), model_spec["obs_dim"], model_spec["act_dim"], rc.alpha, tc.seed
+            )
+            for k, name in enumerate(shard_names)
+        ]
         replay = ReplayClient(shards, sc.batch_size, sc.prefetch_batches, tc.seed)
         restored = load_snapshot(run_dir / REPLAY_DIR, shards) if ckpt is not None else 0
         replay.poll()
 
         updates = learner.version
         actor_seed = actor_seed_for(tc.seed, updates)
-        actor_cls = ray.remote(ExploringActor).options(num_cpus=cfg.ray.actor_num_cpus, max_restarts=cfg.ray.max_actor_restarts,
-                                                       max_task_retries=0, scheduling_strategy="SPREAD")
+        actor_cls = ray.remote(ExploringActor).options(
+            num_cpus=cfg.ray.actor_num_cpus,
+            max_restarts=cfg.ray.max_actor_restarts,
+            max_task_retries=0,
+            scheduling_strategy="SPREAD",
+        )
         noise = exploration_levels(sc.exploration_noise, sc.exploration_alpha, tc.num_actors)
-        exploring_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps, tc.envs_per_actor,
-                                             tc.rollout_length, actor_seed, model_spec, f"sim2real-weights-{run_id}",
-                                             shard_names, noise[i], sc.n_step, tc.gamma, learner_cls.stochastic_actor,
-                                             shield=shield_in_loop(cfg))
-                            for i in range(tc.num_actors)]
+        exploring_actors = [
+            actor_cls.remote(
+                i,
+                cfg.task.env_id,
+                randomization,
+                cfg.task.max_episode_steps,
+                tc.envs_per_actor,
+                tc.rollout_length,
+                actor_seed,
+                model_spec,
+                f"sim2real-weights-{run_id}",
+                shard_names,
+                noise[i],
+                sc.n_step,
+                tc.gamma,
+                learner_cls.stochastic_actor,
+                shield=shield_in_loop(cfg),
+            )
+            for i in range(tc.num_actors)
+        ]
         ray.get(weight_source.latest.remote())  # published before the first batch is asked for
         pool = ActorPool(exploring_actors, tc.max_batches_in_flight)
         logger = MetricsLogger(run_dir, tc.total_env_steps, model_spec["act_dim"], env_steps, progress)
@@ -199,17 +293,35 @@ def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Ca
         lost_by_actor = [0] * tc.num_actors
 
         def counters() -> dict:
-            return dict(actor=restarts_before["actor"] + pool.restarts, shard=restarts_before["shard"] + replay.restarts,
-                        lost=restarts_before["lost"] + replay.transitions_lost + sum(lost_by_actor))
+            return dict(
+                actor=restarts_before["actor"] + pool.restarts,
+                shard=restarts_before["shard"] + replay.restarts,
+                lost=restarts_before["lost"] + replay.transitions_lost + sum(lost_by_actor),
+            )
 
         def checkpoint() -> None:
             if rc.checkpoint:
                 save_snapshot(run_dir / REPLAY_DIR, shards)
-            write_checkpoint(run_dir, learner.version, dict(
-                algorithm=tc.algorithm, learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
-                updates=learner.version, env_steps=env_steps, learned_samples=learned, episodes=episodes_total,
-                wall_s=prior_wall + time.perf_counter() - start_wall, torch_rng_state=torch.get_rng_state(),
-                env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), restarts=counters()))
+            write_checkpoint(
+                run_dir,
+                learner.version,
+                dict(
+                    algorithm=tc.algorithm,
+                    learner=learner.state_dict(),
+                    model=learner.cpu_weights(),
+                    model_spec=model_spec,
+                    updates=learner.version,
+                    env_steps=env_steps,
+                    learned_samples=learned,
+                    episodes=episodes_total,
+                    wall_s=prior_wall + time.perf_counter() - start_wall,
+                    torch_rng_state=torch.get_rng_state(),
+                    env_id=cfg.task.env_id,
+                    task=cfg.task.name,
+                    config_hash=cfg.config_hash(),
+                    restarts=counters(),
+                ),
+            )
 
         recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
         episodes_since_log: list[np.ndarray] = []
@@ -230,19 +342,33 @@ def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Ca
             t0, steps0, learned0, inserted0, sampled0 = last_log
             dt = max(now - t0, 1e-9)
             c = counters()
-            record = dict(updates=learner.version, env_steps=env_steps, env_steps_per_s=(env_steps - steps0) / dt,
-                          learner_steps_per_s=(learned - learned0) / sc.batch_size / dt,
-                          learner_utilization=learner_time / max(now - loop_start, 1e-9),
-                          replay_ratio=learned / max(env_steps, 1), replay_ratio_target=sc.replay_ratio,
-                          replay_size=sum(s["size"] for s in shard_stats), replay_shards_up=len(shard_stats),
-                          replay_insert_per_s=max(0, inserted - inserted0) / dt, replay_sample_per_s=max(0, sampled - sampled0) / dt,
-                          priority_max=max((s["max_priority"] for s in shard_stats), default=0.0),
-                          priority_mass_total=sum(s["total_mass"] for s in shard_stats),
-                          policy_lag_mean=float(np.mean(lags)) if lags else 0.0, policy_lag_max=max(lags, default=0),
-                          actor_restarts=c["actor"], shard_restarts=c["shard"], transitions_lost=c["lost"],
-                          **{k: v for k, v in stats.items() if k != "learner_s"})
-            add_episode_figures(record, np.concatenate(episodes_since_log) if episodes_since_log else np.zeros((0, 3)),
-                                episodes_total, recent_returns)
+            record = dict(
+                updates=learner.version,
+                env_steps=env_steps,
+                env_steps_per_s=(env_steps - steps0) / dt,
+                learner_steps_per_s=(learned - learned0) / sc.batch_size / dt,
+                learner_utilization=learner_time / max(now - loop_start, 1e-9),
+                replay_ratio=learned / max(env_steps, 1),
+                replay_ratio_target=sc.replay_ratio,
+                replay_size=sum(s["size"] for s in shard_stats),
+                replay_shards_up=len(shard_stats),
+                replay_insert_per_s=max(0, inserted - inserted0) / dt,
+                replay_sample_per_s=max(0, sampled - sampled0) / dt,
+                priority_max=max((s["max_priority"] for s in shard_stats), default=0.0),
+                priority_mass_total=sum(s["total_mass"] for s in shard_stats),
+                policy_lag_mean=float(np.mean(lags)) if lags else 0.0,
+                policy_lag_max=max(lags, default=0),
+                actor_restarts=c["actor"],
+                shard_restarts=c["shard"],
+                transitions_lost=c["lost"],
+                **{k: v for k, v in stats.items() if k != "learner_s"},
+            )
+            add_episode_figures(
+                record,
+                np.concatenate(episodes_since_log) if episodes_since_log else np.zeros((0, 3)),
+                episodes_total,
+                recent_returns,
+            )
             episodes_since_log.clear()
             last_log = (now, env_steps, learned, inserted, sampled)
             lags.clear()
@@ -251,8 +377,15 @@ def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Ca
             return record
 
         def state(metrics: dict) -> dict:
-            return dict(updates=learner.version, env_steps=env_steps, learner=learner, actors=exploring_actors,
-                        shards=shards, metrics=metrics, nodes=nodes)
+            return dict(
+                updates=learner.version,
+                env_steps=env_steps,
+                learner=learner,
+                actors=exploring_actors,
+                shards=shards,
+                metrics=metrics,
+                nodes=nodes,
+            )
 
         try:
             if callback:
@@ -261,7 +394,9 @@ def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Ca
             stop = False
             while env_steps < tc.total_env_steps and not stop:
                 # Learn while learned < replay_ratio x (collected - learning_starts); else wait for the actors.
-                due = env_steps >= max(sc.learning_starts, 1) and learned < sc.replay_ratio * (env_steps - sc.learning_starts)
+                due = env_steps >= max(sc.learning_starts, 1) and learned < sc.replay_ratio * (
+                    env_steps - sc.learning_starts
+                )
                 beta = rc.beta + (1.0 - rc.beta) * min(1.0, env_steps / tc.total_env_steps)
                 batch = replay.sample(beta) if due else {}
                 if not batch:  # not due, or every shard down or empty: collect
@@ -303,11 +438,23 @@ def train_offpolicy(cfg, *, learner_cls: type[OffPolicyLearner], settings_of: Ca
     loop_s = time.perf_counter() - loop_start
     c = counters()
     return TrainResult(
-        run_dir=str(run_dir), algorithm=tc.algorithm, env_steps=env_steps, updates=learner.version,
-        final_return=final_return_of(recent_returns), wall_s=time.perf_counter() - start_wall,
-        env_steps_per_s=(env_steps - steps_at_start) / loop_s, learner_utilization=learner_time / loop_s,
-        actor_restarts=c["actor"], **entropy_figures(last_record, model_spec["act_dim"]),
-        replay=ReplayFigures(replay_ratio=learned / max(env_steps, 1), learned_samples=learned,
-                             learner_samples_per_s=(learned - learned_at_start) / loop_s, shard_restarts=c["shard"],
-                             transitions_lost=c["lost"], replay_restored=restored,
-                             nodes={k: sorted(v) for k, v in nodes.items()}))
+        run_dir=str(run_dir),
+        algorithm=tc.algorithm,
+        env_steps=env_steps,
+        updates=learner.version,
+        final_return=final_return_of(recent_returns),
+        wall_s=time.perf_counter() - start_wall,
+        env_steps_per_s=(env_steps - steps_at_start) / loop_s,
+        learner_utilization=learner_time / loop_s,
+        actor_restarts=c["actor"],
+        **entropy_figures(last_record, model_spec["act_dim"]),
+        replay=ReplayFigures(
+            replay_ratio=learned / max(env_steps, 1),
+            learned_samples=learned,
+            learner_samples_per_s=(learned - learned_at_start) / loop_s,
+            shard_restarts=c["shard"],
+            transitions_lost=c["lost"],
+            replay_restored=restored,
+            nodes={k: sorted(v) for k, v in nodes.items()},
+        ),
+    )

@@ -25,7 +25,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import ray
@@ -36,13 +36,34 @@ from pipeline.training.checkpoint import write_checkpoint
 from pipeline.training.learner import Learner, PolicyLoss, learner_threads
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.rollout import RolloutActor
-from pipeline.training.scaffold import (FINAL_RETURN_WINDOW, TrainResult, WeightPublisher, actor_seed_for, add_episode_figures,
-                                        entropy_figures, final_return_of, ray_address_for, shield_in_loop, start_run)
+from pipeline.training.scaffold import (
+    FINAL_RETURN_WINDOW,
+    TrainResult,
+    WeightPublisher,
+    actor_seed_for,
+    add_episode_figures,
+    entropy_figures,
+    final_return_of,
+    ray_address_for,
+    shield_in_loop,
+    start_run,
+)
 from pipeline.training.selection import ModelSelection
 
 
-def train_vtrace(cfg, *, policy_loss: PolicyLoss, out_dir=None, steps=None, actors=None, envs_per_actor=None,
-                 ray_address=None, resume=None, progress=True, callback: Callable[[dict], bool] | None = None) -> TrainResult:
+def train_vtrace(
+    cfg,
+    *,
+    policy_loss: PolicyLoss,
+    out_dir=None,
+    steps=None,
+    actors=None,
+    envs_per_actor=None,
+    ray_address=None,
+    resume=None,
+    progress=True,
+    callback: Callable[[dict], bool] | None = None,
+) -> TrainResult:
     """Train with V-trace and `policy_loss` (IMPALA's or APPO's); `train.train` documents the arguments.
 
     `callback(state)` is called once before the first update and after every update with
@@ -50,7 +71,8 @@ def train_vtrace(cfg, *, policy_loss: PolicyLoss, out_dir=None, steps=None, acto
     """
     start_wall = time.perf_counter()
     cfg, run_dir, ckpt, model_spec, randomization, device = start_run(
-        cfg, out_dir, resume, steps, actors, envs_per_actor, history_length=cfg.train.history_length)
+        cfg, out_dir, resume, steps, actors, envs_per_actor, history_length=cfg.train.history_length
+    )
     tc = cfg.train
     learner = Learner(model_spec, tc, device, policy_loss, log_std_init=tc.log_std_init)
     updates, env_steps, episodes_total, prior_wall = 0, 0, 0, 0.0
@@ -69,17 +91,34 @@ def train_vtrace(cfg, *, policy_loss: PolicyLoss, out_dir=None, steps=None, acto
         weight_source_name = f"sim2real-weights-{uuid.uuid4().hex[:12]}"
         selection = None
         if cfg.validation.enabled:
-            selection = ModelSelection(cfg, run_dir, model_spec, shield_in_loop(cfg), dict(
-                env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), algorithm=tc.algorithm))
+            selection = ModelSelection(
+                cfg,
+                run_dir,
+                model_spec,
+                shield_in_loop(cfg),
+                dict(env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), algorithm=tc.algorithm),
+            )
             randomization = selection.train_randomization()  # ADR: the narrow start
         actor_seed = actor_seed_for(tc.seed, updates)
         weight_source = ray.remote(num_cpus=0)(WeightSource).options(name=weight_source_name).remote()
-        actor_cls = ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_num_cpus,
-                                                     max_restarts=cfg.ray.max_actor_restarts, max_task_retries=0)
-        rollout_actors = [actor_cls.remote(i, cfg.task.env_id, randomization, cfg.task.max_episode_steps,
-                                           tc.envs_per_actor, tc.rollout_length, actor_seed, model_spec, weight_source_name,
-                                           shield=shield_in_loop(cfg))
-                          for i in range(tc.num_actors)]
+        actor_cls = ray.remote(RolloutActor).options(
+            num_cpus=cfg.ray.actor_num_cpus, max_restarts=cfg.ray.max_actor_restarts, max_task_retries=0
+        )
+        rollout_actors = [
+            actor_cls.remote(
+                i,
+                cfg.task.env_id,
+                randomization,
+                cfg.task.max_episode_steps,
+                tc.envs_per_actor,
+                tc.rollout_length,
+                actor_seed,
+                model_spec,
+                weight_source_name,
+                shield=shield_in_loop(cfg),
+            )
+            for i in range(tc.num_actors)
+        ]
         if selection is not None:
             selection.start()
         publisher = WeightPublisher(learner, weight_source)
@@ -90,11 +129,24 @@ def train_vtrace(cfg, *, policy_loss: PolicyLoss, out_dir=None, steps=None, acto
 
         def checkpoint() -> None:
             # learner.version, not `updates`: after an interrupt they can differ and the weights are the truth.
-            write_checkpoint(run_dir, learner.version, dict(
-                algorithm=tc.algorithm, learner=learner.state_dict(), model=learner.cpu_weights(), model_spec=model_spec,
-                updates=learner.version, env_steps=env_steps, episodes=episodes_total, wall_s=prior_wall + time.perf_counter() - start_wall,
-                torch_rng_state=torch.get_rng_state(), env_id=cfg.task.env_id, task=cfg.task.name,
-                config_hash=cfg.config_hash()))
+            write_checkpoint(
+                run_dir,
+                learner.version,
+                dict(
+                    algorithm=tc.algorithm,
+                    learner=learner.state_dict(),
+                    model=learner.cpu_weights(),
+                    model_spec=model_spec,
+                    updates=learner.version,
+                    env_steps=env_steps,
+                    episodes=episodes_total,
+                    wall_s=prior_wall + time.perf_counter() - start_wall,
+                    torch_rng_state=torch.get_rng_state(),
+                    env_id=cfg.task.env_id,
+                    task=cfg.task.name,
+                    config_hash=cfg.config_hash(),
+                ),
+            )
 
         recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
         env_restarts_of = [0] * len(rollout_actors)
@@ -127,31 +179,46 @@ def train_vtrace(cfg, *, policy_loss: PolicyLoss, out_dir=None, steps=None, acto
                 elapsed = now - loop_start
                 rate_window.append((now, env_steps))
                 window_s = now - rate_window[0][0]
-                record = dict(updates=updates, env_steps=env_steps,
-                              env_steps_per_s=(env_steps - rate_window[0][1]) / window_s if window_s > 0 else 0.0,
-                              learner_samples_per_s=stats["samples"] / stats["learner_s"],
-                              learner_utilization=learner_time / elapsed,
-                              policy_lag_mean=float(np.mean(lags)), policy_lag_max=int(max(lags)),
-                              actor_restarts=pool.restarts, env_restarts=int(sum(env_restarts_of)),
-                              **{k: v for k, v in stats.items() if k not in ("samples", "learner_s")})
+                record = dict(
+                    updates=updates,
+                    env_steps=env_steps,
+                    env_steps_per_s=(env_steps - rate_window[0][1]) / window_s if window_s > 0 else 0.0,
+                    learner_samples_per_s=stats["samples"] / stats["learner_s"],
+                    learner_utilization=learner_time / elapsed,
+                    policy_lag_mean=float(np.mean(lags)),
+                    policy_lag_max=int(max(lags)),
+                    actor_restarts=pool.restarts,
+                    env_restarts=int(sum(env_restarts_of)),
+                    **{k: v for k, v in stats.items() if k not in ("samples", "learner_s")},
+                )
                 add_episode_figures(record, episodes, episodes_total, recent_returns)
                 if selection is not None:
-                    note_validation(record, selection.after_update(updates, env_steps, learner.version, publisher.weights),
-                                     selection, rollout_actors)
+                    note_validation(
+                        record,
+                        selection.after_update(updates, env_steps, learner.version, publisher.weights),
+                        selection,
+                        rollout_actors,
+                    )
                 logger.log(record)
                 if updates % tc.checkpoint_every == 0:
                     checkpoint()
-                if callback and callback(dict(updates=updates, env_steps=env_steps, learner=learner,
-                                              actors=rollout_actors, metrics=record)):
+                if callback and callback(
+                    dict(updates=updates, env_steps=env_steps, learner=learner, actors=rollout_actors, metrics=record)
+                ):
                     break
                 if selection is not None and selection.stop_reason:
-                    print(f"sim2real train: stopping early at update {updates}: {selection.stop_reason}", file=sys.stderr)
+                    print(
+                        f"sim2real train: stopping early at update {updates}: {selection.stop_reason}", file=sys.stderr
+                    )
                     break
-            if pool.settle() and record is not None:  # actors Ray restarted after their last batch: the last record says so
+            if (
+                pool.settle() and record is not None
+            ):  # actors Ray restarted after their last batch: the last record says so
                 logger.log(dict(record, actor_restarts=pool.restarts))
             checkpoint()
             if selection is not None:
-                # The final weights compete too; their score goes to selection.json (metrics.jsonl keeps one row per update).
+                # The final weights compete too; their score goes to selection.json (metrics.jsonl keeps one row per
+                # update).
                 selection.after_update(updates, env_steps, learner.version, publisher.weights, final=True)
                 (run_dir / "selection.json").write_text(json.dumps(selection.summary(), indent=2))
         except KeyboardInterrupt:
@@ -167,13 +234,21 @@ def train_vtrace(cfg, *, policy_loss: PolicyLoss, out_dir=None, steps=None, acto
     loop_s = time.perf_counter() - loop_start
     best = selection.best if selection is not None else None
     return TrainResult(
-        run_dir=str(run_dir), algorithm=tc.algorithm, env_steps=env_steps, updates=updates,
-        final_return=final_return_of(recent_returns), wall_s=time.perf_counter() - start_wall,
-        env_steps_per_s=(env_steps - steps_at_start) / loop_s, learner_utilization=learner_time / loop_s,
-        actor_restarts=pool.restarts, **entropy_figures(record, model_spec["act_dim"]),
-        best_updates=best["updates"] if best else None, best_validation_return=best["validation_return"] if best else None,
+        run_dir=str(run_dir),
+        algorithm=tc.algorithm,
+        env_steps=env_steps,
+        updates=updates,
+        final_return=final_return_of(recent_returns),
+        wall_s=time.perf_counter() - start_wall,
+        env_steps_per_s=(env_steps - steps_at_start) / loop_s,
+        learner_utilization=learner_time / loop_s,
+        actor_restarts=pool.restarts,
+        **entropy_figures(record, model_spec["act_dim"]),
+        best_updates=best["updates"] if best else None,
+        best_validation_return=best["validation_return"] if best else None,
         stopped_early=selection.stop_reason if selection is not None else None,
-        adr_fraction=selection.adr_fraction if selection is not None and selection.adr.enabled else None)
+        adr_fraction=selection.adr_fraction if selection is not None and selection.adr.enabled else None,
+    )
 
 
 def note_validation(record: dict, results: list[dict], selection: ModelSelection, actors: list) -> None:

@@ -25,9 +25,16 @@ def load_policy(run_dir: str | Path, which: str = "selected") -> tuple[nn.Module
         raise CheckpointError(f"{run_dir}: no best checkpoint (was validation enabled?)")
     path = path or latest_checkpoint(run_dir)
     ckpt = read_checkpoint(path)
-    meta = dict(env_id=ckpt["env_id"], task=ckpt["task"], config_hash=ckpt["config_hash"],
-                updates=int(ckpt["updates"]), env_steps=int(ckpt["env_steps"]), checkpoint=Path(path).name,
-                algorithm=algorithm_of(ckpt), **{"history_length": 0, **ckpt["model_spec"]})
+    meta = dict(
+        env_id=ckpt["env_id"],
+        task=ckpt["task"],
+        config_hash=ckpt["config_hash"],
+        updates=int(ckpt["updates"]),
+        env_steps=int(ckpt["env_steps"]),
+        checkpoint=Path(path).name,
+        algorithm=algorithm_of(ckpt),
+        **{"history_length": 0, **ckpt["model_spec"]},
+    )
     if "selection" in ckpt:
         meta["selection"] = ckpt["selection"]
     return algorithm(algorithm_of(ckpt)).deployable(ckpt), meta

@@ -95,11 +95,13 @@ class PrioritizedReplay:
     def __init__(self, capacity: int, obs_dim: int, act_dim: int, alpha: float = 0.6, seed: int = 0):
         self.capacity, self.alpha = int(capacity), float(alpha)
         self.tree = SumTree(self.capacity)
-        self.data = {"obs": np.zeros((self.capacity, obs_dim), np.float32),
-                     "action": np.zeros((self.capacity, act_dim), np.float32),
-                     "reward": np.zeros(self.capacity, np.float32),
-                     "next_obs": np.zeros((self.capacity, obs_dim), np.float32),
-                     "discount": np.zeros(self.capacity, np.float32)}
+        self.data = {
+            "obs": np.zeros((self.capacity, obs_dim), np.float32),
+            "action": np.zeros((self.capacity, act_dim), np.float32),
+            "reward": np.zeros(self.capacity, np.float32),
+            "next_obs": np.zeros((self.capacity, obs_dim), np.float32),
+            "discount": np.zeros(self.capacity, np.float32),
+        }
         # Bumped when a slot is overwritten: a priority update for its previous content is dropped.
         self.generation = np.zeros(self.capacity, np.int64)
         self.size, self.next_slot, self.max_priority = 0, 0, 1.0
@@ -112,8 +114,8 @@ class PrioritizedReplay:
         if n == 0:
             return 0
         if n > self.capacity:  # only the newest `capacity` would survive anyway
-            batch = {k: batch[k][-self.capacity:] for k in TRANSITION_KEYS}
-            priorities = None if priorities is None else priorities[-self.capacity:]
+            batch = {k: batch[k][-self.capacity :] for k in TRANSITION_KEYS}
+            priorities = None if priorities is None else priorities[-self.capacity :]
             n = self.capacity
         slots = (self.next_slot + np.arange(n)) % self.capacity
         for key in TRANSITION_KEYS:
@@ -121,7 +123,7 @@ class PrioritizedReplay:
         self.generation[slots] += 1
         p = np.full(n, self.max_priority) if priorities is None else np.asarray(priorities, np.float64) + PRIORITY_EPS
         self.max_priority = max(self.max_priority, float(p.max()))
-        self.tree.update(slots, p ** self.alpha)
+        self.tree.update(slots, p**self.alpha)
         self.next_slot = int((self.next_slot + n) % self.capacity)
         self.size = min(self.size + n, self.capacity)
         self.inserted += n
@@ -139,8 +141,14 @@ class PrioritizedReplay:
         idx = np.minimum(self.tree.find(np.minimum(mass, np.nextafter(total, 0))), self.size - 1)
         self.sampled += n
         out = {k: v[idx] for k, v in self.data.items()}
-        out.update(index=idx, generation=self.generation[idx].copy(), prob_mass=self.tree.leaves(idx),
-                   min_mass=self.tree.min, total_mass=total, size=self.size)
+        out.update(
+            index=idx,
+            generation=self.generation[idx].copy(),
+            prob_mass=self.tree.leaves(idx),
+            min_mass=self.tree.min,
+            total_mass=total,
+            size=self.size,
+        )
         return out
 
     def update_priorities(self, index: np.ndarray, generation: np.ndarray, priorities: np.ndarray) -> int:
@@ -155,14 +163,21 @@ class PrioritizedReplay:
     def state(self) -> dict[str, np.ndarray]:
         """Everything in the shard as flat numpy arrays (np.savez-able, loads without pickle)."""
         used = np.arange(self.capacity)
-        return {**{f"data_{k}": v for k, v in self.data.items()}, "priority_mass": self.tree.leaves(used),
-                "generation": self.generation,
-                "scalars": np.array([self.size, self.next_slot, self.max_priority, self.inserted, self.sampled], np.float64)}
+        return {
+            **{f"data_{k}": v for k, v in self.data.items()},
+            "priority_mass": self.tree.leaves(used),
+            "generation": self.generation,
+            "scalars": np.array(
+                [self.size, self.next_slot, self.max_priority, self.inserted, self.sampled], np.float64
+            ),
+        }
 
     def load_state(self, state: dict) -> None:
         if state["data_obs"].shape != self.data["obs"].shape or state["data_action"].shape != self.data["action"].shape:
-            raise ValueError(f"replay snapshot holds {state['data_obs'].shape} observations / {state['data_action'].shape} "
-                             f"actions; this shard has {self.data['obs'].shape} / {self.data['action'].shape}")
+            raise ValueError(
+                f"replay snapshot holds {state['data_obs'].shape} observations / {state['data_action'].shape} "
+                f"actions; this shard has {self.data['obs'].shape} / {self.data['action'].shape}"
+            )
         for key in TRANSITION_KEYS:
             self.data[key][:] = state[f"data_{key}"]
         self.generation[:] = state["generation"]
@@ -176,8 +191,14 @@ class PrioritizedReplay:
 
 def empty_sample(data: dict, min_mass: float, total: float, size: int) -> dict:
     out = {k: v[:0] for k, v in data.items()}
-    out.update(index=np.zeros(0, np.int64), generation=np.zeros(0, np.int64), prob_mass=np.zeros(0),
-               min_mass=min_mass, total_mass=total, size=size)
+    out.update(
+        index=np.zeros(0, np.int64),
+        generation=np.zeros(0, np.int64),
+        prob_mass=np.zeros(0),
+        min_mass=min_mass,
+        total_mass=total,
+        size=size,
+    )
     return out
 
 
@@ -213,8 +234,13 @@ class ReplayShard:
 
     def __init__(self, index: int, capacity: int, obs_dim: int, act_dim: int, alpha: float, seed: int):
         self.index = index
-        self.replay = PrioritizedReplay(capacity, obs_dim, act_dim, alpha, seed=int(
-            np.random.SeedSequence([seed, index, uuid.uuid4().int % 2**32]).generate_state(1)[0]))
+        self.replay = PrioritizedReplay(
+            capacity,
+            obs_dim,
+            act_dim,
+            alpha,
+            seed=int(np.random.SeedSequence([seed, index, uuid.uuid4().int % 2**32]).generate_state(1)[0]),
+        )
         self.life = uuid.uuid4().hex
         self.reconstructed = ray_restarted()  # counted even when the driver never saw the life before it
         self.node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
@@ -232,10 +258,19 @@ class ReplayShard:
 
     def stats(self) -> dict:
         r = self.replay
-        return dict(shard=self.index, life=self.life, reconstructed=self.reconstructed, node_id=self.node_id,
-                    size=r.size, inserted=r.inserted,
-                    sampled=r.sampled, total_mass=r.tree.total, min_mass=r.tree.min if r.size else 0.0,
-                    max_priority=r.max_priority, capacity=r.capacity)
+        return dict(
+            shard=self.index,
+            life=self.life,
+            reconstructed=self.reconstructed,
+            node_id=self.node_id,
+            size=r.size,
+            inserted=r.inserted,
+            sampled=r.sampled,
+            total_mass=r.tree.total,
+            min_mass=r.tree.min if r.size else 0.0,
+            max_priority=r.max_priority,
+            capacity=r.capacity,
+        )
 
     def state(self) -> dict:
         return self.replay.state()
@@ -300,7 +335,9 @@ class ReplayClient:
         if not group:
             return {}
         order = self.rng.permutation(len(group["reward"]))
-        self._ready = [{k: v[rows] for k, v in group.items()} for rows in np.array_split(order, self.prefetch) if len(rows)]
+        self._ready = [
+            {k: v[rows] for k, v in group.items()} for rows in np.array_split(order, self.prefetch) if len(rows)
+        ]
         return self._ready.pop()
 
     def update_priorities(self, batch: dict, priorities: np.ndarray) -> None:
@@ -360,7 +397,6 @@ def load_snapshot(folder: Path, shards: list) -> int:
     return int(sum(st["scalars"][0] for st in states))
 
 
-
 class NStepBuilder:
     """Per-env n-step accumulation. `step()` takes one vector step and returns finished transitions.
 
@@ -391,7 +427,7 @@ class NStepBuilder:
         return {k: np.asarray(v, np.float32).reshape(-1, *self.shapes[k]) for k, v in out.items()}
 
     def _emit(self, out, queue, next_obs, alive: float) -> None:
-        ret = sum(self.gamma ** k * r for k, (_, _, r) in enumerate(queue))
+        ret = sum(self.gamma**k * r for k, (_, _, r) in enumerate(queue))
         out["obs"].append(queue[0][0])
         out["action"].append(queue[0][1])
         out["reward"].append(ret)

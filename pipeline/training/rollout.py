@@ -26,8 +26,9 @@ from shield.policy import HistoryBuffer
 MAX_ENV_RESTARTS = 100
 
 
-def make_env(env_id: str, randomization: Any = None, max_episode_steps: int | None = None,
-             shield: dict | None = None) -> gym.Env:
+def make_env(
+    env_id: str, randomization: Any = None, max_episode_steps: int | None = None, shield: dict | None = None
+) -> gym.Env:
     """Create one env by gymnasium id with a domain-randomization set applied.
 
     `randomization` is None, a set name ("train") or a set as a dict/RandomizationSet.
@@ -70,8 +71,9 @@ def preflight(cfg) -> None:
             finally:
                 env.close()
         except Exception as err:  # whatever the env raised, the set is what to change
-            raise ConfigError(f"randomization.{name}: the task's env cannot run with this set: "
-                              f"{type(err).__name__}: {err}") from None
+            raise ConfigError(
+                f"randomization.{name}: the task's env cannot run with this set: {type(err).__name__}: {err}"
+            ) from None
     if obs is None or not env_id.startswith("sim2real/"):
         return
     import envs
@@ -81,11 +83,14 @@ def preflight(cfg) -> None:
         legacy = envs.legacy_controller(env_id)
         action = np.asarray(legacy(np.asarray(obs, np.float32)[None]))
     except Exception as err:
-        raise ConfigError(f"plant.legacy: the legacy controller cannot answer an observation: "
-                          f"{type(err).__name__}: {err}") from None
+        raise ConfigError(
+            f"plant.legacy: the legacy controller cannot answer an observation: {type(err).__name__}: {err}"
+        ) from None
     if action.shape != (1, act_dim):
-        raise ConfigError(f"plant.legacy: the legacy controller returned shape {action.shape} for one observation "
-                          f"(float32[1, {len(obs)}]); it must return float32[n, act_dim] = [1, {act_dim}]")
+        raise ConfigError(
+            f"plant.legacy: the legacy controller returned shape {action.shape} for one observation "
+            f"(float32[1, {len(obs)}]); it must return float32[n, act_dim] = [1, {act_dim}]"
+        )
 
 
 class PolicyInputs:
@@ -130,9 +135,19 @@ class RolloutActor:
     gamma * V(final_obs) to that step's reward: a time limit is not a failure.
     """
 
-    def __init__(self, index: int, env_id: str, randomization: Any, max_episode_steps: int | None,
-                 num_envs: int, rollout_length: int, seed: int, model_spec: dict, weight_source: str | None = None,
-                 shield: dict | None = None):
+    def __init__(
+        self,
+        index: int,
+        env_id: str,
+        randomization: Any,
+        max_episode_steps: int | None,
+        num_envs: int,
+        rollout_length: int,
+        seed: int,
+        model_spec: dict,
+        weight_source: str | None = None,
+        shield: dict | None = None,
+    ):
         torch.set_num_threads(1)  # one core per actor; torch's thread pool would fight the others
         restarted = ray_restarted()
         # A restarted actor must not replay the episodes its previous life already sent.
@@ -252,14 +267,27 @@ class RolloutActor:
                     self.ep_return[i] = self.ep_cost[i] = self.ep_len[i] = 0
             self.inputs.record(stepped, sent)  # before the resets below clear the ended envs' histories
             for i in ended:
-                final_obs[t, i] = self.inputs.of(self.obs[i:i + 1], rows=slice(i, i + 1))[0]
+                final_obs[t, i] = self.inputs.of(self.obs[i : i + 1], rows=slice(i, i + 1))[0]
                 self.obs[i] = self._reset(i)
             for i in recreated:
                 self.inputs.clear(i)
         obs_buf[T] = self.inputs.of(self.obs)
 
-        return dict(obs=obs_buf, actions=actions, behaviour_logp=logp, rewards=rewards, costs=costs,
-                    terminated=terminated, truncated=truncated, final_obs=final_obs,
-                    behaviour_mean=behaviour_mean, behaviour_log_std=self.model.log_std.detach().numpy().copy(),
-                    version=self.version, actor=self.index, life=self.life, reconstructed=self.reconstructed,
-                    episodes=np.asarray(episodes, np.float64).reshape(-1, 3), env_restarts=self.env_restarts)
+        return dict(
+            obs=obs_buf,
+            actions=actions,
+            behaviour_logp=logp,
+            rewards=rewards,
+            costs=costs,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=final_obs,
+            behaviour_mean=behaviour_mean,
+            behaviour_log_std=self.model.log_std.detach().numpy().copy(),
+            version=self.version,
+            actor=self.index,
+            life=self.life,
+            reconstructed=self.reconstructed,
+            episodes=np.asarray(episodes, np.float64).reshape(-1, 3),
+            env_restarts=self.env_restarts,
+        )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -36,8 +36,14 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 class SquashedGaussianActor(nn.Module):
     """Raw observation -> tanh-squashed Gaussian over normalized actions; owns the obs normalizer."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: Sequence[int] = (64, 64),
-                 action_low: Sequence[float] | float = -1.0, action_high: Sequence[float] | float = 1.0):
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden_sizes: Sequence[int] = (64, 64),
+        action_low: Sequence[float] | float = -1.0,
+        action_high: Sequence[float] | float = 1.0,
+    ):
         super().__init__()
         self.obs_dim, self.act_dim, self.hidden_sizes = int(obs_dim), int(act_dim), [int(h) for h in hidden_sizes]
         self.obs_rms = RunningMeanStd(self.obs_dim)
@@ -52,8 +58,9 @@ class SquashedGaussianActor(nn.Module):
     def normalize(self, obs_raw: torch.Tensor) -> torch.Tensor:
         return self.obs_rms(obs_raw)
 
-    def sample(self, obs_norm: torch.Tensor, generator: torch.Generator | None = None,
-               deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, obs_norm: torch.Tensor, generator: torch.Generator | None = None, deterministic: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(action in [-1, 1], log-probability of it) for normalized observations (reparameterized)."""
         mean, log_std = self.pi(obs_norm).split(self.act_dim, dim=-1)
         if deterministic:
@@ -73,8 +80,13 @@ class SquashedGaussianActor(nn.Module):
         return low + (np.clip(action, -1.0, 1.0) + 1.0) * 0.5 * (high - low)
 
     def spec(self) -> dict:
-        return dict(obs_dim=self.obs_dim, act_dim=self.act_dim, hidden_sizes=list(self.hidden_sizes),
-                    action_low=self.action_low.tolist(), action_high=self.action_high.tolist())
+        return dict(
+            obs_dim=self.obs_dim,
+            act_dim=self.act_dim,
+            hidden_sizes=list(self.hidden_sizes),
+            action_low=self.action_low.tolist(),
+            action_high=self.action_high.tolist(),
+        )
 
 
 class TwinCritic(nn.Module):
@@ -117,7 +129,7 @@ class SacDeterministicPolicy(nn.Module):
 
     def forward(self, obs_raw: torch.Tensor) -> torch.Tensor:
         x = torch.clamp((obs_raw - self.obs_mean) / self.obs_std, -OBS_CLIP, OBS_CLIP)
-        return self.action_mid + self.action_half * torch.tanh(self.pi(x)[..., :self.act_dim])
+        return self.action_mid + self.action_half * torch.tanh(self.pi(x)[..., : self.act_dim])
 
 
 def policy_from_checkpoint(ckpt: dict) -> SacDeterministicPolicy:
@@ -127,8 +139,14 @@ def policy_from_checkpoint(ckpt: dict) -> SacDeterministicPolicy:
     return SacDeterministicPolicy(actor)
 
 
-def soft_target(reward: torch.Tensor, discount: torch.Tensor, q1_next: torch.Tensor, q2_next: torch.Tensor,
-                next_logp: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+def soft_target(
+    reward: torch.Tensor,
+    discount: torch.Tensor,
+    q1_next: torch.Tensor,
+    q2_next: torch.Tensor,
+    next_logp: torch.Tensor,
+    temperature: torch.Tensor,
+) -> torch.Tensor:
     """y = R^(n) + discount * (min(Q'_1, Q'_2)(s', a') - temperature * log pi(a'|s'))."""
     return reward + discount * (torch.minimum(q1_next, q2_next) - temperature * next_logp)
 
@@ -138,7 +156,9 @@ def twin_critic_loss(q1: torch.Tensor, q2: torch.Tensor, target: torch.Tensor, w
     return 0.5 * (weight * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean()
 
 
-def soft_actor_loss(logp: torch.Tensor, q1_pi: torch.Tensor, q2_pi: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+def soft_actor_loss(
+    logp: torch.Tensor, q1_pi: torch.Tensor, q2_pi: torch.Tensor, temperature: torch.Tensor
+) -> torch.Tensor:
     """mean_i temperature * log pi(a~|s_i) - min(Q_1, Q_2)(s_i, a~)."""
     return (temperature * logp - torch.minimum(q1_pi, q2_pi)).mean()
 
@@ -175,8 +195,10 @@ class SacLearner:
     def update(self, batch: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
         """One gradient step on a prioritized batch (with `weight`); returns (stats, new |TD| priorities)."""
         start = time.perf_counter()
-        t = {k: torch.as_tensor(batch[k], device=self.device)
-             for k in ("obs", "action", "reward", "next_obs", "discount", "weight")}
+        t = {
+            k: torch.as_tensor(batch[k], device=self.device)
+            for k in ("obs", "action", "reward", "next_obs", "discount", "weight")
+        }
         self.actor.obs_rms.update(t["obs"])
         obs, next_obs = self.actor.normalize(t["obs"]), self.actor.normalize(t["next_obs"])
         temperature = self.log_temperature.exp().detach()
@@ -187,8 +209,9 @@ class SacLearner:
         action, logp = both_action[:n], both_logp[:n]
         with torch.no_grad():
             next_action, next_logp = both_action[n:].detach(), both_logp[n:].detach()
-            target = soft_target(t["reward"], t["discount"], *self.critic_target(next_obs, next_action), next_logp,
-                                 temperature)
+            target = soft_target(
+                t["reward"], t["discount"], *self.critic_target(next_obs, next_action), next_logp, temperature
+            )
         q1, q2 = self.critic(obs, t["action"])
         td = q1 - target
         critic_loss = twin_critic_loss(q1, q2, target, t["weight"])
@@ -211,19 +234,30 @@ class SacLearner:
                 p_t.lerp_(p, self.cfg.tau)
         self.version += 1
         priorities = td.detach().abs().cpu().numpy()
-        stats = dict(critic_loss=critic_loss.item(), actor_loss=actor_loss.item(), temperature=float(temperature),
-                     entropy=-logp.detach().mean().item(), q_mean=q1.detach().mean().item(),
-                     td_abs_mean=float(priorities.mean()), is_weight_mean=float(batch["weight"].mean()),
-                     learner_s=time.perf_counter() - start)
+        stats = dict(
+            critic_loss=critic_loss.item(),
+            actor_loss=actor_loss.item(),
+            temperature=float(temperature),
+            entropy=-logp.detach().mean().item(),
+            q_mean=q1.detach().mean().item(),
+            td_abs_mean=float(priorities.mean()),
+            is_weight_mean=float(batch["weight"].mean()),
+            learner_s=time.perf_counter() - start,
+        )
         return stats, priorities
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: networks, normalizer, targets, temperature, optimizers, version."""
-        return dict(actor=self.cpu_weights(), critic=to_cpu(self.critic.state_dict()),
-                    critic_target=to_cpu(self.critic_target.state_dict()),
-                    log_temperature=self.log_temperature.detach().cpu().clone(),
-                    actor_optim=to_cpu(self.actor_optim.state_dict()), critic_optim=to_cpu(self.critic_optim.state_dict()),
-                    temperature_optim=to_cpu(self.temperature_optim.state_dict()), version=self.version)
+        return dict(
+            actor=self.cpu_weights(),
+            critic=to_cpu(self.critic.state_dict()),
+            critic_target=to_cpu(self.critic_target.state_dict()),
+            log_temperature=self.log_temperature.detach().cpu().clone(),
+            actor_optim=to_cpu(self.actor_optim.state_dict()),
+            critic_optim=to_cpu(self.critic_optim.state_dict()),
+            temperature_optim=to_cpu(self.temperature_optim.state_dict()),
+            version=self.version,
+        )
 
     def load_state_dict(self, state: dict) -> None:
         self.actor.load_state_dict(state["actor"])

@@ -28,17 +28,18 @@ from pipeline.training.rollout import make_env, preflight
 # final_return = mean return of this many most recent episodes.
 FINAL_RETURN_WINDOW = 20
 
+
 @dataclass
 class ReplayFigures:
     """An off-policy run's replay and fault figures."""
 
-    replay_ratio: float            # transitions learned per transition collected
+    replay_ratio: float  # transitions learned per transition collected
     learned_samples: int
     learner_samples_per_s: float
     shard_restarts: int
-    transitions_lost: int          # held by a shard that died, or taken by none
-    replay_restored: int           # transitions a resumed run found in the replay snapshot
-    nodes: dict[str, list[str]]    # Ray node ids that ran actors and shards
+    transitions_lost: int  # held by a shard that died, or taken by none
+    replay_restored: int  # transitions a resumed run found in the replay snapshot
+    nodes: dict[str, list[str]]  # Ray node ids that ran actors and shards
 
 
 @dataclass
@@ -48,13 +49,13 @@ class TrainResult:
     run_dir: str
     algorithm: str
     env_steps: int
-    updates: int                   # learner steps (an off-policy learner steps once per minibatch)
-    final_return: float | None     # mean return of the last FINAL_RETURN_WINDOW training episodes
-    wall_s: float                  # s, this life of the run (a resumed run counts from its restart)
+    updates: int  # learner steps (an off-policy learner steps once per minibatch)
+    final_return: float | None  # mean return of the last FINAL_RETURN_WINDOW training episodes
+    wall_s: float  # s, this life of the run (a resumed run counts from its restart)
     env_steps_per_s: float
-    learner_utilization: float     # share of the loop's wall time spent in learner updates
+    learner_utilization: float  # share of the loop's wall time spent in learner updates
     actor_restarts: int
-    entropy: float | None = None   # the policy's last measured entropy (nats, summed over action dimensions)
+    entropy: float | None = None  # the policy's last measured entropy (nats, summed over action dimensions)
     entropy_collapsed: bool = False  # entropy below metrics.ENTROPY_COLLAPSE_NATS at the end of the run
     # Validation-based selection (algorithms that select on validation, with validation.enabled):
     best_updates: int | None = None
@@ -83,11 +84,11 @@ class WeightLearner(Protocol):
 class RunStart(NamedTuple):
     """What `start_run` hands the loop."""
 
-    cfg: Any                       # the config with the command line's overrides
+    cfg: Any  # the config with the command line's overrides
     run_dir: Path
-    checkpoint: dict | None        # the checkpoint a resumed run continues from
+    checkpoint: dict | None  # the checkpoint a resumed run continues from
     model_spec: dict
-    randomization: dict            # the `train` set, as plain data
+    randomization: dict  # the `train` set, as plain data
     device: torch.device
 
 
@@ -113,10 +114,16 @@ def model_spec_for(cfg, history_length: int | None = None) -> tuple[dict, dict]:
     try:
         obs_space, act_space = env.observation_space, env.action_space
         if len(obs_space.shape) != 1 or len(act_space.shape) != 1:
-            raise ValueError(f"{cfg.task.env_id}: needs flat Box observations and actions, got "
-                             f"{obs_space} and {act_space}")
-        spec = dict(obs_dim=obs_space.shape[0], act_dim=act_space.shape[0], hidden_sizes=list(cfg.train.hidden_sizes),
-                    action_low=act_space.low.astype(float).tolist(), action_high=act_space.high.astype(float).tolist())
+            raise ValueError(
+                f"{cfg.task.env_id}: needs flat Box observations and actions, got {obs_space} and {act_space}"
+            )
+        spec = dict(
+            obs_dim=obs_space.shape[0],
+            act_dim=act_space.shape[0],
+            hidden_sizes=list(cfg.train.hidden_sizes),
+            action_low=act_space.low.astype(float).tolist(),
+            action_high=act_space.high.astype(float).tolist(),
+        )
         if history_length is not None:
             spec["history_length"] = history_length
     finally:
@@ -143,8 +150,10 @@ def start_run(cfg, out_dir, resume, steps, actors, envs_per_actor, history_lengt
     preflight(cfg)  # a set or a legacy controller that cannot run fails here, before the run directory exists
     model_spec, randomization = model_spec_for(cfg, history_length)
     if ckpt is not None and (algorithm_of(ckpt) != cfg.train.algorithm or ckpt["model_spec"] != model_spec):
-        raise ValueError(f"cannot resume {run_dir}: its checkpoint ({algorithm_of(ckpt)}, model {ckpt['model_spec']}) "
-                         f"does not match the config's train.algorithm {cfg.train.algorithm!r} and model {model_spec}")
+        raise ValueError(
+            f"cannot resume {run_dir}: its checkpoint ({algorithm_of(ckpt)}, model {ckpt['model_spec']}) "
+            f"does not match the config's train.algorithm {cfg.train.algorithm!r} and model {model_spec}"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     device = resolve_device(cfg.train.device)
@@ -167,8 +176,12 @@ def add_episode_figures(record: dict, episodes: np.ndarray, episodes_total: int,
     if len(recent_returns) == FINAL_RETURN_WINDOW:
         record["episode_return_recent"] = float(np.mean(recent_returns))  # last FINAL_RETURN_WINDOW episodes
     if len(episodes):
-        record.update(episode_return=float(episodes[:, 0].mean()), episode_cost=float(episodes[:, 1].mean()),
-                      episode_length=float(episodes[:, 2].mean()), episodes=episodes_total)
+        record.update(
+            episode_return=float(episodes[:, 0].mean()),
+            episode_cost=float(episodes[:, 1].mean()),
+            episode_length=float(episodes[:, 2].mean()),
+            episodes=episodes_total,
+        )
 
 
 def final_return_of(recent_returns: deque) -> float | None:

@@ -35,8 +35,16 @@ from pipeline.training.rollout import PolicyInputs, make_env, sent_action
 class ValidationActor:
     """Evaluates published weights on the validation domains: `evaluate(version, [ref]) -> dict`."""
 
-    def __init__(self, env_id: str, randomization: Any, max_episode_steps: int | None, episodes: int, seed: int,
-                 model_spec: dict, shield: dict | None = None):
+    def __init__(
+        self,
+        env_id: str,
+        randomization: Any,
+        max_episode_steps: int | None,
+        episodes: int,
+        seed: int,
+        model_spec: dict,
+        shield: dict | None = None,
+    ):
         torch.set_num_threads(1)
         self.envs = [make_env(env_id, randomization, max_episode_steps, shield) for _ in range(episodes)]
         self.seeds = [seed + k for k in range(episodes)]
@@ -44,7 +52,9 @@ class ValidationActor:
 
     def evaluate(self, version: int, wrapped_ref: list) -> dict:
         """Mean return (and per-episode returns, costs, shield interventions) of the deterministic policy."""
-        self.model.load_state_dict(ray.get(wrapped_ref[0]) if isinstance(wrapped_ref[0], ray.ObjectRef) else wrapped_ref[0])
+        self.model.load_state_dict(
+            ray.get(wrapped_ref[0]) if isinstance(wrapped_ref[0], ray.ObjectRef) else wrapped_ref[0]
+        )
         return dict(version=version, **run_episodes(self.model, self.envs, self.seeds))
 
     def close(self) -> None:
@@ -75,8 +85,13 @@ def run_episodes(model: ActorCritic, envs: list, seeds: list[int]) -> dict:
             obs[i] = o
             active[i] = not (term or trunc)
         inputs.record(acted, sent)
-    return dict(return_mean=float(returns.mean()), returns=returns.tolist(), cost=float(costs.sum()),
-                steps=int(steps.sum()), intervention_rate=interventions / max(int(steps.sum()), 1))
+    return dict(
+        return_mean=float(returns.mean()),
+        returns=returns.tolist(),
+        cost=float(costs.sum()),
+        steps=int(steps.sum()),
+        intervention_rate=interventions / max(int(steps.sum()), 1),
+    )
 
 
 def adr_set(rset: RandomizationSet, fraction: float) -> RandomizationSet:
@@ -131,9 +146,19 @@ class ModelSelection:
         self.adr_fraction = self.adr.start_fraction if self.adr.enabled else 1.0
         if best_checkpoint(self.run_dir) is not None:  # a resumed run must beat what its first life kept
             kept = read_checkpoint(best_checkpoint(self.run_dir))["selection"]
-            self.best = {k: v for k, v in kept.items() if k in ("updates", "env_steps", "validation_return",
-                                                                 "validation_cost", "validation_intervention_rate",
-                                                                 "adr_fraction")}
+            self.best = {
+                k: v
+                for k, v in kept.items()
+                if k
+                in (
+                    "updates",
+                    "env_steps",
+                    "validation_return",
+                    "validation_cost",
+                    "validation_intervention_rate",
+                    "adr_fraction",
+                )
+            }
             self.adr_fraction = kept.get("adr_fraction", self.adr_fraction)
         self.shield = shield
         self.actor = None
@@ -141,17 +166,25 @@ class ModelSelection:
     def start(self) -> None:
         """Start the evaluation actor (after the rollout actors: they are on the critical path)."""
         actor = ray.remote(ValidationActor).options(num_cpus=0, max_restarts=1)
-        self.actor = actor.remote(self.cfg.task.env_id, self.cfg.randomization[self.vc.domains].model_dump(mode="json"),
-                                  self.cfg.task.max_episode_steps, self.vc.episodes, self.vc.seed, self.model_spec,
-                                  self.shield)
+        self.actor = actor.remote(
+            self.cfg.task.env_id,
+            self.cfg.randomization[self.vc.domains].model_dump(mode="json"),
+            self.cfg.task.max_episode_steps,
+            self.vc.episodes,
+            self.vc.seed,
+            self.model_spec,
+            self.shield,
+        )
 
     def train_randomization(self) -> dict:
         """The train set at the current ADR width (the declared set when ADR is off)."""
         rset = self.cfg.randomization["train"]
         return (adr_set(rset, self.adr_fraction) if self.adr.enabled else rset).model_dump(mode="json")
 
-    def after_update(self, updates: int, env_steps: int, version: int, weights: dict, final: bool = False) -> list[dict]:
-        """Call after every learner update (final=True once at the end); returns the evaluation records that finished."""
+    def after_update(
+        self, updates: int, env_steps: int, version: int, weights: dict, final: bool = False
+    ) -> list[dict]:
+        """Call after every learner update (final=True at the end); returns the evaluations that finished."""
         done = self._poll(block=self.sync or final)
         evaluated = any(h["updates"] == updates for h in self.history)
         due = not evaluated and (final or updates % self.vc.every_updates == 0)
@@ -173,28 +206,54 @@ class ModelSelection:
             result = ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
             # Training goes on without this evaluation; the best so far stays the best.
-            print(f"sim2real train: validation at update {updates} failed ({type(err).__name__}); skipped",
-                  file=sys.stderr)
+            print(
+                f"sim2real train: validation at update {updates} failed ({type(err).__name__}); skipped",
+                file=sys.stderr,
+            )
             return []
-        record = dict(updates=updates, env_steps=env_steps, validation_return=result["return_mean"],
-                      validation_cost=result["cost"], validation_intervention_rate=result["intervention_rate"],
-                      adr_fraction=self.adr_fraction)
+        record = dict(
+            updates=updates,
+            env_steps=env_steps,
+            validation_return=result["return_mean"],
+            validation_cost=result["cost"],
+            validation_intervention_rate=result["intervention_rate"],
+            adr_fraction=self.adr_fraction,
+        )
         self.history.append(record)
         improved = self.best is None or result["return_mean"] > self.best["validation_return"] + self.vc.min_improvement
         if improved:
             self.best, self.since_best = record, 0
-            why = (f"best mean validation return {result['return_mean']:.2f} over {self.vc.episodes} episodes on "
-                   f"'{self.vc.domains}' (seeds {self.vc.seed}..{self.vc.seed + self.vc.episodes - 1}) among "
-                   f"{len(self.history)} evaluations so far")
-            selection = dict(record, why=why, domains=self.vc.domains, episodes=self.vc.episodes,
-                             returns=result["returns"], train_randomization=self.train_randomization())
-            write_best(self.run_dir, dict(model=weights, model_spec=self.model_spec, selection=selection,
-                                          updates=updates, env_steps=env_steps, **self.meta))
+            why = (
+                f"best mean validation return {result['return_mean']:.2f} over {self.vc.episodes} episodes on "
+                f"'{self.vc.domains}' (seeds {self.vc.seed}..{self.vc.seed + self.vc.episodes - 1}) among "
+                f"{len(self.history)} evaluations so far"
+            )
+            selection = dict(
+                record,
+                why=why,
+                domains=self.vc.domains,
+                episodes=self.vc.episodes,
+                returns=result["returns"],
+                train_randomization=self.train_randomization(),
+            )
+            write_best(
+                self.run_dir,
+                dict(
+                    model=weights,
+                    model_spec=self.model_spec,
+                    selection=selection,
+                    updates=updates,
+                    env_steps=env_steps,
+                    **self.meta,
+                ),
+            )
         else:
             self.since_best += 1
             if self.vc.patience and self.since_best >= self.vc.patience:
-                self.stop_reason = (f"validation return did not beat {self.best['validation_return']:.2f} "
-                                    f"(update {self.best['updates']}) in {self.since_best} evaluations")
+                self.stop_reason = (
+                    f"validation return did not beat {self.best['validation_return']:.2f} "
+                    f"(update {self.best['updates']}) in {self.since_best} evaluations"
+                )
         record["adr_widen"] = self._adr_step(result["return_mean"])
         return [record]
 
@@ -210,10 +269,19 @@ class ModelSelection:
 
     def summary(self) -> dict:
         """What the run selected and why, for train()'s result, selection.json and the manifest."""
-        return dict(enabled=True, domains=self.vc.domains, evaluations=len(self.history), best=self.best,
-                    stopped_early=self.stop_reason, history=self.history,
-                    adr=dict(enabled=self.adr.enabled, fraction=self.adr_fraction,
-                             train_randomization=self.train_randomization()) if self.adr.enabled else None)
+        return dict(
+            enabled=True,
+            domains=self.vc.domains,
+            evaluations=len(self.history),
+            best=self.best,
+            stopped_early=self.stop_reason,
+            history=self.history,
+            adr=dict(
+                enabled=self.adr.enabled, fraction=self.adr_fraction, train_randomization=self.train_randomization()
+            )
+            if self.adr.enabled
+            else None,
+        )
 
     def close(self) -> None:
         if self.actor is not None:

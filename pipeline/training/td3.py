@@ -48,7 +48,7 @@ class Td3Learner:
         self.actor_loss = 0.0
 
     def _act(self, pi: torch.nn.Module, obs_norm: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(pi(obs_norm)[..., :self.act_dim])
+        return torch.tanh(pi(obs_norm)[..., : self.act_dim])
 
     def cpu_weights(self) -> dict[str, torch.Tensor]:
         """The actor's state_dict on the CPU (weights + normalizer): what actors, export and checkpoints take."""
@@ -57,13 +57,18 @@ class Td3Learner:
     def update(self, batch: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
         """One critic step (and every policy_delay steps an actor step) on a prioritized batch; (stats, priorities)."""
         start = time.perf_counter()
-        t = {k: torch.as_tensor(batch[k], device=self.device)
-             for k in ("obs", "action", "reward", "next_obs", "discount", "weight")}
+        t = {
+            k: torch.as_tensor(batch[k], device=self.device)
+            for k in ("obs", "action", "reward", "next_obs", "discount", "weight")
+        }
         self.actor.obs_rms.update(t["obs"])
         obs, next_obs = self.actor.normalize(t["obs"]), self.actor.normalize(t["next_obs"])
         with torch.no_grad():
-            next_action = smoothed(self._act(self.pi_target, next_obs), torch.randn_like(t["action"]) * self.cfg.policy_noise,
-                                   self.cfg.noise_clip)
+            next_action = smoothed(
+                self._act(self.pi_target, next_obs),
+                torch.randn_like(t["action"]) * self.cfg.policy_noise,
+                self.cfg.noise_clip,
+            )
             target = t["reward"] + t["discount"] * torch.minimum(*self.critic_target(next_obs, next_action))
         q1, q2 = self.critic(obs, t["action"])
         td = q1 - target
@@ -84,17 +89,27 @@ class Td3Learner:
                     for p, p_t in zip(net.parameters(), target_net.parameters()):
                         p_t.lerp_(p, self.cfg.tau)
         priorities = td.detach().abs().cpu().numpy()
-        stats = dict(critic_loss=critic_loss.item(), actor_loss=self.actor_loss, q_mean=q1.detach().mean().item(),
-                     td_abs_mean=float(priorities.mean()), is_weight_mean=float(batch["weight"].mean()),
-                     learner_s=time.perf_counter() - start)
+        stats = dict(
+            critic_loss=critic_loss.item(),
+            actor_loss=self.actor_loss,
+            q_mean=q1.detach().mean().item(),
+            td_abs_mean=float(priorities.mean()),
+            is_weight_mean=float(batch["weight"].mean()),
+            learner_s=time.perf_counter() - start,
+        )
         return stats, priorities
 
     def state_dict(self) -> dict:
         """Everything needed to continue exactly: networks, normalizer, targets, optimizers, version."""
-        return dict(actor=self.cpu_weights(), pi_target=to_cpu(self.pi_target.state_dict()),
-                    critic=to_cpu(self.critic.state_dict()), critic_target=to_cpu(self.critic_target.state_dict()),
-                    actor_optim=to_cpu(self.actor_optim.state_dict()), critic_optim=to_cpu(self.critic_optim.state_dict()),
-                    version=self.version)
+        return dict(
+            actor=self.cpu_weights(),
+            pi_target=to_cpu(self.pi_target.state_dict()),
+            critic=to_cpu(self.critic.state_dict()),
+            critic_target=to_cpu(self.critic_target.state_dict()),
+            actor_optim=to_cpu(self.actor_optim.state_dict()),
+            critic_optim=to_cpu(self.critic_optim.state_dict()),
+            version=self.version,
+        )
 
     def load_state_dict(self, state: dict) -> None:
         self.actor.load_state_dict(state["actor"])

@@ -8,14 +8,24 @@ validation), and returns a `TrainResult` (scaffold.py).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from pipeline.training.algorithms import algorithm
 from pipeline.training.scaffold import TrainResult
 
 
-def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ray_address=None, resume=None,
-          progress=True, callback: Callable[[dict], bool] | None = None) -> TrainResult:
+def train(
+    cfg,
+    *,
+    out_dir=None,
+    steps=None,
+    actors=None,
+    envs_per_actor=None,
+    ray_address=None,
+    resume=None,
+    progress=True,
+    callback: Callable[[dict], bool] | None = None,
+) -> TrainResult:
     """Train the task's policy with `cfg.train.algorithm`.
 
     `steps` is the total env-step budget of the run (a resumed run counts the steps it
@@ -27,6 +37,14 @@ def train(cfg, *, out_dir=None, steps=None, actors=None, envs_per_actor=None, ra
     and the loop's own parts); when it returns True the run stops early (e.g. a return
     threshold was reached), with a final checkpoint as usual.
     """
-    return algorithm(cfg.train.algorithm).train(cfg, out_dir=out_dir, steps=steps, actors=actors,
-                                               envs_per_actor=envs_per_actor, ray_address=ray_address,
-                                               resume=resume, progress=progress, callback=callback)
+    return algorithm(cfg.train.algorithm).train(
+        cfg,
+        out_dir=out_dir,
+        steps=steps,
+        actors=actors,
+        envs_per_actor=envs_per_actor,
+        ray_address=ray_address,
+        resume=resume,
+        progress=progress,
+        callback=callback,
+    )

@@ -18,15 +18,25 @@ import torch
 
 
 @torch.no_grad()
-def vtrace(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor,
-           bootstrap_value: torch.Tensor, clip_rho_threshold: float = 1.0,
-           clip_pg_rho_threshold: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def vtrace(
+    log_rhos: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    clip_rho_threshold: float = 1.0,
+    clip_pg_rho_threshold: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(vs, pg_advantages), both `[T, B]`, detached, by the backward recursion."""
     if not (log_rhos.shape == discounts.shape == rewards.shape == values.shape) or log_rhos.dim() != 2:
-        raise ValueError(f"vtrace: log_rhos, discounts, rewards, values must share a [T, B] shape; got "
-                         f"{tuple(log_rhos.shape)}, {tuple(discounts.shape)}, {tuple(rewards.shape)}, {tuple(values.shape)}")
+        raise ValueError(
+            f"vtrace: log_rhos, discounts, rewards, values must share a [T, B] shape; got "
+            f"{tuple(log_rhos.shape)}, {tuple(discounts.shape)}, {tuple(rewards.shape)}, {tuple(values.shape)}"
+        )
     if bootstrap_value.shape != values.shape[1:]:
-        raise ValueError(f"vtrace: bootstrap_value must be [B]={tuple(values.shape[1:])}, got {tuple(bootstrap_value.shape)}")
+        raise ValueError(
+            f"vtrace: bootstrap_value must be [B]={tuple(values.shape[1:])}, got {tuple(bootstrap_value.shape)}"
+        )
     log_rhos, values, bootstrap_value = log_rhos.detach(), values.detach(), bootstrap_value.detach()
 
     rhos = torch.exp(log_rhos)

@@ -110,10 +110,19 @@ def test_cli_gates_against_a_production_bundle(base, capsys):
     worse = base / "half-setpoint-bundle"
     if not worse.exists():
         write_lqr_bundle(worse, cartpole_config(), setpoint_scale=0.5)
-    loose = _config_with_gate(base / "loose-prod.yaml", max_latency_p99_us=1e6)
+    doc = yaml.safe_load(CARTPOLE_CONFIG.read_text())
+    doc["gate"].update(max_latency_p99_us=1e6)
+    doc["task"]["max_episode_steps"] = 100
+    loose = base / "loose-prod.yaml"
+    loose.write_text(yaml.safe_dump(doc))
     code = run_cli(
         _args(
-            bundle=str(worse), config=loose, production=str(copy), episodes=10, report=str(base / "cli-prod"), json=True
+            bundle=str(worse),
+            config=str(loose),
+            production=str(copy),
+            episodes=10,
+            report=str(base / "cli-prod"),
+            json=True,
         )
     )
     out = json.loads(capsys.readouterr().out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
@@ -136,6 +136,8 @@ class TrainCommon(Section):
 
     # Does export take the checkpoint with the best validation return (the `validation:` section)?
     selects_on_validation: ClassVar[bool] = False
+    if TYPE_CHECKING:  # each algorithm's model sets it, as a Literal that tags the union below
+        algorithm: str
 
     seed: int = Field(0, ge=0, description="Master seed: actors, envs and the learner derive theirs from it.")
     total_env_steps: int = Field(400_000, gt=0, description="Stop after this many env steps (all actors together).")
@@ -152,12 +154,11 @@ class TrainCommon(Section):
     )
 
 
-class ImpalaTrainConfig(TrainCommon):
-    """IMPALA: V-trace actor-critic, on-policy actors with a bounded policy lag."""
+class VtraceTrainConfig(TrainCommon):
+    """What IMPALA and APPO share: V-trace targets, on-policy actors with a bounded policy lag, validation."""
 
     selects_on_validation: ClassVar[bool] = True
 
-    algorithm: Literal["impala"] = Field(description="impala: V-trace actor-critic.")
     sync: bool = Field(
         False, description="Actors wait for fresh weights after every batch (policy lag 0), for comparison."
     )
@@ -194,7 +195,13 @@ class ImpalaTrainConfig(TrainCommon):
     adr: AdrConfig = Field(default_factory=AdrConfig, description="Automatic domain randomization of the `train` set.")
 
 
-class AppoTrainConfig(ImpalaTrainConfig):
+class ImpalaTrainConfig(VtraceTrainConfig):
+    """IMPALA: V-trace actor-critic, on-policy actors with a bounded policy lag."""
+
+    algorithm: Literal["impala"] = Field(description="impala: V-trace actor-critic.")
+
+
+class AppoTrainConfig(VtraceTrainConfig):
     """APPO: V-trace targets and PPO's clipped surrogate (the default)."""
 
     algorithm: Literal["appo"] = Field("appo", description="appo: V-trace targets + clipped surrogate.")
@@ -238,10 +245,15 @@ def _algorithm_of(value: Any) -> str:
     )
 
 
-TrainConfig = Annotated[
-    Union[tuple(Annotated[m, Tag(_tag(m))] for m in TRAIN_CONFIGS)],  # noqa: UP007 (a union built from the table)
-    Discriminator(_algorithm_of, custom_error_type="train_algorithm", custom_error_message="unknown train.algorithm"),
-]
+if TYPE_CHECKING:  # the checker sees what every member has in common
+    TrainConfig = TrainCommon
+else:  # pydantic sees the union of the table's models, told apart by train.algorithm
+    TrainConfig = Annotated[
+        Union[tuple(Annotated[m, Tag(_tag(m))] for m in TRAIN_CONFIGS)],  # noqa: UP007 (built from the table)
+        Discriminator(
+            _algorithm_of, custom_error_type="train_algorithm", custom_error_message="unknown train.algorithm"
+        ),
+    ]
 ALGORITHM_NAMES: tuple[str, ...] = tuple(_tag(m) for m in TRAIN_CONFIGS)
 
 

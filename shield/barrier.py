@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from operator import mul
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class BarrierRows:
         # Per position: the braking acceleration toward - and toward + (a row brakes toward its normal).
         brake_of = dict(zip(spec.position_index, spec.brake_accel_pairs))
         N = self._n + self._nz
-        W, Wv, f, brake, gain, owner, closing0 = [], [], [], [], [], [], []
+        W, Wv, f, brake, gain, owned, closing0 = [], [], [], [], [], [], []
         # With a lagged inner loop (response time tau) the realized acceleration z is an internal
         # state; braking starts ~tau late, so the closing speed the barrier brakes from is
         # s + tau (z_n + a_brake + w_n): the speed reached before the commanded deceleration takes
@@ -86,7 +87,7 @@ class BarrierRows:
             f.append(offset)
             brake.append(a_brake)
             gain.append(g)
-            owner.append(k)
+            owned.append(k)
             return len(W) - 1
 
         for k, con in enumerate(spec.constraint_objects()):
@@ -110,7 +111,7 @@ class BarrierRows:
         self._root = np.sqrt(np.where(positional, 0.5 / np.where(positional, brake, 1.0), 0.0))
         self._root_list = self._root.tolist()
         self.keep = 1.0 - np.array(gain, dtype=np.float64)  # the share of h the next step must keep
-        owner = np.array(owner, dtype=np.intp)
+        owner = np.array(owned, dtype=np.intp)
         self.n_constraints = len(spec.constraints)
         self.row_start = np.searchsorted(owner, np.arange(self.n_constraints))
         if R and len(set(owner.tolist())) != self.n_constraints:
@@ -130,7 +131,7 @@ class BarrierRows:
         # Per keep-out row, the matrix entries its unit normal n sets: the distance's (state, index into n) and
         # the closing speed's (state, index into n, factor); with steering, the sideways speed's entries in the
         # distance part (state, index into the sideways direction, factor).
-        self._dyn_writes = {}
+        self._dyn_writes: dict[int, tuple[Any, Any, Any]] = {}
         self._credited = [False] * R  # per row: are its sideways-speed entries nonzero now?
         # The rows the last `linearize_keepouts` credited: (row, normal, distance offset without the credit,
         # how each axis's push raises the row without it, the push maps, closing0, root), read by `uncredited`.
@@ -183,7 +184,7 @@ class BarrierRows:
         spec, R, N, C = self.spec, self.R, self._n + self._nz, self._cases
         W, Wv = self._W, self._Wv
         f_next, closing0_next = self._f.copy(), self._closing0.copy()
-        self._dyn_offsets = [None] * len(self.dynamic)
+        self._dyn_offsets: list[Any] = [None] * len(self.dynamic)
         if np.any(self._w_max > 0):
             cols = {o: j for j, o in enumerate(spec.state_index)}
             E0, E1 = (np.zeros((N, len(spec.position_index))) for _ in range(2))
@@ -230,7 +231,9 @@ class BarrierRows:
         # The keep-out rows' hot loop writes single entries: through flat memoryviews of the (contiguous) matrix
         # and offsets, a few times cheaper per store than numpy's item assignment. Per row, flat indices of
         # what it writes: MT[state, r] = W, MT[state, R + r] = -Wv / sqrt(2a), off[part, state, r].
-        self._MT_mv, self._off_mv = memoryview(self._MT.reshape(-1)), memoryview(self.off.reshape(-1))
+        # (ndarray.data is that memoryview; typed Any: its items are float64, which typeshed cannot say)
+        self._MT_mv: Any = self._MT.reshape(-1).data
+        self._off_mv: Any = self.off.reshape(-1).data
         two_r = 2 * R
         self._hot = []
         for (r, pcols, _, _, center, radius), maps in zip(self.dynamic, self._dyn_offsets):

@@ -242,6 +242,7 @@ class CbfShield:
             np.dot(self._predictor.v, self._KM, out=self._Y_flat)
         else:
             P = self._P = self._predictor.predict()  # rows: each case's x_L, then each case's next state
+            assert self._linearize_keepouts is not None  # no precomputed product: there are keep-out rows
             self._linearize_keepouts(P[0])
             np.dot(P, self._MT0, out=self._Y0)
             np.dot(P, self._MT1, out=self._Y1)

@@ -36,6 +36,7 @@ disables it: `envelope` then stays False. Stdlib + numpy only.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class AssumptionMonitor:
         z: float = Z,
     ):
         a = spec.assumptions or {}
-        noise = a.get("obs_noise_std")
+        noise: Any = a.get("obs_noise_std")
         mon = a.get("monitor") or {}
         self.enabled = isinstance(noise, list) and len(noise) == spec.obs_dim
         self.flagged = False

@@ -286,7 +286,11 @@ def run_cli(args: argparse.Namespace) -> int:
         key = read_key_file(args.key_file) if getattr(args, "key_file", None) else None
         # The pointer as it is before the load: a promote landing during startup then reads as a change.
         seen = _read_or_none(models / task / PRODUCTION_FILE) if task else None
-        bundle_dir, pinned = production_target(models, task) if task else (Path(bundle), None)
+        if task:
+            bundle_dir, pinned = production_target(models, task)
+        else:
+            assert bundle is not None  # the parser asks for one of BUNDLE and --registry
+            bundle_dir, pinned = Path(bundle), None
         runtime = _load_runtime(bundle_dir, pinned)
     except (BundleError, OSError, ValueError) as err:
         return _user_error(str(err))
@@ -294,6 +298,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if mode == "shadow":
         from shield.shadowlog import ShadowLogWriter
 
+        assert log_dir  # refused above when missing
         shadow_log = ShadowLogWriter(log_dir)
     try:
         server = PolicyServer(

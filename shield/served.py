@@ -22,6 +22,24 @@ SPARE_SESSIONS = 4  # plant sessions built ahead (at load, and when idle), so a 
 class ServeStats:
     """Counters (names as in protocol.COUNTER_NAMES) and a log2 latency histogram (µs) of act replies."""
 
+    # One attribute per protocol counter, in COUNTER_NAMES order (tests/test_protocol_frames.py holds them equal).
+    requests: int
+    answered: int
+    dropped: int
+    policy_calls: int
+    interventions: int
+    fallbacks: int
+    bad_inputs: int
+    auth_failures: int
+    stale: int
+    deadline_misses: int
+    inference_errors: int
+    reloads: int
+    status_requests: int
+    envelope_flags: int
+    plants_evicted: int
+    plants_refused: int
+
     def __init__(self):
         for name in COUNTER_NAMES:
             setattr(self, name, 0)

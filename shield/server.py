@@ -173,6 +173,7 @@ class PolicyServer:
         return new.version
 
     def _adopt(self) -> None:
+        assert self._incoming is not None  # called only once a reload has staged a runtime
         new, spares = self._incoming
         self._incoming = None
         sessions = self.plants.sessions
@@ -253,7 +254,12 @@ class PolicyServer:
         if not all(map(_isfinite, floats.tolist())):  # for a handful of values, cheaper than numpy's reduction
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         legacy = floats[n_obs:].astype(np.float32) if shadow else None
-        if shadow and srv.low is not None and not ((legacy >= srv.low).all() and (legacy <= srv.high).all()):
+        if (
+            shadow
+            and srv.low is not None
+            and srv.high is not None
+            and not ((legacy >= srv.low).all() and (legacy <= srv.high).all())
+        ):
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)  # the plant cannot have applied it
         obs = floats[:n_obs].astype(np.float32)  # a copy: the receive buffer is reused
         plants = self.plants

@@ -170,8 +170,8 @@ class ShieldSpec:
     fallback_action: list[float] | None = None
     assumptions: dict = field(default_factory=dict)
     task: str = ""
-    # Per position: (acceleration the plant can brake with toward -, toward +); default both brake_accel.
-    brake_accel_pairs: list[tuple[float, float]] | None = None
+    # Per position: (acceleration the plant can brake with toward -, toward +); default (empty) both brake_accel.
+    brake_accel_pairs: list[tuple[float, float]] = field(default_factory=list)
     # Keep-out rows credit the plant's sideways speed (it may pass the zone, not only stop before it).
     keepout_steering: bool = False
     # The fewest latency steps the plant may have (None: exactly latency_steps). Each latency from it to
@@ -187,7 +187,7 @@ class ShieldSpec:
     input_gain_range: tuple[float, float] | None = None
 
     def __post_init__(self):
-        if self.brake_accel_pairs is None:
+        if not self.brake_accel_pairs:
             self.brake_accel_pairs = [(float(a), float(a)) for a in self.brake_accel]
 
     # ---- (de)serialization -------------------------------------------------

@@ -303,3 +303,9 @@ def test_the_example_frame_in_the_docs_is_what_the_encoder_writes():
         7, 123456, [0.25, -0.5, 1.0, 0.003], key=b"0123456789abcdef0123456789abcdef", client_id=99
     )
     assert signed[6:8] == b"\x01\x00" and bytes.fromhex(trailer) == signed[-32:] and len(signed) == 84
+
+
+def test_the_serve_counters_are_the_protocol_s_counters_in_order():
+    from shield.served import ServeStats
+
+    assert tuple(ServeStats.__annotations__) == COUNTER_NAMES

@@ -1,4 +1,5 @@
-"""A really trained policy through the rest of the pipeline: export parity, the shield keeps its return, the gate judges it on its paired bound."""
+"""A really trained policy through the rest of the pipeline: export parity, the shield keeps its return, the gate
+judges it on its paired bound."""
 
 from __future__ import annotations
 

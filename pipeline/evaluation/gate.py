@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any, TypeGuard
 
 from pipeline.evaluation.gate_statistics import (
     BOUND_METHOD,
@@ -127,7 +128,8 @@ class GateDecision:
         return [c.key for c in self.checks if c.passed is False]
 
 
-def _known(x) -> bool:
+def _known(x: Any) -> TypeGuard[float]:
+    """A number that was measured (not None, not NaN)."""
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
@@ -223,7 +225,7 @@ def intervention_check(metrics: dict, gate) -> GateCheck:
             "no steps logged",
         )
     alpha, where = _look(metrics, gate)
-    k, n = int(k), int(n)
+    k, n = int(k), int(n or 0)
     upper, lower = clopper_pearson_upper(k, n, alpha), clopper_pearson_lower(k, n, alpha)
     passed = True if upper <= limit else False if lower > limit else None
     said = {
@@ -255,7 +257,9 @@ def _violations_detail(metrics: dict, gate, op: str) -> str:
 
 def decide(metrics: dict, gate) -> GateDecision:
     """Apply `gate` (a GateConfig) to shadow `metrics` (shadow_metrics keys); every check reported."""
-    checks = [return_check(metrics, gate, "legacy")]
+    legacy = return_check(metrics, gate, "legacy")
+    assert legacy is not None  # only the production comparison can be absent
+    checks = [legacy]
     production = return_check(metrics, gate, "production")
     if production is not None:
         checks.append(production)

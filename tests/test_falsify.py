@@ -31,6 +31,9 @@ def test_a_planted_fault_is_found_replayed_and_fails_the_gate(tmp_path, fault):
     spec.update(fault)  # a spec whose margin or latency is too small for the config's sets
     result = falsify(cfg, spec=spec, budget_s=120, seed=0, out_dir=tmp_path)
     assert result["cases_found"] == 1 and result["min_h"] < 0
+    per = result["constraints"]["rail_band"]  # which limit the search crossed, by how much, how low h went
+    assert per["violating_steps"] == result["cases"][0]["violations"] > 0 and per["worst_excursion"] > 0
+    assert per["min_h"] == result["min_h"]
     case = result["cases"][0]
     domain_file, case_file = Path(case["domain_file"]), Path(case["case_file"])
     assert domain_file.is_file() and json.loads(case_file.read_text())["seed"] == case["seed"]

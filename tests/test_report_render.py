@@ -108,6 +108,7 @@ def test_report_has_the_gate_table(lqr_report):
     ):
         assert key in html
     assert "verdict pass" in html
+    assert "Per constraint, candidate driving (shielded)" in html and "<td>rail_band</td>" in html
 
 
 def test_animation_is_a_valid_gif(lqr_report):

@@ -144,6 +144,8 @@ def test_random_candidate_fails_and_names_the_thresholds(base):
     m = result["metrics"]
     assert m["candidate_return_mean"] < 0.8 * m["legacy_return_mean"]
     assert m["agreement_rate"] < 0.9
+    per = m["candidate_constraints"]["rail_band"]  # which limit the shield held, and how often it stepped in
+    assert per["violating_steps"] == m["candidate_violations"] and per["interventions"] == m["candidate_interventions"]
 
 
 def test_shadow_never_acts(base):

@@ -18,10 +18,17 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from pipeline.calibration.fit import (BOUND_WIDEN, POSTERIOR_SHRINK, Problem, cut_windows, identifiability,
-                                      one_step_noise, solve)
+from pipeline.calibration.fit import (
+    BOUND_WIDEN,
+    POSTERIOR_SHRINK,
+    Problem,
+    cut_windows,
+    identifiability,
+    one_step_noise,
+    solve,
+)
 from pipeline.calibration.logs import CalibrationError, load_field_log
-from pipeline.calibration.sets import kept_range, obs_noise_vector, calibrated_set, configured_ranges
+from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_range, obs_noise_vector
 from pipeline.calibration.twin import Twin
 
 CHUNKS = 5  # the log is split in this many time slices, fitted apart, for the calibrated ranges
@@ -38,9 +45,11 @@ def _prediction_error(problem: Problem, theta: np.ndarray) -> dict:
     """Open-loop error from the logged initial states (steps 1..H), physical units and normalized."""
     r = problem.data_residuals(problem.start(theta)).reshape(problem.measured.shape)[:, 1:]
     physical = r * problem.scale
-    return {"rms_normalized": float(np.sqrt(np.mean(r ** 2))),
-            "rms_per_state_obs": [float(v) for v in np.sqrt(np.mean(physical ** 2, axis=(0, 1)))],
-            "final_step_rms_per_state_obs": [float(v) for v in np.sqrt(np.mean(physical[:, -1] ** 2, axis=0))]}
+    return {
+        "rms_normalized": float(np.sqrt(np.mean(r**2))),
+        "rms_per_state_obs": [float(v) for v in np.sqrt(np.mean(physical**2, axis=(0, 1)))],
+        "final_step_rms_per_state_obs": [float(v) for v in np.sqrt(np.mean(physical[:, -1] ** 2, axis=0))],
+    }
 
 
 def calibrate(cfg, logs) -> dict:
@@ -57,10 +66,17 @@ def calibrate(cfg, logs) -> dict:
     known = dict(known or {})
     unknown_known = sorted(set(known) - set(hull))
     if unknown_known:
-        raise CalibrationError(f"calibration.known: {unknown_known} not randomized by the config; "
-                               f"randomized parameters: {sorted(hull)}")
-    log = load_field_log(logs, task=cfg.task.name, obs_dim=task["obs_dim"], act_dim=task["act_dim"],
-                         dt=task["control_period_s"], min_seconds=min_seconds)
+        raise CalibrationError(
+            f"calibration.known: {unknown_known} not randomized by the config; randomized parameters: {sorted(hull)}"
+        )
+    log = load_field_log(
+        logs,
+        task=cfg.task.name,
+        obs_dim=task["obs_dim"],
+        act_dim=task["act_dim"],
+        dt=task["control_period_s"],
+        min_seconds=min_seconds,
+    )
     names = [n for n in sorted(hull) if n not in known]
     lo = np.log([hull[n][0] for n in names]) if names else np.zeros(0)
     hi = np.log([hull[n][1] for n in names]) if names else np.zeros(0)
@@ -83,8 +99,9 @@ def calibrate(cfg, logs) -> dict:
     theta0 = np.clip(centre, *bounds)
     # Latency: a short fit per candidate on every third window (the error minimum is sharp in whole steps).
     search = windows.subset(np.arange(len(windows.starts)) % 3 == 0)
-    fits = {lat: solve(problem(lat, search), problem(lat, search).start(theta0), f_scale, 6, bounds)
-            for lat in latencies}
+    fits = {
+        lat: solve(problem(lat, search), problem(lat, search).start(theta0), f_scale, 6, bounds) for lat in latencies
+    }
     costs = {lat: f.cost for lat, f in fits.items()}
     latency = min(costs, key=costs.get)
     # Refine on every window, the loss scaled to the fit's residuals (outliers judged against the fit, not the guess).
@@ -113,13 +130,24 @@ def calibrate(cfg, logs) -> dict:
         else:
             unidentified.append(name)
             rng = kept_range(cfg, name)
-        parameters[name] = {"nominal": 1.0, "configured": list(hull[name]), "identified": centre_s,
-                            "identified_ok": identified, "posterior_to_prior_std": float(shrink[i]),
-                            "chunk_fits": [float(math.exp(t)) for t in chunk_theta[:, i]],
-                            "range": [float(rng[0]), float(rng[1])]}
+        parameters[name] = {
+            "nominal": 1.0,
+            "configured": list(hull[name]),
+            "identified": centre_s,
+            "identified_ok": identified,
+            "posterior_to_prior_std": float(shrink[i]),
+            "chunk_fits": [float(math.exp(t)) for t in chunk_theta[:, i]],
+            "range": [float(rng[0]), float(rng[1])],
+        }
     for name, value in known.items():
-        parameters[name] = {"nominal": 1.0, "configured": list(hull[name]), "identified": float(value),
-                            "identified_ok": True, "known": True, "range": [float(value), float(value)]}
+        parameters[name] = {
+            "nominal": 1.0,
+            "configured": list(hull[name]),
+            "identified": float(value),
+            "identified_ok": True,
+            "known": True,
+            "range": [float(value), float(value)],
+        }
 
     noise = one_step_noise(twin, log, scales, latency)
     reality = cfg.randomization.get("reality") or cfg.randomization["train"]
@@ -127,18 +155,29 @@ def calibrate(cfg, logs) -> dict:
     for o, std in zip(twin.state_obs, noise):
         obs_noise[o] = float(std)
     result = {
-        "task": cfg.task.name, "env_id": cfg.task.env_id,
-        "log": {"source": log.source, "steps": len(log.obs), "seconds": log.seconds, "runs": len(log.runs),
-                "windows": len(windows.starts), "horizon_steps": horizon},
+        "task": cfg.task.name,
+        "env_id": cfg.task.env_id,
+        "log": {
+            "source": log.source,
+            "steps": len(log.obs),
+            "seconds": log.seconds,
+            "runs": len(log.runs),
+            "windows": len(windows.starts),
+            "horizon_steps": horizon,
+        },
         "latency_steps": {"identified": latency, "candidates": {str(k): v for k, v in costs.items()}},
         "parameters": parameters,
         "unidentified": unidentified,
-        "flat_directions": [{"information_vs_prior": v, "weights": {n: round(float(w), 3) for n, w in zip(names, vec)
-                                                                     if abs(w) > 0.2}} for v, vec in flat],
+        "flat_directions": [
+            {"information_vs_prior": v, "weights": {n: round(float(w), 3) for n, w in zip(names, vec) if abs(w) > 0.2}}
+            for v, vec in flat
+        ],
         "obs_noise_std": obs_noise,
         "state_obs": twin.state_obs,
-        "prediction_error": {"before": _prediction_error(before, np.zeros(len(names))),
-                             "after": _prediction_error(after, best.theta)},
+        "prediction_error": {
+            "before": _prediction_error(before, np.zeros(len(names))),
+            "after": _prediction_error(after, best.theta),
+        },
         "not_identified_from_logs": ["action_noise_std", "push"],
     }
     result["calibrated"] = calibrated_set(result, reality)
@@ -153,11 +192,13 @@ def summary_lines(result: dict) -> list[str]:
     """
     err = result["prediction_error"]
     log = result["log"]
-    lines = [f"calibration of {result['task']} from {log['seconds']:.0f} s of log "
-             f"({log['windows']} windows of {log['horizon_steps']} steps, {result['wall_s']:.1f} s)",
-             f"prediction error (RMS over the window, in noise std units): "
-             f"nominal twin {err['before']['rms_normalized']:.2f} -> calibrated {err['after']['rms_normalized']:.2f}",
-             f"latency: {result['latency_steps']['identified']} control steps"]
+    lines = [
+        f"calibration of {result['task']} from {log['seconds']:.0f} s of log "
+        f"({log['windows']} windows of {log['horizon_steps']} steps, {result['wall_s']:.1f} s)",
+        f"prediction error (RMS over the window, in noise std units): "
+        f"nominal twin {err['before']['rms_normalized']:.2f} -> calibrated {err['after']['rms_normalized']:.2f}",
+        f"latency: {result['latency_steps']['identified']} control steps",
+    ]
     for name, p in sorted(result["parameters"].items()):
         lo, hi = p["range"]
         if p.get("known"):
@@ -179,7 +220,8 @@ def write_calibrated_yaml(result: dict, path: str | Path) -> Path:
     """The calibrated set as a bare RandomizationSet YAML (usable as --domains), the summary as comments."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = "".join(f"# {line}\n" for line in ["calibrated randomization set (sim2real calibrate)",
-                                                 *summary_lines(result)])
+    header = "".join(
+        f"# {line}\n" for line in ["calibrated randomization set (sim2real calibrate)", *summary_lines(result)]
+    )
     path.write_text(header + yaml.safe_dump(result["calibrated"], sort_keys=True))
     return path

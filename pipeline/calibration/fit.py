@@ -49,10 +49,11 @@ class Windows:
         rows = self.starts[:, None] + np.arange(self.horizon)[None, :] - latency
         return self.action[rows]
 
-    def subset(self, mask: np.ndarray) -> "Windows":
+    def subset(self, mask: np.ndarray) -> Windows:
         """The windows where mask is True."""
-        return Windows(self.starts[mask], self.states[mask], self.first[mask], self.target[mask], self.action,
-                       self.horizon)
+        return Windows(
+            self.starts[mask], self.states[mask], self.first[mask], self.target[mask], self.action, self.horizon
+        )
 
 
 def cut_windows(twin: Twin, log: FieldLog, horizon: int, stride: int, max_latency: int) -> Windows:
@@ -60,8 +61,10 @@ def cut_windows(twin: Twin, log: FieldLog, horizon: int, stride: int, max_latenc
     starts = [np.arange(a + max_latency, b - horizon, stride) for a, b in log.runs]
     starts = np.concatenate(starts) if starts else np.zeros(0, int)
     if len(starts) < 20:
-        raise CalibrationError(f"--from-log {log.source}: only {len(starts)} prediction windows of {horizon} steps "
-                               f"fit in the log's runs; record longer episodes")
+        raise CalibrationError(
+            f"--from-log {log.source}: only {len(starts)} prediction windows of {horizon} steps "
+            f"fit in the log's runs; record longer episodes"
+        )
     idx = starts[:, None] + 1 + np.arange(horizon)[None, :]
     target = log.obs[idx][:, :, twin.state_obs]
     first = log.obs[starts][:, twin.state_obs]
@@ -77,8 +80,18 @@ class Problem:
     noise scale; a weak prior pulls theta toward the configured centres.
     """
 
-    def __init__(self, twin: Twin, windows: Windows, latency: int, names: list[str], known: dict[str, float],
-                 prior_centre: np.ndarray, prior_std: np.ndarray, scale: np.ndarray, prior_weight: float):
+    def __init__(
+        self,
+        twin: Twin,
+        windows: Windows,
+        latency: int,
+        names: list[str],
+        known: dict[str, float],
+        prior_centre: np.ndarray,
+        prior_std: np.ndarray,
+        scale: np.ndarray,
+        prior_weight: float,
+    ):
         self.twin, self.windows, self.names, self.known = twin, windows, names, known
         self.controls = windows.controls(latency)
         self.centre, self.std, self.scale, self.weight = prior_centre, prior_std, scale, prior_weight
@@ -95,14 +108,14 @@ class Problem:
 
     def data_residuals(self, x: np.ndarray) -> np.ndarray:
         """(predicted - logged) / channel scale over windows, steps 0..H and state channels, flattened."""
-        theta, s0 = x[:self.n], x[self.n:].reshape(-1, self.ns) * self.scale
+        theta, s0 = x[: self.n], x[self.n :].reshape(-1, self.ns) * self.scale
         states = self.twin.set_states(self.windows.states, s0)
         pred = self.twin.predict(self.scales(theta), states, self.controls)
         pred = np.concatenate([s0[:, None], pred], axis=1)
         return ((pred - self.measured) / self.scale).ravel()
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        theta = x[:self.n]
+        theta = x[: self.n]
         return np.concatenate([self.data_residuals(x), self.weight * (theta - self.centre) / self.std])
 
     def sparsity(self):
@@ -111,9 +124,9 @@ class Problem:
 
         w, rows = len(self.windows.starts), (self.windows.horizon + 1) * self.ns
         pattern = lil_matrix((w * rows + self.n, self.n + w * self.ns), dtype=np.int8)
-        pattern[:, :self.n] = 1
+        pattern[:, : self.n] = 1
         for i in range(w):
-            pattern[i * rows:(i + 1) * rows, self.n + i * self.ns:self.n + (i + 1) * self.ns] = 1
+            pattern[i * rows : (i + 1) * rows, self.n + i * self.ns : self.n + (i + 1) * self.ns] = 1
         return pattern.tocsr()
 
 
@@ -126,16 +139,27 @@ class FitResult:
     residuals: np.ndarray
 
 
-def solve(problem: Problem, x0: np.ndarray, f_scale: float, max_nfev: int,
-          bounds: tuple[np.ndarray, np.ndarray]) -> FitResult:
+def solve(
+    problem: Problem, x0: np.ndarray, f_scale: float, max_nfev: int, bounds: tuple[np.ndarray, np.ndarray]
+) -> FitResult:
     """scipy least_squares (trf, soft-L1, sparse finite differences) from x0."""
     n = problem.n
     lo = np.concatenate([bounds[0], np.full(len(x0) - n, -np.inf)])
     hi = np.concatenate([bounds[1], np.full(len(x0) - n, np.inf)])
     x_scale = np.concatenate([problem.std, np.ones(len(x0) - n)])
-    res = least_squares(problem, np.clip(x0, lo, hi), bounds=(lo, hi), x_scale=x_scale, diff_step=1e-4,
-                        loss="soft_l1", f_scale=f_scale, max_nfev=max_nfev, method="trf",
-                        jac_sparsity=problem.sparsity(), tr_solver="lsmr")
+    res = least_squares(
+        problem,
+        np.clip(x0, lo, hi),
+        bounds=(lo, hi),
+        x_scale=x_scale,
+        diff_step=1e-4,
+        loss="soft_l1",
+        f_scale=f_scale,
+        max_nfev=max_nfev,
+        method="trf",
+        jac_sparsity=problem.sparsity(),
+        tr_solver="lsmr",
+    )
     m = problem.measured.size
     r = res.fun[:m]
     return FitResult(res.x[:n], res.x, robust_cost(r, f_scale), _theta_information(problem, res.jac), r)
@@ -148,8 +172,8 @@ def _theta_information(problem: Problem, jac) -> np.ndarray:
     jac = jac.tocsr()
     info = np.zeros((n, n))
     for i in range(len(problem.windows.starts)):
-        block = jac[i * rows:(i + 1) * rows].toarray()
-        jt, js = block[:, :n], block[:, n + i * ns:n + (i + 1) * ns]
+        block = jac[i * rows : (i + 1) * rows].toarray()
+        jt, js = block[:, :n], block[:, n + i * ns : n + (i + 1) * ns]
         proj = js @ np.linalg.pinv(js.T @ js) @ (js.T @ jt)
         info += jt.T @ (jt - proj)
     return info
@@ -158,7 +182,7 @@ def _theta_information(problem: Problem, jac) -> np.ndarray:
 def robust_cost(r: np.ndarray, f_scale: float) -> float:
     """Mean soft-L1 cost of normalized residuals (what the fit minimises, without the prior)."""
     z = (r / f_scale) ** 2
-    return float(np.mean(2.0 * f_scale ** 2 * (np.sqrt(1.0 + z) - 1.0)))
+    return float(np.mean(2.0 * f_scale**2 * (np.sqrt(1.0 + z) - 1.0)))
 
 
 def identifiability(fit: FitResult, prior_std: np.ndarray, inflation: float) -> tuple[np.ndarray, np.ndarray, list]:
@@ -172,10 +196,10 @@ def identifiability(fit: FitResult, prior_std: np.ndarray, inflation: float) -> 
         return np.zeros(0), np.zeros(0), []
     sigma2 = (1.4826 * float(np.median(np.abs(fit.residuals)))) ** 2 * inflation
     info = fit.info / max(sigma2, 1e-24)
-    cov = np.linalg.inv(info + np.diag(1.0 / prior_std ** 2))
+    cov = np.linalg.inv(info + np.diag(1.0 / prior_std**2))
     post = np.sqrt(np.diag(cov))
     eigval, eigvec = np.linalg.eigh(info * np.outer(prior_std, prior_std))  # information in prior units
-    flat = [(float(v), eigvec[:, i]) for i, v in enumerate(eigval) if v < 1.0 / POSTERIOR_SHRINK ** 2]
+    flat = [(float(v), eigvec[:, i]) for i, v in enumerate(eigval) if v < 1.0 / POSTERIOR_SHRINK**2]
     return post, post / prior_std, flat
 
 

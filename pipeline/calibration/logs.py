@@ -27,8 +27,6 @@ class CalibrationError(ValueError):
     """
 
 
-
-
 @dataclass(frozen=True)
 class FieldLog:
     """A validated log: contiguous runs of (observation, applied action) at one control period."""
@@ -62,8 +60,9 @@ def _gaps(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float) -> tu
     return starts, missing
 
 
-def load_field_log(path: str | Path, *, task: str, obs_dim: int, act_dim: int, dt: float,
-                   min_seconds: float = 10.0) -> FieldLog:
+def load_field_log(
+    path: str | Path, *, task: str, obs_dim: int, act_dim: int, dt: float, min_seconds: float = 10.0
+) -> FieldLog:
     """Read and validate shadow logs (a file or a directory of parts) for calibrating `task`.
 
     Refuses (CalibrationError) another task's log, other dimensions or control
@@ -82,26 +81,33 @@ def load_field_log(path: str | Path, *, task: str, obs_dim: int, act_dim: int, d
         raise CalibrationError(f"{where}: logged for task {logged_task!r}, the config is {task!r}")
     obs, action = cols["obs"].astype(np.float64), cols["legacy_action"].astype(np.float64)
     if obs.shape[1] != obs_dim or action.shape[1] != act_dim:
-        raise CalibrationError(f"{where}: observations x actions are {obs.shape[1]} x {action.shape[1]}, "
-                               f"task {task} has {obs_dim} x {act_dim}")
+        raise CalibrationError(
+            f"{where}: observations x actions are {obs.shape[1]} x {action.shape[1]}, "
+            f"task {task} has {obs_dim} x {act_dim}"
+        )
     logged_dt = meta.get("control_period_s")
     if isinstance(logged_dt, (int, float)) and math.isfinite(logged_dt) and abs(logged_dt - dt) > 1e-6 * dt:
         raise CalibrationError(f"{where}: control period {logged_dt} s, task {task} runs at {dt} s")
     bad = ~(np.isfinite(obs).all(axis=1) & np.isfinite(action).all(axis=1) & np.isfinite(cols["t"]))
     if bad.any():
         rows = np.flatnonzero(bad)
-        raise CalibrationError(f"{where}: {len(rows)} row(s) with NaN or inf in obs/legacy_action/t "
-                               f"(first at row {rows[0]}); drop them or cut the log there")
+        raise CalibrationError(
+            f"{where}: {len(rows)} row(s) with NaN or inf in obs/legacy_action/t "
+            f"(first at row {rows[0]}); drop them or cut the log there"
+        )
     starts, missing = _gaps(cols["episode"], cols["step"], cols["t"], dt)
     if missing:
         i = missing[0]
         raise CalibrationError(
             f"{where}: {len(missing)} gap(s) longer than a control period ({dt} s), first at row {i} "
             f"(episode {cols['episode'][i]}, step {cols['step'][i - 1]} -> {cols['step'][i]}, "
-            f"{cols['t'][i] - cols['t'][i - 1]:.3f} s); a replay across a gap would be wrong")
+            f"{cols['t'][i] - cols['t'][i - 1]:.3f} s); a replay across a gap would be wrong"
+        )
     seconds = len(obs) * dt
     if seconds < min_seconds:
-        raise CalibrationError(f"{where}: only {seconds:.1f} s of control ({len(obs)} steps); "
-                               f"calibration needs at least {min_seconds:.0f} s")
+        raise CalibrationError(
+            f"{where}: only {seconds:.1f} s of control ({len(obs)} steps); "
+            f"calibration needs at least {min_seconds:.0f} s"
+        )
     runs = list(zip(starts, starts[1:] + [len(obs)]))
     return FieldLog(obs=obs, action=action, runs=runs, dt=dt, source=str(path))

@@ -63,8 +63,10 @@ class Twin:
 
         spec = envs.task(env_id)
         if spec.shield_model["type"] != "linear":
-            raise CalibrationError(f"task {env_id}: calibration replays logged states through the twin, "
-                                   f"and this task's observation is not its MuJoCo state (no nominal_model())")
+            raise CalibrationError(
+                f"task {env_id}: calibration replays logged states through the twin, "
+                f"and this task's observation is not its MuJoCo state (no nominal_model())"
+            )
         nominal = spec.nominal_model()
         self.env_id = env_id
         self.substeps = int(nominal.substeps)
@@ -97,8 +99,10 @@ class Twin:
 
     def _columns(self) -> list[int]:
         """Full-physics-state columns of the state observations, in `state_obs` order."""
-        return [(self._qpos0 if kind == "qpos" else self._qvel0) + i
-                for kind, i in (self.obs_to_state[o] for o in self.state_obs)]
+        return [
+            (self._qpos0 if kind == "qpos" else self._qvel0) + i
+            for kind, i in (self.obs_to_state[o] for o in self.state_obs)
+        ]
 
     def initial_states(self, obs: np.ndarray) -> np.ndarray:
         """Full physics states (n, nstate) with qpos/qvel taken from observations (n, obs_dim)."""
@@ -122,5 +126,5 @@ class Twin:
         model = self.model(scales)
         ctrl = np.repeat(np.clip(controls, -1.0, 1.0), self.substeps, axis=1)
         out, _ = rollout.rollout(model, self._data, states, ctrl)
-        out = out[:, self.substeps - 1::self.substeps]  # the state at each control step's end
+        out = out[:, self.substeps - 1 :: self.substeps]  # the state at each control step's end
         return out[:, :, self._columns()]

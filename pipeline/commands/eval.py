@@ -27,7 +27,7 @@ _SUMMARY_KEYS = (
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.evaluation.adversary import REFERENCE_POLICIES
-    from pipeline.evaluation.episodes import resolve_domains
+    from pipeline.evaluation.episodes import constraint_lines, resolve_domains
     from pipeline.evaluation.evaluate import evaluate, reference_policy
     from shield.spec import ShieldSpec
 
@@ -68,22 +68,3 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
     return 0
-
-
-def constraint_lines(constraints: dict) -> list[str]:
-    """Which limit: per constraint, violating steps, the worst excursion past it, the shield's lowest h and
-    the interventions charged to it (the tightest barrier at the step)."""
-    if not constraints:
-        return []
-
-    def num(x, fmt=".4f"):
-        return "-" if x is None else format(x, fmt)
-
-    width = max(len(n) for n in [*constraints, "constraint"])
-    lines = [f"{'constraint':<{width}}  violating steps  worst excursion  lowest h  interventions"]
-    for name, c in constraints.items():
-        lines.append(
-            f"{name:<{width}}  {c['violating_steps']:>15}  {num(c['worst_excursion']):>15}  "
-            f"{num(c['min_h']):>8}  {c['interventions']:>13}"
-        )
-    return lines

@@ -11,6 +11,7 @@ from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
 @command("falsify")
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
+    from pipeline.evaluation.episodes import constraint_lines
     from pipeline.evaluation.falsify import falsify
 
     cfg = load_config(args.config)
@@ -34,5 +35,6 @@ def run(args: argparse.Namespace) -> int:
     ]
     if not result["cases"]:
         lines.append("  no shielded violation found within the budget")
+    lines += constraint_lines(result.get("constraints", {}))
     emit(args, result, "\n".join(lines))
     return CHECK_FAILED if result["cases"] else OK

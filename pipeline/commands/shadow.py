@@ -11,6 +11,7 @@ from pipeline.commands import CHECK_FAILED, OK, command, emit
 @command("shadow")
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
+    from pipeline.evaluation.episodes import constraint_lines
     from pipeline.evaluation.shadow import run_shadow
 
     cfg = load_config(args.config)
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         f"{len(m.get('candidate_returns') or []) or m['episodes']} paired episodes ({m.get('stopped', 'logged')})",
         *(f"  LOOSENED {line}" for line in result.get("loosened", [])),
         *(f"  {reason}" for reason in result["reasons"]),
+        *constraint_lines(m.get("candidate_constraints") or {}),
         f"report: {result['report']}",
     ]
     emit(args, result, "\n".join(lines))

@@ -195,6 +195,14 @@ class ConstraintTotals:
             self.min_h = h
         self.interventions += intervened
 
+    def absorb(self, other: ConstraintTotals) -> None:
+        """Add another run's figures of the same constraint."""
+        self.violating_steps += other.violating_steps
+        self.interventions += other.interventions
+        if other.min_value < self.min_value or other.min_value != other.min_value:
+            self.min_value = other.min_value
+        self.min_h = min(self.min_h, other.min_h)
+
     def summary(self) -> dict:
         low = self.min_value if math.isfinite(self.min_value) or math.isnan(self.min_value) else None
         return {
@@ -204,6 +212,43 @@ class ConstraintTotals:
             "min_h": self.min_h if math.isfinite(self.min_h) else None,
             "interventions": self.interventions,
         }
+
+
+def combine_constraint_figures(runs: list[dict]) -> dict:
+    """Per-constraint figures (`ConstraintTotals.summary()` by name) of several runs as one: steps and interventions
+    add up, the worst excursion and the lowest values are the worst seen."""
+    out: dict[str, dict] = {}
+    for run in runs:
+        for name, c in (run or {}).items():
+            acc = out.setdefault(
+                name,
+                {"violating_steps": 0, "worst_excursion": None, "min_value": None, "min_h": None, "interventions": 0},
+            )
+            acc["violating_steps"] += c["violating_steps"]
+            acc["interventions"] += c["interventions"]
+            for key, pick in (("worst_excursion", max), ("min_value", min), ("min_h", min)):
+                if c[key] is not None:
+                    acc[key] = c[key] if acc[key] is None else pick(acc[key], c[key])
+    return out
+
+
+def constraint_lines(constraints: dict) -> list[str]:
+    """Which limit, as text: per constraint, violating steps, the worst excursion past it, the shield's lowest h and
+    the interventions charged to it (the tightest barrier at the step)."""
+    if not constraints:
+        return []
+
+    def num(x, fmt=".4f"):
+        return "-" if x is None else format(x, fmt)
+
+    width = max(len(n) for n in [*constraints, "constraint"])
+    lines = [f"{'constraint':<{width}}  violating steps  worst excursion  lowest h  interventions"]
+    for name, c in constraints.items():
+        lines.append(
+            f"{name:<{width}}  {c['violating_steps']:>15}  {num(c['worst_excursion']):>15}  "
+            f"{num(c['min_h']):>8}  {c['interventions']:>13}"
+        )
+    return lines
 
 
 @dataclass
@@ -239,6 +284,22 @@ class RunTotals:
     @property
     def steps(self) -> int:
         return int(sum(self.lengths))
+
+    def extend(self, more: RunTotals) -> RunTotals:
+        """This run extended by a later batch's totals (episodes appended in seed order); returns self."""
+        self.seeds += more.seeds
+        self.returns += more.returns
+        self.violations += more.violations
+        self.lengths += more.lengths
+        self.latency_us += more.latency_us
+        self.shield_us += more.shield_us
+        for flag, count in more.flags.items():
+            self.flags[flag] = self.flags.get(flag, 0) + count
+        self.shielded = self.shielded or more.shielded
+        self.min_h = min(self.min_h, more.min_h)
+        for name, c in more.constraints.items():
+            self.constraints.setdefault(name, ConstraintTotals()).absorb(c)
+        return self
 
     def summary(self) -> dict:
         """Returns, violations, shield rates and latencies under the names eval, shadow and the gate share."""

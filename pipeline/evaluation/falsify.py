@@ -51,6 +51,7 @@ import numpy as np
 import yaml
 
 from pipeline.evaluation.adversary import REFERENCE_POLICIES, AdversaryParams, reference_policy
+from pipeline.evaluation.episodes import combine_constraint_figures
 from pipeline.evaluation.evaluate import evaluate
 from pipeline.progress import Progress
 
@@ -190,6 +191,7 @@ class Falsifier:
         )
         self.n_constraints = len(spec.constraints)
         self.evaluated = 0
+        self.constraints: dict = {}  # per constraint over every candidate (episodes.combine_constraint_figures)
         self.best: dict | None = None
         self.cases: list[dict] = []
         # Per set: (h, [x, attack]) of every adversarial candidate, the optimizer's starting population.
@@ -237,6 +239,7 @@ class Falsifier:
             max_episode_steps=self.cfg.falsify.episode_steps,
         )
         self.evaluated += 1
+        self.constraints = combine_constraint_figures([self.constraints, result.get("constraints", {})])
         h = result["min_h"] if result["min_h"] is not None else float("inf")
         record = {
             "set": cand.set_name,
@@ -391,6 +394,7 @@ class Falsifier:
             "evals_per_s": self.evaluated / max(wall, 1e-9),
             "dimensions": {n: len(p) + _ATTACK_DIMS for n, (_, p) in self.sets.items()},
             "corners_total": self.corner_count(),
+            "constraints": self.constraints,
             "budget_s": self.budget_s,
             "max_candidates": self.max_candidates,
             "seed": self.seed,

@@ -218,7 +218,27 @@ def _safety_case(metrics: dict) -> str:
         if metrics.get("falsification_min_h") is not None
         else ""
     )
-    return f"<h2>Safety case: envelope and falsification</h2><table>{body}</table>{detail}"
+    return f"<h2>Safety case: envelope and falsification</h2><table>{body}</table>{detail}{_per_constraint(metrics)}"
+
+
+def _per_constraint(metrics: dict) -> str:
+    """Which limit: the candidate's figures per constraint while it drove (shielded)."""
+    per = metrics.get("candidate_constraints") or {}
+    if not per:
+        return ""
+
+    def cell(x, fmt=".4f"):
+        return "n/a" if x is None else html.escape(format(x, fmt))
+
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{c['violating_steps']}</td><td>{cell(c['worst_excursion'])}</td>"
+        f"<td>{cell(c['min_h'])}</td><td>{c['interventions']}</td></tr>"
+        for name, c in per.items()
+    )
+    return (
+        "<h3>Per constraint, candidate driving (shielded)</h3><table><tr><th>constraint</th><th>violating steps</th>"
+        "<th>worst excursion</th><th>lowest h</th><th>interventions charged</th></tr>" + rows + "</table>"
+    )
 
 
 def _calibration(result: dict) -> str:

@@ -203,21 +203,6 @@ def counterfactual_pass(
     return CounterfactualRun(totals, tr, states)
 
 
-def merge_totals(into: RunTotals, more: RunTotals) -> RunTotals:
-    """`into` extended by a later batch's totals (episodes appended in seed order)."""
-    into.seeds += more.seeds
-    into.returns += more.returns
-    into.violations += more.violations
-    into.lengths += more.lengths
-    into.latency_us += more.latency_us
-    into.shield_us += more.shield_us
-    for flag, count in more.flags.items():
-        into.flags[flag] = into.flags.get(flag, 0) + count
-    into.shielded = into.shielded or more.shielded
-    into.min_h = min(into.min_h, more.min_h)
-    return into
-
-
 # ----------------------------------------------------------------------------- the command
 
 
@@ -286,12 +271,11 @@ def evaluate_candidate(
             seeds = list(range(seed + done, seed + min(done + batch, budget)))
             log.episode_offset = done
             run_episodes(env, PolicyDriver(legacy), seeds, dt=dt, observers=[log])
-            merge_totals(
-                cand_totals,
-                run_episodes(env, RuntimeDriver(runtime), seeds, dt=dt, observers=[trace] if look == 1 else []),
+            cand_totals.extend(
+                run_episodes(env, RuntimeDriver(runtime), seeds, dt=dt, observers=[trace] if look == 1 else [])
             )
             if production is not None:
-                merge_totals(prod_totals, run_episodes(env, RuntimeDriver(production), seeds, dt=dt))
+                prod_totals.extend(run_episodes(env, RuntimeDriver(production), seeds, dt=dt))
             done += len(seeds)
             columns = log.columns()
             metrics = log_metrics(columns, dt, cfg.shadow.agreement_tolerance)

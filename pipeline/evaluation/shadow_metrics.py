@@ -105,6 +105,7 @@ def counterfactual_metrics(totals, control_period_s: float | None) -> dict:
         "candidate_intervention_rate": summary.get("intervention_rate"),
         "candidate_fallback_rate": summary.get("fallback_rate"),
         "candidate_steps": steps,
+        "candidate_constraints": summary.get("constraints", {}),
         "counterfactual_latency_p99_us": lat["latency_p99_us"],
         "counterfactual_deadline_misses": lat["deadline_misses"],
     }

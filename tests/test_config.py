@@ -1,6 +1,7 @@
 """The task config: shipped files validate, and bad input names its key path."""
 
 import copy
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,19 @@ def test_cli_documents_every_key():
     )
     for key in ("train.lr", "gate.min_return_ratio", "ray.actor_num_cpus", "shield.enabled"):
         assert key in out.stdout
+
+
+def test_config_check_json_carries_the_figures_it_measured(capsys):
+    """Not only ok: the braking authority, the model error, the input gain, latency and noise the shield will assume,
+    and per randomization set what it admits."""
+    from pipeline.cli import main
+
+    assert main(["config", "--check", str(ROOT / "configs" / "arm.yaml"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    shield = out["ok"] and out["shield"]
+    assert len(shield["brake_accel"]) == 2 and all(
+        min(b) > 0 if isinstance(b, list) else b > 0 for b in shield["brake_accel"]
+    )
+    assert len(shield["max_accel_error"]) == 2 and shield["latency_steps"][0] <= shield["latency_steps"][1]
+    assert shield["margin"] > 0 and 0 < shield["input_gain_error"] < 1 and shield["synthesized"] is False
+    assert {"train", "reality"} <= set(shield["sets"]) and "authority_accel" in shield["sets"]["reality"]

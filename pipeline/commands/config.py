@@ -13,21 +13,43 @@ def run(args: argparse.Namespace) -> int:
 
     if args.check:
         cfg = load_config(args.check)
+        figures = None
         if cfg.shield.enabled:  # every randomization set must lie inside the shield's assumptions
-            from pipeline.safety.shield_spec import build_shield_spec
+            from pipeline.safety.shield_spec import build_shield_spec, needs_synthesis
 
-            build_shield_spec(cfg)  # EnvelopeError (a ConfigError) names set, parameter, range and limit
+            spec = build_shield_spec(cfg)  # EnvelopeError (a ConfigError) names set, parameter, range and limit
+            figures = shield_figures(spec, synthesized=needs_synthesis(cfg.shield))
         from pipeline.training.rollout import preflight
 
         preflight(cfg)  # every set runs the env once, the legacy controller answers: or the key to change
-        emit(
-            args,
-            {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash()},
-            f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})",
-        )
+        human = f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})"
+        if figures is not None:
+            human += "\n" + "\n".join(f"  {k}: {v}" for k, v in figures.items() if k != "sets")
+        emit(args, {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash(), "shield": figures}, human)
         return 0
     rows = describe_fields()
     width = max(len(k) for k, *_ in rows)
     human = "\n".join(f"{k:<{width}}  {d}" + (f"  ({t}, default {v})" if v else f"  ({t})") for k, t, v, d in rows)
     emit(args, {"fields": [{"key": k, "type": t, "default": v, "description": d} for k, t, v, d in rows]}, human)
     return 0
+
+
+def shield_figures(spec: dict, synthesized: bool) -> dict:
+    """What the check measured and the shield will assume: braking authority, model error, input gain, latency,
+    noise, pushes and the monitor's bounds, per position where they are per position; per set, what each admits."""
+    a = spec.get("assumptions", {})
+    kin = spec.get("kinematics", {})
+    return {
+        "synthesized": synthesized,
+        "margin": spec.get("margin"),
+        "brake_accel": kin.get("brake_accel"),
+        "max_accel_error": a.get("max_accel_error"),
+        "input_gain_error": a.get("max_input_gain_error"),
+        "input_gain_range": spec.get("input_gain_range"),
+        "disturbance_accel": a.get("max_disturbance_accel"),
+        "push_velocity": a.get("max_push_velocity"),
+        "latency_steps": [spec.get("latency_min_steps", spec.get("latency_steps")), spec.get("latency_steps")],
+        "obs_noise_std": a.get("obs_noise_std"),
+        "monitor_accel": (a.get("monitor") or {}).get("accel"),
+        "sets": a.get("sets"),
+    }

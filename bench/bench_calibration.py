@@ -29,10 +29,20 @@ import numpy as np
 
 ENV_ID = "sim2real/CartPoleRail-v0"
 PLANTS = {  # scales of the hidden plant; `edge` sits at reality's far end, beyond train's ranges
-    "inside": {"body_mass.cart": 1.3, "body_mass.pole": 1.1, "joint_damping.slider": 1.2, "joint_damping.hinge": 2.0,
-               "actuator_gain.cart_force": 0.8},
-    "edge": {"body_mass.cart": 1.35, "body_mass.pole": 1.5, "joint_damping.slider": 1.2, "joint_damping.hinge": 4.0,
-             "actuator_gain.cart_force": 0.75},
+    "inside": {
+        "body_mass.cart": 1.3,
+        "body_mass.pole": 1.1,
+        "joint_damping.slider": 1.2,
+        "joint_damping.hinge": 2.0,
+        "actuator_gain.cart_force": 0.8,
+    },
+    "edge": {
+        "body_mass.cart": 1.35,
+        "body_mass.pole": 1.5,
+        "joint_damping.slider": 1.2,
+        "joint_damping.hinge": 4.0,
+        "actuator_gain.cart_force": 0.75,
+    },
 }
 LATENCY = 2
 EVAL_SEED = 90_000
@@ -64,10 +74,21 @@ def record_log(cfg, plant: str, path: Path) -> Path:
             break
     n = len(rows_u)
     u = np.stack(rows_u)
-    cols = {"t": np.arange(n) * 0.02, "episode": np.zeros(n), "step": np.arange(n), "obs": np.stack(rows_obs),
-            "legacy_action": u, "candidate_raw": u, "candidate_action": u, "intervened": np.zeros(n, bool),
-            "fallback": np.zeros(n, bool), "h": np.zeros((n, 1)), "latency_us": np.zeros(n),
-            "reward": np.full(n, np.nan), "cost": np.full(n, np.nan)}
+    cols = {
+        "t": np.arange(n) * 0.02,
+        "episode": np.zeros(n),
+        "step": np.arange(n),
+        "obs": np.stack(rows_obs),
+        "legacy_action": u,
+        "candidate_raw": u,
+        "candidate_action": u,
+        "intervened": np.zeros(n, bool),
+        "fallback": np.zeros(n, bool),
+        "h": np.zeros((n, 1)),
+        "latency_us": np.zeros(n),
+        "reward": np.full(n, np.nan),
+        "cost": np.full(n, np.nan),
+    }
     return write_shadow_log(path, cols, {"task": cfg.task.name, "control_period_s": 0.02, "source": "bench"})
 
 
@@ -85,8 +106,9 @@ def train_and_evaluate(cfg, hidden, seed: int, steps: int, episodes: int, work: 
     train_s = time.perf_counter() - t0
     bundle = export_policy(run.run_dir, out_dir=work / "bundle")["bundle"]
     runtime = EdgeRuntime.load(bundle, shield=False)
-    res = evaluate(cfg, runtime, domains=hidden, episodes=episodes, seed=EVAL_SEED, shield=True,
-                   spec=runtime.bundle.shield_spec)
+    res = evaluate(
+        cfg, runtime, domains=hidden, episodes=episodes, seed=EVAL_SEED, shield=True, spec=runtime.bundle.shield_spec
+    )
     return {"return_mean": res["return_mean"], "violations": res["violations"], "train_s": train_s}
 
 
@@ -119,36 +141,68 @@ def main() -> int:
     calibrate_s = time.perf_counter() - t0
     calibrated_cfg = parse_config(recentred_training(cfg, result), "calibrated")
     identified = {n: round(p["identified"], 3) for n, p in result["parameters"].items()}
-    print(f"calibration: {calibrate_s:.1f} s, latency {result['latency_steps']['identified']}, identified {identified}",
-          flush=True)
-    legacy = evaluate(cfg, envs.legacy_controller(ENV_ID), domains=hidden, episodes=args.episodes, seed=EVAL_SEED,
-                      shield=True, spec=build_shield_spec(cfg))["return_mean"]
+    print(
+        f"calibration: {calibrate_s:.1f} s, latency {result['latency_steps']['identified']}, identified {identified}",
+        flush=True,
+    )
+    legacy = evaluate(
+        cfg,
+        envs.legacy_controller(ENV_ID),
+        domains=hidden,
+        episodes=args.episodes,
+        seed=EVAL_SEED,
+        shield=True,
+        spec=build_shield_spec(cfg),
+    )["return_mean"]
     ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
     rows = {"baseline": [], "calibrated": []}
     for seed in range(args.runs):
         for arm, arm_cfg in (("baseline", cfg), ("calibrated", calibrated_cfg)):
             r = train_and_evaluate(arm_cfg, hidden, seed, args.steps, args.episodes, work / f"{arm}-{seed}")
             rows[arm].append(r)
-            print(f"run {seed} {arm:<10} return {r['return_mean']:7.1f}  violations {r['violations']}  "
-                  f"train {r['train_s']:.0f} s", flush=True)
+            print(
+                f"run {seed} {arm:<10} return {r['return_mean']:7.1f}  violations {r['violations']}  "
+                f"train {r['train_s']:.0f} s",
+                flush=True,
+            )
     ray.shutdown()
-    summary = {arm: {"n": len(v), "return_mean": float(np.mean([r["return_mean"] for r in v])),
-                     "return_std": float(np.std([r["return_mean"] for r in v])),
-                     "violations": int(sum(r["violations"] for r in v)),
-                     "train_s_mean": float(np.mean([r["train_s"] for r in v]))} for arm, v in rows.items()}
-    out = {"plant": args.plant, "runs": rows, "summary": summary, "legacy_return": legacy, "calibrate_s": calibrate_s,
-           "steps": args.steps, "episodes": args.episodes, "load": os.getloadavg()}
+    summary = {
+        arm: {
+            "n": len(v),
+            "return_mean": float(np.mean([r["return_mean"] for r in v])),
+            "return_std": float(np.std([r["return_mean"] for r in v])),
+            "violations": int(sum(r["violations"] for r in v)),
+            "train_s_mean": float(np.mean([r["train_s"] for r in v])),
+        }
+        for arm, v in rows.items()
+    }
+    out = {
+        "plant": args.plant,
+        "runs": rows,
+        "summary": summary,
+        "legacy_return": legacy,
+        "calibrate_s": calibrate_s,
+        "steps": args.steps,
+        "episodes": args.episodes,
+        "load": os.getloadavg(),
+    }
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"hidden plant {args.plant} {PLANTS[args.plant]}, {args.episodes} eval episodes (seeds {EVAL_SEED}+), {args.steps} training steps, "
-              f"load {os.getloadavg()[0]:.1f}")
+        print(
+            f"hidden plant {args.plant} {PLANTS[args.plant]}, {args.episodes} eval episodes (seeds {EVAL_SEED}+), {args.steps} training steps, "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
         print(f"  legacy LQR          return {legacy:7.1f}")
         for arm, s in summary.items():
-            print(f"  {arm:<10} (n={s['n']})  return {s['return_mean']:7.1f} +- {s['return_std']:.1f}  "
-                  f"violations {s['violations']}  training {s['train_s_mean']:.0f} s/run")
-        print(f"  calibration adds {calibrate_s:.1f} s to the flow "
-              f"({100 * calibrate_s / summary['baseline']['train_s_mean']:.0f} % of one training run)")
+            print(
+                f"  {arm:<10} (n={s['n']})  return {s['return_mean']:7.1f} +- {s['return_std']:.1f}  "
+                f"violations {s['violations']}  training {s['train_s_mean']:.0f} s/run"
+            )
+        print(
+            f"  calibration adds {calibrate_s:.1f} s to the flow "
+            f"({100 * calibrate_s / summary['baseline']['train_s_mean']:.0f} % of one training run)"
+        )
     return 0
 
 

@@ -40,7 +40,7 @@ from pipeline.safety.shield_spec import build_shield_spec  # noqa: E402
 
 def _config(task: str):
     if task == "ballast":
-        from tests.falsify_plants import ballast_cartpole
+        from tests.helpers.falsify_plants import ballast_cartpole
 
         cfg = ballast_cartpole(Path(tempfile.mkdtemp()))
         return cfg, build_shield_spec(cfg, check_envelope=False)

@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
 
-    from tests.serve_bundles import ServerProcess, write_tiny_bundle
+    from tests.helpers.serve_bundles import ServerProcess, write_tiny_bundle
 
     if args.nice is not None:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by the server subprocess

@@ -1,0 +1,153 @@
+"""Registry operations: increasing versions, promote/rollback semantics, clean refusals, CLI exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.commands.registry import run as run_cli
+from pipeline.deployment.registry import Registry, RegistryError
+from shield.bundle import BundleError, resolve_production, verify_bundle
+from tests.helpers.bundle_helpers import export_test_bundle
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def source_bundle(tmp_path_factory):
+    return export_test_bundle(tmp_path_factory, "source")[0]
+
+
+@pytest.fixture
+def registry(tmp_path):
+    return Registry(tmp_path / "models")
+
+
+def _cli(registry, cmd, task=None, version=None, as_json=True):
+    return run_cli(SimpleNamespace(registry_cmd=cmd, task=task, version=version, root=str(registry.root), json=as_json))
+
+
+def test_versions_only_increase_and_carry_metrics(registry, source_bundle):
+    before = (source_bundle / "manifest.json").read_bytes()
+    versions = [
+        registry.register(source_bundle, metrics={"shadow_return": 1.5 * i}, extra={"flow_run_id": f"f{i}"})
+        for i in range(3)
+    ]
+    assert versions == [1, 2, 3] and registry.versions("planar") == [1, 2, 3]
+    assert (source_bundle / "manifest.json").read_bytes() == before, "registering must not modify the source"
+    shown = registry.show("planar", 3)
+    assert shown["version"] == 3 and shown["metrics"]["shadow_return"] == 3.0
+    assert shown["metrics"]["parity_max_abs_err"] <= 1e-5 and shown["extra"]["flow_run_id"] == "f2"
+    assert registry.verify("planar") == [1, 2, 3]
+
+
+def test_promote_and_rollback_walk_the_history(registry, source_bundle):
+    for _ in range(3):
+        registry.register(source_bundle)
+    assert registry.production("planar") is None
+    assert registry.promote("planar", 1) is None
+    assert registry.promote("planar", 3) == 1
+    assert registry.promote("planar", 3) == 3  # promoting the current version is a no-op
+    assert registry.promote("planar", 2) == 3
+    assert registry.pointer("planar")["history"] == [1, 3]
+    assert registry.rollback("planar") == 3 and registry.production("planar") == 3
+    assert registry.rollback("planar") == 1 and registry.production("planar") == 1
+    with pytest.raises(RegistryError, match="nothing to roll back to"):
+        registry.rollback("planar")
+    assert registry.production("planar") == 1
+    assert resolve_production(registry.root, "planar") == registry.root / "planar" / "1"
+
+
+def test_annotating_the_production_version_keeps_it_loadable(registry, source_bundle):
+    registry.register(source_bundle)
+    registry.promote("planar", 1)
+    registry.annotate("planar", 1, metrics={"gate": {"decision": "pass", "reasons": []}}, extra={"flow_run_id": "abc"})
+    manifest = verify_bundle(resolve_production(registry.root, "planar"))
+    assert manifest["metrics"]["gate"]["decision"] == "pass" and manifest["extra"]["flow_run_id"] == "abc"
+
+
+def test_promote_of_an_unknown_version_or_task_fails_cleanly(registry, source_bundle, capsys):
+    registry.register(source_bundle)
+    with pytest.raises(RegistryError, match=r"planar: version 9 does not exist \(registered: 1\)"):
+        registry.promote("planar", 9)
+    with pytest.raises(RegistryError, match="unknown task 'nope'"):
+        registry.promote("nope", 1)
+    with pytest.raises(RegistryError, match="invalid task name"):
+        registry.promote("../planar", 1)
+    with pytest.raises(RegistryError, match="unknown task 'nope'"):
+        registry.verify("nope")
+    assert _cli(registry, "promote", "planar", 9) == 2  # a user error; 1 is for a verify that finds a mismatch
+    assert "error: planar: version 9 does not exist" in capsys.readouterr().err
+    assert registry.production("planar") is None
+
+
+def test_rollback_without_history_fails_cleanly(registry, source_bundle, capsys):
+    registry.register(source_bundle)
+    with pytest.raises(RegistryError, match="no version is in production"):
+        registry.rollback("planar")
+    registry.promote("planar", 1)
+    assert _cli(registry, "rollback", "planar") == 2
+    assert "nothing to roll back to" in capsys.readouterr().err
+    assert registry.production("planar") == 1
+
+
+def test_a_tampered_version_is_never_promoted_or_rolled_back_to(registry, source_bundle):
+    for _ in range(2):
+        registry.register(source_bundle)
+    registry.promote("planar", 1)
+    registry.promote("planar", 2)
+    onnx_path = registry.bundle_dir("planar", 1) / "policy.onnx"
+    onnx_path.write_bytes(onnx_path.read_bytes()[:-1])
+    with pytest.raises(BundleError, match=r"^policy\.onnx: sha256 mismatch"):
+        registry.rollback("planar")
+    with pytest.raises(BundleError, match=r"^policy\.onnx: sha256 mismatch"):
+        registry.promote("planar", 1)
+    assert registry.production("planar") == 2
+
+
+def test_list_show_promote_print_json(registry, source_bundle, capsys):
+    registry.register(source_bundle)
+    registry.register(source_bundle)
+    assert _cli(registry, "promote", "planar", 2) == 0
+    assert json.loads(capsys.readouterr().out) == {"task": "planar", "production": 2, "previous": None}
+    assert _cli(registry, "list") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["production"] == {"planar": 2}
+    assert [(r["version"], r["production"]) for r in listed["versions"]] == [(1, False), (2, True)]
+    assert _cli(registry, "show", "planar", 1) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["version"] == 1 and shown["files"].keys() == {"policy.onnx", "shield.json"}
+    assert _cli(registry, "list", as_json=False) == 0
+    assert "planar" in capsys.readouterr().out
+
+
+def test_the_sim2real_cli_exits_nonzero_without_a_traceback(registry, source_bundle):
+    registry.register(source_bundle)
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "registry", "promote", "planar", "7", "--root", str(registry.root)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "version 7 does not exist" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_concurrent_writers_get_distinct_versions(registry, source_bundle):
+    code = (
+        "import sys; from pipeline.deployment.registry import Registry; r = Registry(sys.argv[1]); "
+        "[r.register(sys.argv[2]) for _ in range(5)]"
+    )
+    writers = [
+        subprocess.Popen([sys.executable, "-c", code, str(registry.root), str(source_bundle)], cwd=ROOT)
+        for _ in range(2)
+    ]
+    assert [w.wait(timeout=60) for w in writers] == [0, 0]
+    assert registry.versions("planar") == list(range(1, 11))
+    registry.verify("planar")

@@ -1,0 +1,127 @@
+"""`sim2real falsify` finds a planted fault, writes a replayable case, and the gate fails on it; on an envelope of
+many randomized parameters it samples corners and spends most of a fixed budget in its optimizer.
+
+The shipped configs' search (nothing found within its budget) runs in
+test_shipped_configs_hold_within_the_budget; the bench runs the long searches.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.evaluation.falsify import falsify, parameters, pinned_domain, replay_case
+from pipeline.evaluation.gate import decide
+from pipeline.safety.shield_spec import build_shield_spec
+from shield.spec import ShieldSpec
+from tests.helpers.falsify_plants import ballast_cartpole
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("fault", [{"margin": 0.0, "latency_steps": 0}, {"latency_steps": 0}])
+def test_a_planted_fault_is_found_replayed_and_fails_the_gate(tmp_path, fault):
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    spec = build_shield_spec(cfg, check_envelope=False)
+    spec.update(fault)  # a spec whose margin or latency is too small for the config's sets
+    result = falsify(cfg, spec=spec, budget_s=120, seed=0, out_dir=tmp_path)
+    assert result["cases_found"] == 1 and result["min_h"] < 0
+    per = result["constraints"]["rail_band"]  # which limit the search crossed, by how much, how low h went
+    assert per["violating_steps"] == result["cases"][0]["violations"] > 0 and per["worst_excursion"] > 0
+    assert per["min_h"] == result["min_h"]
+    case = result["cases"][0]
+    domain_file, case_file = Path(case["domain_file"]), Path(case["case_file"])
+    assert domain_file.is_file() and json.loads(case_file.read_text())["seed"] == case["seed"]
+    replayed = replay_case(cfg, case_file, ShieldSpec.from_dict(spec))
+    assert replayed["violations"] == case["violations"] > 0  # the same episode, step for step
+    gate = decide(
+        {
+            "candidate_return_mean": 1.0,
+            "legacy_return_mean": 1.0,
+            "candidate_violations": 0,
+            "candidate_intervention_rate": 0.0,
+            "latency_p99_us": 1.0,
+            "falsification_cases": result["cases_found"],
+            "falsification_min_h": result["min_h"],
+        },
+        cfg.gate,
+    )
+    assert gate.decision == "fail" and gate.failing == ["gate.max_falsification_cases"]
+
+
+def test_the_envelope_check_refuses_the_planted_fault():
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    cfg.shield.latency_steps = 0
+    with pytest.raises(Exception, match=r"randomization\.(train|reality)\.latency_steps: up to 2 steps"):
+        build_shield_spec(cfg)
+
+
+def test_corners_pin_every_range_to_an_end():
+    cfg = load_config(ROOT / "configs" / "quadrotor.yaml")
+    rset = cfg.randomization["reality"]
+    names = [n for n, _, _ in parameters(rset)]
+    assert names == ["body_mass.quad"] + [f"actuator_gain.rotor{i}" for i in range(4)] + ["latency_steps"]
+    doc = pinned_domain(rset, [1.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+    assert doc["body_mass"]["quad"] == {"dist": "uniform", "low": 1.1, "high": 1.1}
+    assert doc["actuator_gain"]["rotor0"]["low"] == doc["actuator_gain"]["rotor0"]["high"] == 0.88
+    assert doc["latency_steps"] == {"low": 2, "high": 2} and doc["push"] == rset.push.model_dump(mode="json")
+
+
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
+def test_shipped_configs_hold_within_the_budget(tmp_path, task):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "falsify",
+            "--config",
+            f"configs/{task}.yaml",
+            "--budget-s",
+            "20",
+            "--seed",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["cases_found"] == 0 and result["evaluated"] >= 1
+
+
+@pytest.fixture(scope="module")
+def ballast(tmp_path_factory):
+    cfg = ballast_cartpole(tmp_path_factory.mktemp("ballast"))
+    return cfg, build_shield_spec(cfg, check_envelope=False)
+
+
+def test_an_under_margined_spec_is_found_in_a_fixed_budget_on_a_wide_envelope(ballast, tmp_path):
+    """13 randomized parameters per set (3 x 2^13 corners, x 3 policies): no margin and no robustness to the input's
+    gain. The corners (a fifth of 120 candidates) and random draws miss it; the optimizer finds it."""
+    cfg, spec = ballast
+    assert min(len(parameters(r)) for r in cfg.randomization.values()) >= 10
+    planted = dict(spec, margin=0.0, input_gain_error=0.0)
+    result = falsify(cfg, spec=planted, budget_s=3600, max_candidates=120, seed=0, out_dir=tmp_path)
+    assert result["cases_found"] == 1 and result["min_h"] < 0
+    assert result["phases"]["corners"] <= 0.2 * 120 and result["phases"]["cross_entropy"] > 0
+    assert replay_case(cfg, result["cases"][0]["case_file"], ShieldSpec.from_dict(planted))["violations"] > 0
+
+
+def test_the_budget_goes_mostly_to_the_optimizer_when_corners_outnumber_it(ballast):
+    cfg, spec = ballast
+    sound = dict(spec, margin=0.3)  # a spec the search should not break in a few candidates
+    result = falsify(cfg, spec=sound, budget_s=3600, max_candidates=30, seed=1)
+    assert result["cases_found"] == 0 and result["evaluated"] == 30
+    assert result["corners_total"] == 3 * 2**13 * 3
+    assert result["phases"]["corners"] == 6 and result["phases"]["random"] == 3
+    assert result["phases"]["cross_entropy"] == 21

@@ -1,0 +1,122 @@
+"""The bundle says what it expects: the I/O contract goes from the declaration into manifest.json, as numbers and
+names with units, no machine paths, and is verified on load; a schema-1 bundle (no contract) still serves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from envs.tasks import read_declaration
+from pipeline.config import load_config
+from pipeline.deployment.export import export_deterministic
+from pipeline.safety.shield_spec import build_shield_spec
+from pipeline.training.model import ActorCritic, DeterministicPolicy
+from shield.bundle import MANIFEST_FILE, Bundle, BundleError, seal_manifest, verify_bundle
+from shield.contract import names_sha256
+from shield.runtime import EdgeRuntime
+from tests.helpers.serve_bundles import write_tiny_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cartpole_bundle(tmp_path_factory) -> Path:
+    """A cart-pole policy (untrained weights, a real normalizer) exported with the config's shield."""
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    torch.manual_seed(0)
+    ac = ActorCritic(5, 1, (16, 16), action_low=[-1.0], action_high=[1.0])
+    ac.obs_rms.update(
+        torch.randn(2000, 5, dtype=torch.float64) * torch.tensor([0.3, 0.05, 0.5, 0.4, 0.4], dtype=torch.float64)
+    )
+    meta = dict(task=cfg.task.name, env_id=cfg.task.env_id, updates=1, env_steps=1, **ac.spec())
+    out = tmp_path_factory.mktemp("contract") / "bundle"
+    export_deterministic(
+        DeterministicPolicy(ac), meta, build_shield_spec(cfg), config_hash=cfg.config_hash(), out_dir=out
+    )
+    return out
+
+
+def _strings(node):
+    if isinstance(node, dict):
+        for v in node.values():
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+    elif isinstance(node, str):
+        yield node
+
+
+def test_the_contract_carries_the_declaration_s_names_units_and_numbers(cartpole_bundle):
+    manifest = json.loads((cartpole_bundle / MANIFEST_FILE).read_text())
+    assert manifest["schema_version"] == 2
+    contract = manifest["contract"]
+    decl = read_declaration(ROOT / "configs" / "cartpole.yaml")[1]
+    assert [o["name"] for o in contract["observations"]] == [o.name for o in decl.observations]
+    assert [o["unit"] for o in contract["observations"]] == ["m", "rad", "m/s", "rad/s", "m"]
+    assert contract["observations"][0]["source"] == "joint slider qpos"
+    assert contract["actions"] == [
+        {
+            "name": "cart_force",
+            "source": "actuator cart_force",
+            "unit": "N",
+            "units_per_action": 30.0,
+            "low": -1.0,
+            "high": 1.0,
+        }
+    ]
+    assert contract["control_period_s"] == decl.control_period and contract["policy_state"] == {"kind": "none"}
+    for o in contract["observations"]:  # numbers as numbers, an expected range around the training data
+        assert isinstance(o["expected_low"], float) and o["expected_low"] < 0.0 < o["expected_high"]
+    assert manifest["action_low"] == [-1.0] and manifest["action_high"] == [1.0]  # not strings
+    assert contract["names_sha256"] == names_sha256([o.name for o in decl.observations], ["cart_force"], 0.02)
+    assert not [s for s in _strings(manifest) if s.startswith("/") or str(ROOT) in s]  # no machine paths
+    assert Bundle.load(cartpole_bundle).manifest["contract"] == contract
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda c: c["observations"].reverse(), "names_sha256"),  # the names reordered: not the hashed ones
+        (lambda c: c.update(control_period_s=0.01), "names_sha256"),  # another rate
+        (lambda c: c["actions"][0].update(units_per_action="30"), r"units_per_action: must be a finite number"),
+        (lambda c: c["observations"].pop(), "4 entries, the policy has 5"),
+        (lambda c: c.pop("policy_state"), "policy_state.kind"),
+    ],
+)
+def test_a_contract_that_does_not_hold_is_refused_even_when_resealed(cartpole_bundle, tmp_path, edit, message):
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(cartpole_bundle, bundle)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    edit(manifest["contract"])
+    (bundle / MANIFEST_FILE).write_text(json.dumps(seal_manifest(manifest)))
+    with pytest.raises(BundleError, match=message):
+        verify_bundle(bundle)
+
+
+def test_a_schema_1_bundle_without_a_contract_still_loads_verifies_and_serves(tmp_path):
+    bundle = write_tiny_bundle(tmp_path / "old", version=3)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    assert manifest["schema_version"] == 1 and "contract" not in manifest
+    verify_bundle(bundle)
+    runtime = EdgeRuntime.load(bundle)
+    safe, raw, _ = runtime.act(np.zeros(4, np.float32))
+    assert safe.shape == (2,) and np.all(np.abs(safe) <= 1.0)
+
+
+def test_serve_prints_the_contract_when_it_starts(cartpole_bundle, tmp_path):
+    from tests.helpers.serve_bundles import ServerProcess
+
+    with ServerProcess(str(cartpole_bundle)) as server:
+        text = server.stop()
+    assert "serve: contract: control period 0.02 s" in text
+    assert "serve: contract: observations: x [m], theta [rad], x_dot [m/s], theta_dot [rad/s], x_ref [m]" in text
+    assert "serve: contract: actions: cart_force [30 N per unit, -1..1]" in text
+    with ServerProcess(str(write_tiny_bundle(tmp_path / "old"))) as server:
+        assert "no I/O contract (a schema-1 bundle)" in server.stop()

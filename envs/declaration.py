@@ -147,8 +147,9 @@ class RewardTerm(_Strict):
 
     term: Literal["alive", "tracking", "effort", "progress", "violation"] | None = Field(
         None,
-        description="a library term: alive (1 per step), tracking (-distance to targets), effort (|a|^2), "
-        "progress (distance gained toward targets), violation (info['cost'])",
+        description="a library term, added as weight x its value: alive 1 per step, tracking the distance to the "
+        "targets (at most clip), effort |a|^2, progress the distance closed this step, violation info['cost'] "
+        "(1 on a violating step); a penalty takes a negative weight",
     )
     function: str | None = Field(None, description="'module:function' f(obs, action, cost) -> float instead of a term")
     weight: float = Field(1.0, description="the term's weight in the sum")
@@ -278,7 +279,10 @@ class Legacy(_Strict):
     )
     name: str | None = Field(None, description="shown by `sim2real envs` (default: the type)")
     loops: list[PidLoop] = Field([], description="pid: one loop per driven action")
-    q: list[float] | None = Field(None, description="lqr: state weights, one per linearized state")
+    q: list[float] | None = Field(
+        None,
+        description="lqr: state weights, one per joint observation, in the order the observations are declared",
+    )
     r: list[float] | None = Field(None, description="lqr: action weights")
     setpoints: dict[str, str] = Field({}, description="lqr: state observation -> observation of its set-point")
     callable: str | None = Field(None, description="'module:callable' returning the controller")

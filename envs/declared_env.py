@@ -100,6 +100,12 @@ def nominal_model(decl: PlantDeclaration, path: Path) -> NominalModel:
     """The nominal plant at the declared operating point; DeclarationError unless it is an equilibrium there."""
     model = mujoco.MjModel.from_xml_path(str(path))
     binding = bind(decl, model, path.name)
+    if model.opt.integrator == mujoco.mjtIntegrator.mjINT_RK4:
+        raise DeclarationError(
+            f'plant.mjcf: {path.name} sets <option integrator="RK4">: the linear shield model and an lqr legacy '
+            f"controller are linearized by MuJoCo's finite differences (mjd_transitionFD), which RK4 does not "
+            f"support; use Euler (the default), implicit or implicitfast"
+        )
     data = mujoco.MjData(model)
     for name, value in decl.shield_model.operating_point.items():
         data.qpos[_joint_address(model, name, "", path.name, "pos")] = value

@@ -217,3 +217,22 @@ def test_envs_lists_a_plant_declared_elsewhere_and_the_registry_s_tasks(
     }
     assert main(["envs", "--config", str(tmp_path / "mycart.yaml"), "--registry", str(models)]) == 0
     assert "only in the registry" in capsys.readouterr().out
+
+
+def test_an_rk4_plant_is_refused_naming_the_mjcf_option(tmp_path, monkeypatch):
+    """MuJoCo's finite differences (the shield's linear model, the LQR) refuse RK4: say so, not a traceback."""
+    import shutil
+
+    from pipeline.cli import main
+
+    _own_task_list(monkeypatch)
+    root = Path(__file__).resolve().parents[2]
+    for name in ("cartpole.yaml", "cartpole_rail.xml"):
+        shutil.copy(root / "configs" / name, tmp_path / name)
+    xml = tmp_path / "cartpole_rail.xml"
+    xml.write_text(xml.read_text().replace('integrator="Euler"', 'integrator="RK4"'))
+    yaml_file = tmp_path / "cartpole.yaml"
+    yaml_file.write_text(
+        yaml_file.read_text().replace("name: cartpole\n", "name: rk4cart\n").replace("CartPoleRail-v0", "Rk4Cart-v0")
+    )
+    assert main(["config", "--check", str(yaml_file)]) == 2

@@ -25,15 +25,15 @@ import yaml
 from scipy.stats import norm
 
 from pipeline.calibration.fit import (BOUND_WIDEN, Problem, cut_windows, global_search, latency_confidence,
-                                      sandwich, solve, step_spread)
+                                      process_std, sandwich, solve)
 from pipeline.calibration.identify import INTERVAL, OUTSIDE_INTERVAL, combinations, consistent_ranges, covariance, pinned
 from pipeline.calibration.logs import CalibrationError, load_field_log
-from pipeline.calibration.noise import noise_floor, observation_noise, robust_rms
+from pipeline.calibration.noise import noise_floor, observation_noise, residual_spread
 from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_range, obs_noise_vector
 from pipeline.calibration.twin import Twin
 
 GLOBAL_STARTS = 3  # starts per latency besides the ranges' centre (a Sobol design over the ranges)
-GLOBAL_NFEV, LOCAL_NFEV = 6, 15  # least-squares evaluations per start in the global stage, in the local one
+GLOBAL_NFEV, LOCAL_NFEV = 6, 20  # least-squares evaluations per start in the global stage, in the local one
 MISFIT_RATIO = 1.5  # a residual this many times the noise floor (any channel) is more than noise
 F_SCALE = 3.0  # soft-L1 knee, in units of a residual's expected spread
 
@@ -44,9 +44,9 @@ def _latency_candidates(cfg) -> list[int]:
 
 
 def _prediction_error(problem: Problem, x) -> dict:
-    """Open-loop error from the initial states in x (steps 1..H), physical units and normalized."""
-    r = problem.window_residuals(x)[:, 1:]
-    physical = r * problem.scale[1:]
+    """Open-loop error from the first states in x over each window (steps 1..H): physical and in obs-noise units."""
+    physical = (problem.simulate(x) - problem.measured)[:, 1:]
+    r = physical / problem.obs_std
     return {"rms_normalized": float(np.sqrt(np.mean(r ** 2))),
             "rms_per_state_obs": [float(v) for v in np.sqrt(np.mean(physical ** 2, axis=(0, 1)))],
             "final_step_rms_per_state_obs": [float(v) for v in np.sqrt(np.mean(physical[:, -1] ** 2, axis=0))]}
@@ -103,33 +103,30 @@ def calibrate(cfg, logs) -> dict:
     reality = cfg.randomization.get("reality") or cfg.randomization["train"]
     obs_std = np.array(obs_noise_vector(reality.obs_noise_std, task["obs_dim"]))[twin.state_obs]
     action_std = float(np.max(reality.action_noise_std))
-    # Pilot spread: the configured obs noise, floored at 1 % of a channel's typical change over a
-    # window so a noise-free channel cannot dominate.
+    # A noise-free channel's spread is floored at 0.1 % of its typical change over a window.
     change = np.std(windows.target[:, -1] - windows.first, axis=0)
-    pilot = np.tile(np.maximum(obs_std, 0.01 * change + 1e-9), (horizon + 1, 1))
+    obs_scale = np.maximum(obs_std, 1e-3 * change + 1e-12)
+    centre = 0.5 * (hull_lo + hull_hi)
+    proc = process_std(Problem(twin, windows, 0, names, known, obs_scale, obs_scale), centre, action_std,
+                       0.05 * obs_scale)
 
-    def problem(lat: int, scale, win=windows) -> Problem:
-        return Problem(twin, win, lat, names, known, scale)
+    def problem(lat: int, win=windows) -> Problem:
+        return Problem(twin, win, lat, names, known, obs_scale, proc)
 
     # Global stage on a third of the windows: every latency, several starts.
     search = windows.subset(np.arange(len(windows.starts)) % 3 == 0)
-    centre = 0.5 * (hull_lo + hull_hi)
-    r0 = problem(latencies[0], pilot, search).window_residuals(problem(latencies[0], pilot, search).start(centre))
-    f_pilot = F_SCALE * max(1.4826 * float(np.median(np.abs(r0))), 1e-9)
-    coarse = global_search(lambda lat: problem(lat, pilot, search), latencies, hull_lo, hull_hi, bounds, f_pilot,
+    coarse = global_search(lambda lat: problem(lat, search), latencies, hull_lo, hull_hi, bounds, F_SCALE,
                            GLOBAL_STARTS, GLOBAL_NFEV)
     coarse.sort(key=lambda f: f.cost)
-    # Each step and channel weighed by the spread the best coarse fit leaves there.
-    scale = step_spread(coarse[0].residuals, pilot)
     # Local stage on every window: the best, and the runner-up latency for the latency's confidence.
     refined = []
     for c in coarse[:2]:
-        p = problem(c.latency, scale)
+        p = problem(c.latency)
         refined.append(solve(p, p.start(c.theta), F_SCALE, LOCAL_NFEV, bounds))
     refined.sort(key=lambda f: f.cost)
     best, runner_up = refined[0], refined[1] if len(refined) > 1 else None
     latency = best.latency
-    final = problem(latency, scale)
+    final = problem(latency)
     a, b = sandwich(final, best)
     combos = combinations(a, b, best.theta, names, hull_lo, hull_hi)
     cov = covariance(a, b, combos, names)
@@ -140,8 +137,8 @@ def calibrate(cfg, logs) -> dict:
     noise = observation_noise(twin, log, scales, latency, obs_std)
     used_std = np.array([c["used"] for c in noise])
     floor = noise_floor(final, best.x, used_std, action_std)
-    actual = robust_rms(best.residuals)
-    ratio = actual / np.maximum(floor, 1e-12)
+    actual = residual_spread(best.residuals, final)
+    ratio = (actual / np.maximum(floor, 1e-12)).reshape(2, -1).max(axis=0)  # per channel, misfit or defect
     misfit = bool(np.max(ratio) > MISFIT_RATIO)
 
     z = float(norm.ppf(0.5 + INTERVAL / 2))
@@ -174,7 +171,7 @@ def calibrate(cfg, logs) -> dict:
         verdict.append("outside: no plant inside the config's randomization ranges fits the logs "
                        f"(not even at the {OUTSIDE_INTERVAL:.0%} band); train and the shield were not made for it"
                        + ("; " + "; ".join(shield_beyond) if shield_beyond else ""))
-    before_p = problem(0, scale)
+    before_p = problem(0)
     x_before = before_p.start(np.zeros(len(names)))
     result = {
         "task": cfg.task.name, "env_id": cfg.task.env_id,

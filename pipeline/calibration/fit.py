@@ -5,14 +5,14 @@ initial state (an unknown: the logged obs[k] is only a noisy measurement of it)
 and replays the logged actions, delayed by L whole steps, through the twin.
 scipy's `least_squares` (trust-region reflective, soft-L1 loss so a push inside
 a window does not drag the fit) minimises the predicted-vs-logged error over
-all windows, in log-scale coordinates. Each residual is divided by the spread
-expected at its step and channel (obs noise at the window's start, growing with
-the process noise the logged actions do not show), so every step weighs what it
-knows.
+all windows, in log-scale coordinates. The process noise the config declares
+(action noise; pushes, heavy-tailed, caught by the soft-L1) enters as dynamics
+defects of each step (multiple shooting), so feedback and pushes inside a window
+are not blamed on the parameters, as a pure simulation error would blame them.
 
 The global stage (`global_search`) fits every latency candidate from several
 starts spread over the config's ranges on a third of the windows; the local
-stage refines the best on every window. Latency is discrete: its confidence
+stage refines the best two latencies on every window. Latency is discrete: its confidence
 comes from a paired comparison of the per-window errors of the best and the
 runner-up latency.
 """
@@ -79,66 +79,100 @@ def cut_windows(twin: Twin, log: FieldLog, horizon: int, stride: int, max_latenc
 
 
 class Problem:
-    """Residuals of one window set at one latency: every window's logged obs[k..k+H] against the twin.
+    """Residuals of one window set at one latency: multiple shooting with process noise.
 
-    Unknowns: the log-scales theta, then each window's initial state. Residuals
-    are divided by `scale` (H+1, n_state_obs), the expected spread per step and channel.
+    Unknowns: the log-scales theta, then every window's state at each of its
+    H+1 steps (in units of the obs noise). Residuals, window by window: the
+    observation misfit (state - logged obs) / obs_std, then the dynamics defects
+    (state[k+1] - twin(state[k], action[k - L])) / process_std. The process noise
+    the config declares (action noise, pushes) lands in the defects instead of
+    being blamed on the parameters, which a pure simulation error would do under
+    feedback and pushes; with process_std -> 0 it is the simulation error.
     """
 
     def __init__(self, twin: Twin, windows: Windows, latency: int, names: list[str], known: dict[str, float],
-                 scale: np.ndarray):
+                 obs_std: np.ndarray, process_std: np.ndarray):
         self.twin, self.windows, self.names, self.known, self.latency = twin, windows, names, known, latency
-        self.controls = windows.controls(latency)
-        self.scale = scale
-        self.n, self.ns = len(names), len(twin.state_obs)
+        self.obs_std, self.process_std = obs_std, process_std
+        self.n, self.ns, self.h = len(names), len(twin.state_obs), windows.horizon
+        self.w = len(windows.starts)
+        self.controls = windows.controls(latency).reshape(self.w * self.h, 1, -1)
+        self.template = np.repeat(windows.states, self.h, axis=0)
         self.measured = np.concatenate([windows.first[:, None], windows.target], axis=1)  # (W, H+1, ns)
 
     def scales(self, theta: np.ndarray) -> dict[str, float]:
         """Scales by name for log-scales theta (known parameters held at their values)."""
         return {**self.known, **{n: float(math.exp(t)) for n, t in zip(self.names, theta)}}
 
-    def start(self, theta: np.ndarray) -> np.ndarray:
-        """The unknown vector at theta with every initial state at its logged value."""
-        return np.concatenate([theta, (self.windows.first / self.scale[0]).ravel()])
+    def start(self, theta: np.ndarray, states: np.ndarray | None = None) -> np.ndarray:
+        """The unknown vector at theta with every state at its logged value (or at `states`, (W, H+1, ns))."""
+        s = self.measured if states is None else states
+        return np.concatenate([theta, (s / self.obs_std).ravel()])
 
     def states(self, x: np.ndarray) -> np.ndarray:
-        """(W, ns) initial state observations in x."""
-        return x[self.n:].reshape(-1, self.ns) * self.scale[0]
+        """(W, H+1, ns) states in x."""
+        return x[self.n:].reshape(self.w, self.h + 1, self.ns) * self.obs_std
 
-    def predict(self, theta: np.ndarray, s0: np.ndarray, controls: np.ndarray | None = None) -> np.ndarray:
-        """(W, H+1, ns) predicted state observations from initial states s0, step 0 included."""
-        states = self.twin.set_states(self.windows.states, s0)
-        pred = self.twin.predict(self.scales(theta), states, self.controls if controls is None else controls)
-        return np.concatenate([s0[:, None], pred], axis=1)
+    def parts(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(obs misfit (W, H+1, ns), defects (W, H, ns)), normalized."""
+        s = self.states(x)
+        start = self.twin.set_states(self.template, s[:, :-1].reshape(-1, self.ns))
+        pred = self.twin.predict(self.scales(x[:self.n]), start, self.controls)[:, 0]
+        defect = (s[:, 1:] - pred.reshape(self.w, self.h, self.ns)) / self.process_std
+        return (s - self.measured) / self.obs_std, defect
 
     def window_residuals(self, x: np.ndarray) -> np.ndarray:
-        """(W, H+1, ns) (predicted - logged) / scale."""
-        return (self.predict(x[:self.n], self.states(x)) - self.measured) / self.scale
+        """(W, rows): each window's observation misfits then its defects."""
+        obs, defect = self.parts(x)
+        return np.concatenate([obs.reshape(self.w, -1), defect.reshape(self.w, -1)], axis=1)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.window_residuals(x).ravel()
 
-    def sparsity(self):
-        """Which unknowns each residual depends on (theta: all rows; a window's state: its own rows)."""
-        from scipy.sparse import lil_matrix
+    def simulate(self, x: np.ndarray, controls: np.ndarray | None = None) -> np.ndarray:
+        """(W, H+1, ns) open-loop prediction from each window's first state in x (the logged actions replayed)."""
+        s0 = self.states(x)[:, 0]
+        states = self.twin.set_states(self.windows.states, s0)
+        controls = self.windows.controls(self.latency) if controls is None else controls
+        pred = self.twin.predict(self.scales(x[:self.n]), states, controls)
+        return np.concatenate([s0[:, None], pred], axis=1)
 
-        w, rows = len(self.windows.starts), (self.windows.horizon + 1) * self.ns
-        pattern = lil_matrix((w * rows, self.n + w * self.ns), dtype=np.int8)
-        pattern[:, :self.n] = 1
-        for i in range(w):
-            pattern[i * rows:(i + 1) * rows, self.n + i * self.ns:self.n + (i + 1) * self.ns] = 1
-        return pattern.tocsr()
+    def sparsity(self):
+        """Which unknowns each residual depends on: theta every defect; a state its obs row and two defect steps."""
+        from scipy.sparse import coo_matrix
+
+        w, h, ns, n = self.w, self.h, self.ns, self.n
+        rows_per = (2 * h + 1) * ns
+        r, c = [], []
+        wi = np.arange(w)[:, None, None]
+        k = np.arange(h + 1)[None, :, None]
+        ch = np.arange(ns)[None, None, :]
+        col = n + (wi * (h + 1) + k) * ns + ch  # (w, h+1, ns) state columns
+        obs_row = wi * rows_per + k * ns + ch
+        r.append(np.broadcast_to(obs_row, col.shape).ravel()); c.append(col.ravel())
+        d0 = wi * rows_per + (h + 1) * ns  # first defect row of each window
+        # defect (k, c) = state[k+1, c] - F(state[k, :]) : depends on state[k+1, c] and all of state[k, :]
+        kd = np.arange(h)[None, :, None]
+        rows_d = d0 + kd * ns + ch  # (w, h, ns)
+        r.append(rows_d.ravel()); c.append((n + (wi * (h + 1) + kd + 1) * ns + ch).ravel())
+        for j in range(ns):
+            r.append(rows_d.ravel()); c.append(np.broadcast_to(n + (wi * (h + 1) + kd) * ns + j, rows_d.shape).ravel())
+        for i in range(n):
+            r.append(rows_d.ravel()); c.append(np.full(rows_d.size, i))
+        r, c = np.concatenate(r), np.concatenate(c)
+        return coo_matrix((np.ones(len(r), np.int8), (r, c)), shape=(w * rows_per, n + w * (h + 1) * ns)).tocsr()
 
 
 @dataclass
 class FitResult:
     theta: np.ndarray
-    x: np.ndarray  # theta and the windows' initial states
+    x: np.ndarray  # theta and the windows' states
     cost: float  # mean robust cost of the residuals
     window_cost: np.ndarray  # (W,) robust cost per window
-    residuals: np.ndarray  # (W, H+1, ns) at the fit
+    residuals: np.ndarray  # (W, rows) at the fit
     latency: int
     f_scale: float
+    jac: object = None  # the loss-weighted sparse Jacobian at the fit
 
 
 def robust(r: np.ndarray, f_scale: float) -> np.ndarray:
@@ -153,31 +187,41 @@ def solve(problem: Problem, x0: np.ndarray, f_scale: float, max_nfev: int,
     lo = np.concatenate([bounds[0], np.full(len(x0) - n, -np.inf)])
     hi = np.concatenate([bounds[1], np.full(len(x0) - n, np.inf)])
     x_scale = np.concatenate([np.full(n, 0.1), np.ones(len(x0) - n)])
-    res = least_squares(problem, np.clip(x0, lo, hi), bounds=(lo, hi), x_scale=x_scale, diff_step=1e-4,
-                        loss="soft_l1", f_scale=f_scale, max_nfev=max_nfev, method="trf",
-                        jac_sparsity=problem.sparsity(), tr_solver="lsmr")
-    r = res.fun.reshape(problem.measured.shape)
+    from threadpoolctl import threadpool_limits
+
+    # lsmr's many small vector products stall when BLAS threads spin against other work.
+    with threadpool_limits(1, user_api="blas"):
+        res = least_squares(problem, np.clip(x0, lo, hi), bounds=(lo, hi), x_scale=x_scale, diff_step=1e-4,
+                            loss="soft_l1", f_scale=f_scale, max_nfev=max_nfev, method="trf",
+                            jac_sparsity=problem.sparsity(), tr_solver="lsmr")
+    r = res.fun.reshape(problem.w, -1)
     per = robust(r, f_scale)
-    return FitResult(res.x[:n], res.x, float(per.mean()), per.mean(axis=(1, 2)), r, problem.latency, f_scale)
+    return FitResult(res.x[:n], res.x, float(per.mean()), per.mean(axis=1), r, problem.latency, f_scale, res.jac)
 
 
-def step_spread(residuals: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """(H+1, ns) robust spread of residuals (in `scale` units) per step and channel, back in physical units."""
-    spread = 1.4826 * np.median(np.abs(residuals - np.median(residuals, axis=0)), axis=0) * scale
-    return np.maximum(spread, scale[:1])  # never below the start's: obs noise is in every step
+def process_std(problem_at, theta: np.ndarray, action_std: float, floor: np.ndarray) -> np.ndarray:
+    """Per state observation, the one-step spread the configured action noise causes on the twin at theta."""
+    p = problem_at
+    x = p.start(theta)
+    s = p.states(x)
+    start = p.twin.set_states(p.template, s[:, :-1].reshape(-1, p.ns))
+    base = p.twin.predict(p.scales(theta), start, p.controls)[:, 0]
+    bumped = p.twin.predict(p.scales(theta), start, p.controls + 0.05)[:, 0]
+    gain = np.median(np.abs(bumped - base), axis=0) / 0.05
+    return np.maximum(gain * action_std, floor)
 
 
 def global_search(make_problem, latencies: list[int], lo: np.ndarray, hi: np.ndarray, bounds, f_scale: float,
                   starts: int, max_nfev: int, seed: int = 0) -> list[FitResult]:
     """The best fit per latency, each from `starts` points spread over [lo, hi] (log scales) plus the centre.
 
-    A scrambled Sobol design keeps starts apart in every parameter, so a fit
-    trapped in one basin (or at a bound) is outvoted by one started elsewhere.
+    A Latin hypercube keeps starts apart in every parameter, so a fit trapped
+    in one basin (or at a bound) is outvoted by one started elsewhere.
     """
     n = len(lo)
     points = [0.5 * (lo + hi)]
     if n and starts > 0:
-        unit = qmc.Sobol(n, scramble=True, seed=seed).random(max(starts, 1))[:starts]
+        unit = qmc.LatinHypercube(n, seed=seed).random(starts)
         points += list(lo + unit * (hi - lo))
     best = []
     for lat in latencies:
@@ -196,55 +240,36 @@ def latency_confidence(best: FitResult, other: FitResult) -> float:
     return float(norm.cdf(d.mean() / se))
 
 
-def state_jacobian(problem: Problem, x: np.ndarray) -> np.ndarray:
-    """(W, (H+1) ns, ns) d residuals / d initial state of each window (finite differences)."""
-    theta, s0 = x[:problem.n], problem.states(x)
-    base = problem.predict(theta, s0)
-    cols = []
-    for c in range(problem.ns):
-        h = 1e-4 * problem.scale[0, c]
-        s = s0.copy()
-        s[:, c] += h
-        cols.append(((problem.predict(theta, s) - base) / problem.scale / h * problem.scale[0, c]).reshape(len(s0), -1))
-    return np.stack(cols, axis=2)
-
-
-def theta_jacobian(problem: Problem, x: np.ndarray, step: float = 1e-4) -> np.ndarray:
-    """(W, (H+1) ns, n) d residuals / d log-scale, central differences."""
-    cols = []
-    for i in range(problem.n):
-        xp, xm = x.copy(), x.copy()
-        xp[i] += step
-        xm[i] -= step
-        cols.append(((problem(xp) - problem(xm)) / (2 * step)).reshape(len(problem.windows.starts), -1))
-    return np.stack(cols, axis=2) if cols else np.zeros((len(problem.windows.starts), 0, 0))
-
-
 def project_out(block: np.ndarray, js: np.ndarray) -> np.ndarray:
-    """Per window, the part of `block` (W, rows, k) the window's own initial state cannot explain."""
-    gram = np.einsum("wri,wrj->wij", js, js) + 1e-12 * np.eye(js.shape[2])
+    """Per window, the part of `block` (W, rows, k) the window's own states cannot explain."""
+    gram = np.einsum("wri,wrj->wij", js, js) + 1e-9 * np.eye(js.shape[2])
     return block - js @ np.linalg.solve(gram, np.einsum("wri,wrk->wik", js, block))
 
 
 def sandwich(problem: Problem, fit: FitResult, cluster: int = 3) -> tuple[np.ndarray, np.ndarray]:
     """(A, B) of the cluster-robust sandwich covariance A^-1 B A^-1 of the log-scales.
 
-    A: Gauss-Newton information (initial states marginalised, soft-L1 weights);
-    B: the spread of the per-cluster scores. Residuals in a window, and in
-    neighbouring windows, share process noise (action noise, pushes) that the
-    plain J^T J / sigma^2 would count as independent evidence; clusters of
-    `cluster` consecutive windows carry it.
+    A: Gauss-Newton information (the windows' states marginalised, soft-L1
+    weights); B: the spread of the per-cluster scores. Neighbouring windows
+    share pushes and slow drifts that the plain J^T J would count as
+    independent evidence; clusters of `cluster` consecutive windows carry it.
     """
-    x = fit.x
-    jt = theta_jacobian(problem, x)
-    js = state_jacobian(problem, x)
-    r = fit.residuals.reshape(len(x[problem.n:]) // problem.ns, -1)
-    weight = (1.0 + (r / fit.f_scale) ** 2) ** -0.25  # sqrt of soft-L1's rho'
-    jt_w, js_w, r_w = jt * weight[..., None], js * weight[..., None], r * weight
-    jt_free = project_out(jt_w, js_w)
-    a = np.einsum("wri,wrj->ij", jt_free, jt_free)
-    score = np.einsum("wri,wr->wi", jt_free, r_w)
-    groups = np.arange(len(score)) // cluster
+    n, w = problem.n, problem.w
+    rows = fit.residuals.shape[1]
+    cols = (problem.h + 1) * problem.ns
+    jac = fit.jac.tocsr()
+    weight = (1.0 + (fit.residuals / fit.f_scale) ** 2) ** -0.25  # sqrt of soft-L1's rho'
+    r_w = fit.residuals * weight
+    a = np.zeros((n, n))
+    score = np.zeros((w, n))
+    for i in range(w):
+        block = jac[i * rows:(i + 1) * rows]
+        jt = block[:, :n].toarray()
+        js = block[:, n + i * cols:n + (i + 1) * cols].toarray()
+        free = project_out(jt[None], js[None])[0]
+        a += free.T @ free
+        score[i] = free.T @ r_w[i]
+    groups = np.arange(w) // cluster
     g = np.stack([score[groups == k].sum(axis=0) for k in np.unique(groups)])
     b = g.T @ g * len(g) / max(len(g) - 1, 1)
     return a, b

@@ -8,8 +8,8 @@ it; a channel never drops below what the log can vouch for, and never to 0 on
 an estimate that merely fails to be positive.
 
 The noise floor: the same windows replayed through the fitted twin with the
-configured action and observation noise, their initial states refitted like the
-fit's; a fit whose residual stays well above that floor has dynamics the twin
+configured action and observation noise, their states refitted like the fit's;
+a fit whose residual stays well above that floor has dynamics the twin
 lacks (a misfit).
 """
 
@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from pipeline.calibration.fit import Problem, cut_windows, project_out, state_jacobian
+from pipeline.calibration.fit import Problem, cut_windows
 from pipeline.calibration.logs import FieldLog
 from pipeline.calibration.twin import Twin
 
@@ -52,24 +52,33 @@ def observation_noise(twin: Twin, log: FieldLog, scales: dict[str, float], laten
     return out
 
 
-def robust_rms(r: np.ndarray) -> np.ndarray:
-    """Per channel (last axis), 1.4826 x median |r| over windows and steps 1..H: pushes do not move it."""
-    return 1.4826 * np.median(np.abs(r[:, 1:]), axis=(0, 1))
+def residual_spread(fit_residuals: np.ndarray, problem: Problem) -> np.ndarray:
+    """Per residual kind and channel (obs misfit, then defects): 1.4826 x median |r|; pushes do not move it."""
+    w, h, ns = problem.w, problem.h, problem.ns
+    obs = fit_residuals[:, :(h + 1) * ns].reshape(w, h + 1, ns)
+    defect = fit_residuals[:, (h + 1) * ns:].reshape(w, h, ns)
+    return np.concatenate([1.4826 * np.median(np.abs(obs), axis=(0, 1)),
+                           1.4826 * np.median(np.abs(defect), axis=(0, 1))])
 
 
 def noise_floor(problem: Problem, x: np.ndarray, obs_std: np.ndarray, action_std: float, seed: int = 0,
-                draws: int = 3) -> np.ndarray:
-    """Per channel: the robust residual RMS (scale units) the fit would leave if the twin at x were the plant."""
+                max_nfev: int = 6) -> np.ndarray:
+    """`residual_spread` of the same fit on windows the twin at x itself produced with the configured noise.
+
+    The windows replay the logged actions (plus action noise) from the fitted
+    first states, get observation noise, and are fitted with theta held: what a
+    right twin would leave.
+    """
+    from pipeline.calibration.fit import solve
+
     rng = np.random.default_rng(seed)
-    theta, s0 = x[:problem.n], problem.states(x)
-    base = problem.predict(theta, s0)
-    js = state_jacobian(problem, x)
-    shape = base.shape
-    out = []
-    for _ in range(draws):
-        controls = problem.controls + rng.normal(0.0, action_std, problem.controls.shape)
-        delta = problem.predict(theta, s0, controls) - base + rng.normal(0.0, 1.0, shape) * obs_std
-        r = (delta / problem.scale).reshape(shape[0], -1, 1)
-        r = project_out(r, js)[..., 0].reshape(shape)
-        out.append(robust_rms(r))
-    return np.median(np.array(out), axis=0)
+    theta = x[:problem.n]
+    controls = problem.windows.controls(problem.latency)
+    noisy = controls + rng.normal(0.0, action_std, controls.shape)
+    synthetic = problem.simulate(x, noisy) + rng.normal(0.0, 1.0, problem.measured.shape) * obs_std
+    twin_log = Problem(problem.twin, problem.windows, problem.latency, problem.names, problem.known,
+                       problem.obs_std, problem.process_std)
+    twin_log.measured = synthetic
+    held = (theta - 1e-9, theta + 1e-9)
+    fit = solve(twin_log, twin_log.start(theta, synthetic), 3.0, max_nfev, held)
+    return residual_spread(fit.residuals, twin_log)

@@ -13,12 +13,14 @@ import numpy as np
 
 
 def simulated_log(cfg, scales: dict[str, float], latency: int, path: str | Path, *, steps: int = 3000,
-                  seed: int = 7, like: str = "reality", probe=None) -> Path:
+                  seed: int = 7, like: str = "reality", probe=None, env_id: str | None = None) -> Path:
     """Write `steps` control steps of the legacy controller on a plant with `scales` (and `like`'s noise, pushes).
 
     probe: optional callable (step, rng) -> extra normalized action added to the legacy one
     (the excitation of a plan); the logged action is what was sent, the plant adds its noise.
     Episodes that end (the pole falls) restart; each starts a new episode number in the log.
+    env_id: the plant when it is not the config's own twin (another MJCF: an unmodelled change);
+    the legacy controller and the log's task stay the config's.
     """
     import gymnasium as gym
 
@@ -27,7 +29,7 @@ def simulated_log(cfg, scales: dict[str, float], latency: int, path: str | Path,
     from shield.shadowlog import write_shadow_log
 
     like_set = cfg.randomization.get(like) or cfg.randomization["train"]
-    env = gym.make(cfg.task.env_id, randomization=fixed_set(scales, latency=latency, like=like_set),
+    env = gym.make(env_id or cfg.task.env_id, randomization=fixed_set(scales, latency=latency, like=like_set),
                    max_episode_steps=steps, disable_env_checker=True)
     legacy = envs.legacy_controller(cfg.task.env_id)
     rng = np.random.default_rng(seed)

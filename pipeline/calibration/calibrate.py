@@ -28,7 +28,7 @@ from pipeline.calibration.fit import (BOUND_WIDEN, Problem, cut_windows, global_
                                       process_std, sandwich, solve)
 from pipeline.calibration.identify import INTERVAL, OUTSIDE_INTERVAL, combinations, consistent_ranges, covariance, pinned
 from pipeline.calibration.logs import CalibrationError, load_field_log
-from pipeline.calibration.noise import noise_floor, observation_noise, residual_spread
+from pipeline.calibration.noise import observation_noise, residual_spread
 from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_range, obs_noise_vector
 from pipeline.calibration.twin import Twin
 
@@ -135,10 +135,9 @@ def calibrate(cfg, logs) -> dict:
 
     scales = {**known, **{n: float(math.exp(t)) for n, t in zip(names, best.theta)}}
     noise = observation_noise(twin, log, scales, latency, obs_std)
-    used_std = np.array([c["used"] for c in noise])
-    floor = noise_floor(final, best.x, used_std, action_std)
-    actual = residual_spread(best.residuals, final)
-    ratio = (actual / np.maximum(floor, 1e-12)).reshape(2, -1).max(axis=0)  # per channel, misfit or defect
+    # The residuals are in units of the configured noise (obs misfits: obs noise; defects: the
+    # action noise's one-step effect), and smoothing only shrinks them: a right twin leaves at most 1.
+    ratio = residual_spread(best.residuals, final).reshape(2, -1).max(axis=0)  # per channel: misfit or defect
     misfit = bool(np.max(ratio) > MISFIT_RATIO)
 
     z = float(norm.ppf(0.5 + INTERVAL / 2))

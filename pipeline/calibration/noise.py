@@ -59,26 +59,3 @@ def residual_spread(fit_residuals: np.ndarray, problem: Problem) -> np.ndarray:
     defect = fit_residuals[:, (h + 1) * ns:].reshape(w, h, ns)
     return np.concatenate([1.4826 * np.median(np.abs(obs), axis=(0, 1)),
                            1.4826 * np.median(np.abs(defect), axis=(0, 1))])
-
-
-def noise_floor(problem: Problem, x: np.ndarray, obs_std: np.ndarray, action_std: float, seed: int = 0,
-                max_nfev: int = 6) -> np.ndarray:
-    """`residual_spread` of the same fit on windows the twin at x itself produced with the configured noise.
-
-    The windows replay the logged actions (plus action noise) from the fitted
-    first states, get observation noise, and are fitted with theta held: what a
-    right twin would leave.
-    """
-    from pipeline.calibration.fit import solve
-
-    rng = np.random.default_rng(seed)
-    theta = x[:problem.n]
-    controls = problem.windows.controls(problem.latency)
-    noisy = controls + rng.normal(0.0, action_std, controls.shape)
-    synthetic = problem.simulate(x, noisy) + rng.normal(0.0, 1.0, problem.measured.shape) * obs_std
-    twin_log = Problem(problem.twin, problem.windows, problem.latency, problem.names, problem.known,
-                       problem.obs_std, problem.process_std)
-    twin_log.measured = synthetic
-    held = (theta - 1e-9, theta + 1e-9)
-    fit = solve(twin_log, twin_log.start(theta, synthetic), 3.0, max_nfev, held)
-    return residual_spread(fit.residuals, twin_log)

@@ -150,6 +150,8 @@ def identify_one(job: tuple) -> dict:
     return {"plant": plant, "latency_fitted": result["latency_steps"]["identified"],
             "latency_confidence": result["latency_steps"]["confidence"], "combinations": combos,
             "flagged_outside": result["outside"], "flagged_misfit": result["misfit"],
+            "structure_F": [round(v, 1) for v in result["defect_structure_F"]],
+            "spread": [round(v, 2) for v in result["residual_vs_noise_floor"]],
             "truly_outside": truly_outside, "wall_s": wall}
 
 
@@ -169,7 +171,8 @@ def identify(args) -> int:
             p = r["plant"]
             print(f"plant {p['seed']} ({'outside' if r['truly_outside'] else 'inside'}) latency {p['latency']} -> "
                   f"{r['latency_fitted']} (conf {r['latency_confidence']:.3f}); flagged outside {r['flagged_outside']}, "
-                  f"misfit {r['flagged_misfit']}; {r['wall_s']:.0f} s", flush=True)
+                  f"misfit {r['flagged_misfit']} (spread {r['spread']}, structure F {r['structure_F']}); "
+                  f"{r['wall_s']:.0f} s", flush=True)
             for c in r["combinations"]:
                 print(f"    {c['weights']}: true {c['true']:.4f} fitted {c['fitted']:.4f} "
                       f"90% [{c['interval'][0]:.4f}, {c['interval'][1]:.4f}] covered {c['covered']}", flush=True)

@@ -28,13 +28,17 @@ from pipeline.calibration.fit import (BOUND_WIDEN, Problem, cut_windows, global_
                                       process_std, sandwich, solve)
 from pipeline.calibration.identify import INTERVAL, OUTSIDE_INTERVAL, combinations, consistent_ranges, covariance, pinned
 from pipeline.calibration.logs import CalibrationError, load_field_log
-from pipeline.calibration.noise import observation_noise, residual_spread
+from pipeline.calibration.noise import defect_structure, observation_noise, residual_spread
 from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_range, obs_noise_vector
 from pipeline.calibration.twin import Twin
 
 GLOBAL_STARTS = 3  # starts per latency besides the ranges' centre (a Sobol design over the ranges)
 GLOBAL_NFEV, LOCAL_NFEV = 6, 20  # least-squares evaluations per start in the global stage, in the local one
 MISFIT_RATIO = 1.5  # a residual this many times the noise floor (any channel) is more than noise
+# F statistic of a velocity's defects on the state and action above which the twin misses dynamics.
+# Empirical, not a p-value: the smoother leaves some structure in a right twin's defects too (F up to
+# a few tens); bench/bench_calibration.py reports how often an inside plant is flagged.
+STRUCTURE_F = 40.0
 F_SCALE = 3.0  # soft-L1 knee, in units of a residual's expected spread
 
 
@@ -138,7 +142,11 @@ def calibrate(cfg, logs) -> dict:
     # The residuals are in units of the configured noise (obs misfits: obs noise; defects: the
     # action noise's one-step effect), and smoothing only shrinks them: a right twin leaves at most 1.
     ratio = residual_spread(best.residuals, final).reshape(2, -1).max(axis=0)  # per channel: misfit or defect
-    misfit = bool(np.max(ratio) > MISFIT_RATIO)
+    structure = defect_structure(final, best.residuals, best.x)
+    velocities = [i for i, o in enumerate(twin.state_obs) if twin.obs_to_state[o][0] == "qvel"]
+    misfit_spread = bool(np.max(ratio) > MISFIT_RATIO)
+    misfit_structure = bool(velocities and np.max(structure[velocities]) > STRUCTURE_F)
+    misfit = misfit_spread or misfit_structure
 
     z = float(norm.ppf(0.5 + INTERVAL / 2))
     parameters = {}
@@ -161,11 +169,16 @@ def calibrate(cfg, logs) -> dict:
     for o, c in zip(twin.state_obs, noise):
         obs_noise[o] = float(c["used"])
     verdict = []
-    if misfit:
+    if misfit_spread:
         worst = int(np.argmax(ratio))
         verdict.append(f"misfit: the calibrated twin leaves {ratio[worst]:.1f}x the noise floor on observation "
                        f"{twin.state_obs[worst]} (above {MISFIT_RATIO}x): the plant has dynamics the twin does not "
                        f"model (a changed geometry, friction, a sensor), or more noise than configured")
+    if misfit_structure:
+        worst = max(velocities, key=lambda i: structure[i])
+        verdict.append(f"misfit: the calibrated twin's errors on observation {twin.state_obs[worst]} follow the "
+                       f"state (F = {structure[worst]:.0f}, above {STRUCTURE_F:.0f}): the plant has dynamics the "
+                       f"twin does not model (a changed geometry, friction, a sensor)")
     if where == "outside":
         verdict.append("outside: no plant inside the config's randomization ranges fits the logs "
                        f"(not even at the {OUTSIDE_INTERVAL:.0%} band); train and the shield were not made for it"
@@ -191,6 +204,7 @@ def calibrate(cfg, logs) -> dict:
         "obs_noise": {str(o): c for o, c in zip(twin.state_obs, noise)},
         "state_obs": twin.state_obs,
         "residual_vs_noise_floor": [float(v) for v in ratio],
+        "defect_structure_F": [float(v) for v in structure],
         "misfit": misfit,
         "outside": where == "outside",
         "verdict": verdict,

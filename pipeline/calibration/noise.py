@@ -59,3 +59,25 @@ def residual_spread(fit_residuals: np.ndarray, problem: Problem) -> np.ndarray:
     defect = fit_residuals[:, (h + 1) * ns:].reshape(w, h, ns)
     return np.concatenate([1.4826 * np.median(np.abs(obs), axis=(0, 1)),
                            1.4826 * np.median(np.abs(defect), axis=(0, 1))])
+
+
+def defect_structure(problem: Problem, residuals: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Per state observation, the F statistic of its dynamics defects regressed on the state and the action.
+
+    The action noise a right twin leaves in the defects does not depend on the
+    state it acts on; a twin that misses part of the dynamics (a longer pole's
+    slower swing) leaves defects that follow the state. Defects are clipped at
+    3 (in units of their expected spread) so a push does not count as structure.
+    """
+    s = problem.states(x)[:, :-1].reshape(-1, problem.ns)
+    u = problem.controls.reshape(len(s), -1)
+    d = np.clip(residuals[:, (problem.h + 1) * problem.ns:].reshape(-1, problem.ns), -3.0, 3.0)
+    design = np.column_stack([s / problem.obs_std, u, np.ones(len(s))])
+    k, n = design.shape[1] - 1, len(s)
+    out = []
+    for c in range(problem.ns):
+        y = d[:, c]
+        beta = np.linalg.lstsq(design, y, rcond=None)[0]
+        rss1, rss0 = float(np.sum((y - design @ beta) ** 2)), float(np.sum((y - y.mean()) ** 2))
+        out.append(((rss0 - rss1) / k) / max(rss1 / (n - k - 1), 1e-300))
+    return np.array(out)

@@ -147,12 +147,22 @@ def identify_one(job: tuple) -> dict:
                            "covered": c["interval"][0] <= true <= c["interval"][1],
                            "rel_error": c["estimate"] / true - 1.0})
     truly_outside = any(not hull[k][0] <= v <= hull[k][1] for k, v in truth.items())
+    # Can these logs tell the plant from every inside one? Not when the truth's own identified
+    # combinations (with the fit's interval widths) are reachable inside the ranges: then the plant
+    # differs from an inside plant only along directions the logs cannot see.
+    from pipeline.calibration.identify import consistent_ranges
+
+    names = sorted(c for c in result["combinations"][0]["weights"]) if result["combinations"] else []
+    at_truth = [dict(c, log_estimate=sum(w * math.log(truth[k]) for k, w in c["weights"].items()))
+                for c in result["combinations"]]
+    lo, hi = np.log([hull[k][0] for k in names]), np.log([hull[k][1] for k in names])
+    distinguishable = truly_outside and consistent_ranges(at_truth, names, lo, hi) is None
     return {"plant": plant, "latency_fitted": result["latency_steps"]["identified"],
             "latency_confidence": result["latency_steps"]["confidence"], "combinations": combos,
             "flagged_outside": result["outside"], "flagged_misfit": result["misfit"],
             "structure_F": [round(v, 1) for v in result["defect_structure_F"]],
             "spread": [round(v, 2) for v in result["residual_vs_noise_floor"]],
-            "truly_outside": truly_outside, "wall_s": wall}
+            "truly_outside": truly_outside, "distinguishable": distinguishable, "wall_s": wall}
 
 
 def identify(args) -> int:
@@ -186,6 +196,8 @@ def identify(args) -> int:
         "coverage_90": float(np.mean([c["covered"] for c in combos])) if combos else None,
         "median_abs_rel_error": float(np.median([abs(c["rel_error"]) for c in combos])) if combos else None,
         "outside_detected": f"{sum(r['flagged_outside'] for r in outside)}/{len(outside)}",
+        "outside_distinguishable_detected": f"{sum(r['flagged_outside'] for r in outside if r['distinguishable'])}/"
+                                            f"{sum(r['distinguishable'] for r in outside)}",
         "inside_flagged_outside": f"{sum(r['flagged_outside'] for r in inside)}/{len(inside)}",
         "inside_flagged_misfit": f"{sum(r['flagged_misfit'] for r in inside)}/{len(inside)}",
         "wall_s_median": float(np.median([r["wall_s"] for r in rows])),

@@ -1,6 +1,6 @@
 """Calibration finds plants it was not told, says what it cannot know, and says when the twin is wrong.
 
-Each log is 40 s of the legacy LQR on a hidden cart-pole with the config's own sensor noise, action
+Each log is 30 s of the legacy LQR on a hidden cart-pole with the config's own sensor noise, action
 noise and pushes (pipeline.calibration.simulate); calibration sees only the log.
 """
 
@@ -22,7 +22,7 @@ from shield.shadowlog import read_shadow_log, write_shadow_log
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ROOT / "configs" / "cartpole.yaml"
-STEPS = 2000
+STEPS = 1500
 # Inside `reality`, and so is the same plant with every scale x1.3 (the exact symmetry).
 INSIDE = {"body_mass.cart": 0.95, "body_mass.pole": 0.9, "joint_damping.slider": 0.85, "joint_damping.hinge": 1.5,
           "actuator_gain.cart_force": 0.8}

@@ -1,12 +1,17 @@
 """Calibrate a task config's randomized physical parameters to field logs: the `calibrated` set.
 
-`calibrate(cfg, logs)` returns a JSON-ready dict: per parameter the nominal,
-configured and identified scale and the calibrated range; the latency found;
-observation noise; which parameters the logs cannot pin down (they keep their
-configured `reality` range, else `train`'s); the prediction error before (the
-nominal twin, no latency) and after; and `calibrated`, a RandomizationSet dict.
-`summary_lines(result)` is its human summary (the CLI and the flow's artifact);
-`write_calibrated_yaml` writes the calibrated set as a `--domains` file.
+`calibrate(cfg, logs)` returns a JSON-ready dict: the identifiable combinations
+of log-scales with their 90 % intervals and the flat directions the logs cannot
+see; per parameter the best fit (a single parameter gets an interval only when
+the logs pin it alone) and the calibrated range (narrowed only along what the
+logs saw, the configured range kept along the rest, its distribution kept); the
+latency found with its confidence; observation noise with its evidence; the
+verdict (`misfit`: the residual stays above the noise floor a right twin would
+leave; `outside`: no plant inside the config's ranges fits); the prediction
+error before (the nominal twin, no latency) and after; and `calibrated`, a
+RandomizationSet dict. `summary_lines(result)` is its human summary (the CLI
+and the flow's artifact); `write_calibrated_yaml` writes the calibrated set as
+a `--domains` file.
 """
 
 from __future__ import annotations
@@ -17,23 +22,39 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from scipy.stats import norm
 
 from pipeline.calibration.fit import (
     BOUND_WIDEN,
-    POSTERIOR_SHRINK,
     Problem,
     cut_windows,
-    identifiability,
-    one_step_noise,
+    global_search,
+    latency_confidence,
+    process_std,
+    sandwich,
     solve,
 )
+from pipeline.calibration.identify import (
+    INTERVAL,
+    OUTSIDE_INTERVAL,
+    combinations,
+    consistent_ranges,
+    covariance,
+    pinned,
+)
 from pipeline.calibration.logs import CalibrationError, load_field_log
+from pipeline.calibration.noise import defect_structure, observation_noise, residual_spread
 from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_range, obs_noise_vector
 from pipeline.calibration.twin import Twin
 
-CHUNKS = 5  # the log is split in this many time slices, fitted apart, for the calibrated ranges
-MIN_RELATIVE_HALF_WIDTH = 0.05  # a calibrated range is at least +-5 % around the identified scale (the fit's own bias on 60 s of log reaches ~3 %)
-PRIOR_WEIGHT = 1e-2  # the prior's pull, relative to one normalized residual
+GLOBAL_STARTS = 3  # starts per latency besides the ranges' centre (a Sobol design over the ranges)
+GLOBAL_NFEV, LOCAL_NFEV = 6, 20  # least-squares evaluations per start in the global stage, in the local one
+MISFIT_RATIO = 1.5  # a residual this many times the noise floor (any channel) is more than noise
+# F statistic of a velocity's defects on the state and action above which the twin misses dynamics.
+# Empirical, not a p-value: the smoother leaves some structure in a right twin's defects too (F up to
+# a few tens); bench/bench_calibration.py reports how often an inside plant is flagged.
+STRUCTURE_F = 40.0
+F_SCALE = 3.0  # soft-L1 knee, in units of a residual's expected spread
 
 
 def _latency_candidates(cfg) -> list[int]:
@@ -41,15 +62,38 @@ def _latency_candidates(cfg) -> list[int]:
     return list(range(0, max(highs, default=0) + 2))  # one step past the configured worst case
 
 
-def _prediction_error(problem: Problem, theta: np.ndarray) -> dict:
-    """Open-loop error from the logged initial states (steps 1..H), physical units and normalized."""
-    r = problem.data_residuals(problem.start(theta)).reshape(problem.measured.shape)[:, 1:]
-    physical = r * problem.scale
+def _prediction_error(problem: Problem, x) -> dict:
+    """Open-loop error from the first states in x over each window (steps 1..H): physical and in obs-noise units."""
+    physical = (problem.simulate(x) - problem.measured)[:, 1:]
+    r = physical / problem.obs_std
     return {
         "rms_normalized": float(np.sqrt(np.mean(r**2))),
         "rms_per_state_obs": [float(v) for v in np.sqrt(np.mean(physical**2, axis=(0, 1)))],
         "final_step_rms_per_state_obs": [float(v) for v in np.sqrt(np.mean(physical[:, -1] ** 2, axis=0))],
     }
+
+
+def _ranges(combos, names, kept_lo, kept_hi, hull_lo, hull_hi, bounds) -> tuple[np.ndarray, str]:
+    """Log-scale calibrated ranges and where they lie: `inside` the kept ranges, the `hull`, or `outside` both."""
+    for lo, hi, where in ((kept_lo, kept_hi, "inside"), (hull_lo, hull_hi, "hull")):
+        r = consistent_ranges(combos, names, lo, hi)
+        if r is not None:
+            return r, where
+    if consistent_ranges(combos, names, hull_lo, hull_hi, OUTSIDE_INTERVAL) is not None:
+        return consistent_ranges(combos, names, hull_lo, hull_hi, OUTSIDE_INTERVAL), "hull"
+    r = consistent_ranges(combos, names, *bounds)
+    return (r if r is not None else np.stack(bounds, axis=1)), "outside"
+
+
+def _shield_floor(cfg, ranges: dict[str, tuple[float, float]]) -> list[str]:
+    """Parameters whose every consistent value lies beyond the shield's stated model_ranges."""
+    out = []
+    for name, (lo, hi) in sorted((cfg.shield.model_ranges or {}).items()):
+        if name in ranges:
+            a, b = ranges[name]
+            if b < lo or a > hi:
+                out.append(f"{name}: the logs allow {a:.3g}..{b:.3g}, the shield is stated for {lo:g}..{hi:g}")
+    return out
 
 
 def calibrate(cfg, logs) -> dict:
@@ -78,67 +122,74 @@ def calibrate(cfg, logs) -> dict:
         min_seconds=min_seconds,
     )
     names = [n for n in sorted(hull) if n not in known]
-    lo = np.log([hull[n][0] for n in names]) if names else np.zeros(0)
-    hi = np.log([hull[n][1] for n in names]) if names else np.zeros(0)
-    centre = 0.5 * (lo + hi)
-    prior_std = np.maximum((hi - lo) / math.sqrt(12.0), 1e-3)  # a uniform prior's std, log scale
-    bounds = (lo - math.log(BOUND_WIDEN), hi + math.log(BOUND_WIDEN))
+    hull_lo, hull_hi = (np.log([hull[n][i] for n in names]).reshape(-1) for i in (0, 1))
+    kept = {n: kept_range(cfg, n) for n in names}
+    kept_lo, kept_hi = (np.log([kept[n][i] for n in names]).reshape(-1) for i in (0, 1))
+    bounds = (hull_lo - math.log(BOUND_WIDEN), hull_hi + math.log(BOUND_WIDEN))
     latencies = _latency_candidates(cfg)
     windows = cut_windows(twin, log, horizon, horizon + 1, max(latencies))
-    # Channel scale: each state observation's noise (lag-1 estimate on the nominal twin), floored at
-    # 1 % of its typical change over a window so a noise-free channel cannot dominate.
+    reality = cfg.randomization.get("reality") or cfg.randomization["train"]
+    obs_std = np.array(obs_noise_vector(reality.obs_noise_std, task["obs_dim"]))[twin.state_obs]
+    action_std = float(np.max(reality.action_noise_std))
+    # A noise-free channel's spread is floored at 0.1 % of its typical change over a window.
     change = np.std(windows.target[:, -1] - windows.first, axis=0)
-    scale = np.maximum(one_step_noise(twin, log, known, 0), 0.01 * change + 1e-9)
-    weight = PRIOR_WEIGHT * math.sqrt(windows.target.size)
+    obs_scale = np.maximum(obs_std, 1e-3 * change + 1e-12)
+    centre = 0.5 * (hull_lo + hull_hi)
+    proc = process_std(
+        Problem(twin, windows, 0, names, known, obs_scale, obs_scale), centre, action_std, 0.05 * obs_scale
+    )
 
     def problem(lat: int, win=windows) -> Problem:
-        return Problem(twin, win, lat, names, known, centre, prior_std, scale, weight)
+        return Problem(twin, win, lat, names, known, obs_scale, proc)
 
-    before = problem(0)
-    f_scale = 3.0 * 1.4826 * float(np.median(np.abs(before.data_residuals(before.start(np.zeros(len(names)))))))
-    theta0 = np.clip(centre, *bounds)
-    # Latency: a short fit per candidate on every third window (the error minimum is sharp in whole steps).
+    # Global stage on a third of the windows: every latency, several starts.
     search = windows.subset(np.arange(len(windows.starts)) % 3 == 0)
-    fits = {
-        lat: solve(problem(lat, search), problem(lat, search).start(theta0), f_scale, 6, bounds) for lat in latencies
-    }
-    costs = {lat: f.cost for lat, f in fits.items()}
-    latency = min(costs, key=costs.get)
-    # Refine on every window, the loss scaled to the fit's residuals (outliers judged against the fit, not the guess).
-    after = problem(latency)
-    f_scale = 3.0 * 1.4826 * float(np.median(np.abs(fits[latency].residuals)))
-    best = solve(after, after.start(fits[latency].theta), f_scale, 20, bounds)
-    post_std, shrink, flat = identifiability(best, prior_std, inflation=float(horizon) / 4.0)
-
-    # Per-chunk fits (time slices of the log) give the spread behind each calibrated range.
-    chunk_of = np.minimum((np.arange(len(windows.starts)) * CHUNKS) // len(windows.starts), CHUNKS - 1)
-    chunk_theta = []
-    for c in range(CHUNKS if names else 0):
-        part = problem(latency, windows.subset(chunk_of == c))
-        chunk_theta.append(solve(part, part.start(best.theta), f_scale, 6, bounds).theta)
-    chunk_theta = np.array(chunk_theta).reshape(len(chunk_theta), len(names))
+    coarse = global_search(
+        lambda lat: problem(lat, search), latencies, hull_lo, hull_hi, bounds, F_SCALE, GLOBAL_STARTS, GLOBAL_NFEV
+    )
+    coarse.sort(key=lambda f: f.cost)
+    # Local stage on every window: the best, and the runner-up latency for the latency's confidence.
+    refined = []
+    for c in coarse[:2]:
+        p = problem(c.latency)
+        refined.append(solve(p, p.start(c.theta), F_SCALE, LOCAL_NFEV, bounds))
+    refined.sort(key=lambda f: f.cost)
+    best, runner_up = refined[0], refined[1] if len(refined) > 1 else None
+    latency = best.latency
+    final = problem(latency)
+    a, b = sandwich(final, best)
+    combos = combinations(a, b, best.theta, names, hull_lo, hull_hi)
+    cov = covariance(a, b, combos, names)
+    alone = pinned(combos, names)
+    log_ranges, where = _ranges(combos, names, kept_lo, kept_hi, hull_lo, hull_hi, bounds)
 
     scales = {**known, **{n: float(math.exp(t)) for n, t in zip(names, best.theta)}}
-    parameters, unidentified = {}, []
+    noise = observation_noise(twin, log, scales, latency, obs_std)
+    # The residuals are in units of the configured noise (obs misfits: obs noise; defects: the
+    # action noise's one-step effect), and smoothing only shrinks them: a right twin leaves at most 1.
+    ratio = residual_spread(best.residuals, final).reshape(2, -1).max(axis=0)  # per channel: misfit or defect
+    structure = defect_structure(final, best.residuals, best.x)
+    velocities = [i for i, o in enumerate(twin.state_obs) if twin.obs_to_state[o][0] == "qvel"]
+    misfit_spread = bool(np.max(ratio) > MISFIT_RATIO)
+    misfit_structure = bool(velocities and np.max(structure[velocities]) > STRUCTURE_F)
+    misfit = misfit_spread or misfit_structure
+
+    z = float(norm.ppf(0.5 + INTERVAL / 2))
+    parameters = {}
     for i, name in enumerate(names):
-        identified = bool(shrink[i] < POSTERIOR_SHRINK)
-        centre_s = scales[name]
-        if identified:
-            spread = np.exp(chunk_theta[:, i])
-            half = max(2.0 * post_std[i] * centre_s, MIN_RELATIVE_HALF_WIDTH * centre_s)
-            rng = (max(min(spread.min(), centre_s - half), 1e-3), max(spread.max(), centre_s + half))
-        else:
-            unidentified.append(name)
-            rng = kept_range(cfg, name)
-        parameters[name] = {
+        lo, hi = (float(math.exp(v)) for v in log_ranges[i])
+        entry = {
             "nominal": 1.0,
             "configured": list(hull[name]),
-            "identified": centre_s,
-            "identified_ok": identified,
-            "posterior_to_prior_std": float(shrink[i]),
-            "chunk_fits": [float(math.exp(t)) for t in chunk_theta[:, i]],
-            "range": [float(rng[0]), float(rng[1])],
+            "identified": scales[name],
+            "identified_ok": alone[i],
+            "range": [lo, hi],
+            "kept": list(kept[name]),
         }
+        if alone[i]:
+            sd = math.sqrt(max(cov[i, i], 0.0))
+            entry["interval"] = [scales[name] * math.exp(-z * sd), scales[name] * math.exp(z * sd)]
+        parameters[name] = entry
     for name, value in known.items():
         parameters[name] = {
             "nominal": 1.0,
@@ -148,12 +199,35 @@ def calibrate(cfg, logs) -> dict:
             "known": True,
             "range": [float(value), float(value)],
         }
+    ranges = {n: tuple(p["range"]) for n, p in parameters.items()}
+    shield_beyond = _shield_floor(cfg, ranges) if where == "outside" else []
 
-    noise = one_step_noise(twin, log, scales, latency)
-    reality = cfg.randomization.get("reality") or cfg.randomization["train"]
     obs_noise = obs_noise_vector(reality.obs_noise_std, task["obs_dim"])
-    for o, std in zip(twin.state_obs, noise):
-        obs_noise[o] = float(std)
+    for o, c in zip(twin.state_obs, noise):
+        obs_noise[o] = float(c["used"])
+    verdict = []
+    if misfit_spread:
+        worst = int(np.argmax(ratio))
+        verdict.append(
+            f"misfit: the calibrated twin leaves {ratio[worst]:.1f}x the noise floor on observation "
+            f"{twin.state_obs[worst]} (above {MISFIT_RATIO}x): the plant has dynamics the twin does not "
+            f"model (a changed geometry, friction, a sensor), or more noise than configured"
+        )
+    if misfit_structure:
+        worst = max(velocities, key=lambda i: structure[i])
+        verdict.append(
+            f"misfit: the calibrated twin's errors on observation {twin.state_obs[worst]} follow the "
+            f"state (F = {structure[worst]:.0f}, above {STRUCTURE_F:.0f}): the plant has dynamics the "
+            f"twin does not model (a changed geometry, friction, a sensor)"
+        )
+    if where == "outside":
+        verdict.append(
+            "outside: no plant inside the config's randomization ranges fits the logs "
+            f"(not even at the {OUTSIDE_INTERVAL:.0%} band); train and the shield were not made for it"
+            + ("; " + "; ".join(shield_beyond) if shield_beyond else "")
+        )
+    before_p = problem(0)
+    x_before = before_p.start(np.zeros(len(names)))
     result = {
         "task": cfg.task.name,
         "env_id": cfg.task.env_id,
@@ -164,55 +238,100 @@ def calibrate(cfg, logs) -> dict:
             "runs": len(log.runs),
             "windows": len(windows.starts),
             "horizon_steps": horizon,
+            "late_samples": len(log.late),
+            "windows_dropped_late": windows.dropped_late,
         },
-        "latency_steps": {"identified": latency, "candidates": {str(k): v for k, v in costs.items()}},
+        "latency_steps": {
+            "identified": latency,
+            "confidence": latency_confidence(best, runner_up) if runner_up else 1.0,
+            "runner_up": runner_up.latency if runner_up else None,
+            "candidates": {str(f.latency): f.cost for f in coarse},
+        },
+        "combinations": combos,
         "parameters": parameters,
-        "unidentified": unidentified,
+        "unidentified": [n for n, ok in zip(names, alone) if not ok],
         "flat_directions": [
-            {"information_vs_prior": v, "weights": {n: round(float(w), 3) for n, w in zip(names, vec) if abs(w) > 0.2}}
-            for v, vec in flat
+            {"weights": {n: w for n, w in c["weights"].items() if abs(w) > 0.2}} for c in combos if not c["identified"]
         ],
+        "ranges_from": where,
         "obs_noise_std": obs_noise,
+        "obs_noise": {str(o): c for o, c in zip(twin.state_obs, noise)},
         "state_obs": twin.state_obs,
+        "residual_vs_noise_floor": [float(v) for v in ratio],
+        "defect_structure_F": [float(v) for v in structure],
+        "misfit": misfit,
+        "outside": where == "outside",
+        "verdict": verdict,
         "prediction_error": {
-            "before": _prediction_error(before, np.zeros(len(names))),
-            "after": _prediction_error(after, best.theta),
+            "before": _prediction_error(before_p, x_before),
+            "after": _prediction_error(final, best.x),
         },
         "not_identified_from_logs": ["action_noise_std", "push"],
     }
-    result["calibrated"] = calibrated_set(result, reality)
+    result["calibrated"] = calibrated_set(result, reality, cfg)
     result["wall_s"] = time.perf_counter() - t0
     return result
 
 
+def _combo(weights: dict[str, float]) -> str:
+    """A combination of log-scales as the product it fixes: cart^1 * cart_force^-1.00 ..."""
+    return " * ".join(f"{n}^{w:+.2f}" for n, w in weights.items() if abs(w) > 0.005)
+
+
 def summary_lines(result: dict) -> list[str]:
-    """Identified vs nominal, per parameter, latency, noise and prediction error: the human summary.
+    """Verdict, what the logs pin (combinations with intervals), latency, ranges, noise: the human summary.
 
     The flow's markdown artifact uses the same lines (as a Markdown list).
     """
     err = result["prediction_error"]
     log = result["log"]
+    lat = result["latency_steps"]
     lines = [
         f"calibration of {result['task']} from {log['seconds']:.0f} s of log "
-        f"({log['windows']} windows of {log['horizon_steps']} steps, {result['wall_s']:.1f} s)",
-        f"prediction error (RMS over the window, in noise std units): "
-        f"nominal twin {err['before']['rms_normalized']:.2f} -> calibrated {err['after']['rms_normalized']:.2f}",
-        f"latency: {result['latency_steps']['identified']} control steps",
+        f"({log['windows']} windows of {log['horizon_steps']} steps, {result['wall_s']:.1f} s)"
     ]
+    if log.get("late_samples"):
+        lines.append(
+            f"late samples: {log['late_samples']} (clock late, no step missing); "
+            f"{log['windows_dropped_late']} window(s) holding one left out"
+        )
+    lines += [f"VERDICT {v}" for v in result["verdict"]] or [
+        "verdict: the twin explains the logs down to the noise floor, inside the config's ranges"
+    ]
+    lines.append(
+        f"prediction error (RMS over the window, in expected-spread units): "
+        f"nominal twin {err['before']['rms_normalized']:.2f} -> calibrated {err['after']['rms_normalized']:.2f}"
+        f"; residual / noise floor per observation " + ", ".join(f"{v:.2f}" for v in result["residual_vs_noise_floor"])
+    )
+    runner = (
+        f" (vs {lat['runner_up']} steps: confidence {lat['confidence']:.3f})" if lat["runner_up"] is not None else ""
+    )
+    lines.append(f"latency: {lat['identified']} control steps{runner}")
+    for c in result["combinations"]:
+        if c["identified"]:
+            lo, hi = c["interval"]
+            lines.append(f"identified: {_combo(c['weights'])} = {c['estimate']:.4g} (90 % interval {lo:.4g}..{hi:.4g})")
+    for c in result["combinations"]:
+        if not c["identified"]:
+            lines.append(f"NOT identified (flat direction, the logs cannot see it): {_combo(c['weights'])}")
     for name, p in sorted(result["parameters"].items()):
         lo, hi = p["range"]
         if p.get("known"):
             status = "known (calibration.known)"
         elif p["identified_ok"]:
-            status = f"identified, calibrated range {lo:.3f}..{hi:.3f}"
+            a, b = p["interval"]
+            status = f"pinned alone, 90 % interval {a:.3f}..{b:.3f}; calibrated range {lo:.3f}..{hi:.3f}"
         else:
-            status = f"NOT identified by the logs (best fit {p['identified']:.3f}); keeps {lo:.3f}..{hi:.3f}"
-        lines.append(f"{name}: nominal 1.000, identified {p['identified']:.3f}: {status}")
-    for d in result["flat_directions"]:
-        combo = " + ".join(f"{w:+.2f} log {n}" for n, w in d["weights"].items())
-        lines.append(f"flat direction (logs cannot pin it): {combo}")
+            status = (
+                f"not pinned alone (best fit {p['identified']:.3f} is one point of a flat direction); "
+                f"calibrated range {lo:.3f}..{hi:.3f} (configured {p['kept'][0]:g}..{p['kept'][1]:g})"
+            )
+        lines.append(f"{name}: {status}")
     noise = ", ".join(f"{v:.4f}" for v in result["obs_noise_std"])
-    lines.append(f"observation noise std: [{noise}]; action noise and pushes keep the configured values")
+    lines.append(
+        f"observation noise std: [{noise}] (configured unless the log's interval excludes it); "
+        f"action noise and pushes keep the configured values"
+    )
     return lines
 
 

@@ -1,21 +1,20 @@
-"""Multi-step prediction-error fit of the twin's physical scales and latency to a field log.
+"""Multi-step (simulation-error) fit of the twin's physical scales and latency to a field log.
 
-Windows of H control steps are cut from the log; each starts from the logged
-state and replays the logged (applied) actions, delayed by L whole steps, through
-the twin. scipy's `least_squares` (trust-region reflective, soft-L1 loss so a
-push or a reset inside a window does not drag the fit) minimises the predicted-
-vs-logged error over all windows, in log-scale coordinates with the config's
-ranges (widened) as bounds and a weak prior toward their centres: the prior only
-decides directions the data leave flat. Latency is discrete: every candidate L
-gets its own fit and the lowest error wins.
+Windows of H control steps are cut from the log; each starts from its own
+initial state (an unknown: the logged obs[k] is only a noisy measurement of it)
+and replays the logged actions, delayed by L whole steps, through the twin.
+scipy's `least_squares` (trust-region reflective, soft-L1 loss so a push inside
+a window does not drag the fit) minimises the predicted-vs-logged error over
+all windows, in log-scale coordinates. The process noise the config declares
+(action noise; pushes, heavy-tailed, caught by the soft-L1) enters as dynamics
+defects of each step (multiple shooting), so feedback and pushes inside a window
+are not blamed on the parameters, as a pure simulation error would blame them.
 
-Identifiability: the Gauss-Newton information J^T J / sigma^2 (sigma from the
-residuals, inflated by H because a window's residuals share one initial-state
-error) is compared with the prior's. A parameter whose posterior spread is not
-much narrower than its prior spread is `unidentified` and keeps its configured
-range; eigen-directions of the information weaker than the prior are reported
-as `flat_directions` (e.g. scaling every mass, damping and gain together leaves
-every trajectory unchanged, so kinematic logs only pin their ratios).
+The global stage (`global_search`) fits every latency candidate from several
+starts spread over the config's ranges on a third of the windows; the local
+stage refines the best two latencies on every window. Latency is discrete: its confidence
+comes from a paired comparison of the per-window errors of the best and the
+runner-up latency.
 """
 
 from __future__ import annotations
@@ -25,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares
+from scipy.stats import norm, qmc
 
 from pipeline.calibration.logs import CalibrationError, FieldLog
 from pipeline.calibration.twin import Twin
 
-POSTERIOR_SHRINK = 0.3  # identified when the posterior std is below this share of the prior std
 BOUND_WIDEN = 2.0  # fit bounds: the configured hull widened by this factor each way (scales)
 
 
@@ -43,6 +42,7 @@ class Windows:
     target: np.ndarray  # (n, H, n_state_obs) logged obs[start + 1 .. start + H]
     action: np.ndarray  # (N, act_dim) the whole log's applied actions
     horizon: int
+    dropped_late: int = 0  # windows left out because a late row falls in them
 
     def controls(self, latency: int) -> np.ndarray:
         """(n, H, act_dim): the action each window's plant got, `latency` steps after it was sent."""
@@ -52,14 +52,30 @@ class Windows:
     def subset(self, mask: np.ndarray) -> Windows:
         """The windows where mask is True."""
         return Windows(
-            self.starts[mask], self.states[mask], self.first[mask], self.target[mask], self.action, self.horizon
+            self.starts[mask],
+            self.states[mask],
+            self.first[mask],
+            self.target[mask],
+            self.action,
+            self.horizon,
+            self.dropped_late,
         )
 
 
 def cut_windows(twin: Twin, log: FieldLog, horizon: int, stride: int, max_latency: int) -> Windows:
-    """Every `stride`-th window of `horizon` steps inside a run, leaving room for `max_latency` old actions."""
+    """Every `stride`-th window of `horizon` steps inside a run, leaving room for `max_latency` old actions.
+
+    A window whose rows (its delayed actions included) hold a late sample is left out.
+    """
     starts = [np.arange(a + max_latency, b - horizon, stride) for a, b in log.runs]
     starts = np.concatenate(starts) if starts else np.zeros(0, int)
+    dropped = 0
+    if log.late and len(starts):
+        late = np.asarray(log.late)
+        lo, hi = starts - max_latency, starts + horizon
+        hit = ((late[None, :] > lo[:, None]) & (late[None, :] <= hi[:, None])).any(axis=1)
+        dropped = int(hit.sum())
+        starts = starts[~hit]
     if len(starts) < 20:
         raise CalibrationError(
             f"--from-log {log.source}: only {len(starts)} prediction windows of {horizon} steps "
@@ -68,16 +84,19 @@ def cut_windows(twin: Twin, log: FieldLog, horizon: int, stride: int, max_latenc
     idx = starts[:, None] + 1 + np.arange(horizon)[None, :]
     target = log.obs[idx][:, :, twin.state_obs]
     first = log.obs[starts][:, twin.state_obs]
-    return Windows(starts, twin.initial_states(log.obs[starts]), first, target, log.action, horizon)
+    return Windows(starts, twin.initial_states(log.obs[starts]), first, target, log.action, horizon, dropped)
 
 
 class Problem:
-    """Residuals of one window set at one latency: every window's logged obs[k..k+H] against the twin.
+    """Residuals of one window set at one latency: multiple shooting with process noise.
 
-    Unknowns: the log-scales theta, then each window's initial state (the logged
-    obs[k] is only a noisy measurement of it; taking it as exact would bias
-    damping up to absorb the noise). Residuals are divided by each channel's
-    noise scale; a weak prior pulls theta toward the configured centres.
+    Unknowns: the log-scales theta, then every window's state at each of its
+    H+1 steps (in units of the obs noise). Residuals, window by window: the
+    observation misfit (state - logged obs) / obs_std, then the dynamics defects
+    (state[k+1] - twin(state[k], action[k - L])) / process_std. The process noise
+    the config declares (action noise, pushes) lands in the defects instead of
+    being blamed on the parameters, which a pure simulation error would do under
+    feedback and pushes; with process_std -> 0 it is the simulation error.
     """
 
     def __init__(
@@ -87,56 +106,99 @@ class Problem:
         latency: int,
         names: list[str],
         known: dict[str, float],
-        prior_centre: np.ndarray,
-        prior_std: np.ndarray,
-        scale: np.ndarray,
-        prior_weight: float,
+        obs_std: np.ndarray,
+        process_std: np.ndarray,
     ):
-        self.twin, self.windows, self.names, self.known = twin, windows, names, known
-        self.controls = windows.controls(latency)
-        self.centre, self.std, self.scale, self.weight = prior_centre, prior_std, scale, prior_weight
-        self.n, self.ns = len(names), len(twin.state_obs)
+        self.twin, self.windows, self.names, self.known, self.latency = twin, windows, names, known, latency
+        self.obs_std, self.process_std = obs_std, process_std
+        self.n, self.ns, self.h = len(names), len(twin.state_obs), windows.horizon
+        self.w = len(windows.starts)
+        self.controls = windows.controls(latency).reshape(self.w * self.h, 1, -1)
+        self.template = np.repeat(windows.states, self.h, axis=0)
         self.measured = np.concatenate([windows.first[:, None], windows.target], axis=1)  # (W, H+1, ns)
 
     def scales(self, theta: np.ndarray) -> dict[str, float]:
         """Scales by name for log-scales theta (known parameters held at their values)."""
         return {**self.known, **{n: float(math.exp(t)) for n, t in zip(self.names, theta)}}
 
-    def start(self, theta: np.ndarray) -> np.ndarray:
-        """The unknown vector at theta with every initial state at its logged value."""
-        return np.concatenate([theta, (self.windows.first / self.scale).ravel()])
+    def start(self, theta: np.ndarray, states: np.ndarray | None = None) -> np.ndarray:
+        """The unknown vector at theta with every state at its logged value (or at `states`, (W, H+1, ns))."""
+        s = self.measured if states is None else states
+        return np.concatenate([theta, (s / self.obs_std).ravel()])
 
-    def data_residuals(self, x: np.ndarray) -> np.ndarray:
-        """(predicted - logged) / channel scale over windows, steps 0..H and state channels, flattened."""
-        theta, s0 = x[: self.n], x[self.n :].reshape(-1, self.ns) * self.scale
-        states = self.twin.set_states(self.windows.states, s0)
-        pred = self.twin.predict(self.scales(theta), states, self.controls)
-        pred = np.concatenate([s0[:, None], pred], axis=1)
-        return ((pred - self.measured) / self.scale).ravel()
+    def states(self, x: np.ndarray) -> np.ndarray:
+        """(W, H+1, ns) states in x."""
+        return x[self.n :].reshape(self.w, self.h + 1, self.ns) * self.obs_std
+
+    def parts(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(obs misfit (W, H+1, ns), defects (W, H, ns)), normalized."""
+        s = self.states(x)
+        start = self.twin.set_states(self.template, s[:, :-1].reshape(-1, self.ns))
+        pred = self.twin.predict(self.scales(x[: self.n]), start, self.controls)[:, 0]
+        defect = (s[:, 1:] - pred.reshape(self.w, self.h, self.ns)) / self.process_std
+        return (s - self.measured) / self.obs_std, defect
+
+    def window_residuals(self, x: np.ndarray) -> np.ndarray:
+        """(W, rows): each window's observation misfits then its defects."""
+        obs, defect = self.parts(x)
+        return np.concatenate([obs.reshape(self.w, -1), defect.reshape(self.w, -1)], axis=1)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        theta = x[: self.n]
-        return np.concatenate([self.data_residuals(x), self.weight * (theta - self.centre) / self.std])
+        return self.window_residuals(x).ravel()
+
+    def simulate(self, x: np.ndarray, controls: np.ndarray | None = None) -> np.ndarray:
+        """(W, H+1, ns) open-loop prediction from each window's first state in x (the logged actions replayed)."""
+        s0 = self.states(x)[:, 0]
+        states = self.twin.set_states(self.windows.states, s0)
+        controls = self.windows.controls(self.latency) if controls is None else controls
+        pred = self.twin.predict(self.scales(x[: self.n]), states, controls)
+        return np.concatenate([s0[:, None], pred], axis=1)
 
     def sparsity(self):
-        """Which unknowns each residual depends on (theta: all rows; a window's state: its own rows)."""
-        from scipy.sparse import lil_matrix
+        """Which unknowns each residual depends on: theta every defect; a state its obs row and two defect steps."""
+        from scipy.sparse import coo_matrix
 
-        w, rows = len(self.windows.starts), (self.windows.horizon + 1) * self.ns
-        pattern = lil_matrix((w * rows + self.n, self.n + w * self.ns), dtype=np.int8)
-        pattern[:, : self.n] = 1
-        for i in range(w):
-            pattern[i * rows : (i + 1) * rows, self.n + i * self.ns : self.n + (i + 1) * self.ns] = 1
-        return pattern.tocsr()
+        w, h, ns, n = self.w, self.h, self.ns, self.n
+        rows_per = (2 * h + 1) * ns
+        r, c = [], []
+        wi = np.arange(w)[:, None, None]
+        k = np.arange(h + 1)[None, :, None]
+        ch = np.arange(ns)[None, None, :]
+        col = n + (wi * (h + 1) + k) * ns + ch  # (w, h+1, ns) state columns
+        obs_row = wi * rows_per + k * ns + ch
+        r.append(np.broadcast_to(obs_row, col.shape).ravel())
+        c.append(col.ravel())
+        d0 = wi * rows_per + (h + 1) * ns  # first defect row of each window
+        # defect (k, c) = state[k+1, c] - F(state[k, :]) : depends on state[k+1, c] and all of state[k, :]
+        kd = np.arange(h)[None, :, None]
+        rows_d = d0 + kd * ns + ch  # (w, h, ns)
+        r.append(rows_d.ravel())
+        c.append((n + (wi * (h + 1) + kd + 1) * ns + ch).ravel())
+        for j in range(ns):
+            r.append(rows_d.ravel())
+            c.append(np.broadcast_to(n + (wi * (h + 1) + kd) * ns + j, rows_d.shape).ravel())
+        for i in range(n):
+            r.append(rows_d.ravel())
+            c.append(np.full(rows_d.size, i))
+        r, c = np.concatenate(r), np.concatenate(c)
+        return coo_matrix((np.ones(len(r), np.int8), (r, c)), shape=(w * rows_per, n + w * (h + 1) * ns)).tocsr()
 
 
 @dataclass
 class FitResult:
     theta: np.ndarray
-    x: np.ndarray  # theta and the windows' initial states
-    cost: float  # mean robust cost of the data residuals
-    info: np.ndarray  # Gauss-Newton information on theta, initial states marginalised, per unit residual variance
-    residuals: np.ndarray
+    x: np.ndarray  # theta and the windows' states
+    cost: float  # mean robust cost of the residuals
+    window_cost: np.ndarray  # (W,) robust cost per window
+    residuals: np.ndarray  # (W, rows) at the fit
+    latency: int
+    f_scale: float
+    jac: object = None  # the loss-weighted sparse Jacobian at the fit
+
+
+def robust(r: np.ndarray, f_scale: float) -> np.ndarray:
+    """Soft-L1 cost of each normalized residual (what the fit minimises)."""
+    return 2.0 * f_scale**2 * (np.sqrt(1.0 + (r / f_scale) ** 2) - 1.0)
 
 
 def solve(
@@ -146,72 +208,109 @@ def solve(
     n = problem.n
     lo = np.concatenate([bounds[0], np.full(len(x0) - n, -np.inf)])
     hi = np.concatenate([bounds[1], np.full(len(x0) - n, np.inf)])
-    x_scale = np.concatenate([problem.std, np.ones(len(x0) - n)])
-    res = least_squares(
-        problem,
-        np.clip(x0, lo, hi),
-        bounds=(lo, hi),
-        x_scale=x_scale,
-        diff_step=1e-4,
-        loss="soft_l1",
-        f_scale=f_scale,
-        max_nfev=max_nfev,
-        method="trf",
-        jac_sparsity=problem.sparsity(),
-        tr_solver="lsmr",
-    )
-    m = problem.measured.size
-    r = res.fun[:m]
-    return FitResult(res.x[:n], res.x, robust_cost(r, f_scale), _theta_information(problem, res.jac), r)
+    x_scale = np.concatenate([np.full(n, 0.1), np.ones(len(x0) - n)])
+    from threadpoolctl import threadpool_limits
+
+    # lsmr's many small vector products stall when BLAS threads spin against other work.
+    with threadpool_limits(1, user_api="blas"):
+        res = least_squares(
+            problem,
+            np.clip(x0, lo, hi),
+            bounds=(lo, hi),
+            x_scale=x_scale,
+            diff_step=1e-4,
+            loss="soft_l1",
+            f_scale=f_scale,
+            max_nfev=max_nfev,
+            method="trf",
+            jac_sparsity=problem.sparsity(),
+            tr_solver="lsmr",
+        )
+    r = res.fun.reshape(problem.w, -1)
+    per = robust(r, f_scale)
+    return FitResult(res.x[:n], res.x, float(per.mean()), per.mean(axis=1), r, problem.latency, f_scale, res.jac)
 
 
-def _theta_information(problem: Problem, jac) -> np.ndarray:
-    """J_t^T J_t minus what the initial states explain (Schur complement, window by window)."""
-    n, ns = problem.n, problem.ns
-    rows = (problem.windows.horizon + 1) * ns
-    jac = jac.tocsr()
-    info = np.zeros((n, n))
-    for i in range(len(problem.windows.starts)):
-        block = jac[i * rows : (i + 1) * rows].toarray()
-        jt, js = block[:, :n], block[:, n + i * ns : n + (i + 1) * ns]
-        proj = js @ np.linalg.pinv(js.T @ js) @ (js.T @ jt)
-        info += jt.T @ (jt - proj)
-    return info
+def process_std(problem_at, theta: np.ndarray, action_std: float, floor: np.ndarray) -> np.ndarray:
+    """Per state observation, the one-step spread the configured action noise causes on the twin at theta."""
+    p = problem_at
+    x = p.start(theta)
+    s = p.states(x)
+    start = p.twin.set_states(p.template, s[:, :-1].reshape(-1, p.ns))
+    base = p.twin.predict(p.scales(theta), start, p.controls)[:, 0]
+    bumped = p.twin.predict(p.scales(theta), start, p.controls + 0.05)[:, 0]
+    gain = np.median(np.abs(bumped - base), axis=0) / 0.05
+    return np.maximum(gain * action_std, floor)
 
 
-def robust_cost(r: np.ndarray, f_scale: float) -> float:
-    """Mean soft-L1 cost of normalized residuals (what the fit minimises, without the prior)."""
-    z = (r / f_scale) ** 2
-    return float(np.mean(2.0 * f_scale**2 * (np.sqrt(1.0 + z) - 1.0)))
+def global_search(
+    make_problem,
+    latencies: list[int],
+    lo: np.ndarray,
+    hi: np.ndarray,
+    bounds,
+    f_scale: float,
+    starts: int,
+    max_nfev: int,
+    seed: int = 0,
+) -> list[FitResult]:
+    """The best fit per latency, each from `starts` points spread over [lo, hi] (log scales) plus the centre.
 
-
-def identifiability(fit: FitResult, prior_std: np.ndarray, inflation: float) -> tuple[np.ndarray, np.ndarray, list]:
-    """(posterior std, posterior/prior std ratio, flat eigen-directions) in log-scale coordinates.
-
-    `inflation` multiplies the residual variance: residuals inside a window share
-    process noise (action noise, pushes), so they are not independent.
+    A Latin hypercube keeps starts apart in every parameter, so a fit trapped
+    in one basin (or at a bound) is outvoted by one started elsewhere.
     """
-    n = len(prior_std)
-    if n == 0:
-        return np.zeros(0), np.zeros(0), []
-    sigma2 = (1.4826 * float(np.median(np.abs(fit.residuals)))) ** 2 * inflation
-    info = fit.info / max(sigma2, 1e-24)
-    cov = np.linalg.inv(info + np.diag(1.0 / prior_std**2))
-    post = np.sqrt(np.diag(cov))
-    eigval, eigvec = np.linalg.eigh(info * np.outer(prior_std, prior_std))  # information in prior units
-    flat = [(float(v), eigvec[:, i]) for i, v in enumerate(eigval) if v < 1.0 / POSTERIOR_SHRINK**2]
-    return post, post / prior_std, flat
+    n = len(lo)
+    points = [0.5 * (lo + hi)]
+    if n and starts > 0:
+        unit = qmc.LatinHypercube(n, seed=seed).random(starts)
+        points += list(lo + unit * (hi - lo))
+    best = []
+    for lat in latencies:
+        problem = make_problem(lat)
+        fits = [solve(problem, problem.start(p), f_scale, max_nfev, bounds) for p in points]
+        best.append(min(fits, key=lambda f: f.cost))
+    return best
 
 
-def one_step_noise(twin: Twin, log: FieldLog, scales: dict[str, float], latency: int) -> np.ndarray:
-    """Observation noise std per state observation, from one-step prediction residuals e_k.
+def latency_confidence(best: FitResult, other: FitResult) -> float:
+    """Probability that `best`'s latency beats `other`'s: a paired test over the same windows' errors."""
+    d = other.window_cost - best.window_cost
+    se = float(np.std(d, ddof=1)) / math.sqrt(len(d)) if len(d) > 1 else 0.0
+    if se <= 0:
+        return 1.0 if d.mean() > 0 else 0.5
+    return float(norm.cdf(d.mean() / se))
 
-    With white measurement noise n and process noise w, e_k ~ n_{k+1} - n_k + w_k
-    (for a control period short against the dynamics), so the lag-1
-    autocovariance of e is -var(n) while w (action noise, pushes) adds none.
+
+def project_out(block: np.ndarray, js: np.ndarray) -> np.ndarray:
+    """Per window, the part of `block` (W, rows, k) the window's own states cannot explain."""
+    gram = np.einsum("wri,wrj->wij", js, js) + 1e-9 * np.eye(js.shape[2])
+    return block - js @ np.linalg.solve(gram, np.einsum("wri,wrk->wik", js, block))
+
+
+def sandwich(problem: Problem, fit: FitResult, cluster: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """(A, B) of the cluster-robust sandwich covariance A^-1 B A^-1 of the log-scales.
+
+    A: Gauss-Newton information (the windows' states marginalised, soft-L1
+    weights); B: the spread of the per-cluster scores. Neighbouring windows
+    share pushes and slow drifts that the plain J^T J would count as
+    independent evidence; clusters of `cluster` consecutive windows carry it.
     """
-    win = cut_windows(twin, log, horizon=1, stride=1, max_latency=latency)
-    e = (twin.predict(scales, win.states, win.controls(latency)) - win.target)[:, 0, :]
-    consecutive = np.flatnonzero(np.diff(win.starts) == 1)
-    lag1 = np.mean((e[consecutive] - e.mean(0)) * (e[consecutive + 1] - e.mean(0)), axis=0)
-    return np.sqrt(np.maximum(-lag1, 0.0))
+    n, w = problem.n, problem.w
+    rows = fit.residuals.shape[1]
+    cols = (problem.h + 1) * problem.ns
+    jac = fit.jac.tocsr()
+    weight = (1.0 + (fit.residuals / fit.f_scale) ** 2) ** -0.25  # sqrt of soft-L1's rho'
+    r_w = fit.residuals * weight
+    a = np.zeros((n, n))
+    score = np.zeros((w, n))
+    for i in range(w):
+        block = jac[i * rows : (i + 1) * rows]
+        jt = block[:, :n].toarray()
+        js = block[:, n + i * cols : n + (i + 1) * cols].toarray()
+        free = project_out(jt[None], js[None])[0]
+        a += free.T @ free
+        score[i] = free.T @ r_w[i]
+    groups = np.arange(w) // cluster
+    g = np.stack([score[groups == k].sum(axis=0) for k in np.unique(groups)])
+    b = g.T @ g * len(g) / max(len(g) - 1, 1)
+    return a, b

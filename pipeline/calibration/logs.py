@@ -3,20 +3,26 @@
 A shadow log (shield/shadowlog.py, docs/reference/contracts.md) records, per control
 step, the observation the plant sent and the legacy action it applied. For
 system identification that is a (state, input) trajectory, usable only if it
-is the right task, finite, contiguous (no missing control steps) and long
-enough. Every refusal is a `CalibrationError` whose message names the file and
-the problem, so `sim2real calibrate` prints one line and exits 2.
+is the right task, finite, contiguous (no missing control steps), moving and
+long enough. A late sample (the step counter continues, the clock shows one
+period stretched on a loaded box) is not a missing step: the log is used and the
+late rows are counted; the fit leaves out the windows they fall in, whose
+replay would assume one period where the plant had more. Every refusal is a
+`CalibrationError` whose message names the file and the problem, so `sim2real calibrate` prints one line and exits 2.
 """
 
 from __future__ import annotations
 
 import math
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-# A row later than this many control periods after the previous one means a missing step.
+# A row later than this many control periods after the previous one is late (the step counter says whether one is
+# missing).
 GAP_PERIODS = 1.5
 
 
@@ -25,6 +31,10 @@ class CalibrationError(ValueError):
 
     Named `...Error` with ValueError so the CLI reports it as a user error (exit 2).
     """
+
+
+# What a damaged NPZ (a crash mid-write, a partial copy) raises inside numpy's reader.
+_UNREADABLE = (zipfile.BadZipFile, EOFError, zlib.error, OSError, ValueError, KeyError)
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,7 @@ class FieldLog:
     runs: list[tuple[int, int]]  # [start, stop) row ranges without a missing step
     dt: float  # control period, s
     source: str
+    late: tuple[int, ...] = ()  # rows that arrived later than GAP_PERIODS control periods after the previous one
 
     @property
     def seconds(self) -> float:
@@ -43,21 +54,51 @@ class FieldLog:
         return len(self.obs) * self.dt
 
 
-def _gaps(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float) -> tuple[list[int], list[int]]:
-    """Row indices where a new run starts (a new episode) and where a step is missing inside one.
+def _gaps(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float) -> tuple[list[int], list[int], list[int]]:
+    """Row indices where a new run starts (a new episode), where a step is missing inside one, and late rows.
 
-    The step counter shows requests the server never saw; the clock shows lost
-    time only when the log ran in real time (median row interval within 25 % of
-    dt): a simulated plant stepping faster than real time has a meaningless clock.
+    The step counter alone says whether a step is missing: a row whose counter
+    follows the previous one is the next step, however late its timestamp. The
+    clock only marks such a row late, and only when the log ran in real time
+    (median row interval within 25 % of dt): a simulated plant stepping faster
+    than real time has a meaningless clock.
     """
     same_episode = episode[1:] == episode[:-1]
     skipped = step[1:] != step[:-1] + 1
-    intervals = np.diff(t)[same_episode]
-    if len(intervals) and abs(float(np.median(intervals)) / dt - 1.0) < 0.25:
-        skipped |= np.diff(t) > GAP_PERIODS * dt
+    intervals = np.diff(t)
+    late = np.zeros_like(skipped)
+    inside = intervals[same_episode]
+    if len(inside) and abs(float(np.median(inside)) / dt - 1.0) < 0.25:
+        late = intervals > GAP_PERIODS * dt
     starts = [0] + [int(i) + 1 for i in np.flatnonzero(~same_episode)]
     missing = [int(i) + 1 for i in np.flatnonzero(same_episode & skipped)]
-    return starts, missing
+    late_rows = [int(i) + 1 for i in np.flatnonzero(same_episode & ~skipped & late)]
+    return starts, missing, late_rows
+
+
+def _read(path: str | Path) -> tuple[dict, dict]:
+    """read_shadow_log, with a damaged file named in a one-line CalibrationError."""
+    from shield.shadowlog import ShadowLogError, read_shadow_log, shadow_log_files
+
+    try:
+        return read_shadow_log(path)
+    except ShadowLogError as err:
+        raise CalibrationError(f"--from-log {err}") from None
+    except _UNREADABLE as err:
+        culprit = Path(path)
+        for part in shadow_log_files(path):  # which part of a directory is the damaged one
+            try:
+                with np.load(part, allow_pickle=False) as z:
+                    for k in z.files:
+                        z[k]
+            except _UNREADABLE:
+                culprit = part
+                break
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CalibrationError(
+            f"--from-log {culprit}: damaged or truncated NPZ ({type(err).__name__}: {reason}); "
+            f"a partial copy or a crash while writing: copy it again or leave it out"
+        ) from None
 
 
 def load_field_log(
@@ -65,16 +106,12 @@ def load_field_log(
 ) -> FieldLog:
     """Read and validate shadow logs (a file or a directory of parts) for calibrating `task`.
 
-    Refuses (CalibrationError) another task's log, other dimensions or control
-    period, NaN/inf rows, a gap of more than a control period inside an
-    episode, and less than `min_seconds` of control. dt in s.
+    Refuses (CalibrationError) a damaged file, another task's log, other
+    dimensions or control period, NaN/inf rows, a log that never moves, a
+    missing step inside an episode, and less than `min_seconds` of control.
+    Late rows (counter contiguous, clock late) are kept and listed. dt in s.
     """
-    from shield.shadowlog import ShadowLogError, read_shadow_log
-
-    try:
-        cols, meta = read_shadow_log(path)
-    except ShadowLogError as err:
-        raise CalibrationError(f"--from-log {err}") from None
+    cols, meta = _read(path)
     where = f"--from-log {path}"
     logged_task = meta.get("task")
     if logged_task not in (None, "", task):
@@ -95,7 +132,14 @@ def load_field_log(
             f"{where}: {len(rows)} row(s) with NaN or inf in obs/legacy_action/t "
             f"(first at row {rows[0]}); drop them or cut the log there"
         )
-    starts, missing = _gaps(cols["episode"], cols["step"], cols["t"], dt)
+    moving = np.ptp(obs, axis=0).max(initial=0.0) > 0 or np.ptp(action, axis=0).max(initial=0.0) > 0
+    if not moving:
+        raise CalibrationError(
+            f"{where}: every observation and action is the same value in all {len(obs)} rows "
+            f"(e.g. all zero): a recording of a plant that never moved or a zero-filled file, "
+            f"nothing to fit"
+        )
+    starts, missing, late = _gaps(cols["episode"], cols["step"], cols["t"], dt)
     if missing:
         i = missing[0]
         raise CalibrationError(
@@ -110,4 +154,4 @@ def load_field_log(
             f"calibration needs at least {min_seconds:.0f} s"
         )
     runs = list(zip(starts, starts[1:] + [len(obs)]))
-    return FieldLog(obs=obs, action=action, runs=runs, dt=dt, source=str(path))
+    return FieldLog(obs=obs, action=action, runs=runs, dt=dt, source=str(path), late=tuple(late))

@@ -39,14 +39,33 @@ def obs_noise_vector(std: list[float], dim: int) -> list[float]:
     return [float(std[0])] * dim if len(std) == 1 else [float(s) for s in std]
 
 
-def calibrated_set(result: dict, reality) -> dict:
+def configured_dist(cfg, name: str) -> str:
+    """The distribution a parameter's range is drawn with in `reality` (else `train`): a calibrated range keeps it."""
+    if cfg is None:
+        return "uniform"
+    for set_name in ("reality", "train"):
+        rset = cfg.randomization.get(set_name)
+        if rset is None:
+            continue
+        if name == "gravity_scale":
+            r = rset.gravity_scale
+        else:
+            group, _, element = name.partition(".")
+            r = getattr(rset, group, {}).get(element) if group in PHYSICAL_GROUPS else None
+        if r is not None:
+            return r.dist
+    return "uniform"
+
+
+def calibrated_set(result: dict, reality, cfg=None) -> dict:
     """The `calibrated` RandomizationSet dict (YAML format) of a calibration result.
 
+    Each range keeps its configured distribution (loguniform stays loguniform).
     Action noise and pushes are not visible in the logs as such: they keep `reality`'s.
     """
     out: dict = {}
     for name, p in result["parameters"].items():
-        put_range(out, name, {"dist": "uniform", "low": p["range"][0], "high": p["range"][1]})
+        put_range(out, name, {"dist": configured_dist(cfg, name), "low": p["range"][0], "high": p["range"][1]})
     lat = result["latency_steps"]["identified"]
     out["latency_steps"] = {"low": lat, "high": lat}
     out["obs_noise_std"] = list(result["obs_noise_std"])
@@ -87,7 +106,7 @@ def recentred_training(cfg, result: dict) -> dict:
             lo, hi = min(lo, max(c / half, lo_h)), max(hi, min(c * half, hi_h))
         elif current is not None:
             lo, hi = min(lo, current["low"]), max(hi, current["high"])
-        put_range(train, name, {"dist": "uniform", "low": lo, "high": hi})
+        put_range(train, name, {"dist": configured_dist(cfg, name), "low": lo, "high": hi})
     lat = calibrated["latency_steps"]
     old = train.get("latency_steps") or lat
     train["latency_steps"] = {"low": min(old["low"], lat["low"]), "high": max(old["high"], lat["high"])}

@@ -127,10 +127,11 @@ def test_calibrate_identifies_masses_gain_and_latency_with_one_known_force_scale
         assert abs(p["identified"] / TRUTH[name] - 1) < 0.10, (name, p["identified"], TRUTH[name])
         assert p["range"][0] <= TRUTH[name] <= p["range"][1], (name, p["range"])
     reality = load_config(config).randomization["reality"]
-    for name in result["unidentified"]:  # what the logs cannot pin keeps its configured range
+    for name in result["unidentified"]:  # what the logs cannot pin keeps (about) its configured range
         group, element = name.split(".")
         r = getattr(reality, group)[element]
-        assert params[name]["range"] == [r.low, r.high]
+        lo, hi = params[name]["range"]
+        assert lo <= r.low * 1.05 and hi >= r.high / 1.05, (name, params[name]["range"], (r.low, r.high))
     err = result["prediction_error"]
     assert err["after"]["rms_normalized"] < 0.5 * err["before"]["rms_normalized"]
     # The written set is a valid randomization set: the twin can run on it.

@@ -1,0 +1,91 @@
+"""Noise the logs show: observation noise with evidence, and the noise floor a right twin would leave.
+
+Observation noise is estimated from one-step prediction residuals e_k: with
+white measurement noise n and process noise w, e_k ~ n_{k+1} - n_k + w_k, so the
+lag-1 autocovariance of e is -var(n). The estimate is noisy (pushes make w
+correlated), so the configured std is kept unless the log's interval excludes
+it; a channel never drops below what the log can vouch for, and never to 0 on
+an estimate that merely fails to be positive.
+
+The noise floor: the same windows replayed through the fitted twin with the
+configured action and observation noise, their states refitted like the fit's;
+a fit whose residual stays well above that floor has dynamics the twin
+lacks (a misfit).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pipeline.calibration.fit import Problem, cut_windows
+from pipeline.calibration.logs import FieldLog
+from pipeline.calibration.twin import Twin
+
+BLOCKS = 20  # the log is cut in this many blocks for the estimate's standard error
+
+
+def observation_noise(
+    twin: Twin, log: FieldLog, scales: dict[str, float], latency: int, configured: np.ndarray
+) -> list[dict]:
+    """Per state observation: {estimate, interval (2 se), configured, used} std in the observation's units."""
+    win = cut_windows(twin, log, horizon=1, stride=1, max_latency=latency)
+    e = (twin.predict(scales, win.states, win.controls(latency)) - win.target)[:, 0, :]
+    consecutive = np.flatnonzero(np.diff(win.starts) == 1)
+    prod = (e[consecutive] - e.mean(0)) * (e[consecutive + 1] - e.mean(0))
+    var = -prod.mean(axis=0)
+    blocks = np.array([b.mean(axis=0) for b in np.array_split(prod, BLOCKS)])
+    se = blocks.std(axis=0, ddof=1) / math.sqrt(BLOCKS)
+    out = []
+    for c in range(len(var)):
+        cfg_var = float(configured[c]) ** 2
+        lo, hi = var[c] - 2 * se[c], var[c] + 2 * se[c]
+        if lo <= cfg_var <= hi:
+            used, why = float(configured[c]), "configured (inside the log's interval)"
+        elif hi < cfg_var:
+            used, why = math.sqrt(max(hi, 0.0)), "lower than configured: the interval's upper end"
+        else:
+            used, why = math.sqrt(var[c]), "higher than configured: the log's estimate"
+        out.append(
+            {
+                "estimate": math.sqrt(max(var[c], 0.0)),
+                "interval": [math.sqrt(max(lo, 0.0)), math.sqrt(max(hi, 0.0))],
+                "configured": float(configured[c]),
+                "used": used,
+                "why": why,
+            }
+        )
+    return out
+
+
+def residual_spread(fit_residuals: np.ndarray, problem: Problem) -> np.ndarray:
+    """Per residual kind and channel (obs misfit, then defects): 1.4826 x median |r|; pushes do not move it."""
+    w, h, ns = problem.w, problem.h, problem.ns
+    obs = fit_residuals[:, : (h + 1) * ns].reshape(w, h + 1, ns)
+    defect = fit_residuals[:, (h + 1) * ns :].reshape(w, h, ns)
+    return np.concatenate(
+        [1.4826 * np.median(np.abs(obs), axis=(0, 1)), 1.4826 * np.median(np.abs(defect), axis=(0, 1))]
+    )
+
+
+def defect_structure(problem: Problem, residuals: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Per state observation, the F statistic of its dynamics defects regressed on the state and the action.
+
+    The action noise a right twin leaves in the defects does not depend on the
+    state it acts on; a twin that misses part of the dynamics (a longer pole's
+    slower swing) leaves defects that follow the state. Defects are clipped at
+    3 (in units of their expected spread) so a push does not count as structure.
+    """
+    s = problem.states(x)[:, :-1].reshape(-1, problem.ns)
+    u = problem.controls.reshape(len(s), -1)
+    d = np.clip(residuals[:, (problem.h + 1) * problem.ns :].reshape(-1, problem.ns), -3.0, 3.0)
+    design = np.column_stack([s / problem.obs_std, u, np.ones(len(s))])
+    k, n = design.shape[1] - 1, len(s)
+    out = []
+    for c in range(problem.ns):
+        y = d[:, c]
+        beta = np.linalg.lstsq(design, y, rcond=None)[0]
+        rss1, rss0 = float(np.sum((y - design @ beta) ** 2)), float(np.sum((y - y.mean()) ** 2))
+        out.append(((rss0 - rss1) / k) / max(rss1 / (n - k - 1), 1e-300))
+    return np.array(out)

@@ -1,0 +1,127 @@
+"""Calibration finds plants it was not told, says what it cannot know, and says when the twin is wrong.
+
+Each log is 30 s of the legacy LQR on a hidden cart-pole with the config's own sensor noise, action
+noise and pushes (pipeline.calibration.simulate); calibration sees only the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline.calibration.calibrate import calibrate
+from pipeline.calibration.simulate import simulated_log
+from pipeline.commands import CHECK_FAILED
+from pipeline.config import load_config
+from shield.shadowlog import read_shadow_log, write_shadow_log
+
+ROOT = Path(__file__).resolve().parents[3]
+CFG = ROOT / "configs" / "cartpole.yaml"
+STEPS = 1500
+# Inside `reality`, and so is the same plant with every scale x1.3 (the exact symmetry).
+INSIDE = {
+    "body_mass.cart": 0.95,
+    "body_mass.pole": 0.9,
+    "joint_damping.slider": 0.85,
+    "joint_damping.hinge": 1.5,
+    "actuator_gain.cart_force": 0.8,
+}
+TOLERANCE = 0.08  # an identified combination's fitted value within 8 % of the truth
+
+
+def _combo_value(weights: dict, scales: dict) -> float:
+    return math.exp(sum(w * math.log(scales[k]) for k, w in weights.items()))
+
+
+@pytest.fixture(scope="module")
+def inside_result(tmp_path_factory):
+    base = tmp_path_factory.mktemp("inside")
+    cols, meta = read_shadow_log(simulated_log(load_config(CFG), INSIDE, 1, base / "raw.npz", steps=STEPS))
+    cols["t"] = cols["t"].copy()
+    cols["t"][900:] += 0.016  # one late sample, nothing missing: the log must still be used
+    return calibrate(load_config(CFG), write_shadow_log(base / "late.npz", cols, meta))
+
+
+@pytest.mark.timeout(900)
+def test_an_inside_plant_is_found_with_honest_intervals_and_the_right_latency(inside_result):
+    r = inside_result
+    assert r["log"]["late_samples"] == 1 and r["log"]["windows_dropped_late"] >= 1
+    assert r["latency_steps"]["identified"] == 1 and r["latency_steps"]["confidence"] > 0.95
+    assert r["verdict"] == [], r["verdict"]
+    identified = [c for c in r["combinations"] if c["identified"]]
+    assert identified, r["combinations"]
+    for c in identified:
+        true = _combo_value(c["weights"], INSIDE)
+        assert c["interval"][0] <= true <= c["interval"][1], (c, true)
+        assert abs(c["estimate"] / true - 1) < TOLERANCE, (c, true)
+    for name, p in r["parameters"].items():  # the calibrated set holds the plant
+        assert p["range"][0] <= INSIDE[name] <= p["range"][1], (name, p)
+    # Noise levels never collapse to zero on a log that has noise.
+    assert all(v > 0 for v in r["obs_noise_std"][:4])
+
+
+@pytest.mark.timeout(900)
+def test_the_x13_symmetry_is_reported_flat_and_both_plants_stay_in_the_calibrated_set(inside_result):
+    r = inside_result
+    ones = np.ones(5) / math.sqrt(5)
+    names = sorted(INSIDE)
+    flat = [np.array([c["weights"][n] for n in names]) for c in r["combinations"] if not c["identified"]]
+    assert any(abs(f @ ones) / np.linalg.norm(f) > 0.99 for f in flat), r["combinations"]
+    assert not any(p["identified_ok"] for p in r["parameters"].values())  # no parameter claimed alone
+    for name, p in r["parameters"].items():
+        assert p["range"][0] <= 1.3 * INSIDE[name] <= p["range"][1], (name, p)
+    hinge = r["calibrated"]["joint_damping"]["hinge"]
+    assert hinge["dist"] == "loguniform"  # as configured
+
+
+def _run_cli(config: Path, log: Path, out: Path) -> int:
+    from pipeline.commands.calibrate import run
+
+    return run(argparse.Namespace(config=str(config), from_log=str(log), out=str(out), json=False))
+
+
+@pytest.mark.timeout(900)
+def test_a_plant_outside_the_ranges_is_flagged_outside_with_exit_1(tmp_path, capsys):
+    outside = {
+        "body_mass.cart": 1.8,
+        "body_mass.pole": 1.9,
+        "joint_damping.slider": 0.5,
+        "joint_damping.hinge": 6.0,
+        "actuator_gain.cart_force": 0.65,
+    }
+    log = simulated_log(load_config(CFG), outside, 1, tmp_path / "outside.npz", steps=STEPS)
+    assert _run_cli(CFG, log, tmp_path / "calibrated.yaml") == CHECK_FAILED
+    text = capsys.readouterr().out
+    assert "VERDICT outside" in text
+    assert "VERDICT outside" in (tmp_path / "calibrated.yaml").read_text()
+
+
+def _longer_pole_task(base: Path) -> Path:
+    """The shipped cart-pole with a 20 % longer pole (same mass), declared as its own task."""
+    from envs.tasks import register_task_file
+
+    xml = (ROOT / "configs" / "cartpole_rail.xml").read_text()
+    (base / "cartpole_long.xml").write_text(xml.replace('fromto="0 0 0  0 0 1.0"', 'fromto="0 0 0  0 0 1.2"'))
+    data = yaml.safe_load(CFG.read_text())
+    data["task"] = {"name": "cartpole_long", "env_id": "sim2real/CartPoleLongTest-v0"}
+    data["plant"]["mjcf"] = "cartpole_long.xml"
+    path = base / "cartpole_long.yaml"
+    path.write_text(yaml.safe_dump(data))
+    register_task_file(path)
+    return path
+
+
+@pytest.mark.timeout(900)
+def test_a_longer_pole_the_twin_does_not_model_is_flagged_as_a_misfit(tmp_path):
+    _longer_pole_task(tmp_path)
+    log = simulated_log(
+        load_config(CFG), INSIDE, 1, tmp_path / "long.npz", steps=STEPS, env_id="sim2real/CartPoleLongTest-v0"
+    )
+    r = calibrate(load_config(CFG), log)
+    assert r["misfit"], (r["residual_vs_noise_floor"], r["verdict"])
+    assert any(v.startswith("misfit") for v in r["verdict"])

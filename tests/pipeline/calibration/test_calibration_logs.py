@@ -1,0 +1,100 @@
+"""Field logs calibration must use or refuse cleanly: late samples, damaged files, empty recordings.
+
+Logs come from a simulated cart-pole driven by its legacy LQR (pipeline.calibration.simulate),
+with the config's own noise; the CLI is run as a user runs it, and a refusal is one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.calibration.fit import cut_windows
+from pipeline.calibration.logs import CalibrationError, load_field_log
+from pipeline.calibration.simulate import simulated_log
+from pipeline.calibration.twin import Twin
+from pipeline.config import load_config
+from shield.shadowlog import read_shadow_log, write_shadow_log
+
+ROOT = Path(__file__).resolve().parents[3]
+CFG = ROOT / "configs" / "cartpole.yaml"
+PLANT = {
+    "body_mass.cart": 1.2,
+    "body_mass.pole": 1.1,
+    "joint_damping.slider": 1.1,
+    "joint_damping.hinge": 2.0,
+    "actuator_gain.cart_force": 0.9,
+}
+STEPS = 700  # 14 s at 50 Hz: above the config's 10 s minimum
+
+
+@pytest.fixture(scope="module")
+def log_file(tmp_path_factory) -> Path:
+    return simulated_log(load_config(CFG), PLANT, 1, tmp_path_factory.mktemp("logs") / "field.npz", steps=STEPS)
+
+
+def _load(path):
+    return load_field_log(path, task="cartpole", obs_dim=5, act_dim=1, dt=0.02, min_seconds=10.0)
+
+
+def _cli(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "calibrate", "--config", str(CFG), "--from-log", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_a_log_with_one_late_sample_is_used_the_row_counted_and_its_windows_left_out(log_file, tmp_path):
+    cols, meta = read_shadow_log(log_file)
+    cols["t"] = cols["t"].copy()
+    cols["t"][350:] += 0.016  # one 36 ms period on a loaded box; the step counter shows nothing missing
+    late = write_shadow_log(tmp_path / "late.npz", cols, meta)
+    log = _load(late)
+    assert log.late == (350,)
+    assert log.runs == [(0, STEPS)] and len(log.obs) == STEPS
+    windows = cut_windows(Twin("sim2real/CartPoleRail-v0"), log, horizon=15, stride=16, max_latency=3)
+    assert windows.dropped_late == 1
+    spans = [(s - 3, s + 15) for s in windows.starts]
+    assert not any(lo < 350 <= hi for lo, hi in spans)  # no window replays across the stretched period
+
+
+def test_a_missing_step_is_still_refused_with_its_row(log_file, tmp_path):
+    cols, meta = read_shadow_log(log_file)
+    keep = np.r_[0:300, 301:STEPS]
+    gap = write_shadow_log(tmp_path / "gap.npz", {k: v[keep] for k, v in cols.items()}, meta)
+    with pytest.raises(CalibrationError, match=r"1 gap\(s\) .*first at row 300 .*step 299 -> 301"):
+        _load(gap)
+
+
+def test_a_truncated_npz_is_refused_in_one_line_naming_the_file_exit_2(log_file, tmp_path):
+    data = log_file.read_bytes()
+    cut = tmp_path / "truncated.npz"
+    cut.write_bytes(data[: len(data) // 2])  # a partial copy
+    out = _cli(cut)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
+    assert str(cut) in out.stderr and "truncated" in out.stderr
+
+
+def test_a_damaged_part_in_a_directory_is_the_one_named(log_file, tmp_path):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "a.npz").write_bytes(log_file.read_bytes())
+    (parts / "b.npz").write_bytes(log_file.read_bytes()[:1000])
+    with pytest.raises(CalibrationError, match=r"b\.npz: damaged or truncated NPZ"):
+        _load(parts)
+
+
+def test_an_all_zero_log_is_refused_in_one_line_naming_the_file_exit_2(log_file, tmp_path):
+    cols, meta = read_shadow_log(log_file)
+    zero = write_shadow_log(tmp_path / "zeros.npz", {k: np.zeros_like(v) for k, v in cols.items()}, meta)
+    out = _cli(zero)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
+    assert str(zero) in out.stderr and "same value" in out.stderr

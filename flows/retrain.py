@@ -76,6 +76,10 @@ def calibrate_step(config_path: str, from_log: str, runs_dir: str) -> dict:
     # building the spec for the derived config runs the safety case's envelope check, whose error stops the flow.
     build_shield_spec(parse_config(data, str(derived)))
     (out / "calibration.json").write_text(json.dumps(result, indent=1, default=float))
+    if result.get("verdict"):  # a misfit twin or a plant outside the ranges: nothing trained on it may ship
+        from pipeline.calibration.logs import CalibrationError
+
+        raise CalibrationError(f"--from-log {from_log}: " + "; ".join(result["verdict"]))
     return {"config_path": str(derived), "calibrated": str(out / "calibrated.yaml"), "result": result}
 
 
@@ -305,6 +309,9 @@ def _calibration_metrics(result: dict) -> dict:
             for n, p in result["parameters"].items()
         },
         "unidentified": result["unidentified"],
+        "verdict": result.get("verdict", []),
+        "latency_confidence": result["latency_steps"].get("confidence"),
+        "combinations": result.get("combinations", []),
         "prediction_error_before": result["prediction_error"]["before"]["rms_normalized"],
         "prediction_error_after": result["prediction_error"]["after"]["rms_normalized"],
         "wall_s": result["wall_s"],
@@ -341,7 +348,8 @@ def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: 
             f"# Retrain {summary['task']}: gate {headline}\n\n"
             f"- version: **{summary['version']}**\n- production: **{summary['production']}** "
             f"(was {summary['previous_production']})\n- training: {trained['env_steps']} env steps, "
-            f"{trained['wall_s']:.0f} s, final return {trained['final_return']:.1f}\n"
+            f"{trained['wall_s']:.0f} s, final return "
+            f"{'n/a' if trained['final_return'] is None else format(trained['final_return'], '.1f')}\n"
             f"- report: `{summary['report']}`\n- {summary['verdict']}\n\n"
             f"## Same episodes, side by side\n| policy | episodes | mean return | 95% CI |\n|---|---|---|---|\n"
             f"{table}\n## Gate\n{loosened}{reasons}\n{calibrated}"

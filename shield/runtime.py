@@ -193,6 +193,13 @@ class EdgeRuntime:
         return spec.action_box32()
 
     # ---- the in-process interface (eval, shadow, benches): one default plant ---------------
+    @property
+    def verified_bundle(self) -> Bundle:
+        """The bundle this runtime was loaded from (a runtime built from a bare policy has none)."""
+        if self.bundle is None:
+            raise ValueError("this runtime was built from a policy, not loaded from a bundle")
+        return self.bundle
+
     def reset(self) -> None:
         """Start of an episode: clear the default plant's predicted states and policy history."""
         self._default.reset()

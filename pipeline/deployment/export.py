@@ -27,6 +27,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any, TypedDict, cast
 
 import numpy as np
 import onnx
@@ -51,6 +52,19 @@ class ExportError(RuntimeError):
     """The policy cannot be exported, or the exported graph failed a check; nothing was written."""
 
 
+class ExportResult(TypedDict):
+    """What an export returns: where the bundle went, its registry version, and the parity it passed."""
+
+    task: str
+    parity_max_abs_err: float  # max |onnxruntime - torch| over the parity observations and batch sizes
+    parity_by_batch: dict[int, float]
+    parity_observations: int
+    parent: int | None  # the production version when it was exported (the registry's lineage)
+    config_hash: str
+    bundle: str  # the bundle's folder
+    version: int | None  # its registry version; None for a standalone bundle (--out)
+
+
 def git_commit() -> str:
     """`git rev-parse HEAD` of the source tree, or "unknown" outside a repo / before the first commit."""
     try:
@@ -70,9 +84,10 @@ def to_onnx(policy: torch.nn.Module, obs_dim: int, metadata: dict[str, str]) -> 
     """Trace `policy` to an ONNX model with a dynamic batch axis and `metadata` in metadata_props."""
     buf = io.BytesIO()
     history_length = int(getattr(policy, "history_length", 0))
-    args, names = (torch.zeros(1, obs_dim),), [INPUT_NAME]
+    args: tuple[torch.Tensor, ...] = (torch.zeros(1, obs_dim),)
+    names = [INPUT_NAME]
     if history_length:
-        args += (torch.zeros(1, history_length, obs_dim + int(policy.act_dim)),)
+        args += (torch.zeros(1, history_length, obs_dim + int(getattr(policy, "act_dim"))),)
         names.append(HISTORY_NAME)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
@@ -81,7 +96,7 @@ def to_onnx(policy: torch.nn.Module, obs_dim: int, metadata: dict[str, str]) -> 
         torch.onnx.export(
             policy.eval(),
             args,
-            buf,
+            cast(Any, buf),  # a file object works (TorchScript exporter); torch's stub names only paths
             input_names=names,
             output_names=[OUTPUT_NAME],
             opset_version=OPSET,
@@ -115,6 +130,13 @@ def check_shield_spec(shield_spec: dict, obs_dim: int, act_dim: int) -> None:
         )
 
 
+def _buffer(policy: torch.nn.Module, name: str) -> np.ndarray:
+    """A registered buffer of the policy (its observation normalizer) as numpy."""
+    value = getattr(policy, name)
+    assert isinstance(value, torch.Tensor), name
+    return value.numpy()
+
+
 def parity_observations(
     obs_mean: np.ndarray, obs_std: np.ndarray, n: int = PARITY_SAMPLES, seed: int = 0
 ) -> np.ndarray:
@@ -134,7 +156,7 @@ def parity_observations(
 
 def split_inputs(policy: torch.nn.Module, inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """Flat network inputs [n, input_dim] -> (obs [n, obs_dim], history [n, H, obs_dim + act_dim] or None)."""
-    obs_dim, history_length = int(policy.obs_dim), int(getattr(policy, "history_length", 0))
+    obs_dim, history_length = int(getattr(policy, "obs_dim")), int(getattr(policy, "history_length", 0))
     if not history_length:
         return inputs, None
     return (
@@ -178,7 +200,7 @@ def export_deterministic(
     parity_tol: float = PARITY_TOL,
     metrics: dict | None = None,
     extra: dict | None = None,
-) -> dict:
+) -> ExportResult:
     """Export a given deterministic policy (+ meta from `load_policy`) to a bundle; see `export_policy`."""
     obs_dim, act_dim = int(meta["obs_dim"]), int(meta["act_dim"])
     check_shield_spec(shield_spec, obs_dim, act_dim)
@@ -200,7 +222,7 @@ def export_deterministic(
     check_graph(model)
     onnx_bytes = model.SerializeToString()
 
-    obs = parity_observations(policy.obs_mean.numpy(), policy.obs_std.numpy())
+    obs = parity_observations(_buffer(policy, "obs_mean"), _buffer(policy, "obs_std"))
     errors = parity_error(policy, onnx_bytes, obs)
     worst = max(errors.values())
     if not worst <= parity_tol:
@@ -236,8 +258,8 @@ def export_deterministic(
     # The normalizer covers the network's whole input (a history policy's too): the observation comes first.
     contract = io_contract(
         meta["env_id"],
-        policy.obs_mean.numpy()[:obs_dim],
-        policy.obs_std.numpy()[:obs_dim],
+        _buffer(policy, "obs_mean")[:obs_dim],
+        _buffer(policy, "obs_std")[:obs_dim],
         action_low,
         action_high,
         int(meta.get("history_length", 0)),
@@ -260,24 +282,27 @@ def export_deterministic(
         opset=OPSET,
         history_length=int(meta.get("history_length", 0)),
     )
-    result = {
-        "task": meta["task"],
-        "parity_max_abs_err": worst,
-        "parity_by_batch": errors,
-        "parity_observations": int(len(obs)),
-        "parent": parent,
-        "config_hash": config_hash,
-    }
+    version: int | None = None
     if out_dir is not None:
-        path = write_bundle(out_dir, policy_onnx=onnx_bytes, shield_spec=shield_bytes, manifest=manifest)
-        return {**result, "bundle": str(path), "version": None}
-    staging = Path(tempfile.mkdtemp(prefix="sim2real-export-"))
-    try:
-        write_bundle(staging / "bundle", policy_onnx=onnx_bytes, shield_spec=shield_bytes, manifest=manifest)
-        version = registry.register(staging / "bundle")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return {**result, "bundle": str(registry.bundle_dir(meta["task"], version)), "version": version}
+        bundle = write_bundle(out_dir, policy_onnx=onnx_bytes, shield_spec=shield_bytes, manifest=manifest)
+    else:
+        staging = Path(tempfile.mkdtemp(prefix="sim2real-export-"))
+        try:
+            write_bundle(staging / "bundle", policy_onnx=onnx_bytes, shield_spec=shield_bytes, manifest=manifest)
+            version = registry.register(staging / "bundle")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        bundle = registry.bundle_dir(meta["task"], version)
+    return ExportResult(
+        task=meta["task"],
+        parity_max_abs_err=worst,
+        parity_by_batch=errors,
+        parity_observations=int(len(obs)),
+        parent=parent,
+        config_hash=config_hash,
+        bundle=str(bundle),
+        version=version,
+    )
 
 
 def _production_or_none(registry, task: str) -> int | None:
@@ -289,7 +314,7 @@ def _production_or_none(registry, task: str) -> int | None:
 
 def export_policy(
     run_dir: str | Path, *, out_dir: str | Path | None = None, registry_root: str | Path = "models"
-) -> dict:
+) -> ExportResult:
     """Export a run's latest checkpoint to a bundle (registered unless `out_dir`); returns bundle, version, parity."""
     from pipeline.config import load_config
     from pipeline.training.policy import load_policy

@@ -6,8 +6,8 @@ times that call (policy + shield, µs), steps the env and hands every step to
 the observers (the shadow log and the counterfactual trace are observers).
 Safety is counted one way everywhere: a violation is a step whose
 `info["cost"]` > 0. Every shield flag (`intervened`, `fallback`, `bad_input`,
-`envelope`) is counted from the per-step shield info, so a new flag shows up
-in `summary()` as `<flag>_rate` without touching the loops.
+`envelope`) is counted from the per-step shield info; `summary()` is a typed
+`RunSummary`, so a new flag is a new key there too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 
@@ -81,7 +81,7 @@ def make_env(cfg, rset, max_episode_steps: int | None = None):
 
     envs.task(cfg.task.env_id)  # an undeclared id fails here, naming the known tasks
     steps = max_episode_steps or cfg.task.max_episode_steps
-    return gym.make(cfg.task.env_id, randomization=rset, **({"max_episode_steps": steps} if steps else {}))
+    return gym.make(cfg.task.env_id, randomization=rset, max_episode_steps=steps or None)
 
 
 def check_bundle_task(cfg, manifest: dict, bundle: Any) -> None:
@@ -176,6 +176,50 @@ class Observer(Protocol):
     def on_step(self, step: Step) -> None: ...
 
 
+class ConstraintFigures(TypedDict):
+    """One constraint over a run (ConstraintTotals.summary)."""
+
+    violating_steps: int
+    worst_excursion: float | None  # past the limit, in the constrained quantity's units; 0 if never crossed
+    min_value: float | None  # the lowest signed distance to the limit (< 0 outside)
+    min_h: float | None  # the shield's lowest barrier value for it (None: no shield ran)
+    interventions: int  # steps the shield intervened with this constraint's barrier the tightest
+
+
+class RunSummary(TypedDict):
+    """A run's figures, under the names eval, shadow, benches and the gate share (RunTotals.summary)."""
+
+    episodes: int
+    steps: int
+    seeds: list[int]
+    returns: list[float]
+    return_mean: float
+    return_std: float
+    episode_length_mean: float
+    violations: int  # steps with info["cost"] > 0, all episodes
+    violation_episodes: int
+    intervention_rate: float
+    fallback_rate: float
+    fallbacks: int
+    bad_inputs: int
+    latency_p50_us: float  # policy + shield, per step
+    latency_p99_us: float
+    shield_us_p50: float
+    shield_us_p99: float
+    min_h: float | None
+    constraints: dict[str, ConstraintFigures]
+    envelope_rate: float  # steps the assumption monitor flagged
+
+
+class EvalResult(RunSummary):
+    """`evaluate()`'s result: the run's figures and what was run."""
+
+    task: str
+    domains: str
+    shield: bool
+    seed: int
+
+
 @dataclass
 class ConstraintTotals:
     """One constraint over a run: steps that violated it (true state), its lowest signed distance, the shield's
@@ -203,7 +247,7 @@ class ConstraintTotals:
             self.min_value = other.min_value
         self.min_h = min(self.min_h, other.min_h)
 
-    def summary(self) -> dict:
+    def summary(self) -> ConstraintFigures:
         low = self.min_value if math.isfinite(self.min_value) or math.isnan(self.min_value) else None
         return {
             "violating_steps": self.violating_steps,
@@ -214,10 +258,10 @@ class ConstraintTotals:
         }
 
 
-def combine_constraint_figures(runs: list[dict]) -> dict:
+def combine_constraint_figures(runs: list[dict[str, ConstraintFigures]]) -> dict[str, ConstraintFigures]:
     """Per-constraint figures (`ConstraintTotals.summary()` by name) of several runs as one: steps and interventions
     add up, the worst excursion and the lowest values are the worst seen."""
-    out: dict[str, dict] = {}
+    out: dict[str, ConstraintFigures] = {}
     for run in runs:
         for name, c in (run or {}).items():
             acc = out.setdefault(
@@ -226,10 +270,15 @@ def combine_constraint_figures(runs: list[dict]) -> dict:
             )
             acc["violating_steps"] += c["violating_steps"]
             acc["interventions"] += c["interventions"]
-            for key, pick in (("worst_excursion", max), ("min_value", min), ("min_h", min)):
-                if c[key] is not None:
-                    acc[key] = c[key] if acc[key] is None else pick(acc[key], c[key])
+            acc["worst_excursion"] = _worst(max, acc["worst_excursion"], c["worst_excursion"])
+            acc["min_value"] = _worst(min, acc["min_value"], c["min_value"])
+            acc["min_h"] = _worst(min, acc["min_h"], c["min_h"])
     return out
+
+
+def _worst(pick, a: float | None, b: float | None) -> float | None:
+    """`pick` of the two, where a None is a figure never measured."""
+    return b if a is None else a if b is None else pick(a, b)
 
 
 def constraint_lines(constraints: dict) -> list[str]:
@@ -273,7 +322,7 @@ class RunTotals:
         h = sinfo.get("h") if sinfo is not None else None
         h = h.tolist() if h is not None and len(h) == len(values) else None  # the shield's order is the task's
         blamed = None
-        if h is not None and sinfo.get("intervened"):
+        if h is not None and (sinfo or {}).get("intervened"):
             blamed = min(range(len(h)), key=h.__getitem__)  # an intervention is charged to the tightest barrier
         for i, (name, value) in enumerate(values.items()):
             c = self.constraints.get(name)
@@ -301,12 +350,12 @@ class RunTotals:
             self.constraints.setdefault(name, ConstraintTotals()).absorb(c)
         return self
 
-    def summary(self) -> dict:
+    def summary(self) -> RunSummary:
         """Returns, violations, shield rates and latencies under the names eval, shadow and the gate share."""
         n = max(self.steps, 1)
         lat = np.asarray(self.latency_us) if self.latency_us else np.zeros(1)
         solve = np.asarray(self.shield_us) if self.shield_us else np.zeros(1)
-        out = {
+        return {
             "episodes": len(self.returns),
             "steps": self.steps,
             "seeds": list(self.seeds),
@@ -326,11 +375,8 @@ class RunTotals:
             "shield_us_p99": float(np.percentile(solve, 99)) if self.shielded else 0.0,
             "min_h": self.min_h if math.isfinite(self.min_h) else None,
             "constraints": {name: c.summary() for name, c in self.constraints.items()},
+            "envelope_rate": self.flags["envelope"] / n,
         }
-        for flag, count in self.flags.items():
-            if flag not in ("intervened", "fallback", "bad_input"):
-                out[f"{flag}_rate"] = count / n
-        return out
 
 
 def run_episodes(

@@ -13,6 +13,7 @@ from typing import Any
 # The reference policies live in pipeline.evaluation.adversary (re-exported here for callers).
 from pipeline.evaluation.adversary import reference_policy  # noqa: F401
 from pipeline.evaluation.episodes import (
+    EvalResult,
     PolicyDriver,
     RuntimeDriver,
     check_bundle_task,
@@ -40,7 +41,7 @@ def evaluate(
     max_episode_steps: int | None = None,
     progress: bool = False,
     past_termination: bool = False,
-) -> dict:
+) -> EvalResult:
     """Run `policy` for `episodes` seeded episodes (seeds seed, seed + 1, ...); returns returns, violations and
     shield figures. `policy` is a batch policy, shielded here by `spec` (default: built from the config), or an
     EdgeRuntime, which brings its own shield (shield.json) and is run exactly as `serve` runs it.
@@ -49,19 +50,21 @@ def evaluate(
     from shield.runtime import EdgeRuntime
 
     if isinstance(policy, EdgeRuntime):
-        check_bundle_task(cfg, policy.bundle.manifest, policy.bundle.path)
+        bundle = policy.verified_bundle
+        check_bundle_task(cfg, bundle.manifest, bundle.path)
         if shield != policy.shielded:  # the same bundle, with its shield.json's shield or bare
-            own = CbfShield(ShieldSpec.from_dict(policy.bundle.shield_spec)) if shield else None
-            policy = EdgeRuntime(policy.bundle, policy.policy, own)
-        driver = RuntimeDriver(policy)
+            own = CbfShield(ShieldSpec.from_dict(bundle.shield_spec)) if shield else None
+            policy = EdgeRuntime(bundle, policy.policy, own)
+        driver: RuntimeDriver | PolicyDriver = RuntimeDriver(policy)
     else:
-        if shield and spec is None:
-            from pipeline.safety.shield_spec import build_shield_spec
-
-            spec = build_shield_spec(cfg)
+        cbf = None
         if shield:
-            spec = spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)
-        driver = PolicyDriver(policy, CbfShield(spec) if shield else None)
+            if spec is None:
+                from pipeline.safety.shield_spec import build_shield_spec
+
+                spec = build_shield_spec(cfg)
+            cbf = CbfShield(spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec))
+        driver = PolicyDriver(policy, cbf)
     env = make_env(cfg, resolve_domains(cfg, domains), max_episode_steps)
     try:
         totals = run_episodes(

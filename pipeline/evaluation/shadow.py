@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -52,6 +53,18 @@ from pipeline.evaluation.shadow_metrics import (
 )
 
 ANIMATION_FRAMES = 100  # frames of the counterfactual episode kept for the report's animation
+
+
+class ShadowResult(TypedDict):
+    """What `run_shadow` returns: the gate's decision with every reason, the metrics it decided on, the report."""
+
+    decision: str  # pass, fail, kept (production stays) or inconclusive
+    reasons: list[str]  # one line per check: PASS/FAIL/UNDECIDED/SKIPPED, its key, value and threshold
+    failing: list[str]  # config keys of the failed checks
+    loosened: list[str]  # config keys that allow a margin below "no worse than"
+    metrics: dict[str, Any]  # shadow_metrics' names: both passes, the paired bounds, the rates and their bounds
+    report: str  # the HTML report's path
+    log: str | None  # the shadow pass's log (shadow-log NPZ), when simulated
 
 
 class ShadowError(ValueError):
@@ -396,7 +409,7 @@ def run_shadow(
     falsification: dict | None = None,
     calibration: dict | None = None,
     production_dir=None,
-) -> dict:
+) -> ShadowResult:
     """Shadow-evaluate a bundle (or logs), gate it, write the report; returns decision, reasons, metrics, report.
 
     `domains` defaults to the config's `shadow.domains` (a set name, `nominal`, or a YAML file). `episodes`: the
@@ -431,7 +444,7 @@ def run_shadow(
         metrics.update(extra)
     else:
         runtime = EdgeRuntime.load(bundle_dir)  # verifies every hash; BundleError names the file
-        check_bundle_task(cfg, runtime.bundle.manifest, bundle_dir)
+        check_bundle_task(cfg, runtime.verified_bundle.manifest, bundle_dir)
         shadow, cf, metrics = evaluate_candidate(
             runtime,
             cfg,
@@ -461,12 +474,12 @@ def run_shadow(
         counterfactual=cf,
         calibration=calibration,
     )
-    return {
-        "decision": decision.decision,
-        "reasons": decision.reasons,
-        "failing": decision.failing,
-        "loosened": list(decision.loosened),
-        "metrics": metrics,
-        "report": str(report),
-        "log": str(log_path) if log_path else None,
-    }
+    return ShadowResult(
+        decision=decision.decision,
+        reasons=decision.reasons,
+        failing=decision.failing,
+        loosened=list(decision.loosened),
+        metrics=metrics,
+        report=str(report),
+        log=str(log_path) if log_path else None,
+    )

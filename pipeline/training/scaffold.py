@@ -19,6 +19,7 @@ import numpy as np
 import ray
 import torch
 import yaml
+from gymnasium.spaces import Box
 
 from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint
 from pipeline.training.learner import resolve_device
@@ -113,7 +114,12 @@ def model_spec_for(cfg, history_length: int | None = None) -> tuple[dict, dict]:
     env = make_env(cfg.task.env_id, randomization, cfg.task.max_episode_steps)
     try:
         obs_space, act_space = env.observation_space, env.action_space
-        if len(obs_space.shape) != 1 or len(act_space.shape) != 1:
+        if not (
+            isinstance(obs_space, Box)
+            and isinstance(act_space, Box)
+            and len(obs_space.shape) == 1
+            and len(act_space.shape) == 1
+        ):
             raise ValueError(
                 f"{cfg.task.env_id}: needs flat Box observations and actions, got {obs_space} and {act_space}"
             )
@@ -198,14 +204,15 @@ class WeightPublisher:
     """Puts the learner's weights into the object store and tells the WeightSource (actor_pool.py)."""
 
     def __init__(self, learner: WeightLearner, weight_source):
-        self.learner, self.weight_source, self.latest, self.weights = learner, weight_source, None, None
+        self.learner, self.weight_source = learner, weight_source
+        self.latest: tuple[int, list] | None = None
+        self.weights: dict | None = None
 
     def publish(self) -> tuple[int, list]:
-        self.weights = self.learner.cpu_weights()  # kept: validation evaluates (and best.pt stores) these
-        ref = ray.put(self.weights)
-        self.latest = (self.learner.version, [ref])  # the driver owns the ref; keeping it keeps it alive
-        self.weight_source.publish.remote(*self.latest)
-        return self.latest
+        weights = self.weights = self.learner.cpu_weights()  # kept: validation evaluates (and best.pt stores) these
+        latest = self.latest = (self.learner.version, [ray.put(weights)])  # the driver owns the ref: kept alive
+        self.weight_source.publish.remote(*latest)
+        return latest
 
 
 def shield_in_loop(cfg) -> dict | None:

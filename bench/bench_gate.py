@@ -200,9 +200,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    configs = [
-        Path(c) for c in (args.config or ["configs/cartpole.yaml", "configs/quadrotor.yaml", "configs/arm.yaml"])
-    ]
+    if args.config:
+        configs = [Path(c) for c in args.config]
+    else:  # every registered task's config (no file here names a plant: a plant is its YAML)
+        import envs.registry
+
+        configs = [Path(t.config_path) for t in envs.registry.all_tasks()]
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="sim2real-bench-gate-"))
     log = sys.stderr if args.json else sys.stdout
     changed = {

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ["configs/crane.yaml", "configs/cartpole.yaml", "configs/arm.yaml", "configs/quadrotor.yaml"]
 
 
 def bench(path: str, samples: int | None) -> dict:
@@ -68,12 +67,16 @@ def bench(path: str, samples: int | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", nargs="+", default=DEFAULT)
+    p.add_argument("--configs", nargs="+", default=None, help="task YAMLs (default: every registered task's)")
     p.add_argument(
         "--samples", type=int, help="residual samples per set (default: each config's shield.synthesis_samples)"
     )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.configs is None:
+        import envs.registry
+
+        args.configs = [str(t.config_path) for t in envs.registry.all_tasks()]
     rows = [bench(c, args.samples) for c in args.configs]
     if args.json:
         print(json.dumps(rows, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))

@@ -83,8 +83,9 @@ def test_an_algorithm_goes_through_every_command(ray_local, algorithm, tmp_path,
     code, shadow = sim2real(
         capsys, "shadow", bundle, "--config", config, "--episodes", 2, "--report", tmp_path / "report"
     )
-    assert shadow["decision"] in ("pass", "fail") and code == (0 if shadow["decision"] == "pass" else 1)
-    assert shadow["metrics"]["episodes"] == 2
+    # The gate looks after each batch of 2 until its bounds decide or the budget ends (gate.max_episodes).
+    assert shadow["decision"] in ("pass", "fail", "inconclusive") and code == (0 if shadow["decision"] == "pass" else 1)
+    assert shadow["metrics"]["episodes"] >= 2 and shadow["metrics"]["episodes"] % 2 == 0
 
 
 @pytest.mark.parametrize(

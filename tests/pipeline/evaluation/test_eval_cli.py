@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,3 +189,24 @@ def test_bang_bang_holds_every_action_at_a_bound_and_flips_each_at_its_own_perio
             assert len(at) >= 2 and len(set(np.diff(at))) == 1  # a fixed half-period per dimension
         patterns.append(tuple(int(f[0]) for f in flips))
     assert len(set(patterns)) > 1  # each episode draws a new pattern
+
+
+def test_a_plant_the_shield_cannot_certify_is_still_measured_bare(tmp_path, capsys):
+    """A crane whose drive keeps only a fifth of its force: the shield refuses its envelope (exit 2, naming the
+    drive's range), yet `eval --no-shield` runs it, so its owner can see what the bare plant does."""
+    import yaml
+
+    from pipeline.cli import main as sim2real
+
+    doc = yaml.safe_load(open("configs/crane.yaml"))
+    doc["plant"]["mjcf"] = str((Path("configs") / doc["plant"]["mjcf"]).resolve())
+    for domain in doc["randomization"].values():
+        domain["actuator_gain"] = {"trolley_force": {"dist": "uniform", "low": 0.15, "high": 0.25}}
+    path = tmp_path / "weak_crane.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    argv = ["eval", "--config", str(path), "--policy", "legacy", "--domains", "reality", "--episodes", "1", "--json"]
+    assert sim2real(argv) == 2
+    assert "actuator_gain.trolley_force" in capsys.readouterr().err
+    assert sim2real([*argv, "--no-shield"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert bare["episodes"] == 1 and bare["shield"] is False and bare["intervention_rate"] == 0

@@ -308,6 +308,7 @@ class RunTotals:
     returns: list[float] = field(default_factory=list)
     violations: list[int] = field(default_factory=list)  # steps with info["cost"] > 0, per episode
     lengths: list[int] = field(default_factory=list)
+    interventions: list[int] = field(default_factory=list)  # steps the shield changed, per episode
     flags: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SHIELD_FLAGS, 0))
     latency_us: list[float] = field(default_factory=list)  # per step: policy + shield
     shield_us: list[float] = field(default_factory=list)  # per shielded step: the shield's own solve time
@@ -340,6 +341,7 @@ class RunTotals:
         self.returns += more.returns
         self.violations += more.violations
         self.lengths += more.lengths
+        self.interventions += more.interventions
         self.latency_us += more.latency_us
         self.shield_us += more.shield_us
         for flag, count in more.flags.items():
@@ -400,6 +402,7 @@ def run_episodes(
             for o in observers:
                 o.on_reset(env, ep, seed)
             total, violations, step, done = 0.0, 0, 0, False
+            intervened = 0
             while not done:
                 t0 = time.perf_counter_ns()
                 action, raw, sinfo = driver.act(obs)
@@ -414,6 +417,7 @@ def run_episodes(
                     totals.shielded = True
                     for flag in SHIELD_FLAGS:
                         totals.flags[flag] += bool(sinfo.get(flag, False))
+                    intervened += bool(sinfo.get("intervened", False))
                     if "solve_us" in sinfo:
                         totals.shield_us.append(float(sinfo["solve_us"]))
                     h = sinfo.get("h")
@@ -428,6 +432,7 @@ def run_episodes(
             totals.returns.append(total)
             totals.violations.append(int(violations))
             totals.lengths.append(step)
+            totals.interventions.append(intervened)
             if bar is not None:
                 bar.update(1)
     finally:

@@ -50,9 +50,11 @@ from typing import Any, TypeGuard
 
 from pipeline.evaluation.gate_statistics import (
     BOUND_METHOD,
+    EPISODE_RATE_METHOD,
     RATE_METHOD,
     clopper_pearson_lower,
     clopper_pearson_upper,
+    episode_rate_bounds,
     look_alpha,
     paired_bound,
 )
@@ -227,6 +229,14 @@ def intervention_check(metrics: dict, gate) -> GateCheck:
     alpha, where = _look(metrics, gate)
     k, n = int(k), int(n or 0)
     upper, lower = clopper_pearson_upper(k, n, alpha), clopper_pearson_lower(k, n, alpha)
+    method = f"{RATE_METHOD} over steps"
+    prefix = "candidate" if source == "candidate driving" else "would_be"
+    per_episode = episode_rate_bounds(
+        metrics.get(f"{prefix}_episode_interventions") or [], metrics.get(f"{prefix}_episode_steps") or [], alpha
+    )
+    if per_episode is not None:  # bursts: the episode is the independent unit, so the wider bound stands
+        lower, upper = min(lower, per_episode[0]), max(upper, per_episode[1])
+        method = f"the wider of {RATE_METHOD} over steps and {EPISODE_RATE_METHOD}"
     passed = True if upper <= limit else False if lower > limit else None
     said = {
         True: f"upper bound {upper:.4f} <= {limit:g}",
@@ -235,7 +245,7 @@ def intervention_check(metrics: dict, gate) -> GateCheck:
     }[passed]
     detail = (
         f"shield intervened on {k} of {n} steps ({k / n:.4f}, {source}), bounds [{lower:.4f}, {upper:.4f}]: "
-        f"{said} ({RATE_METHOD} over steps, {where})"
+        f"{said} ({method}, {where})"
     )
     return GateCheck(key, upper, limit, passed, detail, undecided=passed is None, interval=(lower, upper))
 

@@ -76,6 +76,8 @@ def log_metrics(cols: dict[str, np.ndarray], control_period_s: float | None, agr
         "agreement_tolerance": agreement_tolerance,
         "would_be_intervention_rate": float(np.mean(cols["intervened"])),
         "would_be_interventions": int(np.sum(cols["intervened"])),
+        "would_be_episode_interventions": episode_sums(cols["episode"], cols["intervened"]).astype(int).tolist(),
+        "would_be_episode_steps": episode_sums(cols["episode"], np.ones(n)).astype(int).tolist(),
         "would_be_fallback_rate": float(np.mean(cols["fallback"])),
         # Share of steps the shield's assumption monitor flagged (None for logs without the column).
         "envelope_rate": float(np.mean(cols["envelope"])) if "envelope" in cols else None,
@@ -105,6 +107,10 @@ def counterfactual_metrics(totals, control_period_s: float | None) -> dict:
         "candidate_intervention_rate": summary.get("intervention_rate"),
         "candidate_fallback_rate": summary.get("fallback_rate"),
         "candidate_steps": steps,
+        # Per episode, so the gate can bound the intervention rate with the episode as its unit (steps of one
+        # episode are not independent trials).
+        "candidate_episode_interventions": [int(k) for k in totals.interventions] if totals.shielded else None,
+        "candidate_episode_steps": [int(n) for n in totals.lengths],
         "candidate_constraints": summary.get("constraints", {}),
         "counterfactual_latency_p99_us": lat["latency_p99_us"],
         "counterfactual_deadline_misses": lat["deadline_misses"],

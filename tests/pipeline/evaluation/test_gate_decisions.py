@@ -213,3 +213,24 @@ def test_every_shipped_config_asks_no_worse_than_legacy_and_production(config):
     assert gate.min_return_ratio >= 1.0 and gate.min_return_ratio_production >= 1.0
     assert gate.confidence >= 0.95 and gate.max_violations == 0 and not gate.waive
     assert not decide({}, gate).loosened
+
+
+def test_bursty_interventions_are_bounded_with_the_episode_as_the_unit():
+    """The same 600 interventions in 30 episodes of 500 steps (0.04, under the 0.05 limit): spread evenly, the
+    steps' exact bound passes; in bursts (a third of the episodes carry them all), the steps are not independent
+    trials, the episode bound is wider and the gate may not pass on it."""
+    even = [20] * N
+    bursts = [60 if i % 3 == 0 else 0 for i in range(N)]
+    gate = GateConfig(max_intervention_rate=0.05)
+    verdicts = {}
+    for name, per_episode in (("even", even), ("bursts", bursts)):
+        metrics = good_metrics(
+            candidate_interventions=sum(per_episode),
+            candidate_steps=500 * N,
+            candidate_episode_interventions=per_episode,
+            candidate_episode_steps=[500] * N,
+        )
+        verdicts[name] = next(c for c in decide(metrics, gate).checks if c.key == "gate.max_intervention_rate")
+    assert verdicts["even"].passed is True
+    assert verdicts["bursts"].passed is not True and verdicts["bursts"].value > 0.05
+    assert "bootstrap-t over episodes" in verdicts["bursts"].detail

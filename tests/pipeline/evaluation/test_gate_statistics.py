@@ -16,6 +16,7 @@ from pipeline.evaluation.gate import decide
 from pipeline.evaluation.gate_statistics import (
     clopper_pearson_lower,
     clopper_pearson_upper,
+    episode_rate_bounds,
     paired_bound,
     planned_looks,
 )
@@ -162,3 +163,31 @@ def test_a_better_candidate_passes_before_the_budget_and_a_worse_one_is_refused_
     lower, upper = check.interval
     assert lower < -20.0 < upper < 0.0
     assert f"bounds [{lower:+.3f}, {upper:+.3f}]" in decision.reasons[0]
+
+
+def test_the_episode_rate_bound_covers_a_bursty_rate_that_the_steps_bound_misses():
+    """A shield that intervenes in bursts: each episode's share of intervened steps is drawn from a skewed
+    Beta(0.5, 9.5) (true rate 0.05), over 20-40 episodes of 200-500 steps. The steps' binomial bound treats every
+    step as an independent trial and covers the true rate about half the time at a stated 95 %; the wider of it
+    and the episode bound, which the gate uses, covers it close to the stated level."""
+    rng = np.random.default_rng(7)
+    covered_steps = covered_gate = 0
+    trials = 300
+    for i in range(trials):
+        m = 20 if i % 2 else 40
+        lengths = rng.integers(200, 501, m)
+        counts = rng.binomial(lengths, rng.beta(0.5, 9.5, m))
+        steps_upper = clopper_pearson_upper(int(counts.sum()), int(lengths.sum()), 0.05)
+        episode = episode_rate_bounds(counts, lengths, 0.05)
+        assert episode is not None and 0.0 <= episode[0] <= counts.sum() / lengths.sum() <= episode[1] <= 1.0
+        covered_steps += steps_upper >= 0.05
+        covered_gate += max(steps_upper, episode[1]) >= 0.05
+    assert covered_steps / trials < 0.75
+    assert covered_gate / trials >= 0.89
+
+
+def test_the_episode_rate_bound_edge_cases():
+    assert episode_rate_bounds([3], [100], 0.05) is None  # one episode: no spread to see
+    assert episode_rate_bounds([5, 5, 5], [100, 100, 100], 0.05) == (0.05, 0.05)  # no spread at all
+    low, high = episode_rate_bounds([0, 0, 50, 0], [100, 100, 100, 100], 0.05)
+    assert low == 0.0 and 0.125 < high <= 1.0

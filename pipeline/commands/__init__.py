@@ -22,6 +22,9 @@ Exit codes, the same for every command (`@command` applies them):
   no traceback.
 - 130: interrupted (Ctrl-C).
 
+A reader that closes the pipe early (`sim2real config | head`) ends the
+command quietly with 0.
+
 Anything else is a bug and keeps its traceback.
 """
 
@@ -71,6 +74,13 @@ def guarded(name: str, handler: Handler, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`sim2real config | head`): what it read is what it wanted. Point stdout at
+        # devnull so the interpreter's final flush does not raise again on the way out.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return OK
     except Exception as err:
         if is_user_error(err):
             print(f"sim2real {name}: error: {err}", file=sys.stderr)

@@ -79,6 +79,21 @@ def test_the_console_script_exits_with_the_policy_code():
     _one_error_line(out.stderr, "config")
 
 
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly():
+    """`sim2real config | head -1`: the reader takes one line and goes; no BrokenPipeError traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "config"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does after its line
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 def test_json_output_is_one_object_with_numpy_values_as_lists(capsys):
     emit(
         argparse.Namespace(json=True),

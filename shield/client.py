@@ -3,6 +3,7 @@
     client = PolicyClient("127.0.0.1", 9870, key=None)
     reply = client.act(obs)                      # active mode
     reply = client.act(obs, legacy_action=u)     # shadow mode
+    reply = client.act(obs, new_episode=True)    # first step of an episode: a stateful policy starts afresh
     if reply.ok: apply(reply.action)
 
 Sequence numbers follow the wall clock: `seq = max(last + 1, now_us)`, which a
@@ -12,6 +13,12 @@ server. Replies whose sequence number or client_id does not match the request
 (a late reply to an earlier, timed-out request; another plant's reply with the
 same seq) are skipped; with a key, only replies signed with the reply-direction
 key count, and the signature covers both.
+
+A stateful policy's state lives on the server and has seen every action the
+server answered. When this client got no usable reply to a request (none in
+time, or a refusal: the plant applies its own fallback, which the state never
+saw), its next act request carries Flags.RESET_STATE so that the state starts
+afresh (docs/reference/contracts.md, "Policy state").
 """
 
 from __future__ import annotations
@@ -26,11 +33,15 @@ from shield.protocol import (
     PacketError,
     Reply,
     ServerStatus,
+    Status,
     decode_act_reply,
     decode_status_reply,
     encode_act_request,
     encode_status_request,
 )
+
+# Replies whose action the server's policy state never recorded: the next request resets that state.
+UNRECORDED = Status.BAD_INPUT | Status.AUTH_FAILED | Status.STALE | Status.BUSY
 
 
 class PolicyTimeout(TimeoutError):
@@ -58,17 +69,20 @@ class PolicyClient:
         self.seq = 0
         # With a key the server's replay window is per client_id: one random id per client object.
         self.client_id = int.from_bytes(os.urandom(4), "little")
+        self.unrecorded = False  # the last act request got no reply the server's policy state recorded
 
     def next_seq(self) -> int:
         """A fresh sequence number: max(last + 1, wall clock in µs)."""
         self.seq = max(self.seq + 1, time.time_ns() // 1000)
         return self.seq
 
-    def send_act(self, obs, legacy_action=None) -> int:
+    def send_act(self, obs, legacy_action=None, reset_state: bool = False) -> int:
         """Send an act request without waiting; returns its sequence number."""
         seq = self.next_seq()
         self.sock.send(
-            encode_act_request(seq, time.monotonic_ns() // 1000, obs, legacy_action, self.key, self.client_id)
+            encode_act_request(
+                seq, time.monotonic_ns() // 1000, obs, legacy_action, self.key, self.client_id, reset_state
+            )
         )
         return seq
 
@@ -109,9 +123,16 @@ class PolicyClient:
             if time.monotonic() > deadline:
                 raise PolicyTimeout(f"no reply to seq {seq} from {self.address[0]}:{self.address[1]}")
 
-    def act(self, obs, legacy_action=None) -> Reply:
-        """Send one observation (float32[obs_dim]) and return the server's Reply (action, status, latency µs)."""
-        return self.recv_reply(self.send_act(obs, legacy_action))
+    def act(self, obs, legacy_action=None, *, new_episode: bool = False) -> Reply:
+        """Send one observation (float32[obs_dim]) and return the server's Reply (action, status, latency µs).
+
+        `new_episode`: the policy's state starts afresh; it does as well after a request without a usable reply.
+        """
+        seq = self.send_act(obs, legacy_action, reset_state=new_episode or self.unrecorded)
+        self.unrecorded = True
+        reply = self.recv_reply(seq)
+        self.unrecorded = bool(reply.status & UNRECORDED)
+        return reply
 
     def status(self) -> ServerStatus:
         """Ask for the server's counters and latency histogram."""

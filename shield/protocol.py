@@ -61,6 +61,10 @@ COUNTER_NAMES = (
     "envelope_flags",  # act replies with ENVELOPE: the plant was outside the declared envelope
     "plants_evicted",  # plant sessions (shield state, policy memory) dropped to admit a new plant
     "plants_refused",  # act requests of a new plant answered BUSY: every session held by a live plant
+    # A stateful policy's per-plant state started from its initial value (shield.contract.RESET_RULES):
+    "state_resets_new_plant",  # a new plant session
+    "state_resets_requested",  # act requests with the RESET_STATE flag (new episode, or a reply lost)
+    "state_resets_silence",  # a plant silent longer than the plant-live time
 )
 # bundle version, uptime (µs), n_counters, n_bins; then u64 counters, u64 histogram bins
 STATUS_REPLY_HEAD = struct.Struct("<IQHH")
@@ -83,7 +87,10 @@ class Flags(IntFlag):
 
     NONE = 0
     HMAC = 0x0001  # a 32-byte HMAC-SHA256 trailer follows the payload
-    RESERVED = 0xFFFE  # must be 0: a frame with any of these bits set is refused
+    # Act request: start this plant's policy state afresh before this step (a new episode, or the controller
+    # got no usable reply to its previous request); ignored by a memoryless policy.
+    RESET_STATE = 0x0002
+    RESERVED = 0xFFFC  # must be 0: a frame with any of these bits set is refused
 
 
 REQUEST_TYPES = (1, 3)  # what a server answers; a reply-typed datagram is never answered
@@ -151,10 +158,16 @@ def _direction(msg_type: int) -> bytes:
 
 
 def _frame(
-    msg_type: MsgType, seq: int, timestamp_us: int, payload: bytes, key: bytes | None, client_id: int = 0
+    msg_type: MsgType,
+    seq: int,
+    timestamp_us: int,
+    payload: bytes,
+    key: bytes | None,
+    client_id: int = 0,
+    flags: Flags = Flags.NONE,
 ) -> bytes:
     """A frame, signed with the PSK's key for its direction (requests vs replies) when `key` (the PSK) is given."""
-    flags = Flags.HMAC if key is not None else Flags.NONE
+    flags = flags | (Flags.HMAC if key is not None else Flags.NONE)
     head = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(msg_type), int(flags), seq, timestamp_us, len(payload), client_id)
     frame = head + payload
     return frame + sign(direction_key(key, _direction(int(msg_type))), frame) if key is not None else frame
@@ -168,12 +181,20 @@ def _floats(values) -> bytes:
 
 
 def encode_act_request(
-    seq: int, timestamp_us: int, obs, legacy_action=None, key: bytes | None = None, client_id: int = 0
+    seq: int,
+    timestamp_us: int,
+    obs,
+    legacy_action=None,
+    key: bytes | None = None,
+    client_id: int = 0,
+    reset_state: bool = False,
 ) -> bytes:
-    """Frame an act request: observation (float32) and, in shadow mode, the legacy action applied."""
+    """Frame an act request: observation (float32) and, in shadow mode, the legacy action applied;
+    `reset_state` sets Flags.RESET_STATE (the policy's state starts afresh before this step)."""
     obs_b, leg_b = _floats(obs), _floats(legacy_action)
     payload = ACT_REQUEST_HEAD.pack(len(obs_b) // 4, len(leg_b) // 4) + obs_b + leg_b
-    return _frame(MsgType.ACT_REQUEST, seq, timestamp_us, payload, key, client_id)
+    flags = Flags.RESET_STATE if reset_state else Flags.NONE
+    return _frame(MsgType.ACT_REQUEST, seq, timestamp_us, payload, key, client_id, flags)
 
 
 def encode_status_request(seq: int, timestamp_us: int, key: bytes | None = None, client_id: int = 0) -> bytes:

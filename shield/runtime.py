@@ -75,6 +75,13 @@ class PlantSession:
             self.shield.note_sent(action)
         self.policy.remember(self.memory, obs, action)
 
+    def reset_policy_state(self) -> bool:
+        """The policy's state back to its initial value (the shield keeps what it knows); False when memoryless."""
+        if self.memory is None:
+            return False
+        self.memory.clear()
+        return True
+
     def reset(self) -> None:
         """Episode start: forget pending actions, predicted state and the policy's history."""
         if self.shield is not None:
@@ -149,6 +156,7 @@ class EdgeRuntime:
                 raise BundleError(
                     f"policy.onnx: {key} {have} disagrees with manifest.json ({manifest[key]}) in {bundle_dir}"
                 )
+        _check_state_contract(manifest.get("contract"), policy, bundle_dir)
         if not shield:  # the bare policy: shield.json is not even parsed
             return cls(bundle, policy)
         runtime = cls(bundle, policy, spec=_parse_spec(bundle, policy))
@@ -229,6 +237,23 @@ class EdgeRuntime:
 
             self._batch = ShieldedPolicy(self.policy, self.spec)
         return self._batch(np.asarray(obs, dtype=np.float32).reshape(-1, self.obs_dim))
+
+
+def _check_state_contract(contract: dict | None, policy: OnnxPolicy, where) -> None:
+    """The graph's state tensors are the ones the contract names (a schema-1 bundle states none)."""
+    if not contract:
+        return
+    state = contract["policy_state"]
+    if (state["kind"] != "none") != policy.stateful:
+        raise BundleError(
+            f"manifest.json: contract.policy_state.kind is {state['kind']!r}, policy.onnx "
+            f"{'has' if policy.stateful else 'has no'} state input, in {where}"
+        )
+    if "input" in state and (state["input"], state["output"]) != (policy.history_name, policy.state_output_name):
+        raise BundleError(
+            f"manifest.json: contract.policy_state names {state['input']} -> {state['output']}, policy.onnx has "
+            f"{policy.history_name} -> {policy.state_output_name}, in {where}"
+        )
 
 
 def _parse_spec(bundle: Bundle, policy: OnnxPolicy):

@@ -39,6 +39,9 @@ class ServeStats:
     envelope_flags: int
     plants_evicted: int
     plants_refused: int
+    state_resets_new_plant: int
+    state_resets_requested: int
+    state_resets_silence: int
 
     def __init__(self):
         for name in COUNTER_NAMES:
@@ -100,6 +103,8 @@ class ServedBundle:
         self.runtime = runtime
         self.obs_dim, self.act_dim = int(runtime.obs_dim), int(runtime.act_dim)
         self.has_sessions = callable(getattr(runtime, "new_session", None))
+        # A policy with a per-plant state: the server applies the contract's reset rules to it.
+        self.stateful = self.has_sessions and bool(getattr(getattr(runtime, "policy", None), "stateful", False))
         if self.has_sessions:
             # The first calls into onnxruntime and the QP solver are slow: pay them here, off the
             # hot path (a reload happens in the watcher thread), on a session that is then dropped.

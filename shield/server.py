@@ -71,7 +71,7 @@ _SHADOW, _STALE, _DEADLINE, _INFERENCE_ERROR = (
     int(Status.INFERENCE_ERROR),
 )
 _ENVELOPE, _BUSY = int(Status.ENVELOPE), int(Status.BUSY)
-_HMAC, _RESERVED = int(Flags.HMAC), int(Flags.RESERVED)
+_HMAC, _RESERVED, _RESET_STATE = int(Flags.HMAC), int(Flags.RESERVED), int(Flags.RESET_STATE)
 _ACT_REQUEST, _ACT_REPLY = int(MsgType.ACT_REQUEST), int(MsgType.ACT_REPLY)
 _STATUS_REQUEST = int(MsgType.STATUS_REQUEST)
 _MAX_DATAGRAM = 65535
@@ -263,6 +263,9 @@ class PolicyServer:
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)  # the plant cannot have applied it
         obs = floats[:n_obs].astype(np.float32)  # a copy: the receive buffer is reused
         plants = self.plants
+        created = plants.created
+        known = plants.sessions.get(client)
+        silent_ns = 0 if known is None else t0 - known.seen_ns  # read before admit marks it seen
         session = plants.admit(client, seq, t0)
         if session is None:  # a new plant, and every session is a live plant's: none is taken from it
             stats.plants_refused = plants.refused
@@ -271,6 +274,15 @@ class PolicyServer:
             guard.commit(client, seq)
         self.last_request_ns = t0
         stats.plants_evicted = plants.evicted
+        if srv.stateful:  # the contract's reset rules (shield.contract.RESET_RULES), each counted
+            if plants.created != created:
+                stats.state_resets_new_plant += 1  # a fresh session: its state is the initial one already
+            elif flags & _RESET_STATE:
+                session.reset_policy_state()
+                stats.state_resets_requested += 1
+            elif silent_ns > srv.plant_live_ns:
+                session.reset_policy_state()
+                stats.state_resets_silence += 1
         return self._act(srv, session, obs, legacy, seq, ts, client_id, t0)
 
     def _act(

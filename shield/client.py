@@ -32,11 +32,14 @@ from shield.protocol import (
     MsgType,
     PacketError,
     Reply,
+    ServedContract,
     ServerStatus,
     Status,
     decode_act_reply,
+    decode_contract_reply,
     decode_status_reply,
     encode_act_request,
+    encode_contract_request,
     encode_status_request,
 )
 
@@ -46,6 +49,10 @@ UNRECORDED = Status.BAD_INPUT | Status.AUTH_FAILED | Status.STALE | Status.BUSY
 
 class PolicyTimeout(TimeoutError):
     """No matching reply within the client's timeout."""
+
+
+class ContractMismatch(RuntimeError):
+    """The served bundle's I/O contract is not the one this controller was built for."""
 
 
 class PolicyClient:
@@ -136,22 +143,40 @@ class PolicyClient:
 
     def status(self) -> ServerStatus:
         """Ask for the server's counters and latency histogram."""
+        return self._ask(encode_status_request, MsgType.STATUS_REPLY, decode_status_reply, "status")
+
+    def contract(self) -> ServedContract:
+        """Ask what the served bundle expects: dimensions, control period, names hash, policy state."""
+        return self._ask(encode_contract_request, MsgType.CONTRACT_REPLY, decode_contract_reply, "contract")
+
+    def check_contract(self, names_sha256: str) -> ServedContract:
+        """The served contract, or ContractMismatch when its names hash is not `names_sha256` (the one this
+        controller was built for: the bundle's manifest `contract.names_sha256`)."""
+        served = self.contract()
+        if served.names_sha256 != names_sha256:
+            raise ContractMismatch(
+                f"{self.address[0]}:{self.address[1]} serves a bundle whose I/O contract hashes to "
+                f"{served.names_sha256 or '(none: no contract)'}, this controller was built for {names_sha256}"
+            )
+        return served
+
+    def _ask(self, encode, reply_type: MsgType, decode, what: str):
         seq = self.next_seq()
-        self.sock.send(encode_status_request(seq, time.monotonic_ns() // 1000, self.key, self.client_id))
+        self.sock.send(encode(seq, time.monotonic_ns() // 1000, self.key, self.client_id))
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() <= deadline:
             try:
                 data = self._recv(deadline)
             except PolicyTimeout:
                 break
-            if len(data) >= HEADER.size and data[5] == MsgType.STATUS_REPLY:
+            if len(data) >= HEADER.size and data[5] == reply_type:
                 try:
-                    status = decode_status_reply(data, self.key)
+                    reply = decode(data, self.key)
                 except PacketError:
                     continue
-                if status.seq == seq and status.client_id == self.client_id:
-                    return status
-        raise PolicyTimeout(f"no status reply from {self.address[0]}:{self.address[1]}")
+                if reply.seq == seq and reply.client_id == self.client_id:
+                    return reply
+        raise PolicyTimeout(f"no {what} reply from {self.address[0]}:{self.address[1]}")
 
     def close(self) -> None:
         """Close the socket."""

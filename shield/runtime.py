@@ -44,7 +44,19 @@ class PlantSession:
     action, or a fallback / shadow echo that `replaced` it).
     """
 
-    __slots__ = ("runtime", "policy", "shield", "memory", "episode", "step", "seq", "seen_ns")
+    __slots__ = (
+        "runtime",
+        "policy",
+        "shield",
+        "memory",
+        "episode",
+        "step",
+        "seq",
+        "seen_ns",
+        "rate_start_ns",
+        "rate_count",
+        "rate_off",
+    )
 
     def __init__(self, runtime: EdgeRuntime, shield=_BUILD):
         self.runtime, self.policy = runtime, runtime.policy
@@ -52,6 +64,8 @@ class PlantSession:
         self.memory = self.policy.new_memory()
         self.episode, self.step = 0, 0  # shadow-log bookkeeping (the server numbers its plants)
         self.seq, self.seen_ns = -1, 0  # the server's: last accepted seq, and when (shield.replay.PlantTable)
+        # The server's request-rate window (Status.RATE): when it started, requests in it, the last verdict.
+        self.rate_start_ns, self.rate_count, self.rate_off = 0, 0, False
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
         """(safe action, raw policy action, info) for one observation float32[obs_dim]; only the shield's state moves"""

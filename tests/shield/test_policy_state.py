@@ -24,7 +24,7 @@ from pipeline.deployment.export import (
     state_parity_error,
     to_onnx,
 )
-from shield.bundle import Bundle, BundleError, seal_manifest, write_bundle
+from shield.bundle import Bundle, BundleError
 from shield.client import PolicyClient, PolicyTimeout
 from shield.contract import RESET_RULES
 from shield.policy import OnnxPolicy
@@ -38,7 +38,7 @@ from shield.protocol import (
     encode_status_request,
 )
 from shield.runtime import EdgeRuntime
-from tests.helpers.bundle_helpers import OBS_MEAN, OBS_STD
+from tests.helpers.bundle_helpers import OBS_MEAN, OBS_STD, resealed_copy
 from tests.pipeline.deployment.test_export_parity import history_policy
 from tests.shield.test_serve_attacks import ServerThread
 from tests.shield.test_serve_history import history_bundle  # noqa: F401  (a fixture)
@@ -84,17 +84,9 @@ def test_state_parity_catches_a_graph_that_is_not_the_policy(stateful):
 
 def test_a_contract_naming_other_state_tensors_is_refused(stateful, tmp_path):
     _, out = stateful
-    bundle = Bundle.load(out)
-    manifest = dict(bundle.manifest)
-    contract = dict(manifest["contract"])
-    contract["policy_state"] = {**contract["policy_state"], "output": "hidden"}
-    manifest["contract"] = contract
-    manifest.pop("manifest_sha256", None)
-    write_bundle(
-        tmp_path / "b", policy_onnx=bundle.policy_onnx, shield_spec=bundle.shield_spec, manifest=seal_manifest(manifest)
-    )
+    bundle = resealed_copy(out, tmp_path / "b", lambda c: c["policy_state"].update(output="hidden"))
     with pytest.raises(BundleError, match="next_history"):
-        EdgeRuntime.load(tmp_path / "b")
+        EdgeRuntime.load(bundle)
 
 
 def _episodes(rng, plant: int, steps: int) -> set[int]:

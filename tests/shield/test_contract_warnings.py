@@ -4,8 +4,10 @@ shield still answers each request exactly as it would have otherwise."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -66,6 +68,13 @@ def test_an_observation_far_outside_its_range_is_flagged_and_still_answered(bund
                     flagged.append(t)
             assert flagged == sorted(far)
             assert client.status().counters["obs_out_of_range"] == len(far)
+        if importlib.util.find_spec("prometheus_client") is not None:  # the metrics extra: the same counter
+            from shield.metrics import start_metrics_server
+
+            host, port = start_metrics_server(srv.server, 0)
+            text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
+            assert f"s2r_serve_obs_out_of_range_total {float(len(far))}" in text
+            assert "s2r_serve_rate_warnings_total" in text and "s2r_serve_state_resets_requested_total" in text
     finally:
         srv.stop()
 

@@ -8,6 +8,7 @@ one state shared by both plants would answer otherwise, which the test also chec
 from __future__ import annotations
 
 import io
+import itertools
 import socket
 import time
 import warnings
@@ -16,6 +17,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeline.deployment.export import (
     PARITY_TOL,
@@ -203,3 +206,63 @@ def test_a_history_bundle_without_a_state_output_still_serves_the_same(stateful,
         for p, m in zip((old, new), memories):
             p.remember(m, o, 0.5 * actions[1])
         assert np.abs(memories[0].array - memories[1].array).max() <= PARITY_TOL
+
+
+def _policy_state(server) -> tuple:
+    """Every plant's policy state, pending step and rate window, and the reset counters."""
+    sessions = tuple(
+        (c, s.memory.array.tobytes(), s.memory.pending is None, s.rate_count) for c, s in server.plants.sessions.items()
+    )
+    counters = server.stats.as_dict()
+    return sessions, tuple(counters[k] for k in ("state_resets_new_plant", "state_resets_requested", "policy_calls"))
+
+
+FRESH_SEQ = itertools.count(2**21)
+
+
+@st.composite
+def reset_frames(draw) -> bytes:
+    """RESET_STATE act requests of the two plants, most of them broken somewhere (a byte set, cut or grown)."""
+    obs = draw(st.lists(st.floats(-3, 3, width=32), min_size=4, max_size=4))
+    # Half fresh (above every seq sent so far), half behind the plants' last seq: stale.
+    seq = next(FRESH_SEQ) if draw(st.booleans()) else draw(st.integers(0, 2**20))
+    frame = bytearray(encode_act_request(seq, 0, obs, client_id=draw(st.sampled_from([1, 2])), reset_state=True))
+    op = draw(st.sampled_from(["set", "cut", "grow", "nan", "none"]))
+    if op == "set":
+        frame[draw(st.integers(0, len(frame) - 1))] = draw(st.integers(0, 255))
+    elif op == "cut":
+        del frame[draw(st.integers(0, len(frame) - 1)) :]
+    elif op == "grow":
+        frame += draw(st.binary(min_size=1, max_size=8))
+    elif op == "nan":
+        i = 36 + 4 * draw(st.integers(0, 3))
+        frame[i : i + 4] = b"\x00\x00\xc0\x7f"  # a NaN observation
+    return bytes(frame)
+
+
+@pytest.fixture(scope="module")
+def stateful_server(stateful):
+    from shield.server import PolicyServer
+
+    server = PolicyServer(EdgeRuntime.load(stateful[1]), deadline_us=1e9)
+    server.sock.close()  # handle() only
+    for cid in (1, 2):
+        for i in range(4):
+            assert server.handle(encode_act_request(2**20 + i, 0, OBS_MEAN, client_id=cid), ("127.0.0.1", 1))
+    yield server
+    server.close()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frame=reset_frames())
+def test_a_refused_reset_request_resets_nothing(stateful_server, frame):
+    """Only an accepted request resets a policy state: a malformed, stale or non-finite one (flag set or not)
+    leaves every plant's state, its pending step and the counters as they were."""
+    before = _policy_state(stateful_server)
+    stateful_server.handle(frame, ("127.0.0.1", 1))
+    after = _policy_state(stateful_server)
+    if after[1][2] == before[1][2]:  # the policy did not run: refused or dropped
+        assert after == before
+    else:  # accepted: a RESET_STATE request of a plant already held is counted, once (a mutation may clear it)
+        flagged = bool(frame[6] & Flags.RESET_STATE) and after[1][0] == before[1][0]
+        assert after[1][1] - before[1][1] == int(flagged)

@@ -281,13 +281,23 @@ class PolicyServer:
             guard.commit(client, seq)
         self.last_request_ns = t0
         stats.plants_evicted = plants.evicted
-        if srv.stateful:  # the contract's reset rules (shield.contract.RESET_RULES), each counted
-            if plants.created != created:
+        warn = self._contract_rules(srv, session, flags, plants.created != created, silent_ns, values, t0)
+        return self._act(srv, session, obs, legacy, seq, ts, client_id, t0, warn)
+
+    def _contract_rules(
+        self, srv: ServedBundle, session: Any, flags: int, new: bool, silent_ns: int, values: list, t0: int
+    ) -> int:
+        """An accepted act request: the policy state's reset rules (shield.contract.RESET_RULES), each counted;
+        returns the warning bits (OBS_RANGE, RATE) its reply carries."""
+        stats = self.stats
+        silent = silent_ns > srv.plant_live_ns
+        if srv.stateful:
+            if new:
                 stats.state_resets_new_plant += 1  # a fresh session: its state is the initial one already
             elif flags & _RESET_STATE:
                 session.reset_policy_state()
                 stats.state_resets_requested += 1
-            elif silent_ns > srv.plant_live_ns:
+            elif silent:
                 session.reset_policy_state()
                 stats.state_resets_silence += 1
         warn = 0
@@ -296,12 +306,12 @@ class PolicyServer:
             warn = _OBS_RANGE
             stats.obs_out_of_range += 1
         if srv.period_ns:
-            if flags & _RESET_STATE or silent_ns > srv.plant_live_ns:
+            if flags & _RESET_STATE or silent:
                 session.rate_count, session.rate_off = 0, False  # a pause between episodes is not a rate
             if self._rate_off(srv.period_ns, session, t0):
                 warn |= _RATE
                 stats.rate_warnings += 1
-        return self._act(srv, session, obs, legacy, seq, ts, client_id, t0, warn)
+        return warn
 
     @staticmethod
     def _rate_off(period_ns: int, session: Any, t0: int) -> bool:

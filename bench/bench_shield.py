@@ -15,6 +15,9 @@ steps (the QP runs), with actions from the MLP, the task's adversary and
 full-scale random inputs (bang-bang); the adversary's actions are also timed
 through the shield alone, which splits a step's cost into the shield's and
 what the policy call adds (its own time, and the caches it leaves cold).
+A history policy (`--history H`, its state an explicit input and output of the graph, exported by
+`pipeline.deployment.export.to_onnx`) is timed beside the memoryless MLP, alone and shielded, each step
+as a plant session runs it: `act` with the plant's memory, the shield, `remember` the action sent.
 Figures are percentiles on a noisy shared machine: read the ratios. The variants take turns over 20 chunks of
 the recorded steps, so a noisy spell hits all of them and the policy-alone
 baseline alike. As in `serve`, the cyclic GC is frozen after
@@ -60,6 +63,20 @@ def mlp_onnx(obs_dim: int, act_dim: int, hidden: int = 64, seed: int = 0) -> byt
     model.ir_version = 9  # what onnxruntime 1.18+ loads; onnx's default can be newer than the runtime
     onnx.checker.check_model(model)
     return model.SerializeToString()
+
+
+def history_policy_onnx(obs_dim: int, act_dim: int, history_length: int) -> bytes:
+    """A 64-64 tanh policy over the observation and its last `history_length` (observation, action) pairs, with
+    the history an explicit input and output, exported as `sim2real export` exports one (untrained weights)."""
+    import torch
+
+    from pipeline.deployment.export import to_onnx
+    from pipeline.training.model import ActorCritic, DeterministicPolicy
+
+    torch.manual_seed(0)
+    ones = [1.0] * act_dim
+    ac = ActorCritic(obs_dim, act_dim, (64, 64), [-v for v in ones], ones, history_length=history_length)
+    return to_onnx(DeterministicPolicy(ac), obs_dim, {}).SerializeToString()
 
 
 def recorded_observations(cfg, steps: int) -> np.ndarray:
@@ -112,6 +129,7 @@ def main() -> None:
         "CAP_SYS_NICE; what is not permitted is said and skipped)",
     )
     parser.add_argument("--cpu", type=int, help="with --realtime: pin to this CPU, as `serve --cpu`")
+    parser.add_argument("--history", type=int, default=4, help="history length of the stateful policy timed")
     args = parser.parse_args()
 
     from pipeline.config import load_config
@@ -124,6 +142,10 @@ def main() -> None:
     cfg = load_config(f"configs/{args.task}.yaml")
     spec = ShieldSpec.from_dict(build_shield_spec(cfg))
     policy = OnnxPolicy(mlp_onnx(spec.obs_dim, spec.act_dim))  # what `EdgeRuntime` runs: one plant's `act`
+    # Both exported by `to_onnx` (normalization and clipping in the graph): the memoryless one and the history one.
+    exported = OnnxPolicy(history_policy_onnx(spec.obs_dim, spec.act_dim, 0))
+    stateful_policy = OnnxPolicy(history_policy_onnx(spec.obs_dim, spec.act_dim, args.history))
+    memory = stateful_policy.new_memory()
     observations = recorded_observations(cfg, args.steps)
     adversary = reference_policy("adversarial", cfg, spec)
 
@@ -142,9 +164,11 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # what `serve` does once its bundle is loaded
 
-    def variant(with_shield: bool, actions: np.ndarray | None = None, with_policy: bool = True):
+    def variant(with_shield: bool, actions: np.ndarray | None = None, with_policy: bool = True, net=(policy, None)):
         """Times policy (+ shield) over a range of the observations per call; its shield keeps its state between.
-        `with_policy=False`: the shield alone on `actions` (no policy call), to split the step's cost."""
+        `with_policy=False`: the shield alone on `actions` (no policy call), to split the step's cost.
+        `net`: (policy, its plant memory or None); the action sent is remembered each step, as a session does."""
+        net_policy, net_memory = net
         shield = CbfShield(spec)
         times, intervened = [], []
 
@@ -153,14 +177,16 @@ def main() -> None:
                 obs = observations[i]
                 t0 = time.perf_counter()
                 if with_policy:
-                    raw = policy.act(obs)
+                    raw = net_policy.act(obs, net_memory)
                 if actions is not None:  # the adversary's action in place of the MLP's: the QP runs often
                     raw = actions[i]
+                sent = raw
                 if with_shield:
-                    _, info = shield.filter(obs, raw)
+                    sent, info = shield.filter(obs, raw)
                     intervened.append(info["intervened"])
                 else:
                     intervened.append(False)
+                net_policy.remember(net_memory, obs, sent)
                 times.append((time.perf_counter() - t0) * 1e6)
 
         def figures() -> tuple[dict, float]:
@@ -183,14 +209,26 @@ def main() -> None:
         variant(True, pushes),
         variant(True, bang_bang),
         variant(True, pushes, with_policy=False),
+        variant(False, net=(exported, None)),
+        variant(True, net=(exported, None)),
+        variant(False, net=(stateful_policy, memory)),
+        variant(True, net=(stateful_policy, memory)),
     ]
     chunk = max(1, len(observations) // CHUNKS)
     for lo in range(0, len(observations), chunk):
         for run, _ in variants:
             run(range(lo, min(lo + chunk, len(observations))))
-    (policy_only, _), (shielded, share_mlp), (adversarial, share_adv), (banged, share_bang), (shield_only, _) = (
-        figures() for _, figures in variants
-    )
+    (
+        (policy_only, _),
+        (shielded, share_mlp),
+        (adversarial, share_adv),
+        (banged, share_bang),
+        (shield_only, _),
+        (exported_only, _),
+        (exported_shielded, _),
+        (stateful_only, _),
+        (stateful_shielded, _),
+    ) = (figures() for _, figures in variants)
     legacy = evaluate(
         cfg,
         reference_policy("legacy", cfg, spec),
@@ -213,6 +251,11 @@ def main() -> None:
         "policy_plus_shield_adversarial_actions": adversarial,
         "policy_plus_shield_bang_bang_actions": banged,
         "shield_alone_adversarial_actions": shield_only,
+        "history_length": args.history,
+        "exported_memoryless_alone": exported_only,
+        "exported_memoryless_plus_shield": exported_shielded,
+        "stateful_policy_alone": stateful_only,
+        "stateful_policy_plus_shield": stateful_shielded,
         "intervention_share_random_mlp": round(share_mlp, 4),
         "intervention_share_adversarial": round(share_adv, 4),
         "intervention_share_bang_bang": round(share_bang, 4),
@@ -239,11 +282,15 @@ def main() -> None:
     print(json.dumps(result))
     base = policy_only["p50_us"], policy_only["p99_us"]
     print(f"policy alone: p50 {base[0]:.1f} us, p99 {base[1]:.1f} us", file=sys.stderr)
+    for name, alone in (("exported memoryless", exported_only), (f"history-{args.history}", stateful_only)):
+        print(f"{name} policy alone: p50 {alone['p50_us']:.1f} us, p99 {alone['p99_us']:.1f} us", file=sys.stderr)
     for name, figures in (
         ("policy + shield, mlp", shielded),
         ("policy + shield, adversary", adversarial),
         ("policy + shield, bang-bang", banged),
         ("shield alone, adversary", shield_only),
+        ("exported memoryless policy + shield", exported_shielded),
+        (f"history-{args.history} policy + shield", stateful_shielded),
     ):
         for part in ("safe_steps", "intervening_steps"):
             f = figures.get(part)

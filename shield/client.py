@@ -3,6 +3,7 @@
     client = PolicyClient("127.0.0.1", 9870, key=None)
     reply = client.act(obs)                      # active mode
     reply = client.act(obs, legacy_action=u)     # shadow mode
+    reply = client.act(obs, new_episode=True)    # first step of an episode: a stateful policy starts afresh
     if reply.ok: apply(reply.action)
 
 Sequence numbers follow the wall clock: `seq = max(last + 1, now_us)`, which a
@@ -12,6 +13,12 @@ server. Replies whose sequence number or client_id does not match the request
 (a late reply to an earlier, timed-out request; another plant's reply with the
 same seq) are skipped; with a key, only replies signed with the reply-direction
 key count, and the signature covers both.
+
+A stateful policy's state lives on the server and has seen every action the
+server answered. When this client got no usable reply to a request (none in
+time, or a refusal: the plant applies its own fallback, which the state never
+saw), its next act request carries Flags.RESET_STATE so that the state starts
+afresh (docs/reference/contracts.md, "Policy state").
 """
 
 from __future__ import annotations
@@ -25,16 +32,27 @@ from shield.protocol import (
     MsgType,
     PacketError,
     Reply,
+    ServedContract,
     ServerStatus,
+    Status,
     decode_act_reply,
+    decode_contract_reply,
     decode_status_reply,
     encode_act_request,
+    encode_contract_request,
     encode_status_request,
 )
+
+# Replies whose action the server's policy state never recorded: the next request resets that state.
+UNRECORDED = Status.BAD_INPUT | Status.AUTH_FAILED | Status.STALE | Status.BUSY
 
 
 class PolicyTimeout(TimeoutError):
     """No matching reply within the client's timeout."""
+
+
+class ContractMismatch(RuntimeError):
+    """The served bundle's I/O contract is not the one this controller was built for."""
 
 
 class PolicyClient:
@@ -58,17 +76,20 @@ class PolicyClient:
         self.seq = 0
         # With a key the server's replay window is per client_id: one random id per client object.
         self.client_id = int.from_bytes(os.urandom(4), "little")
+        self.unrecorded = False  # the last act request got no reply the server's policy state recorded
 
     def next_seq(self) -> int:
         """A fresh sequence number: max(last + 1, wall clock in µs)."""
         self.seq = max(self.seq + 1, time.time_ns() // 1000)
         return self.seq
 
-    def send_act(self, obs, legacy_action=None) -> int:
+    def send_act(self, obs, legacy_action=None, reset_state: bool = False) -> int:
         """Send an act request without waiting; returns its sequence number."""
         seq = self.next_seq()
         self.sock.send(
-            encode_act_request(seq, time.monotonic_ns() // 1000, obs, legacy_action, self.key, self.client_id)
+            encode_act_request(
+                seq, time.monotonic_ns() // 1000, obs, legacy_action, self.key, self.client_id, reset_state
+            )
         )
         return seq
 
@@ -109,28 +130,53 @@ class PolicyClient:
             if time.monotonic() > deadline:
                 raise PolicyTimeout(f"no reply to seq {seq} from {self.address[0]}:{self.address[1]}")
 
-    def act(self, obs, legacy_action=None) -> Reply:
-        """Send one observation (float32[obs_dim]) and return the server's Reply (action, status, latency µs)."""
-        return self.recv_reply(self.send_act(obs, legacy_action))
+    def act(self, obs, legacy_action=None, *, new_episode: bool = False) -> Reply:
+        """Send one observation (float32[obs_dim]) and return the server's Reply (action, status, latency µs).
+
+        `new_episode`: the policy's state starts afresh; it does as well after a request without a usable reply.
+        """
+        seq = self.send_act(obs, legacy_action, reset_state=new_episode or self.unrecorded)
+        self.unrecorded = True
+        reply = self.recv_reply(seq)
+        self.unrecorded = bool(reply.status & UNRECORDED)
+        return reply
 
     def status(self) -> ServerStatus:
         """Ask for the server's counters and latency histogram."""
+        return self._ask(encode_status_request, MsgType.STATUS_REPLY, decode_status_reply, "status")
+
+    def contract(self) -> ServedContract:
+        """Ask what the served bundle expects: dimensions, control period, names hash, policy state."""
+        return self._ask(encode_contract_request, MsgType.CONTRACT_REPLY, decode_contract_reply, "contract")
+
+    def check_contract(self, names_sha256: str) -> ServedContract:
+        """The served contract, or ContractMismatch when its names hash is not `names_sha256` (the one this
+        controller was built for: the bundle's manifest `contract.names_sha256`)."""
+        served = self.contract()
+        if served.names_sha256 != names_sha256:
+            raise ContractMismatch(
+                f"{self.address[0]}:{self.address[1]} serves a bundle whose I/O contract hashes to "
+                f"{served.names_sha256 or '(none: no contract)'}, this controller was built for {names_sha256}"
+            )
+        return served
+
+    def _ask(self, encode, reply_type: MsgType, decode, what: str):
         seq = self.next_seq()
-        self.sock.send(encode_status_request(seq, time.monotonic_ns() // 1000, self.key, self.client_id))
+        self.sock.send(encode(seq, time.monotonic_ns() // 1000, self.key, self.client_id))
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() <= deadline:
             try:
                 data = self._recv(deadline)
             except PolicyTimeout:
                 break
-            if len(data) >= HEADER.size and data[5] == MsgType.STATUS_REPLY:
+            if len(data) >= HEADER.size and data[5] == reply_type:
                 try:
-                    status = decode_status_reply(data, self.key)
+                    reply = decode(data, self.key)
                 except PacketError:
                     continue
-                if status.seq == seq and status.client_id == self.client_id:
-                    return status
-        raise PolicyTimeout(f"no status reply from {self.address[0]}:{self.address[1]}")
+                if reply.seq == seq and reply.client_id == self.client_id:
+                    return reply
+        raise PolicyTimeout(f"no {what} reply from {self.address[0]}:{self.address[1]}")
 
     def close(self) -> None:
         """Close the socket."""

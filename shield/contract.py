@@ -13,8 +13,11 @@
 
 `names_sha256` hashes the observation and action names in order and the control period: a controller built
 against one bundle compares it with the server's (its status reply) and refuses to run against another.
-A history policy's state is ``{"kind": "history", "length": H, "initial": "zeros", "reset": [...]}``: the
-edge runtime keeps one per plant session and starts it from zeros on the events listed.
+A history policy's state is ``{"kind": "history", "length": H, "input": "history", "output": "next_history",
+"shape": [1, H, obs_dim + act_dim], "dtype": "float32", "initial": "zeros", "reset_on": [...], ...}``: named
+graph tensors, an input and an output; the edge runtime keeps one per plant session and starts it from zeros
+on each event of `RESET_RULES` listed (bundles exported before the state became a graph output state only
+`length`, `initial` and prose `reset`).
 
 Stdlib only: this runs on the edge box.
 """
@@ -27,6 +30,15 @@ import math
 from typing import Any
 
 POLICY_STATE_KINDS = ("none", "history")
+# When the edge starts a plant's policy state afresh (docs/reference/contracts.md, "Policy state").
+RESET_RULES = {
+    "new_plant_session": "a client the server holds no session for (first request, or its session was evicted)",
+    "new_episode": "the controller sets the RESET_STATE request flag (a new episode), or in-process reset()",
+    "reply_lost": "the controller sets RESET_STATE on the request after one it got no usable reply to (lost, "
+    "late or unauthenticated): the plant applied its own fallback, which the state never saw",
+    "silence": "the plant was silent longer than a live plant may be (the server's plant-live time)",
+    "reload": "a new bundle is served (hot reload): its policy starts from its own initial state",
+}
 
 
 class ContractError(ValueError):
@@ -79,12 +91,40 @@ def check_contract(contract: Any, obs_dim: int | None = None, act_dim: int | Non
     state = contract.get("policy_state")
     if not isinstance(state, dict) or state.get("kind") not in POLICY_STATE_KINDS:
         raise ContractError(f"contract.policy_state.kind: must be one of {POLICY_STATE_KINDS}")
+    if state["kind"] != "none":
+        _check_state(state)
     expected = names_sha256(
         [o["name"] for o in contract["observations"]], [a["name"] for a in contract["actions"]], period
     )
     if contract.get("names_sha256") != expected:
         raise ContractError("contract.names_sha256: does not hash the contract's names and control period")
     return contract
+
+
+def _check_state(state: dict) -> None:
+    length = state.get("length")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ContractError(f"contract.policy_state.length: must be a whole number >= 1, got {length!r}")
+    if state.get("initial") != "zeros":
+        raise ContractError(f"contract.policy_state.initial: must be 'zeros', got {state.get('initial')!r}")
+    if "input" not in state:  # stated before the state was a graph output: nothing more to check
+        return
+    for key in ("input", "output"):
+        if not isinstance(state.get(key), str) or not state[key]:
+            raise ContractError(f"contract.policy_state.{key}: must name a tensor of policy.onnx")
+    shape = state.get("shape")
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 3
+        or shape[1] != length
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+    ):
+        raise ContractError(f"contract.policy_state.shape: must be [1, {length}, obs_dim + act_dim], got {shape!r}")
+    if state.get("dtype") != "float32":
+        raise ContractError(f"contract.policy_state.dtype: must be 'float32', got {state.get('dtype')!r}")
+    rules = state.get("reset_on")
+    if not isinstance(rules, list) or not set(rules) <= set(RESET_RULES):
+        raise ContractError(f"contract.policy_state.reset_on: must list rules of {sorted(RESET_RULES)}")
 
 
 def describe(contract: dict | None) -> list[str]:
@@ -100,7 +140,16 @@ def describe(contract: dict | None) -> list[str]:
             f"{a['name']} [{a['units_per_action']:g} {a['unit'] or 'units'} per unit, {a['low']:g}..{a['high']:g}]"
             for a in contract["actions"]
         ),
-        f"policy state: {contract['policy_state']['kind']}",
+        "policy state: " + _describe_state(contract["policy_state"]),
         f"names sha256: {contract['names_sha256']}",
     ]
     return lines
+
+
+def _describe_state(state: dict) -> str:
+    if state["kind"] == "none" or "input" not in state:
+        return state["kind"]
+    return (
+        f"{state['kind']} {state['input']} -> {state['output']} {state['dtype']}{state['shape']}, "
+        f"initial {state['initial']}, reset on {', '.join(state['reset_on'])}"
+    )

@@ -10,7 +10,11 @@ History policies (`train.history_length` > 0) take a second input, `history`
 float32[n, H, obs_dim + act_dim]: the plant's last H (observation, sent action)
 pairs, newest first, zeros before the episode's first step. `HistoryBuffer`
 is the one implementation of that layout; training builds the same inputs
-with it (pipeline/training/rollout.py).
+with it (pipeline/training/rollout.py). Bundles exported since the state
+became explicit also output `next_history` (the same layout one step on, the
+policy's own action newest): the per-plant memory then takes the graph's
+state, and only the newest action is overwritten with the one really sent.
+Older history graphs (no state output) keep working: the memory is pushed here.
 
 Stdlib + numpy + onnxruntime only: this runs on the edge box.
 """
@@ -62,6 +66,10 @@ class HistoryBuffer:
         self.array[:, 0, : self.obs_dim] = np.asarray(obs, np.float32).reshape(-1, self.obs_dim)
         self.array[:, 0, self.obs_dim :] = np.asarray(action, np.float32).reshape(-1, self.act_dim)
 
+    def adopt(self, state: np.ndarray) -> None:
+        """Take the graph's `next_history` output as this memory (then `note_sent` the action really sent)."""
+        self.array[...] = state
+
     def note_sent(self, action: np.ndarray) -> None:
         """Replace the newest recorded actions with what the plants really got (e.g. after the shield)."""
         if self.array.shape[1]:
@@ -89,9 +97,10 @@ class OnnxPolicy:
             where = "policy.onnx" if isinstance(model, bytes) else str(model)
             raise PolicyError(f"{where}: onnxruntime cannot load the model ({err})") from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        if len(inputs) not in (1, 2) or len(outputs) != 1:
+        if len(inputs) not in (1, 2) or len(outputs) not in (1, len(inputs)):
             raise PolicyError(
-                f"policy.onnx: expected 1 input (+ optional history) and 1 output, got {len(inputs)} and {len(outputs)}"
+                "policy.onnx: expected 1 input (+ optional history) and 1 output (+ optional next history), "
+                f"got {len(inputs)} and {len(outputs)}"
             )
         self.input_name, self.output_name = inputs[0].name, outputs[0].name
         in_shape, out_shape = inputs[0].shape, outputs[0].shape
@@ -117,8 +126,17 @@ class OnnxPolicy:
                     f"policy.onnx: history input must be [batch, H, {self.obs_dim + self.act_dim}], got {h_shape}"
                 )
             self.history_name, self.history_length = inputs[1].name, int(h_shape[1])
+        # The explicit state output: `next_history`, shaped as the history input.
+        self.state_output_name: str | None = None
+        if len(outputs) == 2:
+            if list(outputs[1].shape[1:]) != list(inputs[1].shape[1:]):
+                raise PolicyError(
+                    f"policy.onnx: state output {outputs[1].name} is {outputs[1].shape}, "
+                    f"its input {inputs[1].name} is {inputs[1].shape}"
+                )
+            self.state_output_name = outputs[1].name
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
-        self._outputs = [self.output_name]
+        self._outputs = [self.output_name] + ([self.state_output_name] if self.state_output_name else [])
         self._rows: HistoryBuffer | None = None  # batch-interface histories, one per row
         self._binding = None
         if all(arg.type == "tensor(float)" for arg in (*inputs, *outputs)):
@@ -143,10 +161,23 @@ class OnnxPolicy:
             binding.bind_ortvalue_input(name, self._bound[-1])
         self._bound.append(ort.OrtValue.ortvalue_from_numpy(self._act1))
         binding.bind_ortvalue_output(self.output_name, self._bound[-1])
+        if self.state_output_name is not None:
+            self._next1 = np.zeros_like(self._hist1)
+            self._bound.append(ort.OrtValue.ortvalue_from_numpy(self._next1))
+            binding.bind_ortvalue_output(self.state_output_name, self._bound[-1])
         self._binding = binding
+
+    @property
+    def stateful(self) -> bool:
+        """True when the policy carries a per-plant state (its history)."""
+        return self.history_name is not None
 
     def run(self, obs: np.ndarray, history: np.ndarray | None = None) -> np.ndarray:
         """The graph itself, stateless: obs float32[n, obs_dim] (+ history float32[n, H, obs_dim + act_dim])."""
+        return self.step(obs, history)[0]
+
+    def step(self, obs: np.ndarray, history: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """(action, next state or None) of the graph: its state output where it has one, else None."""
         feeds = {self.input_name: np.ascontiguousarray(obs, dtype=np.float32)}
         if self.history_name is not None:
             if history is None:
@@ -154,7 +185,8 @@ class OnnxPolicy:
                     f"this policy takes a history input [n, {self.history_length}, {self.obs_dim + self.act_dim}]"
                 )
             feeds[self.history_name] = np.ascontiguousarray(history, dtype=np.float32)
-        return self.session.run(self._outputs, feeds)[0]
+        out = self.session.run(self._outputs, feeds)
+        return out[0], (out[1] if len(out) > 1 else None)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Actions for a batch of raw observations; a 1-D observation is treated as batch 1."""
@@ -168,8 +200,11 @@ class OnnxPolicy:
         if self._rows is None or self._rows.array.shape[0] != obs.shape[0]:
             # A new batch size is a new set of plants: their histories start empty.
             self._rows = HistoryBuffer(obs.shape[0], self.history_length, self.obs_dim, self.act_dim)
-        action = self.run(obs, self._rows.array)
-        self._rows.push(obs, action)
+        action, state = self.step(obs, self._rows.array)
+        if state is None:
+            self._rows.push(obs, action)
+        else:
+            self._rows.adopt(state)
         return action
 
     def reset(self, index: int | None = None) -> None:
@@ -186,11 +221,11 @@ class OnnxPolicy:
     # A policy with an observation/action history keeps that history per plant: the server,
     # eval and both shadow passes hold one memory per plant (per client in `serve`) and pass
     # it in. A memoryless policy's memory is None and these calls cost nothing.
-    def new_memory(self) -> HistoryBuffer | None:
-        """A fresh per-plant memory (observation/action history); None for a memoryless policy."""
+    def new_memory(self) -> PlantMemory | None:
+        """A fresh per-plant memory (observation/action history, its initial value: zeros); None when memoryless."""
         if self.history_name is None:
             return None
-        return HistoryBuffer(1, self.history_length, self.obs_dim, self.act_dim)
+        return PlantMemory(self.history_length, self.obs_dim, self.act_dim)
 
     def act(self, obs: np.ndarray, memory: HistoryBuffer | None = None) -> np.ndarray:
         """Raw action float32[act_dim] for one plant's observation float32[obs_dim], given its memory."""
@@ -198,14 +233,41 @@ class OnnxPolicy:
         if self.history_name is not None and not isinstance(memory, HistoryBuffer):
             raise ValueError("a history policy needs the plant's memory: pass policy.new_memory()'s object")
         if self._binding is None or obs.shape[1] != self.obs_dim:  # a wrong size: onnxruntime's own error
-            return self.run(obs, None if memory is None else memory.array)[0]
+            action, state = self.step(obs, None if memory is None else memory.array)
+            if state is not None and isinstance(memory, PlantMemory):
+                memory.pending = state
+            return action[0]
         self._obs1[...] = obs
         if self.history_name is not None:
             self._hist1[...] = memory.array
         self.session.run_with_iobinding(self._binding)
+        if self.state_output_name is not None and isinstance(memory, PlantMemory):
+            memory.pending = self._next1.copy()  # the buffer is the next call's, maybe another plant's
         return self._act1[0].copy()  # the buffer is the next call's
 
     def remember(self, memory: HistoryBuffer | None, obs: np.ndarray, sent_action: np.ndarray) -> None:
         """Record what the plant observed and the action it was really sent (after the shield)."""
-        if memory is not None:
-            memory.push(np.asarray(obs, np.float32).reshape(1, -1), np.asarray(sent_action, np.float32).reshape(1, -1))
+        if memory is None:
+            return
+        sent = np.asarray(sent_action, np.float32).reshape(1, -1)
+        if isinstance(memory, PlantMemory) and memory.pending is not None:
+            memory.adopt(memory.pending)
+            memory.note_sent(sent)
+            memory.pending = None
+        else:  # a graph without a state output (or no `act` since the last step): the history is pushed here
+            memory.push(np.asarray(obs, np.float32).reshape(1, -1), sent)
+
+
+class PlantMemory(HistoryBuffer):
+    """One plant's policy state: the history (`array`, float32[1, H, obs_dim + act_dim]) and the graph's
+    `next_history` of the last `act` (`pending`), which becomes the state only once the plant was sent
+    an action (`OnnxPolicy.remember`), so an `act` whose reply is never sent changes nothing."""
+
+    def __init__(self, length: int, obs_dim: int, act_dim: int):
+        super().__init__(1, length, obs_dim, act_dim)
+        self.pending: np.ndarray | None = None
+
+    def clear(self, index: int | None = None) -> None:
+        """Back to the initial value (zeros), forgetting a pending step too."""
+        super().clear(index)
+        self.pending = None

@@ -61,7 +61,20 @@ COUNTER_NAMES = (
     "envelope_flags",  # act replies with ENVELOPE: the plant was outside the declared envelope
     "plants_evicted",  # plant sessions (shield state, policy memory) dropped to admit a new plant
     "plants_refused",  # act requests of a new plant answered BUSY: every session held by a live plant
+    # A stateful policy's per-plant state started from its initial value (shield.contract.RESET_RULES):
+    "state_resets_new_plant",  # a new plant session
+    "state_resets_requested",  # act requests with the RESET_STATE flag (new episode, or a reply lost)
+    "state_resets_silence",  # a plant silent longer than the plant-live time
+    "contract_requests",  # contract requests answered
+    "obs_out_of_range",  # act replies with OBS_RANGE: an observation far outside the contract's expected range
+    "rate_warnings",  # act replies with RATE: the plant's request rate is far from the control period
 )
+# bundle version, obs_dim, act_dim, control period (s, NaN: not stated), names_sha256 (32 raw bytes, zeros:
+# no contract), policy state kind (0 none, 1 history), state length, reserved
+CONTRACT_REPLY = struct.Struct("<IHHd32sHHI")
+# A contract request's padding: its reply is never larger than the request.
+CONTRACT_REQUEST_PAD = CONTRACT_REPLY.size
+STATE_KIND_CODES = {"none": 0, "history": 1}
 # bundle version, uptime (µs), n_counters, n_bins; then u64 counters, u64 histogram bins
 STATUS_REPLY_HEAD = struct.Struct("<IQHH")
 # Latency histogram: bin 0 counts < 1 µs, bin i (1..N-2) counts [2**(i-1), 2**i) µs,
@@ -76,6 +89,8 @@ class MsgType(IntEnum):
     ACT_REPLY = 2
     STATUS_REQUEST = 3
     STATUS_REPLY = 4
+    CONTRACT_REQUEST = 5
+    CONTRACT_REPLY = 6
 
 
 class Flags(IntFlag):
@@ -83,10 +98,13 @@ class Flags(IntFlag):
 
     NONE = 0
     HMAC = 0x0001  # a 32-byte HMAC-SHA256 trailer follows the payload
-    RESERVED = 0xFFFE  # must be 0: a frame with any of these bits set is refused
+    # Act request: start this plant's policy state afresh before this step (a new episode, or the controller
+    # got no usable reply to its previous request); ignored by a memoryless policy.
+    RESET_STATE = 0x0002
+    RESERVED = 0xFFFC  # must be 0: a frame with any of these bits set is refused
 
 
-REQUEST_TYPES = (1, 3)  # what a server answers; a reply-typed datagram is never answered
+REQUEST_TYPES = (1, 3, 5)  # what a server answers; a reply-typed datagram is never answered
 
 
 class Status(IntFlag):
@@ -103,6 +121,14 @@ class Status(IntFlag):
     INFERENCE_ERROR = 1 << 7  # the runtime failed or returned non-finite values
     ENVELOPE = 1 << 8  # the plant is outside the declared envelope: the shield is in its conservative mode
     BUSY = 1 << 9  # a new plant, and every session is held by a live plant: fallback, no session
+    # Warnings (the action is the shield's as usual): what the plant sends does not look like the contract.
+    OBS_RANGE = 1 << 10  # an observation lies more than OBS_RANGE_WIDTHS widths outside its expected range
+    RATE = 1 << 11  # this plant's requests over the last RATE_WINDOW came more than RATE_FACTOR x too fast/slow
+
+
+OBS_RANGE_WIDTHS = 1.0  # OBS_RANGE: beyond [low - w * (high - low), high + w * (high - low)]
+RATE_WINDOW = 50  # RATE: the mean interval of a plant's last this many requests ...
+RATE_FACTOR = 2.0  # ... outside [period / RATE_FACTOR, period * RATE_FACTOR]
 
 
 # Bits a controller treats as an alarm (the action is then the fallback, or the policy misbehaved).
@@ -151,10 +177,16 @@ def _direction(msg_type: int) -> bytes:
 
 
 def _frame(
-    msg_type: MsgType, seq: int, timestamp_us: int, payload: bytes, key: bytes | None, client_id: int = 0
+    msg_type: MsgType,
+    seq: int,
+    timestamp_us: int,
+    payload: bytes,
+    key: bytes | None,
+    client_id: int = 0,
+    flags: Flags = Flags.NONE,
 ) -> bytes:
     """A frame, signed with the PSK's key for its direction (requests vs replies) when `key` (the PSK) is given."""
-    flags = Flags.HMAC if key is not None else Flags.NONE
+    flags = flags | (Flags.HMAC if key is not None else Flags.NONE)
     head = HEADER.pack(MAGIC, PROTOCOL_VERSION, int(msg_type), int(flags), seq, timestamp_us, len(payload), client_id)
     frame = head + payload
     return frame + sign(direction_key(key, _direction(int(msg_type))), frame) if key is not None else frame
@@ -168,17 +200,59 @@ def _floats(values) -> bytes:
 
 
 def encode_act_request(
-    seq: int, timestamp_us: int, obs, legacy_action=None, key: bytes | None = None, client_id: int = 0
+    seq: int,
+    timestamp_us: int,
+    obs,
+    legacy_action=None,
+    key: bytes | None = None,
+    client_id: int = 0,
+    reset_state: bool = False,
 ) -> bytes:
-    """Frame an act request: observation (float32) and, in shadow mode, the legacy action applied."""
+    """Frame an act request: observation (float32) and, in shadow mode, the legacy action applied;
+    `reset_state` sets Flags.RESET_STATE (the policy's state starts afresh before this step)."""
     obs_b, leg_b = _floats(obs), _floats(legacy_action)
     payload = ACT_REQUEST_HEAD.pack(len(obs_b) // 4, len(leg_b) // 4) + obs_b + leg_b
-    return _frame(MsgType.ACT_REQUEST, seq, timestamp_us, payload, key, client_id)
+    flags = Flags.RESET_STATE if reset_state else Flags.NONE
+    return _frame(MsgType.ACT_REQUEST, seq, timestamp_us, payload, key, client_id, flags)
 
 
 def encode_status_request(seq: int, timestamp_us: int, key: bytes | None = None, client_id: int = 0) -> bytes:
     """Frame a status (counters) request; its payload is STATUS_REQUEST_PAD zero bytes."""
     return _frame(MsgType.STATUS_REQUEST, seq, timestamp_us, bytes(STATUS_REQUEST_PAD), key, client_id)
+
+
+def encode_contract_request(seq: int, timestamp_us: int, key: bytes | None = None, client_id: int = 0) -> bytes:
+    """Frame a contract request (what the served bundle expects); its payload is CONTRACT_REQUEST_PAD zeros."""
+    return _frame(MsgType.CONTRACT_REQUEST, seq, timestamp_us, bytes(CONTRACT_REQUEST_PAD), key, client_id)
+
+
+def contract_payload(
+    bundle_version: int,
+    obs_dim: int,
+    act_dim: int,
+    control_period_s: float | None,
+    names_sha256: str | None,
+    state_kind: str = "none",
+    state_length: int = 0,
+) -> bytes:
+    """A contract reply's payload (the server builds it once per bundle)."""
+    return CONTRACT_REPLY.pack(
+        int(bundle_version),
+        int(obs_dim),
+        int(act_dim),
+        float("nan") if control_period_s is None else float(control_period_s),
+        bytes.fromhex(names_sha256) if names_sha256 else bytes(32),
+        STATE_KIND_CODES[state_kind],
+        int(state_length),
+        0,
+    )
+
+
+def encode_contract_reply(
+    seq: int, timestamp_us: int, payload: bytes, key: bytes | None = None, client_id: int = 0
+) -> bytes:
+    """Frame a contract reply around `contract_payload(...)`."""
+    return _frame(MsgType.CONTRACT_REPLY, seq, timestamp_us, payload, key, client_id)
 
 
 def encode_act_reply(
@@ -303,6 +377,34 @@ class ServerStatus:
     counters: dict[str, int]
     histogram: np.ndarray = field(repr=False)
     client_id: int = 0
+
+
+@dataclass(frozen=True)
+class ServedContract:
+    """A decoded contract reply: what the served bundle expects of the plant."""
+
+    seq: int
+    bundle_version: int
+    obs_dim: int
+    act_dim: int
+    control_period_s: float  # NaN when the bundle does not state it
+    names_sha256: str  # hex; "" for a bundle without a contract (schema 1)
+    state_kind: str
+    state_length: int
+    client_id: int = 0
+
+
+def decode_contract_reply(data: bytes, key: bytes | None = None) -> ServedContract:
+    """Decode a contract reply; with a key, an unsigned or forged one raises."""
+    head, payload = open_frame(data, MsgType.CONTRACT_REPLY, key)
+    if len(payload) != CONTRACT_REPLY.size:
+        raise PacketError(f"contract payload of {len(payload)} bytes, expected {CONTRACT_REPLY.size}")
+    version, n_obs, n_act, period, digest, kind, length, _ = CONTRACT_REPLY.unpack(payload)
+    kinds = {code: name for name, code in STATE_KIND_CODES.items()}
+    if kind not in kinds:
+        raise PacketError(f"unknown policy state kind {kind}")
+    names = digest.hex() if any(digest) else ""
+    return ServedContract(head.seq, version, n_obs, n_act, period, names, kinds[kind], length, head.client_id)
 
 
 def decode_act_request(data: bytes, key: bytes | None = None) -> ActRequest:

@@ -44,7 +44,19 @@ class PlantSession:
     action, or a fallback / shadow echo that `replaced` it).
     """
 
-    __slots__ = ("runtime", "policy", "shield", "memory", "episode", "step", "seq", "seen_ns")
+    __slots__ = (
+        "runtime",
+        "policy",
+        "shield",
+        "memory",
+        "episode",
+        "step",
+        "seq",
+        "seen_ns",
+        "rate_start_ns",
+        "rate_count",
+        "rate_off",
+    )
 
     def __init__(self, runtime: EdgeRuntime, shield=_BUILD):
         self.runtime, self.policy = runtime, runtime.policy
@@ -52,6 +64,8 @@ class PlantSession:
         self.memory = self.policy.new_memory()
         self.episode, self.step = 0, 0  # shadow-log bookkeeping (the server numbers its plants)
         self.seq, self.seen_ns = -1, 0  # the server's: last accepted seq, and when (shield.replay.PlantTable)
+        # The server's request-rate window (Status.RATE): when it started, requests in it, the last verdict.
+        self.rate_start_ns, self.rate_count, self.rate_off = 0, 0, False
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
         """(safe action, raw policy action, info) for one observation float32[obs_dim]; only the shield's state moves"""
@@ -74,6 +88,13 @@ class PlantSession:
         if replaced and self.shield is not None:
             self.shield.note_sent(action)
         self.policy.remember(self.memory, obs, action)
+
+    def reset_policy_state(self) -> bool:
+        """The policy's state back to its initial value (the shield keeps what it knows); False when memoryless."""
+        if self.memory is None:
+            return False
+        self.memory.clear()
+        return True
 
     def reset(self) -> None:
         """Episode start: forget pending actions, predicted state and the policy's history."""
@@ -149,6 +170,7 @@ class EdgeRuntime:
                 raise BundleError(
                     f"policy.onnx: {key} {have} disagrees with manifest.json ({manifest[key]}) in {bundle_dir}"
                 )
+        _check_state_contract(manifest.get("contract"), policy, bundle_dir)
         if not shield:  # the bare policy: shield.json is not even parsed
             return cls(bundle, policy)
         runtime = cls(bundle, policy, spec=_parse_spec(bundle, policy))
@@ -229,6 +251,23 @@ class EdgeRuntime:
 
             self._batch = ShieldedPolicy(self.policy, self.spec)
         return self._batch(np.asarray(obs, dtype=np.float32).reshape(-1, self.obs_dim))
+
+
+def _check_state_contract(contract: dict | None, policy: OnnxPolicy, where) -> None:
+    """The graph's state tensors are the ones the contract names (a schema-1 bundle states none)."""
+    if not contract:
+        return
+    state = contract["policy_state"]
+    if (state["kind"] != "none") != policy.stateful:
+        raise BundleError(
+            f"manifest.json: contract.policy_state.kind is {state['kind']!r}, policy.onnx "
+            f"{'has' if policy.stateful else 'has no'} state input, in {where}"
+        )
+    if "input" in state and (state["input"], state["output"]) != (policy.history_name, policy.state_output_name):
+        raise BundleError(
+            f"manifest.json: contract.policy_state names {state['input']} -> {state['output']}, policy.onnx has "
+            f"{policy.history_name} -> {policy.state_output_name}, in {where}"
+        )
 
 
 def _parse_spec(bundle: Bundle, policy: OnnxPolicy):

@@ -13,7 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from shield.protocol import ACT_REQUEST_HEAD, COUNTER_NAMES, HEADER_SIZE, LATENCY_BINS
+from shield.protocol import (
+    ACT_REQUEST_HEAD,
+    COUNTER_NAMES,
+    HEADER_SIZE,
+    LATENCY_BINS,
+    OBS_RANGE_WIDTHS,
+    contract_payload,
+)
 
 PLANT_LIVE_S = 1.0  # a plant heard from within this (plus its latency) is never evicted for a new one
 SPARE_SESSIONS = 4  # plant sessions built ahead (at load, and when idle), so a new plant's first reply is not late
@@ -39,6 +46,12 @@ class ServeStats:
     envelope_flags: int
     plants_evicted: int
     plants_refused: int
+    state_resets_new_plant: int
+    state_resets_requested: int
+    state_resets_silence: int
+    contract_requests: int
+    obs_out_of_range: int
+    rate_warnings: int
 
     def __init__(self):
         for name in COUNTER_NAMES:
@@ -78,6 +91,7 @@ class _SharedStateSession:
     def __init__(self, runtime: Any):
         self.runtime, self.episode, self.step = runtime, 0, 0
         self.seq, self.seen_ns = -1, 0
+        self.rate_start_ns, self.rate_count, self.rate_off = 0, 0, False
 
     def act(self, obs):
         return self.runtime.act(obs)
@@ -100,6 +114,8 @@ class ServedBundle:
         self.runtime = runtime
         self.obs_dim, self.act_dim = int(runtime.obs_dim), int(runtime.act_dim)
         self.has_sessions = callable(getattr(runtime, "new_session", None))
+        # A policy with a per-plant state: the server applies the contract's reset rules to it.
+        self.stateful = self.has_sessions and bool(getattr(getattr(runtime, "policy", None), "stateful", False))
         if self.has_sessions:
             # The first calls into onnxruntime and the QP solver are slow: pay them here, off the
             # hot path (a reload happens in the watcher thread), on a session that is then dropped.
@@ -136,6 +152,37 @@ class ServedBundle:
             "constraint_names": self.constraint_names,
             "source": "serve",
         }
+        self._read_contract(bundle, spec)
+
+    def _read_contract(self, bundle: Any, spec: Any) -> None:
+        """The contract's figures the hot path checks against, and the contract reply's payload (built once)."""
+        manifest = getattr(bundle, "manifest", None)
+        contract = manifest.get("contract") if isinstance(manifest, dict) else None
+        period = contract.get("control_period_s") if contract else None
+        if period is None and spec is not None:
+            period = float(spec.dt)  # a schema-1 bundle: its shield's control period
+        self.control_period_s: float | None = period
+        self.period_ns = int(period * 1e9) if period else 0  # 0: no request-rate check
+        policy = getattr(self.runtime, "policy", None)
+        kind = contract["policy_state"]["kind"] if contract else ("history" if self.stateful else "none")
+        self.contract_payload = contract_payload(
+            self.version,
+            self.obs_dim,
+            self.act_dim,
+            period,
+            contract["names_sha256"] if contract else None,
+            kind,
+            int(getattr(policy, "history_length", 0)),
+        )
+        # OBS_RANGE: an observation beyond these is far outside the range the contract expects (None: unchecked).
+        self.obs_far: tuple[list[float], list[float]] | None = None
+        if contract:
+            low = [float(o["expected_low"]) for o in contract["observations"]]
+            high = [float(o["expected_high"]) for o in contract["observations"]]
+            self.obs_far = (
+                [lo - OBS_RANGE_WIDTHS * (hi - lo) for lo, hi in zip(low, high)],
+                [hi + OBS_RANGE_WIDTHS * (hi - lo) for lo, hi in zip(low, high)],
+            )
 
     def new_session(self) -> Any:
         return self.runtime.new_session() if self.has_sessions else _SharedStateSession(self.runtime)

@@ -35,11 +35,14 @@ import numpy as np
 from shield.protocol import (
     ACT_REPLY_HEAD,
     ACT_REQUEST_HEAD,
+    CONTRACT_REQUEST_PAD,
     HEADER,
     HEADER_SIZE,
     MAC_SIZE,
     MAGIC,
     PROTOCOL_VERSION,
+    RATE_FACTOR,
+    RATE_WINDOW,
     REPLY_KEY_LABEL,
     REQUEST_KEY_LABEL,
     STATUS_REQUEST_PAD,
@@ -47,6 +50,7 @@ from shield.protocol import (
     MsgType,
     Status,
     direction_key,
+    encode_contract_reply,
     encode_status_reply,
     latency_bin,
 )
@@ -70,10 +74,10 @@ _SHADOW, _STALE, _DEADLINE, _INFERENCE_ERROR = (
     int(Status.DEADLINE),
     int(Status.INFERENCE_ERROR),
 )
-_ENVELOPE, _BUSY = int(Status.ENVELOPE), int(Status.BUSY)
-_HMAC, _RESERVED = int(Flags.HMAC), int(Flags.RESERVED)
+_ENVELOPE, _BUSY, _OBS_RANGE, _RATE = int(Status.ENVELOPE), int(Status.BUSY), int(Status.OBS_RANGE), int(Status.RATE)
+_HMAC, _RESERVED, _RESET_STATE = int(Flags.HMAC), int(Flags.RESERVED), int(Flags.RESET_STATE)
 _ACT_REQUEST, _ACT_REPLY = int(MsgType.ACT_REQUEST), int(MsgType.ACT_REPLY)
-_STATUS_REQUEST = int(MsgType.STATUS_REQUEST)
+_STATUS_REQUEST, _CONTRACT_REQUEST = int(MsgType.STATUS_REQUEST), int(MsgType.CONTRACT_REQUEST)
 _MAX_DATAGRAM = 65535
 _isfinite = math.isfinite
 # Linux: the kernel stamps each datagram when it is received (CLOCK_REALTIME, struct timespec).
@@ -202,7 +206,7 @@ class PolicyServer:
             stats.dropped += 1
             return 0
         magic, version, msg_type, flags, seq, ts, payload_len, client_id = HEADER.unpack_from(buf)
-        if msg_type != _ACT_REQUEST and msg_type != _STATUS_REQUEST:
+        if msg_type != _ACT_REQUEST and msg_type != _STATUS_REQUEST and msg_type != _CONTRACT_REQUEST:
             stats.dropped += 1  # a reply (or anything else) is never answered: no reflection, no loops
             return 0
         srv = self.served  # one snapshot per request: a reload never mixes versions in a reply
@@ -233,13 +237,15 @@ class PolicyServer:
             # must not stay fresh for a listener to replay once it would be accepted. Without a key nothing is
             # authenticated: only accepted requests move the guard, so a malformed datagram changes nothing.
             guard.commit(client, seq)
-        if msg_type == _STATUS_REQUEST:
-            if payload_len < STATUS_REQUEST_PAD:
+        if msg_type != _ACT_REQUEST:  # a status or contract request: padded as long as its reply
+            if payload_len < (STATUS_REQUEST_PAD if msg_type == _STATUS_REQUEST else CONTRACT_REQUEST_PAD):
                 return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
             if key is None:
                 guard.commit(client, seq)
             self.last_request_ns = t0
-            return self._status_reply(srv, seq, ts, client_id)
+            if msg_type == _STATUS_REQUEST:
+                return self._status_reply(srv, seq, ts, client_id)
+            return self._contract_reply(srv, seq, ts, client_id)
         if payload_len < ACT_REQUEST_HEAD.size:
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         n_obs, n_legacy = ACT_REQUEST_HEAD.unpack_from(buf, HEADER_SIZE)
@@ -251,7 +257,8 @@ class PolicyServer:
         ):
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         floats = np.frombuffer(buf, dtype="<f4", count=n_obs + n_legacy, offset=HEADER_SIZE + ACT_REQUEST_HEAD.size)
-        if not all(map(_isfinite, floats.tolist())):  # for a handful of values, cheaper than numpy's reduction
+        values = floats.tolist()
+        if not all(map(_isfinite, values)):  # for a handful of values, cheaper than numpy's reduction
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         legacy = floats[n_obs:].astype(np.float32) if shadow else None
         if (
@@ -263,6 +270,9 @@ class PolicyServer:
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)  # the plant cannot have applied it
         obs = floats[:n_obs].astype(np.float32)  # a copy: the receive buffer is reused
         plants = self.plants
+        created = plants.created
+        known = plants.sessions.get(client)
+        silent_ns = 0 if known is None else t0 - known.seen_ns  # read before admit marks it seen
         session = plants.admit(client, seq, t0)
         if session is None:  # a new plant, and every session is a live plant's: none is taken from it
             stats.plants_refused = plants.refused
@@ -271,10 +281,63 @@ class PolicyServer:
             guard.commit(client, seq)
         self.last_request_ns = t0
         stats.plants_evicted = plants.evicted
-        return self._act(srv, session, obs, legacy, seq, ts, client_id, t0)
+        warn = self._contract_rules(srv, session, flags, plants.created != created, silent_ns, values, t0)
+        return self._act(srv, session, obs, legacy, seq, ts, client_id, t0, warn)
+
+    def _contract_rules(
+        self, srv: ServedBundle, session: Any, flags: int, new: bool, silent_ns: int, values: list, t0: int
+    ) -> int:
+        """An accepted act request: the policy state's reset rules (shield.contract.RESET_RULES), each counted;
+        returns the warning bits (OBS_RANGE, RATE) its reply carries."""
+        stats = self.stats
+        silent = silent_ns > srv.plant_live_ns
+        if srv.stateful:
+            if new:
+                stats.state_resets_new_plant += 1  # a fresh session: its state is the initial one already
+            elif flags & _RESET_STATE:
+                session.reset_policy_state()
+                stats.state_resets_requested += 1
+            elif silent:
+                session.reset_policy_state()
+                stats.state_resets_silence += 1
+        warn = 0
+        far = srv.obs_far
+        if far is not None and any(v < lo or v > hi for v, lo, hi in zip(values, far[0], far[1])):
+            warn = _OBS_RANGE
+            stats.obs_out_of_range += 1
+        if srv.period_ns:
+            if flags & _RESET_STATE or silent:
+                session.rate_count, session.rate_off = 0, False  # a pause between episodes is not a rate
+            if self._rate_off(srv.period_ns, session, t0):
+                warn |= _RATE
+                stats.rate_warnings += 1
+        return warn
+
+    @staticmethod
+    def _rate_off(period_ns: int, session: Any, t0: int) -> bool:
+        """Whether this plant's requests, over its last full window of RATE_WINDOW intervals, came more than
+        RATE_FACTOR times faster or slower than the control period; windows tumble, a verdict holds for the next."""
+        count = session.rate_count
+        if count == 0:
+            session.rate_start_ns = t0
+        elif count == RATE_WINDOW:
+            mean_ns = (t0 - session.rate_start_ns) / RATE_WINDOW
+            session.rate_off = not (period_ns / RATE_FACTOR <= mean_ns <= period_ns * RATE_FACTOR)
+            session.rate_start_ns, count = t0, 0
+        session.rate_count = count + 1
+        return session.rate_off
 
     def _act(
-        self, srv: ServedBundle, session: Any, obs: np.ndarray, legacy, seq: int, ts: int, client_id: int, t0: int
+        self,
+        srv: ServedBundle,
+        session: Any,
+        obs: np.ndarray,
+        legacy,
+        seq: int,
+        ts: int,
+        client_id: int,
+        t0: int,
+        warn: int = 0,
     ) -> int:
         stats = self.stats
         stats.policy_calls += 1
@@ -290,9 +353,9 @@ class PolicyServer:
             info = {"fallback": True}
         if failed or info.get("bad_input"):  # bad_input: the request was checked finite, the policy's output not
             stats.inference_errors += 1  # in shadow mode too: counted and logged, the plant keeps legacy
-        status = 0
+        status = warn  # OBS_RANGE, RATE: warnings, the action is still the shield's
         if info.get("envelope", False):  # the one place the monitor's flag becomes a status bit
-            status = _ENVELOPE
+            status |= _ENVELOPE
             stats.envelope_flags += 1
         decided = time.perf_counter_ns()  # one clock reading decides `late` and is the reply's latency_us
         late = decided - t0 > self.deadline_ns
@@ -404,6 +467,13 @@ class PolicyServer:
             client_id,
         )
         self._out[: len(frame)] = frame  # the buffer has room for it (sized in __init__)
+        return len(frame)
+
+    def _contract_reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int) -> int:
+        self.stats.contract_requests += 1
+        self.stats.answered += 1
+        frame = encode_contract_reply(seq, ts, srv.contract_payload, self.key, client_id)
+        self._out[: len(frame)] = frame
         return len(frame)
 
     def _log(self, srv: ServedBundle, session: Any, obs, legacy, raw, safe, info: dict, t0: int) -> None:

@@ -13,13 +13,22 @@
  * seq is the wall clock in µs (a keyed server requires it within its clock window).
  *
  *   cc -O2 -Wall -Wextra -std=c99 -o s2r_client s2r_client.c
- *   ./s2r_client [-k KEYFILE] [-l LEGACY_CSV] HOST PORT OBS0 OBS1 ...
+ *   ./s2r_client [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] HOST PORT OBS0 OBS1 ...
  *
- * Prints one line:
+ * The bundle it was built for: compile with -DS2R_NAMES_SHA256='"<hex>"' (the bundle manifest's
+ * contract.names_sha256: its observation and action names in order and its control period), or pass
+ * -H. Then it first asks the server for the served bundle's contract (a contract request) and refuses to
+ * run against one whose hash differs: a plant that would send its observations in another order, or at
+ * another rate, than the policy expects.
+ *
+ * Prints, when it checked the contract, a line
+ *   contract period_s=P names_sha256=H version=V obs_dim=N act_dim=M
+ * and then one line:
  *   reply seq=N status=0xS latency_us=L version=V action=A0 A1 ... bits=H0 H1 ...
  * where bits are the IEEE-754 float32 words in hex (exact). Exit status:
  * 0 reply received and verified, 1 usage/socket error, 2 no reply within 1 s (datagrams that are not
- * the server's signed reply to this request are skipped), 3 malformed reply.
+ * the server's signed reply to this request are skipped), 3 malformed reply, 4 the served bundle's
+ * contract is not the one this client was built for (nothing was sent to the policy).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
@@ -41,7 +50,13 @@
 #define MIN_KEY 32
 #define VERSION 2
 
-enum { ACT_REQUEST = 1, ACT_REPLY = 2 };
+#define CONTRACT_PAYLOAD 56 /* u32 version, u16 obs_dim, u16 act_dim, f64 period, 32 B names_sha256, u16, u16, u32 */
+
+#ifndef S2R_NAMES_SHA256
+#define S2R_NAMES_SHA256 "" /* not built for a particular bundle: no contract check unless -H */
+#endif
+
+enum { ACT_REQUEST = 1, ACT_REPLY = 2, CONTRACT_REQUEST = 5, CONTRACT_REPLY = 6 };
 enum { FLAG_HMAC = 1 };
 
 /* ---------------------------------------------------------------- SHA-256 */
@@ -161,20 +176,101 @@ static int parse_csv(const char *s, float *out) {
     return n;
 }
 
+/* Header: magic, version, type, flags, seq, timestamp_us, payload_len, client_id. */
+static void put_header(uint8_t *p, int type, int keyed, uint64_t seq, uint32_t payload_len, uint32_t client_id) {
+    memcpy(p, "S2RP", 4);
+    p[4] = VERSION;
+    p[5] = (uint8_t)type;
+    put16(p + 6, keyed ? FLAG_HMAC : 0);
+    put64(p + 8, seq);
+    put64(p + 16, now_us(CLOCK_MONOTONIC));
+    put32(p + 24, payload_len);
+    put32(p + 28, client_id);
+}
+
+/* Wait (1 s from now at most) for the server's reply of `type` to request `seq` of `client_id`; returns its
+ * length without the MAC, or -2 on timeout, -1 on a socket error. Datagrams that are not that reply (another
+ * type, unsigned or forged with a key, a late reply to an earlier request, another plant's) are skipped. */
+static ssize_t await_reply(int fd, uint8_t *rep, size_t cap, int type, uint64_t seq, uint32_t client_id,
+                           const uint8_t *reply_key, int keyed) {
+    uint8_t mac[MAC_SIZE];
+    /* However many datagrams that are not our reply arrive meanwhile: each recv waits only for what is left. */
+    uint64_t deadline = now_us(CLOCK_MONOTONIC) + 1000000u;
+    for (;;) {
+        uint64_t now = now_us(CLOCK_MONOTONIC);
+        if (now >= deadline) return -2;
+        struct timeval tv = {(time_t)((deadline - now) / 1000000u), (suseconds_t)((deadline - now) % 1000000u)};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        ssize_t n = recv(fd, rep, cap, 0);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  /* the deadline check above ends it */
+        if (n < 0) { fprintf(stderr, "recv: %s\n", strerror(errno)); return -1; }
+        int signed_reply = n >= HEADER_SIZE && (get16(rep + 6) & FLAG_HMAC);
+        if (n < HEADER_SIZE + 16 + (signed_reply ? MAC_SIZE : 0) || memcmp(rep, "S2RP", 4) || rep[4] != VERSION || rep[5] != type)
+            continue;  /* not a reply frame of this type: ignore */
+        size_t body = (size_t)n - (signed_reply ? MAC_SIZE : 0);
+        if (keyed) {  /* with a key, only a reply signed with it counts */
+            hmac_sha256(reply_key, 32, rep, body, mac);
+            if (!signed_reply || !mac_equal(mac, rep + body)) continue;  /* unsigned or forged: not the server's */
+        }
+        /* A late reply to an earlier request, or another plant's reply with the same seq: not ours. */
+        if (get64(rep + 8) != seq || get32(rep + 28) != client_id) continue;
+        return (ssize_t)body;
+    }
+}
+
+/* Ask for the served bundle's contract and compare its names hash with `expected` (hex): 0 when it matches,
+ * else the exit status (2 timeout, 3 malformed, 4 another contract, 1 socket error). */
+static int check_contract(int fd, const char *expected, uint64_t seq, uint32_t client_id, const uint8_t *request_key,
+                          const uint8_t *reply_key, int keyed) {
+    uint8_t req[HEADER_SIZE + CONTRACT_PAYLOAD + MAC_SIZE] = {0}, rep[512];
+    char got[65];
+    put_header(req, CONTRACT_REQUEST, keyed, seq, CONTRACT_PAYLOAD, client_id);  /* payload: zero padding */
+    size_t len = HEADER_SIZE + CONTRACT_PAYLOAD;
+    if (keyed) { hmac_sha256(request_key, 32, req, len, req + len); len += MAC_SIZE; }
+    if (send(fd, req, len, 0) != (ssize_t)len) { perror("send"); return 1; }
+    ssize_t body = await_reply(fd, rep, sizeof rep, CONTRACT_REPLY, seq, client_id, reply_key, keyed);
+    if (body == -2) { fprintf(stderr, "timeout: no contract reply within 1 s\n"); return 2; }
+    if (body < 0) return 1;
+    if (body != HEADER_SIZE + CONTRACT_PAYLOAD || get32(rep + 24) != CONTRACT_PAYLOAD) {
+        fprintf(stderr, "malformed contract reply\n");
+        return 3;
+    }
+    const uint8_t *p = rep + HEADER_SIZE;
+    uint64_t period_bits = get64(p + 8);
+    double period;
+    memcpy(&period, &period_bits, 8);
+    int stated = 0;
+    for (int i = 0; i < 32; i++) { snprintf(got + 2 * i, 3, "%02x", p[16 + i]); stated |= p[16 + i]; }
+    if (!stated) got[0] = '\0';
+    if (strcmp(got, expected) != 0) {
+        fprintf(stderr, "refusing to run: the served bundle's I/O contract hashes to %s, this client was built for %s\n",
+                stated ? got : "(none: no contract)", expected);
+        return 4;
+    }
+    printf("contract period_s=%.9g names_sha256=%s version=%u obs_dim=%u act_dim=%u\n", period, got, get32(p),
+           get16(p + 4), get16(p + 6));
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    uint8_t key[MAX_KEY], req[HEADER_SIZE + 4 + 8 * MAX_FLOATS + MAC_SIZE], rep[2048], mac[MAC_SIZE];
+    uint8_t key[MAX_KEY], req[HEADER_SIZE + 4 + 8 * MAX_FLOATS + MAC_SIZE], rep[2048];
     uint8_t request_key[32], reply_key[32];  /* one MAC key per direction, derived from the PSK */
     size_t klen = 0;
     float legacy[MAX_FLOATS];
+    const char *expected = S2R_NAMES_SHA256;
     int n_leg = 0, opt;
-    while ((opt = getopt(argc, argv, "k:l:")) != -1) {
+    while ((opt = getopt(argc, argv, "k:l:H:")) != -1) {
         if (opt == 'k') klen = read_key(optarg, key);
+        else if (opt == 'H') expected = optarg;
         else if (opt == 'l' && (n_leg = parse_csv(optarg, legacy)) < 0) { fprintf(stderr, "bad -l list\n"); return 1; }
-        else if (opt != 'l') { fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] HOST PORT OBS...\n", argv[0]); return 1; }
+        else if (opt != 'l') {
+            fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] HOST PORT OBS...\n", argv[0]);
+            return 1;
+        }
     }
     int n_obs = argc - optind - 2;
     if (n_obs < 1 || n_obs + n_leg > MAX_FLOATS) {
-        fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] HOST PORT OBS...\n", argv[0]);
+        fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] HOST PORT OBS...\n", argv[0]);
         return 1;
     }
     struct sockaddr_in addr = {0};
@@ -188,7 +284,6 @@ int main(int argc, char **argv) {
         hmac_sha256(key, klen, (const uint8_t *)rep_label, sizeof rep_label - 1, reply_key);
     }
 
-    /* Header: magic, version, type, flags, seq, timestamp_us, payload_len, client_id. */
     uint64_t seq = now_us(CLOCK_REALTIME);  /* wall clock µs: within a keyed server's clock window, ahead of any earlier run */
     /* A random client_id per process, as PolicyClient's (names this plant's session on the server). */
     uint32_t client_id = (uint32_t)(seq ^ ((uint64_t)getpid() << 16));
@@ -197,57 +292,34 @@ int main(int argc, char **argv) {
         if (fread(&client_id, sizeof client_id, 1, urandom) != 1) client_id = (uint32_t)(seq ^ ((uint64_t)getpid() << 16));
         fclose(urandom);
     }
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) { perror("socket"); return 1; }
+    if (expected[0]) {
+        int rc = check_contract(fd, expected, seq, client_id, request_key, reply_key, klen != 0);
+        if (rc) return rc;
+        seq += 1;  /* the contract request spent this one */
+    }
+
     uint32_t payload_len = 4 + 4 * (uint32_t)(n_obs + n_leg);
-    memcpy(req, "S2RP", 4);
-    req[4] = VERSION;
-    req[5] = ACT_REQUEST;
-    put16(req + 6, klen ? FLAG_HMAC : 0);
-    put64(req + 8, seq);
-    put64(req + 16, now_us(CLOCK_MONOTONIC));
-    put32(req + 24, payload_len);
-    put32(req + 28, client_id);
+    put_header(req, ACT_REQUEST, klen != 0, seq, payload_len, client_id);
     put16(req + 32, (uint16_t)n_obs);
     put16(req + 34, (uint16_t)n_leg);
     for (int i = 0; i < n_obs; i++) put32(req + 36 + 4 * i, f32bits(strtof(argv[optind + 2 + i], NULL)));
     for (int i = 0; i < n_leg; i++) put32(req + 36 + 4 * (n_obs + i), f32bits(legacy[i]));
     size_t len = HEADER_SIZE + payload_len;
     if (klen) { hmac_sha256(request_key, 32, req, len, req + len); len += MAC_SIZE; }
-
-    int fd = socket(AF_INET, SOCK_DGRAM, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || send(fd, req, len, 0) != (ssize_t)len) {
-        perror("send");
-        return 1;
-    }
-    /* One second from the request, however many datagrams that are not our reply arrive meanwhile: each
-     * recv waits only for what is left. */
-    uint64_t deadline = now_us(CLOCK_MONOTONIC) + 1000000u;
-    for (;;) {
-        uint64_t now = now_us(CLOCK_MONOTONIC);
-        if (now >= deadline) { fprintf(stderr, "timeout: no reply within 1 s\n"); return 2; }
-        struct timeval tv = {(time_t)((deadline - now) / 1000000u), (suseconds_t)((deadline - now) % 1000000u)};
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        ssize_t n = recv(fd, rep, sizeof rep, 0);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  /* the deadline check above ends it */
-        if (n < 0) { fprintf(stderr, "recv: %s\n", strerror(errno)); return 1; }
-        int signed_reply = n >= HEADER_SIZE && (get16(rep + 6) & FLAG_HMAC);
-        if (n < HEADER_SIZE + 16 + (signed_reply ? MAC_SIZE : 0) || memcmp(rep, "S2RP", 4) || rep[4] != VERSION || rep[5] != ACT_REPLY)
-            continue;  /* not a reply frame: ignore */
-        size_t body = (size_t)n - (signed_reply ? MAC_SIZE : 0);
-        if (klen) {  /* with a key, only a reply signed with it counts */
-            hmac_sha256(reply_key, 32, rep, body, mac);
-            if (!signed_reply || !mac_equal(mac, rep + body)) continue;  /* unsigned or forged: not the server's */
-        }
-        /* A late reply to an earlier request, or another plant's reply with the same seq: not ours. */
-        if (get64(rep + 8) != seq || get32(rep + 28) != client_id) continue;
-        uint32_t plen = get32(rep + 24);
-        uint16_t n_act = get16(rep + 44);
-        if (HEADER_SIZE + plen != body || plen != 16 + 4u * n_act) { fprintf(stderr, "malformed reply\n"); return 3; }
-        printf("reply seq=%llu status=0x%x latency_us=%u version=%u action=", (unsigned long long)seq,
-               get32(rep + 32), get32(rep + 36), get32(rep + 40));
-        for (int i = 0; i < n_act; i++) printf("%s%.9g", i ? " " : "", (double)bitsf32(get32(rep + 48 + 4 * i)));
-        printf(" bits=");
-        for (int i = 0; i < n_act; i++) printf("%s%08x", i ? " " : "", get32(rep + 48 + 4 * i));
-        printf("\n");
-        return 0;
-    }
+    if (send(fd, req, len, 0) != (ssize_t)len) { perror("send"); return 1; }
+    ssize_t body = await_reply(fd, rep, sizeof rep, ACT_REPLY, seq, client_id, reply_key, klen != 0);
+    if (body == -2) { fprintf(stderr, "timeout: no reply within 1 s\n"); return 2; }
+    if (body < 0) return 1;
+    uint32_t plen = get32(rep + 24);
+    uint16_t n_act = get16(rep + 44);
+    if (HEADER_SIZE + plen != (size_t)body || plen != 16 + 4u * n_act) { fprintf(stderr, "malformed reply\n"); return 3; }
+    printf("reply seq=%llu status=0x%x latency_us=%u version=%u action=", (unsigned long long)seq,
+           get32(rep + 32), get32(rep + 36), get32(rep + 40));
+    for (int i = 0; i < n_act; i++) printf("%s%.9g", i ? " " : "", (double)bitsf32(get32(rep + 48 + 4 * i)));
+    printf(" bits=");
+    for (int i = 0; i < n_act; i++) printf("%s%08x", i ? " " : "", get32(rep + 48 + 4 * i));
+    printf("\n");
+    return 0;
 }

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from shield.contract import check_contract, names_sha256
+from shield.contract import RESET_RULES, check_contract, names_sha256
 
 EXPECTED_SIGMA = 5.0  # an observation this many training standard deviations from the mean is out of range
 
 
-def io_contract(env_id: str, obs_mean, obs_std, action_low, action_high, history_length: int = 0) -> dict:
+def io_contract(
+    env_id: str,
+    obs_mean,
+    obs_std,
+    action_low,
+    action_high,
+    history_length: int = 0,
+    state_names: tuple[str, str] = ("history", "next_history"),
+) -> dict:
     """Names, sources, units and expected ranges of the observations; names, units, physical scale and bounds of
     the actions; the control period; the policy's state and reset rules. A gymnasium env trained by id (no task
     declaration) gets its positions as names and no units."""
@@ -41,12 +49,16 @@ def io_contract(env_id: str, obs_mean, obs_std, action_low, action_high, history
         else {
             "kind": "history",
             "length": int(history_length),
+            "input": state_names[0],
+            "output": state_names[1],
+            "shape": [1, int(history_length), len(mean) + len(low)],
+            "dtype": "float32",
             "initial": "zeros",
-            "holds": "each step's observation and the action the plant was sent (after the shield)",
-            "reset": [
-                "new plant session (a client_id the server has not seen, or one whose session expired)",
-                "the edge runtime's reset() (a new episode in simulation)",
-            ],
+            "holds": "row k: the observation and the action the plant was sent (after the shield) k + 1 steps ago",
+            "after_step": f"{state_names[1]}'s newest row holds the policy's own action; the runtime writes the "
+            "action the plant was really sent over it before the next step",
+            "reset_on": list(RESET_RULES),
+            "reset_rules": dict(RESET_RULES),
         }
     )
     contract = {

@@ -9,10 +9,14 @@ observation distribution (the normalizer's mean and std), +-10 sigma extremes
 and zeros. Without `--out` the bundle is registered as the task's next version
 (not promoted).
 
-A history policy (`train.history_length` H > 0) has a second input,
-`history` float32[batch, H, obs_dim + act_dim] (shield.policy.HistoryBuffer's
-layout); the parity check then draws observation and history together from
-the training input distribution. The manifest records which checkpoint was
+A history policy (`train.history_length` H > 0) carries its state explicitly:
+a second input `history` float32[batch, H, obs_dim + act_dim]
+(shield.policy.HistoryBuffer's layout) and a second output `next_history`, the
+same one step on; the manifest's contract states its shape, initial value and
+reset rules. The parity check then draws observation and history together from
+the training input distribution, and also runs a few plants closed-loop for
+`STATE_PARITY_STEPS` steps through the edge's own per-plant calls, with episode
+resets and a shield's overrides, against torch stepping its own state. The manifest records which checkpoint was
 exported and why (`selection`: best validation return) and, with ADR, the
 train ranges reached.
 """
@@ -45,7 +49,10 @@ PARITY_TOL = 1e-5
 PARITY_SAMPLES = 10_000
 PARITY_BATCHES = (1, 64)
 EXTREME_SIGMA = 10.0
-INPUT_NAME, HISTORY_NAME, OUTPUT_NAME = "obs", "history", "action"
+INPUT_NAME, HISTORY_NAME, OUTPUT_NAME, NEXT_HISTORY_NAME = "obs", "history", "action", "next_history"
+STATE_PARITY_STEPS = 256
+STATE_PARITY_PLANTS = 3
+STATE_EPISODE_STEPS = 70  # plant p starts a new episode every this many steps (offset by p): resets inside the run
 
 
 class ExportError(RuntimeError):
@@ -59,6 +66,7 @@ class ExportResult(TypedDict):
     parity_max_abs_err: float  # max |onnxruntime - torch| over the parity observations and batch sizes
     parity_by_batch: dict[int, float]
     parity_observations: int
+    state_parity_max_abs_err: float | None  # closed-loop, with resets (a policy with state); None when memoryless
     parent: int | None  # the production version when it was exported (the registry's lineage)
     config_hash: str
     bundle: str  # the bundle's folder
@@ -80,15 +88,36 @@ def git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
+class ExplicitStatePolicy(torch.nn.Module):
+    """(obs, history) -> (action, next_history): a history policy whose state is an output of the graph too.
+
+    next_history is the history one step on, newest first: (obs, the policy's own action) then the older rows.
+    The edge overwrites that newest action with the one the plant was really sent (after the shield).
+    """
+
+    def __init__(self, policy: torch.nn.Module):
+        super().__init__()
+        self.policy = policy
+        self.obs_dim, self.act_dim = int(getattr(policy, "obs_dim")), int(getattr(policy, "act_dim"))
+        self.history_length = int(getattr(policy, "history_length"))
+
+    def forward(self, obs: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        action = self.policy(obs, history)
+        newest = torch.cat([obs, action], dim=-1).unsqueeze(1)
+        return action, torch.cat([newest, history[:, : self.history_length - 1]], dim=1)
+
+
 def to_onnx(policy: torch.nn.Module, obs_dim: int, metadata: dict[str, str]) -> onnx.ModelProto:
     """Trace `policy` to an ONNX model with a dynamic batch axis and `metadata` in metadata_props."""
     buf = io.BytesIO()
     history_length = int(getattr(policy, "history_length", 0))
     args: tuple[torch.Tensor, ...] = (torch.zeros(1, obs_dim),)
-    names = [INPUT_NAME]
+    names, outputs = [INPUT_NAME], [OUTPUT_NAME]
     if history_length:
         args += (torch.zeros(1, history_length, obs_dim + int(getattr(policy, "act_dim"))),)
         names.append(HISTORY_NAME)
+        outputs.append(NEXT_HISTORY_NAME)
+        policy = ExplicitStatePolicy(policy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         # dynamo=False: the TorchScript exporter works offline (no onnxscript) and
@@ -98,10 +127,10 @@ def to_onnx(policy: torch.nn.Module, obs_dim: int, metadata: dict[str, str]) -> 
             args,
             cast(Any, buf),  # a file object works (TorchScript exporter); torch's stub names only paths
             input_names=names,
-            output_names=[OUTPUT_NAME],
+            output_names=outputs,
             opset_version=OPSET,
             dynamo=False,
-            dynamic_axes={**{n: {0: "batch"} for n in names}, OUTPUT_NAME: {0: "batch"}},
+            dynamic_axes={n: {0: "batch"} for n in names + outputs},
         )
     model = onnx.load_from_string(buf.getvalue())
     for key, value in sorted(metadata.items()):
@@ -189,6 +218,54 @@ def parity_error(
     return errors
 
 
+def state_parity_error(
+    policy: torch.nn.Module,
+    onnx_bytes: bytes,
+    obs_mean: np.ndarray,
+    obs_std: np.ndarray,
+    steps: int = STATE_PARITY_STEPS,
+    plants: int = STATE_PARITY_PLANTS,
+    seed: int = 0,
+) -> tuple[float, int]:
+    """(max |onnxruntime - torch| over actions and states, resets done) along `plants` interleaved closed loops.
+
+    The onnxruntime side is what the edge runs: one `PlantMemory` per plant, `act` then `remember` the action
+    sent, `clear` at an episode start. The torch side steps `ExplicitStatePolicy`, feeding each plant its own
+    next_history. Every third step the plant is sent half the policy's action (a shield's override), written
+    into the newest row on both sides; each plant starts a new episode every STATE_EPISODE_STEPS steps.
+    """
+    stateful = ExplicitStatePolicy(policy)
+    rng = np.random.default_rng(seed)
+    mean, std = np.asarray(obs_mean, np.float64), np.asarray(obs_std, np.float64)
+    obs = (mean + std * rng.standard_normal((steps, plants, len(mean)))).astype(np.float32)
+    session = OnnxPolicy(onnx_bytes)
+    memories = [session.new_memory() for _ in range(plants)]
+    shape = (1, stateful.history_length, stateful.obs_dim + stateful.act_dim)
+    states = [torch.zeros(shape) for _ in range(plants)]
+    worst, resets = 0.0, 0
+    for t in range(steps):
+        for p in range(plants):
+            memory = memories[p]
+            assert memory is not None  # a history policy: one memory per plant
+            if t and (t + p * 23) % STATE_EPISODE_STEPS == 0:
+                memory.clear()
+                states[p] = torch.zeros(shape)
+                resets += 1
+            action = session.act(obs[t, p], memory)
+            with torch.no_grad():
+                ref, nxt = stateful(torch.from_numpy(obs[t, p][None]), states[p])
+            sent, ref_sent = (0.5 * action, 0.5 * ref[0]) if t % 3 == 2 else (action, ref[0])
+            session.remember(memory, obs[t, p], sent)
+            nxt[0, 0, stateful.obs_dim :] = ref_sent
+            states[p] = nxt
+            err = max(
+                float(np.max(np.abs(action.astype(np.float64) - ref[0].numpy()))),
+                float(np.max(np.abs(memory.array.astype(np.float64) - nxt.numpy()))),
+            )
+            worst = max(worst, err if np.isfinite(err) else float("inf"))
+    return worst, resets
+
+
 def export_deterministic(
     policy: torch.nn.Module,
     meta: dict,
@@ -231,12 +308,28 @@ def export_deterministic(
             f"{POLICY_FILE}: onnxruntime disagrees with torch (max abs error {detail}; "
             f"tolerance {parity_tol:g}) on {len(obs)} observations; bundle not written"
         )
+    state_err: float | None = None
+    if int(meta.get("history_length", 0)):
+        state_err, resets = state_parity_error(
+            policy, onnx_bytes, _buffer(policy, "obs_mean")[:obs_dim], _buffer(policy, "obs_std")[:obs_dim]
+        )
+        if not state_err <= parity_tol:
+            raise ExportError(
+                f"{POLICY_FILE}: the policy state diverges between onnxruntime and torch (max abs error "
+                f"{state_err:.3g}, tolerance {parity_tol:g}) over {STATE_PARITY_STEPS} steps of "
+                f"{STATE_PARITY_PLANTS} plants with {resets} resets; bundle not written"
+            )
 
     registry = Registry(registry_root)
     parent = _production_or_none(registry, meta["task"])
     all_metrics = {
         "parity_max_abs_err": worst,
         "parity_observations": int(len(obs)),
+        **(
+            {"state_parity_max_abs_err": state_err, "state_parity_steps": STATE_PARITY_STEPS * STATE_PARITY_PLANTS}
+            if state_err is not None
+            else {}
+        ),
         "train_updates": meta.get("updates"),
         "train_env_steps": meta.get("env_steps"),
         **(metrics or {}),
@@ -263,6 +356,7 @@ def export_deterministic(
         action_low,
         action_high,
         int(meta.get("history_length", 0)),
+        state_names=(HISTORY_NAME, NEXT_HISTORY_NAME),
     )
     manifest = make_manifest(
         task=meta["task"],
@@ -298,6 +392,7 @@ def export_deterministic(
         parity_max_abs_err=worst,
         parity_by_batch=errors,
         parity_observations=int(len(obs)),
+        state_parity_max_abs_err=state_err,
         parent=parent,
         config_hash=config_hash,
         bundle=str(bundle),

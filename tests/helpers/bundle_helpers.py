@@ -42,3 +42,18 @@ def export_test_bundle(tmp_path_factory, name: str):
         policy, meta, shield_spec(), config_hash="c0ffee", out_dir=out, registry_root=tmp_path_factory.mktemp("unused")
     )
     return out, policy
+
+
+def resealed_copy(src, dst, edit_contract):
+    """A copy of bundle `src` at `dst` whose manifest's contract `edit_contract(contract)` changed in place,
+    resealed (its own hash made right again): a bundle as a careless or hostile editor would ship it."""
+    import json
+    import shutil
+
+    from shield.bundle import MANIFEST_FILE, seal_manifest
+
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / MANIFEST_FILE).read_text())
+    edit_contract(manifest["contract"])
+    (dst / MANIFEST_FILE).write_text(json.dumps(seal_manifest(manifest)))
+    return dst

@@ -15,9 +15,10 @@ from pipeline.config import load_config
 from pipeline.deployment.export import export_deterministic
 from pipeline.safety.shield_spec import build_shield_spec
 from pipeline.training.model import ActorCritic, DeterministicPolicy
-from shield.bundle import MANIFEST_FILE, Bundle, BundleError, seal_manifest, verify_bundle
+from shield.bundle import MANIFEST_FILE, Bundle, BundleError, verify_bundle
 from shield.contract import names_sha256
 from shield.runtime import EdgeRuntime
+from tests.helpers.bundle_helpers import resealed_copy
 from tests.helpers.serve_bundles import write_tiny_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,13 +90,7 @@ def test_the_contract_carries_the_declaration_s_names_units_and_numbers(cartpole
     ],
 )
 def test_a_contract_that_does_not_hold_is_refused_even_when_resealed(cartpole_bundle, tmp_path, edit, message):
-    import shutil
-
-    bundle = tmp_path / "b"
-    shutil.copytree(cartpole_bundle, bundle)
-    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
-    edit(manifest["contract"])
-    (bundle / MANIFEST_FILE).write_text(json.dumps(seal_manifest(manifest)))
+    bundle = resealed_copy(cartpole_bundle, tmp_path / "b", edit)
     with pytest.raises(BundleError, match=message):
         verify_bundle(bundle)
 

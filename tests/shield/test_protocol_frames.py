@@ -153,7 +153,7 @@ def test_server_answers_or_drops_exactly_as_documented(bundle):
         "type": encode_act_request(2, 10, OBS)[:5]
         + b"\x03"
         + encode_act_request(2, 10, OBS)[6:],  # a status request, not padded
-        "reserved flag": good[:6] + b"\x02\x00" + good[8:],
+        "reserved flag": good[:6] + b"\x04\x00" + good[8:],  # 0x0002 is RESET_STATE
         "payload_len short": good[:24] + (19).to_bytes(4, "little") + good[28:],
         "extra byte": good + b"\x00",
         "payload_len": good[:24] + (999).to_bytes(4, "little") + good[28:],
@@ -233,7 +233,14 @@ def test_status_reply_layout(bundle):
         "reloads",
         "status_requests",
     )
-    assert COUNTER_NAMES[13:] == ("envelope_flags", "plants_evicted", "plants_refused")
+    assert COUNTER_NAMES[13:19] == (
+        "envelope_flags",
+        "plants_evicted",
+        "plants_refused",
+        "state_resets_new_plant",
+        "state_resets_requested",
+        "state_resets_silence",
+    )
 
 
 def test_runtime_failure_and_deadline_get_the_fallback(bundle, tmp_path):

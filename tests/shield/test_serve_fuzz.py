@@ -21,8 +21,10 @@ from shield.protocol import (
     MsgType,
     Status,
     decode_act_reply,
+    decode_contract_reply,
     decode_status_reply,
     encode_act_request,
+    encode_contract_request,
     encode_status_request,
 )
 from shield.runtime import EdgeRuntime
@@ -48,11 +50,11 @@ class Classifier:
         self.last: dict[int, int] = {}
 
     def __call__(self, pkt: bytes) -> str:
-        if len(pkt) < 32 or pkt[5] not in (1, 3):
+        if len(pkt) < 32 or pkt[5] not in (1, 3, 5):
             return "drop"
         refuse = "reject" if len(pkt) >= self.MIN_ANSWERED else "drop"
         magic, version, msg_type, flags, seq, _, payload_len, client_id = struct.unpack_from("<4sBBHQQII", pkt)
-        if flags != 0 or magic != b"S2RP" or version != 2 or payload_len != len(pkt) - 32:
+        if flags & ~0x0002 or magic != b"S2RP" or version != 2 or payload_len != len(pkt) - 32:
             return refuse
         if client_id in self.last and seq <= self.last[client_id]:
             return refuse
@@ -61,6 +63,11 @@ class Classifier:
                 return refuse
             self.last[client_id] = seq
             return "status"
+        if msg_type == 5:
+            if payload_len < 56:
+                return refuse
+            self.last[client_id] = seq
+            return "contract"
         if payload_len < 4:
             return refuse
         n_obs, n_legacy = struct.unpack_from("<HH", pkt, 32)
@@ -90,7 +97,10 @@ def fuzz_packets(rng: np.random.Generator, n: int) -> list[bytes]:
         seq, obs = int(seqs[i]), obs_all[i]
         legacy = legacy_all[i] if u[i, 0] < 0.3 else None
         rand = blob[64 * i : 64 * (i + 1)]
-        base = encode_act_request(seq, i, obs, legacy) if u[i, 1] < 0.9 else encode_status_request(seq, i)
+        if u[i, 1] < 0.8:
+            base = encode_act_request(seq, i, obs, legacy)
+        else:
+            base = (encode_status_request if u[i, 1] < 0.9 else encode_contract_request)(seq, i)
         kind = int(k[i, 0] % 10)
         if kind == 0:
             pkt = rand[: k[i, 1] % 65]
@@ -134,7 +144,7 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
     reference = EdgeRuntime.load(bundle)
     fallback = np.zeros(2, np.float32).tobytes()
     rng = np.random.default_rng(1234)
-    counts = {"drop": 0, "reject": 0, "status": 0, "policy": 0}
+    counts = {"drop": 0, "reject": 0, "status": 0, "contract": 0, "policy": 0}
     valid_sent = 0
     # Room for every client id the mutations make up: no new plant is refused BUSY (which depends on timing,
     # and this model has no clock; tests/test_serve_attacks.py covers it).
@@ -163,6 +173,9 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
                 if kind == "status":
                     assert data[5] == MsgType.STATUS_REPLY and decode_status_reply(data).seq == seq
                     continue
+                if kind == "contract":
+                    assert data[5] == MsgType.CONTRACT_REPLY and decode_contract_reply(data).seq == seq
+                    continue
                 got = decode_act_reply(data)
                 assert (got.seq, got.timestamp_us) == (seq, ts)
                 if kind == "reject":
@@ -185,6 +198,7 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
     assert stats["dropped"] == counts["drop"]
     assert stats["policy_calls"] == counts["policy"] + valid_sent, "a rejected packet reached the policy"
     assert stats["status_requests"] == counts["status"] + 1
+    assert stats["contract_requests"] == counts["contract"]
     assert "Traceback" not in text and "internal error" not in text
 
 
@@ -200,7 +214,7 @@ def test_fuzz_with_a_key_nothing_unsigned_is_answered_or_reaches_the_policy(bund
     reply_key = hmac_mod.new(key, b"S2RP v2 reply", hashlib.sha256).digest()
     for k in (b"w" * 32, key, reply_key):
         packets += [p + hmac_mod.new(k, p, hashlib.sha256).digest() for p in packets[:2000]]
-    checked = sum(1 for p in packets if len(p) >= 32 and p[5] in (1, 3))
+    checked = sum(1 for p in packets if len(p) >= 32 and p[5] in (1, 3, 5))
     with ServerProcess(str(bundle), "--key-file", str(tmp_path / "psk"), "--deadline-us", "1e7") as server:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         plant = PolicyClient(server.host, server.port, key=key, timeout_s=5.0)

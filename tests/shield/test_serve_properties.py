@@ -242,7 +242,16 @@ def test_serving_makes_no_reference_cycles(tmp_path):
 
     bundle = write_tiny_bundle(tmp_path / "bundle", seed=1, version=1, latency_steps=2)
     for key in (None, KEY):
-        server = PolicyServer(EdgeRuntime.load(bundle), key=key, deadline_us=1e9, not_before_us=0, max_plants=3)
+        # A clock window of an hour: on a loaded machine the 2,000 frames may take longer to answer than the
+        # default window, and frames gone stale by the clock would not reach the policy this test is about.
+        server = PolicyServer(
+            EdgeRuntime.load(bundle),
+            key=key,
+            deadline_us=1e9,
+            not_before_us=0,
+            max_plants=3,
+            clock_window_us=3_600_000_000,
+        )
         server.sock.close()  # handle() only
         server.plants.live_ns = 0  # no plant counts as live: a new one always takes the oldest one's place
         now = time.time_ns() // 1000

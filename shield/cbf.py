@@ -85,6 +85,7 @@ from shield.barrier import BarrierRows
 from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake
 from shield.monitor import CONSERVATIVE_GAIN_DIVISOR, AssumptionMonitor
 from shield.prediction import LatencyPredictor
+from shield.predictive import PredictiveFilter
 from shield.spec import ShieldSpec
 
 _SQP_ITERS = 8
@@ -172,6 +173,13 @@ class CbfShield:
         self._keep_conservative = 1.0 - (1.0 - rows.keep) / CONSERVATIVE_GAIN_DIVISOR
         self._envelope = False
         self._init_dead_reckoning(spec, model)
+        # With a `predictive` section the predictive filter keeps every constraint (`shield.predictive`), over the
+        # same prediction buffer: the pending actions, the monitor and dead reckoning stay as they are.
+        self._predictive = (
+            PredictiveFilter(spec, self._A, self._B, self._c, self._predictor, self._low, self._high)
+            if spec.predictive is not None
+            else None
+        )
         self._projection = BoxHalfspaceProjection(self._low, self._high, self._R * self._cases)
         self._least_violation_brake = LeastViolationBrake(self._low, self._high, self._fallback, self._R * self._cases)
         # Without keep-out rows the barrier matrices never change, so the prediction and the rows
@@ -360,6 +368,8 @@ class CbfShield:
                 self.blind_past_horizon += 1
         pred.load_action(self._fallback if bad else action)
         in_box = not bad and all(map(le, self._low32_list, act_list)) and all(map(le, act_list, self._high32_list))
+        if self._predictive is not None:
+            return self._filter_predictive(action, act_list, bad, in_box, t0)
         h_now = self._prepare()
         holds = min(h_now.tolist(), default=0.0) >= 0.0  # every barrier holds at x_L
         if in_box:
@@ -385,6 +395,31 @@ class CbfShield:
         pred.commit(u, have_state=True)
         intervened = bad or out.tolist() != act_list  # float compare, like np.array_equal
         return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
+
+    def _filter_predictive(
+        self, action: np.ndarray, act_list: list, bad: bool, in_box: bool, t0: float
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """The predictive filter's step (`shield.predictive`): the action if its plan holds, else the nearest one
+        whose plan does, else the backup's own action (the plan accepted last continues with it)."""
+        pf, pred = self._predictive, self._predictor
+        assert pf is not None
+        free = pf.slack_free(pred.v)
+        if in_box:
+            u_p = action.astype(np.float64)
+            if pf.meets(free, u_p):
+                return self._pass_through(action, pf.h_per_constraint(free, u_p), t0)
+        else:
+            u_p = self._fallback if bad else np.minimum(np.maximum(action.astype(np.float64), self._low), self._high)
+        u = pf.solve(free, u_p)
+        feasible = u is not None
+        if u is None:
+            u = pf.backup(pred.v)
+        out = u.astype(np.float32)
+        u = out.astype(np.float64)  # what the plant gets: the prediction follows it
+        pred.commit(u, have_state=True)
+        h = pf.h_per_constraint(free, u)
+        intervened = bad or out.tolist() != act_list
+        return out, self._info(intervened, bad or not feasible, bad, h, 0.0, t0)
 
     def _wrap_angles(self, obs_list: list) -> bool:
         """Wrap the spec's angle entries of `obs_list` into (center - pi, center + pi], in place; True if one moved.

@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.safety.synthesis import INFLATION
 
-HORIZON_DECAY = 0.05  # the slowest closed-loop mode falls to this share of its size within the horizon
+HORIZON_DECAY = 0.005  # the slowest closed-loop mode falls to this share of its size within the horizon
 MAX_HORIZON = 200  # control steps
 TERMINAL_SHARE = 0.02  # of each state's sampled half-range: how close to an equilibrium the plan must end
 ROLLOUTS_PER_PLANT = 12  # admitted plans simulated per sampled plant
@@ -79,7 +79,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
     shield = CbfShield(plain)  # the filter's rows without a tube: the plans the measurement must cover
     pf, pred = shield._predictive, shield._predictor
     assert pf is not None
-    L, m = spec["latency_steps"], len(env.low)
+    L = spec["latency_steps"]
     lats = pf.latencies
     obs = np.zeros(spec["obs_dim"])
     err = np.zeros((horizon, env.n))

@@ -53,14 +53,18 @@ def run(args: argparse.Namespace) -> int:
     meas = synthesis.measure(cfg, seed=args.seed)
     refused = None
     problems = synthesis.authority_problems(meas)
-    if problems and cfg.shield.brake_accel is None and cfg.shield.brake_fraction is None:
-        refused = certificate.refusal(cfg, meas, problems)
+    if problems and (cfg.shield.brake_accel is not None or cfg.shield.brake_fraction is not None):
+        refused = certificate.refusal(cfg, meas, problems)  # hand-set braking: the barrier, or nothing
     spec = None
     if refused is None:
         try:
             spec = build_shield_spec(cfg, measurement=meas)
         except EnvelopeError as err:  # an override that does not cover the measurement, or a set outside the spec
-            refused = {"certified": False, "reason": str(err), "message": f"cannot certify {cfg.task.name}: {err}"}
+            if problems:  # the braking barrier cannot, and the predictive filter could not either
+                refused = certificate.refusal(cfg, meas, problems)
+                refused["predictive"] = str(err)
+            else:
+                refused = {"certified": False, "reason": str(err), "message": f"cannot certify {cfg.task.name}: {err}"}
     falsified = None
     if spec is not None and not args.no_falsify:
         falsified = _falsify(cfg, spec, args, out)
@@ -157,6 +161,12 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
             f"CERTIFIED: margin {spec['margin']:g}, brake {spec['kinematics']['brake_accel']}, "
             f"disturbance {spec['disturbance_accel']}, input_gain_error {spec['input_gain_error']:g}"
         )
+        if "predictive" in spec:
+            pr = spec["predictive"]
+            lines.append(
+                f"  filter: predictive (horizon {pr['horizon']} steps, backup gain {pr['backup_gain']}, tube at the "
+                f"horizon {[round(t, 3) for t in pr['tube'][-1]]}): {pr['measured']['why'][0]}"
+            )
         if falsified:
             lines.append(
                 f"  falsify: {falsified['evaluated']} candidates in {falsified['wall_s']:.0f} s, "

@@ -71,8 +71,6 @@ def _certifiable(cfg, seed: int) -> bool:
     from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec
 
     meas = synthesis.measure(cfg, seed=seed)
-    if synthesis.authority_problems(meas):
-        return False
     try:
         build_shield_spec(cfg, measurement=meas)
     except EnvelopeError:
@@ -182,6 +180,7 @@ def certificate(
             "latency_steps": spec["latency_steps"],
             "set_by_hand": _set_by_hand(cfg),
         },
+        "filter": _filter_record(spec),
         "model_error": meas.record() if meas is not None else None,
         "falsification": falsified,
         "legacy_on_reality": legacy,
@@ -192,3 +191,19 @@ def _set_by_hand(cfg) -> list[str]:
     sc = cfg.shield
     keys = ["margin", "brake_fraction", "brake_accel", "disturbance_accel", "input_gain_error"]
     return [f"shield.{k}" for k in keys if getattr(sc, k) is not None]
+
+
+def _filter_record(spec: dict) -> dict:
+    """Which filter keeps the constraints, and why: the braking barrier, or the predictive filter where the
+    barrier cannot brake a constraint (with the measured reason and the numbers it was synthesized with)."""
+    pr = spec.get("predictive")
+    if pr is None:
+        return {"type": "barrier", "why": "full action brakes every constrained position at every admitted state"}
+    return {
+        "type": "predictive",
+        "why": pr["measured"].get("why", []),
+        "horizon": pr["horizon"],
+        "backup_gain": pr["backup_gain"],
+        "tube_at_horizon": pr["tube"][-1],
+        "tube_measured": {k: v for k, v in pr["measured"].items() if k != "why"},
+    }

@@ -30,6 +30,7 @@ HORIZON_DECAY = 0.005  # the slowest closed-loop mode falls to this share of its
 MAX_HORIZON = 200  # control steps
 TERMINAL_SHARE = 0.02  # of each state's sampled half-range: how close to an equilibrium the plan must end
 ROLLOUTS_PER_PLANT = 12  # admitted plans simulated per sampled plant
+MIN_PLANS = 50  # admitted plans the tube must rest on, else synthesis refuses
 PUSH_SHARE = 0.3  # of the rollouts carry the set's push (at full force, random sign and start)
 
 
@@ -53,8 +54,9 @@ def equilibrium_projection(A: np.ndarray) -> np.ndarray:
     return null @ null.T
 
 
-def closed_loop(A, B, K, P) -> tuple[np.ndarray, np.ndarray, float]:
-    """(K_eff, A_cl, the slowest mode's modulus off the equilibria) of the backup u = -K (I - P) x."""
+def closed_loop(A, B, K, P) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """(K_eff, A_cl, the slowest mode's modulus off the equilibria, P) of the backup u = -K (I - P) x; P is
+    zero where stopping in place does not settle the plant (the backup then holds the operating point)."""
     n = len(A)
     K_eff = K @ (np.eye(n) - P)
     Acl = A - B @ K_eff
@@ -63,7 +65,7 @@ def closed_loop(A, B, K, P) -> tuple[np.ndarray, np.ndarray, float]:
     rho = float(eig[free]) if free < n else 0.0
     if rho >= 1.0 - 1e-9 and free:  # stopping where it is does not settle this plant: hold the operating point
         return closed_loop(A, B, K, np.zeros_like(P))
-    return K_eff, Acl, rho
+    return K_eff, Acl, rho, P
 
 
 def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarray, dict]:
@@ -143,6 +145,10 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
         "inflation": INFLATION,
         "wall_s": round(time.monotonic() - t0, 2),
     }
+    if plans < MIN_PLANS:
+        raise ValueError(
+            f"the predictive filter admitted {plans} of {tried} sampled plans: too few to measure its model error on"
+        )
     return np.maximum.accumulate(err, axis=0) * INFLATION, record
 
 
@@ -167,11 +173,12 @@ def _push(env, rset):
     return body, axes, force, int(rset.push.duration_steps)
 
 
-def terminal(env, Acl, K_eff, P, W) -> tuple[np.ndarray, np.ndarray]:
+def terminal(half: np.ndarray, Acl, K_eff, P, W, full: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(terminal box per state, terminal reach per constraint row): the plan ends within the box of an
-    equilibrium, off it; from that box's edge each row moves at most its reach over the backup's tail."""
+    equilibrium, off it (TERMINAL_SHARE of each state's half-range `half`); from that box's edge each row moves at
+    most its reach over the backup's tail, which needs at most half the input box (`full`: its half-widths)."""
     n = len(Acl)
-    half = 0.5 * np.where(np.isfinite(env.hi_s - env.lo_s), env.hi_s - env.lo_s, 0.0)
+    half = np.where(np.isfinite(half), half, 0.0)
     off = np.eye(n) - P
     box = TERMINAL_SHARE * half * (np.abs(np.diag(off)) > 1e-9)
     reach = np.zeros(len(W))
@@ -184,7 +191,7 @@ def terminal(env, Acl, K_eff, P, W) -> tuple[np.ndarray, np.ndarray]:
         if float(np.abs(nxt - Mk).max()) < 1e-12:  # settled: the rest of the tail stays where it is
             break
         Mk = nxt
-    if act > 0.5 * float(min(np.min(np.abs(env.low)), np.min(np.abs(env.high)))):
+    if act > 0.5 * float(np.min(full)):
         raise ValueError(f"the backup's tail from the terminal box needs {act:.3g} of the input box")
     return box, reach
 
@@ -199,9 +206,7 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     half = 0.5 * (env.hi_s - env.lo_s)
     K = backup_gain(cfg, A, B, half)
     P = equilibrium_projection(A)
-    K_eff, Acl, rho = closed_loop(A, B, K, P)
-    if not np.allclose(P @ K_eff.T, 0.0):
-        P = np.zeros_like(P)  # the backup holds the operating point itself
+    K_eff, Acl, rho, P = closed_loop(A, B, K, P)
     horizon = (
         MAX_HORIZON
         if rho >= 1.0
@@ -210,7 +215,7 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     from shield.spec import ShieldSpec
 
     W, _ = _rows(ShieldSpec.from_dict(spec))
-    box, reach = terminal(env, Acl, K_eff, P, W)
+    box, reach = terminal(half, Acl, K_eff, P, W, np.minimum(np.abs(env.low), np.abs(env.high)))
     out = {
         "horizon": int(horizon),
         "backup_gain": K_eff.tolist(),

@@ -303,7 +303,12 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
     if predictive_reasons:
         from pipeline.safety import predictive
 
-        spec["predictive"] = predictive.section(cfg, spec)
+        try:
+            spec["predictive"] = predictive.section(cfg, spec)
+        except ValueError as err:  # no backup, or no plan it admits, or a tail that needs the whole input box
+            raise EnvelopeError(
+                f"cannot certify {cfg.task.name}: the predictive filter cannot be built: {err}"
+            ) from None
         spec["predictive"]["measured"]["why"] = predictive_reasons
         problem = predictive.holding_problem(spec)
         if problem:

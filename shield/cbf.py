@@ -200,6 +200,7 @@ class CbfShield:
         self._envelope = False
         self._keep = self._keep_normal
         self._blind = 0
+        self._hold = None  # the predictive filter's last accepted plan stops the plant here
 
     def _init_dead_reckoning(self, spec: ShieldSpec, model) -> None:
         """The per-step growth of the dead-reckoning error box, and the blind horizon it gives (see point 6)."""
@@ -407,15 +408,19 @@ class CbfShield:
         if in_box:
             u_p = action.astype(np.float64)
             if pf.meets(free, u_p):
+                self._hold = pf.hold_point(pred.v)
                 return self._pass_through(action, pf.h_per_constraint(free, u_p), t0)
         else:
             u_p = self._fallback if bad else np.minimum(np.maximum(action.astype(np.float64), self._low), self._high)
         u = pf.solve(free, u_p)
         feasible = u is not None
         if u is None:
-            u = pf.backup(pred.v)
+            u = pf.backup(pred.v, self._hold)
         out = u.astype(np.float32)
         u = out.astype(np.float64)  # what the plant gets: the prediction follows it
+        if feasible:
+            pred.load_action(u)
+            self._hold = pf.hold_point(pred.v)
         pred.commit(u, have_state=True)
         h = pf.h_per_constraint(free, u)
         intervened = bad or out.tolist() != act_list

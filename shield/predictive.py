@@ -7,21 +7,22 @@ backup controller can hold the plant inside every constraint forever:
 1. From the shield state ``v`` (`shield.prediction.LatencyPredictor`'s buffer: the observed state, the actions
    sent but not applied, the candidate ``u`` and a constant), the nominal model gives the state ``x_L`` the
    candidate acts on and the next state ``x_1 = A x_L + B u + c``.
-2. The backup stops the plant where it is: ``u_j = -K (x_j - x_op)``, with ``K`` acting only off the model's
-   equilibria under zero action (a crane hangs at rest anywhere on its rail: no gain on where the trolley is).
-   Every predicted ``x_j`` (j = 1..horizon) is then affine in ``v``.
+2. The backup stops the plant at the equilibrium nearest the next state: ``u_j = -K (x_j - x_hold)`` with
+   ``x_hold = x_op + P (x_1 - x_op)``, ``P`` the projection onto the model's equilibria under zero action (a
+   crane hangs at rest anywhere on its rail: it is stopped where it is, not driven back to the middle, which
+   would take far more of the input box). Every predicted ``x_j`` (j = 1..horizon) is then affine in ``v``.
 3. Every constraint row ``d(x) = w.x + f >= 0`` must hold at every ``x_j`` less the tube ``|w| . tube_j`` (the
    measured bound on how far the plant, under this very loop, strays from the nominal prediction after j
    steps); every backup action must lie in the input box (so the prediction, made without saturation, is the
-   backup's); the last state's part off the equilibria (``(I - P)(x_H - x_op)``, ``P`` the projection onto them)
-   must lie within ``terminal_box``, and its equilibrium part ``x_op + P (x_H - x_op)`` far enough inside every
-   constraint that the backup's tail from there stays inside (`terminal_reach`: the most any row moves over
-   the rest of the backup's run from the edge of that box, followed until it has settled).
+   backup's); the last state must lie within ``terminal_box`` of ``x_hold``, and ``x_hold`` far enough inside
+   every constraint that the backup's tail from there stays inside (`terminal_reach`: the most any row moves
+   over the rest of the backup's run from the edge of that box, followed until it has settled).
 4. All of that is ``G u >= lb`` with ``G`` and the part of ``lb`` that does not depend on ``v`` built once: one
    matrix-vector product per call. An action that meets every row passes bitwise unchanged; otherwise the
    filter is ``min ||u - u_p||^2`` over the rows and the box (closed form for one input, the QP otherwise).
-5. When no action meets the rows the answer is the backup's own action at ``x_L``: yesterday's accepted plan
-   continues with it, so the plant stays on a plan that was certified (recursive feasibility).
+5. When no action meets the rows the answer is the backup's own action at ``x_L``, stopping at the last
+   accepted plan's ``x_hold``: that plan continues, so the plant stays on a plan that was certified
+   (recursive feasibility).
 
 Stdlib + numpy only.
 """
@@ -68,7 +69,10 @@ class PredictiveFilter:
         X0[:, :N] = np.eye(N)
         pending = [slot(p0 + j * m) for j in range(L)]
         self._Phi_L = latency_prediction(X0, pending)
-        self._K, self._x_op = K, x_op
+        Phi_1 = A @ self._Phi_L + B @ slot(u0) + C_drift
+        X_hold = X_op + P @ (Phi_1 - X_op)  # where the plan stops: the equilibrium nearest x_1
+        self._Hold = X_hold
+        self._K, self._x_op, self._P = K, x_op, P
         rows = [r for con in spec.constraint_objects() for r in con.rows()]
         if any(not isinstance(r, LinearRow) for r in rows):
             raise ValueError("shield spec: predictive: every constraint must be a box or a halfspace")
@@ -83,7 +87,6 @@ class PredictiveFilter:
         self._row_start = np.searchsorted(self._owner, np.arange(len(spec.constraints)))
         lats = [L] if spec.latency_min_steps is None else list(range(spec.latency_min_steps, L + 1))
         blocks, offsets, kinds = [], [], []  # (rows, D) maps and constants: slack = block @ v + offset
-        off_eq = np.eye(N) - P
         self._plans = []  # per latency case: the states' maps, for `plan`
         for lk in lats:
             # The plan as the plant with lk steps lives it: each step it applies what was sent lk steps before
@@ -92,7 +95,7 @@ class PredictiveFilter:
             sent, X, states = pending + [slot(u0)], X0, []
             for t in range(lk + H):
                 if t >= 1:
-                    U = -K @ (latency_prediction(X, sent) - X_op)
+                    U = -K @ (latency_prediction(X, sent) - X_hold)
                     sent.append(U)
                     if t < H:
                         blocks += [-U, U]
@@ -105,11 +108,11 @@ class PredictiveFilter:
                     offsets.append(f - np.abs(W) @ tube[t - lk])
                     kinds.append(self._owner)
             self._plans.append(states[lk:])
-            dev = off_eq @ (X - X_op)  # the last state's part off the equilibria
+            dev = X - X_hold  # how far the last state is from where the backup stops it
             blocks += [-dev, dev]
             offsets += [box, box]
             kinds += [np.full(N, -1), np.full(N, -1)]
-            blocks.append(W @ (X_op + P @ (X - X_op)))  # where the backup leaves it, along the equilibria
+            blocks.append(W @ X_hold)  # where the backup leaves it
             offsets.append(f - reach - np.abs(W) @ tube[-1])
             kinds.append(self._owner)
         self.latencies = lats
@@ -162,6 +165,14 @@ class PredictiveFilter:
         """(latency cases, horizon, states): the nominal plan's states after the candidate, from `v` (tube aside)."""
         return np.array([[X @ v for X in p] for p in self._plans])
 
-    def backup(self, v: np.ndarray) -> np.ndarray:
-        """The backup's action at x_L, stopping the plant where it is (clipped to the box)."""
-        return np.minimum(np.maximum(-self._K @ (self._Phi_L @ v - self._x_op), self._low), self._high)
+    def hold_point(self, v: np.ndarray) -> np.ndarray:
+        """Where the plan for the loaded action stops the plant: the equilibrium nearest the next state."""
+        return self._Hold @ v
+
+    def backup(self, v: np.ndarray, hold: np.ndarray | None) -> np.ndarray:
+        """The backup's action at x_L, stopping the plant at `hold` (the last accepted plan's; None: where it is),
+        clipped to the box."""
+        x = self._Phi_L @ v
+        if hold is None:
+            hold = self._x_op + self._P @ (x - self._x_op)
+        return np.minimum(np.maximum(-self._K @ (x - hold), self._low), self._high)

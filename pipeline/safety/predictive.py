@@ -4,9 +4,9 @@ Picked where the braking barrier cannot be certified (a constraint on a coordina
 full action cannot brake it at some state the barrier admits). Every number is derived or measured:
 
 - the backup gain: the discrete LQR on the nominal linear model (the legacy controller's weights when it is an
-  LQR, else Bryson's rule over the sampled state ranges), acting only off the model's equilibria under zero
-  action (``K (I - P)``, P the projection onto them): the backup stops the plant where it is rather than
-  driving it back to the operating point, which needs far less of the input box;
+  LQR, else Bryson's rule over the sampled state ranges), stopping the plant at the equilibrium nearest where
+  the plan starts (P, the projection onto the equilibria under zero action) rather than driving it back to the
+  operating point, which needs far less of the input box;
 - the horizon: the steps the backup's slowest mode takes to fall to HORIZON_DECAY of its size;
 - the tube: per step and state, the largest distance between the nominal plan and the plant running the
   backup loop the shield runs (its own latency prediction from noisy observations, the plant's latency,
@@ -54,18 +54,10 @@ def equilibrium_projection(A: np.ndarray) -> np.ndarray:
     return null @ null.T
 
 
-def closed_loop(A, B, K, P) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
-    """(K_eff, A_cl, the slowest mode's modulus off the equilibria, P) of the backup u = -K (I - P) x; P is
-    zero where stopping in place does not settle the plant (the backup then holds the operating point)."""
-    n = len(A)
-    K_eff = K @ (np.eye(n) - P)
-    Acl = A - B @ K_eff
-    eig = sorted(np.abs(np.linalg.eigvals(Acl)), reverse=True)
-    free = int(round(np.trace(P)))
-    rho = float(eig[free]) if free < n else 0.0
-    if rho >= 1.0 - 1e-9 and free:  # stopping where it is does not settle this plant: hold the operating point
-        return closed_loop(A, B, K, np.zeros_like(P))
-    return K_eff, Acl, rho, P
+def closed_loop(A, B, K) -> tuple[np.ndarray, float]:
+    """(A_cl, its slowest mode's modulus) of the backup u = -K (x - x_hold)."""
+    Acl = A - B @ K
+    return Acl, float(np.abs(np.linalg.eigvals(Acl)).max())
 
 
 def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarray, dict]:
@@ -112,6 +104,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
                 done += 1
                 lk = min(max(int(rng.integers(lat_lo, lat_hi + 1)), lats[0]), lats[-1])
                 plan = pf.plan(pred.v)[lats.index(lk)]
+                hold = pf.hold_point(pred.v)
                 pred.commit(queue[-1], have_state=True)
                 push = None
                 if pushed is not None and rng.random() < PUSH_SHARE:
@@ -124,7 +117,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
                     if t >= 1:  # the shield falls back: its backup on a noisy observation
                         obs[env.state_index] = x + rng.normal(0.0, 1.0, env.n) * noise
                         pred.load_observation(obs[shield._obs_src])
-                        ub = pf.backup(pred.v)
+                        ub = pf.backup(pred.v, hold)
                         pred.commit(ub, have_state=True)
                         queue.append(ub)
                     force = (push[0], push[1]) if push is not None and push[2] <= t < push[3] else None
@@ -173,24 +166,21 @@ def _push(env, rset):
     return body, axes, force, int(rset.push.duration_steps)
 
 
-def terminal(half: np.ndarray, Acl, K_eff, P, W, full: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(terminal box per state, terminal reach per constraint row): the plan ends within the box of an
-    equilibrium, off it (TERMINAL_SHARE of each state's half-range `half`); from that box's edge each row moves at
+def terminal(half: np.ndarray, Acl, K, W, full: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(terminal box per state, terminal reach per constraint row): the plan ends within the box of where the
+    backup stops it (TERMINAL_SHARE of each state's half-range `half`); from that box's edge each row moves at
     most its reach over the backup's tail, which needs at most half the input box (`full`: its half-widths)."""
-    n = len(Acl)
     half = np.where(np.isfinite(half), half, 0.0)
-    off = np.eye(n) - P
-    box = TERMINAL_SHARE * half * (np.abs(np.diag(off)) > 1e-9)
+    box = TERMINAL_SHARE * half
     reach = np.zeros(len(W))
     act = 0.0
-    Mk = off.copy()
+    Mk = np.eye(len(Acl))
     for _ in range(100_000):
         reach = np.maximum(reach, np.abs(W @ Mk) @ box)
-        act = max(act, float((np.abs(K_eff @ Mk) @ box).max()))
-        nxt = Acl @ Mk
-        if float(np.abs(nxt - Mk).max()) < 1e-12:  # settled: the rest of the tail stays where it is
+        act = max(act, float((np.abs(K @ Mk) @ box).max()))
+        if float(np.abs(Mk).max()) < 1e-12:  # settled
             break
-        Mk = nxt
+        Mk = Acl @ Mk
     if act > 0.5 * float(np.min(full)):
         raise ValueError(f"the backup's tail from the terminal box needs {act:.3g} of the input box")
     return box, reach
@@ -206,7 +196,7 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     half = 0.5 * (env.hi_s - env.lo_s)
     K = backup_gain(cfg, A, B, half)
     P = equilibrium_projection(A)
-    K_eff, Acl, rho, P = closed_loop(A, B, K, P)
+    Acl, rho = closed_loop(A, B, K)
     horizon = (
         MAX_HORIZON
         if rho >= 1.0
@@ -215,10 +205,10 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     from shield.spec import ShieldSpec
 
     W, _ = _rows(ShieldSpec.from_dict(spec))
-    box, reach = terminal(half, Acl, K_eff, P, W, np.minimum(np.abs(env.low), np.abs(env.high)))
+    box, reach = terminal(half, Acl, K, W, np.minimum(np.abs(env.low), np.abs(env.high)))
     out = {
         "horizon": int(horizon),
-        "backup_gain": K_eff.tolist(),
+        "backup_gain": K.tolist(),
         "operating_point": env.x_op.tolist(),
         "hold_projection": P.tolist(),
         "tube": [],

@@ -36,14 +36,15 @@ def crane_spec(latency_steps: int = 0, latency_min_steps: int | None = None, tub
     A, B, c = crane_model()
     half = np.array([X_MAX, THETA_MAX, 1.5, 3.0])
     K = discrete_lqr(A, B, np.diag([10.0, 20.0, 1.0, 1.0]), np.diag([1.0]))
-    K_eff, Acl, rho, P = predictive.closed_loop(A, B, K, predictive.equilibrium_projection(A))
+    Acl, rho = predictive.closed_loop(A, B, K)
+    P = predictive.equilibrium_projection(A)
     horizon = int(np.ceil(np.log(predictive.HORIZON_DECAY) / np.log(rho)))
     constraints = [
         {"name": "rail", "type": "box", "index": [0], "low": [-X_MAX], "high": [X_MAX]},
         {"name": "swing", "type": "box", "index": [1], "low": [-THETA_MAX], "high": [THETA_MAX]},
     ]
     W = np.array([[1.0, 0, 0, 0], [-1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, -1.0, 0, 0]])
-    box, reach = predictive.terminal(half, Acl, K_eff, P, W, np.ones(1))
+    box, reach = predictive.terminal(half, Acl, K, W, np.ones(1))
     step = tube_per_step * np.array([2e-4, 2e-4, 2e-3, 2e-3])
     spec = {
         "schema_version": 1,
@@ -62,7 +63,7 @@ def crane_spec(latency_steps: int = 0, latency_min_steps: int | None = None, tub
         "fallback_action": [0.0],
         "predictive": {
             "horizon": horizon,
-            "backup_gain": K_eff.tolist(),
+            "backup_gain": K.tolist(),
             "operating_point": [0.0] * 4,
             "hold_projection": P.tolist(),
             "tube": [(step * (j + 1)).tolist() for j in range(horizon)],

@@ -36,15 +36,15 @@ def plan_slack(x: np.ndarray, u: float) -> float:
     constraints less the tube, the backup's actions in the box, the terminal box and the settled equilibrium."""
     worst = np.inf
     xj = A @ x + B[:, 0] * u + C
+    hold = P @ xj  # the equilibrium nearest the next state: the trolley stopped, the payload hanging
     for j in range(len(TUBE)):
         worst = min(worst, float((LIMIT - TUBE[j, :2] - np.abs(xj[:2])).min()))
         if j < len(TUBE) - 1:
-            ub = float(-(K @ xj)[0])
+            ub = float(-(K @ (xj - hold))[0])
             worst = min(worst, 1.0 - abs(ub))
             xj = A @ xj + B[:, 0] * ub + C
-    off = BOX > 0  # the box bounds the state off the equilibria (a crane's trolley may stop anywhere)
-    worst = min(worst, float((BOX - np.abs((np.eye(4) - P) @ xj))[off].min()))
-    settled = P @ xj
+    worst = min(worst, float((BOX - np.abs(xj - hold)).min()))
+    settled = hold
     rows = np.array([X_MAX - settled[0], X_MAX + settled[0], THETA_MAX - settled[1], THETA_MAX + settled[1]])
     return min(worst, float((rows - REACH - np.repeat(TUBE[-1, :2], 2)).min()))
 

@@ -407,9 +407,10 @@ class CbfShield:
         free = pf.slack_free(pred.v)
         if in_box:
             u_p = action.astype(np.float64)
-            if pf.meets(free, u_p):
+            ok, h = pf.evaluate(free, u_p)
+            if ok:
                 self._hold = pf.hold_point(pred.v)
-                return self._pass_through(action, pf.h_per_constraint(free, u_p), t0)
+                return self._pass_through(action, h, t0)
         else:
             u_p = self._fallback if bad else np.minimum(np.maximum(action.astype(np.float64), self._low), self._high)
         u = pf.solve(free, u_p)
@@ -422,7 +423,7 @@ class CbfShield:
             pred.load_action(u)
             self._hold = pf.hold_point(pred.v)
         pred.commit(u, have_state=True)
-        h = pf.h_per_constraint(free, u)
+        h = pf.evaluate(free, u)[1]
         intervened = bad or out.tolist() != act_list
         return out, self._info(intervened, bad or not feasible, bad, h, 0.0, t0)
 

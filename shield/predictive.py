@@ -84,7 +84,6 @@ class PredictiveFilter:
                 W[i, col[o]] = w
         owner = [k for k, con in enumerate(spec.constraint_objects()) for _ in con.rows()]
         self._owner = np.array(owner, dtype=np.intp)
-        self._row_start = np.searchsorted(self._owner, np.arange(len(spec.constraints)))
         lats = [L] if spec.latency_min_steps is None else list(range(spec.latency_min_steps, L + 1))
         blocks, offsets, kinds = [], [], []  # (rows, D) maps and constants: slack = block @ v + offset
         self._plans = []  # per latency case: the states' maps, for `plan`
@@ -116,50 +115,53 @@ class PredictiveFilter:
             offsets.append(f - reach - np.abs(W) @ tube[-1])
             kinds.append(self._owner)
         self.latencies = lats
-        M = np.vstack(blocks)  # (rows, D)
-        self._offset = np.concatenate(offsets)
-        self._kind = np.concatenate(kinds)
+        # Constraint rows first, grouped by constraint (stable), so a step's h per constraint is one reduceat over
+        # a leading slice; then the backup's action rows and the terminal box.
+        kind = np.concatenate(kinds)
+        order = np.argsort(np.where(kind >= 0, kind, len(spec.constraints)), kind="stable")
+        M = np.vstack(blocks)[order]  # (rows, D)
+        offset = np.concatenate(offsets)[order]
         self._G = np.ascontiguousarray(M[:, u0 : u0 + m])
         M[:, u0 : u0 + m] = 0.0
-        M[:, -1] += self._offset  # the constant slot carries the offsets
+        M[:, -1] += offset  # the constant slot carries the offsets
         self._MT = np.ascontiguousarray(M.T)  # v @ MT: one product per call
-        self._u0 = u0
-        self._constrained = self._kind >= 0
-        self.R = len(self._offset)
+        self._Rc = int((kind >= 0).sum())
+        self._row_start = np.searchsorted(kind[order][: self._Rc], np.arange(len(spec.constraints)))
+        self.R = len(offset)
         self._low, self._high = np.asarray(low, np.float64), np.asarray(high, np.float64)
         self._projection = BoxHalfspaceProjection(self._low, self._high, self.R) if m > 1 else None
         self._free = np.empty(self.R)
+        self._rows_at = np.empty(self.R)
+        if m == 1:  # each row bounds the one input from one side: g u >= -free
+            g = self._G[:, 0]
+            self._up = np.flatnonzero(g > 1e-12)  # rows that bound u from below
+            self._down = np.flatnonzero(g < -1e-12)  # from above
+            self._flat = np.flatnonzero(np.abs(g) <= 1e-12)  # rows the input does not move
+            self._inv_up, self._inv_down = -1.0 / g[self._up], -1.0 / g[self._down]
 
     def slack_free(self, v: np.ndarray) -> np.ndarray:
         """Each row's value without the candidate's part (v's action slot is ignored): row = G u + this >= 0."""
         return np.dot(v, self._MT, out=self._free)
 
-    def h_per_constraint(self, free: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Per constraint, the smallest tightened slack of its rows over the horizon under `u` (>= 0: kept)."""
-        s = (free + self._G @ u)[self._constrained]
-        return np.minimum.reduceat(s, self._row_start)
-
-    def meets(self, free: np.ndarray, u: np.ndarray) -> bool:
-        """Does `u` meet every row (constraints over the horizon, backup actions in the box, the terminal set)?"""
-        return float((self._G @ u + free).min()) >= 0.0
+    def evaluate(self, free: np.ndarray, u: np.ndarray) -> tuple[bool, np.ndarray]:
+        """(does `u` meet every row: the constraints over the horizon less the tube, the backup's actions in the
+        box, the terminal set; per constraint, its smallest tightened slack under `u`, >= 0 where it is kept)."""
+        s = np.add(np.dot(self._G, u), free, out=self._rows_at)
+        return float(s.min()) >= 0.0, np.minimum.reduceat(s[: self._Rc], self._row_start)
 
     def solve(self, free: np.ndarray, u_p: np.ndarray) -> np.ndarray | None:
         """argmin ||u - u_p||^2 over the rows and the box; None when no input in the box meets them."""
-        lb = -free
-        if self.m == 1:  # each row bounds the one input from one side: an interval, then a clip
-            g = self._G[:, 0]
+        if self.m == 1:  # an interval, then a clip
             lo, hi = float(self._low[0]), float(self._high[0])
-            pos, neg = g > 1e-12, g < -1e-12
-            if pos.any():
-                lo = max(lo, float((lb[pos] / g[pos]).max()))
-            if neg.any():
-                hi = min(hi, float((lb[neg] / g[neg]).min()))
-            flat = ~(pos | neg)
-            if lo > hi or (flat.any() and float(lb[flat].max()) > 0.0):
+            if len(self._up):
+                lo = max(lo, float((free[self._up] * self._inv_up).max()))
+            if len(self._down):
+                hi = min(hi, float((free[self._down] * self._inv_down).min()))
+            if lo > hi or (len(self._flat) and float(free[self._flat].min()) < 0.0):
                 return None
             return np.array([min(max(float(u_p[0]), lo), hi)])
         assert self._projection is not None
-        return self._projection.solve(self._G, lb, np.minimum(np.maximum(u_p, self._low), self._high))
+        return self._projection.solve(self._G, -free, np.minimum(np.maximum(u_p, self._low), self._high))
 
     def plan(self, v: np.ndarray) -> np.ndarray:
         """(latency cases, horizon, states): the nominal plan's states after the candidate, from `v` (tube aside)."""

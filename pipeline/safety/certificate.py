@@ -79,8 +79,9 @@ def _certifiable(cfg, seed: int) -> bool:
 
 
 def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int) -> tuple[str, str] | None:
-    """(parameter, "low" or "high"): of the parameters at an end of their range where the weakest braking was
-    measured, the one whose other end helps that braking most (the same plant and state, one step)."""
+    """(parameter, "low" or "high"): of the parameters of the plant where the weakest braking was measured, the one
+    whose other end (or either end, for a value inside its range) helps that braking most (the same plant and
+    state, one step); the offending end is the one it did not move to."""
     at = meas.authority_at[k][d]
     if not at:
         return None
@@ -100,12 +101,16 @@ def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int) -> tup
     ranges = {n: (lo, hi) for n, lo, hi in synthesis.range_parameters(cfg.randomization[at["set"]])}
     for name, value in at["domain"].items():
         lo, hi = ranges.get(name, (value, value))
-        if hi <= lo or value not in (lo, hi):
+        if hi <= lo:
             continue
-        flipped = dict(at["domain"], **{name: lo if value == hi else hi})
-        gain = braking(flipped) - base
-        if gain > 0 and (best is None or gain > best[0]):
-            best = (gain, name, "high" if value == hi else "low")
+        # The weakest braking may lie inside a range (a random draw): each end is tried, and the end that
+        # helps most names the other end as the offending one.
+        for end, other in ((lo, "high"), (hi, "low")):
+            if end == value:
+                continue
+            gain = braking(dict(at["domain"], **{name: end})) - base
+            if gain > 0 and (best is None or gain > best[0]):
+                best = (gain, name, other)
     return None if best is None else (best[1], best[2])
 
 

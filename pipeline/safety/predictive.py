@@ -99,7 +99,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
                 obs[env.state_index] = x + rng.normal(0.0, 1.0, env.n) * noise
                 pred.load_observation(obs[shield._obs_src])
                 pred.load_action(queue[-1])
-                if not pf.meets(pf.slack_free(pred.v), queue[-1]):
+                if not pf.evaluate(pf.slack_free(pred.v), queue[-1])[0]:
                     continue
                 done += 1
                 lk = min(max(int(rng.integers(lat_lo, lat_hi + 1)), lats[0]), lats[-1])
@@ -242,9 +242,8 @@ def holding_problem(spec: dict) -> str | None:
     obs[spec["state_index"]] = sec["operating_point"][: len(spec["state_index"])]
     pred = shield._predictor
     pred.load_observation(obs[shield._obs_src])
-    free = pf.slack_free(pred.v)
-    h = pf.h_per_constraint(free, shield._fallback)
-    if pf.meets(free, shield._fallback):
+    ok, h = pf.evaluate(pf.slack_free(pred.v), shield._fallback)
+    if ok:
         return None
     names = [c["name"] for c in spec["constraints"]]
     worst = int(np.argmin(h))

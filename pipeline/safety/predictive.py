@@ -229,6 +229,19 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     }
 
 
+_CACHE: dict[tuple, dict] = {}
+
+
+def cached_section(cfg, spec: dict) -> dict:
+    """`section(cfg, spec)`, once per config and spec content in this process (every build of one config agrees)."""
+    import json
+
+    key = (cfg.config_hash(), json.dumps({k: v for k, v in spec.items() if k != "predictive"}, sort_keys=True))
+    if key not in _CACHE:
+        _CACHE[key] = section(cfg, spec)
+    return copy.deepcopy(_CACHE[key])
+
+
 def holding_problem(spec: dict) -> str | None:
     """Why the predictive filter cannot hold the plant at all (its rows reject the operating point at rest), or
     None: with the tube as measured, the plan from rest must be admitted, else no state ever is."""

@@ -304,7 +304,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
         from pipeline.safety import predictive
 
         try:
-            spec["predictive"] = predictive.section(cfg, spec)
+            spec["predictive"] = predictive.cached_section(cfg, spec)
         except ValueError as err:  # no backup, or no plan it admits, or a tail that needs the whole input box
             raise EnvelopeError(
                 f"cannot certify {cfg.task.name}: the predictive filter cannot be built: {err}"

@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
 
 LEGACY_EPISODES = 10  # reality episodes the legacy controller runs behind the synthesized shield
+MONITOR_RUNS = 16  # per randomization set: shielded runs that measure the assumption monitor's bounds
 
 
 def add_arguments(p: argparse.ArgumentParser, default_config: str) -> None:
@@ -34,6 +35,13 @@ def add_arguments(p: argparse.ArgumentParser, default_config: str) -> None:
         default=LEGACY_EPISODES,
         help=f"reality episodes of the legacy controller behind the shield (default {LEGACY_EPISODES})",
     )
+    s.add_argument(
+        "--monitor-runs",
+        type=int,
+        default=MONITOR_RUNS,
+        help=f"shielded runs per randomization set that measure the assumption monitor's bounds "
+        f"(default {MONITOR_RUNS}; 0: keep the bounds derived from the declared disturbances)",
+    )
     s.add_argument("--seed", type=int, default=0, help="seed of the measurement and the search")
     s.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
 
@@ -48,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget-s must be > 0, got {args.budget_s}")
     if args.episodes < 0:
         raise UsageError(f"--episodes must be >= 0, got {args.episodes}")
+    if args.monitor_runs < 0:
+        raise UsageError(f"--monitor-runs must be >= 0, got {args.monitor_runs}")
     cfg = load_config(args.config)
     out = Path(args.out or f"reports/shield-{cfg.task.name}")
     meas = synthesis.measure(cfg, seed=args.seed)
@@ -65,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
                 refused["predictive"] = str(err)
             else:
                 refused = {"certified": False, "reason": str(err), "message": f"cannot certify {cfg.task.name}: {err}"}
+    if spec is not None and args.monitor_runs:
+        spec = _with_monitor(cfg, spec, args.monitor_runs, args.seed)
     falsified = None
     if spec is not None and not args.no_falsify:
         falsified = _falsify(cfg, spec, args, out)
@@ -96,6 +108,17 @@ def run(args: argparse.Namespace) -> int:
     record["out"] = str(out)
     emit(args, record, _human(cfg, meas, spec, record, refused, out))
     return OK if refused is None else CHECK_FAILED
+
+
+def _with_monitor(cfg, spec: dict, runs: int, seed: int) -> dict:
+    """The spec with its assumption monitor's bounds measured over the envelope (`monitor_bounds`), so the monitor
+    flags plants just past the envelope's edge; as it is where the spec has no monitor (no noise figures)."""
+    from pipeline.evaluation.monitor_bounds import with_measured_monitor
+
+    try:
+        return with_measured_monitor(cfg, spec, runs_per_set=runs, seed=seed)
+    except ValueError:  # the monitor is off for this spec: nothing to measure
+        return spec
 
 
 def _falsify(cfg, spec: dict, args, out: Path) -> dict:

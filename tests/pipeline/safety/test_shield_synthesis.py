@@ -230,3 +230,16 @@ def test_the_crane_is_certified_by_the_predictive_filter_and_kept_inside_by_it(c
     assert shielded["violations"] == 0 and shielded["intervention_rate"] > 0.1, shielded
     bare = evaluate(cfg, adversary, domains="reality", episodes=2, seed=1, shield=False, spec=shield_spec)
     assert bare["violations"] > 0
+
+
+def test_a_synthesized_spec_carries_measured_monitor_bounds(tmp_path, capsys, monkeypatch):
+    """`shield synthesize` writes a shield.json whose assumption monitor's bounds were measured over the envelope
+    (runs on every set's plants), not the bound written down from the declared disturbances."""
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    path = springbob(tmp_path, "springmon", samples=600)
+    out = tmp_path / "out"
+    args = ["shield", "synthesize", "--config", path, "--out", str(out), "--no-falsify", "--episodes", "0"]
+    assert sim2real([*args, "--monitor-runs", "2", "--json"]) == 0, capsys.readouterr().err
+    monitor = json.loads((out / "shield.json").read_text())["assumptions"]["monitor"]
+    assert monitor["measured"]["runs"] == 4 and monitor["measured"]["steps"] > 400, monitor
+    assert len(monitor["accel"]) == 2 and all(a > 0 for a in monitor["accel"])

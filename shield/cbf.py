@@ -200,7 +200,7 @@ class CbfShield:
         self._envelope = False
         self._keep = self._keep_normal
         self._blind = 0
-        self._hold = None  # the predictive filter's last accepted plan stops the plant here
+        self._hold: np.ndarray | None = None  # the predictive filter's last accepted plan stops the plant here
 
     def _init_dead_reckoning(self, spec: ShieldSpec, model) -> None:
         """The per-step growth of the dead-reckoning error box, and the blind horizon it gives (see point 6)."""

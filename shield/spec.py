@@ -309,9 +309,9 @@ class ShieldSpec:
             _fail("task", "must be a string")
         predictive = d.get("predictive")
         if predictive is not None:
-            n_state = len(state_index) + int(model.get("internal_dim", 0)) if model["type"] == "linear" else None
-            if n_state is None:
+            if model["type"] != "linear":
                 _fail("predictive", "needs model.type: linear")
+            n_state = len(state_index) + int(model.get("internal_dim", 0))
             n_rows = sum(len(parse_constraint(c, "constraints", obs_dim).rows()) for c in constraints)
             predictive = _predictive(predictive, n_state, act_dim, n_rows)
         return cls(

@@ -55,6 +55,13 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    `blind_past_horizon` counts those steps (`info["blind_steps"]`: the current
    run), so the caller knows the guarantee has run out.
 
+7. A spec with a `predictive` section (a constraint on a coordinate the actuator does not drive, which no
+   per-position braking barrier keeps) is filtered by `shield.predictive` instead of steps 2-4, over the same
+   prediction buffer (pending actions, latency cases, monitor, `note_sent`): the action passes if the plan
+   "this action, then the backup controller" keeps every constraint less the measured tube; else the nearest
+   action whose plan does; else the backup's own action, continuing the last accepted plan. While blind, it
+   plans from the dead-reckoned state; its tube is not widened for the blind steps.
+
 When the policy's action satisfies every condition it is returned unchanged (bitwise).
 Keep-out rows credit a plant passing them (`shield.barrier`) wherever the row could
 bind this step, and `info["h"]` is the credited value. Where the credited rows reject the

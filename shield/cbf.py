@@ -55,6 +55,13 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    `blind_past_horizon` counts those steps (`info["blind_steps"]`: the current
    run), so the caller knows the guarantee has run out.
 
+7. A spec with a `predictive` section (a constraint on a coordinate the actuator does not drive, which no
+   per-position braking barrier keeps) is filtered by `shield.predictive` instead of steps 2-4, over the same
+   prediction buffer (pending actions, latency cases, monitor, `note_sent`): the action passes if the plan
+   "this action, then the backup controller" keeps every constraint less the measured tube; else the nearest
+   action whose plan does; else the backup's own action, continuing the last accepted plan. While blind, it
+   plans from the dead-reckoned state; its tube is not widened for the blind steps.
+
 When the policy's action satisfies every condition it is returned unchanged (bitwise).
 Keep-out rows credit a plant passing them (`shield.barrier`) wherever the row could
 bind this step, and `info["h"]` is the credited value. Where the credited rows reject the
@@ -85,6 +92,7 @@ from shield.barrier import BarrierRows
 from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake
 from shield.monitor import CONSERVATIVE_GAIN_DIVISOR, AssumptionMonitor
 from shield.prediction import LatencyPredictor
+from shield.predictive import PredictiveFilter
 from shield.spec import ShieldSpec
 
 _SQP_ITERS = 8
@@ -172,6 +180,13 @@ class CbfShield:
         self._keep_conservative = 1.0 - (1.0 - rows.keep) / CONSERVATIVE_GAIN_DIVISOR
         self._envelope = False
         self._init_dead_reckoning(spec, model)
+        # With a `predictive` section the predictive filter keeps every constraint (`shield.predictive`), over the
+        # same prediction buffer: the pending actions, the monitor and dead reckoning stay as they are.
+        self._predictive = (
+            PredictiveFilter(spec, self._A, self._B, self._c, self._predictor, self._low, self._high)
+            if spec.predictive is not None
+            else None
+        )
         self._projection = BoxHalfspaceProjection(self._low, self._high, self._R * self._cases)
         self._least_violation_brake = LeastViolationBrake(self._low, self._high, self._fallback, self._R * self._cases)
         # Without keep-out rows the barrier matrices never change, so the prediction and the rows
@@ -192,6 +207,7 @@ class CbfShield:
         self._envelope = False
         self._keep = self._keep_normal
         self._blind = 0
+        self._hold: np.ndarray | None = None  # the predictive filter's last accepted plan stops the plant here
 
     def _init_dead_reckoning(self, spec: ShieldSpec, model) -> None:
         """The per-step growth of the dead-reckoning error box, and the blind horizon it gives (see point 6)."""
@@ -360,6 +376,8 @@ class CbfShield:
                 self.blind_past_horizon += 1
         pred.load_action(self._fallback if bad else action)
         in_box = not bad and all(map(le, self._low32_list, act_list)) and all(map(le, act_list, self._high32_list))
+        if self._predictive is not None:
+            return self._filter_predictive(action, act_list, bad, in_box, t0)
         h_now = self._prepare()
         holds = min(h_now.tolist(), default=0.0) >= 0.0  # every barrier holds at x_L
         if in_box:
@@ -385,6 +403,36 @@ class CbfShield:
         pred.commit(u, have_state=True)
         intervened = bad or out.tolist() != act_list  # float compare, like np.array_equal
         return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
+
+    def _filter_predictive(
+        self, action: np.ndarray, act_list: list, bad: bool, in_box: bool, t0: float
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """The predictive filter's step (`shield.predictive`): the action if its plan holds, else the nearest one
+        whose plan does, else the backup's own action (the plan accepted last continues with it)."""
+        pf, pred = self._predictive, self._predictor
+        assert pf is not None
+        free = pf.slack_free(pred.v)
+        if in_box:
+            u_p = action.astype(np.float64)
+            ok, h = pf.evaluate(free, u_p)
+            if ok:
+                self._hold = pf.hold_point(pred.v)
+                return self._pass_through(action, h, t0)
+        else:
+            u_p = self._fallback if bad else np.minimum(np.maximum(action.astype(np.float64), self._low), self._high)
+        u = pf.solve(free, u_p)
+        feasible = u is not None
+        if u is None:
+            u = pf.backup(pred.v, self._hold)
+        out = u.astype(np.float32)
+        u = out.astype(np.float64)  # what the plant gets: the prediction follows it
+        if feasible:
+            pred.load_action(u)
+            self._hold = pf.hold_point(pred.v)
+        pred.commit(u, have_state=True)
+        h = pf.evaluate(free, u)[1]
+        intervened = bad or out.tolist() != act_list
+        return out, self._info(intervened, bad or not feasible, bad, h, 0.0, t0)
 
     def _wrap_angles(self, obs_list: list) -> bool:
         """Wrap the spec's angle entries of `obs_list` into (center - pi, center + pi], in place; True if one moved.

@@ -185,6 +185,8 @@ class ShieldSpec:
     angles: list[tuple[int, float]] | None = None
     # The input's effect over nominal as measured, (low, high); None: 1 +- input_gain_error.
     input_gain_range: tuple[float, float] | None = None
+    # The predictive safety filter's numbers (`shield.predictive`); None: the braking barrier filters.
+    predictive: dict | None = None
 
     def __post_init__(self):
         if not self.brake_accel_pairs:
@@ -218,6 +220,7 @@ class ShieldSpec:
             "angles",
             "fallback_action",
             "assumptions",
+            "predictive",
         }
         for k in d:
             if k not in known:
@@ -304,6 +307,13 @@ class ShieldSpec:
         task = d.get("task", "")
         if not isinstance(task, str):
             _fail("task", "must be a string")
+        predictive = d.get("predictive")
+        if predictive is not None:
+            if model["type"] != "linear":
+                _fail("predictive", "needs model.type: linear")
+            n_state = len(state_index) + int(model.get("internal_dim", 0))
+            n_rows = sum(len(parse_constraint(c, "constraints", obs_dim).rows()) for c in constraints)
+            predictive = _predictive(predictive, n_state, act_dim, n_rows)
         return cls(
             obs_dim=obs_dim,
             act_dim=act_dim,
@@ -329,6 +339,7 @@ class ShieldSpec:
             push_velocity=kick,
             angles=angles,
             input_gain_range=gain_range,
+            predictive=predictive,
         )
 
     @staticmethod
@@ -412,6 +423,7 @@ class ShieldSpec:
             **({"angles": angles_to_dict(self.angles)} if self.angles is not None else {}),
             "fallback_action": self.fallback_action,
             "assumptions": self.assumptions,
+            **({"predictive": self.predictive} if self.predictive is not None else {}),
         }
 
     @classmethod
@@ -466,6 +478,43 @@ class ShieldSpec:
             model.c_gain = with_scaled.c - model.c
             model.internal_init_gain = scaled.copy() if model.internal_dim else None
         return model
+
+
+PREDICTIVE_KEYS = (
+    "horizon",
+    "backup_gain",
+    "operating_point",
+    "hold_projection",
+    "tube",
+    "terminal_box",
+    "terminal_reach",
+    "measured",
+)
+
+
+def _predictive(value: Any, n: int, m: int, rows: int) -> dict:
+    """The `predictive` section (see `shield.predictive`): every number checked for shape and sign."""
+    if not isinstance(value, dict):
+        _fail("predictive", f"must be a mapping, got {type(value).__name__}")
+    for k in value:
+        if k not in PREDICTIVE_KEYS:
+            _fail(f"predictive.{k}", "unknown key")
+    horizon = _need(value, "horizon", "predictive")
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or not 1 <= horizon <= 1000:
+        _fail("predictive.horizon", f"must be an integer from 1 to 1000 (control steps), got {horizon!r}")
+    _matrix(_need(value, "backup_gain", "predictive"), "predictive.backup_gain", m, n)
+    _finite(_need(value, "operating_point", "predictive"), "predictive.operating_point", n)
+    _matrix(_need(value, "hold_projection", "predictive"), "predictive.hold_projection", n, n)
+    tube = _matrix(_need(value, "tube", "predictive"), "predictive.tube", horizon, n)
+    box = _finite(_need(value, "terminal_box", "predictive"), "predictive.terminal_box", n)
+    reach = _finite(_need(value, "terminal_reach", "predictive"), "predictive.terminal_reach", rows)
+    for key, vals in (("tube", tube.reshape(-1).tolist()), ("terminal_box", box), ("terminal_reach", reach)):
+        if min(vals, default=0.0) < 0.0:
+            _fail(f"predictive.{key}", "must be >= 0 everywhere")
+    measured = value.get("measured", {})
+    if not isinstance(measured, dict):
+        _fail("predictive.measured", "must be a mapping")
+    return dict(value)
 
 
 def _angles(value: Any, obs_dim: int, state_index: list[int]) -> list[tuple[int, float]]:

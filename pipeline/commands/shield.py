@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
 
 LEGACY_EPISODES = 10  # reality episodes the legacy controller runs behind the synthesized shield
+MONITOR_RUNS = 16  # per randomization set: shielded runs that measure the assumption monitor's bounds
 
 
 def add_arguments(p: argparse.ArgumentParser, default_config: str) -> None:
@@ -34,6 +35,13 @@ def add_arguments(p: argparse.ArgumentParser, default_config: str) -> None:
         default=LEGACY_EPISODES,
         help=f"reality episodes of the legacy controller behind the shield (default {LEGACY_EPISODES})",
     )
+    s.add_argument(
+        "--monitor-runs",
+        type=int,
+        default=MONITOR_RUNS,
+        help=f"shielded runs per randomization set that measure the assumption monitor's bounds "
+        f"(default {MONITOR_RUNS}; 0: keep the bounds derived from the declared disturbances)",
+    )
     s.add_argument("--seed", type=int, default=0, help="seed of the measurement and the search")
     s.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
 
@@ -48,19 +56,27 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget-s must be > 0, got {args.budget_s}")
     if args.episodes < 0:
         raise UsageError(f"--episodes must be >= 0, got {args.episodes}")
+    if args.monitor_runs < 0:
+        raise UsageError(f"--monitor-runs must be >= 0, got {args.monitor_runs}")
     cfg = load_config(args.config)
     out = Path(args.out or f"reports/shield-{cfg.task.name}")
     meas = synthesis.measure(cfg, seed=args.seed)
     refused = None
     problems = synthesis.authority_problems(meas)
-    if problems and cfg.shield.brake_accel is None and cfg.shield.brake_fraction is None:
-        refused = certificate.refusal(cfg, meas, problems)
+    if problems and (cfg.shield.brake_accel is not None or cfg.shield.brake_fraction is not None):
+        refused = certificate.refusal(cfg, meas, problems)  # hand-set braking: the barrier, or nothing
     spec = None
     if refused is None:
         try:
             spec = build_shield_spec(cfg, measurement=meas)
         except EnvelopeError as err:  # an override that does not cover the measurement, or a set outside the spec
-            refused = {"certified": False, "reason": str(err), "message": f"cannot certify {cfg.task.name}: {err}"}
+            if problems:  # the braking barrier cannot, and the predictive filter could not either
+                refused = certificate.refusal(cfg, meas, problems)
+                refused["predictive"] = str(err)
+            else:
+                refused = {"certified": False, "reason": str(err), "message": f"cannot certify {cfg.task.name}: {err}"}
+    if spec is not None and args.monitor_runs:
+        spec = _with_monitor(cfg, spec, args.monitor_runs, args.seed)
     falsified = None
     if spec is not None and not args.no_falsify:
         falsified = _falsify(cfg, spec, args, out)
@@ -92,6 +108,17 @@ def run(args: argparse.Namespace) -> int:
     record["out"] = str(out)
     emit(args, record, _human(cfg, meas, spec, record, refused, out))
     return OK if refused is None else CHECK_FAILED
+
+
+def _with_monitor(cfg, spec: dict, runs: int, seed: int) -> dict:
+    """The spec with its assumption monitor's bounds measured over the envelope (`monitor_bounds`), so the monitor
+    flags plants just past the envelope's edge; as it is where the spec has no monitor (no noise figures)."""
+    from pipeline.evaluation.monitor_bounds import with_measured_monitor
+
+    try:
+        return with_measured_monitor(cfg, spec, runs_per_set=runs, seed=seed)
+    except ValueError:  # the monitor is off for this spec: nothing to measure
+        return spec
 
 
 def _falsify(cfg, spec: dict, args, out: Path) -> dict:
@@ -157,6 +184,12 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
             f"CERTIFIED: margin {spec['margin']:g}, brake {spec['kinematics']['brake_accel']}, "
             f"disturbance {spec['disturbance_accel']}, input_gain_error {spec['input_gain_error']:g}"
         )
+        if "predictive" in spec:
+            pr = spec["predictive"]
+            lines.append(
+                f"  filter: predictive (horizon {pr['horizon']} steps, backup gain {pr['backup_gain']}, tube at the "
+                f"horizon {[round(t, 3) for t in pr['tube'][-1]]}): {pr['measured']['why'][0]}"
+            )
         if falsified:
             lines.append(
                 f"  falsify: {falsified['evaluated']} candidates in {falsified['wall_s']:.0f} s, "

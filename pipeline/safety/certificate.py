@@ -71,8 +71,6 @@ def _certifiable(cfg, seed: int) -> bool:
     from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec
 
     meas = synthesis.measure(cfg, seed=seed)
-    if synthesis.authority_problems(meas):
-        return False
     try:
         build_shield_spec(cfg, measurement=meas)
     except EnvelopeError:
@@ -81,8 +79,9 @@ def _certifiable(cfg, seed: int) -> bool:
 
 
 def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int) -> tuple[str, str] | None:
-    """(parameter, "low" or "high"): of the parameters at an end of their range where the weakest braking was
-    measured, the one whose other end helps that braking most (the same plant and state, one step)."""
+    """(parameter, "low" or "high"): of the parameters of the plant where the weakest braking was measured, the one
+    whose other end (or either end, for a value inside its range) helps that braking most (the same plant and
+    state, one step); the offending end is the one it did not move to."""
     at = meas.authority_at[k][d]
     if not at:
         return None
@@ -102,12 +101,16 @@ def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int) -> tup
     ranges = {n: (lo, hi) for n, lo, hi in synthesis.range_parameters(cfg.randomization[at["set"]])}
     for name, value in at["domain"].items():
         lo, hi = ranges.get(name, (value, value))
-        if hi <= lo or value not in (lo, hi):
+        if hi <= lo:
             continue
-        flipped = dict(at["domain"], **{name: lo if value == hi else hi})
-        gain = braking(flipped) - base
-        if gain > 0 and (best is None or gain > best[0]):
-            best = (gain, name, "high" if value == hi else "low")
+        # The weakest braking may lie inside a range (a random draw): each end is tried, and the end that
+        # helps most names the other end as the offending one.
+        for end, other in ((lo, "high"), (hi, "low")):
+            if end == value:
+                continue
+            gain = braking(dict(at["domain"], **{name: end})) - base
+            if gain > 0 and (best is None or gain > best[0]):
+                best = (gain, name, other)
     return None if best is None else (best[1], best[2])
 
 
@@ -182,6 +185,7 @@ def certificate(
             "latency_steps": spec["latency_steps"],
             "set_by_hand": _set_by_hand(cfg),
         },
+        "filter": _filter_record(spec),
         "model_error": meas.record() if meas is not None else None,
         "falsification": falsified,
         "legacy_on_reality": legacy,
@@ -192,3 +196,19 @@ def _set_by_hand(cfg) -> list[str]:
     sc = cfg.shield
     keys = ["margin", "brake_fraction", "brake_accel", "disturbance_accel", "input_gain_error"]
     return [f"shield.{k}" for k in keys if getattr(sc, k) is not None]
+
+
+def _filter_record(spec: dict) -> dict:
+    """Which filter keeps the constraints, and why: the braking barrier, or the predictive filter where the
+    barrier cannot brake a constraint (with the measured reason and the numbers it was synthesized with)."""
+    pr = spec.get("predictive")
+    if pr is None:
+        return {"type": "barrier", "why": "full action brakes every constrained position at every admitted state"}
+    return {
+        "type": "predictive",
+        "why": pr["measured"].get("why", []),
+        "horizon": pr["horizon"],
+        "backup_gain": pr["backup_gain"],
+        "tube_at_horizon": pr["tube"][-1],
+        "tube_measured": {k: v for k, v in pr["measured"].items() if k != "why"},
+    }

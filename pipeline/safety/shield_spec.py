@@ -86,6 +86,11 @@ def _latency_range(cfg, envelopes) -> tuple[int, int]:
     return fewest, most
 
 
+# Where the predictive filter keeps the constraints, the braking figures are not used: a measured figure at or
+# below zero is written as this share of the nominal full-action acceleration (the schema reads positive ones).
+_PREDICTIVE_BRAKE_FLOOR = 0.01
+
+
 class EnvelopeError(ConfigError):
     """A set admits plants outside the shield's assumptions; the message names set, parameter, range, limit."""
 
@@ -169,16 +174,24 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
     else:
         raise ShieldSpecError(f"task {cfg.task.env_id}: unsupported shield model {safety['model']!r}")
     synthesized = needs_synthesis(sc) or measurement is not None
+    predictive_reasons: list[str] = []
     if synthesized:
         from pipeline.safety import synthesis
 
         measurement = measurement or synthesis.cached_measure(cfg)
         refused = synthesis.authority_problems(measurement)
-        if refused and sc.brake_accel is None and sc.brake_fraction is None:
-            from pipeline.safety.certificate import refusal
-
-            raise EnvelopeError(refusal(cfg, measurement, refused, bisect=False)["message"])
         derived = synthesis.derived_numbers(measurement)
+        if refused and sc.brake_accel is None and sc.brake_fraction is None:
+            # The braking barrier cannot keep these constraints: the predictive filter keeps every constraint
+            # instead (its section is added below); the braking figures stay in the spec as measured, floored
+            # to what the schema reads, and no barrier row uses them.
+            if safety["model"] != "linear" or any(c["type"] not in ("box", "halfspace") for c in constraints):
+                from pipeline.safety.certificate import refusal
+
+                raise EnvelopeError(refusal(cfg, measurement, refused, bisect=False)["message"])
+            predictive_reasons = [r for _, _, r in refused]
+            floor = [_PREDICTIVE_BRAKE_FLOOR * a for a in measurement.full_accel]
+            derived["brake_accel"] = [[max(a, fl) for a in pair] for pair, fl in zip(derived["brake_accel"], floor)]
     margin = float(sc.margin if sc.margin is not None else derived["margin"])
     gain_error = float(sc.input_gain_error if sc.input_gain_error is not None else derived["input_gain_error"])
     if sc.brake_fraction is not None:
@@ -287,8 +300,21 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
             **({"synthesis": measurement.record()} if synthesized else {}),
         },
     }
+    if predictive_reasons:
+        from pipeline.safety import predictive
+
+        try:
+            spec["predictive"] = predictive.cached_section(cfg, spec)
+        except ValueError as err:  # no backup, or no plan it admits, or a tail that needs the whole input box
+            raise EnvelopeError(
+                f"cannot certify {cfg.task.name}: the predictive filter cannot be built: {err}"
+            ) from None
+        spec["predictive"]["measured"]["why"] = predictive_reasons
+        problem = predictive.holding_problem(spec)
+        if problem:
+            raise EnvelopeError(f"cannot certify {cfg.task.name}: {problem}")
     ShieldSpec.from_dict(spec)  # fail here, at build time, rather than on the edge box
-    if check_envelope:
+    if check_envelope and not predictive_reasons:
         # Synthesis measured the model's error over every randomized range (damping, friction included).
         problems = envelope_problems(cfg, spec, envelopes, full_accel, measured_ranges=synthesized)
         if synthesized:

@@ -176,50 +176,70 @@ def test_a_measured_asymmetric_gain_range_is_recorded_low_and_high(tmp_path, mon
     assert 1.0 - spec["input_gain_error"] <= lo and 1.0 + spec["input_gain_error"] >= hi
 
 
-def test_a_range_that_cannot_be_certified_is_refused_with_its_parameter_and_the_range_that_can(
-    tmp_path, capsys, monkeypatch
-):
-    """A stiff spring (250 N/m): at full stretch it pulls the carrier with 25 N, and the motor's 20 N is randomized
-    0.5x to 1.5x: a weak motor cannot brake the carrier toward the side the bob pulls it. The refusal names the
-    motor's gain range, its weak end, and the widest range that can be certified."""
+def test_a_drive_too_weak_for_any_filter_is_refused_with_its_parameter_and_why(tmp_path, capsys, monkeypatch):
+    """A stiff spring (250 N/m: 25 N on the carrier at full stretch) against a 2 N motor randomized 0.5x to 1.5x:
+    no braking barrier brakes the carrier toward the side the bob pulls it, and no predictive filter finds a plan
+    its backup can hold (the backup needs more than the whole input box from almost every state). The refusal
+    names the motor's gain range, its weak end, both reasons, and that no sub-range of it can be certified."""
     monkeypatch.setenv("SIM2REAL_TASKS", "")
-    path = springbob(tmp_path, "springstiff", gain=(0.5, 1.5), k=250.0, samples=600)
-    assert (
-        sim2real(
-            [
-                "shield",
-                "synthesize",
-                "--config",
-                path,
-                "--out",
-                str(tmp_path / "out"),
-                "--no-falsify",
-                "--episodes",
-                "0",
-                "--json",
-            ]
-        )
-        == 1
-    )
+    path = springbob(tmp_path, "springweak", gain=(0.5, 1.5), k=250.0, samples=600)
+    xml = tmp_path / "springbob.xml"
+    xml.write_text(xml.read_text().replace(f'gear="{GEAR}"', 'gear="2.0"'))
+    args = ["shield", "synthesize", "--config", path, "--out", str(tmp_path / "out"), "--no-falsify"]
+    assert sim2real([*args, "--episodes", "0", "--json"]) == 1
     record = json.loads(capsys.readouterr().out)
     assert record["certified"] is False and record["parameter"] == "actuator_gain.m1", record
     assert record["range"] == [0.5, 1.5] and record["offending_end"] == "low"
-    lo, hi = record["certifiable_range"]
-    assert 1.0 < lo < 1.5 and hi == 1.5
-    assert "cannot brake x" in record["reason"]
-    assert json.loads((tmp_path / "out" / "certificate.json").read_text())["certifiable_range"] == [lo, hi]
+    assert record["certifiable_range"] is None
+    assert "cannot brake x" in record["reason"] and "predictive filter" in record["predictive"], record
+    assert json.loads((tmp_path / "out" / "certificate.json").read_text())["parameter"] == "actuator_gain.m1"
 
 
-def test_the_crane_is_refused_naming_the_payload_range_and_why(capsys):
-    """The gantry crane as shipped (payload 0.5x to 1.5x, no shield number set): its linear model carries the
-    payload's pull on the trolley (m g / M per radian of swing), and `config --check` refuses the envelope,
-    naming the payload's range, its heavy end and the physical reason: the trolley cannot be braked."""
+@pytest.fixture(scope="module")
+def crane():
+    """The crane as shipped (payload 0.5x to 1.5x, no shield number set) and the spec synthesis builds for it."""
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    cfg = load_config("configs/crane.yaml")
+    return cfg, build_shield_spec(cfg)
+
+
+def test_the_crane_is_certified_by_the_predictive_filter_and_kept_inside_by_it(crane):
+    """The gantry crane's linear model carries the payload's pull on the trolley (m g / M per radian of swing), so
+    no braking barrier brakes the trolley at the swing limit; synthesis picks the predictive filter instead,
+    says why, derives its numbers (nothing set by hand), and an adversary on reality plants gets no violating step
+    through it (without the shield the same adversary violates)."""
     import envs
+    from pipeline.evaluation.evaluate import evaluate, reference_policy
+    from pipeline.safety.certificate import certificate
     from pipeline.safety.shield_spec import linearize_mujoco
+    from shield.spec import ShieldSpec
 
     A, _, _ = linearize_mujoco(envs.nominal_model("sim2real/Crane-v0"), [0, 1, 2, 3])
     assert A[2, 1] / 0.02 == pytest.approx(-8.0 * 9.81 / 5.0, rel=0.1)  # the swing pulls the trolley
-    assert sim2real(["config", "--check", "configs/crane.yaml"]) == 2
-    err = capsys.readouterr().err
-    for needle in ("randomization.*.body_mass.payload over [0.5, 1.5]", "high end", "cannot brake x", "payload 1.5x"):
-        assert needle in err, err
+    cfg, spec = crane
+    record = certificate(cfg, None, spec, None, None)
+    assert record["filter"]["type"] == "predictive" and record["shield_numbers"]["set_by_hand"] == []
+    assert any("cannot brake x" in why for why in record["filter"]["why"]), record["filter"]
+    measured = spec["predictive"]["measured"]
+    assert measured["plans"] >= 50 and len(spec["predictive"]["tube"]) == spec["predictive"]["horizon"]
+    shield_spec = ShieldSpec.from_dict(spec)
+    adversary = reference_policy("adversarial", cfg, shield_spec, seed=1)
+    shielded = evaluate(cfg, adversary, domains="reality", episodes=3, seed=1, shield=True, spec=shield_spec)
+    assert shielded["violations"] == 0 and shielded["intervention_rate"] > 0.1, shielded
+    bare = evaluate(cfg, adversary, domains="reality", episodes=2, seed=1, shield=False, spec=shield_spec)
+    assert bare["violations"] > 0
+
+
+def test_a_synthesized_spec_carries_measured_monitor_bounds(tmp_path, capsys, monkeypatch):
+    """`shield synthesize` writes a shield.json whose assumption monitor's bounds were measured over the envelope
+    (runs on every set's plants), not the bound written down from the declared disturbances."""
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    path = springbob(tmp_path, "springmon", samples=600)
+    out = tmp_path / "out"
+    args = ["shield", "synthesize", "--config", path, "--out", str(out), "--no-falsify", "--episodes", "0"]
+    assert sim2real([*args, "--monitor-runs", "2", "--json"]) == 0, capsys.readouterr().err
+    monitor = json.loads((out / "shield.json").read_text())["assumptions"]["monitor"]
+    assert monitor["measured"]["runs"] == 4 and monitor["measured"]["steps"] > 400, monitor
+    assert len(monitor["accel"]) == 2 and all(a > 0 for a in monitor["accel"])

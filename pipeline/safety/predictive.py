@@ -1,0 +1,267 @@
+"""Synthesis of the predictive safety filter's numbers (the spec's `predictive` section, see `shield.predictive`).
+
+Picked where the braking barrier cannot be certified (a constraint on a coordinate the actuator does not drive:
+full action cannot brake it at some state the barrier admits). Every number is derived or measured:
+
+- the backup gain: the discrete LQR on the nominal linear model (the legacy controller's weights when it is an
+  LQR, else Bryson's rule over the sampled state ranges), stopping the plant at the equilibrium nearest where
+  the plan starts (P, the projection onto the equilibria under zero action) rather than driving it back to the
+  operating point, which needs far less of the input box;
+- the horizon: the steps the backup's slowest mode takes to fall to HORIZON_DECAY of its size;
+- the tube: per step and state, the largest distance between the nominal plan and the plant running the
+  backup loop the shield runs (its own latency prediction from noisy observations, the plant's latency,
+  action noise, a push), over every randomization set's corners and random draws, from states and actions
+  whose nominal plan the filter would admit; x INFLATION, and never shrinking with the step;
+- the terminal box: TERMINAL_SHARE of each state's sampled half-range off the equilibria, with the most each
+  constraint row moves over the backup's tail from its edge (`terminal_reach`), summed until it has contracted.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import numpy as np
+
+from pipeline.safety.synthesis import INFLATION
+
+HORIZON_DECAY = 0.005  # the slowest closed-loop mode falls to this share of its size within the horizon
+MAX_HORIZON = 200  # control steps
+TERMINAL_SHARE = 0.02  # of each state's sampled half-range: how close to an equilibrium the plan must end
+ROLLOUTS_PER_PLANT = 12  # admitted plans simulated per sampled plant
+MIN_PLANS = 50  # admitted plans the tube must rest on, else synthesis refuses
+PUSH_SHARE = 0.3  # of the rollouts carry the set's push (at full force, random sign and start)
+
+
+def backup_gain(cfg, A: np.ndarray, B: np.ndarray, half_range: np.ndarray) -> np.ndarray:
+    """The LQR the backup is built from: the legacy LQR's weights when it has them, else Bryson's rule."""
+    from envs.linearization import discrete_lqr
+
+    legacy = (cfg.plant or {}).get("legacy") or {}
+    n, m = B.shape
+    if legacy.get("type") == "lqr" and len(legacy.get("q", [])) == n and len(legacy.get("r", [])) == m:
+        q, r = np.diag(legacy["q"]), np.diag(legacy["r"])
+    else:
+        q, r = np.diag(1.0 / np.maximum(half_range, 1e-6) ** 2), np.eye(m)
+    return discrete_lqr(A, B, q.astype(np.float64), r.astype(np.float64))
+
+
+def equilibrium_projection(A: np.ndarray) -> np.ndarray:
+    """The orthogonal projection onto the null space of A - I: states the model holds under zero action."""
+    _, s, vt = np.linalg.svd(A - np.eye(len(A)))
+    null = vt[s < 1e-7 * max(1.0, float(s.max()))].T
+    return null @ null.T
+
+
+def closed_loop(A, B, K) -> tuple[np.ndarray, float]:
+    """(A_cl, its slowest mode's modulus) of the backup u = -K (x - x_hold)."""
+    Acl = A - B @ K
+    return Acl, float(np.abs(np.linalg.eigvals(Acl)).max())
+
+
+def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarray, dict]:
+    """Per step 1..horizon and state: the largest distance (x INFLATION, never shrinking with the step) of the
+    plant running the shield's own backup loop from the shield's nominal plan, over plans the filter admits on
+    every set's plants; and a record of what it rests on."""
+    from shield.cbf import CbfShield
+
+    t0 = time.monotonic()
+    rng = np.random.default_rng(seed)
+    plain = copy.deepcopy(spec)
+    plain["predictive"]["tube"] = np.zeros((horizon, env.n)).tolist()
+    shield = CbfShield(plain)  # the filter's rows without a tube: the plans the measurement must cover
+    pf, pred = shield._predictive, shield._predictor
+    assert pf is not None
+    L = spec["latency_steps"]
+    lats = pf.latencies
+    obs = np.zeros(spec["obs_dim"])
+    err = np.zeros((horizon, env.n))
+    plans = tried = 0
+    for name, rset in env.cfg.randomization.items():
+        plant = env.plants[name]
+        lat = rset.latency_steps
+        lat_lo, lat_hi = (lat.low, lat.high) if lat is not None else (0, 0)
+        std = np.asarray(list(rset.obs_noise_std), np.float64)
+        noise = np.array([std[0] if len(std) == 1 else (std[o] if o < len(std) else 0.0) for o in env.state_index])
+        pushed = _push(env, rset)
+        for dom in env.domains[name]:
+            plant.apply(dom)
+            done = 0
+            for _ in range(40 * ROLLOUTS_PER_PLANT):
+                if done >= ROLLOUTS_PER_PLANT:
+                    break
+                tried += 1
+                x = rng.uniform(env.lo_s, env.hi_s)
+                queue = [rng.uniform(env.low, env.high) for _ in range(L + 1)]  # pending, then the candidate
+                shield.reset()
+                pred.v[pred._p0 : pred._u0] = np.concatenate(queue[:L]) if L else []
+                obs[env.state_index] = x + rng.normal(0.0, 1.0, env.n) * noise
+                pred.load_observation(obs[shield._obs_src])
+                pred.load_action(queue[-1])
+                if not pf.evaluate(pf.slack_free(pred.v), queue[-1])[0]:
+                    continue
+                done += 1
+                lk = min(max(int(rng.integers(lat_lo, lat_hi + 1)), lats[0]), lats[-1])
+                plan = pf.plan(pred.v)[lats.index(lk)]
+                hold = pf.hold_point(pred.v)
+                pred.commit(queue[-1], have_state=True)
+                push = None
+                if pushed is not None and rng.random() < PUSH_SHARE:
+                    f3 = np.zeros(3)
+                    f3[rng.choice(pushed[1])] = rng.choice([-1.0, 1.0]) * pushed[2]
+                    start = int(rng.integers(0, 30))
+                    push = (pushed[0], f3, start, start + pushed[3])
+                true = []
+                for t in range(lk + horizon):
+                    if t >= 1:  # the shield falls back: its backup on a noisy observation
+                        obs[env.state_index] = x + rng.normal(0.0, 1.0, env.n) * noise
+                        pred.load_observation(obs[shield._obs_src])
+                        ub = pf.backup(pred.v, hold)
+                        pred.commit(ub, have_state=True)
+                        queue.append(ub)
+                    force = (push[0], push[1]) if push is not None and push[2] <= t < push[3] else None
+                    x = env.wrap(plant.step(x, env.applied(name, queue[L + t - lk]), force))
+                    if t >= lk:
+                        true.append(x)
+                true = np.array(true)
+                if np.all(np.isfinite(true)):
+                    err = np.maximum(err, np.abs(true - plan))
+            plans += done
+    record = {
+        "method": "the plant (every set's corners and random draws, its latency, noise, action noise and push) "
+        "running the shield's own backup loop, against the shield's nominal plan for its latency, from states "
+        "and actions whose plan the filter admits",
+        "plans": plans,
+        "tried": tried,
+        "largest_error": [round(float(e), 5) for e in err.max(axis=0)],
+        "inflation": INFLATION,
+        "wall_s": round(time.monotonic() - t0, 2),
+    }
+    if plans < MIN_PLANS:
+        raise ValueError(
+            f"the predictive filter admitted {plans} of {tried} sampled plans: too few to measure its model error on"
+        )
+    return np.maximum.accumulate(err, axis=0) * INFLATION, record
+
+
+def _rows(sp) -> tuple[np.ndarray, np.ndarray]:
+    """The spec's constraint rows as d(x) = W x + f >= 0 over the shield state."""
+    col = {o: j for j, o in enumerate(sp.state_index)}
+    rows = [r for con in sp.constraint_objects() for r in con.rows()]
+    W = np.zeros((len(rows), len(sp.state_index)))
+    for i, r in enumerate(rows):
+        for o, w in r.weights.items():
+            W[i, col[o]] = w
+    return W, np.array([r.offset for r in rows], np.float64)
+
+
+def _push(env, rset):
+    """(body id, world axes, force N, duration steps) of a set's push, or None."""
+    if rset.push is None:
+        return None
+    from pipeline.safety.synthesis import _pushed
+
+    body, axes, force = _pushed(env, rset)
+    return body, axes, force, int(rset.push.duration_steps)
+
+
+def terminal(half: np.ndarray, Acl, K, W, full: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(terminal box per state, terminal reach per constraint row): the plan ends within the box of where the
+    backup stops it (TERMINAL_SHARE of each state's half-range `half`); from that box's edge each row moves at
+    most its reach over the backup's tail, which needs at most half the input box (`full`: its half-widths)."""
+    half = np.where(np.isfinite(half), half, 0.0)
+    box = TERMINAL_SHARE * half
+    reach = np.zeros(len(W))
+    act = 0.0
+    Mk = np.eye(len(Acl))
+    for _ in range(100_000):
+        reach = np.maximum(reach, np.abs(W @ Mk) @ box)
+        act = max(act, float((np.abs(K @ Mk) @ box).max()))
+        if float(np.abs(Mk).max()) < 1e-12:  # settled
+            break
+        Mk = Acl @ Mk
+    if act > 0.5 * float(np.min(full)):
+        raise ValueError(f"the backup's tail from the terminal box needs {act:.3g} of the input box")
+    return box, reach
+
+
+def section(cfg, spec: dict, seed: int = 0) -> dict:
+    """The `predictive` section for `spec` (its linear model, constraints and latency), measured on `cfg`."""
+    from pipeline.safety.sampling import EnvelopeSampler
+
+    env = EnvelopeSampler(cfg, np.random.default_rng(seed), draws=8)
+    env.reach_box()
+    A, B = env.A, env.B
+    half = 0.5 * (env.hi_s - env.lo_s)
+    K = backup_gain(cfg, A, B, half)
+    P = equilibrium_projection(A)
+    Acl, rho = closed_loop(A, B, K)
+    horizon = (
+        MAX_HORIZON
+        if rho >= 1.0
+        else max(1, min(MAX_HORIZON, math.ceil(math.log(HORIZON_DECAY) / math.log(max(rho, 1e-9)))))
+    )
+    from shield.spec import ShieldSpec
+
+    W, _ = _rows(ShieldSpec.from_dict(spec))
+    box, reach = terminal(half, Acl, K, W, np.minimum(np.abs(env.low), np.abs(env.high)))
+    out = {
+        "horizon": int(horizon),
+        "backup_gain": K.tolist(),
+        "operating_point": env.x_op.tolist(),
+        "hold_projection": P.tolist(),
+        "tube": [],
+        "terminal_box": box.tolist(),
+        "terminal_reach": reach.tolist(),
+    }
+    tube, record = measure_tube(env, {**spec, "predictive": out}, horizon, seed)
+    return {
+        **out,
+        "tube": tube.tolist(),
+        "measured": {
+            "slowest_mode": round(rho, 5),
+            "horizon_decay": HORIZON_DECAY,
+            "backup": "discrete LQR on the nominal model (the legacy LQR's weights where it has them), acting off "
+            "the equilibria under zero action",
+            **record,
+        },
+    }
+
+
+_CACHE: dict[tuple, dict] = {}
+
+
+def cached_section(cfg, spec: dict) -> dict:
+    """`section(cfg, spec)`, once per config and spec content in this process (every build of one config agrees)."""
+    import json
+
+    key = (cfg.config_hash(), json.dumps({k: v for k, v in spec.items() if k != "predictive"}, sort_keys=True))
+    if key not in _CACHE:
+        _CACHE[key] = section(cfg, spec)
+    return copy.deepcopy(_CACHE[key])
+
+
+def holding_problem(spec: dict) -> str | None:
+    """Why the predictive filter cannot hold the plant at all (its rows reject the operating point at rest), or
+    None: with the tube as measured, the plan from rest must be admitted, else no state ever is."""
+    from shield.cbf import CbfShield
+
+    shield = CbfShield(spec)
+    pf = shield._predictive
+    assert pf is not None
+    sec = spec["predictive"]
+    obs = np.zeros(spec["obs_dim"])
+    obs[spec["state_index"]] = sec["operating_point"][: len(spec["state_index"])]
+    pred = shield._predictor
+    pred.load_observation(obs[shield._obs_src])
+    ok, h = pf.evaluate(pf.slack_free(pred.v), shield._fallback)
+    if ok:
+        return None
+    names = [c["name"] for c in spec["constraints"]]
+    worst = int(np.argmin(h))
+    return (
+        f"the predictive filter cannot hold the plant even at rest at its operating point: the model error "
+        f"measured under the backup (tube up to {max(max(r) for r in sec['tube']):.3g}) leaves no room in "
+        f"constraint {names[worst]!r} (slack {float(h[worst]):.3g})"
+    )

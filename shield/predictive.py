@@ -1,0 +1,180 @@
+"""`PredictiveFilter`: a predictive safety filter (model-predictive safety certification with a backup controller).
+
+A per-position braking barrier cannot keep a constraint on a coordinate the actuator does not drive (a crane's
+swing): a state it admits may already be lost. This filter asks instead whether, after the candidate action, a
+backup controller can hold the plant inside every constraint forever:
+
+1. From the shield state ``v`` (`shield.prediction.LatencyPredictor`'s buffer: the observed state, the actions
+   sent but not applied, the candidate ``u`` and a constant), the nominal model gives the state ``x_L`` the
+   candidate acts on and the next state ``x_1 = A x_L + B u + c``.
+2. The backup stops the plant at the equilibrium nearest the next state: ``u_j = -K (x_j - x_hold)`` with
+   ``x_hold = x_op + P (x_1 - x_op)``, ``P`` the projection onto the model's equilibria under zero action (a
+   crane hangs at rest anywhere on its rail: it is stopped where it is, not driven back to the middle, which
+   would take far more of the input box). Every predicted ``x_j`` (j = 1..horizon) is then affine in ``v``.
+3. Every constraint row ``d(x) = w.x + f >= 0`` must hold at every ``x_j`` less the tube ``|w| . tube_j`` (the
+   measured bound on how far the plant, under this very loop, strays from the nominal prediction after j
+   steps); every backup action must lie in the input box (so the prediction, made without saturation, is the
+   backup's); the last state must lie within ``terminal_box`` of ``x_hold``, and ``x_hold`` far enough inside
+   every constraint that the backup's tail from there stays inside (`terminal_reach`: the most any row moves
+   over the rest of the backup's run from the edge of that box, followed until it has settled).
+4. All of that is ``G u >= lb`` with ``G`` and the part of ``lb`` that does not depend on ``v`` built once: one
+   matrix-vector product per call. An action that meets every row passes bitwise unchanged; otherwise the
+   filter is ``min ||u - u_p||^2`` over the rows and the box (closed form for one input, the QP otherwise).
+5. When no action meets the rows the answer is the backup's own action at ``x_L``, stopping at the last
+   accepted plan's ``x_hold``: that plan continues, so the plant stays on a plan that was certified
+   (recursive feasibility).
+
+Stdlib + numpy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shield.constraints import LinearRow
+from shield.fallback import BoxHalfspaceProjection
+
+
+class PredictiveFilter:
+    """The stacked rows ``G u >= lb(v)`` of a spec's `predictive` section over a `LatencyPredictor`'s buffer."""
+
+    def __init__(self, spec, A: np.ndarray, B: np.ndarray, c: np.ndarray, predictor, low, high):
+        section = spec.predictive
+        N, m = B.shape
+        L, D = spec.latency_steps, len(predictor.v)
+        u0, p0 = predictor._u0, predictor._p0
+        K = np.asarray(section["backup_gain"], np.float64)
+        x_op = np.asarray(section["operating_point"], np.float64)
+        P = np.asarray(section["hold_projection"], np.float64)
+        tube = np.asarray(section["tube"], np.float64)  # (horizon, N)
+        box = np.asarray(section["terminal_box"], np.float64)
+        reach = np.asarray(section["terminal_reach"], np.float64)  # per constraint row
+        H = int(section["horizon"])
+        self.horizon, self.m = H, m
+        e_const = np.zeros(D)
+        e_const[-1] = 1.0
+        C_drift, X_op = np.outer(c, e_const), np.outer(x_op, e_const)
+
+        def slot(i: int) -> np.ndarray:  # the map v -> the action in slot i
+            E = np.zeros((m, D))
+            E[:, i : i + m] = np.eye(m)
+            return E
+
+        def latency_prediction(X: np.ndarray, sent: list) -> np.ndarray:  # what the shield predicts through L
+            for S in sent[len(sent) - L :] if L else []:
+                X = A @ X + B @ S + C_drift
+            return X
+
+        X0 = np.zeros((N, D))
+        X0[:, :N] = np.eye(N)
+        pending = [slot(p0 + j * m) for j in range(L)]
+        self._Phi_L = latency_prediction(X0, pending)
+        Phi_1 = A @ self._Phi_L + B @ slot(u0) + C_drift
+        X_hold = X_op + P @ (Phi_1 - X_op)  # where the plan stops: the equilibrium nearest x_1
+        self._Hold = X_hold
+        self._K, self._x_op, self._P = K, x_op, P
+        rows = [r for con in spec.constraint_objects() for r in con.rows()]
+        if any(not isinstance(r, LinearRow) for r in rows):
+            raise ValueError("shield spec: predictive: every constraint must be a box or a halfspace")
+        col = {o: j for j, o in enumerate(spec.state_index)}
+        W = np.zeros((len(rows), N))
+        f = np.array([r.offset for r in rows], np.float64)
+        for i, r in enumerate(rows):
+            for o, w in r.weights.items():
+                W[i, col[o]] = w
+        owner = [k for k, con in enumerate(spec.constraint_objects()) for _ in con.rows()]
+        self._owner = np.array(owner, dtype=np.intp)
+        lats = [L] if spec.latency_min_steps is None else list(range(spec.latency_min_steps, L + 1))
+        blocks, offsets, kinds = [], [], []  # (rows, D) maps and constants: slack = block @ v + offset
+        self._plans = []  # per latency case: the states' maps, for `plan`
+        for lk in lats:
+            # The plan as the plant with lk steps lives it: each step it applies what was sent lk steps before
+            # (the candidate at step lk); from the next call on the shield sends the backup's action, computed
+            # on its own prediction through L steps (what `backup` does), whatever the plant's latency.
+            sent, X, states = pending + [slot(u0)], X0, []
+            for t in range(lk + H):
+                if t >= 1:
+                    U = -K @ (latency_prediction(X, sent) - X_hold)
+                    sent.append(U)
+                    if t < H:
+                        blocks += [-U, U]
+                        offsets += [np.asarray(high, np.float64), -np.asarray(low, np.float64)]
+                        kinds += [np.full(m, -1), np.full(m, -1)]
+                X = A @ X + B @ sent[L + t - lk] + C_drift
+                states.append(X)
+                if t >= lk:  # after the candidate is applied: the constraints, tightened by the tube
+                    blocks.append(W @ X)
+                    offsets.append(f - np.abs(W) @ tube[t - lk])
+                    kinds.append(self._owner)
+            self._plans.append(states[lk:])
+            dev = X - X_hold  # how far the last state is from where the backup stops it
+            blocks += [-dev, dev]
+            offsets += [box, box]
+            kinds += [np.full(N, -1), np.full(N, -1)]
+            blocks.append(W @ X_hold)  # where the backup leaves it
+            offsets.append(f - reach - np.abs(W) @ tube[-1])
+            kinds.append(self._owner)
+        self.latencies = lats
+        # Constraint rows first, grouped by constraint (stable), so a step's h per constraint is one reduceat over
+        # a leading slice; then the backup's action rows and the terminal box.
+        kind = np.concatenate(kinds)
+        order = np.argsort(np.where(kind >= 0, kind, len(spec.constraints)), kind="stable")
+        M = np.vstack(blocks)[order]  # (rows, D)
+        offset = np.concatenate(offsets)[order]
+        self._G = np.ascontiguousarray(M[:, u0 : u0 + m])
+        M[:, u0 : u0 + m] = 0.0
+        M[:, -1] += offset  # the constant slot carries the offsets
+        self._MT = np.ascontiguousarray(M.T)  # v @ MT: one product per call
+        self._Rc = int((kind >= 0).sum())
+        self._row_start = np.searchsorted(kind[order][: self._Rc], np.arange(len(spec.constraints)))
+        self.R = len(offset)
+        self._low, self._high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+        self._projection = BoxHalfspaceProjection(self._low, self._high, self.R) if m > 1 else None
+        self._free = np.empty(self.R)
+        self._rows_at = np.empty(self.R)
+        if m == 1:  # each row bounds the one input from one side: g u >= -free
+            g = self._G[:, 0]
+            self._up = np.flatnonzero(g > 1e-12)  # rows that bound u from below
+            self._down = np.flatnonzero(g < -1e-12)  # from above
+            self._flat = np.flatnonzero(np.abs(g) <= 1e-12)  # rows the input does not move
+            self._inv_up, self._inv_down = -1.0 / g[self._up], -1.0 / g[self._down]
+
+    def slack_free(self, v: np.ndarray) -> np.ndarray:
+        """Each row's value without the candidate's part (v's action slot is ignored): row = G u + this >= 0."""
+        return np.dot(v, self._MT, out=self._free)
+
+    def evaluate(self, free: np.ndarray, u: np.ndarray) -> tuple[bool, np.ndarray]:
+        """(does `u` meet every row: the constraints over the horizon less the tube, the backup's actions in the
+        box, the terminal set; per constraint, its smallest tightened slack under `u`, >= 0 where it is kept)."""
+        s = np.add(np.dot(self._G, u), free, out=self._rows_at)
+        return float(s.min()) >= 0.0, np.minimum.reduceat(s[: self._Rc], self._row_start)
+
+    def solve(self, free: np.ndarray, u_p: np.ndarray) -> np.ndarray | None:
+        """argmin ||u - u_p||^2 over the rows and the box; None when no input in the box meets them."""
+        if self.m == 1:  # an interval, then a clip
+            lo, hi = float(self._low[0]), float(self._high[0])
+            if len(self._up):
+                lo = max(lo, float((free[self._up] * self._inv_up).max()))
+            if len(self._down):
+                hi = min(hi, float((free[self._down] * self._inv_down).min()))
+            if lo > hi or (len(self._flat) and float(free[self._flat].min()) < 0.0):
+                return None
+            return np.array([min(max(float(u_p[0]), lo), hi)])
+        assert self._projection is not None
+        return self._projection.solve(self._G, -free, np.minimum(np.maximum(u_p, self._low), self._high))
+
+    def plan(self, v: np.ndarray) -> np.ndarray:
+        """(latency cases, horizon, states): the nominal plan's states after the candidate, from `v` (tube aside)."""
+        return np.array([[X @ v for X in p] for p in self._plans])
+
+    def hold_point(self, v: np.ndarray) -> np.ndarray:
+        """Where the plan for the loaded action stops the plant: the equilibrium nearest the next state."""
+        return self._Hold @ v
+
+    def backup(self, v: np.ndarray, hold: np.ndarray | None) -> np.ndarray:
+        """The backup's action at x_L, stopping the plant at `hold` (the last accepted plan's; None: where it is),
+        clipped to the box."""
+        x = self._Phi_L @ v
+        if hold is None:
+            hold = self._x_op + self._P @ (x - self._x_op)
+        return np.minimum(np.maximum(-self._K @ (x - hold), self._low), self._high)

@@ -1,0 +1,119 @@
+"""The predictive safety filter (`shield.predictive`) on a closed-form crane: what it admits keeps its tube inside
+every constraint, a safe action passes bitwise, and the plant it filters stays inside at every latency it admits."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from shield.cbf import CbfShield
+from shield.spec import ShieldSpec, ShieldSpecError
+from tests.helpers.predictive_specs import THETA_MAX, X_MAX, crane_model, crane_spec
+
+SPEC = crane_spec()
+A, B, C = crane_model()
+K = np.asarray(SPEC["predictive"]["backup_gain"])
+P = np.asarray(SPEC["predictive"]["hold_projection"])
+TUBE = np.asarray(SPEC["predictive"]["tube"])
+BOX = np.asarray(SPEC["predictive"]["terminal_box"])
+REACH = np.asarray(SPEC["predictive"]["terminal_reach"])
+LIMIT = np.array([X_MAX, THETA_MAX])
+
+states = st.tuples(
+    st.floats(-X_MAX, X_MAX), st.floats(-THETA_MAX, THETA_MAX), st.floats(-1.5, 1.5), st.floats(-3.0, 3.0)
+)
+
+# Near rest, where most actions are safe: the states a calm policy lives in.
+calm = st.tuples(st.floats(-0.6, 0.6), st.floats(-0.1, 0.1), st.floats(-0.3, 0.3), st.floats(-0.5, 0.5))
+
+
+def plan_slack(x: np.ndarray, u: float) -> float:
+    """The least slack of every row of the plan after `u` from `x` (latency 0), written out step by step: the
+    constraints less the tube, the backup's actions in the box, the terminal box and the settled equilibrium."""
+    worst = np.inf
+    xj = A @ x + B[:, 0] * u + C
+    hold = P @ xj  # the equilibrium nearest the next state: the trolley stopped, the payload hanging
+    for j in range(len(TUBE)):
+        worst = min(worst, float((LIMIT - TUBE[j, :2] - np.abs(xj[:2])).min()))
+        if j < len(TUBE) - 1:
+            ub = float(-(K @ (xj - hold))[0])
+            worst = min(worst, 1.0 - abs(ub))
+            xj = A @ xj + B[:, 0] * ub + C
+    worst = min(worst, float((BOX - np.abs(xj - hold)).min()))
+    settled = hold
+    rows = np.array([X_MAX - settled[0], X_MAX + settled[0], THETA_MAX - settled[1], THETA_MAX + settled[1]])
+    return min(worst, float((rows - REACH - np.repeat(TUBE[-1, :2], 2)).min()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=states, u_p=st.floats(-1.5, 1.5))
+def test_every_admitted_action_keeps_its_tube_inside_every_constraint(x, u_p):
+    """For every state inside the constraints and every policy action: whatever the filter returns (unless it
+    says it fell back to the backup), its whole plan, tightened by the tube, keeps every row."""
+    shield = CbfShield(SPEC)
+    u, info = shield.filter(np.array(x, np.float32), np.array([u_p], np.float32))
+    assert -1.0 <= float(u[0]) <= 1.0
+    if not info["fallback"]:
+        x64 = np.array(x, np.float32).astype(np.float64)
+        assert plan_slack(x64, float(u[0])) >= -1e-6, (x, u_p, u)
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=calm, u_p=st.floats(-0.3, 0.3))
+def test_a_safe_action_passes_bitwise_unchanged(x, u_p):
+    obs, action = np.array(x, np.float32), np.array([u_p], np.float32)
+    assume(plan_slack(obs.astype(np.float64), float(action[0])) > 1e-9)
+    u, info = CbfShield(SPEC).filter(obs, action)
+    assert u.tobytes() == action.tobytes() and not info["intervened"] and min(info["h"]) >= 0.0
+
+
+@pytest.mark.parametrize("latency", [0, 1, 2])
+def test_the_plant_stays_inside_under_a_bang_bang_attack_at_every_latency_the_spec_admits(latency):
+    """The nominal plant itself (the model exact, so any tube holds), with 0, 1 or 2 steps of latency, driven by a
+    policy that pushes full action toward the rail's end and flips to excite the swing: the filter keeps both
+    constraints, and it does so by intervening."""
+    shield = CbfShield(crane_spec(latency_steps=2, latency_min_steps=0))
+    rng = np.random.default_rng(latency)
+    worst, intervened = 0.0, 0
+    for episode in range(3):
+        shield.reset()
+        x = np.array([rng.uniform(-0.2, 0.2), rng.uniform(-0.05, 0.05), 0.0, 0.0])
+        queue = [np.zeros(1)] * latency
+        for t in range(400):
+            attack = np.array([1.0 if (t // (25 + 10 * episode)) % 2 == 0 else -1.0], np.float32)
+            u, info = shield.filter(x.astype(np.float32), attack)
+            intervened += info["intervened"]
+            queue.append(u.astype(np.float64))
+            x = A @ x + B @ queue.pop(0) + C
+            worst = max(worst, float((np.abs(x[:2]) / LIMIT).max()))
+    assert worst <= 1.0, worst
+    assert intervened > 0
+
+
+def test_old_specs_load_unchanged_and_the_section_round_trips():
+    old = copy.deepcopy(SPEC)
+    del old["predictive"]
+    spec = ShieldSpec.from_dict(old)
+    assert spec.predictive is None and "predictive" not in spec.to_dict()
+    again = ShieldSpec.from_dict(ShieldSpec.from_dict(SPEC).to_dict())
+    assert again.predictive == SPEC["predictive"]
+
+
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("tube", [[0.0] * 4], "predictive.tube"),
+        ("horizon", 0, "predictive.horizon"),
+        ("terminal_box", [-1.0, 0.0, 0.0, 0.0], "predictive.terminal_box"),
+        ("backup_gains", [[0.0] * 4], "predictive.backup_gains: unknown key"),
+    ],
+)
+def test_a_bad_predictive_section_is_refused_naming_the_key(key, value, needle):
+    bad = copy.deepcopy(SPEC)
+    bad["predictive"][key] = value
+    with pytest.raises(ShieldSpecError, match=needle.replace(".", r"\.")):
+        ShieldSpec.from_dict(bad)

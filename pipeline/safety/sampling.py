@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from envs.randomization import RandomizationError
 from pipeline.safety.envelope import NOISE_SIGMAS
 
 MAX_CORNERS = 64  # per set: all 2^d corners up to this many, else this many sampled corners
@@ -137,7 +138,12 @@ class EnvelopeSampler:
             )
         self.box = _constraint_box(safety, col, n)
         self.x_op = np.array([nominal.qpos[i] if kind == "qpos" else nominal.qvel[i] for kind, i in src])
-        self.plants = {name: SteppedPlant(nominal, rset, qcols, vcols, n) for name, rset in cfg.randomization.items()}
+        self.plants = {}
+        for name, rset in cfg.randomization.items():
+            try:
+                self.plants[name] = SteppedPlant(nominal, rset, qcols, vcols, n)
+            except RandomizationError as err:  # the element is named; say which set names it
+                raise RandomizationError(f"randomization.{name}: {err}") from None
         self.domains = {name: set_domains(rset, rng, draws) for name, rset in cfg.randomization.items()}
         # Per set, the action noise's reach per input (NOISE_SIGMAS sigma of the half-range): the plant gets the
         # commanded action moved that far, clipped to the box, and the model is told only the command.

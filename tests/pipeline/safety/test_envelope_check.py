@@ -133,11 +133,11 @@ def _old_quadrotor_reality(doc):
             lambda d: d["shield"].update(latency_min_steps=1),
             ["randomization.train.latency_steps: from 0 steps, below the 1 the shield predicts for"],
         ),
-        # The arm as it was: braking counted on past what the weakest plant has left after the other joint's torque
-        # through the coupling and the model error the config declares.
+        # A hand-set braking fraction past what the weakest plant has left after the other joint's torque through
+        # the coupling and the model error synthesis measures.
         (
             "arm",
-            lambda d: d["shield"].pop("brake_accel") and d["shield"].update(brake_fraction=0.3),
+            lambda d: d["shield"].update(brake_fraction=0.9),
             ["randomization.reality.actuator_gain / body_mass", "toward + on position obs[1]", "shield.brake_accel[1]"],
         ),
         (

@@ -224,7 +224,8 @@ def test_a_users_plant_in_its_own_folder_registers_for_this_process_and_its_chil
 def test_shield_disturbance_bound_covers_the_arms_nonlinearity_over_the_safe_set():
     """The linear model is exact only at rest: gravity's sin(q), the Coriolis terms, the joint damping's range and
     the change of the joints' coupling with the elbow (the other motor at full torque) must stay within the
-    synthesized disturbance_accel everywhere in the safe set, for every body-mass and damping extreme of the reality set."""
+    synthesized disturbance_accel everywhere in the safe set, for every body-mass and damping extreme of the
+    reality set."""
     import mujoco
 
     from pipeline.config import load_config

@@ -128,5 +128,5 @@ def test_config_check_json_carries_the_figures_it_measured(capsys):
         min(b) > 0 if isinstance(b, list) else b > 0 for b in shield["brake_accel"]
     )
     assert len(shield["max_accel_error"]) == 2 and shield["latency_steps"][0] <= shield["latency_steps"][1]
-    assert shield["margin"] > 0 and 0 < shield["input_gain_error"] < 1 and shield["synthesized"] is True  # the arm sets no shield number
+    assert shield["margin"] > 0 and 0 < shield["input_gain_error"] < 1 and shield["synthesized"] is True
     assert {"train", "reality"} <= set(shield["sets"]) and "authority_accel" in shield["sets"]["reality"]

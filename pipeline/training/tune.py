@@ -124,7 +124,7 @@ def tune(
     members_dir = (out / MEMBERS_DIR).resolve()
 
     space = {key: _domain(ray_tune, r) for key, r in search.searchable.items()}
-    scheduler = PopulationBasedTraining(
+    scheduler = _pbt_without_time_sharing(PopulationBasedTraining)(
         time_attr="training_iteration",
         metric=METRIC,
         mode="max",
@@ -158,6 +158,21 @@ def tune(
         )
         tuner.fit()
     return write_result(out, cfg, population, time.perf_counter() - start)
+
+
+def _pbt_without_time_sharing(pbt_cls):
+    """Tune's PBT pauses a member at its perturbation point while another one waits to start, to time-share
+    a cluster too small for the population. Here every member's resources are reserved up front (the local
+    Ray is sized for the population), and a paused member pays a whole restart (its process, its actors) to
+    come back: keep it training instead."""
+    from ray.tune.schedulers import TrialScheduler
+
+    class MembersTrainTogether(pbt_cls):
+        def on_trial_result(self, tune_controller, trial, result):
+            decision = super().on_trial_result(tune_controller, trial, result)
+            return TrialScheduler.CONTINUE if decision == TrialScheduler.PAUSE else decision
+
+    return MembersTrainTogether
 
 
 def _domain(ray_tune, r):

@@ -1,7 +1,7 @@
 """Population-based training vs independent runs: best validation return after the same wall time.
 
 Arm "tune": `sim2real tune` with a population of N over the config's `tune.searchable` (when the config
-has none: lr and entropy_coef on log ranges around the default). Arm "independent": N `sim2real train`
+has none: lr and entropy_coef on log ranges around the default, a perturbation every 2 validations). Arm "independent": N `sim2real train`
 runs of the same config with seeds 0..N-1, started together on the same cores and stopped at the same
 wall time. Both are scored the same way: the best validation return any checkpoint reached (each run's
 checkpoints/best.pt; validation uses the same seeds in every run, so returns compare).
@@ -84,7 +84,8 @@ def main() -> None:
     plant = config.get("plant")
     if isinstance(plant, dict) and isinstance(plant.get("mjcf"), str):  # the copies live in a temp dir
         plant["mjcf"] = str((Path(args.config).parent / plant["mjcf"]).resolve())
-    config.setdefault("tune", {}).setdefault("searchable", DEFAULT_SEARCH)
+    if not config.get("tune", {}).get("searchable"):
+        config["tune"] = dict(config.get("tune", {}), searchable=DEFAULT_SEARCH, perturbation_interval=2)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         start = time.perf_counter()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 
 from pipeline.commands import command, emit
 
@@ -14,14 +16,16 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.training.tune import tune
 
     cfg = load_config(args.config)
-    result = tune(
-        cfg,
-        out_dir=args.out,
-        population=args.population,
-        budget_s=args.budget_s,
-        steps=args.steps,
-        ray_address=args.ray_address,
-    )
+    # Ray Tune and the members' processes print their own status; stdout keeps only the summary (--json).
+    with contextlib.redirect_stdout(sys.stderr):
+        result = tune(
+            cfg,
+            out_dir=args.out,
+            population=args.population,
+            budget_s=args.budget_s,
+            steps=args.steps,
+            ray_address=args.ray_address,
+        )
     lines = [
         f"tuned {result.algorithm}: {result.population} members, {result.perturbations} perturbations, "
         f"{result.resumes} resumes from a member's own checkpoint, in {result.wall_s:.0f} s"

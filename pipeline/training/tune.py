@@ -119,6 +119,8 @@ def tune(
     if population < 2:
         raise ValueError(f"--population {population}: a population needs at least 2 members")
     budget_s = budget_s or search.budget_s
+    if budget_s is not None and budget_s <= 0:
+        raise ValueError(f"--budget-s {budget_s}: must be > 0 s")
     out = Path(out_dir) if out_dir else Path("runs") / f"{cfg.task.name}-tune-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
     members_dir = (out / MEMBERS_DIR).resolve()
@@ -331,7 +333,8 @@ def write_result(out: Path, cfg, population: int, wall_s: float) -> TuneResult:
         path = best_checkpoint(run_dir)
         kept = read_checkpoint(path) if path else None
         score = kept["selection"]["validation_return"] if kept else None
-        last_steps = [json.loads(line)["env_steps"] for line in open(run_dir / "metrics.jsonl")][-1:]
+        metrics = run_dir / "metrics.jsonl"  # absent when the member never finished an update
+        last_steps = [json.loads(line)["env_steps"] for line in open(metrics)][-1:] if metrics.exists() else []
         members.append(
             MemberSummary(
                 member=run_dir.name,

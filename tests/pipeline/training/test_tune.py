@@ -10,6 +10,8 @@ every member.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -46,7 +48,7 @@ def tune_config(tmp_path: Path, **tune) -> Path:
         num_epochs=1,
         num_minibatches=1,
         lr_schedule="constant",  # the learning rate in force is then exactly the member's config value
-        total_env_steps=2500,
+        total_env_steps=1600,
         device="cpu",
     )
     data["validation"].update(every_updates=2, episodes=2)
@@ -91,12 +93,16 @@ def searched(tmp_path_factory):
     out, killed, done = tmp / "out", {}, threading.Event()
     killer = threading.Thread(target=kill_one_member, args=(out, killed, done), daemon=True)
     killer.start()
+    stdout = io.StringIO()
     try:
-        code = main(["tune", "--config", str(tune_config(tmp)), "--out", str(out), "--json"])
+        with contextlib.redirect_stdout(stdout):
+            code = main(["tune", "--config", str(tune_config(tmp)), "--out", str(out), "--json"])
     finally:
         done.set()
         killer.join()
-    return code, json.loads((out / "tune.json").read_text()), out, killed
+    printed = json.loads(stdout.getvalue())  # one JSON object on stdout, nothing else
+    assert printed == json.loads((out / "tune.json").read_text())
+    return code, printed, out, killed
 
 
 def lives(out: Path):

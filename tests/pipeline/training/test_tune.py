@@ -72,11 +72,12 @@ def sim2real(capsys, *argv) -> tuple[int, dict]:
 
 
 def kill_one_member(out: Path, killed: dict, done: threading.Event) -> None:
-    """SIGKILL the process of the first member that has handed Tune two checkpoints (a real death, not a mock;
-    the second one's directory appears only after Tune took in the first)."""
+    """SIGKILL the process of the first member that has handed Tune three checkpoints (a real death, not a
+    mock). Tune has taken in its earlier ones by then, and it is past its first perturbation point (the second
+    report), so the kill does not race an exploit of the same member."""
     while not done.is_set():
         for trial_dir in sorted((out / "tune" / "pbt").glob("run_member_*")):
-            if len(list(trial_dir.glob("checkpoint_*"))) < 2:
+            if len(list(trial_dir.glob("checkpoint_*"))) < 3:
                 continue
             member = trial_dir.name.split("_")[2] + "_" + trial_dir.name.split("_")[3]
             life = read_lineage(out / "members" / member)[-1]

@@ -575,8 +575,8 @@ class TuneConfig(Section):
     perturbation_interval: int = Field(
         4,
         ge=1,
-        description="Validations between a member's exploit/explore steps (a member reports once per validation, "
-        "validation.every_updates learner updates).",
+        description="Reports between a member's exploit/explore steps (a member reports its latest validation "
+        "return and a checkpoint every validation.every_updates learner updates).",
     )
     quantile_fraction: float = Field(
         0.25,

@@ -2,7 +2,7 @@
 
 Each member is one Tune trial running `train()` on its own run directory, `OUT/members/<trial id>/`
 (metrics.jsonl and TensorBoard events per member, so TensorBoard on OUT shows every member). A member
-reports its latest validation return with its newest checkpoint after every validation; PBT then lets
+reports its latest validation return with its newest checkpoint every validation.every_updates updates; PBT lets
 the worst members copy a better one's checkpoint (exploit) and perturb the hyperparameters
 `tune.searchable` names (explore). Tune restarts a member whose process dies from its last checkpoint
 (`tune.max_failures`).
@@ -26,7 +26,6 @@ import socket
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -93,14 +92,12 @@ def tune(
     budget_s: float | None = None,
     steps: int | None = None,
     ray_address: str | None = None,
-    member_callback: Callable[[dict], bool] | None = None,
 ) -> TuneResult:
     """Run a population of `cfg`'s trainer under PBT; return the summary with the best member's run directory.
 
     `population` and `budget_s` (s of wall time for the whole search) override tune.population and
     tune.budget_s; `steps` overrides train.total_env_steps per member; `ray_address` (else $RAY_ADDRESS,
-    else ray.address) joins a cluster instead of starting a local Ray. `member_callback(state)` is called
-    inside every member like train()'s callback, with `member` (its trial id) added to the state.
+    else ray.address) joins a cluster instead of starting a local Ray.
     """
     from ray import tune as ray_tune
     from ray.tune.schedulers import PopulationBasedTraining
@@ -115,10 +112,10 @@ def tune(
         )
     if not search.searchable:
         raise ValueError("tune.searchable: names no hyperparameter to search (e.g. lr: {low: 1e-4, high: 3e-3})")
-    population = population or search.population
+    population = search.population if population is None else population
     if population < 2:
         raise ValueError(f"--population {population}: a population needs at least 2 members")
-    budget_s = budget_s or search.budget_s
+    budget_s = search.budget_s if budget_s is None else budget_s
     if budget_s is not None and budget_s <= 0:
         raise ValueError(f"--budget-s {budget_s}: must be > 0 s")
     out = Path(out_dir) if out_dir else Path("runs") / f"{cfg.task.name}-tune-{datetime.now():%Y%m%d-%H%M%S}"
@@ -136,13 +133,11 @@ def tune(
         resample_probability=search.resample_probability,
         custom_explore_fn=lambda config: _clipped(config, search.searchable),
     )
-    # One bundle for the member's learner, one per rollout actor: Tune keeps a member's actors inside its
-    # placement group, so the population is sized to fit the cluster before any member starts.
+    # One bundle for the member's learner, one per rollout actor: Tune starts a member's actors inside the
+    # member's placement group, so its reservation must hold them (a validation actor asks for no CPU).
     bundles = [{"CPU": 1.0}] + [{"CPU": cfg.ray.actor_num_cpus}] * tc.num_actors
     trainable = ray_tune.with_resources(
-        ray_tune.with_parameters(
-            run_member, base_cfg=cfg, members_dir=str(members_dir), member_callback=member_callback
-        ),
+        ray_tune.with_parameters(run_member, base_cfg=cfg, members_dir=str(members_dir)),
         ray_tune.PlacementGroupFactory(bundles),
     )
     member_cpus = sum(b["CPU"] for b in bundles)
@@ -205,7 +200,7 @@ def member_config(base_cfg, hyperparameters: dict[str, float], member: str):
     return cfg
 
 
-def run_member(config: dict, *, base_cfg, members_dir: str, member_callback=None) -> None:
+def run_member(config: dict, *, base_cfg, members_dir: str) -> None:
     """One Tune trial: train() on the member's run directory, from the checkpoint Tune hands it (if any)."""
     from ray import tune as ray_tune
 
@@ -217,14 +212,13 @@ def run_member(config: dict, *, base_cfg, members_dir: str, member_callback=None
     restored = _restore(ray_tune.get_checkpoint(), run_dir)
     event = "start" if restored is None else ("resume" if restored["member"] == member else "exploit")
     _append_lineage(run_dir, cfg, event, hyperparameters, restored)
-    validation: dict[str, float] = {}
+    latest: list[float] = []  # the member's latest validation return, once it has one
 
     def report(state: dict) -> bool:
         record = state["metrics"]
         if "validation_return" in record:
-            validation.update(return_=record["validation_return"], env_steps=record["env_steps"])
-        stop = bool(member_callback and member_callback(dict(state, member=member)))
-        if record and state["updates"] % cfg.train.checkpoint_every == 0 and validation:
+            latest[:] = [record["validation_return"]]
+        if record and state["updates"] % cfg.train.checkpoint_every == 0 and latest:
             # The loop wrote this update's checkpoint just before calling back: hand Tune a copy of it (by its
             # version: a life Tune stopped may still be writing higher-numbered ones into the directory).
             with tempfile.TemporaryDirectory() as tmp:
@@ -232,14 +226,14 @@ def run_member(config: dict, *, base_cfg, members_dir: str, member_callback=None
                 (Path(tmp) / _ORIGIN).write_text(json.dumps(dict(member=member, hyperparameters=hyperparameters)))
                 ray_tune.report(
                     {
-                        METRIC: validation["return_"],
+                        METRIC: latest[0],
                         "env_steps": state["env_steps"],
                         "updates": state["updates"],
                         "lr_in_force": state["learner"].optimizer.param_groups[0]["lr"],
                     },
                     checkpoint=ray_tune.Checkpoint.from_directory(tmp),
                 )
-        return stop
+        return False  # the member's budget (train.total_env_steps) or Tune's stops it
 
     if restored is None and run_dir.exists():
         shutil.rmtree(run_dir / CHECKPOINT_DIR, ignore_errors=True)  # a first life that died before reporting

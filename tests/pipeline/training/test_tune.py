@@ -48,7 +48,7 @@ def tune_config(tmp_path: Path, **tune) -> Path:
         num_epochs=1,
         num_minibatches=1,
         lr_schedule="constant",  # the learning rate in force is then exactly the member's config value
-        total_env_steps=1600,
+        total_env_steps=4000,
         device="cpu",
     )
     data["validation"].update(every_updates=2, episodes=2)

@@ -54,7 +54,7 @@ def tune_config(tmp_path: Path, **tune) -> Path:
     data["validation"].update(every_updates=2, episodes=2)
     data["tune"] = {
         "population": POPULATION,
-        "perturbation_interval": 2,
+        "perturbation_interval": 1,
         "quantile_fraction": 0.5,
         "searchable": {"lr": {"low": 1e-4, "high": 3e-3, "log": True}},
         **tune,

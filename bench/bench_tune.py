@@ -1,10 +1,11 @@
 """Population-based training vs independent runs: best validation return after the same wall time.
 
-Arm "tune": `sim2real tune` with a population of N over the config's `tune.searchable` (when the config
-has none: lr and entropy_coef on log ranges around the default, a perturbation every 2 validations). Arm "independent": N `sim2real train`
-runs of the same config with seeds 0..N-1, started together on the same cores and stopped at the same
-wall time. Both are scored the same way: the best validation return any checkpoint reached (each run's
-checkpoints/best.pt; validation uses the same seeds in every run, so returns compare).
+Arm "tune": `sim2real tune` with a population of N over the config's `tune.searchable` (when the config has
+none: lr and entropy_coef on log ranges around the default, a perturbation every 2 reports). Arm
+"independent": N `sim2real train` runs of the same config with seeds 0..N-1, started together on the same
+cores and stopped at the same wall time. Both are scored the same way: the best validation return any
+checkpoint reached (each run's checkpoints/best.pt; validation uses the same seeds in every run, so returns
+compare).
 
     python bench/bench_tune.py [--config configs/cartpole.yaml] [--population 4] [--budget-s 600] [--json]
 """

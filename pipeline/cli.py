@@ -28,6 +28,7 @@ HANDLERS: dict[str, str] = {
     "envs": "pipeline.commands.envs:run",
     "config": "pipeline.commands.config:run",
     "train": "pipeline.commands.train:run",
+    "tune": "pipeline.commands.tune:run",
     "export": "pipeline.commands.export:run",
     "eval": "pipeline.commands.eval:run",
     "shadow": "pipeline.commands.shadow:run",
@@ -77,6 +78,19 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run directory (default runs/<task>-<timestamp>)")
     p.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    _json_flag(p)
+
+    p = sub.add_parser(
+        "tune",
+        help="population-based training (Ray Tune PBT) over the hyperparameters tune.searchable names; "
+        "the best member by validation return becomes an ordinary run directory",
+    )
+    _config_flag(p)
+    p.add_argument("--population", type=int, help="members trained at once (overrides tune.population)")
+    p.add_argument("--budget-s", type=float, help="wall-clock budget of the search, s (overrides tune.budget_s)")
+    p.add_argument("--steps", type=int, help="env steps per member (overrides train.total_env_steps)")
+    p.add_argument("--out", help="output directory (default runs/<task>-tune-<timestamp>)")
+    p.add_argument("--ray-address", help="Ray cluster address (default: RAY_ADDRESS, else a local instance)")
     _json_flag(p)
 
     p = sub.add_parser("export", help="export a run's policy to an ONNX bundle (parity-checked)")

@@ -534,6 +534,76 @@ class CalibrationConfig(Section):
     min_log_seconds: float = Field(10.0, gt=0, description="Shortest usable log, s of control.")
 
 
+# Float `train.*` keys a restart from a checkpoint does not honour: they set only the initial state (the
+# checkpoint's weights and temperature win) or a resource reservation, so searching them would search nothing.
+NOT_SEARCHABLE = frozenset({"log_std_init", "adr.start_fraction", "sac.init_temperature", "replay.shard_num_cpus"})
+
+
+def searchable_keys(train_model: type[BaseModel], prefix: str = "") -> list[str]:
+    """The `train.*` keys `tune.searchable` may name for one algorithm's `train:` model: its float fields
+    (nested sections' as `section.key`), less NOT_SEARCHABLE."""
+    keys = []
+    for name, field in train_model.model_fields.items():
+        sub, _ = _submodel(field.annotation)
+        if sub is not None:
+            keys += searchable_keys(sub, f"{prefix}{name}.")
+        elif float in (field.annotation, *get_args(field.annotation)) and prefix + name not in NOT_SEARCHABLE:
+            keys.append(prefix + name)
+    return keys
+
+
+class SearchRange(Section):
+    """The range a population search draws and perturbs one hyperparameter in."""
+
+    low: float = Field(description="Smallest value tried.")
+    high: float = Field(description="Largest value tried (perturbations are clipped to [low, high]).")
+    log: bool = Field(False, description="Draw uniformly in log space (learning rates, coefficients spanning decades).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SearchRange:
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log: true needs low > 0, got {self.low}")
+        return self
+
+
+class TuneConfig(Section):
+    """`sim2real tune`: population-based training (Ray Tune's PBT) over the `train:` hyperparameters named here."""
+
+    population: int = Field(4, ge=2, description="Members trained at once (each a full training run on Ray).")
+    perturbation_interval: int = Field(
+        4,
+        ge=1,
+        description="Reports between a member's exploit/explore steps (a member reports its latest validation "
+        "return and a checkpoint every validation.every_updates learner updates).",
+    )
+    quantile_fraction: float = Field(
+        0.25,
+        gt=0,
+        le=0.5,
+        description="Members in this bottom share (by validation return) copy one of the top share's checkpoint.",
+    )
+    resample_probability: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="On explore, redraw a hyperparameter from its range with this probability, else scale it by "
+        "0.8 or 1.2.",
+    )
+    budget_s: float | None = Field(
+        None, gt=0, description="Wall-clock budget of the whole search (s); None: until every member's budget is spent."
+    )
+    max_failures: int = Field(
+        2, ge=0, description="Times a member whose process dies is restarted from its last checkpoint."
+    )
+    searchable: dict[str, SearchRange] = Field(
+        default_factory=dict,
+        description="The `train.*` keys the search explores, by key (e.g. lr, entropy_coef): float hyperparameters "
+        "the chosen train.algorithm reads.",
+    )
+
+
 class Config(Section):
     """A task config: everything the CLI and the flows need for one task."""
 
@@ -557,6 +627,7 @@ class Config(Section):
     falsify: FalsifyConfig = FalsifyConfig()
     validation: ValidationConfig = ValidationConfig()
     calibration: CalibrationConfig = CalibrationConfig()
+    tune: TuneConfig = TuneConfig()
 
     @model_validator(mode="after")
     def _needs_train_and_reality(self) -> Config:
@@ -582,6 +653,16 @@ class Config(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _tune_searches_what_train_reads(self) -> Config:
+        readable = searchable_keys(type(self.train))  # the chosen algorithm's model: its row of the table
+        for key in self.tune.searchable:
+            if key not in readable:
+                known = any(key in searchable_keys(m) for m in TRAIN_CONFIGS)
+                why = f"not read by train.algorithm {self.train.algorithm!r}" if known else "not a searchable train key"
+                raise ValueError(f"tune.searchable.{key}: {why}; searchable: {', '.join(readable)}")
+        return self
+
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the validated config (identifies a training setup).
 
@@ -590,6 +671,7 @@ class Config(Section):
         and changes when the MJCF does.
         """
         data = self.model_dump(mode="json")
+        data.pop("tune")  # how a search is run is not the setup of a run: a member's hyperparameters are in train
         plant = data.get("plant")
         if isinstance(plant, dict) and isinstance(plant.get("mjcf"), str):
             from envs.declaration import mjcf_identity

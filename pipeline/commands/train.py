@@ -52,5 +52,6 @@ def collapse_note(entropy: float) -> str:
     return (
         f"note: the policy's entropy ended at {entropy:.2f} nats over its action dimensions, below "
         f"{ENTROPY_COLLAPSE_NATS} per dimension (collapsed: it barely explores any more); if the return stalled, "
-        f"give it more entropy (train.entropy_coef, sac.target_entropy) or search those settings"
+        f"give it more entropy (train.entropy_coef, sac.target_entropy), or let `sim2real tune` search them "
+        f"(tune.searchable)"
     )

@@ -24,9 +24,14 @@ class CheckpointError(RuntimeError):
     """A run directory has no readable checkpoint."""
 
 
+def checkpoint_path(run_dir: str | Path, updates: int) -> Path:
+    """Where the checkpoint for `updates` goes."""
+    return Path(run_dir) / CHECKPOINT_DIR / f"ckpt_{updates:08d}.pt"
+
+
 def write_checkpoint(run_dir: str | Path, updates: int, state: dict, keep: int = 3) -> Path:
     """Atomically write `state` as the checkpoint for `updates`; keep the newest `keep`."""
-    final = _atomic_save(Path(run_dir) / CHECKPOINT_DIR / f"ckpt_{updates:08d}.pt", state)
+    final = _atomic_save(checkpoint_path(run_dir, updates), state)
     for old in list_checkpoints(run_dir)[:-keep]:
         old.unlink(missing_ok=True)
     return final

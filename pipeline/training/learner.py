@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from pipeline.training.model import ActorCritic
-from pipeline.training.nets import to_cpu
+from pipeline.training.nets import load_optimizer, to_cpu
 from pipeline.training.vtrace import vtrace
 
 LR_FLOOR = 0.05  # linear schedule: the learning rate never drops below this share of train.lr
@@ -226,5 +226,5 @@ class Learner:
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer(self.optimizer, state["optimizer"], self.cfg.lr)
         self.version = int(state["version"])

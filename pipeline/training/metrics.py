@@ -23,7 +23,7 @@ PROGRESS_KEYS = (
 # The policy's entropy per action dimension (nats) below which the progress line and the run's result say it
 # collapsed: a Gaussian of std 0.05 in a normalized action unit has -1.58 nats. Below it the policy barely
 # explores any more; if the return has stalled there, more entropy (train.entropy_coef, sac.target_entropy)
-# or a search over those settings is what to try.
+# or a search over those settings (`sim2real tune`) is what to try.
 ENTROPY_COLLAPSE_NATS = -1.5
 
 
@@ -38,7 +38,9 @@ class MetricsLogger:
     def __init__(self, run_dir: Path, total_steps: int, act_dim: int, start_steps: int = 0, progress: bool = True):
         self.act_dim = act_dim
         self.jsonl = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
-        self.writer = SummaryWriter(log_dir=str(run_dir))
+        # Flushed every few seconds, not every two minutes: a run stopped from outside (a population member
+        # that copies a better one, a lost node) keeps its TensorBoard scalars up to then.
+        self.writer = SummaryWriter(log_dir=str(run_dir), flush_secs=5)
         self.progress = Progress(total_steps, "step", desc="train", initial=start_steps, enabled=progress)
 
     def log(self, record: dict) -> None:
@@ -49,7 +51,9 @@ class MetricsLogger:
                 self.writer.add_scalar(f"train/{key}", value, step)
         shown = {k: _short(record[k]) for k in PROGRESS_KEYS if k in record}
         if is_entropy_collapsed(record.get("entropy"), self.act_dim):
-            shown["entropy"] += f" (collapsed: < {ENTROPY_COLLAPSE_NATS} nats per action dimension)"
+            shown["entropy"] += (
+                f" (collapsed: < {ENTROPY_COLLAPSE_NATS} nats per action dimension; see `sim2real tune`)"
+            )
         self.progress.update_to(step, shown)
 
     def close(self) -> None:

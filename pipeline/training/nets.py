@@ -77,3 +77,15 @@ def to_cpu(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, lr: float) -> None:
+    """Restore an optimizer's moments from a checkpoint, with the learning rate the config says now.
+
+    torch's `load_state_dict` also restores the learning rate the checkpoint's writer had. A population
+    search (pipeline/training/tune.py) restores one member's checkpoint under another member's perturbed
+    config: keeping the checkpoint's rate there would silently undo the perturbation.
+    """
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        group["lr"] = lr

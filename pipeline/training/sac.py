@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.training.nets import OBS_CLIP, VAR_EPS, RunningMeanStd, mlp, to_cpu
+from pipeline.training.nets import OBS_CLIP, VAR_EPS, RunningMeanStd, load_optimizer, mlp, to_cpu
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -265,7 +265,7 @@ class SacLearner:
         self.critic_target.load_state_dict(state["critic_target"])
         with torch.no_grad():
             self.log_temperature.copy_(state["log_temperature"])
-        self.actor_optim.load_state_dict(state["actor_optim"])
-        self.critic_optim.load_state_dict(state["critic_optim"])
-        self.temperature_optim.load_state_dict(state["temperature_optim"])
+        load_optimizer(self.actor_optim, state["actor_optim"], self.cfg.lr)
+        load_optimizer(self.critic_optim, state["critic_optim"], self.cfg.lr)
+        load_optimizer(self.temperature_optim, state["temperature_optim"], self.cfg.lr)
         self.version = int(state["version"])

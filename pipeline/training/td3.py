@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from pipeline.training.nets import to_cpu
+from pipeline.training.nets import load_optimizer, to_cpu
 from pipeline.training.sac import SquashedGaussianActor, TwinCritic, twin_critic_loss
 
 
@@ -116,6 +116,6 @@ class Td3Learner:
         self.pi_target.load_state_dict(state["pi_target"])
         self.critic.load_state_dict(state["critic"])
         self.critic_target.load_state_dict(state["critic_target"])
-        self.actor_optim.load_state_dict(state["actor_optim"])
-        self.critic_optim.load_state_dict(state["critic_optim"])
+        load_optimizer(self.actor_optim, state["actor_optim"], self.cfg.lr)
+        load_optimizer(self.critic_optim, state["critic_optim"], self.cfg.lr)
         self.version = int(state["version"])

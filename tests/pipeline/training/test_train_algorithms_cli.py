@@ -1,5 +1,5 @@
 """Every algorithm through the `sim2real` command line on a small budget: train, --resume, export (parity),
-eval and shadow, from the shipped config; and a key the chosen algorithm would ignore exits 2.
+eval, shadow and serve, from the shipped config; and a key the chosen algorithm would ignore exits 2.
 
 The learning itself is tested elsewhere (test_train_learning.py: APPO; test_offpolicy.py: SAC reach a return
 threshold); here a run is only asked to go through every path and hand each command what the next one needs.
@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import ray
 import yaml
 
 from pipeline.cli import main
+from shield.client import PolicyClient
+from shield.runtime import EdgeRuntime
+from tests.helpers.serve_bundles import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -76,6 +80,17 @@ def test_an_algorithm_goes_through_every_command(ray_local, algorithm, tmp_path,
 
     code, exported = sim2real(capsys, "export", run, "--out", bundle)
     assert code == 0 and exported["parity_max_abs_err"] <= 1e-5
+
+    # serve: over UDP, the bundle answers with the shielded action the in-process edge runtime computes.
+    reference = EdgeRuntime.load(bundle)
+    observations = np.random.default_rng(0).normal(0.0, 0.3, (8, reference.obs_dim)).astype(np.float32)
+    with (
+        ServerProcess(str(bundle), "--deadline-us", "1e7") as server,
+        PolicyClient(server.host, server.port, timeout_s=5.0) as client,
+    ):
+        for obs in observations:
+            assert client.act(obs).action.tobytes() == reference.act(obs)[0].tobytes()
+        server.stop()
 
     code, evaluated = sim2real(capsys, "eval", bundle, "--config", config, "--episodes", 2, "--domains", "reality")
     assert code == 0 and evaluated["episodes"] == 2 and evaluated["violations"] == 0  # the shield holds the band

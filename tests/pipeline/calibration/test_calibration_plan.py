@@ -27,14 +27,15 @@ from pipeline.evaluation.excitation import corner_check
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 1000  # 20 s at 50 Hz, quiet log and plan alike
 TRUTH = {
-    "body_mass.cart": 1.25,
+    "body_mass.cart": 1.1,
     "body_mass.pole": 1.1,
     "joint_damping.slider": 1.0,
     "joint_damping.hinge": 1.5,
-    "actuator_gain.cart_force": 0.85,
+    "actuator_gain.cart_force": 0.95,
 }
 WANTED = ("body_mass.cart", "actuator_gain.cart_force")
-REALIZED_FACTOR = 3.0  # a realized 90 % interval within this factor of the plan's expected one, either way
+REALIZED_FACTOR = 2.0  # a realized 90 % interval within this factor of the plan's expected one, either way
+QUIET_WIDER = 1.5  # a quiet log's interval, when it pins a parameter at all, at least this much wider than planned
 
 
 def _parked_config(base: Path) -> Path:
@@ -51,9 +52,8 @@ def _parked_config(base: Path) -> Path:
     reality["action_noise_std"] = 0.01
     # The plant's bench-measured motor constant (back-EMF) fixes the scale kinematic logs cannot see.
     data["calibration"] = {"known": {"joint_damping.slider": TRUTH["joint_damping.slider"]}}
-    # Two corners of interest (cart mass, gain) keep the safety sweep small; latency as the hidden plant's.
-    for name in ("pole",):
-        reality["body_mass"][name] = {"dist": "uniform", "low": 1.1, "high": 1.1}
+    # Only the cart's mass and the gain vary in reality: its four corners keep the safety sweep small.
+    reality["body_mass"]["pole"] = {"dist": "uniform", "low": 1.1, "high": 1.1}
     reality["joint_damping"] = {
         "slider": {"dist": "uniform", "low": 1.0, "high": 1.0},
         "hinge": {"dist": "loguniform", "low": 1.5, "high": 1.5},
@@ -77,7 +77,9 @@ def planned(parked, tmp_path_factory):
     cfg = load_config(config)
     quiet = simulated_log(cfg, TRUTH, 1, base / "quiet.npz", steps=STEPS, seed=3)
     check = lambda sequence: corner_check(cfg, sequence, seed=0)  # noqa: E731
-    plan = design_plan(cfg, amplitude=0.1, steps=STEPS, from_log=str(quiet), seed=0, safety_check=check)
+    plan = design_plan(
+        cfg, params=list(WANTED), amplitude=0.1, steps=STEPS, from_log=str(quiet), seed=0, safety_check=check
+    )
     path = write_plan(plan, base / "plan.json")
     applied = simulated_log(
         cfg, TRUTH, 1, base / "applied.npz", steps=STEPS, seed=3, probe=replay(load_plan(path)["sequence"])
@@ -86,14 +88,19 @@ def planned(parked, tmp_path_factory):
 
 
 @pytest.mark.timeout(900)
-def test_a_quiet_log_leaves_the_cart_open_and_the_plan_states_a_narrow_interval_for_it(planned):
+def test_a_quiet_log_leaves_the_cart_wide_and_the_plan_states_a_narrow_interval_for_it(planned):
     _, _, plan, _, _ = planned
     quiet = plan["quiet_log"]["parameters"]
-    assert set(WANTED) <= set(plan["params"])  # by default: what the quiet log leaves unpinned
+    assert plan["params"] == list(WANTED)
     for name in WANTED:
-        assert not quiet[name]["pinned"], (name, quiet[name])
         expected = plan["expected"]["parameters"][name]
-        assert expected["pinned"] and expected["expected_half_width"] < 0.03, (name, expected)
+        assert expected["pinned"] and expected["expected_half_width"] < 0.025, (name, expected)
+        # The quiet log: not pinned alone, or pinned with an interval at least QUIET_WIDER times as wide.
+        if quiet[name]["pinned"]:
+            lo, hi = quiet[name]["interval"]
+            assert math.sqrt(hi / lo) - 1 >= QUIET_WIDER * expected["expected_half_width"], (name, quiet[name])
+        # The plan's own quiet reference (no excitation, the same nominal twin) does not pin it.
+        assert not plan["quiet_expected"]["parameters"][name]["pinned"]
     assert plan["excitation"]["kind"] != "none" and plan["amplitude"] == 0.1
     assert len(plan["sequence"]) == STEPS and max(abs(v) for row in plan["sequence"] for v in row) <= 0.1 + 1e-9
 

@@ -115,7 +115,7 @@ class ExcitedLegacy:
         return np.clip(u, -1.0, 1.0)
 
 
-def _expected(cfg, generator, *, scales, latency, steps, amplitude, seed, chosen, workdir) -> dict:
+def _expected(cfg, generator, *, scales, latency, steps, amplitude, seed, chosen, path) -> dict:
     """Simulate the plan on the nominal twin and read the information there: combinations, pinned parameters, gain."""
     from pipeline.calibration.calibrate import F_SCALE, fit_setup
     from pipeline.calibration.fit import sandwich, solve
@@ -124,7 +124,6 @@ def _expected(cfg, generator, *, scales, latency, steps, amplitude, seed, chosen
 
     task = task_facts(cfg.task.env_id)
     seq = excitation(generator, steps, task["act_dim"], amplitude, task["control_period_s"])
-    path = Path(workdir) / f"expected-{len(list(Path(workdir).iterdir()))}.npz"
     log = simulated_log(cfg, scales, latency, path, steps=steps, seed=seed, probe=replay(seq))
     setup = fit_setup(cfg, log)
     names = setup.names
@@ -184,7 +183,7 @@ def design_plan(
     steps: int = 1500,
     from_log: str | None = None,
     seed: int = 0,
-    safety_check=None,
+    safety_check,
 ) -> dict:
     """Pick the safest informative excitation for `params` (default: what `from_log` leaves unpinned, else every
     randomized parameter); amplitude: the perturbation's peak, a fraction of the normalized action range [-1, 1].
@@ -224,7 +223,7 @@ def design_plan(
     scales = {**{n: 1.0 for n in names}, **known}
     candidates = []
     with tempfile.TemporaryDirectory(prefix="sim2real-plan-") as work:
-        for gen in CANDIDATES:
+        for i, gen in enumerate(CANDIDATES):
             generator = {**gen, "seed": seed}
             candidates.append(
                 _expected(
@@ -236,7 +235,7 @@ def design_plan(
                     amplitude=amplitude,
                     seed=seed,
                     chosen=chosen,
-                    workdir=work,
+                    path=Path(work) / f"candidate-{i}.npz",
                 )
             )
     ranked = sorted(candidates[1:], key=lambda c: (-len(c["pinned_chosen"]), -c["gain"]))

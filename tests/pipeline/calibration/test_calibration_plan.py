@@ -14,11 +14,22 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.calibration.calibrate import calibrate
-from pipeline.calibration.plan import ExcitedLegacy, design_plan, load_plan, replay, write_plan
+from pipeline.calibration.plan import (
+    CANDIDATES,
+    ExcitedLegacy,
+    design_plan,
+    excitation,
+    load_plan,
+    replay,
+    write_plan,
+)
 from pipeline.calibration.simulate import simulated_log
 from pipeline.commands import USER_ERROR
 from pipeline.config import load_config
@@ -174,3 +185,23 @@ def test_a_file_that_is_not_a_plan_is_refused_by_name(tmp_path):
     path.write_text(json.dumps({"format": "something else"}))
     with pytest.raises(CalibrationError, match="notaplan.json"):
         load_plan(path)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    candidate=st.sampled_from(CANDIDATES),
+    amplitude=st.floats(1e-3, 1.0),
+    steps=st.integers(1, 3000),
+    act_dim=st.integers(1, 4),
+    seed=st.integers(0, 2**31),
+)
+def test_every_excitation_stays_within_its_amplitude_and_replays_the_same(candidate, amplitude, steps, act_dim, seed):
+    generator = {**candidate, "seed": seed}
+    seq = excitation(generator, steps, act_dim, amplitude, 0.02)
+    assert seq.shape == (steps, act_dim)
+    assert np.all(np.abs(seq) <= amplitude * (1 + 1e-12))
+    assert np.array_equal(
+        seq, excitation(generator, steps, act_dim, amplitude, 0.02)
+    )  # the file's generator replays it
+    if candidate["kind"] != "none" and steps >= 50:
+        assert np.max(np.abs(seq)) >= 0.5 * amplitude  # it does excite

@@ -356,9 +356,10 @@ def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: 
         else (
             "\n## Calibration (identified vs nominal)\n"
             + "\n".join(f"- {line}" for line in summary_lines(calibration))
-            + "\n\n## Payoff of calibrating\n"
-            + "\n".join(f"- {line}" for line in payoff_lines(calibration["payoff"]))
             + f"\n- calibrated set: `{summary['calibration']['calibrated_set']}`\n"
+            + "\n## Payoff of calibrating\n"
+            + "\n".join(f"- {line}" for line in payoff_lines(calibration["payoff"]))
+            + "\n"
         )
     )
     create_markdown_artifact(

@@ -345,10 +345,10 @@ def plan_lines(plan: dict) -> list[str]:
         where = f"; FAILS at {len(s['failed'])} corner(s), first {s['failed'][0]}" if s["failed"] else ""
         lines.append(
             f"safety of {label(s['generator'])} on {s['corners']} corners of reality ({s['steps']} steps each, "
-            f"shielded): {s['violations']} violations, {s['drops']} plant(s) lost by the plan "
-            f"({s['drops_without_plan']} more lost by the legacy controller alone), {s['interventions']} shield "
-            f"interventions; the raw sequence replayed where the shield intervened: {s['raw_replays']} corners, "
-            f"{s['raw_violations']} violations{where}"
+            f"shielded): {s['violations']} violations, {s['interventions']} shield interventions; the raw sequence "
+            f"replayed where the shield intervened: {s['raw_replays']} corners, {s['raw_violations']} violations; "
+            f"{s['drops']} plant(s) lost by the plan; the legacy controller alone, the same runs: "
+            f"{s['drops_without_plan']} lost, {s['violations_without_plan']} violations{where}"
         )
     if plan["excitation"] is None:
         lines.append(

@@ -13,7 +13,9 @@ not promoted (`sim2real registry list`).
 With field logs (`from_log`), the flow first calibrates the twin to them
 (pipeline.calibration), trains on `train` ranges re-centred on what was
 identified, shadow-evaluates on the `calibrated` set as well as `reality`, and
-the candidate must pass the gate on both.
+the candidate must pass the gate on both. The report and the summary show the
+payoff: the twin's prediction error on the log before and after, and the
+candidate against production on the calibrated set in the same episodes.
 
 Orchestration only: every step is a function of `pipeline`, and tasks pass
 config paths, directories and plain dicts, never live objects (NOTES: unhashable
@@ -37,6 +39,7 @@ from pipeline.config import load_config
 from pipeline.deployment.export import export_policy
 from pipeline.deployment.registry import Registry
 from pipeline.evaluation.gate import promotion_verdict
+from pipeline.evaluation.payoff import payoff
 from pipeline.evaluation.shadow import run_shadow
 from pipeline.evaluation.shadow_metrics import side_by_side
 from pipeline.training.train import train
@@ -199,6 +202,22 @@ def retrain(
         "n/a" if min_h is None else f"{min_h:.4g}",
     )
     calibrated = calibration["result"] if calibration is not None else None
+    on_calibrated = None
+    if calibration is not None:
+        # The calibrated set first: the candidate against production there is the payoff the main report shows.
+        on_calibrated = shadow_step(
+            exported["bundle"],
+            config_path,
+            str(Path(trained["run_dir"]) / "report-calibrated"),
+            falsification,
+            domains="calibrated",
+            calibration=calibrated,
+            production_dir=production_dir,
+        )
+        calibrated = {
+            **calibrated,
+            "payoff": payoff(calibrated, on_calibrated["metrics"], _production_calibrated(registry, cfg, previous)),
+        }
     shadow = shadow_step(
         exported["bundle"],
         config_path,
@@ -207,17 +226,7 @@ def retrain(
         calibration=calibrated,
         production_dir=production_dir,
     )
-    if calibration is not None:
-        report_calibrated = str(Path(trained["run_dir"]) / "report-calibrated")
-        on_calibrated = shadow_step(
-            exported["bundle"],
-            config_path,
-            report_calibrated,
-            falsification,
-            domains="calibrated",
-            calibration=calibrated,
-            production_dir=production_dir,
-        )
+    if on_calibrated is not None:
         shadow = _gate_on_both(shadow, on_calibrated)
 
     metrics = {
@@ -243,8 +252,8 @@ def retrain(
             )
         },
     }
-    if calibration is not None:
-        metrics["calibration"] = _calibration_metrics(calibration["result"])
+    if calibrated is not None:
+        metrics["calibration"] = {**_calibration_metrics(calibrated), "payoff": calibrated["payoff"]}
     version = register_step(exported["bundle"], models_root, metrics, flow_run_id, cfg.task.name, previous)
     passed = shadow["decision"] == "pass"
     if passed:
@@ -270,7 +279,7 @@ def retrain(
             "calibrated_set": calibration["calibrated"],
             "config": calibration["config_path"],
         }
-    _publish_artifacts(summary, shadow, trained, calibration["result"] if calibration else None)
+    _publish_artifacts(summary, shadow, trained, calibrated)
     logger.info("%s", summary["verdict"])
     if shadow["decision"] in ("fail", "inconclusive"):  # a Failed state carrying the summary, not an exception
         verb = "failed" if shadow["decision"] == "fail" else "inconclusive"
@@ -280,6 +289,13 @@ def retrain(
             data=summary,
         )
     return summary
+
+
+def _production_calibrated(registry: Registry, cfg, version: int | None) -> bool | None:
+    """Whether the production version was trained after a calibration (None: there is no production)."""
+    if version is None:
+        return None
+    return bool(registry.show(cfg.task.name, version).get("metrics", {}).get("calibration"))
 
 
 # Worst first: the decision of two gate runs is the worse of the two.
@@ -320,6 +336,7 @@ def _calibration_metrics(result: dict) -> dict:
 
 def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: dict | None = None) -> None:
     from pipeline.calibration.calibrate import summary_lines
+    from pipeline.evaluation.payoff import payoff_lines
 
     headline = {
         "pass": "PASSED, promoted",
@@ -340,6 +357,9 @@ def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: 
             "\n## Calibration (identified vs nominal)\n"
             + "\n".join(f"- {line}" for line in summary_lines(calibration))
             + f"\n- calibrated set: `{summary['calibration']['calibrated_set']}`\n"
+            + "\n## Payoff of calibrating\n"
+            + "\n".join(f"- {line}" for line in payoff_lines(calibration["payoff"]))
+            + "\n"
         )
     )
     create_markdown_artifact(

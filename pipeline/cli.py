@@ -163,11 +163,37 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     )
     _config_flag(p)
     p.add_argument(
-        "--from-log", required=True, metavar="PATH", help="shadow logs (file or directory) from `serve --mode shadow`"
+        "--from-log",
+        metavar="PATH",
+        help="shadow logs (file or directory) from `serve --mode shadow` (required unless --plan; with --plan: "
+        "the quiet log to plan for)",
     )
     p.add_argument(
-        "--out", metavar="FILE.yaml", help="write the calibrated randomization set here (usable as --domains)"
+        "--out",
+        metavar="FILE",
+        help="write the calibrated randomization set here (YAML, usable as --domains); with --plan: the plan (JSON)",
     )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="design an excitation (a perturbation the legacy loop adds to its action) that makes --params "
+        "identifiable, with the expected 90%% intervals and a safety check on every corner of reality",
+    )
+    p.add_argument(
+        "--params",
+        metavar="A,B",
+        help="with --plan: parameters to make identifiable (default: those the --from-log leaves unpinned, else all)",
+    )
+    p.add_argument(
+        "--amplitude",
+        type=float,
+        default=0.1,
+        help="with --plan: the perturbation's peak, a fraction in (0, 1] of the normalized action range (default 0.1)",
+    )
+    p.add_argument(
+        "--steps", type=int, default=1500, help="with --plan: control steps the excitation lasts (default 1500)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="with --plan: the excitation generator's seed (default 0)")
     _json_flag(p)
 
     p = sub.add_parser("registry", help="list, inspect, promote, roll back or verify bundles in models/")

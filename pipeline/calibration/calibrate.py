@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from scipy.stats import norm
 from pipeline.calibration.fit import (
     BOUND_WIDEN,
     Problem,
+    Windows,
     cut_windows,
     global_search,
     latency_confidence,
@@ -42,10 +44,10 @@ from pipeline.calibration.identify import (
     covariance,
     pinned,
 )
-from pipeline.calibration.logs import CalibrationError, load_field_log
+from pipeline.calibration.logs import CalibrationError, FieldLog, load_field_log
 from pipeline.calibration.noise import defect_structure, observation_noise, residual_spread
 from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_range, obs_noise_vector
-from pipeline.calibration.twin import Twin
+from pipeline.calibration.twin import Twin, task_facts
 
 GLOBAL_STARTS = 3  # starts per latency besides the ranges' centre (a Sobol design over the ranges)
 GLOBAL_NFEV, LOCAL_NFEV = 6, 20  # least-squares evaluations per start in the global stage, in the local one
@@ -96,15 +98,44 @@ def _shield_floor(cfg, ranges: dict[str, tuple[float, float]]) -> list[str]:
     return out
 
 
-def calibrate(cfg, logs) -> dict:
-    """Fit the twin to shadow logs at `logs` (file or directory) per `cfg.calibration`; see the module docstring."""
-    import envs
+@dataclass
+class FitSetup:
+    """What every fit of one log shares: the twin, the validated log, the unknowns, windows and noise scales."""
+
+    twin: Twin
+    log: FieldLog
+    names: list[str]  # the scales fitted (randomized, not known), sorted
+    known: dict[str, float]
+    hull: dict[str, tuple[float, float]]
+    kept: dict[str, tuple[float, float]]
+    latencies: list[int]
+    windows: Windows
+    reality: object  # the RandomizationSet whose noise the log is expected to carry
+    obs_std: np.ndarray  # configured obs noise std of the state observations
+    obs_scale: np.ndarray  # obs_std floored where a channel is noise-free
+    process: np.ndarray  # per state observation, the one-step spread the action noise causes
+
+    def log_range(self, ranges: dict[str, tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) log-scales of `ranges` in `names` order."""
+        return tuple(np.log([ranges[n][i] for n in self.names]).reshape(-1) for i in (0, 1))  # type: ignore[return-value]
+
+    @property
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fit's box: the configured hull widened by BOUND_WIDEN each way (log scales)."""
+        lo, hi = self.log_range(self.hull)
+        return lo - math.log(BOUND_WIDEN), hi + math.log(BOUND_WIDEN)
+
+    def problem(self, latency: int, windows: Windows | None = None) -> Problem:
+        """The multiple-shooting problem at `latency` over `windows` (default: all of them)."""
+        win = self.windows if windows is None else windows
+        return Problem(self.twin, win, latency, self.names, self.known, self.obs_scale, self.process)
+
+
+def fit_setup(cfg, logs) -> FitSetup:
+    """Read and validate the logs at `logs` for `cfg`'s task and prepare the fit (CalibrationError on bad input)."""
 
     known, horizon, min_seconds = cfg.calibration.known, cfg.calibration.horizon_steps, cfg.calibration.min_log_seconds
-    t0 = time.perf_counter()
-    task = envs.TASKS.get(cfg.task.env_id)
-    if task is None:
-        raise CalibrationError(f"task.env_id {cfg.task.env_id!r}: not a known task")
+    task = task_facts(cfg.task.env_id)
     twin = Twin(cfg.task.env_id)
     hull = configured_ranges(cfg)
     known = dict(known or {})
@@ -122,10 +153,6 @@ def calibrate(cfg, logs) -> dict:
         min_seconds=min_seconds,
     )
     names = [n for n in sorted(hull) if n not in known]
-    hull_lo, hull_hi = (np.log([hull[n][i] for n in names]).reshape(-1) for i in (0, 1))
-    kept = {n: kept_range(cfg, n) for n in names}
-    kept_lo, kept_hi = (np.log([kept[n][i] for n in names]).reshape(-1) for i in (0, 1))
-    bounds = (hull_lo - math.log(BOUND_WIDEN), hull_hi + math.log(BOUND_WIDEN))
     latencies = _latency_candidates(cfg)
     windows = cut_windows(twin, log, horizon, horizon + 1, max(latencies))
     reality = cfg.randomization.get("reality") or cfg.randomization["train"]
@@ -134,13 +161,43 @@ def calibrate(cfg, logs) -> dict:
     # A noise-free channel's spread is floored at 0.1 % of its typical change over a window.
     change = np.std(windows.target[:, -1] - windows.first, axis=0)
     obs_scale = np.maximum(obs_std, 1e-3 * change + 1e-12)
-    centre = 0.5 * (hull_lo + hull_hi)
-    proc = process_std(
-        Problem(twin, windows, 0, names, known, obs_scale, obs_scale), centre, action_std, 0.05 * obs_scale
+    setup = FitSetup(
+        twin,
+        log,
+        names,
+        known,
+        hull,
+        {n: kept_range(cfg, n) for n in names},
+        latencies,
+        windows,
+        reality,
+        obs_std,
+        obs_scale,
+        obs_scale,
     )
+    hull_lo, hull_hi = setup.log_range(hull)
+    centre = 0.5 * (hull_lo + hull_hi)
+    setup.process = process_std(setup.problem(0), centre, action_std, 0.05 * obs_scale)
+    return setup
 
-    def problem(lat: int, win=windows) -> Problem:
-        return Problem(twin, win, lat, names, known, obs_scale, proc)
+
+def calibrate(cfg, logs) -> dict:
+    """Fit the twin to shadow logs at `logs` (file or directory) per `cfg.calibration`; see the module docstring."""
+
+    t0 = time.perf_counter()
+    setup = fit_setup(cfg, logs)
+    task = task_facts(cfg.task.env_id)
+    twin, log, names, known, hull, kept = setup.twin, setup.log, setup.names, setup.known, setup.hull, setup.kept
+    windows, latencies, reality, obs_std, bounds = (
+        setup.windows,
+        setup.latencies,
+        setup.reality,
+        setup.obs_std,
+        setup.bounds,
+    )
+    hull_lo, hull_hi = setup.log_range(hull)
+    kept_lo, kept_hi = setup.log_range(kept)
+    problem = setup.problem
 
     # Global stage on a third of the windows: every latency, several starts.
     search = windows.subset(np.arange(len(windows.starts)) % 3 == 0)
@@ -237,7 +294,7 @@ def calibrate(cfg, logs) -> dict:
             "seconds": log.seconds,
             "runs": len(log.runs),
             "windows": len(windows.starts),
-            "horizon_steps": horizon,
+            "horizon_steps": windows.horizon,
             "late_samples": len(log.late),
             "windows_dropped_late": windows.dropped_late,
         },

@@ -68,6 +68,7 @@ def combinations(
                 "weights": {nm: float(w) for nm, w in zip(names, v)},
                 "log_estimate": est,
                 "log_std": std,
+                "range_log_std": along,  # the config's ranges' own spread along it: what the logs must beat
                 "estimate": math.exp(est),
                 "interval": [math.exp(est - z * std), math.exp(est + z * std)] if math.isfinite(std) else None,
                 "identified": bool(std < IDENTIFIED_SHRINK * along),

@@ -35,7 +35,7 @@ def simulated_log(
     import gymnasium as gym
 
     import envs
-    from pipeline.calibration.twin import fixed_set
+    from pipeline.calibration.twin import fixed_set, task_facts
     from shield.shadowlog import write_shadow_log
 
     like_set = cfg.randomization.get(like) or cfg.randomization["train"]
@@ -66,7 +66,7 @@ def simulated_log(
     env.close()
     n = len(rows_u)
     u = np.stack(rows_u)
-    dt = float(envs.TASKS[cfg.task.env_id]["control_period_s"])
+    dt = float(task_facts(cfg.task.env_id)["control_period_s"])
     cols = {
         "t": np.arange(n) * dt,
         "episode": np.asarray(episode),

@@ -48,6 +48,16 @@ def fixed_set(scales: dict[str, float], latency: int | None = None, like=None) -
     return out
 
 
+def task_facts(env_id: str) -> dict:
+    """The task's row (obs_dim, act_dim, control_period_s, ...), registered from a file after import too."""
+    import envs
+
+    try:
+        return envs.task(env_id).describe()
+    except envs.UnknownTaskError:
+        raise CalibrationError(f"task.env_id {env_id!r}: not a known task") from None
+
+
 class Twin:
     """The task's plant with chosen scales; predicts observations from logged states and actions.
 

@@ -5,20 +5,29 @@ the noise floor a right twin would leave) or `outside` (no plant inside the
 config's randomization ranges fits the logs). The calibrated set is still
 written, with the verdict in its header, but nothing trained on it should be
 promoted before the shield is re-synthesized for it.
+
+`--plan [--params A,B] [--amplitude A] [--steps N] [--from-log QUIET] [--out plan.json]`
+designs an excitation instead (pipeline.calibration.plan); exit 1 when no
+candidate is safe at every corner of `reality` at that amplitude.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from pipeline.commands import CHECK_FAILED, OK, command, emit
+from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
 
 
 @command("calibrate")
 def run(args: argparse.Namespace) -> int:
     """Calibrate, print the summary (or JSON), write --out; exit 1 on a misfit or a plant outside the ranges."""
-    from pipeline.calibration.calibrate import calibrate, summary_lines, write_calibrated_yaml
     from pipeline.config import load_config
+
+    if getattr(args, "plan", False):
+        return _plan(args, load_config(args.config))
+    if not args.from_log:
+        raise UsageError("--from-log: required (the shadow logs to calibrate to), unless --plan")
+    from pipeline.calibration.calibrate import calibrate, summary_lines, write_calibrated_yaml
 
     cfg = load_config(args.config)
     result = calibrate(cfg, args.from_log)
@@ -26,3 +35,25 @@ def run(args: argparse.Namespace) -> int:
         result["out"] = str(write_calibrated_yaml(result, args.out))
     emit(args, result, "\n".join(summary_lines(result) + ([f"wrote {result['out']}"] if args.out else [])))
     return CHECK_FAILED if result["verdict"] else OK
+
+
+def _plan(args: argparse.Namespace, cfg) -> int:
+    """Design the excitation plan, print its summary (or JSON), write --out; exit 1 when no candidate is safe."""
+    from pipeline.calibration.plan import design_plan, plan_lines, write_plan
+    from pipeline.evaluation.excitation import corner_check
+
+    params = [p.strip() for p in args.params.split(",")] if args.params else None
+    plan = design_plan(
+        cfg,
+        params=params,
+        amplitude=args.amplitude,
+        steps=args.steps,
+        from_log=args.from_log,
+        seed=args.seed,
+        safety_check=lambda sequence: corner_check(cfg, sequence, args.seed),
+    )
+    lines = plan_lines(plan)
+    if args.out:
+        lines.append(f"wrote {write_plan(plan, args.out)}")
+    emit(args, plan, "\n".join(lines))
+    return OK if plan["excitation"] is not None else CHECK_FAILED

@@ -276,7 +276,31 @@ def _calibration(result: dict) -> str:
         + "".join(rows)
         + "</table>"
         + (f"<p>Directions the logs cannot pin (flat):</p><ul>{flat}</ul>" if flat else "")
+        + _payoff(result.get("payoff"))
     )
+
+
+def _payoff(p: dict | None) -> str:
+    """What calibrating bought: the twin's error before/after, the candidate vs production on the calibrated twin."""
+    if p is None:
+        return ""
+    from pipeline.evaluation.payoff import payoff_lines
+
+    rows = ""
+    a = p.get("against_production")
+    if a is not None:
+        lo, hi = a["paired_difference_ci95"]
+        rows = (
+            "<table><tr><th>on the calibrated twin, same seeds</th><th>episodes</th><th>mean return</th></tr>"
+            f"<tr><td>candidate (trained on the calibrated set)</td><td>{a['episodes']}</td>"
+            f"<td>{a['candidate_return_mean']:.4g}</td></tr>"
+            f"<tr><td>production v{a['production_version']}</td><td>{a['episodes']}</td>"
+            f"<td>{a['production_return_mean']:.4g}</td></tr>"
+            f"<tr><td>paired difference (candidate - production)</td><td>{a['episodes']}</td>"
+            f"<td>{a['paired_difference_mean']:+.4g} [{lo:+.4g}, {hi:+.4g}] (95 % bootstrap)</td></tr></table>"
+        )
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in payoff_lines(p))
+    return f"<h3>Payoff of calibrating</h3><ul>{items}</ul>{rows}"
 
 
 def _metrics_table(metrics: dict) -> str:

@@ -293,6 +293,7 @@ def _tiny_flow_config(base: Path) -> Path:
     data["train"].update(total_env_steps=4096, num_actors=1, envs_per_actor=4, checkpoint_every=1000)
     data["shadow"].update(episodes=2)
     data["gate"].update({"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6})
+    data["gate"]["min_return_ratio_production"] = 0.01
     data["calibration"] = {"known": {"joint_damping.slider": TRUTH["joint_damping.slider"]}}
     data["falsify"] = {"budget_s": 10, "episode_steps": 80, "episodes_per_candidate": 1}  # as tests/test_flows.py
     path = base / "tiny-flow.yaml"
@@ -304,8 +305,14 @@ def _tiny_flow_config(base: Path) -> Path:
 @pytest.mark.timeout(900)
 def test_flow_from_field_logs_calibrates_trains_around_it_and_gates_on_both(harness, field_log):
     from flows.retrain import retrain
+    from pipeline.deployment.registry import Registry
+    from tests.helpers.shadow_candidates import cartpole_config
 
     logs, base = field_log
+    # Production before the calibrated run: trained without calibration (here the legacy LQR as a bundle).
+    registry = Registry(base / "models")
+    incumbent = registry.register(write_lqr_bundle(base / "incumbent", cartpole_config()))
+    registry.promote("cartpole", incumbent)
     state = retrain(
         config_path=str(_tiny_flow_config(base)),
         models_root=str(base / "models"),
@@ -326,6 +333,17 @@ def test_flow_from_field_logs_calibrates_trains_around_it_and_gates_on_both(harn
     assert any(r.startswith("calibrated: ") for r in summary["reasons"])  # gated on the calibrated set too
     report = Path(summary["report"]).read_text()  # and the report says what the twin was calibrated to
     assert "Twin calibration: identified vs nominal" in report and "<td>body_mass.cart</td>" in report
+    # The payoff: the twin's error before/after, and the candidate against the uncalibrated production
+    # version on the calibrated twin, in the same episodes.
+    payoff = cal["payoff"]
+    assert payoff["prediction_error_after"] < payoff["prediction_error_before"]
+    versus = payoff["against_production"]
+    assert versus["production_version"] == incumbent and versus["production_calibrated"] is False
+    assert versus["episodes"] >= 2
+    shown = registry.show("cartpole", summary["version"])["metrics"]["shadow"]["calibrated"]
+    diffs = [c - p for c, p in zip(shown["candidate_returns"], shown["production_returns"])]
+    assert versus["paired_difference_mean"] == pytest.approx(sum(diffs) / len(diffs))
+    assert "Payoff of calibrating" in report and f"production v{incumbent} (trained without calibration)" in report
 
 
 @pytest.mark.slow

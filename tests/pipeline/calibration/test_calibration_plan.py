@@ -1,0 +1,207 @@
+"""`sim2real calibrate --plan`: an excitation that makes what a quiet log leaves open identifiable, stated beforehand.
+
+The plant is a cart-pole parked at its set-point (no moving target, no pushes) with good sensors: under the
+legacy LQR its log is quiet, and the cart's mass and the actuator's gain stay unpinned. The plan is designed on
+the nominal twin, then applied on a hidden plant (pipeline.calibration.simulate, the legacy loop adding the
+sequence) and the log calibrated: the parameters must come out inside their intervals, the realized intervals
+close to what the plan said, and the plan must keep every corner of `reality` inside its limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.calibration.calibrate import calibrate
+from pipeline.calibration.plan import (
+    CANDIDATES,
+    ExcitedLegacy,
+    design_plan,
+    excitation,
+    load_plan,
+    replay,
+    write_plan,
+)
+from pipeline.calibration.simulate import simulated_log
+from pipeline.commands import USER_ERROR
+from pipeline.config import load_config
+from pipeline.evaluation.excitation import corner_check
+
+ROOT = Path(__file__).resolve().parents[3]
+STEPS = 1000  # 20 s at 50 Hz, quiet log and plan alike
+TRUTH = {
+    "body_mass.cart": 1.1,
+    "body_mass.pole": 1.1,
+    "joint_damping.slider": 1.0,
+    "joint_damping.hinge": 1.5,
+    "actuator_gain.cart_force": 0.95,
+}
+WANTED = ("body_mass.cart", "actuator_gain.cart_force")
+REALIZED_FACTOR = 2.0  # a realized 90 % interval within this factor of the plan's expected one, either way
+QUIET_WIDER = 1.5  # a quiet log's interval, when it pins a parameter at all, at least this much wider than planned
+
+
+def _parked_config(base: Path) -> Path:
+    """The shipped cart-pole parked at x_ref = 0, sensors 5x better, no pushes: quiet logs."""
+    from envs.tasks import register_task_file
+
+    data = yaml.safe_load((ROOT / "configs" / "cartpole.yaml").read_text())
+    (base / "cartpole_rail.xml").write_text((ROOT / "configs" / "cartpole_rail.xml").read_text())
+    data["task"] = {"name": "cartpole_parked", "env_id": "sim2real/CartPoleParkedTest-v0"}
+    data["plant"]["targets"]["rail"].update(low=[0.0], high=[0.0])
+    reality = data["randomization"]["reality"]
+    reality.pop("push")
+    reality["obs_noise_std"] = [0.2 * s for s in reality["obs_noise_std"]]
+    reality["action_noise_std"] = 0.01
+    # The plant's bench-measured motor constant (back-EMF) fixes the scale kinematic logs cannot see.
+    data["calibration"] = {"known": {"joint_damping.slider": TRUTH["joint_damping.slider"]}}
+    # Only the cart's mass and the gain vary in reality: its four corners keep the safety sweep small.
+    reality["body_mass"]["pole"] = {"dist": "uniform", "low": 1.1, "high": 1.1}
+    reality["joint_damping"] = {
+        "slider": {"dist": "uniform", "low": 1.0, "high": 1.0},
+        "hinge": {"dist": "loguniform", "low": 1.5, "high": 1.5},
+    }
+    reality["latency_steps"] = {"low": 1, "high": 1}
+    path = base / "parked.yaml"
+    path.write_text(yaml.safe_dump(data))
+    register_task_file(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def parked(tmp_path_factory) -> Path:
+    return _parked_config(tmp_path_factory.mktemp("parked"))
+
+
+@pytest.fixture(scope="module")
+def planned(parked, tmp_path_factory):
+    base = tmp_path_factory.mktemp("plan")
+    config = parked
+    cfg = load_config(config)
+    quiet = simulated_log(cfg, TRUTH, 1, base / "quiet.npz", steps=STEPS, seed=3)
+    check = lambda sequence: corner_check(cfg, sequence, seed=0)  # noqa: E731
+    plan = design_plan(
+        cfg, params=list(WANTED), amplitude=0.1, steps=STEPS, from_log=str(quiet), seed=0, safety_check=check
+    )
+    path = write_plan(plan, base / "plan.json")
+    applied = simulated_log(
+        cfg, TRUTH, 1, base / "applied.npz", steps=STEPS, seed=3, probe=replay(load_plan(path)["sequence"])
+    )
+    return config, cfg, plan, load_plan(path), calibrate(cfg, applied)
+
+
+@pytest.mark.timeout(900)
+def test_a_quiet_log_leaves_the_cart_wide_and_the_plan_states_a_narrow_interval_for_it(planned):
+    _, _, plan, _, _ = planned
+    quiet = plan["quiet_log"]["parameters"]
+    assert plan["params"] == list(WANTED)
+    for name in WANTED:
+        expected = plan["expected"]["parameters"][name]
+        assert expected["pinned"] and expected["expected_half_width"] < 0.025, (name, expected)
+        # The quiet log: not pinned alone, or pinned with an interval at least QUIET_WIDER times as wide.
+        if quiet[name]["pinned"]:
+            lo, hi = quiet[name]["interval"]
+            assert math.sqrt(hi / lo) - 1 >= QUIET_WIDER * expected["expected_half_width"], (name, quiet[name])
+        # The plan's own quiet reference (no excitation, the same nominal twin) does not pin it.
+        assert not plan["quiet_expected"]["parameters"][name]["pinned"]
+    assert plan["excitation"]["kind"] != "none" and plan["amplitude"] == 0.1
+    assert len(plan["sequence"]) == STEPS and max(abs(v) for row in plan["sequence"] for v in row) <= 0.1 + 1e-9
+
+
+@pytest.mark.timeout(900)
+def test_the_plan_applied_on_a_hidden_plant_recovers_it_inside_intervals_close_to_the_stated_ones(planned):
+    _, _, plan, _, result = planned
+    assert result["verdict"] == [], result["verdict"]
+    for name in WANTED:
+        p = result["parameters"][name]
+        assert p["identified_ok"], (name, p)
+        lo, hi = p["interval"]
+        assert lo <= TRUTH[name] <= hi, (name, p["interval"], TRUTH[name])
+        realized = math.sqrt(hi / lo) - 1.0
+        expected = plan["expected"]["parameters"][name]["expected_half_width"]
+        assert expected / REALIZED_FACTOR <= realized <= expected * REALIZED_FACTOR, (name, realized, expected)
+
+
+@pytest.mark.timeout(900)
+def test_the_plan_crosses_no_limit_at_any_corner_of_reality_even_without_the_shield(planned):
+    from pipeline.evaluation.evaluate import evaluate
+    from pipeline.evaluation.falsify import corner_domains
+
+    _, cfg, plan, loaded, _ = planned
+    chosen = plan["safety"][-1]
+    assert chosen["safe"] and chosen["violations"] == 0 and chosen["corners"] >= 4
+    for i, corner in enumerate(corner_domains(cfg.randomization["reality"])):
+        run = evaluate(
+            cfg,
+            ExcitedLegacy(cfg.task.env_id, loaded["sequence"]),
+            domains=corner,
+            episodes=1,
+            seed=100 + i,
+            shield=False,
+            max_episode_steps=STEPS,
+        )
+        assert run["violations"] == 0 and run["steps"] == STEPS, (corner, run["violations"], run["steps"])
+
+
+def _cli(config: Path, **kw) -> argparse.Namespace:
+    args = {"config": str(config), "from_log": None, "out": None, "json": False, "plan": True}
+    args.update(params=None, amplitude=0.1, steps=STEPS, seed=0)
+    args.update(kw)
+    return argparse.Namespace(**args)
+
+
+@pytest.mark.parametrize(
+    "change, culprit",
+    [
+        ({"amplitude": 0.0}, "--amplitude 0.0"),
+        ({"amplitude": 1.5}, "--amplitude 1.5"),
+        ({"params": "body_mass.wheel"}, "--params body_mass.wheel"),
+        ({"params": "joint_damping.slider"}, "--params joint_damping.slider: held fixed"),
+        ({"steps": 100}, "--steps 100"),
+    ],
+)
+def test_bad_plan_input_exits_2_naming_it_in_one_line(parked, tmp_path, capsys, change, culprit):
+    from pipeline.commands.calibrate import run
+
+    out = tmp_path / "plan.json"
+    assert run(_cli(parked, out=str(out), **change)) == USER_ERROR
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and culprit in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_file_that_is_not_a_plan_is_refused_by_name(tmp_path):
+    from pipeline.calibration.logs import CalibrationError
+
+    path = tmp_path / "notaplan.json"
+    path.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(CalibrationError, match="notaplan.json"):
+        load_plan(path)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    candidate=st.sampled_from(CANDIDATES),
+    amplitude=st.floats(1e-3, 1.0),
+    steps=st.integers(1, 3000),
+    act_dim=st.integers(1, 4),
+    seed=st.integers(0, 2**31),
+)
+def test_every_excitation_stays_within_its_amplitude_and_replays_the_same(candidate, amplitude, steps, act_dim, seed):
+    generator = {**candidate, "seed": seed}
+    seq = excitation(generator, steps, act_dim, amplitude, 0.02)
+    assert seq.shape == (steps, act_dim)
+    assert np.all(np.abs(seq) <= amplitude * (1 + 1e-12))
+    assert np.array_equal(
+        seq, excitation(generator, steps, act_dim, amplitude, 0.02)
+    )  # the file's generator replays it
+    if candidate["kind"] != "none" and steps >= 50:
+        assert np.max(np.abs(seq)) >= 0.5 * amplitude  # it does excite

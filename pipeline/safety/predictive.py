@@ -106,12 +106,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
                 plan = pf.plan(pred.v)[lats.index(lk)]
                 hold = pf.hold_point(pred.v)
                 pred.commit(queue[-1], have_state=True)
-                push = None
-                if pushed is not None and rng.random() < PUSH_SHARE:
-                    f3 = np.zeros(3)
-                    f3[rng.choice(pushed[1])] = rng.choice([-1.0, 1.0]) * pushed[2]
-                    start = int(rng.integers(0, 30))
-                    push = (pushed[0], f3, start, start + pushed[3])
+                forces = _push_schedule(rng, pushed, rset, lk + horizon)
                 true = []
                 for t in range(lk + horizon):
                     if t >= 1:  # the shield falls back: its backup on a noisy observation
@@ -120,7 +115,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
                         ub = pf.backup(pred.v, hold)
                         pred.commit(ub, have_state=True)
                         queue.append(ub)
-                    force = (push[0], push[1]) if push is not None and push[2] <= t < push[3] else None
+                    force = None if forces[t] is None else (pushed[0], forces[t])
                     x = env.wrap(plant.step(x, env.applied(name, queue[L + t - lk]), force))
                     if t >= lk:
                         true.append(x)
@@ -154,6 +149,28 @@ def _rows(sp) -> tuple[np.ndarray, np.ndarray]:
         for o, w in r.weights.items():
             W[i, col[o]] = w
     return W, np.array([r.offset for r in rows], np.float64)
+
+
+def _push_schedule(rng, pushed, rset, steps: int) -> list:
+    """The world force (or None) on the pushed body at each step of one rollout. A share of the rollouts carry a
+    push at full force early on; after it (and in every rollout) pushes start as the set starts them, with its
+    probability per step, each at full force with a random sign. A plan lasts many control steps, so several
+    pushes can land inside one: a single push per plan measured a tube too narrow for a light payload pushed
+    again before it had settled."""
+    forces: list = [None] * steps
+    if pushed is None:
+        return forces
+    body, axes, force, duration = pushed
+    t = int(rng.integers(0, 30)) if rng.random() < PUSH_SHARE else steps
+    t = min(t, next((k for k in range(steps) if rng.random() < rset.push.probability), steps))
+    while t < steps:
+        f3 = np.zeros(3)
+        f3[rng.choice(axes)] = rng.choice([-1.0, 1.0]) * force
+        for k in range(t, min(t + duration, steps)):
+            forces[k] = f3
+        t += duration
+        t = next((k for k in range(t, steps) if rng.random() < rset.push.probability), steps)
+    return forces
 
 
 def _push(env, rset):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
@@ -82,13 +83,21 @@ def run(args: argparse.Namespace) -> int:
         falsified = _falsify(cfg, spec, args, out)
         if falsified["cases_found"]:
             worst = falsified["cases"][0]
+            ends, where = _case_plant(cfg, worst)
+            reason = (
+                f"falsify found {falsified['cases_found']} shielded violation(s) within the envelope, e.g. set "
+                f"{worst['set']} at {where}, policy {worst['policy']}: {worst.get('violations', '?')} violating "
+                f"step(s); the model error synthesis measured does not cover this plant"
+            )
             refused = {
                 "certified": False,
                 "falsification": falsified,
-                "reason": f"falsify found {falsified['cases_found']} shielded violation(s) within the envelope, "
-                f"e.g. set {worst['set']}, policy {worst['policy']}, seed {worst['seed']}, domain "
-                f"{worst.get('domain')}",
-                "message": f"cannot certify {cfg.task.name}: falsify found a shielded violation "
+                "parameter": ends,
+                "reason": reason,
+                "message": f"cannot certify {cfg.task.name}: {reason}. Narrow the range(s) at the end(s) named, or "
+                f"make the plant easier to hold (a stronger drive, lighter pushes); a smaller shield number will not "
+                f"do. Replay: sim2real eval --config {args.config} --domains {worst.get('domain_file')} --policy "
+                f"{worst['policy']} --seed {worst['seed']} --episodes {worst.get('episodes', 1)} "
                 f"(case {worst.get('case_file')})",
             }
     legacy = _legacy(cfg, spec, args) if spec is not None and args.episodes else None
@@ -108,6 +117,28 @@ def run(args: argparse.Namespace) -> int:
     record["out"] = str(out)
     emit(args, record, _human(cfg, meas, spec, record, refused, out))
     return OK if refused is None else CHECK_FAILED
+
+
+def _case_plant(cfg, case: dict) -> tuple[list[str], str]:
+    """The randomized parameters a falsification case fixed at an end of its set's range (their keys), and the
+    case's plant in words: each scale with the end it sits at, its latency and its push."""
+    from envs.randomization import parse_randomization
+    from pipeline.safety.sampling import range_parameters
+
+    configured = {name: (lo, hi) for name, lo, hi in range_parameters(cfg.randomization[case["set"]])}
+    drawn = parse_randomization(case["domain"], "case")
+    ends, words = [], []
+    for name, lo, _ in range_parameters(drawn):
+        c_lo, c_hi = configured.get(name, (lo, lo))
+        end = "low" if math.isclose(lo, c_lo) else "high" if math.isclose(lo, c_hi) else None
+        if end is not None and not math.isclose(c_lo, c_hi):
+            ends.append(name)
+        words.append(f"{name} {lo:.3g}x" + (f" (its {end} end)" if end else ""))
+    if drawn.latency_steps is not None:
+        words.append(f"latency {drawn.latency_steps.high} step(s)")
+    if drawn.push is not None:
+        words.append(f"pushes up to {drawn.push.max_force:g} N on {drawn.push.body}")
+    return ends, ", ".join(words)
 
 
 def _with_monitor(cfg, spec: dict, runs: int, seed: int) -> dict:

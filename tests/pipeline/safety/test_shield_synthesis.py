@@ -278,3 +278,25 @@ def test_a_synthesized_spec_carries_measured_monitor_bounds(tmp_path, capsys, mo
     monitor = json.loads((out / "shield.json").read_text())["assumptions"]["monitor"]
     assert monitor["measured"]["runs"] == 4 and monitor["measured"]["steps"] > 400, monitor
     assert len(monitor["accel"]) == 2 and all(a > 0 for a in monitor["accel"])
+
+
+def test_a_falsification_refusal_names_the_plant_it_found_and_the_ends_it_sits_at():
+    """A falsify case is a plant: the refusal names each randomized scale of it, the end of the set's range it sits
+    at, its latency and its push, so its owner knows which range to narrow."""
+    from pipeline.commands.shield import _case_plant
+    from pipeline.config import load_config
+    from pipeline.evaluation.falsify import corner_domains, envelope_set
+
+    cfg = load_config("configs/crane.yaml")
+    corner = next(
+        d
+        for d in corner_domains(envelope_set(cfg))
+        if d["body_mass"]["payload"]["low"] == 1.5 and d["actuator_gain"]["trolley_force"]["low"] == 0.9
+    )
+    corner["body_mass"]["trolley"] = {"dist": "uniform", "low": 1.0, "high": 1.0}  # inside its range
+    ends, where = _case_plant(cfg, {"set": "reality", "domain": corner})
+    assert ends == ["body_mass.payload", "actuator_gain.trolley_force"]
+    assert (
+        "body_mass.payload 1.5x (its high end)" in where and "actuator_gain.trolley_force 0.9x (its low end)" in where
+    )
+    assert "body_mass.trolley 1x," in where and "latency" in where and "pushes up to 10 N on payload" in where

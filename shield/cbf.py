@@ -60,7 +60,8 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    prediction buffer (pending actions, latency cases, monitor, `note_sent`): the action passes if the plan
    "this action, then the backup controller" keeps every constraint less the measured tube; else the nearest
    action whose plan does; else the backup's own action, continuing the last accepted plan. While blind, it
-   plans from the dead-reckoned state; its tube is not widened for the blind steps.
+   plans from the dead-reckoned state and tightens every row by the dead reckoning's error box (point 6): a plan
+   is accepted only if it holds from anywhere the state may be by then; when none is, the backup acts.
 
 When the policy's action satisfies every condition it is returned unchanged (bitwise).
 Keep-out rows credit a plant passing them (`shield.barrier`) wherever the row could
@@ -412,6 +413,8 @@ class CbfShield:
         pf, pred = self._predictive, self._predictor
         assert pf is not None
         free = pf.slack_free(pred.v)
+        if self._blind:  # dead-reckoned: every plan must hold from anywhere the state may be by now
+            pf.tighten(free, self._blind_box(self._blind))
         if in_box:
             u_p = action.astype(np.float64)
             ok, h = pf.evaluate(free, u_p)

@@ -125,6 +125,9 @@ class PredictiveFilter:
         M[:, u0 : u0 + m] = 0.0
         M[:, -1] += offset  # the constant slot carries the offsets
         self._MT = np.ascontiguousarray(M.T)  # v @ MT: one product per call
+        # How far each row moves per unit of error in the observed state (v's first N entries): while the state is
+        # dead-reckoned, the rows are tightened by this times the dead reckoning's error box.
+        self._abs_state_MT = np.ascontiguousarray(np.abs(M[:, :N]).T)
         self._Rc = int((kind >= 0).sum())
         self._row_start = np.searchsorted(kind[order][: self._Rc], np.arange(len(spec.constraints)))
         self.R = len(offset)
@@ -142,6 +145,12 @@ class PredictiveFilter:
     def slack_free(self, v: np.ndarray) -> np.ndarray:
         """Each row's value without the candidate's part (v's action slot is ignored): row = G u + this >= 0."""
         return np.dot(v, self._MT, out=self._free)
+
+    def tighten(self, free: np.ndarray, state_error: np.ndarray) -> np.ndarray:
+        """`free` (in place) at the worst state within `state_error` (per state, how far the state the rows start
+        from may be off, e.g. after blind steps of dead reckoning) of the one they were computed from."""
+        free -= state_error[: self._abs_state_MT.shape[0]] @ self._abs_state_MT
+        return free
 
     def evaluate(self, free: np.ndarray, u: np.ndarray) -> tuple[bool, np.ndarray]:
         """(does `u` meet every row: the constraints over the horizon less the tube, the backup's actions in the

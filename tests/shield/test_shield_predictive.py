@@ -117,3 +117,23 @@ def test_a_bad_predictive_section_is_refused_naming_the_key(key, value, needle):
     bad["predictive"][key] = value
     with pytest.raises(ShieldSpecError, match=needle.replace(".", r"\.")):
         ShieldSpec.from_dict(bad)
+
+
+def test_blind_steps_tighten_every_plan_by_the_dead_reckonings_error():
+    """Observations lost: the filter plans from the dead-reckoned state, whose error grows every blind step with
+    the model error the spec declares. Two shields fed the same steps, one declaring a model error and one none:
+    seen, their rows agree; blind, the one with an error tightens its rows, by more each blind step."""
+    lossy = copy.deepcopy(SPEC)
+    lossy["disturbance_accel"] = [2.0, 2.0]
+    exact, erring = CbfShield(SPEC), CbfShield(lossy)
+    x = np.array([0.3, 0.05, 0.2, -0.1], np.float32)
+    u = np.array([0.05], np.float32)
+    seen = [s.filter(x, u)[1]["h"] for s in (exact, erring)]
+    assert np.array_equal(seen[0], seen[1])
+    lost = np.full(4, np.nan, np.float32)
+    gaps = []
+    for _ in range(4):
+        h_exact, h_erring = (s.filter(lost, u)[1]["h"] for s in (exact, erring))
+        assert np.all(h_erring <= h_exact) and np.any(h_erring < h_exact)
+        gaps.append(float(np.max(h_exact - h_erring)))
+    assert all(b > a for a, b in zip(gaps, gaps[1:])), gaps

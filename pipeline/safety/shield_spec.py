@@ -129,6 +129,18 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
     unknown = sorted(set(sc.gains) - set(names))
     if unknown:
         raise ShieldSpecError(f"shield.gains: unknown constraint name(s) {unknown}; the task's constraints are {names}")
+    # A constraint on an observation the shield's model does not carry is one it cannot predict, so it cannot
+    # keep it: the plant would pass its checks while that limit is left to luck.
+    modeled = set(pos) | set(vel)
+    for con in safety["constraints"]:
+        reads = {int(i) for i in con.get("index", [])} | {i for i, w in enumerate(con.get("a", [])) if w}
+        unseen = sorted(reads - modeled)
+        if unseen:
+            raise ShieldSpecError(
+                f"constraint {con['name']}: reads {', '.join(f'obs[{i}]' for i in unseen)}, which the shield's model "
+                f"does not carry (plant.kinematics: positions obs{pos}, velocities obs{vel}); declare that coordinate "
+                f"and its velocity in plant.kinematics, so the shield predicts it and keeps the limit"
+            )
     constraints = []
     for con in safety["constraints"]:
         con = dict(con)
@@ -175,6 +187,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
         raise ShieldSpecError(f"task {cfg.task.env_id}: unsupported shield model {safety['model']!r}")
     synthesized = needs_synthesis(sc) or measurement is not None
     predictive_reasons: list[str] = []
+    braking_refused: list = []  # what the braking barrier could not keep, where the predictive filter must
     if synthesized:
         from pipeline.safety import synthesis
 
@@ -190,6 +203,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
 
                 raise EnvelopeError(refusal(cfg, measurement, refused, bisect=False)["message"])
             predictive_reasons = [r for _, _, r in refused]
+            braking_refused = refused
             floor = [_PREDICTIVE_BRAKE_FLOOR * a for a in measurement.full_accel]
             derived["brake_accel"] = [[max(a, fl) for a in pair] for pair, fl in zip(derived["brake_accel"], floor)]
     margin = float(sc.margin if sc.margin is not None else derived["margin"])
@@ -302,17 +316,21 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
     }
     if predictive_reasons:
         from pipeline.safety import predictive
+        from pipeline.safety.certificate import refusal
+
+        def neither(why: str) -> EnvelopeError:
+            # Both filters refused: the braking refusal names the parameter, its range and the physical reason.
+            braking = refusal(cfg, measurement, braking_refused, bisect=False)["message"]
+            return EnvelopeError(f"{braking}; and the predictive filter cannot keep it either: {why}")
 
         try:
             spec["predictive"] = predictive.cached_section(cfg, spec)
         except ValueError as err:  # no backup, or no plan it admits, or a tail that needs the whole input box
-            raise EnvelopeError(
-                f"cannot certify {cfg.task.name}: the predictive filter cannot be built: {err}"
-            ) from None
+            raise neither(f"it cannot be built: {err}") from None
         spec["predictive"]["measured"]["why"] = predictive_reasons
         problem = predictive.holding_problem(spec)
         if problem:
-            raise EnvelopeError(f"cannot certify {cfg.task.name}: {problem}")
+            raise neither(problem)
     ShieldSpec.from_dict(spec)  # fail here, at build time, rather than on the edge box
     if check_envelope and not predictive_reasons:
         # Synthesis measured the model's error over every randomized range (damping, friction included).

@@ -10,6 +10,7 @@ at most ``k |q2|max / m2`` over s in [0.5, 1.5], at the light end.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -300,3 +301,18 @@ def test_a_falsification_refusal_names_the_plant_it_found_and_the_ends_it_sits_a
         "body_mass.payload 1.5x (its high end)" in where and "actuator_gain.trolley_force 0.9x (its low end)" in where
     )
     assert "body_mass.trolley 1x," in where and "latency" in where and "pushes up to 10 N on payload" in where
+
+
+def test_a_constraint_on_a_coordinate_the_shield_does_not_model_is_refused_by_name(tmp_path, capsys):
+    """The crane declared with only the trolley in plant.kinematics: the swing limit reads an observation the
+    shield's model does not carry, so no filter could keep it. `config --check` refuses it, naming the constraint
+    and what to declare, instead of passing a shield that leaves that limit to luck."""
+    doc = yaml.safe_load(open("configs/crane.yaml"))
+    doc["plant"]["mjcf"] = str((Path("configs") / doc["plant"]["mjcf"]).resolve())
+    doc["plant"]["kinematics"] = {"positions": ["x"], "velocities": ["x_dot"]}
+    doc["task"] = {"name": "crane_trolley_only", "env_id": "sim2real/CraneTrolleyOnly-v0"}
+    path = tmp_path / "crane_trolley_only.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert sim2real(["config", "--check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "constraint swing_limit: reads obs[1]" in err and "plant.kinematics" in err, err

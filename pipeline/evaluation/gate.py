@@ -211,9 +211,12 @@ def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
 def intervention_check(metrics: dict, gate) -> GateCheck:
     """`gate.max_intervention_rate` on the exact bounds of the shield's intervention count."""
     key, limit = "gate.max_intervention_rate", gate.max_intervention_rate
-    k, n, source = metrics.get("candidate_interventions"), metrics.get("candidate_steps"), "candidate driving"
+    # Which pass's counts: `prefix` names its per-episode counts too.
+    prefix, source = "candidate", "candidate driving"
+    k, n = metrics.get("candidate_interventions"), metrics.get("candidate_steps")
     if not _known(k) or not n:
-        k, n, source = metrics.get("would_be_interventions"), metrics.get("steps"), "would-be, legacy driving"
+        prefix, source = "would_be", "would-be, legacy driving"
+        k, n = metrics.get("would_be_interventions"), metrics.get("steps")
     if not _known(k) or not n:  # metrics from before the counts were kept: the rate alone, as a point value
         rate = metrics.get("candidate_intervention_rate")
         source = "candidate driving"
@@ -230,7 +233,6 @@ def intervention_check(metrics: dict, gate) -> GateCheck:
     k, n = int(k), int(n or 0)
     upper, lower = clopper_pearson_upper(k, n, alpha), clopper_pearson_lower(k, n, alpha)
     method = f"{RATE_METHOD} over steps"
-    prefix = "candidate" if source == "candidate driving" else "would_be"
     per_episode = episode_rate_bounds(
         metrics.get(f"{prefix}_episode_interventions") or [], metrics.get(f"{prefix}_episode_steps") or [], alpha
     )

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
-from pipeline.training.nets import OBS_CLIP, VAR_EPS, RunningMeanStd, mlp
+from pipeline.training.nets import OBS_CLIP, VAR_EPS, RunningMeanStd, action_bounds, mlp
 
 
 class ActorCritic(nn.Module):
@@ -49,10 +48,7 @@ class ActorCritic(nn.Module):
         self.pi = mlp([self.input_dim, *self.hidden_sizes, self.act_dim], out_gain=0.01)
         self.v = mlp([self.input_dim, *self.hidden_sizes, 1], out_gain=1.0)
         self.log_std = nn.Parameter(torch.full((self.act_dim,), float(log_std_init)))
-        low = torch.as_tensor(np.broadcast_to(np.asarray(action_low, np.float32), (self.act_dim,)).copy())
-        high = torch.as_tensor(np.broadcast_to(np.asarray(action_high, np.float32), (self.act_dim,)).copy())
-        if not torch.all(low < high):
-            raise ValueError(f"action_low {low.tolist()} must be below action_high {high.tolist()}")
+        low, high = action_bounds(self.act_dim, action_low, action_high)
         self.register_buffer("action_low", low)
         self.register_buffer("action_high", high)
 

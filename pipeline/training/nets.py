@@ -1,4 +1,5 @@
-"""Building blocks every algorithm's networks share: the observation normalizer, the MLP, CPU copies of state.
+"""Building blocks every algorithm's networks share: the observation normalizer, the MLP, CPU copies of state,
+replay minibatches as tensors.
 
 The normalizer's buffers travel in each network's state_dict, so checkpoints,
 rollout actors and the exported graph all normalize the same way.
@@ -68,6 +69,17 @@ def mlp(sizes: Sequence[int], out_gain: float) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def action_bounds(
+    act_dim: int, action_low: Sequence[float] | float, action_high: Sequence[float] | float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low, high) float32[act_dim], a scalar bound broadcast to every action; ValueError unless low < high."""
+    low = np.broadcast_to(np.asarray(action_low, np.float32), (act_dim,)).copy()
+    high = np.broadcast_to(np.asarray(action_high, np.float32), (act_dim,)).copy()
+    if not np.all(low < high):
+        raise ValueError(f"action_low {low.tolist()} must be below action_high {high.tolist()}")
+    return torch.as_tensor(low), torch.as_tensor(high)
+
+
 def to_cpu(obj):
     """A (nested) state_dict with every tensor copied to the CPU: what checkpoints store."""
     if isinstance(obj, torch.Tensor):
@@ -89,3 +101,17 @@ def load_optimizer(optimizer: torch.optim.Optimizer, state: dict, lr: float) -> 
     optimizer.load_state_dict(state)
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+# What an off-policy learner reads of a replay minibatch (replay.py's n-step transitions and their draw's weights).
+REPLAY_BATCH_KEYS = ("obs", "action", "reward", "next_obs", "discount", "weight")
+
+
+def replay_batch_tensors(
+    batch: dict[str, np.ndarray], obs_rms: RunningMeanStd, device: torch.device
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """(the minibatch as tensors on `device`, its normalized obs, its normalized next_obs), after `obs_rms` has
+    merged the batch's raw observations (the learner is the only one that updates the statistics)."""
+    t = {k: torch.as_tensor(batch[k], device=device) for k in REPLAY_BATCH_KEYS}
+    obs_rms.update(t["obs"])
+    return t, obs_rms(t["obs"]), obs_rms(t["next_obs"])

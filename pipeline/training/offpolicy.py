@@ -34,7 +34,6 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from pipeline.training.actor_pool import ActorPool, WeightSource, ray_for_run
-from pipeline.training.checkpoint import write_checkpoint
 from pipeline.training.learner import learner_threads
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.replay import NStepBuilder, ReplayClient, ReplayShard, load_snapshot, save_snapshot
@@ -52,6 +51,7 @@ from pipeline.training.scaffold import (
     ray_address_for,
     shield_in_loop,
     start_run,
+    write_run_checkpoint,
 )
 
 REPLAY_DIR = "replay"
@@ -302,25 +302,16 @@ def train_offpolicy(
         def checkpoint() -> None:
             if rc.checkpoint:
                 save_snapshot(run_dir / REPLAY_DIR, shards)
-            write_checkpoint(
+            write_run_checkpoint(
                 run_dir,
-                learner.version,
-                dict(
-                    algorithm=tc.algorithm,
-                    learner=learner.state_dict(),
-                    model=learner.cpu_weights(),
-                    model_spec=model_spec,
-                    updates=learner.version,
-                    env_steps=env_steps,
-                    learned_samples=learned,
-                    episodes=episodes_total,
-                    wall_s=prior_wall + time.perf_counter() - start_wall,
-                    torch_rng_state=torch.get_rng_state(),
-                    env_id=cfg.task.env_id,
-                    task=cfg.task.name,
-                    config_hash=cfg.config_hash(),
-                    restarts=counters(),
-                ),
+                cfg,
+                learner,
+                model_spec,
+                env_steps=env_steps,
+                episodes=episodes_total,
+                wall_s=prior_wall + time.perf_counter() - start_wall,
+                learned_samples=learned,
+                restarts=counters(),
             )
 
         recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)

@@ -32,7 +32,6 @@ import ray
 import torch
 
 from pipeline.training.actor_pool import ActorPool, WeightSource, ray_for_run
-from pipeline.training.checkpoint import write_checkpoint
 from pipeline.training.learner import Learner, PolicyLoss, learner_threads
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.rollout import RolloutActor
@@ -47,6 +46,7 @@ from pipeline.training.scaffold import (
     ray_address_for,
     shield_in_loop,
     start_run,
+    write_run_checkpoint,
 )
 from pipeline.training.selection import ModelSelection
 
@@ -128,24 +128,9 @@ def train_vtrace(
         logger = MetricsLogger(run_dir, tc.total_env_steps, model_spec["act_dim"], env_steps, progress)
 
         def checkpoint() -> None:
-            # learner.version, not `updates`: after an interrupt they can differ and the weights are the truth.
-            write_checkpoint(
-                run_dir,
-                learner.version,
-                dict(
-                    algorithm=tc.algorithm,
-                    learner=learner.state_dict(),
-                    model=learner.cpu_weights(),
-                    model_spec=model_spec,
-                    updates=learner.version,
-                    env_steps=env_steps,
-                    episodes=episodes_total,
-                    wall_s=prior_wall + time.perf_counter() - start_wall,
-                    torch_rng_state=torch.get_rng_state(),
-                    env_id=cfg.task.env_id,
-                    task=cfg.task.name,
-                    config_hash=cfg.config_hash(),
-                ),
+            wall_s = prior_wall + time.perf_counter() - start_wall
+            write_run_checkpoint(
+                run_dir, cfg, learner, model_spec, env_steps=env_steps, episodes=episodes_total, wall_s=wall_s
             )
 
         recent_returns: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)

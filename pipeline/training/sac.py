@@ -28,7 +28,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.training.nets import OBS_CLIP, VAR_EPS, RunningMeanStd, load_optimizer, mlp, to_cpu
+from pipeline.training.nets import (
+    OBS_CLIP,
+    VAR_EPS,
+    RunningMeanStd,
+    action_bounds,
+    load_optimizer,
+    mlp,
+    replay_batch_tensors,
+    to_cpu,
+)
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -48,12 +57,9 @@ class SquashedGaussianActor(nn.Module):
         self.obs_dim, self.act_dim, self.hidden_sizes = int(obs_dim), int(act_dim), [int(h) for h in hidden_sizes]
         self.obs_rms = RunningMeanStd(self.obs_dim)
         self.pi = mlp([self.obs_dim, *self.hidden_sizes, 2 * self.act_dim], out_gain=0.01)  # mean, log-std
-        low = np.broadcast_to(np.asarray(action_low, np.float32), (self.act_dim,)).copy()
-        high = np.broadcast_to(np.asarray(action_high, np.float32), (self.act_dim,)).copy()
-        if not np.all(low < high):
-            raise ValueError(f"action_low {low.tolist()} must be below action_high {high.tolist()}")
-        self.register_buffer("action_low", torch.as_tensor(low))
-        self.register_buffer("action_high", torch.as_tensor(high))
+        low, high = action_bounds(self.act_dim, action_low, action_high)
+        self.register_buffer("action_low", low)
+        self.register_buffer("action_high", high)
 
     def normalize(self, obs_raw: torch.Tensor) -> torch.Tensor:
         return self.obs_rms(obs_raw)
@@ -78,15 +84,6 @@ class SquashedGaussianActor(nn.Module):
         """Normalized action in [-1, 1] -> env units."""
         low, high = self.action_low.cpu().numpy(), self.action_high.cpu().numpy()
         return low + (np.clip(action, -1.0, 1.0) + 1.0) * 0.5 * (high - low)
-
-    def spec(self) -> dict:
-        return dict(
-            obs_dim=self.obs_dim,
-            act_dim=self.act_dim,
-            hidden_sizes=list(self.hidden_sizes),
-            action_low=self.action_low.tolist(),
-            action_high=self.action_high.tolist(),
-        )
 
 
 class TwinCritic(nn.Module):
@@ -156,6 +153,33 @@ def twin_critic_loss(q1: torch.Tensor, q2: torch.Tensor, target: torch.Tensor, w
     return 0.5 * (weight * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean()
 
 
+def twin_critic_step(
+    critic: TwinCritic,
+    optim: torch.optim.Optimizer,
+    obs: torch.Tensor,
+    t: dict[str, torch.Tensor],
+    target: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer step of the twin critics toward `target` on the minibatch `t` (its actions and importance
+    weights); (critic loss, Q_1, TD error Q_1 - y, whose magnitude is the transitions' new priority)."""
+    q1, q2 = critic(obs, t["action"])
+    critic_loss = twin_critic_loss(q1, q2, target, t["weight"])
+    optim.zero_grad(set_to_none=True)
+    critic_loss.backward()
+    optim.step()
+    return critic_loss, q1, q1 - target
+
+
+def replay_step_figures(q1: torch.Tensor, priorities: np.ndarray, batch: dict[str, np.ndarray], start: float) -> dict:
+    """The figures every off-policy step reports: mean Q_1, mean |TD|, mean importance weight, the step's time (s)."""
+    return dict(
+        q_mean=q1.detach().mean().item(),
+        td_abs_mean=float(priorities.mean()),
+        is_weight_mean=float(batch["weight"].mean()),
+        learner_s=time.perf_counter() - start,
+    )
+
+
 def soft_actor_loss(
     logp: torch.Tensor, q1_pi: torch.Tensor, q2_pi: torch.Tensor, temperature: torch.Tensor
 ) -> torch.Tensor:
@@ -190,17 +214,12 @@ class SacLearner:
 
     def cpu_weights(self) -> dict[str, torch.Tensor]:
         """The actor's state_dict on the CPU (weights + normalizer): what actors, export and checkpoints take."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.actor.state_dict().items()}
+        return to_cpu(self.actor.state_dict())
 
     def update(self, batch: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
         """One gradient step on a prioritized batch (with `weight`); returns (stats, new |TD| priorities)."""
         start = time.perf_counter()
-        t = {
-            k: torch.as_tensor(batch[k], device=self.device)
-            for k in ("obs", "action", "reward", "next_obs", "discount", "weight")
-        }
-        self.actor.obs_rms.update(t["obs"])
-        obs, next_obs = self.actor.normalize(t["obs"]), self.actor.normalize(t["next_obs"])
+        t, obs, next_obs = replay_batch_tensors(batch, self.actor.obs_rms, self.device)
         temperature = self.log_temperature.exp().detach()
 
         # One actor pass for s and s': the s' half feeds the target without gradients.
@@ -212,12 +231,7 @@ class SacLearner:
             target = soft_target(
                 t["reward"], t["discount"], *self.critic_target(next_obs, next_action), next_logp, temperature
             )
-        q1, q2 = self.critic(obs, t["action"])
-        td = q1 - target
-        critic_loss = twin_critic_loss(q1, q2, target, t["weight"])
-        self.critic_optim.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_optim.step()
+        critic_loss, q1, td = twin_critic_step(self.critic, self.critic_optim, obs, t, target)
 
         actor_loss = soft_actor_loss(logp, *self.critic(obs, action), temperature)
         self.actor_optim.zero_grad(set_to_none=True)
@@ -239,10 +253,7 @@ class SacLearner:
             actor_loss=actor_loss.item(),
             temperature=float(temperature),
             entropy=-logp.detach().mean().item(),
-            q_mean=q1.detach().mean().item(),
-            td_abs_mean=float(priorities.mean()),
-            is_weight_mean=float(batch["weight"].mean()),
-            learner_s=time.perf_counter() - start,
+            **replay_step_figures(q1, priorities, batch, start),
         )
         return stats, priorities
 

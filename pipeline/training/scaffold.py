@@ -1,5 +1,6 @@
-"""What every training loop shares, whatever the algorithm: the run directory and resume, the model's shape,
-Ray's address, actor seeds, weight publishing, the shield in the loop, episode figures and the one result.
+"""What every training loop shares, whatever the algorithm: the run directory, its checkpoints and resume, the
+model's shape, Ray's address, actor seeds, weight publishing, the shield in the loop, episode figures and the one
+result.
 
 An algorithm's loop (onpolicy.py, offpolicy.py) calls `start_run` first and returns a `TrainResult`;
 algorithms.py says which loop runs which algorithm.
@@ -21,7 +22,7 @@ import torch
 import yaml
 from gymnasium.spaces import Box
 
-from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint
+from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint, write_checkpoint
 from pipeline.training.learner import resolve_device
 from pipeline.training.metrics import is_entropy_collapsed
 from pipeline.training.rollout import make_env, preflight
@@ -165,6 +166,44 @@ def start_run(cfg, out_dir, resume, steps, actors, envs_per_actor, history_lengt
     device = resolve_device(cfg.train.device)
     torch.manual_seed(cfg.train.seed)
     return RunStart(cfg, run_dir, ckpt, model_spec, randomization, device)
+
+
+def write_run_checkpoint(
+    run_dir: Path,
+    cfg,
+    learner: WeightLearner,
+    model_spec: dict,
+    *,
+    env_steps: int,
+    episodes: int,
+    wall_s: float,
+    learned_samples: int | None = None,
+    restarts: dict | None = None,
+) -> None:
+    """The loop's checkpoint: the learner, its weights and the run's counters; `wall_s` in s over all of the
+    run's lives. An off-policy loop adds its `learned_samples` and its restart counters."""
+    # learner.version, not the loop's count: after an interrupt they can differ and the weights are the truth.
+    state = dict(
+        algorithm=cfg.train.algorithm,
+        learner=learner.state_dict(),
+        model=learner.cpu_weights(),
+        model_spec=model_spec,
+        updates=learner.version,
+        env_steps=env_steps,
+    )
+    if learned_samples is not None:
+        state["learned_samples"] = learned_samples
+    state.update(
+        episodes=episodes,
+        wall_s=wall_s,
+        torch_rng_state=torch.get_rng_state(),
+        env_id=cfg.task.env_id,
+        task=cfg.task.name,
+        config_hash=cfg.config_hash(),
+    )
+    if restarts is not None:
+        state["restarts"] = restarts
+    write_checkpoint(run_dir, learner.version, state)
 
 
 def ray_address_for(cfg, ray_address: str | None) -> str | None:

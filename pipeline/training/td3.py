@@ -20,8 +20,8 @@ import time
 import numpy as np
 import torch
 
-from pipeline.training.nets import load_optimizer, to_cpu
-from pipeline.training.sac import SquashedGaussianActor, TwinCritic, twin_critic_loss
+from pipeline.training.nets import load_optimizer, replay_batch_tensors, to_cpu
+from pipeline.training.sac import SquashedGaussianActor, TwinCritic, replay_step_figures, twin_critic_step
 
 
 def smoothed(action: torch.Tensor, noise: torch.Tensor, noise_clip: float) -> torch.Tensor:
@@ -52,17 +52,12 @@ class Td3Learner:
 
     def cpu_weights(self) -> dict[str, torch.Tensor]:
         """The actor's state_dict on the CPU (weights + normalizer): what actors, export and checkpoints take."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.actor.state_dict().items()}
+        return to_cpu(self.actor.state_dict())
 
     def update(self, batch: dict[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:
         """One critic step (and every policy_delay steps an actor step) on a prioritized batch; (stats, priorities)."""
         start = time.perf_counter()
-        t = {
-            k: torch.as_tensor(batch[k], device=self.device)
-            for k in ("obs", "action", "reward", "next_obs", "discount", "weight")
-        }
-        self.actor.obs_rms.update(t["obs"])
-        obs, next_obs = self.actor.normalize(t["obs"]), self.actor.normalize(t["next_obs"])
+        t, obs, next_obs = replay_batch_tensors(batch, self.actor.obs_rms, self.device)
         with torch.no_grad():
             next_action = smoothed(
                 self._act(self.pi_target, next_obs),
@@ -70,12 +65,7 @@ class Td3Learner:
                 self.cfg.noise_clip,
             )
             target = t["reward"] + t["discount"] * torch.minimum(*self.critic_target(next_obs, next_action))
-        q1, q2 = self.critic(obs, t["action"])
-        td = q1 - target
-        critic_loss = twin_critic_loss(q1, q2, target, t["weight"])
-        self.critic_optim.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_optim.step()
+        critic_loss, q1, td = twin_critic_step(self.critic, self.critic_optim, obs, t, target)
 
         self.version += 1
         if self.version % self.cfg.policy_delay == 0:
@@ -92,10 +82,7 @@ class Td3Learner:
         stats = dict(
             critic_loss=critic_loss.item(),
             actor_loss=self.actor_loss,
-            q_mean=q1.detach().mean().item(),
-            td_abs_mean=float(priorities.mean()),
-            is_weight_mean=float(batch["weight"].mean()),
-            learner_s=time.perf_counter() - start,
+            **replay_step_figures(q1, priorities, batch, start),
         )
         return stats, priorities
 

@@ -46,12 +46,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         from pipeline.safety.shield_spec import build_shield_spec
 
-        if not use_shield:
-            # Bare, the spec only tells the adversary where the limits are and which way each action pushes;
-            # its braking is never used, so a plant whose envelope the shield cannot certify is still measured
-            # without it (which is how its owner sees what the shield was refused for).
-            cfg = cfg.model_copy(update={"shield": cfg.shield.model_copy(update={"brake_fraction": 1.0})})
-        spec = ShieldSpec.from_dict(build_shield_spec(cfg, check_envelope=use_shield))
+        # Bare, the spec only tells the adversary where the limits are and which way each action pushes, so a
+        # plant whose envelope the shield cannot certify is still measured without it (which is how its owner
+        # sees what the shield was refused for).
+        spec = ShieldSpec.from_dict(build_shield_spec(cfg, bare=not use_shield))
         policy = reference_policy(args.policy, cfg, spec, seed=args.seed)
     result = evaluate(
         cfg,

@@ -105,13 +105,18 @@ def needs_synthesis(shield_cfg) -> bool:
     )
 
 
-def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dict:
+def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bare: bool = False) -> dict:
     """The shield.json content for `cfg.task.env_id`, from envs.safety_spec, the nominal model and cfg.shield.
 
     With `check_envelope` (always, except to build a deliberately faulty spec in tests) every
     randomization set is checked against the spec's assumptions (pipeline.safety.envelope). A number the
     config leaves unset comes from `measurement` (`pipeline.safety.synthesis.measure`, run here when none is
     given), and every number it sets is then held to that measurement.
+
+    `bare`: a spec no filter will run, for what reads only its limits, model and action bounds (an adversary
+    steering a plant evaluated without the shield). Nothing is certified: the envelope is not checked, and
+    braking the plant lacks is written floored (as where the predictive filter keeps the constraints) instead
+    of refused, with no predictive section.
     """
     import envs
 
@@ -196,14 +201,15 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
         derived = synthesis.derived_numbers(measurement)
         if refused and sc.brake_accel is None and sc.brake_fraction is None:
             # The braking barrier cannot keep these constraints: the predictive filter keeps every constraint
-            # instead (its section is added below); the braking figures stay in the spec as measured, floored
-            # to what the schema reads, and no barrier row uses them.
-            if safety["model"] != "linear" or any(c["type"] not in ("box", "halfspace") for c in constraints):
-                from pipeline.safety.certificate import refusal
+            # instead (its section is added below; a bare spec has none); the braking figures stay in the spec
+            # as measured, floored to what the schema reads, and no barrier row uses them.
+            if not bare:
+                if safety["model"] != "linear" or any(c["type"] not in ("box", "halfspace") for c in constraints):
+                    from pipeline.safety.certificate import refusal
 
-                raise EnvelopeError(refusal(cfg, measurement, refused, bisect=False)["message"])
-            predictive_reasons = [r for _, _, r in refused]
-            braking_refused = refused
+                    raise EnvelopeError(refusal(cfg, measurement, refused, bisect=False)["message"])
+                predictive_reasons = [r for _, _, r in refused]
+                braking_refused = refused
             floor = [_PREDICTIVE_BRAKE_FLOOR * a for a in measurement.full_accel]
             derived["brake_accel"] = [[max(a, fl) for a in pair] for pair, fl in zip(derived["brake_accel"], floor)]
     margin = float(sc.margin if sc.margin is not None else derived["margin"])
@@ -332,7 +338,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None) -> dic
         if problem:
             raise neither(problem)
     ShieldSpec.from_dict(spec)  # fail here, at build time, rather than on the edge box
-    if check_envelope and not predictive_reasons:
+    if check_envelope and not bare and not predictive_reasons:
         # Synthesis measured the model's error over every randomized range (damping, friction included).
         problems = envelope_problems(cfg, spec, envelopes, full_accel, measured_ranges=synthesized)
         if synthesized:

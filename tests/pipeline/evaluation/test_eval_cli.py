@@ -191,22 +191,46 @@ def test_bang_bang_holds_every_action_at_a_bound_and_flips_each_at_its_own_perio
     assert len(set(patterns)) > 1  # each episode draws a new pattern
 
 
-def test_a_plant_the_shield_cannot_certify_is_still_measured_bare(tmp_path, capsys):
-    """A crane whose drive keeps only a fifth of its force: the shield refuses its envelope (exit 2, naming the
-    drive's range), yet `eval --no-shield` runs it, so its owner can see what the bare plant does."""
+@pytest.fixture(scope="module")
+def weak_crane(tmp_path_factory) -> Path:
+    """A crane whose drive keeps only a fifth of its force: its braking cannot keep the trolley's limits."""
     import yaml
-
-    from pipeline.cli import main as sim2real
 
     doc = yaml.safe_load(open("configs/crane.yaml"))
     doc["plant"]["mjcf"] = str((Path("configs") / doc["plant"]["mjcf"]).resolve())
     for domain in doc["randomization"].values():
         domain["actuator_gain"] = {"trolley_force": {"dist": "uniform", "low": 0.15, "high": 0.25}}
-    path = tmp_path / "weak_crane.yaml"
+    path = tmp_path_factory.mktemp("weak_crane") / "weak_crane.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    argv = ["eval", "--config", str(path), "--policy", "legacy", "--domains", "reality", "--episodes", "1", "--json"]
-    assert sim2real(argv) == 2
+    return path
+
+
+def test_a_plant_the_shield_cannot_certify_is_still_measured_bare(weak_crane, capsys):
+    """The shield refuses the weak crane's envelope (exit 2, naming the drive's range), yet `eval --no-shield`
+    runs it, so its owner can see what the bare plant does."""
+    from pipeline.cli import main as sim2real
+
+    argv = ["eval", "--config", str(weak_crane), "--policy", "legacy", "--domains", "reality", "--episodes", "1"]
+    assert sim2real([*argv, "--json"]) == 2
     assert "actuator_gain.trolley_force" in capsys.readouterr().err
-    assert sim2real([*argv, "--no-shield"]) == 0
+    assert sim2real([*argv, "--json", "--no-shield"]) == 0
     bare = json.loads(capsys.readouterr().out)
     assert bare["episodes"] == 1 and bare["shield"] is False and bare["intervention_rate"] == 0
+
+
+def test_a_bare_spec_certifies_nothing_and_refuses_nothing(weak_crane):
+    """Bare, the weak crane's spec builds: its measured braking floored to what the schema reads (all above 0),
+    no predictive section, no envelope check; a plant the shield certifies gets its shielded spec unchanged."""
+    from pipeline.safety.shield_spec import EnvelopeError
+    from shield.spec import ShieldSpec, brake_pairs
+
+    cfg = load_config(weak_crane)
+    with pytest.raises(EnvelopeError, match="actuator_gain.trolley_force"):
+        build_shield_spec(cfg)
+    bare = build_shield_spec(cfg, bare=True)
+    ShieldSpec.from_dict(bare)
+    assert "predictive" not in bare
+    kin = bare["kinematics"]
+    assert all(a > 0 for pair in brake_pairs(kin["brake_accel"], len(kin["position_index"])) for a in pair)
+    cartpole = load_config("configs/cartpole.yaml")
+    assert build_shield_spec(cartpole, bare=True) == build_shield_spec(cartpole)

@@ -7,16 +7,20 @@ backup controller can hold the plant inside every constraint forever:
 1. From the shield state ``v`` (`shield.prediction.LatencyPredictor`'s buffer: the observed state, the actions
    sent but not applied, the candidate ``u`` and a constant), the nominal model gives the state ``x_L`` the
    candidate acts on and the next state ``x_1 = A x_L + B u + c``.
-2. The backup stops the plant at the equilibrium nearest the next state: ``u_j = -K (x_j - x_hold)`` with
-   ``x_hold = x_op + P (x_1 - x_op)``, ``P`` the projection onto the model's equilibria under zero action (a
-   crane hangs at rest anywhere on its rail: it is stopped where it is, not driven back to the middle, which
-   would take far more of the input box). Every predicted ``x_j`` (j = 1..horizon) is then affine in ``v``.
+2. The backup stops the plant at the equilibrium nearest the next state: ``u_j = u_hold - K (x_j - x_hold)``
+   with ``x_hold = x_op + P (x_1 - x_op)``, ``P`` the projection onto the states the model can hold still and
+   ``u_hold = F (x_hold - x_op)`` the action that holds it (a crane hangs at rest anywhere on its rail under
+   zero action; a ball rests off centre on a beam under the torque that levels it): it is stopped where it
+   is, not driven back to the operating point, which would take far more of the input box. Every predicted
+   ``x_j`` (j = 1..horizon) is then affine in ``v``.
 3. Every constraint row ``d(x) = w.x + f >= 0`` must hold at every ``x_j`` less the tube ``|w| . tube_j`` (the
-   measured bound on how far the plant, under this very loop, strays from the nominal prediction after j
-   steps); every backup action must lie in the input box (so the prediction, made without saturation, is the
-   backup's); the last state must lie within ``terminal_box`` of ``x_hold``, and ``x_hold`` far enough inside
-   every constraint that the backup's tail from there stays inside (`terminal_reach`: the most any row moves
-   over the rest of the backup's run from the edge of that box, followed until it has settled).
+   measured bound on how far the plant, under this very loop, strays from the nominal prediction after j steps;
+   where the model's error grows with the distance from the operating point, the tube is ``tube_j + tube_slope_j .
+   |x_L - x_op|``, still one product per call); every backup action must lie in the input box (so the prediction,
+   made without saturation, is the backup's); the last state must lie within ``terminal_box`` of ``x_hold``, and
+   ``x_hold`` far enough inside every constraint that the backup's tail from there stays inside (`terminal_reach`:
+   the most any row moves over the rest of the backup's run from the edge of that box, followed until it has
+   settled).
 4. All of that is ``G u >= lb`` with ``G`` and the part of ``lb`` that does not depend on ``v`` built once: one
    matrix-vector product per call. An action that meets every row passes bitwise unchanged; otherwise the
    filter is ``min ||u - u_p||^2`` over the rows and the box (closed form for one input, the QP otherwise).
@@ -46,7 +50,11 @@ class PredictiveFilter:
         K = np.asarray(section["backup_gain"], np.float64)
         x_op = np.asarray(section["operating_point"], np.float64)
         P = np.asarray(section["hold_projection"], np.float64)
+        F = np.asarray(section.get("hold_action") or np.zeros((m, N)), np.float64)  # the action holding x_hold
         tube = np.asarray(section["tube"], np.float64)  # (horizon, N)
+        # (horizon, N, N) or absent: the tube's growth per unit of |x_L - x_op|, where the model's error depends on
+        # how far from the operating point the plan starts (`tube_slope`, see point 3 of the module's docstring).
+        slope = np.asarray(section.get("tube_slope") or np.zeros((len(tube), N, N)), np.float64)
         box = np.asarray(section["terminal_box"], np.float64)
         reach = np.asarray(section["terminal_reach"], np.float64)  # per constraint row
         H = int(section["horizon"])
@@ -72,7 +80,8 @@ class PredictiveFilter:
         Phi_1 = A @ self._Phi_L + B @ slot(u0) + C_drift
         X_hold = X_op + P @ (Phi_1 - X_op)  # where the plan stops: the equilibrium nearest x_1
         self._Hold = X_hold
-        self._K, self._x_op, self._P = K, x_op, P
+        U_hold = F @ (X_hold - X_op)  # the map v -> the action that holds the plan's stop
+        self._K, self._x_op, self._P, self._F = K, x_op, P, F
         rows = [r for con in spec.constraint_objects() for r in con.rows()]
         if any(not isinstance(r, LinearRow) for r in rows):
             raise ValueError("shield spec: predictive: every constraint must be a box or a halfspace")
@@ -85,7 +94,9 @@ class PredictiveFilter:
         owner = [k for k, con in enumerate(spec.constraint_objects()) for _ in con.rows()]
         self._owner = np.array(owner, dtype=np.intp)
         lats = [L] if spec.latency_min_steps is None else list(range(spec.latency_min_steps, L + 1))
-        blocks, offsets, kinds = [], [], []  # (rows, D) maps and constants: slack = block @ v + offset
+        # (rows, D) maps and constants: slack = block @ v + offset - tight @ |x_L - x_op|
+        blocks, offsets, kinds, tight = [], [], [], []
+        absW = np.abs(W)
         self._plans = []  # per latency case: the states' maps, for `plan`
         for lk in lats:
             # The plan as the plant with lk steps lives it: each step it applies what was sent lk steps before
@@ -94,26 +105,30 @@ class PredictiveFilter:
             sent, X, states = pending + [slot(u0)], X0, []
             for t in range(lk + H):
                 if t >= 1:
-                    U = -K @ (latency_prediction(X, sent) - X_hold)
+                    U = U_hold - K @ (latency_prediction(X, sent) - X_hold)
                     sent.append(U)
                     if t < H:
                         blocks += [-U, U]
                         offsets += [np.asarray(high, np.float64), -np.asarray(low, np.float64)]
                         kinds += [np.full(m, -1), np.full(m, -1)]
+                        tight += [np.zeros((m, N)), np.zeros((m, N))]
                 X = A @ X + B @ sent[L + t - lk] + C_drift
                 states.append(X)
                 if t >= lk:  # after the candidate is applied: the constraints, tightened by the tube
                     blocks.append(W @ X)
-                    offsets.append(f - np.abs(W) @ tube[t - lk])
+                    offsets.append(f - absW @ tube[t - lk])
                     kinds.append(self._owner)
+                    tight.append(absW @ slope[t - lk])
             self._plans.append(states[lk:])
             dev = X - X_hold  # how far the last state is from where the backup stops it
             blocks += [-dev, dev]
             offsets += [box, box]
             kinds += [np.full(N, -1), np.full(N, -1)]
+            tight += [np.zeros((N, N)), np.zeros((N, N))]
             blocks.append(W @ X_hold)  # where the backup leaves it
-            offsets.append(f - reach - np.abs(W) @ tube[-1])
+            offsets.append(f - reach - absW @ tube[-1])
             kinds.append(self._owner)
+            tight.append(absW @ slope[-1])
         self.latencies = lats
         # Constraint rows first, grouped by constraint (stable), so a step's h per constraint is one reduceat over
         # a leading slice; then the backup's action rows and the terminal box.
@@ -128,6 +143,11 @@ class PredictiveFilter:
         # How far each row moves per unit of error in the observed state (v's first N entries): while the state is
         # dead-reckoned, the rows are tightened by this times the dead reckoning's error box.
         self._abs_state_MT = np.ascontiguousarray(np.abs(M[:, :N]).T)
+        # The state-dependent part of the tube: rows less (|x_L - x_op|) @ tight_T, x_L = Phi_L v (None: constant).
+        T = np.vstack(tight)[order]
+        self._tight_T = np.ascontiguousarray(T.T) if np.any(T) else None
+        self._abs_Phi_state = np.abs(self._Phi_L[:, :N])  # how far x_L moves per unit of error in the observed state
+        self._x_L, self._row_tmp = np.empty(N), np.empty(len(offset))
         self._Rc = int((kind >= 0).sum())
         self._row_start = np.searchsorted(kind[order][: self._Rc], np.arange(len(spec.constraints)))
         self.R = len(offset)
@@ -144,12 +164,20 @@ class PredictiveFilter:
 
     def slack_free(self, v: np.ndarray) -> np.ndarray:
         """Each row's value without the candidate's part (v's action slot is ignored): row = G u + this >= 0."""
-        return np.dot(v, self._MT, out=self._free)
+        free = np.dot(v, self._MT, out=self._free)
+        if self._tight_T is not None:
+            x = np.dot(self._Phi_L, v, out=self._x_L)
+            np.abs(np.subtract(x, self._x_op, out=x), out=x)
+            free -= np.dot(x, self._tight_T, out=self._row_tmp)
+        return free
 
     def tighten(self, free: np.ndarray, state_error: np.ndarray) -> np.ndarray:
         """`free` (in place) at the worst state within `state_error` (per state, how far the state the rows start
         from may be off, e.g. after blind steps of dead reckoning) of the one they were computed from."""
-        free -= state_error[: self._abs_state_MT.shape[0]] @ self._abs_state_MT
+        error = state_error[: self._abs_state_MT.shape[0]]
+        free -= error @ self._abs_state_MT
+        if self._tight_T is not None:  # and the tube's state-dependent part, at the farthest x_L may then be
+            free -= (self._abs_Phi_state @ error) @ self._tight_T
         return free
 
     def evaluate(self, free: np.ndarray, u: np.ndarray) -> tuple[bool, np.ndarray]:
@@ -176,6 +204,10 @@ class PredictiveFilter:
         """(latency cases, horizon, states): the nominal plan's states after the candidate, from `v` (tube aside)."""
         return np.array([[X @ v for X in p] for p in self._plans])
 
+    def start(self, v: np.ndarray) -> np.ndarray:
+        """x_L: the state the candidate acts on, as the shield predicts it from `v`."""
+        return self._Phi_L @ v
+
     def hold_point(self, v: np.ndarray) -> np.ndarray:
         """Where the plan for the loaded action stops the plant: the equilibrium nearest the next state."""
         return self._Hold @ v
@@ -186,4 +218,5 @@ class PredictiveFilter:
         x = self._Phi_L @ v
         if hold is None:
             hold = self._x_op + self._P @ (x - self._x_op)
-        return np.minimum(np.maximum(-self._K @ (x - hold), self._low), self._high)
+        u = self._F @ (hold - self._x_op) - self._K @ (x - hold)
+        return np.minimum(np.maximum(u, self._low), self._high)

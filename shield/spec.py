@@ -485,7 +485,9 @@ PREDICTIVE_KEYS = (
     "backup_gain",
     "operating_point",
     "hold_projection",
+    "hold_action",
     "tube",
+    "tube_slope",
     "terminal_box",
     "terminal_reach",
     "measured",
@@ -505,10 +507,21 @@ def _predictive(value: Any, n: int, m: int, rows: int) -> dict:
     _matrix(_need(value, "backup_gain", "predictive"), "predictive.backup_gain", m, n)
     _finite(_need(value, "operating_point", "predictive"), "predictive.operating_point", n)
     _matrix(_need(value, "hold_projection", "predictive"), "predictive.hold_projection", n, n)
+    if "hold_action" in value:
+        _matrix(value["hold_action"], "predictive.hold_action", m, n)
     tube = _matrix(_need(value, "tube", "predictive"), "predictive.tube", horizon, n)
     box = _finite(_need(value, "terminal_box", "predictive"), "predictive.terminal_box", n)
     reach = _finite(_need(value, "terminal_reach", "predictive"), "predictive.terminal_reach", rows)
-    for key, vals in (("tube", tube.reshape(-1).tolist()), ("terminal_box", box), ("terminal_reach", reach)):
+    slope = value.get("tube_slope")
+    if slope is not None and (not isinstance(slope, (list, tuple)) or len(slope) != horizon):
+        _fail("predictive.tube_slope", f"must be {horizon} {n}x{n} matrices (one per step of the horizon)")
+    slope_vals = [v for j, s in enumerate(slope or []) for v in _matrix(s, f"predictive.tube_slope[{j}]", n, n).flat]
+    for key, vals in (
+        ("tube", tube.reshape(-1).tolist()),
+        ("tube_slope", slope_vals),
+        ("terminal_box", box),
+        ("terminal_reach", reach),
+    ):
         if min(vals, default=0.0) < 0.0:
             _fail(f"predictive.{key}", "must be >= 0 everywhere")
     measured = value.get("measured", {})

@@ -47,11 +47,20 @@ def backup_gain(cfg, A: np.ndarray, B: np.ndarray, half_range: np.ndarray) -> np
     return discrete_lqr(A, B, q.astype(np.float64), r.astype(np.float64))
 
 
-def equilibrium_projection(A: np.ndarray) -> np.ndarray:
-    """The orthogonal projection onto the null space of A - I: states the model holds under zero action."""
-    _, s, vt = np.linalg.svd(A - np.eye(len(A)))
-    null = vt[s < 1e-7 * max(1.0, float(s.max()))].T
-    return null @ null.T
+def equilibrium_projection(A: np.ndarray, B: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(P, F): P the orthogonal projection onto the states the model can hold still (x = A x + B u for some u, off
+    the operating point), F the action that holds each (u = F dx for dx = P dx). A crane's trolley rests anywhere
+    under zero action (F = 0); a ball on a beam rests off centre only with the torque that levels the beam
+    against its weight, and a backup that had to bring it back to the centre would need far more of the input box."""
+    n = len(A)
+    B = np.zeros((n, 0)) if B is None else B
+    M = np.hstack([A - np.eye(n), B])
+    _, s, vt = np.linalg.svd(M)
+    rank = int((s > 1e-7 * max(1.0, float(s.max()))).sum())
+    null = vt[rank:].T  # (n + m, k): every (dx, u) the model holds
+    X, U = null[:n], null[n:]
+    pinv = np.linalg.pinv(X, rcond=1e-9)
+    return X @ pinv, U @ pinv
 
 
 def closed_loop(A, B, K) -> tuple[np.ndarray, float]:
@@ -77,6 +86,8 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
     lats = pf.latencies
     obs = np.zeros(spec["obs_dim"])
     err = np.zeros((horizon, env.n))
+    x_op = np.asarray(spec["predictive"]["operating_point"], np.float64)
+    phis, errs = [], []  # per admitted plan: |x_L - x_op| as the shield predicts it, and the plan's error
     plans = tried = 0
     for name, rset in env.cfg.randomization.items():
         plant = env.plants[name]
@@ -103,6 +114,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
                     continue
                 done += 1
                 lk = min(max(int(rng.integers(lat_lo, lat_hi + 1)), lats[0]), lats[-1])
+                phi = np.abs(pf.start(pred.v) - x_op)
                 plan = pf.plan(pred.v)[lats.index(lk)]
                 hold = pf.hold_point(pred.v)
                 pred.commit(queue[-1], have_state=True)
@@ -121,7 +133,10 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
                         true.append(x)
                 true = np.array(true)
                 if np.all(np.isfinite(true)):
-                    err = np.maximum(err, np.abs(true - plan))
+                    e = np.abs(true - plan)
+                    err = np.maximum(err, e)
+                    phis.append(phi)
+                    errs.append(e)
             plans += done
     record = {
         "method": "the plant (every set's corners and random draws, its latency, noise, action noise and push) "
@@ -137,6 +152,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
         raise ValueError(
             f"the predictive filter admitted {plans} of {tried} sampled plans: too few to measure its model error on"
         )
+    record["samples"] = (np.array(phis), np.array(errs))  # for `state_dependent_tube`; popped before it is written
     return np.maximum.accumulate(err, axis=0) * INFLATION, record
 
 
@@ -212,7 +228,7 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     A, B = env.A, env.B
     half = 0.5 * (env.hi_s - env.lo_s)
     K = backup_gain(cfg, A, B, half)
-    P = equilibrium_projection(A)
+    P, F = equilibrium_projection(A, B)
     Acl, rho = closed_loop(A, B, K)
     horizon = (
         MAX_HORIZON
@@ -228,12 +244,15 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
         "backup_gain": K.tolist(),
         "operating_point": env.x_op.tolist(),
         "hold_projection": P.tolist(),
+        # Only where holding still takes an action (absent: every rest state holds under zero action, as before).
+        **({"hold_action": F.tolist()} if np.any(np.abs(F) > 1e-12) else {}),
         "tube": [],
         "terminal_box": box.tolist(),
         "terminal_reach": reach.tolist(),
     }
     tube, record = measure_tube(env, {**spec, "predictive": out}, horizon, seed)
-    return {
+    phis, errs = record.pop("samples")
+    result = {
         **out,
         "tube": tube.tolist(),
         "measured": {
@@ -244,6 +263,49 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
             **record,
         },
     }
+    # One bound for every state is the worst plan's error: where the model's error grows with how far the plant is
+    # from the operating point (a ball far out on a beam changes the beam's inertia and load), that bound leaves
+    # no room even at rest. There, the tube is an affine bound in |x_L - x_op| instead, fitted to the same plans.
+    if holding_problem({**spec, "predictive": result}):
+        base, slope, fit = state_dependent_tube(phis, errs)
+        result["tube"], result["tube_slope"] = base.tolist(), slope.tolist()
+        result["measured"]["state_dependent"] = fit
+    return result
+
+
+def state_dependent_tube(phis: np.ndarray, errs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(base (horizon, n), slope (horizon, n, n), record): per step j and state i, the bound
+    ``base[j, i] + slope[j, i] . |x_L - x_op|`` on the plan's error that covers every measured plan (`phis`:
+    (plans, n), `errs`: (plans, horizon, n)) with the least mean over them (a linear program per step and state,
+    HiGHS); x INFLATION and never shrinking with the step, like the constant tube."""
+    from scipy.optimize import linprog
+
+    S, H, n = errs.shape
+    lhs = -np.hstack([np.ones((S, 1)), phis])  # -(base + slope . phi) <= -err
+    cost = np.concatenate([[1.0], phis.mean(axis=0)])
+    coef = np.zeros((H, n, n + 1))
+    for j in range(H):
+        for i in range(n):
+            e = errs[:, j, i]
+            if float(e.max()) <= 0.0:
+                continue
+            res = linprog(cost, A_ub=lhs, b_ub=-e, bounds=[(0.0, None)] * (n + 1), method="highs")
+            # Should the solver fail, the constant bound (the largest error) covers every plan.
+            coef[j, i] = res.x if res.status == 0 else np.concatenate([[float(e.max())], np.zeros(n)])
+    coef = np.maximum.accumulate(coef, axis=0) * INFLATION
+    base, slope = coef[..., 0], coef[..., 1:]
+    at_rest, worst = base.max(axis=0), (base + slope @ phis.max(axis=0)).max(axis=0)
+    return (
+        base,
+        slope,
+        {
+            "method": "per step and state, the affine bound in |x_L - x_op| over every measured plan with the least "
+            "mean (linear programs), x INFLATION, never shrinking with the step; used because the constant tube "
+            "left no room at the operating point",
+            "largest_at_rest": [round(float(v), 5) for v in at_rest],
+            "largest_at_the_farthest_sampled_state": [round(float(v), 5) for v in worst],
+        },
+    )
 
 
 _CACHE: dict[tuple, dict] = {}

@@ -37,7 +37,7 @@ def crane_spec(latency_steps: int = 0, latency_min_steps: int | None = None, tub
     half = np.array([X_MAX, THETA_MAX, 1.5, 3.0])
     K = discrete_lqr(A, B, np.diag([10.0, 20.0, 1.0, 1.0]), np.diag([1.0]))
     Acl, rho = predictive.closed_loop(A, B, K)
-    P = predictive.equilibrium_projection(A)
+    P, _ = predictive.equilibrium_projection(A, B)
     horizon = int(np.ceil(np.log(predictive.HORIZON_DECAY) / np.log(rho)))
     constraints = [
         {"name": "rail", "type": "box", "index": [0], "low": [-X_MAX], "high": [X_MAX]},

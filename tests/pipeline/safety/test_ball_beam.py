@@ -1,0 +1,47 @@
+"""A ball on a beam, declared as data (configs/ball_beam.yaml), no shield number set: the ball is unactuated and the
+model's error grows with how far out it is (a heavy ball at the end nearly doubles the beam's inertia), so one tube
+for every state leaves the predictive filter no room even at rest. Synthesis fits the tube to the distance from
+the operating point instead, and the backup holds the ball where it is with the torque that levels the beam."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def ball_beam():
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    cfg = load_config("configs/ball_beam.yaml")
+    return cfg, build_shield_spec(cfg)
+
+
+def test_the_ball_on_a_beam_is_certified_with_a_state_dependent_tube_and_kept_inside(ball_beam):
+    from pipeline.evaluation.evaluate import evaluate, reference_policy
+    from pipeline.safety.certificate import certificate
+    from pipeline.safety.predictive import holding_problem
+    from shield.spec import ShieldSpec
+
+    cfg, spec = ball_beam
+    record = certificate(cfg, None, spec, None, None)
+    assert record["filter"]["type"] == "predictive" and record["shield_numbers"]["set_by_hand"] == []
+    section = spec["predictive"]
+    assert "state_dependent" in section["measured"] and "tube_slope" in section
+    # A constant tube (the largest error over every measured plan, at every step) would hold nothing, even at rest.
+    flat = {**section, "tube": [section["measured"]["largest_error"]] * section["horizon"]}
+    flat.pop("tube_slope")
+    assert holding_problem({**spec, "predictive": flat}) is not None
+    # The backup holds the ball 0.2 m out with the torque that balances its weight (0.26 kg x 9.81 x 0.2 m on a
+    # 4 N m motor, ~0.13 of full action), instead of rolling it back to the centre.
+    F = np.asarray(section["hold_action"])
+    assert abs(float(F[0, 0]) * 0.2) == pytest.approx(0.26 * 9.81 * 0.2 / 4.0, rel=0.25)
+    shield_spec = ShieldSpec.from_dict(spec)
+    for name in ("adversarial", "legacy"):
+        policy = reference_policy(name, cfg, shield_spec, seed=1)
+        shielded = evaluate(cfg, policy, domains="reality", episodes=3, seed=1, shield=True, spec=shield_spec)
+        assert shielded["violations"] == 0, (name, shielded)
+    adversary = reference_policy("adversarial", cfg, shield_spec, seed=1)
+    bare = evaluate(cfg, adversary, domains="reality", episodes=2, seed=1, shield=False, spec=shield_spec)
+    assert bare["violations"] > 0

@@ -1,0 +1,111 @@
+"""The predictive filter's state-dependent tube (`tube_slope`) and the hold action of its backup, on the closed-form
+crane: for every state, what the filter admits keeps every constraint less the tube *at that state*, and the tube's
+state-dependent part costs nothing at the operating point."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shield.cbf import CbfShield
+from tests.helpers.predictive_specs import THETA_MAX, X_MAX, crane_model, crane_spec
+
+A, B, C = crane_model()
+LIMIT = np.array([X_MAX, THETA_MAX])
+
+
+def sloped_spec(per_metre: float) -> dict:
+    """The crane spec with a tube that grows by `per_metre` (in every state, every step) per metre the trolley
+    starts from the middle of its rail."""
+    spec = copy.deepcopy(crane_spec())
+    H = spec["predictive"]["horizon"]
+    slope = np.zeros((H, 4, 4))
+    slope[:, :, 0] = per_metre
+    spec["predictive"]["tube_slope"] = slope.tolist()
+    return spec
+
+
+SLOPED = sloped_spec(0.2)
+TUBE = np.asarray(SLOPED["predictive"]["tube"])
+SLOPE = np.asarray(SLOPED["predictive"]["tube_slope"])
+K = np.asarray(SLOPED["predictive"]["backup_gain"])
+P = np.asarray(SLOPED["predictive"]["hold_projection"])
+BOX = np.asarray(SLOPED["predictive"]["terminal_box"])
+REACH = np.asarray(SLOPED["predictive"]["terminal_reach"])
+
+states = st.tuples(
+    st.floats(-X_MAX, X_MAX), st.floats(-THETA_MAX, THETA_MAX), st.floats(-1.5, 1.5), st.floats(-3.0, 3.0)
+)
+
+
+def plan_slack(x: np.ndarray, u: float) -> float:
+    """The least slack of the plan after `u` from `x` (latency 0), written out step by step, with the tube at step
+    j being tube_j + slope_j . |x|: the constraints, the backup's actions in the box, the terminal box and the
+    settled equilibrium."""
+    tube = TUBE + SLOPE @ np.abs(x)  # (horizon, states): the operating point is the origin
+    worst = np.inf
+    xj = A @ x + B[:, 0] * u + C
+    hold = P @ xj
+    for j in range(len(tube)):
+        worst = min(worst, float((LIMIT - tube[j, :2] - np.abs(xj[:2])).min()))
+        if j < len(tube) - 1:
+            ub = float(-(K @ (xj - hold))[0])
+            worst = min(worst, 1.0 - abs(ub))
+            xj = A @ xj + B[:, 0] * ub + C
+    worst = min(worst, float((BOX - np.abs(xj - hold)).min()))
+    rows = np.array([X_MAX - hold[0], X_MAX + hold[0], THETA_MAX - hold[1], THETA_MAX + hold[1]])
+    return min(worst, float((rows - REACH - np.repeat(tube[-1, :2], 2)).min()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=states, u_p=st.floats(-1.5, 1.5))
+def test_every_admitted_action_keeps_the_tube_at_its_state_inside_every_constraint(x, u_p):
+    """For every state inside the constraints and every policy action: unless the filter says it fell back, the
+    whole plan of what it returns keeps every row less the tube grown by how far out the trolley starts."""
+    u, info = CbfShield(SLOPED).filter(np.array(x, np.float32), np.array([u_p], np.float32))
+    if not info["fallback"]:
+        assert plan_slack(np.array(x, np.float32).astype(np.float64), float(u[0])) >= -1e-6, (x, u_p, u)
+
+
+def test_the_slope_tightens_only_away_from_the_operating_point():
+    """At the operating point the sloped filter's rows equal the constant tube's; 0.5 m out they are tighter, by
+    exactly |w| . slope_j . |x_L|, on the constraint rows (and not at all on the backup's input rows)."""
+    flat, sloped = CbfShield(crane_spec()), CbfShield(SLOPED)
+
+    def free(shield: CbfShield, x) -> np.ndarray:
+        pred = shield._predictor
+        pred.load_observation(np.asarray(x, np.float64)[shield._obs_src])
+        pred.load_action(np.zeros(1))
+        return shield._predictive.slack_free(pred.v).copy()
+
+    assert np.array_equal(free(flat, [0.0] * 4), free(sloped, [0.0] * 4))
+    gap = free(flat, [0.5, 0.0, 0.0, 0.0]) - free(sloped, [0.5, 0.0, 0.0, 0.0])
+    assert np.all(gap >= -1e-12)
+    # Each constraint row reads one state with weight +-1, so its tube grows by 0.2 x 0.5 m.
+    assert np.isclose(gap.max(), 0.1) and np.sum(np.isclose(gap, 0.1)) >= len(TUBE)
+    assert np.sum(np.isclose(gap, 0.0)) > 0  # the input-box and terminal-box rows carry no tube
+
+
+def test_a_backup_that_holds_with_an_action_stops_the_plant_where_it_is():
+    """A plant that rests off its operating point only under an action (a ball on a beam held by the torque
+    that levels the beam): the backup's hold action keeps the hold point an equilibrium of the model, so the
+    backup does not drive the plant back to the operating point."""
+    from pipeline.safety.predictive import equilibrium_projection
+
+    # A mass on a spring: it rests at x only with the force k x (A has no free rest state under zero action).
+    dt, k, m = 0.02, 4.0, 1.0
+    Ac = np.array([[0.0, 1.0], [-k / m, -0.5]])
+    A2 = np.eye(2) + dt * Ac
+    B2 = np.array([[0.0], [dt / m]])
+    P2, F2 = equilibrium_projection(A2, B2)
+    dx = np.array([0.3, 0.7])
+    rest = P2 @ dx
+    assert np.allclose(rest, [0.3, 0.0])  # at rest where it is: the velocity projected out
+    assert np.allclose(A2 @ rest + B2 @ (F2 @ dx), rest)  # and held there by F
+    assert np.isclose(float((F2 @ dx)[0]), k * 0.3)
+    # The crane rests anywhere on its rail under zero action: no hold action, the projection as before.
+    Pc, Fc = equilibrium_projection(A, B)
+    assert np.allclose(Fc, 0.0) and np.allclose(Pc @ (A @ Pc - Pc), 0.0)

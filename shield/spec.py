@@ -58,6 +58,8 @@ from shield.constraints import CONSTRAINT_TYPES, Constraint, ConstraintError, in
 
 SCHEMA_VERSION = 1
 MODEL_TYPES = ("linear", "double_integrator")
+# The largest input gain error a spec takes: at 1 - 0.9 = 0.1x nominal the input hardly moves the plant at all.
+MAX_INPUT_GAIN_ERROR = 0.9
 
 
 class ShieldSpecError(ValueError):
@@ -276,7 +278,7 @@ class ShieldSpec:
         ):
             _fail("latency_min_steps", f"must be an integer from 0 to latency_steps ({latency}), got {latency_min!r}")
         margin = _number(d.get("margin", 0.0), "margin", 0.0)
-        gain_error = _number(d.get("input_gain_error", 0.0), "input_gain_error", 0.0, 0.9)
+        gain_error = _number(d.get("input_gain_error", 0.0), "input_gain_error", 0.0, MAX_INPUT_GAIN_ERROR)
         gain_range = d.get("input_gain_range")
         if gain_range is not None:
             lo_g, hi_g = _finite(gain_range, "input_gain_range", 2)

@@ -33,6 +33,7 @@ from pipeline.safety.envelope import (
     set_envelopes,
 )
 from shield.spec import (
+    MAX_INPUT_GAIN_ERROR,
     ShieldSpec,
     ShieldSpecError,
     angles_to_dict,
@@ -214,6 +215,9 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
             derived["brake_accel"] = [[max(a, fl) for a in pair] for pair, fl in zip(derived["brake_accel"], floor)]
     margin = float(sc.margin if sc.margin is not None else derived["margin"])
     gain_error = float(sc.input_gain_error if sc.input_gain_error is not None else derived["input_gain_error"])
+    if bare:  # no filter runs on a bare spec: the schema's bounds are all that read these numbers
+        gain_error = min(gain_error, MAX_INPUT_GAIN_ERROR)
+    gain_lo, gain_hi = derived["input_gain_range"] if synthesized else (1.0, 1.0)
     if sc.brake_fraction is not None:
         brake = [sc.brake_fraction * a for a in full_accel]
     elif sc.brake_accel is None:
@@ -294,7 +298,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         "input_gain_error": gain_error,
         # The measured range as it is, when synthesis set the error: its ends are the gain cases.
         **(
-            {"input_gain_range": list(derived["input_gain_range"])}
+            {"input_gain_range": [max(gain_lo, 1.0 - gain_error), min(gain_hi, 1.0 + gain_error)]}
             if synthesized and sc.input_gain_error is None
             else {}
         ),
@@ -329,6 +333,11 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
             braking = refusal(cfg, measurement, braking_refused, bisect=False)["message"]
             return EnvelopeError(f"{braking}; and the predictive filter cannot keep it either: {why}")
 
+        if gain_error > MAX_INPUT_GAIN_ERROR:
+            raise neither(
+                f"the drive's measured gain goes down to {1.0 - gain_error:.2g}x nominal (input_gain_error "
+                f"{gain_error:.3g}, more than the {MAX_INPUT_GAIN_ERROR} a shield model takes)"
+            )
         try:
             spec["predictive"] = predictive.cached_section(cfg, spec)
         except ValueError as err:  # no backup, or no plan it admits, or a tail that needs the whole input box

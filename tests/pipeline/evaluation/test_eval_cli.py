@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -191,15 +192,20 @@ def test_bang_bang_holds_every_action_at_a_bound_and_flips_each_at_its_own_perio
     assert len(set(patterns)) > 1  # each episode draws a new pattern
 
 
+# The refusal names the range synthesis cannot certify: the drive's, or the payload it cannot stop.
+REFUSED = r"cannot certify randomization\.\*\.(actuator_gain\.trolley_force|body_mass\.payload)"
+
+
 @pytest.fixture(scope="module")
 def weak_crane(tmp_path_factory) -> Path:
-    """A crane whose drive keeps only a fifth of its force: its braking cannot keep the trolley's limits."""
+    """A crane whose drive keeps only 5-8 % of its force: no filter can keep the trolley's limits (at a fifth of
+    it, the predictive filter with its state-dependent tube still certifies the crane)."""
     import yaml
 
     doc = yaml.safe_load(open("configs/crane.yaml"))
     doc["plant"]["mjcf"] = str((Path("configs") / doc["plant"]["mjcf"]).resolve())
     for domain in doc["randomization"].values():
-        domain["actuator_gain"] = {"trolley_force": {"dist": "uniform", "low": 0.15, "high": 0.25}}
+        domain["actuator_gain"] = {"trolley_force": {"dist": "uniform", "low": 0.05, "high": 0.08}}
     path = tmp_path_factory.mktemp("weak_crane") / "weak_crane.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -212,7 +218,7 @@ def test_a_plant_the_shield_cannot_certify_is_still_measured_bare(weak_crane, ca
 
     argv = ["eval", "--config", str(weak_crane), "--policy", "legacy", "--domains", "reality", "--episodes", "1"]
     assert sim2real([*argv, "--json"]) == 2
-    assert "actuator_gain.trolley_force" in capsys.readouterr().err
+    assert re.search(REFUSED, capsys.readouterr().err)
     assert sim2real([*argv, "--json", "--no-shield"]) == 0
     bare = json.loads(capsys.readouterr().out)
     assert bare["episodes"] == 1 and bare["shield"] is False and bare["intervention_rate"] == 0
@@ -225,7 +231,7 @@ def test_a_bare_spec_certifies_nothing_and_refuses_nothing(weak_crane):
     from shield.spec import ShieldSpec, brake_pairs
 
     cfg = load_config(weak_crane)
-    with pytest.raises(EnvelopeError, match="actuator_gain.trolley_force"):
+    with pytest.raises(EnvelopeError, match=REFUSED):
         build_shield_spec(cfg)
     bare = build_shield_spec(cfg, bare=True)
     ShieldSpec.from_dict(bare)

@@ -4,6 +4,8 @@
     reply = client.act(obs)                      # active mode
     reply = client.act(obs, legacy_action=u)     # shadow mode
     reply = client.act(obs, new_episode=True)    # first step of an episode: a stateful policy starts afresh
+    reply = client.act(obs, obs_missing=True)    # sensor dropout: the shield dead-reckons (obs gives the size)
+    if reply.status & Status.BLIND_PAST_HORIZON: stop the plant (blind past the shield's blind horizon)
     if reply.ok: apply(reply.action)
 
 Sequence numbers follow the wall clock: `seq = max(last + 1, now_us)`, which a
@@ -26,6 +28,8 @@ from __future__ import annotations
 import os
 import socket
 import time
+
+import numpy as np
 
 from shield.protocol import (
     HEADER,
@@ -83,12 +87,22 @@ class PolicyClient:
         self.seq = max(self.seq + 1, time.time_ns() // 1000)
         return self.seq
 
-    def send_act(self, obs, legacy_action=None, reset_state: bool = False) -> int:
-        """Send an act request without waiting; returns its sequence number."""
+    def send_act(self, obs, legacy_action=None, reset_state: bool = False, obs_missing: bool = False) -> int:
+        """Send an act request without waiting; returns its sequence number. `obs_missing`: Flags.OBS_MISSING,
+        and NaN in place of `obs`'s values (it gives the observation's size only)."""
         seq = self.next_seq()
+        if obs_missing:
+            obs = np.full(np.size(obs), np.nan, np.float32)
         self.sock.send(
             encode_act_request(
-                seq, time.monotonic_ns() // 1000, obs, legacy_action, self.key, self.client_id, reset_state
+                seq,
+                time.monotonic_ns() // 1000,
+                obs,
+                legacy_action,
+                self.key,
+                self.client_id,
+                reset_state,
+                obs_missing,
             )
         )
         return seq
@@ -130,12 +144,15 @@ class PolicyClient:
             if time.monotonic() > deadline:
                 raise PolicyTimeout(f"no reply to seq {seq} from {self.address[0]}:{self.address[1]}")
 
-    def act(self, obs, legacy_action=None, *, new_episode: bool = False) -> Reply:
+    def act(self, obs, legacy_action=None, *, new_episode: bool = False, obs_missing: bool = False) -> Reply:
         """Send one observation (float32[obs_dim]) and return the server's Reply (action, status, latency µs).
 
         `new_episode`: the policy's state starts afresh; it does as well after a request without a usable reply.
+        `obs_missing`: this step's observation is missing (a sensor dropout); `obs` gives only its size. The
+        shield dead-reckons and the reply carries Status.BLIND (and FALLBACK: the policy did not run), plus
+        Status.BLIND_PAST_HORIZON once blind longer than the contract's `blind_horizon`: stop the plant then.
         """
-        seq = self.send_act(obs, legacy_action, reset_state=new_episode or self.unrecorded)
+        seq = self.send_act(obs, legacy_action, reset_state=new_episode or self.unrecorded, obs_missing=obs_missing)
         self.unrecorded = True
         reply = self.recv_reply(seq)
         self.unrecorded = bool(reply.status & UNRECORDED)

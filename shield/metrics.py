@@ -11,6 +11,7 @@ Exposed (all counters of the status reply, docs/reference/protocol.md, "Status r
                                        buckets at the status reply's log2 µs bin edges
     s2r_serve_bundle_version           gauge
     s2r_serve_plants                   gauge: plant sessions held now
+    s2r_serve_blind_horizon_steps      gauge: blind steps in a row the shield's guarantee covers (contract reply)
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def _collector(server: Any):
             plants = GaugeMetricFamily("s2r_serve_plants", "plant sessions held")
             plants.add_metric([], len(server.plants))
             yield plants
+            horizon = GaugeMetricFamily(
+                "s2r_serve_blind_horizon_steps", "blind steps (OBS_MISSING) in a row the shield's guarantee covers"
+            )
+            horizon.add_metric([], server.served.blind_horizon)
+            yield horizon
 
     return ServeCollector()
 

@@ -68,9 +68,12 @@ COUNTER_NAMES = (
     "contract_requests",  # contract requests answered
     "obs_out_of_range",  # act replies with OBS_RANGE: an observation far outside the contract's expected range
     "rate_warnings",  # act replies with RATE: the plant's request rate is far from the control period
+    "blind_steps",  # act replies with BLIND: the request said its observation was missing (OBS_MISSING)
+    "blind_past_horizon",  # act replies with BLIND_PAST_HORIZON: blind past the shield's blind horizon
 )
 # bundle version, obs_dim, act_dim, control period (s, NaN: not stated), names_sha256 (32 raw bytes, zeros:
-# no contract), policy state kind (0 none, 1 history), state length, reserved
+# no contract), policy state kind (0 none, 1 history), state length, blind horizon (steps; the field was reserved
+# and 0 before it, which a reader takes as "no blind step is covered")
 CONTRACT_REPLY = struct.Struct("<IHHd32sHHI")
 # A contract request's padding: its reply is never larger than the request.
 CONTRACT_REQUEST_PAD = CONTRACT_REPLY.size
@@ -101,7 +104,11 @@ class Flags(IntFlag):
     # Act request: start this plant's policy state afresh before this step (a new episode, or the controller
     # got no usable reply to its previous request); ignored by a memoryless policy.
     RESET_STATE = 0x0002
-    RESERVED = 0xFFFC  # must be 0: a frame with any of these bits set is refused
+    # Act request: this step's observation is missing (a sensor dropout): the shield dead-reckons from the last good
+    # one through the actions sent since, and the policy does not run. The observation field keeps its size
+    # (n_obs = obs_dim); its values are ignored (send NaN or zeros). Refused on any other request type.
+    OBS_MISSING = 0x0004
+    RESERVED = 0xFFF8  # must be 0: a frame with any of these bits set is refused
 
 
 REQUEST_TYPES = (1, 3, 5)  # what a server answers; a reply-typed datagram is never answered
@@ -124,6 +131,13 @@ class Status(IntFlag):
     # Warnings (the action is the shield's as usual): what the plant sends does not look like the contract.
     OBS_RANGE = 1 << 10  # an observation lies more than OBS_RANGE_WIDTHS widths outside its expected range
     RATE = 1 << 11  # this plant's requests over the last RATE_WINDOW came more than RATE_FACTOR x too fast/slow
+    # A request with Flags.OBS_MISSING: the action is the shield's fallback checked at the dead-reckoned state
+    # (FALLBACK is set too: the policy did not run).
+    BLIND = 1 << 12
+    # ... and that state is no longer known to within the shield's margin: blind longer than its blind horizon (the
+    # contract reply states it), or no good observation yet to dead-reckon from. The guarantee no longer holds:
+    # the controller should stop the plant.
+    BLIND_PAST_HORIZON = 1 << 13
 
 
 OBS_RANGE_WIDTHS = 1.0  # OBS_RANGE: beyond [low - w * (high - low), high + w * (high - low)]
@@ -140,6 +154,7 @@ ALARM_BITS = (
     | Status.DEADLINE
     | Status.INFERENCE_ERROR
     | Status.BUSY
+    | Status.BLIND_PAST_HORIZON
 )
 
 
@@ -207,12 +222,14 @@ def encode_act_request(
     key: bytes | None = None,
     client_id: int = 0,
     reset_state: bool = False,
+    obs_missing: bool = False,
 ) -> bytes:
     """Frame an act request: observation (float32) and, in shadow mode, the legacy action applied;
-    `reset_state` sets Flags.RESET_STATE (the policy's state starts afresh before this step)."""
+    `reset_state` sets Flags.RESET_STATE (the policy's state starts afresh before this step), `obs_missing`
+    Flags.OBS_MISSING (the observation's values, NaN or zeros, are ignored: the shield dead-reckons)."""
     obs_b, leg_b = _floats(obs), _floats(legacy_action)
     payload = ACT_REQUEST_HEAD.pack(len(obs_b) // 4, len(leg_b) // 4) + obs_b + leg_b
-    flags = Flags.RESET_STATE if reset_state else Flags.NONE
+    flags = (Flags.RESET_STATE if reset_state else Flags.NONE) | (Flags.OBS_MISSING if obs_missing else Flags.NONE)
     return _frame(MsgType.ACT_REQUEST, seq, timestamp_us, payload, key, client_id, flags)
 
 
@@ -234,6 +251,7 @@ def contract_payload(
     names_sha256: str | None,
     state_kind: str = "none",
     state_length: int = 0,
+    blind_horizon: int = 0,
 ) -> bytes:
     """A contract reply's payload (the server builds it once per bundle)."""
     return CONTRACT_REPLY.pack(
@@ -244,7 +262,7 @@ def contract_payload(
         bytes.fromhex(names_sha256) if names_sha256 else bytes(32),
         STATE_KIND_CODES[state_kind],
         int(state_length),
-        0,
+        int(blind_horizon),
     )
 
 
@@ -392,6 +410,9 @@ class ServedContract:
     state_kind: str
     state_length: int
     client_id: int = 0
+    # Blind steps (Flags.OBS_MISSING) in a row the shield's guarantee covers; past them a reply carries
+    # Status.BLIND_PAST_HORIZON. 0 from a server older than the field (then no blind step is covered).
+    blind_horizon: int = 0
 
 
 def decode_contract_reply(data: bytes, key: bytes | None = None) -> ServedContract:
@@ -399,12 +420,14 @@ def decode_contract_reply(data: bytes, key: bytes | None = None) -> ServedContra
     head, payload = open_frame(data, MsgType.CONTRACT_REPLY, key)
     if len(payload) != CONTRACT_REPLY.size:
         raise PacketError(f"contract payload of {len(payload)} bytes, expected {CONTRACT_REPLY.size}")
-    version, n_obs, n_act, period, digest, kind, length, _ = CONTRACT_REPLY.unpack(payload)
+    version, n_obs, n_act, period, digest, kind, length, horizon = CONTRACT_REPLY.unpack(payload)
     kinds = {code: name for name, code in STATE_KIND_CODES.items()}
     if kind not in kinds:
         raise PacketError(f"unknown policy state kind {kind}")
     names = digest.hex() if any(digest) else ""
-    return ServedContract(head.seq, version, n_obs, n_act, period, names, kinds[kind], length, head.client_id)
+    return ServedContract(
+        head.seq, version, n_obs, n_act, period, names, kinds[kind], length, head.client_id, blind_horizon=horizon
+    )
 
 
 def decode_act_request(data: bytes, key: bytes | None = None) -> ActRequest:

@@ -83,11 +83,41 @@ class PlantSession:
         info["policy_us"], info["shield_us"] = (t1 - t0) * 1e6, (time.perf_counter() - t1) * 1e6
         return safe, raw, info
 
-    def sent(self, obs: np.ndarray, action: np.ndarray, replaced: bool) -> None:
-        """The plant got `action` for `obs`; `replaced`: it is not the shield's output of the last `act`."""
+    def act_blind(self) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(safe action, raw, info) for a step whose observation is missing (the request's Flags.OBS_MISSING): the
+        shield dead-reckons from the last good observation through the actions sent since.
+
+        The policy does not run (`raw` is NaN) and its memory does not move (send with `sent(None, ...)`). On a
+        non-finite observation the shield filters its own fallback action at the dead-reckoned state whatever
+        the policy proposes (shield.cbf, points 5 and 6), so a policy action would be computed only to be thrown
+        away; and the dead-reckoned state is not an observation, so nothing may enter a history policy's state
+        as if it were one (a NaN there would reach its next H actions). Its state keeps the last observed step,
+        and the next observation continues from it (a controller that wants the gap forgotten sets RESET_STATE).
+
+        info: "intervened" and "bad_input" False (no policy action to change, and the missing observation was
+        declared, not malformed); "blind" True when the shield's guarantee does not cover this step: past its
+        blind horizon, or no good observation yet to dead-reckon from (then it sent its constant fallback).
+        """
+        t0 = time.perf_counter()
+        raw = np.full(self.policy.act_dim, np.nan, np.float32)
+        shield = self.shield
+        if shield is None:  # nothing to dead-reckon with: the constant fallback, and no guarantee
+            safe = self.runtime.fallback_action()
+            return safe, raw, {"intervened": False, "fallback": True, "bad_input": False, "blind": True}
+        safe, info = shield.filter(self.runtime.missing_obs, raw)
+        info["intervened"] = info["bad_input"] = False
+        if not info["blind_steps"]:  # not dead-reckoned: there was no state to predict from
+            info["blind"] = True
+        info["policy_us"], info["shield_us"] = 0.0, (time.perf_counter() - t0) * 1e6
+        return safe, raw, info
+
+    def sent(self, obs: np.ndarray | None, action: np.ndarray, replaced: bool) -> None:
+        """The plant got `action` for `obs` (None: a blind step, `act_blind`, which the policy's memory skips);
+        `replaced`: it is not the shield's output of the last `act`."""
         if replaced and self.shield is not None:
             self.shield.note_sent(action)
-        self.policy.remember(self.memory, obs, action)
+        if obs is not None:
+            self.policy.remember(self.memory, obs, action)
 
     def reset_policy_state(self) -> bool:
         """The policy's state back to its initial value (the shield keeps what it knows); False when memoryless."""
@@ -150,6 +180,9 @@ class EdgeRuntime:
         self.bundle, self.policy = bundle, policy
         self.spec = spec if spec is not None else getattr(shield, "spec", None)
         self.obs_dim, self.act_dim = policy.obs_dim, policy.act_dim
+        # What a plant session hands its shield on a blind step (`PlantSession.act_blind`): read, never written.
+        self.missing_obs = np.full(self.obs_dim, np.nan, np.float32)
+        self.missing_obs.flags.writeable = False
         self._default = PlantSession(self, shield=shield)
         self._batch: ShieldedPolicy | None = None  # for batch calls: one shield state per row
 

@@ -52,6 +52,8 @@ class ServeStats:
     contract_requests: int
     obs_out_of_range: int
     rate_warnings: int
+    blind_steps: int
+    blind_past_horizon: int
 
     def __init__(self):
         for name in COUNTER_NAMES:
@@ -96,6 +98,9 @@ class _SharedStateSession:
     def act(self, obs):
         return self.runtime.act(obs)
 
+    def act_blind(self):
+        return self.runtime.act(np.full(int(self.runtime.obs_dim), np.nan, np.float32))
+
     def sent(self, obs, action, replaced: bool) -> None:
         note = getattr(self.runtime, "note_sent", None)
         if replaced and note is not None:
@@ -116,12 +121,16 @@ class ServedBundle:
         self.has_sessions = callable(getattr(runtime, "new_session", None))
         # A policy with a per-plant state: the server applies the contract's reset rules to it.
         self.stateful = self.has_sessions and bool(getattr(getattr(runtime, "policy", None), "stateful", False))
+        shield = None
         if self.has_sessions:
             # The first calls into onnxruntime and the QP solver are slow: pay them here, off the
             # hot path (a reload happens in the watcher thread), on a session that is then dropped.
             warm = runtime.new_session()
             for _ in range(3):
                 warm.act(np.zeros(self.obs_dim, dtype=np.float32))
+            shield = getattr(warm, "shield", None)
+        # Blind steps in a row the shield's guarantee covers (the contract reply states it); 0 without a shield.
+        self.blind_horizon = int(getattr(shield, "blind_horizon", 0))
         bundle = getattr(runtime, "bundle", None)
         self.version = int(getattr(bundle, "version", None) or getattr(runtime, "version", 0) or 0)
         getter = getattr(runtime, "fallback_action", None)
@@ -173,6 +182,7 @@ class ServedBundle:
             contract["names_sha256"] if contract else None,
             kind,
             int(getattr(policy, "history_length", 0)),
+            self.blind_horizon,
         )
         # OBS_RANGE: an observation beyond these is far outside the range the contract expects (None: unchecked).
         self.obs_far: tuple[list[float], list[float]] | None = None

@@ -75,7 +75,9 @@ _SHADOW, _STALE, _DEADLINE, _INFERENCE_ERROR = (
     int(Status.INFERENCE_ERROR),
 )
 _ENVELOPE, _BUSY, _OBS_RANGE, _RATE = int(Status.ENVELOPE), int(Status.BUSY), int(Status.OBS_RANGE), int(Status.RATE)
+_BLIND, _BLIND_PAST_HORIZON = int(Status.BLIND), int(Status.BLIND_PAST_HORIZON)
 _HMAC, _RESERVED, _RESET_STATE = int(Flags.HMAC), int(Flags.RESERVED), int(Flags.RESET_STATE)
+_OBS_MISSING = int(Flags.OBS_MISSING)
 _ACT_REQUEST, _ACT_REPLY = int(MsgType.ACT_REQUEST), int(MsgType.ACT_REPLY)
 _STATUS_REQUEST, _CONTRACT_REQUEST = int(MsgType.STATUS_REQUEST), int(MsgType.CONTRACT_REQUEST)
 _MAX_DATAGRAM = 65535
@@ -223,7 +225,13 @@ class PolicyServer:
             body_end -= MAC_SIZE
         elif flags & _HMAC:
             return self._refuse(srv, seq, ts, client_id, _AUTH_FAILED, n)  # signed, but this server has no key
-        if magic != MAGIC or version != PROTOCOL_VERSION or flags & _RESERVED or payload_len != body_end - HEADER_SIZE:
+        if (
+            magic != MAGIC
+            or version != PROTOCOL_VERSION
+            or flags & _RESERVED
+            or payload_len != body_end - HEADER_SIZE
+            or (flags & _OBS_MISSING and msg_type != _ACT_REQUEST)  # the flag means something to act requests only
+        ):
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         client = client_id if key is not None else (addr, client_id)
         guard = self.guard
@@ -258,7 +266,8 @@ class PolicyServer:
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         floats = np.frombuffer(buf, dtype="<f4", count=n_obs + n_legacy, offset=HEADER_SIZE + ACT_REQUEST_HEAD.size)
         values = floats.tolist()
-        if not all(map(_isfinite, values)):  # for a handful of values, cheaper than numpy's reduction
+        blind = flags & _OBS_MISSING  # the observation is missing: its values are ignored, the legacy action is not
+        if not all(map(_isfinite, values[n_obs:] if blind else values)):  # a handful: cheaper than numpy's reduction
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         legacy = floats[n_obs:].astype(np.float32) if shadow else None
         if (
@@ -268,7 +277,8 @@ class PolicyServer:
             and not ((legacy >= srv.low).all() and (legacy <= srv.high).all())
         ):
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)  # the plant cannot have applied it
-        obs = floats[:n_obs].astype(np.float32)  # a copy: the receive buffer is reused
+        # A copy: the receive buffer is reused. Blind: NaN, what the shield log records for a missing observation.
+        obs = np.full(n_obs, np.nan, np.float32) if blind else floats[:n_obs].astype(np.float32)
         plants = self.plants
         created = plants.created
         known = plants.sessions.get(client)
@@ -282,7 +292,7 @@ class PolicyServer:
         self.last_request_ns = t0
         stats.plants_evicted = plants.evicted
         warn = self._contract_rules(srv, session, flags, plants.created != created, silent_ns, values, t0)
-        return self._act(srv, session, obs, legacy, seq, ts, client_id, t0, warn)
+        return self._act(srv, session, obs, legacy, seq, ts, client_id, t0, warn, bool(blind))
 
     def _contract_rules(
         self, srv: ServedBundle, session: Any, flags: int, new: bool, silent_ns: int, values: list, t0: int
@@ -302,7 +312,11 @@ class PolicyServer:
                 stats.state_resets_silence += 1
         warn = 0
         far = srv.obs_far
-        if far is not None and any(v < lo or v > hi for v, lo, hi in zip(values, far[0], far[1])):
+        if (
+            far is not None
+            and not flags & _OBS_MISSING
+            and any(v < lo or v > hi for v, lo, hi in zip(values, far[0], far[1]))
+        ):
             warn = _OBS_RANGE
             stats.obs_out_of_range += 1
         if srv.period_ns:
@@ -338,12 +352,16 @@ class PolicyServer:
         client_id: int,
         t0: int,
         warn: int = 0,
+        blind: bool = False,
     ) -> int:
+        """An accepted act request; `blind`: its observation is missing (Flags.OBS_MISSING), the shield
+        dead-reckons (`PlantSession.act_blind`: the policy does not run, its memory does not move)."""
         stats = self.stats
-        stats.policy_calls += 1
+        stats.policy_calls += 1  # every accepted act request, blind ones included: the shield ran
         raised = False
+        seen = None if blind else obs  # what the policy's memory records with the action sent
         try:
-            safe, raw, info = session.act(obs)
+            safe, raw, info = session.act_blind() if blind else session.act(obs)
             safe = np.asarray(safe, dtype="<f4").reshape(srv.act_dim)
             failed = not all(map(_isfinite, safe.tolist()))
         except Exception:  # any runtime failure is answered with the fallback, never a crash
@@ -357,6 +375,12 @@ class PolicyServer:
         if info.get("envelope", False):  # the one place the monitor's flag becomes a status bit
             status |= _ENVELOPE
             stats.envelope_flags += 1
+        if blind:  # the one place the shield's dead reckoning becomes status bits
+            status |= _BLIND
+            stats.blind_steps += 1
+            if info.get("blind", True):  # past the blind horizon, no state to reckon from, or the runtime failed
+                status |= _BLIND_PAST_HORIZON
+                stats.blind_past_horizon += 1
         decided = time.perf_counter_ns()  # one clock reading decides `late` and is the reply's latency_us
         late = decided - t0 > self.deadline_ns
         if late:
@@ -364,11 +388,11 @@ class PolicyServer:
         if legacy is not None:  # shadow: the candidate's failures and delays are logged; the plant keeps legacy
             self._log(srv, session, obs, legacy, raw, safe, info, t0)
             if not raised:
-                session.sent(obs, legacy, replaced=True)
+                session.sent(seen, legacy, replaced=True)
             return self._reply(srv, seq, ts, client_id, status | _SHADOW, legacy.tobytes(), decided)
         if failed or late:
             if not raised:  # a runtime that raised may not have filtered: nothing to correct
-                session.sent(obs, srv.fallback, replaced=True)
+                session.sent(seen, srv.fallback, replaced=True)
             return self._reply(
                 srv,
                 seq,
@@ -381,7 +405,7 @@ class PolicyServer:
                 srv.fallback_bytes,
                 decided,
             )
-        session.sent(obs, safe, replaced=False)
+        session.sent(seen, safe, replaced=False)
         if info.get("intervened"):
             status |= _INTERVENED
             stats.interventions += 1

@@ -13,7 +13,12 @@
  * seq is the wall clock in µs (a keyed server requires it within its clock window).
  *
  *   cc -O2 -Wall -Wextra -std=c99 -o s2r_client s2r_client.c
- *   ./s2r_client [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] HOST PORT OBS0 OBS1 ...
+ *   ./s2r_client [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] [-m] HOST PORT OBS0 OBS1 ...
+ *
+ * -m: this step's observation is missing (a sensor dropout): the request carries flag OBS_MISSING (0x4) and NaN
+ * in every observation slot (the OBS arguments give only their count); the server's shield dead-reckons. The
+ * reply then carries BLIND (0x1000) and, once blind longer than the shield's blind horizon (the contract reply's
+ * last field, printed as blind_horizon=), BLIND_PAST_HORIZON (0x2000): the guarantee has run out, stop the plant.
  *
  * The bundle it was built for: compile with -DS2R_NAMES_SHA256='"<hex>"' (the bundle manifest's
  * contract.names_sha256: its observation and action names in order and its control period), or pass
@@ -25,7 +30,8 @@
  *   contract period_s=P names_sha256=H version=V obs_dim=N act_dim=M
  * and then one line:
  *   reply seq=N status=0xS latency_us=L version=V action=A0 A1 ... bits=H0 H1 ...
- * where bits are the IEEE-754 float32 words in hex (exact). Exit status:
+ * where bits are the IEEE-754 float32 words in hex (exact); with BLIND set, `blind=1` (or `blind=past_horizon`)
+ * comes before action=. Exit status:
  * 0 reply received and verified, 1 usage/socket error, 2 no reply within 1 s (datagrams that are not
  * the server's signed reply to this request are skipped), 3 malformed reply, 4 the served bundle's
  * contract is not the one this client was built for (nothing was sent to the policy).
@@ -50,14 +56,15 @@
 #define MIN_KEY 32
 #define VERSION 2
 
-#define CONTRACT_PAYLOAD 56 /* u32 version, u16 obs_dim, u16 act_dim, f64 period, 32 B names_sha256, u16, u16, u32 */
+#define CONTRACT_PAYLOAD 56 /* u32 version, u16 obs_dim, u16 act_dim, f64 period, 32 B names_sha256, u16 state kind, u16 state length, u32 blind horizon */
 
 #ifndef S2R_NAMES_SHA256
 #define S2R_NAMES_SHA256 "" /* not built for a particular bundle: no contract check unless -H */
 #endif
 
 enum { ACT_REQUEST = 1, ACT_REPLY = 2, CONTRACT_REQUEST = 5, CONTRACT_REPLY = 6 };
-enum { FLAG_HMAC = 1 };
+enum { FLAG_HMAC = 1, FLAG_OBS_MISSING = 4 };
+enum { STATUS_BLIND = 0x1000, STATUS_BLIND_PAST_HORIZON = 0x2000 };
 
 /* ---------------------------------------------------------------- SHA-256 */
 typedef struct { uint32_t h[8]; uint64_t len; uint8_t buf[64]; size_t n; } sha256_ctx;
@@ -177,11 +184,12 @@ static int parse_csv(const char *s, float *out) {
 }
 
 /* Header: magic, version, type, flags, seq, timestamp_us, payload_len, client_id. */
-static void put_header(uint8_t *p, int type, int keyed, uint64_t seq, uint32_t payload_len, uint32_t client_id) {
+static void put_header(uint8_t *p, int type, int keyed, uint64_t seq, uint32_t payload_len, uint32_t client_id,
+                       uint16_t flags) {
     memcpy(p, "S2RP", 4);
     p[4] = VERSION;
     p[5] = (uint8_t)type;
-    put16(p + 6, keyed ? FLAG_HMAC : 0);
+    put16(p + 6, (uint16_t)(flags | (keyed ? FLAG_HMAC : 0)));
     put64(p + 8, seq);
     put64(p + 16, now_us(CLOCK_MONOTONIC));
     put32(p + 24, payload_len);
@@ -224,7 +232,7 @@ static int check_contract(int fd, const char *expected, uint64_t seq, uint32_t c
                           const uint8_t *reply_key, int keyed) {
     uint8_t req[HEADER_SIZE + CONTRACT_PAYLOAD + MAC_SIZE] = {0}, rep[512];
     char got[65];
-    put_header(req, CONTRACT_REQUEST, keyed, seq, CONTRACT_PAYLOAD, client_id);  /* payload: zero padding */
+    put_header(req, CONTRACT_REQUEST, keyed, seq, CONTRACT_PAYLOAD, client_id, 0);  /* payload: zero padding */
     size_t len = HEADER_SIZE + CONTRACT_PAYLOAD;
     if (keyed) { hmac_sha256(request_key, 32, req, len, req + len); len += MAC_SIZE; }
     if (send(fd, req, len, 0) != (ssize_t)len) { perror("send"); return 1; }
@@ -247,8 +255,8 @@ static int check_contract(int fd, const char *expected, uint64_t seq, uint32_t c
                 stated ? got : "(none: no contract)", expected);
         return 4;
     }
-    printf("contract period_s=%.9g names_sha256=%s version=%u obs_dim=%u act_dim=%u\n", period, got, get32(p),
-           get16(p + 4), get16(p + 6));
+    printf("contract period_s=%.9g names_sha256=%s version=%u obs_dim=%u act_dim=%u blind_horizon=%u\n", period, got,
+           get32(p), get16(p + 4), get16(p + 6), get32(p + 52));
     return 0;
 }
 
@@ -258,19 +266,20 @@ int main(int argc, char **argv) {
     size_t klen = 0;
     float legacy[MAX_FLOATS];
     const char *expected = S2R_NAMES_SHA256;
-    int n_leg = 0, opt;
-    while ((opt = getopt(argc, argv, "k:l:H:")) != -1) {
+    int n_leg = 0, opt, missing = 0;
+    while ((opt = getopt(argc, argv, "k:l:H:m")) != -1) {
         if (opt == 'k') klen = read_key(optarg, key);
+        else if (opt == 'm') missing = 1;
         else if (opt == 'H') expected = optarg;
         else if (opt == 'l' && (n_leg = parse_csv(optarg, legacy)) < 0) { fprintf(stderr, "bad -l list\n"); return 1; }
         else if (opt != 'l') {
-            fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] HOST PORT OBS...\n", argv[0]);
+            fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] [-m] HOST PORT OBS...\n", argv[0]);
             return 1;
         }
     }
     int n_obs = argc - optind - 2;
     if (n_obs < 1 || n_obs + n_leg > MAX_FLOATS) {
-        fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] HOST PORT OBS...\n", argv[0]);
+        fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] [-m] HOST PORT OBS...\n", argv[0]);
         return 1;
     }
     struct sockaddr_in addr = {0};
@@ -301,10 +310,11 @@ int main(int argc, char **argv) {
     }
 
     uint32_t payload_len = 4 + 4 * (uint32_t)(n_obs + n_leg);
-    put_header(req, ACT_REQUEST, klen != 0, seq, payload_len, client_id);
+    put_header(req, ACT_REQUEST, klen != 0, seq, payload_len, client_id, missing ? FLAG_OBS_MISSING : 0);
     put16(req + 32, (uint16_t)n_obs);
     put16(req + 34, (uint16_t)n_leg);
-    for (int i = 0; i < n_obs; i++) put32(req + 36 + 4 * i, f32bits(strtof(argv[optind + 2 + i], NULL)));
+    for (int i = 0; i < n_obs; i++)  /* missing: NaN (0x7fc00000), the server ignores the values */
+        put32(req + 36 + 4 * i, missing ? 0x7fc00000u : f32bits(strtof(argv[optind + 2 + i], NULL)));
     for (int i = 0; i < n_leg; i++) put32(req + 36 + 4 * (n_obs + i), f32bits(legacy[i]));
     size_t len = HEADER_SIZE + payload_len;
     if (klen) { hmac_sha256(request_key, 32, req, len, req + len); len += MAC_SIZE; }
@@ -315,8 +325,11 @@ int main(int argc, char **argv) {
     uint32_t plen = get32(rep + 24);
     uint16_t n_act = get16(rep + 44);
     if (HEADER_SIZE + plen != (size_t)body || plen != 16 + 4u * n_act) { fprintf(stderr, "malformed reply\n"); return 3; }
-    printf("reply seq=%llu status=0x%x latency_us=%u version=%u action=", (unsigned long long)seq,
-           get32(rep + 32), get32(rep + 36), get32(rep + 40));
+    uint32_t status = get32(rep + 32);
+    printf("reply seq=%llu status=0x%x latency_us=%u version=%u ", (unsigned long long)seq, status, get32(rep + 36),
+           get32(rep + 40));
+    if (status & STATUS_BLIND) printf("blind=%s ", status & STATUS_BLIND_PAST_HORIZON ? "past_horizon" : "1");
+    printf("action=");
     for (int i = 0; i < n_act; i++) printf("%s%.9g", i ? " " : "", (double)bitsf32(get32(rep + 48 + 4 * i)));
     printf(" bits=");
     for (int i = 0; i < n_act; i++) printf("%s%08x", i ? " " : "", get32(rep + 48 + 4 * i));

@@ -153,7 +153,7 @@ def test_server_answers_or_drops_exactly_as_documented(bundle):
         "type": encode_act_request(2, 10, OBS)[:5]
         + b"\x03"
         + encode_act_request(2, 10, OBS)[6:],  # a status request, not padded
-        "reserved flag": good[:6] + b"\x04\x00" + good[8:],  # 0x0002 is RESET_STATE
+        "reserved flag": good[:6] + b"\x08\x00" + good[8:],  # 0x0002 is RESET_STATE, 0x0004 OBS_MISSING
         "payload_len short": good[:24] + (19).to_bytes(4, "little") + good[28:],
         "extra byte": good + b"\x00",
         "payload_len": good[:24] + (999).to_bytes(4, "little") + good[28:],

@@ -54,7 +54,10 @@ class Classifier:
             return "drop"
         refuse = "reject" if len(pkt) >= self.MIN_ANSWERED else "drop"
         magic, version, msg_type, flags, seq, _, payload_len, client_id = struct.unpack_from("<4sBBHQQII", pkt)
-        if flags & ~0x0002 or magic != b"S2RP" or version != 2 or payload_len != len(pkt) - 32:
+        if flags & ~0x0006 or magic != b"S2RP" or version != 2 or payload_len != len(pkt) - 32:
+            return refuse
+        blind = flags & 0x0004  # OBS_MISSING: act requests only, the observation's values ignored
+        if blind and msg_type != 1:
             return refuse
         if client_id in self.last and seq <= self.last[client_id]:
             return refuse
@@ -73,10 +76,11 @@ class Classifier:
         n_obs, n_legacy = struct.unpack_from("<HH", pkt, 32)
         if n_obs != 4 or n_legacy not in (0, 2) or payload_len != 4 + 4 * (n_obs + n_legacy):
             return refuse
-        if not np.isfinite(np.frombuffer(pkt, "<f4", n_obs + n_legacy, 36)).all():
+        checked = pkt[36 + 4 * n_obs :] if blind else pkt[36:]  # blind: the legacy action only
+        if not np.isfinite(np.frombuffer(checked, "<f4")).all():
             return refuse
         self.last[client_id] = seq
-        return "policy"
+        return "blind" if blind else "policy"
 
 
 def fuzz_packets(rng: np.random.Generator, n: int) -> list[bytes]:
@@ -119,10 +123,10 @@ def fuzz_packets(rng: np.random.Generator, n: int) -> list[bytes]:
         elif kind == 4:  # one header or payload-head field set to a random value
             off, width = fields[k[i, 1] % len(fields)]
             pkt = base[:off] + rand[:width] + base[off + width :] if off < len(base) else base
-        elif kind == 5:  # non-finite observation
+        elif kind == 5:  # non-finite observation; half of them flagged missing (a blind step)
             bad = obs.copy()
             bad[k[i, 1] % 4] = specials[k[i, 2] % 3]
-            pkt = encode_act_request(seq, i, bad, legacy)
+            pkt = encode_act_request(seq, i, bad, legacy, obs_missing=bool(k[i, 3] % 2))
         elif kind == 6:  # arbitrary float32 bit patterns: huge, tiny, NaN payloads
             pkt = encode_act_request(seq, i, bits[i])
         elif kind == 7:
@@ -144,7 +148,7 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
     reference = EdgeRuntime.load(bundle)
     fallback = np.zeros(2, np.float32).tobytes()
     rng = np.random.default_rng(1234)
-    counts = {"drop": 0, "reject": 0, "status": 0, "contract": 0, "policy": 0}
+    counts = {"drop": 0, "reject": 0, "status": 0, "contract": 0, "policy": 0, "blind": 0}
     valid_sent = 0
     # Room for every client id the mutations make up: no new plant is refused BUSY (which depends on timing,
     # and this model has no clock; tests/test_serve_attacks.py covers it).
@@ -181,6 +185,9 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
                 if kind == "reject":
                     assert got.status & REJECTED and got.status & Status.FALLBACK, pkt
                     assert got.action.tobytes() == fallback
+                elif kind == "blind":  # dead-reckoned in this sender's session, which the reference does not share
+                    assert got.status & Status.BLIND and got.status & Status.FALLBACK, pkt
+                    assert not got.status & REJECTED and np.isfinite(got.action).all(), pkt
                 else:
                     safe = reference.act(np.frombuffer(pkt, "<f4", 4, 36))[0]
                     if np.isfinite(safe).all():
@@ -196,7 +203,8 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
     assert total == N_PACKETS and min(counts.values()) > 1000, counts
     assert stats["requests"] == total + valid_sent + 1
     assert stats["dropped"] == counts["drop"]
-    assert stats["policy_calls"] == counts["policy"] + valid_sent, "a rejected packet reached the policy"
+    assert stats["policy_calls"] == counts["policy"] + counts["blind"] + valid_sent, "a rejected packet was served"
+    assert stats["blind_steps"] == counts["blind"]
     assert stats["status_requests"] == counts["status"] + 1
     assert stats["contract_requests"] == counts["contract"]
     assert "Traceback" not in text and "internal error" not in text

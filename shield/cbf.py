@@ -647,7 +647,7 @@ class CbfShield:
             "bad_input": bad,
             "h": h,
             "slack": slack,
-            "envelope": self._envelope,
+            "envelope": self._envelope or self._outside,  # the predictive filter's conservative mode is latched
             "blind": self._blind > self.blind_horizon,
             "blind_steps": self._blind,
             "solve_us": (time.perf_counter() - t0) * 1e6,

@@ -65,7 +65,7 @@ def test_where_no_plan_meets_the_widened_rows_the_backup_acts():
     assert u_plain.tobytes() == action.tobytes() and not info_plain["intervened"]
     flagged._outside = True
     u, info = flagged.filter(obs, action)
-    assert info["fallback"] and info["intervened"]
+    assert info["fallback"] and info["intervened"] and info["envelope"]  # status ENVELOPE: conservative mode
     assert flagged._predictive is not None
     expected = flagged._predictive.backup(flagged._predictor.v, None)  # no monitor here: no residual to hold
     assert float(u[0]) == pytest.approx(float(expected[0]), abs=1e-6) and float(u[0]) < 0.0  # it brakes

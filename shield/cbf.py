@@ -61,7 +61,10 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    "this action, then the backup controller" keeps every constraint less the measured tube; else the nearest
    action whose plan does; else the backup's own action, continuing the last accepted plan. While blind, it
    plans from the dead-reckoned state and tightens every row by the dead reckoning's error box (point 6): a plan
-   is accepted only if it holds from anywhere the state may be by then; when none is, the backup acts.
+   is accepted only if it holds from anywhere the state may be by then; when none is, the backup acts. Once
+   the monitor has flagged the plant (conservative mode, until `reset`), every row's tube is taken
+   `shield.monitor`'s `conservative_tube_factor` times instead of once (`PredictiveFilter.widen`), and the
+   backup holds against the monitor's mean residual (`shield.predictive`, point 6).
 
 When the policy's action satisfies every condition it is returned unchanged (bitwise).
 Keep-out rows credit a plant passing them (`shield.barrier`) wherever the row could
@@ -91,7 +94,7 @@ import numpy as np
 
 from shield.barrier import BarrierRows
 from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake
-from shield.monitor import CONSERVATIVE_GAIN_DIVISOR, AssumptionMonitor
+from shield.monitor import CONSERVATIVE_GAIN_DIVISOR, AssumptionMonitor, conservative_tube_factor
 from shield.prediction import LatencyPredictor
 from shield.predictive import PredictiveFilter
 from shield.spec import ShieldSpec
@@ -184,7 +187,16 @@ class CbfShield:
         # With a `predictive` section the predictive filter keeps every constraint (`shield.predictive`), over the
         # same prediction buffer: the pending actions, the monitor and dead reckoning stay as they are.
         self._predictive = (
-            PredictiveFilter(spec, self._A, self._B, self._c, self._predictor, self._low, self._high)
+            PredictiveFilter(
+                spec,
+                self._A,
+                self._B,
+                self._c,
+                self._predictor,
+                self._low,
+                self._high,
+                tube_factor=conservative_tube_factor(spec),
+            )
             if spec.predictive is not None
             else None
         )
@@ -209,6 +221,7 @@ class CbfShield:
         self._keep = self._keep_normal
         self._blind = 0
         self._hold: np.ndarray | None = None  # the predictive filter's last accepted plan stops the plant here
+        self._outside = False  # the monitor has flagged the plant this episode: the predictive conservative mode
 
     def _init_dead_reckoning(self, spec: ShieldSpec, model) -> None:
         """The per-step growth of the dead-reckoning error box, and the blind horizon it gives (see point 6)."""
@@ -413,6 +426,9 @@ class CbfShield:
         pf, pred = self._predictive, self._predictor
         assert pf is not None
         free = pf.slack_free(pred.v)
+        self._outside = self._outside or self._envelope
+        if self._outside:  # outside the envelope the tube was measured on: a wider one (conservative mode)
+            pf.widen(free)
         if self._blind:  # dead-reckoned: every plan must hold from anywhere the state may be by now
             pf.tighten(free, self._blind_box(self._blind))
         if in_box:
@@ -425,8 +441,8 @@ class CbfShield:
             u_p = self._fallback if bad else np.minimum(np.maximum(action.astype(np.float64), self._low), self._high)
         u = pf.solve(free, u_p)
         feasible = u is not None
-        if u is None:
-            u = pf.backup(pred.v, self._hold)
+        if u is None:  # conservative mode: the backup holds against the acceleration the monitor measured
+            u = pf.backup(pred.v, self._hold, self._monitor.mean_residual() if self._outside else None)
         out = u.astype(np.float32)
         u = out.astype(np.float64)  # what the plant gets: the prediction follows it
         if feasible:
@@ -631,7 +647,7 @@ class CbfShield:
             "bad_input": bad,
             "h": h,
             "slack": slack,
-            "envelope": self._envelope,
+            "envelope": self._envelope or self._outside,  # the predictive filter's conservative mode is latched
             "blind": self._blind > self.blind_horizon,
             "blind_steps": self._blind,
             "solve_us": (time.perf_counter() - t0) * 1e6,

@@ -28,7 +28,12 @@ pays for re-summing in normal running.
 While flagged the shield runs in its conservative mode (see `shield.cbf`):
 every constraint's class-K gain is divided by CONSERVATIVE_GAIN_DIVISOR, so the
 plant approaches boundaries that much more slowly, and `info["envelope"]` is
-True. The flag clears once the windowed statistic is back within bounds.
+True. Where the predictive filter keeps the constraints (`shield.predictive`)
+there is no gain to divide: once flagged (until the episode's reset) its rows
+are tightened by the measured tube times `conservative_tube_factor(spec)`
+instead of once, and its backup holds against the window's mean residual
+(`mean_residual`); see `shield.predictive`, point 6. The flag clears once the
+windowed statistic is back within bounds.
 A spec without ``assumptions.obs_noise_std`` (bundles from before the monitor)
 disables it: `envelope` then stays False. Stdlib + numpy only.
 """
@@ -45,6 +50,25 @@ _GLITCH = 1e6  # units/s: a residual term beyond this (no plant's) is a glitch; 
 _BIG = 1e30  # and it is clamped to this, so the sums stay finite (a NaN term counts as this far off)
 Z = 5.0  # standard deviations of the windowed noise before a flag
 CONSERVATIVE_GAIN_DIVISOR = 4.0
+
+
+def conservative_tube_factor(spec) -> float:
+    """By how much the predictive filter's tube is widened once the monitor has flagged the plant (conservative mode).
+
+    The tube was measured on the plants inside the envelope. With measured bounds (``monitor.measured``, see
+    `pipeline.evaluation.monitor_bounds`) the monitor flags a plant once its unmodelled acceleration exceeds
+    ``accel`` = the largest the envelope showed (``excess_accel``) plus a stated margin: a flagged plant strays
+    from the model at least ``accel / excess_accel`` times as far as any plant in the envelope, and the tube (the
+    plant's distance from the nominal plan) grows with that. The factor is that ratio, the largest over the
+    velocities: the smallest widening the flag implies, so the filter still admits the plans a wider tube leaves
+    room for instead of none. Without a measurement the monitor's bound was written down, far above the
+    envelope's, and says nothing of the ratio: the barrier's CONSERVATIVE_GAIN_DIVISOR is taken."""
+    mon = (spec.assumptions or {}).get("monitor") or {}
+    accel, excess = mon.get("accel"), (mon.get("measured") or {}).get("excess_accel")
+    if not accel or not excess or len(accel) != len(excess):
+        return CONSERVATIVE_GAIN_DIVISOR
+    ratios = [float(a) / float(e) for a, e in zip(accel, excess) if float(e) > 0.0 and float(a) > float(e)]
+    return max(ratios, default=CONSERVATIVE_GAIN_DIVISOR)
 
 
 class AssumptionMonitor:
@@ -142,6 +166,14 @@ class AssumptionMonitor:
             lo, hi = min(values), max(values)
             out.append((obs[o] - 0.5 * (lo + hi), 0.5 * (hi - lo)))
         return out
+
+    def mean_residual(self) -> np.ndarray | None:
+        """Per velocity, the window's mean residual (observed velocity - the model's, units/s per step): the
+        persistent acceleration x dt the model leaves out, which a flag says is beyond the envelope's; None before
+        any step was compared."""
+        if not self.enabled or not self._count:
+            return None
+        return np.array(self._se) / self._count
 
     def observe(self, obs: list[float]) -> bool:
         """Compare the observed velocities with the last prediction; returns the flag."""

@@ -1,0 +1,128 @@
+"""The predictive filter's conservative mode (`shield.predictive`, point 6): once the assumption monitor has flagged
+the plant, every row is tightened by the measured tube times `conservative_tube_factor` and the backup holds
+against the acceleration the monitor measured.
+
+- On the closed-form crane: an action the filter admits near the rail's end is refused once the rows are widened,
+  and where no action's plan meets the widened rows the shield returns the backup's own action.
+- On MuJoCo (the shipped crane and Furuta configs, bounds measured over the envelope): a plant outside the envelope
+  under a steady force beyond the declared gusts (wind, a slope), flagged by the monitor. The legacy controller
+  through the shield has no more violating steps than the legacy controller alone, and the adversary through the
+  shield fewer than with conservative mode disabled. Disabled, the filter's backup (stopping where the last
+  accepted plan stopped, on a model that knows no steady force) held too softly and did worse than the legacy
+  controller alone. Over these episodes: crane, up to 60 N on the trolley: legacy alone 95 violating steps,
+  through the shield 219 disabled and 0 conservative; the adversary 538 disabled, 164 conservative. Furuta, up
+  to 2 N on the payload: legacy alone 340, shielded 742 disabled and 47 conservative; the adversary 728 and 343.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from shield.cbf import CbfShield
+from shield.monitor import CONSERVATIVE_GAIN_DIVISOR, AssumptionMonitor, conservative_tube_factor
+from shield.predictive import PredictiveFilter
+from shield.spec import ShieldSpec
+from tests.helpers.predictive_specs import crane_spec
+
+SPEC = crane_spec()
+
+
+STATE = np.array([0.62, 0.0, 0.3, 0.0])  # the trolley 0.62 m out (the band ends at 0.8 m), moving out at 0.3 m/s
+
+
+def _rows_near_the_rail_end(shield: CbfShield) -> tuple[PredictiveFilter, np.ndarray]:
+    """The filter and its rows' free part at STATE."""
+    pf, pred = shield._predictive, shield._predictor
+    assert pf is not None
+    pred.load_observation(STATE)
+    pred.load_action(np.zeros(1))
+    return pf, pf.slack_free(pred.v).copy()
+
+
+def test_a_widened_filter_refuses_an_action_the_plain_one_admits_near_a_constraint():
+    """The closed-form crane's tube grows 0.2 mm a step on the trolley: the plan's hold point must sit the tube's
+    end (and the backup's reach) inside the band. Widened (x4: no measured monitor bounds, so the barrier's
+    divisor), the hold point near the rail's end no longer does, whatever the action."""
+    pf, free = _rows_near_the_rail_end(CbfShield(SPEC))
+    assert pf.tube_factor == CONSERVATIVE_GAIN_DIVISOR
+    u = np.array([0.5])
+    assert pf.evaluate(free, u)[0] and pf.solve(free, np.ones(1)) is not None
+    widened = pf.widen(free.copy())
+    assert np.all(widened <= free) and np.any(widened < free)
+    assert not pf.evaluate(widened, u)[0]
+    assert pf.solve(widened, u) is None
+
+
+def test_where_no_plan_meets_the_widened_rows_the_backup_acts():
+    """Through the shield: the plant once flagged (`_outside`, latched until reset), the action the plain shield
+    passes bitwise is replaced by the backup's own action (the last accepted plan continues), and it says so."""
+    obs, action = STATE.astype(np.float32), np.array([0.5], np.float32)
+    plain, flagged = CbfShield(SPEC), CbfShield(SPEC)
+    u_plain, info_plain = plain.filter(obs, action)
+    assert u_plain.tobytes() == action.tobytes() and not info_plain["intervened"]
+    flagged._outside = True
+    u, info = flagged.filter(obs, action)
+    assert info["fallback"] and info["intervened"] and info["envelope"]  # status ENVELOPE: conservative mode
+    assert flagged._predictive is not None
+    expected = flagged._predictive.backup(flagged._predictor.v, None)  # no monitor here: no residual to hold
+    assert float(u[0]) == pytest.approx(float(expected[0]), abs=1e-6) and float(u[0]) < 0.0  # it brakes
+    flagged.reset()
+    assert not flagged._outside and flagged.filter(obs, action)[0].tobytes() == action.tobytes()
+
+
+@functools.cache
+def _measured(task: str):
+    from pipeline.config import load_config
+    from pipeline.evaluation.monitor_bounds import with_measured_monitor
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    cfg = load_config(f"configs/{task}.yaml")
+    return cfg, ShieldSpec.from_dict(with_measured_monitor(cfg, build_shield_spec(cfg), runs_per_set=8, seed=0))
+
+
+def _steadily_pushed(cfg, body: str, force: float, axes: list[str]):
+    """Reality's plants (nominal masses and gains, its latency and noise) under a steady force on `body` held the
+    whole episode (each episode draws it in [-force, force] per axis): beyond the declared gusts."""
+    from envs.randomization import parse_randomization
+
+    reality = cfg.randomization["reality"]
+    return parse_randomization(
+        {
+            "latency_steps": {"low": 0, "high": 2},
+            "obs_noise_std": reality.obs_noise_std,
+            "action_noise_std": reality.action_noise_std,
+            "push": {"body": body, "max_force": force, "probability": 1.0, "duration_steps": 500, "axes": axes},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "task,body,force,axes,episodes",
+    [("crane", "trolley", 60.0, ["x"], 3), ("furuta", "payload", 2.0, ["x", "y"], 3)],
+)
+def test_outside_the_envelope_conservative_mode_is_no_worse_than_the_legacy_controller_alone(
+    task, body, force, axes, episodes, monkeypatch
+):
+    from pipeline.evaluation.adversary import reference_policy
+    from pipeline.evaluation.evaluate import evaluate
+
+    cfg, spec = _measured(task)
+    assert spec.predictive is not None and conservative_tube_factor(spec) > 1.0
+    run = dict(domains=_steadily_pushed(cfg, body, force, axes), seed=0, episodes=episodes)
+    alone = evaluate(cfg, reference_policy("legacy", cfg, spec), shield=False, **run)
+    assert alone["violations"] > 0  # a plant the legacy controller alone does not keep inside either
+
+    def shielded(name: str) -> dict:
+        return evaluate(cfg, reference_policy(name, cfg, spec, seed=0), shield=True, spec=spec, **run)
+
+    legacy, adversary = shielded("legacy"), shielded("adversarial")
+    assert legacy["envelope_rate"] > 0 and adversary["envelope_rate"] > 0  # flagged on the predictive path
+    assert legacy["violations"] <= alone["violations"], (legacy["violations"], alone["violations"])
+    with monkeypatch.context() as m:  # conservative mode off on the predictive path: the flag changes nothing
+        m.setattr(PredictiveFilter, "widen", lambda self, free: free)
+        m.setattr(AssumptionMonitor, "mean_residual", lambda self: None)
+        off = shielded("adversarial")
+    assert adversary["violations"] < off["violations"], (adversary["violations"], off["violations"])

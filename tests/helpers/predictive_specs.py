@@ -72,3 +72,27 @@ def crane_spec(latency_steps: int = 0, latency_min_steps: int | None = None, tub
         },
     }
     return spec
+
+
+def plan_slack(spec: dict, x: np.ndarray, u: float, tube: np.ndarray | None = None) -> float:
+    """The least slack of every row of `spec`'s plan after `u` from `x` (latency 0), written out step by step: the
+    constraints less the tube (`tube`, (horizon, states); default the spec's), the backup's actions in the box,
+    the terminal box and the settled equilibrium."""
+    A, B, C = crane_model()
+    section = spec["predictive"]
+    K, P = np.asarray(section["backup_gain"]), np.asarray(section["hold_projection"])
+    box, reach = np.asarray(section["terminal_box"]), np.asarray(section["terminal_reach"])
+    tube = np.asarray(section["tube"]) if tube is None else tube
+    limit = np.array([X_MAX, THETA_MAX])
+    worst = np.inf
+    xj = A @ x + B[:, 0] * u + C
+    hold = P @ xj  # the equilibrium nearest the next state: the trolley stopped, the payload hanging
+    for j in range(len(tube)):
+        worst = min(worst, float((limit - tube[j, :2] - np.abs(xj[:2])).min()))
+        if j < len(tube) - 1:
+            ub = float(-(K @ (xj - hold))[0])
+            worst = min(worst, 1.0 - abs(ub))
+            xj = A @ xj + B[:, 0] * ub + C
+    worst = min(worst, float((box - np.abs(xj - hold)).min()))
+    rows = np.array([X_MAX - hold[0], X_MAX + hold[0], THETA_MAX - hold[1], THETA_MAX + hold[1]])
+    return min(worst, float((rows - reach - np.repeat(tube[-1, :2], 2)).min()))

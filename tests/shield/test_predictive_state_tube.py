@@ -11,10 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shield.cbf import CbfShield
-from tests.helpers.predictive_specs import THETA_MAX, X_MAX, crane_model, crane_spec
+from tests.helpers.predictive_specs import THETA_MAX, X_MAX, crane_model, crane_spec, plan_slack
 
 A, B, C = crane_model()
-LIMIT = np.array([X_MAX, THETA_MAX])
 
 
 def sloped_spec(per_metre: float) -> dict:
@@ -31,33 +30,10 @@ def sloped_spec(per_metre: float) -> dict:
 SLOPED = sloped_spec(0.2)
 TUBE = np.asarray(SLOPED["predictive"]["tube"])
 SLOPE = np.asarray(SLOPED["predictive"]["tube_slope"])
-K = np.asarray(SLOPED["predictive"]["backup_gain"])
-P = np.asarray(SLOPED["predictive"]["hold_projection"])
-BOX = np.asarray(SLOPED["predictive"]["terminal_box"])
-REACH = np.asarray(SLOPED["predictive"]["terminal_reach"])
 
 states = st.tuples(
     st.floats(-X_MAX, X_MAX), st.floats(-THETA_MAX, THETA_MAX), st.floats(-1.5, 1.5), st.floats(-3.0, 3.0)
 )
-
-
-def plan_slack(x: np.ndarray, u: float) -> float:
-    """The least slack of the plan after `u` from `x` (latency 0), written out step by step, with the tube at step
-    j being tube_j + slope_j . |x|: the constraints, the backup's actions in the box, the terminal box and the
-    settled equilibrium."""
-    tube = TUBE + SLOPE @ np.abs(x)  # (horizon, states): the operating point is the origin
-    worst = np.inf
-    xj = A @ x + B[:, 0] * u + C
-    hold = P @ xj
-    for j in range(len(tube)):
-        worst = min(worst, float((LIMIT - tube[j, :2] - np.abs(xj[:2])).min()))
-        if j < len(tube) - 1:
-            ub = float(-(K @ (xj - hold))[0])
-            worst = min(worst, 1.0 - abs(ub))
-            xj = A @ xj + B[:, 0] * ub + C
-    worst = min(worst, float((BOX - np.abs(xj - hold)).min()))
-    rows = np.array([X_MAX - hold[0], X_MAX + hold[0], THETA_MAX - hold[1], THETA_MAX + hold[1]])
-    return min(worst, float((rows - REACH - np.repeat(tube[-1, :2], 2)).min()))
 
 
 @settings(max_examples=300, deadline=None)
@@ -67,7 +43,9 @@ def test_every_admitted_action_keeps_the_tube_at_its_state_inside_every_constrai
     whole plan of what it returns keeps every row less the tube grown by how far out the trolley starts."""
     u, info = CbfShield(SLOPED).filter(np.array(x, np.float32), np.array([u_p], np.float32))
     if not info["fallback"]:
-        assert plan_slack(np.array(x, np.float32).astype(np.float64), float(u[0])) >= -1e-6, (x, u_p, u)
+        x64 = np.array(x, np.float32).astype(np.float64)
+        tube = TUBE + SLOPE @ np.abs(x64)  # the operating point is the origin
+        assert plan_slack(SLOPED, x64, float(u[0]), tube) >= -1e-6, (x, u_p, u)
 
 
 def test_the_slope_tightens_only_away_from_the_operating_point():

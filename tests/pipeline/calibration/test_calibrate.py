@@ -295,7 +295,7 @@ def _tiny_flow_config(base: Path) -> Path:
     data["gate"].update({"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6})
     data["gate"]["min_return_ratio_production"] = 0.01
     data["calibration"] = {"known": {"joint_damping.slider": TRUTH["joint_damping.slider"]}}
-    data["falsify"] = {"budget_s": 10, "episode_steps": 80, "episodes_per_candidate": 1}  # as tests/test_flows.py
+    data["falsify"] = {"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1}  # as tests/flows/test_flows.py
     path = base / "tiny-flow.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

@@ -36,14 +36,6 @@ def _tiny_config(tmp_path: Path, **gate) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 def _task_runs(flow_run_id: str) -> dict[str, list]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId

@@ -279,14 +279,6 @@ def test_training_ranges_move_onto_the_calibrated_set_within_the_configured_hull
     build_shield_spec(derived)  # the shield spec (and its envelope check) accepts the calibrated config
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 def _tiny_flow_config(base: Path) -> Path:
     data = yaml.safe_load((ROOT / "configs" / "cartpole.yaml").read_text())
     data["task"]["max_episode_steps"] = 100

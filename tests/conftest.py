@@ -7,6 +7,7 @@ same run: the default config, a fixed seed, a fixed step budget.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,3 +41,42 @@ def trained_cartpole(tmp_path_factory):
     return SimpleNamespace(
         cfg=cfg, run=run, run_dir=Path(run.run_dir), bundle=Path(exported["bundle"]), export=exported
     )
+
+
+# One Prefect test server for every test that runs a flow (tests/flows/test_flows.py, the calibrated flow in
+# tests/pipeline/calibration/test_calibrate.py): it takes 10-15 s to start. It starts with the first test that needs
+# it and stops after the last one (counted at collection), so no other test runs with it up after that.
+_HARNESS = {"stack": None, "users": 0}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    _HARNESS["users"] = sum("harness" in item.fixturenames for item in items)
+
+
+@pytest.fixture(scope="session")
+def harness():
+    """Flows run against a temporary Prefect server and database (prefect_test_harness), shared by the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    if _HARNESS["stack"] is None:
+        stack = ExitStack()
+        stack.enter_context(prefect_test_harness(server_startup_timeout=180))
+        _HARNESS["stack"] = stack
+    yield
+    _stop_harness()
+
+
+def _stop_harness():
+    stack, _HARNESS["stack"] = _HARNESS["stack"], None
+    if stack is not None:
+        stack.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    if "harness" in item.fixturenames:
+        _HARNESS["users"] -= 1
+        if _HARNESS["users"] <= 0:
+            _stop_harness()

@@ -26,19 +26,14 @@ def _tiny_config(tmp_path: Path, **gate) -> Path:
     data["task"]["max_episode_steps"] = 100
     data["train"].update(total_env_steps=4096, num_actors=1, envs_per_actor=4, checkpoint_every=1000)
     data["shadow"].update(episodes=2)
-    data["falsify"] = {"budget_s": 10, "episode_steps": 80, "episodes_per_candidate": 1}
+    # The search is a wall-clock budget spent in full when it finds nothing: these tests are about the flow (retries,
+    # registry, gate, artifacts), not the search's reach (tests/pipeline/evaluation/test_falsify.py, and
+    # test_a_falsified_candidate_fails_the_gate below with its own budget), so 3 s, as the nightly test here.
+    data["falsify"] = {"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1}
     data["gate"].update({"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6, **gate})
     path = tmp_path / f"tiny-{len(gate)}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
 
 
 def _task_runs(flow_run_id: str) -> dict[str, list]:

@@ -279,14 +279,6 @@ def test_training_ranges_move_onto_the_calibrated_set_within_the_configured_hull
     build_shield_spec(derived)  # the shield spec (and its envelope check) accepts the calibrated config
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
 def _tiny_flow_config(base: Path) -> Path:
     data = yaml.safe_load((ROOT / "configs" / "cartpole.yaml").read_text())
     data["task"]["max_episode_steps"] = 100
@@ -295,7 +287,7 @@ def _tiny_flow_config(base: Path) -> Path:
     data["gate"].update({"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6})
     data["gate"]["min_return_ratio_production"] = 0.01
     data["calibration"] = {"known": {"joint_damping.slider": TRUTH["joint_damping.slider"]}}
-    data["falsify"] = {"budget_s": 10, "episode_steps": 80, "episodes_per_candidate": 1}  # as tests/test_flows.py
+    data["falsify"] = {"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1}  # as tests/flows/test_flows.py
     path = base / "tiny-flow.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

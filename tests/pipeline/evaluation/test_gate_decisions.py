@@ -235,4 +235,4 @@ def test_bursty_interventions_are_bounded_with_the_episode_as_the_unit():
         verdicts[name] = next(c for c in decide(metrics, gate).checks if c.key == "gate.max_intervention_rate")
     assert verdicts["even"].passed is True
     assert verdicts["bursts"].passed is not True and verdicts["bursts"].value > 0.05
-    assert "bootstrap-t over episodes" in verdicts["bursts"].detail
+    assert "Clopper-Pearson over episodes (design effect)" in verdicts["bursts"].detail

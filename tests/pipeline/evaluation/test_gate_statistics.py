@@ -188,6 +188,20 @@ def test_the_episode_rate_bound_covers_a_bursty_rate_that_the_steps_bound_misses
 
 def test_the_episode_rate_bound_edge_cases():
     assert episode_rate_bounds([3], [100], 0.05) is None  # one episode: no spread to see
-    assert episode_rate_bounds([5, 5, 5], [100, 100, 100], 0.05) == (0.05, 0.05)  # no spread at all
+    # No more spread than independent steps give: the steps' exact bounds, nothing discounted.
+    even = episode_rate_bounds([5, 5, 5], [100, 100, 100], 0.05)
+    assert even == (clopper_pearson_lower(15, 300, 0.05), clopper_pearson_upper(15, 300, 0.05))
+    assert episode_rate_bounds([0, 0, 0], [100, 100, 100], 0.05)[1] == clopper_pearson_upper(0, 300, 0.05)
     low, high = episode_rate_bounds([0, 0, 50, 0], [100, 100, 100, 100], 0.05)
-    assert low == 0.0 and 0.125 < high <= 1.0
+    assert 0.0 <= low < 0.125 < high <= 1.0 and high > clopper_pearson_upper(50, 400, 0.05)
+
+
+def test_a_single_burst_in_forty_episodes_is_bounded_not_left_at_one():
+    """A candidate the shield touched in one episode of forty (7 of 500 steps): the episode bound is wider than the
+    steps' (the burst counts as fewer trials) yet decides against a 10 % limit. The studentized bootstrap gave
+    [0, 1] here: a share of its resamples hold no intervention at all and have no spread, so no number of
+    episodes could ever pass such a candidate."""
+    counts, lengths = [7] + [0] * 39, [500] * 40
+    low, high = episode_rate_bounds(counts, lengths, 0.0125)
+    assert clopper_pearson_upper(7, 20_000, 0.0125) < high < 0.01
+    assert 0.0 <= low <= 7 / 20_000

@@ -262,12 +262,21 @@ class EdgeRuntime:
             self._batch.reset()
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
-        """(safe action, raw policy action, info) for one observation `float32[obs_dim]` (default plant)."""
+        """(safe action, raw policy action, info) for one observation `float32[obs_dim]` (default plant); a
+        non-finite observation is a blind step (`PlantSession.act_blind`) with info["bad_input"] True."""
         obs = np.asarray(obs, dtype=np.float32).reshape(-1)
         if obs.shape[0] != self.obs_dim:
             raise ValueError(f"observation must have {self.obs_dim} entries, got {obs.shape[0]}")
-        safe, raw, info = self._default.act(obs)
-        self._default.sent(obs, safe, replaced=False)
+        if not np.isfinite(obs).all():
+            # A sensor that gave no number: the shield dead-reckons as on a declared blind step, and neither the
+            # policy nor its memory sees the value (a NaN in a history policy's state would reach its next H
+            # actions); the server refuses such a request outright (BAD_INPUT), which changes nothing.
+            safe, raw, info = self._default.act_blind()
+            info["bad_input"] = True
+            self._default.sent(None, safe, replaced=False)
+        else:
+            safe, raw, info = self._default.act(obs)
+            self._default.sent(obs, safe, replaced=False)
         return np.asarray(safe, dtype=np.float32), raw, info
 
     def note_sent(self, action: np.ndarray) -> None:

@@ -64,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
     meas = synthesis.measure(cfg, seed=args.seed)
     refused = None
     problems = synthesis.authority_problems(meas)
-    if problems and (cfg.shield.brake_accel is not None or cfg.shield.brake_fraction is not None):
+    weak = synthesis.gain_problems(meas) if cfg.shield.input_gain_error is None else []
+    if weak:  # a drive too weak for any shield model: no filter can count on it
+        refused = certificate.refusal(cfg, meas, weak)
+    elif problems and (cfg.shield.brake_accel is not None or cfg.shield.brake_fraction is not None):
         refused = certificate.refusal(cfg, meas, problems)  # hand-set braking: the barrier, or nothing
     spec = None
     if refused is None:

@@ -78,37 +78,47 @@ def _certifiable(cfg, seed: int) -> bool:
     return True
 
 
-def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int) -> tuple[str, str] | None:
-    """(parameter, "low" or "high"): of the parameters of the plant where the weakest braking was measured, the one
-    whose other end (or either end, for a value inside its range) helps that braking most (the same plant and
-    state, one step); the offending end is the one it did not move to."""
-    at = meas.authority_at[k][d]
+def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int | None) -> tuple[str, str] | None:
+    """(parameter, "low" or "high"): of the parameters of the plant where the figure was measured, the one whose
+    other end (or either end, for a value inside its range) helps it most (the same plant and state, one step); the
+    offending end is the one it did not move to. The figure: with a direction d, the weakest braking of position k
+    toward that side (`synthesis.authority_problems`); with d None, the weakest input effect on it
+    (`synthesis.gain_problems`)."""
+    at = meas.authority_at[k][d] if d is not None else (meas.gain_at[k] if k < len(meas.gain_at) else {})
     if not at:
         return None
     env = synthesis.EnvelopeSampler(cfg, np.random.default_rng(0), draws=0)
     plant = env.plants[at["set"]]
     x = np.array([at["state"][str(o)] for o in env.state_index])
-    v, j = env.iv[k], env.main_in[k]
-    sign = -1.0 if d == 0 else 1.0
-    u = np.zeros(len(env.full))
-    u[j] = sign * np.sign(env.B[v, j]) * env.full[j]
 
-    def braking(domain):
-        plant.apply(domain)
-        return sign * (plant.step(x, u)[v] - x[v]) / env.dt
+    if d is None:
 
-    base, best = braking(at["domain"]), None
+        def figure(domain):
+            plant.apply(domain)
+            return synthesis.input_effect(env, plant, x, k) or 0.0
+
+    else:
+        v, j = env.iv[k], env.main_in[k]
+        sign = -1.0 if d == 0 else 1.0
+        u = np.zeros(len(env.full))
+        u[j] = sign * np.sign(env.B[v, j]) * env.full[j]
+
+        def figure(domain):
+            plant.apply(domain)
+            return sign * (plant.step(x, u)[v] - x[v]) / env.dt
+
+    base, best = figure(at["domain"]), None
     ranges = {n: (lo, hi) for n, lo, hi in synthesis.range_parameters(cfg.randomization[at["set"]])}
     for name, value in at["domain"].items():
         lo, hi = ranges.get(name, (value, value))
         if hi <= lo:
             continue
-        # The weakest braking may lie inside a range (a random draw): each end is tried, and the end that
+        # The weakest figure may lie inside a range (a random draw): each end is tried, and the end that
         # helps most names the other end as the offending one.
         for end, other in ((lo, "high"), (hi, "low")):
             if end == value:
                 continue
-            gain = braking(dict(at["domain"], **{name: end})) - base
+            gain = figure(dict(at["domain"], **{name: end})) - base
             if gain > 0 and (best is None or gain > best[0]):
                 best = (gain, name, other)
     return None if best is None else (best[1], best[2])
@@ -133,11 +143,13 @@ def largest_certifiable(cfg, parameter: str, end: str, seed: int = 0) -> tuple[f
 
 
 def refusal(
-    cfg, meas: synthesis.Measurement, problems: list[tuple[int, int, str]] | None = None, bisect: bool = True
+    cfg, meas: synthesis.Measurement, problems: list[tuple[int, int | None, str]] | None = None, bisect: bool = True
 ) -> dict:
     """Why the envelope cannot be certified: the parameter, its range, the physical reason, and (with `bisect`:
-    a measurement per halving) the largest sub-range that can."""
-    problems = problems if problems is not None else synthesis.authority_problems(meas)
+    a measurement per halving) the largest sub-range that can. `problems`: `synthesis.gain_problems` or
+    `synthesis.authority_problems` (by default the first of them that has any)."""
+    if problems is None:
+        problems = synthesis.gain_problems(meas) or synthesis.authority_problems(meas)
     k, d, reason = problems[0]
     found = offending_parameter(cfg, meas, k, d)
     out = {"certified": False, "reason": reason, "reasons": [r for _, _, r in problems]}

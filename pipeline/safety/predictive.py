@@ -69,10 +69,11 @@ def closed_loop(A, B, K) -> tuple[np.ndarray, float]:
     return Acl, float(np.abs(np.linalg.eigvals(Acl)).max())
 
 
-def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarray, dict]:
+def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarray, dict, tuple]:
     """Per step 1..horizon and state: the largest distance (x INFLATION, never shrinking with the step) of the
     plant running the shield's own backup loop from the shield's nominal plan, over plans the filter admits on
-    every set's plants; and a record of what it rests on."""
+    every set's plants; a record of what it rests on; and the samples `state_dependent_tube` fits: per plan,
+    |x_L - x_op| and its error per step and state."""
     from shield.cbf import CbfShield
 
     t0 = time.monotonic()
@@ -152,8 +153,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
         raise ValueError(
             f"the predictive filter admitted {plans} of {tried} sampled plans: too few to measure its model error on"
         )
-    record["samples"] = (np.array(phis), np.array(errs))  # for `state_dependent_tube`; popped before it is written
-    return np.maximum.accumulate(err, axis=0) * INFLATION, record
+    return np.maximum.accumulate(err, axis=0) * INFLATION, record, (np.array(phis), np.array(errs))
 
 
 def _rows(sp) -> tuple[np.ndarray, np.ndarray]:
@@ -250,8 +250,7 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
         "terminal_box": box.tolist(),
         "terminal_reach": reach.tolist(),
     }
-    tube, record = measure_tube(env, {**spec, "predictive": out}, horizon, seed)
-    phis, errs = record.pop("samples")
+    tube, record, (phis, errs) = measure_tube(env, {**spec, "predictive": out}, horizon, seed)
     result = {
         **out,
         "tube": tube.tolist(),

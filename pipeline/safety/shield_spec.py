@@ -198,6 +198,12 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         from pipeline.safety import synthesis
 
         measurement = measurement or synthesis.cached_measure(cfg)
+        # A drive too weak for any shield model is refused first, whichever filter would keep the constraints.
+        weak = synthesis.gain_problems(measurement) if sc.input_gain_error is None and not bare else []
+        if weak:
+            from pipeline.safety.certificate import refusal
+
+            raise EnvelopeError(refusal(cfg, measurement, weak, bisect=False)["message"])
         refused = synthesis.authority_problems(measurement)
         derived = synthesis.derived_numbers(measurement)
         if refused and sc.brake_accel is None and sc.brake_fraction is None:
@@ -215,9 +221,13 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
             derived["brake_accel"] = [[max(a, fl) for a in pair] for pair, fl in zip(derived["brake_accel"], floor)]
     margin = float(sc.margin if sc.margin is not None else derived["margin"])
     gain_error = float(sc.input_gain_error if sc.input_gain_error is not None else derived["input_gain_error"])
+    gain_lo, gain_hi = derived["input_gain_range"] if synthesized else (1.0, 1.0)
+    if synthesized and sc.input_gain_error is None and gain_error > MAX_INPUT_GAIN_ERROR:
+        # The measured range's ends are the gain cases; past what the symmetric number can say, it states only how
+        # weak the drive gets, so a light load that doubles the input's effect is kept as measured, not refused.
+        gain_error = round(1.0 - gain_lo, 6)
     if bare:  # no filter runs on a bare spec: the schema's bounds are all that read these numbers
         gain_error = min(gain_error, MAX_INPUT_GAIN_ERROR)
-    gain_lo, gain_hi = derived["input_gain_range"] if synthesized else (1.0, 1.0)
     if sc.brake_fraction is not None:
         brake = [sc.brake_fraction * a for a in full_accel]
     elif sc.brake_accel is None:
@@ -298,7 +308,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         "input_gain_error": gain_error,
         # The measured range as it is, when synthesis set the error: its ends are the gain cases.
         **(
-            {"input_gain_range": [max(gain_lo, 1.0 - gain_error), min(gain_hi, 1.0 + gain_error)]}
+            {"input_gain_range": [max(gain_lo, 1.0 - gain_error), gain_hi]}
             if synthesized and sc.input_gain_error is None
             else {}
         ),
@@ -333,11 +343,6 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
             braking = refusal(cfg, measurement, braking_refused, bisect=False)["message"]
             return EnvelopeError(f"{braking}; and the predictive filter cannot keep it either: {why}")
 
-        if gain_error > MAX_INPUT_GAIN_ERROR:
-            raise neither(
-                f"the drive's measured gain goes down to {1.0 - gain_error:.2g}x nominal (input_gain_error "
-                f"{gain_error:.3g}, more than the {MAX_INPUT_GAIN_ERROR} a shield model takes)"
-            )
         try:
             spec["predictive"] = predictive.cached_section(cfg, spec)
         except ValueError as err:  # no backup, or no plan it admits, or a tail that needs the whole input box

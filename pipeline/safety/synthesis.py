@@ -23,7 +23,8 @@ this simulates the whole envelope and measures:
 
 `derived_numbers` turns a measurement into the numbers a shield spec needs;
 `override_problems` holds hand-set numbers to it; `authority_problems` says where
-no braking barrier can be certified. Nothing here is tuned: every figure is a max or
+no braking barrier can be certified, `gain_problems` where the drive is too weak for any
+shield model. Nothing here is tuned: every figure is a max or
 min over simulated samples, with the stated sample counts (`Measurement.record`).
 """
 
@@ -45,6 +46,7 @@ from pipeline.safety.sampling import (  # noqa: F401
     constraint_obs,
     range_parameters,
 )
+from shield.spec import MAX_INPUT_GAIN_ERROR
 
 # The max of N draws bounds the (1 - ln(1/delta) / N) quantile of what it measures with confidence 1 - delta;
 # the bounds the spec uses are that max times INFLATION, since a finite sample never reaches the supremum.
@@ -78,6 +80,7 @@ class Measurement:
     dt: float = 0.0  # control period (s)
     wall_s: float = 0.0
     sets: dict = field(default_factory=dict)  # per set: plants, samples
+    gain_at: list[dict] = field(default_factory=list)  # per position, where the weakest input effect was: {set, ...}
 
     def gain_error(self) -> float:
         """The symmetric relative error the CBF's two gain cases need to cover every measured (low, high)."""
@@ -184,6 +187,7 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
         env.braking = [tuple(min(a, VIABLE_BRAKING * f) for a in pair) for pair, f in zip(authority, env.nominal_full)]
     lat_max = max([r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None] + [0])
     res_v, res_p, feats, gains = [], [], [], [[] for _ in env.pos]
+    gain_at: list[dict] = [{} for _ in env.pos]
     push_accel, sets_info, n_domains = {}, {}, 0
     for name, rset in cfg.randomization.items():
         plant, doms = env.plants[name], env.domains[name]
@@ -211,7 +215,7 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
                 )
                 res_p.append(np.abs(rp[env.ip]))
                 if rng.random() < 0.25:
-                    _gain_samples(env, plant, x, gains)
+                    _gain_samples(env, plant, x, gains, gain_at, {"set": name, "domain": dict(dom)})
                 if pushed is not None and rng.random() < 0.1:
                     base = plant.step(x, u)
                     for axis in pushed[1]:
@@ -254,6 +258,7 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
         dt=env.dt,
         wall_s=time.monotonic() - t0,
         sets=sets_info,
+        gain_at=gain_at,
     )
 
 
@@ -269,15 +274,30 @@ def _pushed(env: EnvelopeSampler, rset):
     return body, [AXIS_INDEX[a] for a in rset.push.axes], float(rset.push.max_force)
 
 
-def _gain_samples(env: EnvelopeSampler, plant: SteppedPlant, x: np.ndarray, gains: list) -> None:
-    """Per position, the response to its main input at full either way, over the nominal model's."""
-    for k, j in enumerate(env.iv):
-        i = env.main_in[k]
-        e = np.zeros(len(env.full))
-        e[i] = env.full[i]
-        effect = 2.0 * env.B[j, i] * env.full[i]
-        if abs(effect) > 1e-12:
-            gains[k].append(float((plant.step(x, e)[j] - plant.step(x, -e)[j]) / effect))
+def input_effect(env: EnvelopeSampler, plant: SteppedPlant, x: np.ndarray, k: int) -> float | None:
+    """Position k's response to its main input at full either way, over the nominal model's (None: no input moves
+    it in the nominal model)."""
+    j, i = env.iv[k], env.main_in[k]
+    e = np.zeros(len(env.full))
+    e[i] = env.full[i]
+    effect = 2.0 * env.B[j, i] * env.full[i]
+    if abs(effect) <= 1e-12:
+        return None
+    return float((plant.step(x, e)[j] - plant.step(x, -e)[j]) / effect)
+
+
+def _gain_samples(
+    env: EnvelopeSampler, plant: SteppedPlant, x: np.ndarray, gains: list, gain_at: list, where: dict
+) -> None:
+    """Per position, the input effect at x (`input_effect`), and where the weakest so far was (`gain_at`)."""
+    for k in range(len(env.iv)):
+        g = input_effect(env, plant, x, k)
+        if g is None:
+            continue
+        if g < gain_at[k].get("effect", math.inf):
+            state = {str(o): round(float(x[env.col[o]]), 4) for o in env.state_index}
+            gain_at[k] = {**where, "state": state, "effect": g}
+        gains[k].append(g)
 
 
 def _noise_margin(cfg, safety: dict) -> float:
@@ -377,6 +397,22 @@ def authority_problems(meas: Measurement) -> list[tuple[int, int, str]]:
                     f"units/s^2 toward that bound ({describe_state(meas, meas.authority_at[k][d])})"
                 )
                 out.append((k, d, reason))
+    return out
+
+
+def gain_problems(meas: Measurement) -> list[tuple[int, None, str]]:
+    """(position k, None, reason) where the weakest measured input effect is below what a shield model takes: at
+    1 - MAX_INPUT_GAIN_ERROR x nominal the input hardly moves the plant, and no filter can count on it."""
+    out = []
+    for k, (lo, _hi) in enumerate(meas.gain_range):
+        if 1.0 - _round_down(lo) > MAX_INPUT_GAIN_ERROR + 1e-12:
+            reason = (
+                f"the drive's effect on {meas.names[k]} (obs[{meas.positions[k]}]) goes down to {lo:.3g}x nominal "
+                f"({describe_state(meas, meas.gain_at[k] if k < len(meas.gain_at) else {})}); a shield model "
+                f"takes an input down to {1.0 - MAX_INPUT_GAIN_ERROR:.2g}x nominal, below which the input hardly "
+                f"moves the plant"
+            )
+            out.append((k, None, reason))
     return out
 
 

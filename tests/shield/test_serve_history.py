@@ -61,3 +61,19 @@ def test_the_server_keeps_a_separate_history_per_client(history_bundle):
             client.close()
     finally:
         srv.stop()
+
+
+def test_a_non_finite_observation_in_process_leaves_the_policy_state_as_it_was(history_bundle):
+    """In process, a NaN observation is a blind step: the shield dead-reckons its fallback, the policy does not run,
+    and the history policy's state does not move, so the next good observation gets the action it would have got
+    had the bad sample never come (the shield, which knows where the plant may be, is compared separately)."""
+    rng = np.random.default_rng(3)
+    obs = (rng.normal(size=(12, 4)) * np.asarray(OBS_STD) * 0.3 + OBS_MEAN).astype(np.float32)
+    runtime = EdgeRuntime.load(history_bundle)
+    for t in range(6):
+        runtime.act(obs[t])
+    before = runtime._default.memory.array.copy()
+    safe, raw, info = runtime.act(np.full(4, np.nan, np.float32))
+    assert info["bad_input"] and np.isnan(raw).all() and np.isfinite(safe).all()
+    assert np.array_equal(runtime._default.memory.array, before)  # no NaN, and no step recorded
+    assert np.isfinite(runtime.act(obs[6])[1]).all()

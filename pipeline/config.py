@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
@@ -134,8 +134,6 @@ class ReplayConfig(Section):
 class TrainCommon(Section):
     """What the training scaffold reads for every algorithm: budget, actors, network size, discount, device."""
 
-    # Does export take the checkpoint with the best validation return (the `validation:` section)?
-    selects_on_validation: ClassVar[bool] = False
     if TYPE_CHECKING:  # each algorithm's model sets it, as a Literal that tags the union below
         algorithm: str
 
@@ -156,8 +154,6 @@ class TrainCommon(Section):
 
 class VtraceTrainConfig(TrainCommon):
     """What IMPALA and APPO share: V-trace targets, on-policy actors with a bounded policy lag, validation."""
-
-    selects_on_validation: ClassVar[bool] = True
 
     sync: bool = Field(
         False, description="Actors wait for fresh weights after every batch (policy lag 0), for comparison."
@@ -212,7 +208,7 @@ class AppoTrainConfig(VtraceTrainConfig):
 
 
 class SacTrainConfig(TrainCommon):
-    """SAC, Ape-X exploring actors, sharded prioritized replay; export takes the last checkpoint (no validation)."""
+    """SAC, Ape-X exploring actors, sharded prioritized replay; export takes the best checkpoint on validation."""
 
     algorithm: Literal["sac"] = Field(description="sac: off-policy soft actor-critic (train.sac, train.replay).")
     sac: SacConfig = Field(default_factory=SacConfig, description="SAC learner settings.")
@@ -220,7 +216,7 @@ class SacTrainConfig(TrainCommon):
 
 
 class Td3TrainConfig(TrainCommon):
-    """TD3, Ape-X exploring actors, sharded prioritized replay; export takes the last checkpoint (no validation)."""
+    """TD3, Ape-X exploring actors, sharded prioritized replay; export takes the best checkpoint on validation."""
 
     algorithm: Literal["td3"] = Field(description="td3: off-policy twin delayed DDPG (train.td3, train.replay).")
     td3: Td3Config = Field(default_factory=Td3Config, description="TD3 learner settings.")
@@ -270,7 +266,9 @@ class ValidationConfig(Section):
         20,
         ge=1,
         description="Submit an evaluation every N learner updates (one in flight at a time; "
-        "the learner does not wait for it except with train.sync).",
+        "the learner does not wait for it except with train.sync). Off-policy algorithms (sac, td3) step "
+        "their learner once per minibatch: for them N counts metrics records (train.<algorithm>.log_every "
+        "learner steps each).",
     )
     episodes: int = Field(8, ge=1, description="Episodes per evaluation, stepped together as one batch.")
     seed: int = Field(
@@ -631,13 +629,6 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _needs_train_and_reality(self) -> Config:
-        if not self.train.selects_on_validation:
-            if "validation" in self.model_fields_set and self.validation.enabled:
-                raise ValueError(
-                    f"validation: train.algorithm {self.train.algorithm!r} does not select a checkpoint on "
-                    f"validation (export takes the last one); remove the section or set validation.enabled: false"
-                )
-            self.validation.enabled = False
         missing = [name for name in ("train", "reality") if name not in self.randomization]
         if missing:
             raise ValueError(f"randomization: missing set(s) {missing}; both 'train' and 'reality' are required")

@@ -30,6 +30,7 @@ class Algorithm:
     config: type[TrainCommon]  # the `train:` model: the keys it reads, and no others
     train: Callable[..., TrainResult]  # train(cfg, *, out_dir, steps, ..., callback) -> TrainResult
     deployable: Callable[[dict], nn.Module]  # checkpoint -> the deterministic policy export ships
+    tunable: bool = True  # `sim2real tune` runs its loop as PBT members
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -49,12 +50,14 @@ ALGORITHMS: dict[str, Algorithm] = {
             SacTrainConfig,
             partial(train_offpolicy, learner_cls=sac.SacLearner, settings_of=lambda tc: tc.sac),
             sac.policy_from_checkpoint,
+            tunable=False,
         ),
         Algorithm(
             "td3",
             Td3TrainConfig,
             partial(train_offpolicy, learner_cls=td3.Td3Learner, settings_of=lambda tc: tc.td3),
             sac.policy_from_checkpoint,
+            tunable=False,
         ),
     )
 }

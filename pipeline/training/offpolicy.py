@@ -21,6 +21,8 @@ learner, counters and (with replay.checkpoint) a snapshot of every shard.
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 import uuid
 from collections import deque
@@ -38,7 +40,7 @@ from pipeline.training.learner import learner_threads
 from pipeline.training.metrics import MetricsLogger
 from pipeline.training.replay import NStepBuilder, ReplayClient, ReplayShard, load_snapshot, save_snapshot
 from pipeline.training.rollout import RolloutActor
-from pipeline.training.sac import SquashedGaussianActor
+from pipeline.training.sac import SquashedGaussianActor, policy_from_checkpoint
 from pipeline.training.scaffold import (
     FINAL_RETURN_WINDOW,
     ReplayFigures,
@@ -53,6 +55,7 @@ from pipeline.training.scaffold import (
     start_run,
     write_run_checkpoint,
 )
+from pipeline.training.selection import ModelSelection, selection_figures
 
 REPLAY_DIR = "replay"
 
@@ -286,6 +289,21 @@ def train_offpolicy(
             )
             for i in range(tc.num_actors)
         ]
+        selection = None
+        if cfg.validation.enabled:
+            # Evaluated like the on-policy loop's, on what export ships: every off-policy learner acts with a
+            # squashed-Gaussian actor's mean. The learner steps once per minibatch, so the cadence counts metrics
+            # records (validation.every_updates of them, log_every learner steps each).
+            selection = ModelSelection(
+                cfg,
+                run_dir,
+                model_spec,
+                shield_in_loop(cfg),
+                dict(env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), algorithm=tc.algorithm),
+                every=cfg.validation.every_updates * sc.log_every,
+                deployable=policy_from_checkpoint,
+            )
+            selection.start()
         ray.get(weight_source.latest.remote())  # published before the first batch is asked for
         pool = ActorPool(exploring_actors, tc.max_batches_in_flight)
         logger = MetricsLogger(run_dir, tc.total_env_steps, model_spec["act_dim"], env_steps, progress)
@@ -363,6 +381,9 @@ def train_offpolicy(
             episodes_since_log.clear()
             last_log = (now, env_steps, learned, inserted, sampled)
             lags.clear()
+            if selection is not None:
+                version = learner.version
+                selection.note(record, selection.after_update(version, env_steps, version, learner.cpu_weights()), [])
             logger.log(record)
             last_record = record
             return record
@@ -410,18 +431,31 @@ def train_offpolicy(
                 if learner.version % sc.log_every == 0:
                     record = log_record()
                     stop = bool(callback and callback(state(record)))
+                    if selection is not None and selection.stop_reason:
+                        print(
+                            f"sim2real train: stopping early at update {learner.version}: {selection.stop_reason}",
+                            file=sys.stderr,
+                        )
+                        stop = True
                 if learner.version % sc.checkpoint_every == 0:
                     checkpoint()
             settled = pool.settle()  # actors Ray restarted after their last batch (a node lost late in the run)
             if settled or learner.version % sc.log_every or learner.version == 0:  # what happened since the last record
                 log_record()
             checkpoint()
+            if selection is not None:
+                # The final weights compete too; their score goes to selection.json (as in the on-policy loop).
+                weights = learner.cpu_weights()
+                selection.after_update(learner.version, env_steps, learner.version, weights, final=True)
+                (run_dir / "selection.json").write_text(json.dumps(selection.summary(), indent=2))
         except KeyboardInterrupt:
             checkpoint()
             raise
         finally:
             logger.close()
             pool.kill_all()
+            if selection is not None:
+                selection.close()
             for shard in shards:
                 ray.kill(shard)
             ray.kill(weight_source)
@@ -439,6 +473,7 @@ def train_offpolicy(
         learner_utilization=learner_time / loop_s,
         actor_restarts=c["actor"],
         **entropy_figures(last_record, model_spec["act_dim"]),
+        **selection_figures(selection),
         replay=ReplayFigures(
             replay_ratio=learned / max(env_steps, 1),
             learned_samples=learned,

@@ -48,7 +48,7 @@ from pipeline.training.scaffold import (
     start_run,
     write_run_checkpoint,
 )
-from pipeline.training.selection import ModelSelection
+from pipeline.training.selection import ModelSelection, selection_figures
 
 
 def train_vtrace(
@@ -178,10 +178,9 @@ def train_vtrace(
                 )
                 add_episode_figures(record, episodes, episodes_total, recent_returns)
                 if selection is not None:
-                    note_validation(
+                    selection.note(
                         record,
                         selection.after_update(updates, env_steps, learner.version, publisher.weights),
-                        selection,
                         rollout_actors,
                     )
                 logger.log(record)
@@ -217,7 +216,6 @@ def train_vtrace(
             ray.kill(weight_source)
 
     loop_s = time.perf_counter() - loop_start
-    best = selection.best if selection is not None else None
     return TrainResult(
         run_dir=str(run_dir),
         algorithm=tc.algorithm,
@@ -229,21 +227,5 @@ def train_vtrace(
         learner_utilization=learner_time / loop_s,
         actor_restarts=pool.restarts,
         **entropy_figures(record, model_spec["act_dim"]),
-        best_updates=best["updates"] if best else None,
-        best_validation_return=best["validation_return"] if best else None,
-        stopped_early=selection.stop_reason if selection is not None else None,
-        adr_fraction=selection.adr_fraction if selection is not None and selection.adr.enabled else None,
+        **selection_figures(selection),
     )
-
-
-def note_validation(record: dict, results: list[dict], selection: ModelSelection, actors: list) -> None:
-    """Fold finished validation results into this update's metrics; push widened ADR ranges to the actors."""
-    for result in results:
-        record.update({k: v for k, v in result.items() if k.startswith("validation_")})
-        record["validation_best"] = selection.best["validation_return"]
-        if selection.adr.enabled:
-            record["adr_fraction"] = selection.adr_fraction
-        if result.get("adr_widen") and actors:
-            widened = selection.train_randomization()
-            for actor in actors:
-                actor.set_randomization.remote(widened)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import ray
 import torch
 
 from envs.randomization import RandomizationSet
+from pipeline.config import AdrConfig
 from pipeline.training.checkpoint import best_checkpoint, read_checkpoint, write_best
 from pipeline.training.model import ActorCritic
 from pipeline.training.rollout import PolicyInputs, make_env, sent_action
@@ -44,18 +46,31 @@ class ValidationActor:
         seed: int,
         model_spec: dict,
         shield: dict | None = None,
+        deployable: Callable[[dict], torch.nn.Module] | None = None,
     ):
+        """`deployable` (an algorithm's checkpoint -> deterministic policy, memoryless): evaluate the policy export
+        ships from the published weights; None: the weights are an ActorCritic's, acting with its clipped mean."""
         torch.set_num_threads(1)
         self.envs = [make_env(env_id, randomization, max_episode_steps, shield) for _ in range(episodes)]
         self.seeds = [seed + k for k in range(episodes)]
-        self.model = ActorCritic(**model_spec).eval()
+        self.model_spec, self.deployable = model_spec, deployable
+        self.model = ActorCritic(**model_spec).eval() if deployable is None else None
 
     def evaluate(self, version: int, wrapped_ref: list) -> dict:
         """Mean return (and per-episode returns, costs, shield interventions) of the deterministic policy."""
-        self.model.load_state_dict(
-            ray.get(wrapped_ref[0]) if isinstance(wrapped_ref[0], ray.ObjectRef) else wrapped_ref[0]
-        )
-        return dict(version=version, **run_episodes(self.model, self.envs, self.seeds))
+        weights = ray.get(wrapped_ref[0]) if isinstance(wrapped_ref[0], ray.ObjectRef) else wrapped_ref[0]
+        if self.deployable is None:
+            self.model.load_state_dict(weights)
+            model = self.model
+            low, high = model.action_low.numpy(), model.action_high.numpy()
+            dims = (model.obs_dim, model.act_dim, model.history_length)
+            return dict(
+                version=version,
+                **run_episodes(lambda x: np.clip(model(x)[0].numpy(), low, high), dims, self.envs, self.seeds),
+            )
+        policy = self.deployable({"model_spec": self.model_spec, "model": weights})
+        dims = (policy.obs_dim, policy.act_dim, 0)
+        return dict(version=version, **run_episodes(lambda x: policy(x).numpy(), dims, self.envs, self.seeds))
 
     def close(self) -> None:
         for env in self.envs:
@@ -63,17 +78,18 @@ class ValidationActor:
 
 
 @torch.no_grad()
-def run_episodes(model: ActorCritic, envs: list, seeds: list[int]) -> dict:
-    """One seeded episode per env, stepped together; the action is the clipped mean (no sampling)."""
+def run_episodes(
+    act: Callable[[torch.Tensor], np.ndarray], dims: tuple[int, int, int], envs: list, seeds: list[int]
+) -> dict:
+    """One seeded episode per env, stepped together, by the deterministic `act` (network input -> action in the
+    bounds; no sampling); dims: (obs_dim, act_dim, history_length) of its input."""
     n = len(envs)
-    inputs = PolicyInputs(n, model.obs_dim, model.act_dim, model.history_length)
+    inputs = PolicyInputs(n, *dims)
     obs = np.stack([np.asarray(env.reset(seed=s)[0], np.float32) for env, s in zip(envs, seeds)])
-    low, high = model.action_low.numpy(), model.action_high.numpy()
     returns, costs, steps, interventions = np.zeros(n), np.zeros(n), np.zeros(n, np.int64), 0
     active = np.ones(n, bool)
     while active.any():
-        mean = model(torch.from_numpy(inputs.of(obs)))[0].numpy()
-        actions = np.clip(mean, low, high)
+        actions = act(torch.from_numpy(inputs.of(obs)))
         sent, acted = actions.copy(), obs.copy()
         for i in np.flatnonzero(active):
             o, r, term, trunc, info = envs[i].step(actions[i])
@@ -133,11 +149,26 @@ def adr_set(rset: RandomizationSet, fraction: float) -> RandomizationSet:
 class ModelSelection:
     """Driver side of validation: submits evaluations, keeps the best checkpoint, decides early stops and ADR steps."""
 
-    def __init__(self, cfg, run_dir: Path, model_spec: dict, shield: dict | None, checkpoint_meta: dict):
+    def __init__(
+        self,
+        cfg,
+        run_dir: Path,
+        model_spec: dict,
+        shield: dict | None,
+        checkpoint_meta: dict,
+        *,
+        every: int | None = None,
+        deployable: Callable[[dict], torch.nn.Module] | None = None,
+    ):
+        """`every`: learner updates between evaluations (default validation.every_updates); `deployable`: see
+        `ValidationActor`."""
         self.cfg, self.run_dir, self.meta = cfg, Path(run_dir), checkpoint_meta
-        self.vc, self.adr = cfg.validation, cfg.train.adr
-        self.sync = cfg.train.sync
-        self.model_spec = model_spec
+        self.vc = cfg.validation
+        # The off-policy algorithms' configs have neither: no ADR, and their learner never waits for the actors.
+        self.adr = getattr(cfg.train, "adr", None) or AdrConfig(enabled=False)
+        self.sync = bool(getattr(cfg.train, "sync", False))
+        self.every = int(every or self.vc.every_updates)
+        self.model_spec, self.deployable = model_spec, deployable
         self.pending = None  # (ObjectRef, updates, env_steps, weights)
         self.history: list[dict] = []
         self.best: dict | None = None
@@ -174,6 +205,7 @@ class ModelSelection:
             self.vc.seed,
             self.model_spec,
             self.shield,
+            self.deployable,
         )
 
     def train_randomization(self) -> dict:
@@ -187,7 +219,7 @@ class ModelSelection:
         """Call after every learner update (final=True at the end); returns the evaluations that finished."""
         done = self._poll(block=self.sync or final)
         evaluated = any(h["updates"] == updates for h in self.history)
-        due = not evaluated and (final or updates % self.vc.every_updates == 0)
+        due = not evaluated and (final or updates % self.every == 0)
         if due and self.pending is None and (final or self.stop_reason is None):
             ref = self.actor.evaluate.remote(version, [weights])
             self.pending = (ref, updates, env_steps, weights)
@@ -257,6 +289,18 @@ class ModelSelection:
         record["adr_widen"] = self._adr_step(result["return_mean"])
         return [record]
 
+    def note(self, record: dict, results: list[dict], actors: list) -> None:
+        """Fold finished evaluations (`after_update`'s) into a metrics record; push widened ADR ranges to `actors`."""
+        for result in results:
+            record.update({k: v for k, v in result.items() if k.startswith("validation_")})
+            record["validation_best"] = self.best["validation_return"]
+            if self.adr.enabled:
+                record["adr_fraction"] = self.adr_fraction
+            if result.get("adr_widen") and actors:
+                widened = self.train_randomization()
+                for actor in actors:
+                    actor.set_randomization.remote(widened)
+
     def _adr_step(self, latest: float) -> bool:
         """Widen the train ranges when the latest validation return holds up against the best."""
         if not self.adr.enabled or self.adr_fraction >= 1.0:
@@ -286,3 +330,14 @@ class ModelSelection:
     def close(self) -> None:
         if self.actor is not None:
             ray.kill(self.actor)
+
+
+def selection_figures(selection: ModelSelection | None) -> dict:
+    """TrainResult's validation fields: the selected checkpoint's update and return, an early stop, ADR's width."""
+    best = selection.best if selection is not None else None
+    return dict(
+        best_updates=best["updates"] if best else None,
+        best_validation_return=best["validation_return"] if best else None,
+        stopped_early=selection.stop_reason if selection is not None else None,
+        adr_fraction=selection.adr_fraction if selection is not None and selection.adr.enabled else None,
+    )

@@ -105,11 +105,13 @@ def tune(
     start = time.perf_counter()
     cfg = with_overrides(cfg, steps, None, None)
     tc, search = cfg.train, cfg.tune
-    if not algorithm(tc.algorithm).config.selects_on_validation or not cfg.validation.enabled:
+    if not algorithm(tc.algorithm).tunable:
         raise ValueError(
-            f"tune: members are ranked by validation return; train.algorithm {tc.algorithm!r} with "
-            f"validation.enabled {cfg.validation.enabled} does not select on validation"
+            f"tune: train.algorithm {tc.algorithm!r} cannot run as a population member yet (its loop checkpoints "
+            f"and reports on another cadence); tune an on-policy algorithm (appo, impala)"
         )
+    if not cfg.validation.enabled:
+        raise ValueError("tune: members are ranked by validation return; set validation.enabled: true")
     if not search.searchable:
         raise ValueError("tune.searchable: names no hyperparameter to search (e.g. lr: {low: 1e-4, high: 3e-3})")
     population = search.population if population is None else population

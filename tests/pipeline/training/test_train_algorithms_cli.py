@@ -38,8 +38,9 @@ def small_config(tmp_path: Path, algorithm: str) -> Path:
     data["task"]["max_episode_steps"] = 100
     data["train"].update(algorithm=algorithm, num_actors=1, device="cpu")
     if "replay" in data["train"]:
-        data["train"][algorithm].update(learning_starts=500, replay_ratio=8.0, log_every=20, checkpoint_every=10_000)
+        data["train"][algorithm].update(learning_starts=500, replay_ratio=8.0, log_every=10, checkpoint_every=10_000)
         data["train"]["replay"].update(num_shards=1)
+        data["validation"] = {"every_updates": 1, "episodes": 2}  # an evaluation at every metrics record
     else:
         for appo_only in ("clip_param", "kl_coef"):
             data["train"].pop(appo_only, None)
@@ -69,9 +70,10 @@ def test_an_algorithm_goes_through_every_command(ray_local, algorithm, tmp_path,
     off_policy = trained["replay"] is not None
     if off_policy:
         assert trained["replay"]["learned_samples"] > 0
-        assert trained["best_updates"] is None  # no validation selection: export takes the last checkpoint
-    else:
-        assert trained["best_updates"] is not None  # export takes the best checkpoint by validation return
+    # Every algorithm selects on validation: export takes the best checkpoint by validation return.
+    selection = json.loads((run / "selection.json").read_text())
+    assert trained["best_updates"] == selection["best"]["updates"] and selection["evaluations"] >= 2
+    assert trained["best_validation_return"] == max(h["validation_return"] for h in selection["history"])
 
     if off_policy:  # (the on-policy resume through the CLI: test_train_fault.py)
         code, resumed = sim2real(capsys, "train", "--resume", run, "--steps", 1_600)  # with the run's own config.yaml
@@ -80,6 +82,8 @@ def test_an_algorithm_goes_through_every_command(ray_local, algorithm, tmp_path,
 
     code, exported = sim2real(capsys, "export", run, "--out", bundle)
     assert code == 0 and exported["parity_max_abs_err"] <= 1e-5
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["extra"]["checkpoint"] == "best.pt"
 
     # serve: over UDP, the bundle answers with the shielded action the in-process edge runtime computes.
     reference = EdgeRuntime.load(bundle)

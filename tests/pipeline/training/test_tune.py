@@ -193,9 +193,17 @@ def test_a_searchable_key_the_algorithm_does_not_read_exits_2_naming_it(tmp_path
     assert "tune.searchable.clip_param: not read by train.algorithm 'impala'" in capsys.readouterr().err
 
 
-def test_an_algorithm_without_validation_exits_2(tmp_path, capsys):
+def test_a_run_without_validation_exits_2(tmp_path, capsys):
+    data = yaml.safe_load((ROOT / "configs" / "cartpole.yaml").read_text())
+    data["validation"] = {"enabled": False}
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(data))
+    assert main(["tune", "--config", str(tmp_path / "plain.yaml")]) == 2
+    assert "ranked by validation return" in capsys.readouterr().err
+
+
+def test_an_off_policy_algorithm_is_refused_by_name(tmp_path, capsys):
     data = yaml.safe_load((ROOT / "configs" / "cartpole_sac.yaml").read_text())
     data["tune"] = {"searchable": {"sac.lr": {"low": 1e-4, "high": 1e-3}}}
     (tmp_path / "sac.yaml").write_text(yaml.safe_dump(data))
     assert main(["tune", "--config", str(tmp_path / "sac.yaml")]) == 2
-    assert "ranked by validation return" in capsys.readouterr().err
+    assert "train.algorithm 'sac' cannot run as a population member" in capsys.readouterr().err

@@ -11,7 +11,9 @@
 - With its bounds measured over the envelope (`pipeline.evaluation.monitor_bounds`): a quadrotor whose
   thrust/weight is 10 % below the envelope's lowest (0.72 against 0.80) is flagged within
   EDGE_FLAG_WITHIN steps and before its first violation; the model plants above, with the largest
-  unmodelled acceleration the envelope showed, stay silent over 10^5 steps.
+  unmodelled acceleration the envelope showed, stay silent over 50,000 steps per task (the crane's and the
+  Furuta pendulum's predictive specs among them); a steady force on the crane's or the Furuta pendulum's payload
+  (the unactuated swing) UNACTUATED_RATIO times the bound is flagged within UNACTUATED_FLAG_WITHIN steps.
 """
 
 from __future__ import annotations

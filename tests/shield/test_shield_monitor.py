@@ -11,36 +11,29 @@
 - With its bounds measured over the envelope (`pipeline.evaluation.monitor_bounds`): a quadrotor whose
   thrust/weight is 10 % below the envelope's lowest (0.72 against 0.80) is flagged within
   EDGE_FLAG_WITHIN steps and before its first violation; the model plants above, with the largest
-  unmodelled acceleration the envelope showed, stay silent over 10^5 steps.
+  unmodelled acceleration the envelope showed, stay silent over 50,000 steps per task (the crane's and the
+  Furuta pendulum's predictive specs among them); a steady force on the crane's or the Furuta pendulum's payload
+  (the unactuated swing) UNACTUATED_RATIO times the bound is flagged within UNACTUATED_FLAG_WITHIN steps.
 """
 
 from __future__ import annotations
-
-import functools
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
 from shield.cbf import CbfShield
+from tests.helpers.parallel import map_in_processes, process_pool
+from tests.helpers.steady_push import force_accel, measured, steadily_pushed, synthesized
 
 FLAG_WITHIN = 40  # steps (0.8 s at 50 Hz)
 EDGE_FLAG_WITHIN = 50  # steps (1 s at 50 Hz), a plant 10 % past the envelope's edge
 
 
-@functools.cache
-def _setup(task: str):
-    from pipeline.config import load_config
-    from pipeline.safety.shield_spec import build_shield_spec
-
-    cfg = load_config(f"configs/{task}.yaml")
-    return cfg, build_shield_spec(cfg)
-
-
 def test_quadrotor_with_rotors_at_half_gain_is_flagged_and_shield_turns_conservative():
     import envs
 
-    cfg, spec = _setup("quadrotor")
+    cfg, spec = synthesized("quadrotor")
     half = {"actuator_gain": {f"rotor{i}": {"low": 0.5, "high": 0.5} for i in range(4)}}
     env = gym.make(cfg.task.env_id, randomization=half, max_episode_steps=FLAG_WITHIN + 10)
     shield, legacy = CbfShield(spec), envs.legacy_controller(cfg.task.env_id)
@@ -109,7 +102,7 @@ def _model_plant_steps(
 
 @pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
 def test_plants_inside_the_envelope_are_never_flagged(task):
-    _, spec = _setup(task)
+    _, spec = synthesized(task)
     assert _model_plant_steps(spec, 50_000, np.random.default_rng(7)) == 0
 
 
@@ -117,16 +110,8 @@ def test_plants_inside_the_envelope_are_never_flagged(task):
 def test_one_glitched_reading_is_forgotten_once_it_leaves_the_window(task):
     """The monitor keeps running sums over its window: one finite but huge reading (1e20) used to swallow the
     small terms added beside it, and the sums stayed wrong for good (flagged on 482 of 490 later steps)."""
-    _, spec = _setup(task)
+    _, spec = synthesized(task)
     assert _model_plant_steps(spec, 4_000, np.random.default_rng(11), glitch_at=20) == 0
-
-
-@functools.cache
-def _measured(task: str):
-    from pipeline.evaluation.monitor_bounds import with_measured_monitor
-
-    cfg, spec = _setup(task)
-    return with_measured_monitor(cfg, spec, runs_per_set=8, seed=0)
 
 
 def test_a_quadrotor_ten_percent_past_the_envelope_is_flagged_before_it_violates():
@@ -134,8 +119,8 @@ def test_a_quadrotor_ten_percent_past_the_envelope_is_flagged_before_it_violates
     shipped bounds never flagged such a plant; with measured ones it does within EDGE_FLAG_WITHIN steps."""
     import envs
 
-    cfg, _ = _setup("quadrotor")
-    spec = _measured("quadrotor")
+    cfg, _ = synthesized("quadrotor")
+    spec = measured("quadrotor")[1]
     lowest = min(
         min(r.low for r in rset.actuator_gain.values()) / rset.body_mass["quad"].high
         for rset in cfg.randomization.values()
@@ -167,13 +152,23 @@ def test_a_quadrotor_ten_percent_past_the_envelope_is_flagged_before_it_violates
     env.close()
 
 
-@pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
+def _flags_at_the_measured_bound(job: tuple[dict, int, int]) -> int:
+    spec, steps, seed = job
+    measured_accel = spec["assumptions"]["monitor"]["measured"]["excess_accel"]
+    return _model_plant_steps(spec, steps, np.random.default_rng(seed), accel=measured_accel)
+
+
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor", "crane", "furuta"])
 def test_measured_bounds_stay_silent_inside_the_envelope(task):
     """The model plants of `test_plants_inside_the_envelope_are_never_flagged`, now pushed by the largest
-    unmodelled acceleration the MuJoCo plants of the envelope showed (the measured bound less its margin)."""
-    spec = _measured(task)
-    measured = spec["assumptions"]["monitor"]["measured"]["excess_accel"]
-    assert _model_plant_steps(spec, 50_000, np.random.default_rng(5), accel=measured) == 0
+    unmodelled acceleration the MuJoCo plants of the envelope showed (the measured bound less its margin): 50,000
+    steps per task. The predictive plants (crane, Furuta) are covered here only: the spec's `disturbance_accel`,
+    held constant, is more than the crane's drive can hold (13.3 against 11.6 m/s^2), and its linear model runs
+    off to where it says nothing (the trolley 40 m out, the swing 2.6 rad)."""
+    spec = measured(task)[1]
+    with process_pool() as pool:
+        jobs = [(spec, 25_000, seed) for seed in (5, 6)]
+        assert sum(map_in_processes(pool, _flags_at_the_measured_bound, jobs, chunksize=1)) == 0
 
 
 def test_past_the_edge_the_flagged_shield_is_no_worse_than_the_legacy_controller_alone():
@@ -184,8 +179,8 @@ def test_past_the_edge_the_flagged_shield_is_no_worse_than_the_legacy_controller
     from pipeline.evaluation.evaluate import evaluate
     from shield.spec import ShieldSpec
 
-    cfg, _ = _setup("quadrotor")
-    spec = ShieldSpec.from_dict(_measured("quadrotor"))
+    cfg, _ = synthesized("quadrotor")
+    spec = ShieldSpec.from_dict(measured("quadrotor")[1])
     g = 0.76 * 1.1
     reality = cfg.randomization["reality"]
     weak = parse_randomization(
@@ -203,3 +198,52 @@ def test_past_the_edge_the_flagged_shield_is_no_worse_than_the_legacy_controller
         shielded = evaluate(cfg, reference_policy(name, cfg, spec, seed=0), shield=True, spec=spec, **run)
         assert shielded["envelope_rate"] > 0  # the monitor saw it
         assert shielded["violations"] <= alone["violations"], name
+
+
+UNACTUATED_RATIO = 6.0  # a steady force's acceleration on some velocity, in multiples of the monitor's `accel` there
+UNACTUATED_FLAG_WITHIN = 20  # steps (0.4 s at 50 Hz)
+
+
+@pytest.mark.parametrize("task,force,axes", [("crane", 80.0, ["x"]), ("furuta", 12.0, ["x", "y"])])
+def test_a_steady_force_on_the_unactuated_payload_is_flagged_before_it_violates(task, force, axes):
+    """A steady force on the payload, which only the unactuated swing feels first, drawn per episode up to `force`:
+    wherever its acceleration (MuJoCo's M^-1 J^T f) reaches UNACTUATED_RATIO times the measured bound on some
+    velocity, the legacy controller through the shield is flagged within UNACTUATED_FLAG_WITHIN steps and no later
+    than its first violation. Before the bounds' tail was taken over the runs' needs (not the hull's slack) the
+    crane's swing bound was 3.9 rad/s^2 and a force of 80 N on its 8 kg payload (12.5 rad/s^2) went unflagged for
+    whole episodes."""
+    from pipeline.evaluation.adversary import reference_policy
+    from pipeline.evaluation.evaluate import make_env, resolve_domains
+
+    cfg, spec_dict = measured(task)
+    shield = CbfShield(spec_dict)
+    accel = np.asarray(spec_dict["assumptions"]["monitor"]["accel"])
+    policy = reference_policy("legacy", cfg, shield.spec)
+    env = make_env(cfg, resolve_domains(cfg, steadily_pushed(cfg, "payload", force, axes)), None)
+    far_outside = 0
+    for seed in range(10):
+        obs, _ = env.reset(seed=seed)
+        shield.reset()
+        if hasattr(policy, "reset"):
+            policy.reset()
+        flagged_at = violated_at = None
+        ratio = np.inf  # the force is drawn at the first step
+        for t in range(UNACTUATED_FLAG_WITHIN + 1):
+            u, info = shield.filter(obs, policy(np.asarray(obs, np.float32)[None])[0])
+            if info["envelope"]:
+                flagged_at = t
+                break
+            obs, _, terminated, truncated, step_info = env.step(u)
+            if t == 0:
+                ratio = float(np.max(np.abs(force_accel(env, cfg, shield.spec, "payload")) / accel))
+            if step_info["cost"] > 0 and violated_at is None:
+                violated_at = t
+            if terminated or truncated:
+                break
+        if ratio < UNACTUATED_RATIO:
+            continue
+        far_outside += 1
+        assert flagged_at is not None, f"episode {seed}: {ratio:.1f} x the bound, not flagged"
+        assert violated_at is None, f"episode {seed}: violated at {violated_at}, flagged at {flagged_at}"
+    env.close()
+    assert far_outside >= 4

@@ -10,13 +10,14 @@ against the acceleration the monitor measured.
   shield fewer than with conservative mode disabled. Disabled, the filter's backup (stopping where the last
   accepted plan stopped, on a model that knows no steady force) held too softly and did worse than the legacy
   controller alone. Over these episodes: crane, up to 60 N on the trolley: legacy alone 95 violating steps,
-  through the shield 219 disabled and 0 conservative; the adversary 538 disabled, 164 conservative. Furuta, up
-  to 2 N on the payload: legacy alone 340, shielded 742 disabled and 47 conservative; the adversary 728 and 343.
+  through the shield 219 disabled and 0 conservative; the adversary 538 disabled, 0 conservative. Furuta, up
+  to 2 N on the payload: legacy alone 340, shielded 742 disabled and 30 conservative; the adversary 728 and 110.
+- The same on the crane under a steady sideways force on its payload (the unactuated swing), 25, 50 and 80 N:
+  over 8 episodes legacy alone 766, 1968, 2654 violating steps; shielded, conservative mode disabled 1537, 2318,
+  3248; conservative 110, 1896, 2474.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from shield.monitor import CONSERVATIVE_GAIN_DIVISOR, AssumptionMonitor, conserv
 from shield.predictive import PredictiveFilter
 from shield.spec import ShieldSpec
 from tests.helpers.predictive_specs import crane_spec
+from tests.helpers.steady_push import measured, steadily_pushed
 
 SPEC = crane_spec()
 
@@ -73,32 +75,6 @@ def test_where_no_plan_meets_the_widened_rows_the_backup_acts():
     assert not flagged._outside and flagged.filter(obs, action)[0].tobytes() == action.tobytes()
 
 
-@functools.cache
-def _measured(task: str):
-    from pipeline.config import load_config
-    from pipeline.evaluation.monitor_bounds import with_measured_monitor
-    from pipeline.safety.shield_spec import build_shield_spec
-
-    cfg = load_config(f"configs/{task}.yaml")
-    return cfg, ShieldSpec.from_dict(with_measured_monitor(cfg, build_shield_spec(cfg), runs_per_set=8, seed=0))
-
-
-def _steadily_pushed(cfg, body: str, force: float, axes: list[str]):
-    """Reality's plants (nominal masses and gains, its latency and noise) under a steady force on `body` held the
-    whole episode (each episode draws it in [-force, force] per axis): beyond the declared gusts."""
-    from envs.randomization import parse_randomization
-
-    reality = cfg.randomization["reality"]
-    return parse_randomization(
-        {
-            "latency_steps": {"low": 0, "high": 2},
-            "obs_noise_std": reality.obs_noise_std,
-            "action_noise_std": reality.action_noise_std,
-            "push": {"body": body, "max_force": force, "probability": 1.0, "duration_steps": 500, "axes": axes},
-        }
-    )
-
-
 @pytest.mark.parametrize(
     "task,body,force,axes,episodes",
     [("crane", "trolley", 60.0, ["x"], 3), ("furuta", "payload", 2.0, ["x", "y"], 3)],
@@ -109,9 +85,10 @@ def test_outside_the_envelope_conservative_mode_is_no_worse_than_the_legacy_cont
     from pipeline.evaluation.adversary import reference_policy
     from pipeline.evaluation.evaluate import evaluate
 
-    cfg, spec = _measured(task)
+    cfg, spec_dict = measured(task)
+    spec = ShieldSpec.from_dict(spec_dict)
     assert spec.predictive is not None and conservative_tube_factor(spec) > 1.0
-    run = dict(domains=_steadily_pushed(cfg, body, force, axes), seed=0, episodes=episodes)
+    run = dict(domains=steadily_pushed(cfg, body, force, axes), seed=0, episodes=episodes)
     alone = evaluate(cfg, reference_policy("legacy", cfg, spec), shield=False, **run)
     assert alone["violations"] > 0  # a plant the legacy controller alone does not keep inside either
 
@@ -126,3 +103,23 @@ def test_outside_the_envelope_conservative_mode_is_no_worse_than_the_legacy_cont
         m.setattr(AssumptionMonitor, "mean_residual", lambda self: None)
         off = shielded("adversarial")
     assert adversary["violations"] < off["violations"], (adversary["violations"], off["violations"])
+
+
+@pytest.mark.parametrize("force", [25.0, 50.0, 80.0])
+def test_a_steady_sideways_force_on_the_crane_payload_is_flagged_and_conservative_mode_is_no_worse(force):
+    """The force on the unactuated swing (up to 80 N on the 8 kg payload: the hanging equilibrium alone tilts past
+    the swing limit above 29 N). With bounds measured as the tail of the runs' needs, not of the hull's slack, the
+    monitor flags it, and the legacy controller through the shield has no more violating steps than alone. Never
+    flagged (the swing's measured bound was 16 times the largest need any run of the envelope showed), the shield
+    did worse than the controller alone: 1,537 against 1,205 violating steps at 80 N."""
+    from pipeline.evaluation.adversary import reference_policy
+    from pipeline.evaluation.evaluate import evaluate
+
+    cfg, spec_dict = measured("crane")
+    spec = ShieldSpec.from_dict(spec_dict)
+    run = dict(domains=steadily_pushed(cfg, "payload", force, ["x"]), seed=0, episodes=8)
+    alone = evaluate(cfg, reference_policy("legacy", cfg, spec), shield=False, **run)
+    shielded = evaluate(cfg, reference_policy("legacy", cfg, spec, seed=0), shield=True, spec=spec, **run)
+    assert alone["violations"] > 0
+    assert shielded["envelope_rate"] > 0.25  # flagged early wherever the drawn force is well past the envelope
+    assert shielded["violations"] <= alone["violations"], (shielded["violations"], alone["violations"])

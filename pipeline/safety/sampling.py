@@ -24,6 +24,11 @@ VIABLE_BRAKING = 1.5
 ROLLOUT_EPISODES = 4  # per sampled corner: open-loop random bang-bang runs that find how fast the plant goes
 
 
+# A position moved by its main input less than this share of what that input does to the position it moves most
+# (each against its own speed range) is driven through the plant's coupling, not by the input (`driven_positions`).
+DIRECT_SHARE = 0.1
+
+
 class SynthesisError(ValueError):
     """The plant or config cannot be synthesized for (names the key or the task)."""
 
@@ -137,6 +142,7 @@ class EnvelopeSampler:
                 f"observed (plant.observations), so a sampled shield state is a whole plant state"
             )
         self.box = _constraint_box(safety, col, n)
+        self.halfspaces = _halfspace_rows(safety, col, n)
         self.x_op = np.array([nominal.qpos[i] if kind == "qpos" else nominal.qvel[i] for kind, i in src])
         self.plants = {}
         for name, rset in cfg.randomization.items():
@@ -191,6 +197,8 @@ class EnvelopeSampler:
                         x = self.wrap(plant.step(x, u))
                         if not np.all(np.isfinite(x)) or np.any(x < box[0]) or np.any(x > box[1]):
                             break
+                        if np.any(self.halfspaces[0] @ x > self.halfspaces[1]):
+                            break
                         lo, hi = np.minimum(lo, x), np.maximum(hi, x)
         self.lo_s = np.where(np.isfinite(box[0]), box[0], lo)
         self.hi_s = np.where(np.isfinite(box[1]), box[1], hi)
@@ -201,6 +209,18 @@ class EnvelopeSampler:
                 self.hi_s[j] = x_op[j] + np.pi
         self.speed = [float(max(abs(lo[j] - x_op[j]), abs(hi[j] - x_op[j]))) for j in self.iv]
 
+    def driven_positions(self) -> list[int]:
+        """The positions their main input drives directly: of the positions an input reaches, those it moves at
+        least DIRECT_SHARE as much as the one it moves most, each measured against how fast that position goes
+        (`speed`, from `reach_box`). A load that the drive reaches only through a spring within the period moves
+        by a second-order sliver of what the nominal model says, so its response over that sliver says nothing
+        about the input's gain (its error is the coupling's, measured as model error)."""
+        speed = np.maximum(np.asarray(self.speed, np.float64), 1e-9)
+        effect = np.array([abs(self.B[v, self.main_in[k]]) * self.full[self.main_in[k]] for k, v in enumerate(self.iv)])
+        share = effect / speed
+        most = {j: max(share[k] for k in range(len(self.iv)) if self.main_in[k] == j) for j in set(self.main_in)}
+        return [k for k in range(len(self.iv)) if share[k] >= DIRECT_SHARE * most[self.main_in[k]]]
+
     def draw_state(self) -> np.ndarray:
         """A state inside the constraints that the braking barrier admits (a quarter of draws at range ends)."""
         rng = self.rng
@@ -209,8 +229,28 @@ class EnvelopeSampler:
         x[ends] = np.where(rng.random(int(ends.sum())) < 0.5, self.lo_s[ends], self.hi_s[ends])
         return self.admit(x)
 
+    def within_halfspaces(self, x: np.ndarray) -> np.ndarray:
+        """`x` with the coordinates the halfspace constraints read pulled toward the operating point until every
+        one holds: a state the plant may be in. The box is drawn per coordinate, and a limit on a combination (a
+        spring's stretch, x_load - x_motor) would otherwise admit states far outside it, whose forces no shield
+        number needs to cover (a stretched spring pulling harder than the drive)."""
+        W, b, cols = self.halfspaces
+        if not len(b):
+            return x
+        d = np.zeros(self.n)
+        d[cols] = x[cols] - self.x_op[cols]
+        base = x - d  # the read coordinates at the operating point, the rest as drawn
+        Wd, slack = W @ d, b - W @ base
+        over = Wd > slack
+        if not over.any():
+            return x
+        t = float(np.clip(np.min(np.where(over, slack / np.where(over, Wd, 1.0), 1.0)), 0.0, 1.0))
+        return base + t * d
+
     def admit(self, x: np.ndarray) -> np.ndarray:
-        """`x` with each bounded position's speed toward a bound cut to what its braking stops in the room left."""
+        """`x` inside the halfspace constraints (`within_halfspaces`), with each bounded position's speed toward a
+        bound cut to what its braking stops in the room left."""
+        x = self.within_halfspaces(x)
         for k, (p, v) in enumerate(zip(self.ip, self.iv)):
             if not (np.isfinite(self.box[0][p]) and np.isfinite(self.box[1][p])):
                 continue
@@ -241,6 +281,22 @@ def _constraint_box(safety: dict, col: dict, n: int) -> tuple[np.ndarray, np.nda
             if o in col:
                 lo[col[o]], hi[col[o]] = max(lo[col[o]], a), min(hi[col[o]], b)
     return lo, hi
+
+
+def _halfspace_rows(safety: dict, col: dict, n: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(W, b, columns read): the halfspace constraints as W x <= b over the shield state."""
+    rows, bounds = [], []
+    for con in safety["constraints"]:
+        if con["type"] != "halfspace":
+            continue
+        w = np.zeros(n)
+        for o, a in enumerate(con["a"]):
+            if a != 0.0 and o in col:
+                w[col[o]] = a
+        rows.append(w)
+        bounds.append(float(con["b"]))
+    W = np.array(rows).reshape(len(rows), n)
+    return W, np.array(bounds), sorted({int(j) for w in rows for j in np.flatnonzero(w)})
 
 
 def constraint_obs(con: dict) -> list[int]:

@@ -289,8 +289,9 @@ def input_effect(env: EnvelopeSampler, plant: SteppedPlant, x: np.ndarray, k: in
 def _gain_samples(
     env: EnvelopeSampler, plant: SteppedPlant, x: np.ndarray, gains: list, gain_at: list, where: dict
 ) -> None:
-    """Per position, the input effect at x (`input_effect`), and where the weakest so far was (`gain_at`)."""
-    for k in range(len(env.iv)):
+    """Per position its main input drives (`driven_positions`), the input effect at x (`input_effect`), and where
+    the weakest so far was (`gain_at`)."""
+    for k in env.driven_positions():
         g = input_effect(env, plant, x, k)
         if g is None:
             continue

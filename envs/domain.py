@@ -22,6 +22,8 @@ _GROUP_OBJECT = {
     "body_mass": mujoco.mjtObj.mjOBJ_BODY,
     "geom_friction": mujoco.mjtObj.mjOBJ_GEOM,
     "joint_damping": mujoco.mjtObj.mjOBJ_JOINT,
+    "joint_stiffness": mujoco.mjtObj.mjOBJ_JOINT,
+    "tendon_stiffness": mujoco.mjtObj.mjOBJ_TENDON,
     "actuator_gain": mujoco.mjtObj.mjOBJ_ACTUATOR,
 }
 
@@ -33,6 +35,7 @@ def element_names(model: mujoco.MjModel, obj: mujoco.mjtObj) -> list[str]:
         mujoco.mjtObj.mjOBJ_GEOM: model.ngeom,
         mujoco.mjtObj.mjOBJ_JOINT: model.njnt,
         mujoco.mjtObj.mjOBJ_ACTUATOR: model.nu,
+        mujoco.mjtObj.mjOBJ_TENDON: model.ntendon,
     }[obj]
     names = (mujoco.mj_id2name(model, obj, i) for i in range(count))
     return [n for n in names if n]
@@ -65,6 +68,8 @@ class DomainRandomizer:
             j = element_id(model, "joint_damping", n, label)
             start = int(model.jnt_dofadr[j])
             self._dofs[n] = slice(start, start + _DOF_COUNT[int(model.jnt_type[j])])
+        self._springs = {n: element_id(model, "joint_stiffness", n, label) for n in rset.joint_stiffness}
+        self._tendons = {n: element_id(model, "tendon_stiffness", n, label) for n in rset.tendon_stiffness}
         if rset.push is not None:
             element_id(model, "body_mass", rset.push.body, label, key="push.body")
         # Nominal copies of every array a set may touch (taken before any randomization).
@@ -73,6 +78,8 @@ class DomainRandomizer:
             "body_inertia": model.body_inertia.copy(),
             "geom_friction": model.geom_friction.copy(),
             "dof_damping": model.dof_damping.copy(),
+            "jnt_stiffness": model.jnt_stiffness.copy(),
+            "tendon_stiffness": model.tendon_stiffness.copy(),
             "actuator_gainprm": model.actuator_gainprm.copy(),
             "actuator_biasprm": model.actuator_biasprm.copy(),
             "gravity": model.opt.gravity.copy(),
@@ -96,6 +103,14 @@ class DomainRandomizer:
             m.dof_damping[:] = nom["dof_damping"]
             for name, sl in self._dofs.items():
                 m.dof_damping[sl] = nom["dof_damping"][sl] * params.get(f"joint_damping.{name}", 1.0)
+        if self._springs:
+            m.jnt_stiffness[:] = nom["jnt_stiffness"]
+            for name, j in self._springs.items():
+                m.jnt_stiffness[j] = nom["jnt_stiffness"][j] * params.get(f"joint_stiffness.{name}", 1.0)
+        if self._tendons:
+            m.tendon_stiffness[:] = nom["tendon_stiffness"]
+            for name, t in self._tendons.items():
+                m.tendon_stiffness[t] = nom["tendon_stiffness"][t] * params.get(f"tendon_stiffness.{name}", 1.0)
         if self._actuators:
             m.actuator_gainprm[:] = nom["actuator_gainprm"]
             m.actuator_biasprm[:] = nom["actuator_biasprm"]

@@ -6,6 +6,8 @@ A set is stated once, in the task YAML under `randomization: {<name>: ...}`:
       body_mass:        {cart: {dist: uniform, low: 0.8, high: 1.2}}   # scales mass AND inertia
       geom_friction:    {floor: {dist: uniform, low: 0.7, high: 1.3}}  # scales the friction row
       joint_damping:    {slider: {dist: loguniform, low: 0.5, high: 2.0}}
+      joint_stiffness:  {stretch: {dist: uniform, low: 0.8, high: 1.2}}   # a joint's spring
+      tendon_stiffness: {spring: {dist: uniform, low: 0.8, high: 1.2}}    # a tendon's spring
       actuator_gain:    {cart_force: {dist: uniform, low: 0.85, high: 1.15}}
       gravity_scale:    {dist: uniform, low: 0.98, high: 1.02}
       latency_steps:    {low: 0, high: 2}          # whole control steps, both ends included
@@ -26,6 +28,10 @@ from typing import Annotated, Literal
 import numpy as np
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+# The groups of per-element scales a set may randomize (`group.element` parameters), in sampling order: the one
+# list every reader of a set's physical parameters iterates (sampling, synthesis, falsification, ADR, calibration).
+SCALE_GROUPS = ("body_mass", "geom_friction", "joint_damping", "joint_stiffness", "tendon_stiffness", "actuator_gain")
 
 
 class RandomizationError(ValueError):
@@ -96,6 +102,8 @@ class RandomizationSet(BaseModel):
     body_mass: dict[str, ScaleRange] = Field({}, description="by body name: scale of mass and inertia")
     geom_friction: dict[str, ScaleRange] = Field({}, description="by geom name: scale of friction")
     joint_damping: dict[str, ScaleRange] = Field({}, description="by joint name: scale of damping")
+    joint_stiffness: dict[str, ScaleRange] = Field({}, description="by joint name: scale of its spring stiffness")
+    tendon_stiffness: dict[str, ScaleRange] = Field({}, description="by tendon name: scale of its spring stiffness")
     actuator_gain: dict[str, ScaleRange] = Field({}, description="by actuator name: scale of force per ctrl")
     gravity_scale: ScaleRange | None = Field(None, description="scale of the gravity vector")
     latency_steps: StepRange | None = Field(None, description="action delay, whole control steps")
@@ -106,7 +114,7 @@ class RandomizationSet(BaseModel):
     def is_empty(self) -> bool:
         """True when the set changes nothing."""
         return (
-            not (self.body_mass or self.geom_friction or self.joint_damping or self.actuator_gain)
+            not any(getattr(self, group) for group in SCALE_GROUPS)
             and self.gravity_scale is None
             and self.latency_steps is None
             and not any(self.obs_noise_std)
@@ -118,7 +126,7 @@ class RandomizationSet(BaseModel):
 def sample_domain(rset: RandomizationSet, rng: np.random.Generator) -> dict[str, float]:
     """Draw one episode's parameters: a flat {name: value} (scales, and latency_steps as a float)."""
     params: dict[str, float] = {}
-    for group in ("body_mass", "geom_friction", "joint_damping", "actuator_gain"):
+    for group in SCALE_GROUPS:
         for element, scale in getattr(rset, group).items():
             params[f"{group}.{element}"] = scale.sample(rng)
     if rset.gravity_scale is not None:

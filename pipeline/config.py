@@ -789,6 +789,8 @@ _KEY_NAMES = {
     "body_mass": "body",
     "geom_friction": "geom",
     "joint_damping": "joint",
+    "joint_stiffness": "joint",
+    "tendon_stiffness": "tendon",
     "actuator_gain": "actuator",
     "targets": "target",
 }

@@ -16,9 +16,10 @@ import mujoco
 import numpy as np
 from mujoco import rollout
 
+from envs.randomization import SCALE_GROUPS
 from pipeline.calibration.logs import CalibrationError
 
-PHYSICAL_GROUPS = ("body_mass", "geom_friction", "joint_damping", "actuator_gain")
+PHYSICAL_GROUPS = SCALE_GROUPS  # the groups a calibration fits: every per-element scale a set may randomize
 
 
 def put_range(rset: dict, name: str, entry: dict) -> None:

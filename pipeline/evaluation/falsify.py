@@ -50,12 +50,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from envs.randomization import SCALE_GROUPS
 from pipeline.evaluation.adversary import REFERENCE_POLICIES, AdversaryParams, reference_policy
 from pipeline.evaluation.episodes import combine_constraint_figures
 from pipeline.evaluation.evaluate import evaluate
 from pipeline.progress import Progress
 
-_GROUPS = ("body_mass", "geom_friction", "joint_damping", "actuator_gain")
 _ELITE = 0.25  # share of a cross-entropy generation that refits the Gaussian
 _RANDOM_SHARE = 0.1  # of the budget, for phase 2
 _SMOOTHING = 0.7  # weight of the new elite fit against the old Gaussian: a noisy elite moves it, not replaces it
@@ -77,7 +77,7 @@ class Candidate:
 
 def parameters(rset) -> list[tuple[str, float, float]]:
     """(name, low, high) of every randomized quantity of a set, latency included (an integer range)."""
-    out = [(f"{g}.{el}", r.low, r.high) for g in _GROUPS for el, r in getattr(rset, g).items()]
+    out = [(f"{g}.{el}", r.low, r.high) for g in SCALE_GROUPS for el, r in getattr(rset, g).items()]
     if rset.gravity_scale is not None:
         out.append(("gravity_scale", rset.gravity_scale.low, rset.gravity_scale.high))
     if rset.latency_steps is not None:
@@ -112,7 +112,7 @@ def envelope_set(cfg):
 
     sets = list(cfg.randomization.values())
     doc: dict = {}
-    for group in _GROUPS:
+    for group in SCALE_GROUPS:
         ranges: dict = {}
         for rset in sets:
             for el, r in getattr(rset, group).items():

@@ -49,7 +49,7 @@ from envs.randomization import AXIS_INDEX
 from shield.spec import brake_pairs
 
 NOISE_SIGMAS = 3.0  # the stated confidence of the observation-noise assumption: 3 sigma (99.7 % per sample)
-_MODEL_RANGE_GROUPS = ("joint_damping", "geom_friction")
+_MODEL_RANGE_GROUPS = ("joint_damping", "geom_friction", "joint_stiffness", "tendon_stiffness")
 
 
 @dataclass

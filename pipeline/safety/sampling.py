@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from envs.randomization import RandomizationError
+from envs.randomization import SCALE_GROUPS, RandomizationError
 from pipeline.safety.envelope import NOISE_SIGMAS
 
 MAX_CORNERS = 64  # per set: all 2^d corners up to this many, else this many sampled corners
@@ -36,7 +36,7 @@ class SynthesisError(ValueError):
 def range_parameters(rset) -> list[tuple[str, float, float]]:
     """(name, low, high) of every randomized physical scale of a set (the names `DomainRandomizer.apply` reads)."""
     out = []
-    for group in ("body_mass", "geom_friction", "joint_damping", "actuator_gain"):
+    for group in SCALE_GROUPS:
         for element, r in getattr(rset, group).items():
             out.append((f"{group}.{element}", float(r.low), float(r.high)))
     if rset.gravity_scale is not None:

@@ -27,7 +27,7 @@ import numpy as np
 import ray
 import torch
 
-from envs.randomization import RandomizationSet
+from envs.randomization import SCALE_GROUPS, RandomizationSet
 from pipeline.config import AdrConfig
 from pipeline.training.checkpoint import best_checkpoint, read_checkpoint, write_best
 from pipeline.training.model import ActorCritic
@@ -129,7 +129,7 @@ def adr_set(rset: RandomizationSet, fraction: float) -> RandomizationSet:
             return {**r, "low": math.exp(c + f * (a - c)), "high": math.exp(c + f * (b - c))}
         return {**r, "low": centre + f * (lo - centre), "high": centre + f * (hi - centre)}
 
-    for group in ("body_mass", "geom_friction", "joint_damping", "actuator_gain"):
+    for group in SCALE_GROUPS:
         data[group] = {name: narrow(r) for name, r in data[group].items()}
     if data.get("gravity_scale"):
         data["gravity_scale"] = narrow(data["gravity_scale"])

@@ -9,10 +9,12 @@ import pytest
 
 import envs
 from envs.randomization import (
+    SCALE_GROUPS,
     RandomizationError,
     RandomizationSet,
     load_randomization_sets,
     parse_randomization,
+    sample_domain,
 )
 
 CARTPOLE = "sim2real/CartPoleRail-v0"
@@ -69,7 +71,7 @@ def test_sampled_parameters_differ_by_seed_and_stay_in_range(env_id):
         _, info = env.reset(seed=seed)
         domain = info["domain"]
         assert all(isinstance(v, float) for v in domain.values())
-        for group in ("body_mass", "geom_friction", "joint_damping", "actuator_gain"):
+        for group in SCALE_GROUPS:
             for name, rng in getattr(rset, group).items():
                 assert rng.low <= domain[f"{group}.{name}"] <= rng.high
         if rset.latency_steps is not None:
@@ -274,3 +276,35 @@ def test_randomization_set_object_and_empty_set_accepted():
     assert info["domain"] == {"gravity_scale": pytest.approx(0.9)}
     assert env.unwrapped.model.opt.gravity[2] == pytest.approx(-9.81 * 0.9)
     assert RandomizationSet().is_empty()
+
+
+def test_spring_stiffness_of_a_joint_and_a_tendon_is_randomized_by_name():
+    """A flexible plant's spring is a parameter like a mass: `joint_stiffness` (a joint's spring) and
+    `tendon_stiffness` (a tendon's) scale the model's value and return it to nominal; an unknown name is refused
+    naming the group and the elements there are."""
+    from envs.domain import DomainRandomizer
+
+    xml = """<mujoco><worldbody>
+      <body name="a"><joint name="slide" type="slide" axis="1 0 0" stiffness="50"/><geom size="0.1" mass="1"/>
+      </body>
+      <body name="b" pos="0 1 0"><joint name="other" type="slide" axis="1 0 0"/><geom size="0.1" mass="1"/></body>
+    </worldbody>
+    <tendon><fixed name="spring" stiffness="20"><joint joint="slide" coef="1"/><joint joint="other" coef="-1"/></fixed>
+    </tendon></mujoco>"""
+    model = mujoco.MjModel.from_xml_string(xml)
+    rset = parse_randomization(
+        {
+            "joint_stiffness": {"slide": {"dist": "uniform", "low": 0.8, "high": 1.2}},
+            "tendon_stiffness": {"spring": {"dist": "uniform", "low": 0.5, "high": 0.6}},
+        }
+    )
+    randomizer = DomainRandomizer(model, rset)
+    domain = sample_domain(rset, np.random.default_rng(0))
+    assert 0.8 <= domain["joint_stiffness.slide"] <= 1.2 and 0.5 <= domain["tendon_stiffness.spring"] <= 0.6
+    randomizer.apply(domain)
+    assert model.jnt_stiffness[0] == pytest.approx(50 * domain["joint_stiffness.slide"])
+    assert model.tendon_stiffness[0] == pytest.approx(20 * domain["tendon_stiffness.spring"])
+    randomizer.apply({})
+    assert model.jnt_stiffness[0] == 50 and model.tendon_stiffness[0] == 20
+    with pytest.raises(RandomizationError, match=r"tendon_stiffness: no tendon named 'spirng'.*\['spring'\]"):
+        DomainRandomizer(model, parse_randomization({"tendon_stiffness": {"spirng": {"low": 0.9, "high": 1.1}}}))

@@ -145,7 +145,7 @@ def test_each_algorithm_refuses_the_keys_it_would_ignore():
     with pytest.raises(ConfigError, match="train.sac: not read by train.algorithm 'appo'"):
         parse_config(appo)
     sac = load_config("configs/cartpole_sac.yaml").model_dump(mode="json")
-    assert sac["validation"]["enabled"] is False  # SAC exports its last checkpoint
+    assert sac["validation"]["enabled"] is True  # SAC selects its checkpoint on validation too
     parse_config(sac)  # a run's resolved config.yaml loads again (--resume)
     for key, value in (
         ("lr_schedule", "linear"),

@@ -44,9 +44,10 @@ class ValidationActor:
         seed: int,
         model_spec: dict,
         shield: dict | None = None,
+        privileged: Any = None,
     ):
         torch.set_num_threads(1)
-        self.envs = [make_env(env_id, randomization, max_episode_steps, shield) for _ in range(episodes)]
+        self.envs = [make_env(env_id, randomization, max_episode_steps, shield, privileged) for _ in range(episodes)]
         self.seeds = [seed + k for k in range(episodes)]
         self.model = ActorCritic(**model_spec).eval()
 
@@ -133,7 +134,16 @@ def adr_set(rset: RandomizationSet, fraction: float) -> RandomizationSet:
 class ModelSelection:
     """Driver side of validation: submits evaluations, keeps the best checkpoint, decides early stops and ADR steps."""
 
-    def __init__(self, cfg, run_dir: Path, model_spec: dict, shield: dict | None, checkpoint_meta: dict):
+    def __init__(
+        self,
+        cfg,
+        run_dir: Path,
+        model_spec: dict,
+        shield: dict | None,
+        checkpoint_meta: dict,
+        privileged: Any = None,
+    ):
+        self.privileged = privileged  # a privileged (teacher) policy is validated on privileged observations
         self.cfg, self.run_dir, self.meta = cfg, Path(run_dir), checkpoint_meta
         self.vc, self.adr = cfg.validation, cfg.train.adr
         self.sync = cfg.train.sync
@@ -174,6 +184,7 @@ class ModelSelection:
             self.vc.seed,
             self.model_spec,
             self.shield,
+            self.privileged,
         )
 
     def train_randomization(self) -> dict:

@@ -114,6 +114,7 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
     """
     tc, ac = cfg.train, cfg.train.adaptive
     start = time.perf_counter()
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
     spec, train_set = model_spec_for(cfg, ac.history_length)
     torch.manual_seed(tc.seed)
     student = ActorCritic(**spec, log_std_init=math.log(max(ac.action_noise, 1e-6)))

@@ -122,21 +122,28 @@ def ray_local():
     ray.shutdown()
 
 
+def test_a_seed_fixes_the_distillation(tmp_path):
+    cfg = cartpole(history_length=3, distill_steps=512)
+    cfg.validation.enabled = False
+    train_set = cfg.randomization["train"].model_dump(mode="json")
+    a, b = (distill(cfg, tmp_path / f"run{k}", ParameterTeacher(), train_set, progress=False)[0] for k in range(2))
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[key]), key
+
+
 @pytest.mark.timeout(300)
-def test_a_seeded_adaptive_run_is_identical_and_exports_a_history_policy(ray_local, tmp_path):
+def test_an_adaptive_run_selects_its_student_on_validation_and_exports_a_history_policy(ray_local, tmp_path):
     cfg = cartpole(history_length=3, distill_steps=384)
     cfg.task.max_episode_steps = 100  # short validation episodes
-    runs = [train(cfg, out_dir=tmp_path / f"run{k}", steps=1024, progress=False) for k in range(2)]
-    a, b = (read_checkpoint(best_checkpoint(r.run_dir)) for r in runs)
-    assert a["model_spec"]["history_length"] == 3 and a["model_spec"]["obs_dim"] == OBS_DIM
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-    sel = [json.loads((tmp_path / f"run{k}" / "selection.json").read_text()) for k in range(2)]
-    assert sel[0]["history"] == sel[1]["history"] and sel[0]["best"] is not None
-    assert runs[0].env_steps >= 1024  # the teacher's steps and the student's, both counted
-    teacher = read_checkpoint(latest_checkpoint(tmp_path / "run0" / "teacher"))
+    run = train(cfg, out_dir=tmp_path / "run", steps=1024, progress=False)
+    best = read_checkpoint(best_checkpoint(run.run_dir))
+    assert best["model_spec"]["history_length"] == 3 and best["model_spec"]["obs_dim"] == OBS_DIM
+    selection = json.loads((tmp_path / "run" / "selection.json").read_text())
+    assert selection["best"]["updates"] == best["updates"] == run.best_updates
+    assert run.env_steps >= 1024  # the teacher's steps and the student's, both counted
+    teacher = read_checkpoint(latest_checkpoint(tmp_path / "run" / "teacher"))
     assert teacher["model_spec"]["obs_dim"] > OBS_DIM  # the teacher saw the parameters, the student does not
     # Exported like any history policy: `history` in, `next_history` out, parity checked inside export.
-    exported = export_policy(runs[0].run_dir, out_dir=tmp_path / "bundle")
+    exported = export_policy(run.run_dir, out_dir=tmp_path / "bundle")
     assert exported["parity_max_abs_err"] < 1e-5 and exported["state_parity_max_abs_err"] < 1e-5
     assert Bundle.load(exported["bundle"]).manifest["history_length"] == 3

@@ -221,3 +221,62 @@ def randomize(env: gym.Env, rset) -> gym.Env:
     if any(rset.obs_noise_std):
         inner = ObservationNoise(inner, rset.obs_noise_std)
     return DomainRandomization(inner, rset, latency)
+
+
+def domain_encoding(rset) -> list[tuple[str, float, float, bool]]:
+    """(name, low, high, log scale) of every parameter `sample_domain` draws from `rset`, in its order."""
+    if not isinstance(rset, RandomizationSet):
+        rset = parse_randomization(rset)
+    ranges = []
+    for group in ("body_mass", "geom_friction", "joint_damping", "actuator_gain"):
+        for element, r in getattr(rset, group).items():
+            ranges.append((f"{group}.{element}", r.low, r.high, r.dist == "loguniform"))
+    if rset.gravity_scale is not None:
+        g = rset.gravity_scale
+        ranges.append(("gravity_scale", g.low, g.high, g.dist == "loguniform"))
+    if rset.latency_steps is not None:
+        ranges.append(("latency_steps", float(rset.latency_steps.low), float(rset.latency_steps.high), False))
+    return ranges
+
+
+def encode_domain(domain: dict[str, float], ranges: list[tuple[str, float, float, bool]]) -> np.ndarray:
+    """float32[P]: each sampled parameter mapped linearly (log-linearly for loguniform) from its range to [-1, 1].
+
+    A parameter a domain lacks counts as nominal (1.0, or 0 latency steps); a range of zero width maps to 0.
+    """
+    out = np.zeros(len(ranges), np.float32)
+    for k, (name, low, high, log) in enumerate(ranges):
+        value = domain.get(name, 0.0 if name == "latency_steps" else 1.0)
+        if high > low:
+            if log:
+                value, low, high = np.log(value), np.log(low), np.log(high)
+            out[k] = 2.0 * (value - low) / (high - low) - 1.0
+    return out
+
+
+class PrivilegedObservation(gym.ObservationWrapper):
+    """Appends the episode's sampled domain parameters (`encode_domain` over `rset`'s ranges) to the observation.
+
+    Sim-only: a teacher policy that knows the plant. The ranges are fixed when the wrapper is built, so the
+    same plant encodes the same whatever set the episodes are drawn from (train, validation).
+    """
+
+    def __init__(self, env: gym.Env, rset):
+        super().__init__(env)
+        self.ranges = domain_encoding(rset)
+        self.encoded = np.zeros(len(self.ranges), np.float32)
+        space = env.observation_space
+        extra = np.full(len(self.ranges), np.inf, np.float32)
+        self.observation_space = gym.spaces.Box(
+            np.concatenate([space.low.astype(np.float32), -extra]),
+            np.concatenate([space.high.astype(np.float32), extra]),
+            dtype=np.float32,
+        )
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.encoded = encode_domain(info.get("domain") or self.env.get_wrapper_attr("domain"), self.ranges)
+        return self.observation(obs), info
+
+    def observation(self, observation):
+        return np.concatenate([np.asarray(observation, np.float32), self.encoded])

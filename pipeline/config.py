@@ -152,6 +152,29 @@ class TrainCommon(Section):
     )
 
 
+class AdaptiveConfig(Section):
+    """An adaptive policy trained RMA-style: a privileged teacher, distilled into a history policy."""
+
+    method: Literal["rma"] = Field(
+        "rma",
+        description="rma: train a sim-only teacher that also sees the episode's sampled domain parameters "
+        "(normalized to [-1, 1] over the train ranges), then distill it DAgger-style into a policy that "
+        "sees only the observation and its last `history_length` (observation, sent action) pairs.",
+    )
+    history_length: int = Field(8, ge=1, le=64, description="The student's history: past (observation, action) pairs.")
+    distill_steps: int = Field(
+        100_000,
+        gt=0,
+        description="Env steps of student rollouts for distillation, out of train.total_env_steps "
+        "(the teacher gets the rest).",
+    )
+    distill_lr: float = Field(1e-3, gt=0, description="Adam learning rate of the student's regression.")
+    distill_epochs: int = Field(4, ge=1, description="Passes over the aggregated dataset after each rollout batch.")
+    action_noise: float = Field(
+        0.1, ge=0, description="Std of the student's exploration noise while it collects states (normalized units)."
+    )
+
+
 class VtraceTrainConfig(TrainCommon):
     """What IMPALA and APPO share: V-trace targets, on-policy actors with a bounded policy lag, validation."""
 
@@ -189,6 +212,23 @@ class VtraceTrainConfig(TrainCommon):
         "The exported ONNX graph then takes a `history` input and the edge keeps one history per plant.",
     )
     adr: AdrConfig = Field(default_factory=AdrConfig, description="Automatic domain randomization of the `train` set.")
+    adaptive: AdaptiveConfig | None = Field(
+        None,
+        description="Train an adaptive policy (train.adaptive.method) instead of a plain one; unset: off. "
+        "Export, eval and shadow take it like any history policy.",
+    )
+
+    @model_validator(mode="after")
+    def _adaptive_fits(self):
+        if self.adaptive is not None:
+            if self.history_length:
+                raise ValueError("train.history_length must be 0 with train.adaptive (set adaptive.history_length)")
+            if self.adaptive.distill_steps >= self.total_env_steps:
+                raise ValueError(
+                    f"train.adaptive.distill_steps ({self.adaptive.distill_steps}) must be below "
+                    f"train.total_env_steps ({self.total_env_steps}): the teacher trains on the rest"
+                )
+        return self
 
 
 class ImpalaTrainConfig(VtraceTrainConfig):

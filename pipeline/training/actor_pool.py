@@ -86,7 +86,9 @@ def ray_restarted() -> bool:
     """Inside a Ray actor's constructor: is this a life Ray rebuilt after the previous one died?"""
     with warnings.catch_warnings():  # Ray marks the property deprecated but offers no replacement
         warnings.simplefilter("ignore")
-        return bool(ray.get_runtime_context().was_current_actor_reconstructed) if ray.is_initialized() else False
+        if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+            return False  # not an actor: e.g. a rollout stepped in the driver's own process
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 class Lives:

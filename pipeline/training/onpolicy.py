@@ -63,15 +63,19 @@ def train_vtrace(
     resume=None,
     progress=True,
     callback: Callable[[dict], bool] | None = None,
+    privileged=None,
 ) -> TrainResult:
     """Train with V-trace and `policy_loss` (IMPALA's or APPO's); `train.train` documents the arguments.
+
+    `privileged` (a randomization set: the ranges to normalize over) trains a sim-only teacher that also
+    sees each episode's sampled domain parameters (adaptive.py distills it into a deployable student).
 
     `callback(state)` is called once before the first update and after every update with
     dict(updates, env_steps, learner, actors, metrics).
     """
     start_wall = time.perf_counter()
     cfg, run_dir, ckpt, model_spec, randomization, device = start_run(
-        cfg, out_dir, resume, steps, actors, envs_per_actor, history_length=cfg.train.history_length
+        cfg, out_dir, resume, steps, actors, envs_per_actor, cfg.train.history_length, privileged
     )
     tc = cfg.train
     learner = Learner(model_spec, tc, device, policy_loss, log_std_init=tc.log_std_init)
@@ -97,6 +101,7 @@ def train_vtrace(
                 model_spec,
                 shield_in_loop(cfg),
                 dict(env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), algorithm=tc.algorithm),
+                privileged,
             )
             randomization = selection.train_randomization()  # ADR: the narrow start
         actor_seed = actor_seed_for(tc.seed, updates)
@@ -116,6 +121,7 @@ def train_vtrace(
                 model_spec,
                 weight_source_name,
                 shield=shield_in_loop(cfg),
+                privileged=privileged,
             )
             for i in range(tc.num_actors)
         ]

@@ -27,7 +27,11 @@ MAX_ENV_RESTARTS = 100
 
 
 def make_env(
-    env_id: str, randomization: Any = None, max_episode_steps: int | None = None, shield: dict | None = None
+    env_id: str,
+    randomization: Any = None,
+    max_episode_steps: int | None = None,
+    shield: dict | None = None,
+    privileged: Any = None,
 ) -> gym.Env:
     """Create one env by gymnasium id with a domain-randomization set applied.
 
@@ -35,7 +39,9 @@ def make_env(
     Our tasks take it as a `gymnasium.make` argument; any other MuJoCo env
     (e.g. HalfCheetah-v5) is wrapped by `envs.randomize` when a set is given.
     `shield` ({"spec": shield.json dict, "intervention_penalty": float}) puts the
-    CBF shield in the loop, outermost, as on the edge box.
+    CBF shield in the loop, as on the edge box. `privileged` (a randomization set: the ranges to
+    normalize over) appends the episode's sampled parameters to the observation, outermost, so the
+    shield still reads the plant's own observation (a sim-only teacher's input).
     """
     import envs  # noqa: F401  (registers the sim2real/* ids)
 
@@ -50,6 +56,8 @@ def make_env(
         from pipeline.safety.shielded_env import ShieldedEnv
 
         env = ShieldedEnv(env, shield["spec"], intervention_penalty=shield["intervention_penalty"])
+    if privileged is not None:
+        env = envs.wrappers.PrivilegedObservation(env, privileged)
     return env
 
 
@@ -98,22 +106,25 @@ class PolicyInputs:
 
     Uses the edge's `HistoryBuffer`, so training sees exactly the layout the
     exported graph gets on the plant. For a memoryless policy the input is the observation.
+    Env observations wider than `obs_dim` (privileged parameters appended) are cut to the policy's own.
     """
 
     def __init__(self, num_envs: int, obs_dim: int, act_dim: int, history_length: int):
+        self.obs_dim = obs_dim
         self.history = HistoryBuffer(num_envs, history_length, obs_dim, act_dim) if history_length else None
 
     def of(self, obs: np.ndarray, rows=slice(None)) -> np.ndarray:
         """float32[m, input_dim] for obs float32[m, obs_dim] of the given rows."""
+        obs = np.asarray(obs, np.float32)[:, : self.obs_dim]
         if self.history is None:
-            return np.asarray(obs, np.float32)
+            return obs
         hist = self.history.array[rows]
         return np.concatenate([obs, hist.reshape(hist.shape[0], -1)], axis=1).astype(np.float32)
 
     def record(self, obs: np.ndarray, sent: np.ndarray) -> None:
         """After a step of every env: the observation each acted on and the action it really got."""
         if self.history is not None:
-            self.history.push(obs, sent)
+            self.history.push(np.asarray(obs)[:, : self.obs_dim], sent)
 
     def clear(self, i: int) -> None:
         """Env i starts a new episode."""
@@ -133,6 +144,10 @@ class RolloutActor:
     (time limit) also get discount 0 but the batch carries the final
     observation in `final_obs` and `truncated`, so the learner adds
     gamma * V(final_obs) to that step's reward: a time limit is not a failure.
+
+    With `privileged` (make_env's), envs whose observation carries the sampled domain parameters
+    beyond the policy's own `obs_dim` return them too, as `privileged` float32[T + 1, M, P]: what a
+    teacher labels a student's visited states with.
     """
 
     def __init__(
@@ -147,12 +162,13 @@ class RolloutActor:
         model_spec: dict,
         weight_source: str | None = None,
         shield: dict | None = None,
+        privileged: Any = None,
     ):
         torch.set_num_threads(1)  # one core per actor; torch's thread pool would fight the others
         restarted = ray_restarted()
         # A restarted actor must not replay the episodes its previous life already sent.
         self._seed_seq = np.random.SeedSequence([seed, index, int(time.time_ns() % 2**32) if restarted else 0])
-        self._env_args = (env_id, randomization, max_episode_steps, shield)
+        self._env_args = (env_id, randomization, max_episode_steps, shield, privileged)
         self.index, self.num_envs, self.T = index, num_envs, rollout_length
         self.life = uuid.uuid4().hex  # changes when Ray restarts this actor; the driver counts restarts by it
         self.reconstructed = bool(restarted)  # a restart even when the driver never saw the life before it
@@ -223,6 +239,7 @@ class RolloutActor:
         act_dim = self.model.act_dim
         # obs/final_obs hold the network inputs (observation + history for a history policy).
         obs_buf = np.zeros((T + 1, M, in_dim), np.float32)
+        env_obs = np.zeros((T + 1, *self.obs.shape), np.float32)
         final_obs = np.zeros((T, M, in_dim), np.float32)
         actions = np.zeros((T, M, act_dim), np.float32)
         logp = np.zeros((T, M), np.float32)
@@ -235,6 +252,7 @@ class RolloutActor:
         low, high = self.model.action_low.numpy(), self.model.action_high.numpy()
 
         for t in range(T):
+            env_obs[t] = self.obs
             obs_buf[t] = self.inputs.of(self.obs)
             with torch.no_grad():
                 dist, _ = self.model.distribution(torch.from_numpy(obs_buf[t]))
@@ -272,8 +290,13 @@ class RolloutActor:
             for i in recreated:
                 self.inputs.clear(i)
         obs_buf[T] = self.inputs.of(self.obs)
+        env_obs[T] = self.obs
+        extra = {}
+        if env_obs.shape[-1] > self.model.obs_dim:
+            extra["privileged"] = env_obs[..., self.model.obs_dim :]
 
         return dict(
+            **extra,
             obs=obs_buf,
             actions=actions,
             behaviour_logp=logp,

@@ -109,10 +109,11 @@ def with_overrides(cfg, steps: int | None, actors: int | None, envs_per_actor: i
     return cfg
 
 
-def model_spec_for(cfg, history_length: int | None = None) -> tuple[dict, dict]:
-    """(model_spec, train randomization) from one probe env; the spec names history_length when one is given."""
+def model_spec_for(cfg, history_length: int | None = None, privileged: Any = None) -> tuple[dict, dict]:
+    """(model_spec, train randomization) from one probe env; the spec names history_length when one is given.
+    `privileged` (make_env's) widens the observation by the sampled domain parameters."""
     randomization = cfg.randomization["train"].model_dump(mode="json")
-    env = make_env(cfg.task.env_id, randomization, cfg.task.max_episode_steps)
+    env = make_env(cfg.task.env_id, randomization, cfg.task.max_episode_steps, privileged=privileged)
     try:
         obs_space, act_space = env.observation_space, env.action_space
         if not (
@@ -143,7 +144,9 @@ def algorithm_of(ckpt: dict) -> str:
     return ckpt.get("algorithm", "appo")
 
 
-def start_run(cfg, out_dir, resume, steps, actors, envs_per_actor, history_length: int | None = None) -> RunStart:
+def start_run(
+    cfg, out_dir, resume, steps, actors, envs_per_actor, history_length: int | None = None, privileged: Any = None
+) -> RunStart:
     """What every training loop does first: apply the overrides, find the run directory and the checkpoint
     to resume (refused when another algorithm or model wrote it), probe the model's shape, write the
     resolved config.yaml and seed torch."""
@@ -155,7 +158,7 @@ def start_run(cfg, out_dir, resume, steps, actors, envs_per_actor, history_lengt
         ckpt = None
     cfg = with_overrides(cfg, steps, actors, envs_per_actor)
     preflight(cfg)  # a set or a legacy controller that cannot run fails here, before the run directory exists
-    model_spec, randomization = model_spec_for(cfg, history_length)
+    model_spec, randomization = model_spec_for(cfg, history_length, privileged)
     if ckpt is not None and (algorithm_of(ckpt) != cfg.train.algorithm or ckpt["model_spec"] != model_spec):
         raise ValueError(
             f"cannot resume {run_dir}: its checkpoint ({algorithm_of(ckpt)}, model {ckpt['model_spec']}) "

@@ -47,11 +47,13 @@ class ValidationActor:
         model_spec: dict,
         shield: dict | None = None,
         deployable: Callable[[dict], torch.nn.Module] | None = None,
+        privileged: Any = None,
     ):
         """`deployable` (an algorithm's checkpoint -> deterministic policy, memoryless): evaluate the policy export
-        ships from the published weights; None: the weights are an ActorCritic's, acting with its clipped mean."""
+        ships from the published weights; None: the weights are an ActorCritic's, acting with its clipped mean.
+        `privileged`: a teacher's validation envs append the sampled domain parameters (adaptive.py)."""
         torch.set_num_threads(1)
-        self.envs = [make_env(env_id, randomization, max_episode_steps, shield) for _ in range(episodes)]
+        self.envs = [make_env(env_id, randomization, max_episode_steps, shield, privileged) for _ in range(episodes)]
         self.seeds = [seed + k for k in range(episodes)]
         self.model_spec, self.deployable = model_spec, deployable
         self.model = ActorCritic(**model_spec).eval() if deployable is None else None
@@ -156,12 +158,14 @@ class ModelSelection:
         model_spec: dict,
         shield: dict | None,
         checkpoint_meta: dict,
+        privileged: Any = None,
         *,
         every: int | None = None,
         deployable: Callable[[dict], torch.nn.Module] | None = None,
     ):
-        """`every`: learner updates between evaluations (default validation.every_updates); `deployable`: see
-        `ValidationActor`."""
+        """`every`: learner updates between evaluations (default validation.every_updates); `deployable` and
+        `privileged`: see `ValidationActor` (a privileged teacher is validated on privileged observations)."""
+        self.privileged = privileged
         self.cfg, self.run_dir, self.meta = cfg, Path(run_dir), checkpoint_meta
         self.vc = cfg.validation
         # The off-policy algorithms' configs have neither: no ADR, and their learner never waits for the actors.
@@ -206,6 +210,7 @@ class ModelSelection:
             self.model_spec,
             self.shield,
             self.deployable,
+            self.privileged,
         )
 
     def train_randomization(self) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pipeline.training.adaptive import train_adaptive
 from pipeline.training.algorithms import algorithm
 from pipeline.training.scaffold import TrainResult
 
@@ -35,9 +36,13 @@ def train(
     its latest checkpoint. `callback(state)` is called before the first learner step and
     after every metrics record with a dict (updates, env_steps, learner, actors, metrics,
     and the loop's own parts); when it returns True the run stops early (e.g. a return
-    threshold was reached), with a final checkpoint as usual.
+    threshold was reached), with a final checkpoint as usual. With `train.adaptive` the run trains a
+    privileged teacher and distills it into a history policy (adaptive.py).
     """
-    return algorithm(cfg.train.algorithm).train(
+    train_run = (
+        train_adaptive if getattr(cfg.train, "adaptive", None) is not None else algorithm(cfg.train.algorithm).train
+    )
+    return train_run(
         cfg,
         out_dir=out_dir,
         steps=steps,

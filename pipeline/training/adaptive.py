@@ -1,0 +1,232 @@
+"""An adaptive policy, RMA-style: a privileged teacher distilled into a history policy (`train.adaptive`).
+
+1. Teacher: the run's on-policy algorithm (onpolicy.py, unchanged) trained on observations with the
+   episode's sampled domain parameters appended (`envs.wrappers.PrivilegedObservation`: masses, damping,
+   gains and latency normalized to [-1, 1] over the train ranges). Sim-only: no plant reports them.
+2. Student: today's history-policy network (observation + the last H (observation, sent action) pairs,
+   `PolicyInputs`' layout), trained by DAgger: the student drives the rollouts (the existing
+   `RolloutActor`, with a little exploration noise), every state it visits is labelled with the
+   teacher's mean action, and the student regresses those labels on everything gathered so far. The
+   student must find the plant in its history, because only the labels know it.
+3. Selection: the student is validated like any policy (`ModelSelection`: checkpoints/best.pt,
+   selection.json), and its checkpoints are APPO-shaped history policies, so export, eval and shadow
+   take it unchanged. The teacher's own run stays in `teacher/` under the run directory.
+
+Distillation runs in the driver's process, one vector of envs: each step is a small regression on
+a few hundred labelled states, far too little work to pay for shipping weights and batches through
+Ray; the validation actor still evaluates on the side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from pipeline.training.actor_pool import ray_for_run
+from pipeline.training.algorithms import algorithm
+from pipeline.training.checkpoint import write_checkpoint
+from pipeline.training.learner import learner_threads, resolve_device
+from pipeline.training.metrics import MetricsLogger
+from pipeline.training.model import ActorCritic
+from pipeline.training.policy import load_policy
+from pipeline.training.rollout import RolloutActor
+from pipeline.training.scaffold import (
+    FINAL_RETURN_WINDOW,
+    TrainResult,
+    actor_seed_for,
+    final_return_of,
+    model_spec_for,
+    ray_address_for,
+    shield_in_loop,
+    with_overrides,
+)
+from pipeline.training.selection import ModelSelection
+
+MINIBATCH = 256  # labelled states per Adam step of the student
+
+
+def train_adaptive(
+    cfg,
+    *,
+    out_dir=None,
+    steps=None,
+    actors=None,
+    envs_per_actor=None,
+    ray_address=None,
+    resume=None,
+    progress=True,
+    callback=None,
+) -> TrainResult:
+    """Teacher, then student (module docstring); `train.train` documents the arguments. `callback` sees the
+    teacher's updates only (the distillation is no learner update)."""
+    if resume is not None:
+        raise ValueError("train.adaptive: --resume is not supported for an adaptive run; start it again")
+    start_wall = time.perf_counter()
+    cfg = with_overrides(cfg, steps, actors, envs_per_actor)
+    tc, ac = cfg.train, cfg.train.adaptive
+    run_dir = Path(out_dir) if out_dir else Path("runs") / f"{cfg.task.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    privileged = cfg.randomization["train"].model_dump(mode="json")  # the teacher's parameters, over these ranges
+
+    teacher_cfg = cfg.model_copy(deep=True)
+    teacher_cfg.train.adaptive = None
+    teacher_cfg.train.total_env_steps = tc.total_env_steps - ac.distill_steps
+    actor_cpus = tc.num_actors * cfg.ray.actor_num_cpus
+    with ray_for_run(ray_address_for(cfg, ray_address), actor_cpus):
+        teacher_result = algorithm(tc.algorithm).train(
+            teacher_cfg, out_dir=run_dir / "teacher", progress=progress, callback=callback, privileged=privileged
+        )
+        teacher, _ = load_policy(run_dir / "teacher")
+        with learner_threads(resolve_device("cpu"), 1):
+            student, selection, figures = distill(cfg, run_dir, teacher, privileged, progress)
+
+    env_steps = teacher_result.env_steps + figures["env_steps"]
+    best = selection.best if selection is not None else None
+    return TrainResult(
+        run_dir=str(run_dir),
+        algorithm=tc.algorithm,
+        env_steps=env_steps,
+        updates=figures["iterations"],
+        final_return=figures["final_return"],
+        wall_s=time.perf_counter() - start_wall,
+        env_steps_per_s=env_steps / (time.perf_counter() - start_wall),
+        learner_utilization=teacher_result.learner_utilization,
+        actor_restarts=teacher_result.actor_restarts,
+        best_updates=best["updates"] if best else None,
+        best_validation_return=best["validation_return"] if best else None,
+        stopped_early=selection.stop_reason if selection is not None else None,
+    )
+
+
+def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, progress: bool = True):
+    """DAgger: the student collects states, the teacher labels them, the student regresses the labels.
+
+    Returns (student, ModelSelection or None, figures); writes the student's checkpoints into `run_dir`.
+    """
+    tc, ac = cfg.train, cfg.train.adaptive
+    start = time.perf_counter()
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    spec, train_set = model_spec_for(cfg, ac.history_length)
+    torch.manual_seed(tc.seed)
+    student = ActorCritic(**spec, log_std_init=math.log(max(ac.action_noise, 1e-6)))
+    optimizer = torch.optim.Adam(student.pi.parameters(), lr=ac.distill_lr)
+    rng = np.random.default_rng(np.random.SeedSequence([tc.seed, 1]))
+    shield = shield_in_loop(cfg)
+    actor = RolloutActor(
+        0,
+        cfg.task.env_id,
+        train_set,
+        cfg.task.max_episode_steps,
+        tc.num_actors * tc.envs_per_actor,
+        tc.rollout_length,
+        actor_seed_for(tc.seed, 1),  # not the teacher's actors' seeds: fresh episodes
+        spec,
+        shield=shield,
+        privileged=privileged,
+    )
+    meta = dict(env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), algorithm=tc.algorithm)
+    selection = None
+    if cfg.validation.enabled:
+        selection_cfg = cfg.model_copy(deep=True)
+        selection_cfg.train.adr.enabled = False  # the student learns on the declared train set
+        selection = ModelSelection(selection_cfg, run_dir, spec, shield, meta)
+        selection.start()
+    logger = MetricsLogger(run_dir, ac.distill_steps, spec["act_dim"], 0, progress)
+    inputs, labels = [], []
+    recent: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
+    env_steps, iteration = 0, 0
+    obs_dim = spec["obs_dim"]
+    try:
+        while env_steps < ac.distill_steps:
+            actor.set_weights(iteration, student.state_dict())
+            batch = actor.rollout()
+            x, teacher_in = labelled_states(batch, obs_dim)
+            with torch.no_grad():
+                label = teacher(torch.from_numpy(teacher_in)).numpy()
+            env_steps += len(x)
+            iteration += 1
+            recent.extend(batch["episodes"][:, 0].tolist())
+            student.obs_rms.update(torch.from_numpy(x))
+            inputs.append(x)
+            labels.append(label)
+            loss = regress(student, optimizer, np.concatenate(inputs), np.concatenate(labels), ac.distill_epochs, rng)
+            record = dict(updates=iteration, env_steps=env_steps, distill_loss=loss, dataset=sum(map(len, inputs)))
+            if len(batch["episodes"]):
+                record["episode_return"] = float(batch["episodes"][:, 0].mean())
+            if selection is not None:
+                weights = {k: v.clone() for k, v in student.state_dict().items()}
+                for result in selection.after_update(iteration, env_steps, iteration, weights):
+                    record.update({k: v for k, v in result.items() if k.startswith("validation_")})
+                if selection.stop_reason:
+                    break
+            logger.log(record)
+        weights = {k: v.clone() for k, v in student.state_dict().items()}
+        if selection is not None:
+            selection.after_update(iteration, env_steps, iteration, weights, final=True)
+            (run_dir / "selection.json").write_text(json.dumps(selection.summary(), indent=2))
+        write_checkpoint(
+            run_dir,
+            iteration,
+            dict(
+                model=weights,
+                model_spec=spec,
+                updates=iteration,
+                env_steps=env_steps,
+                episodes=len(recent),
+                wall_s=time.perf_counter() - start,
+                **meta,
+            ),
+        )
+    finally:
+        logger.close()
+        if selection is not None:
+            selection.close()
+    return student, selection, dict(env_steps=env_steps, iterations=iteration, final_return=final_return_of(recent))
+
+
+def labelled_states(batch: dict, obs_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """A rollout batch's visited states as (student inputs [n, input_dim], teacher inputs [n, obs_dim + P]):
+    the same observations, the student's with its history, the teacher's with the sampled parameters."""
+    x = batch["obs"][:-1].reshape(-1, batch["obs"].shape[-1])
+    return x, np.concatenate([x[:, :obs_dim], batch["privileged"][:-1].reshape(len(x), -1)], axis=1)
+
+
+def regress(
+    student: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    x: np.ndarray,
+    label: np.ndarray,
+    epochs: int,
+    rng: np.random.Generator,
+) -> float:
+    """Adam steps on the squared error between the student's mean action and the teacher's, over minibatches
+    drawn from the whole aggregated dataset (DAgger keeps every state visited so far); returns the last loss."""
+    new = min(len(x), MINIBATCH * 4)  # about as many draws per round as the newest batch brought
+    loss = torch.zeros(())
+    for _ in range(epochs * max(1, new // MINIBATCH)):
+        idx = rng.integers(0, len(x), MINIBATCH)
+        mean = student(torch.from_numpy(x[idx]))[0]
+        loss = torch.mean((mean - torch.from_numpy(label[idx])) ** 2)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return float(loss.detach())
+
+
+def action_error(student: torch.nn.Module, teacher: torch.nn.Module, batch: dict, obs_dim: int) -> float:
+    """Mean squared difference of the two deterministic policies' actions on a rollout batch's states."""
+    x, teacher_in = labelled_states(batch, obs_dim)
+    with torch.no_grad():
+        hist = torch.from_numpy(x[:, obs_dim:]).reshape(len(x), student.history_length, -1)
+        a_s = student(torch.from_numpy(x[:, :obs_dim]), hist)
+        a_t = teacher(torch.from_numpy(teacher_in))
+    return float(torch.mean((a_s - a_t) ** 2))

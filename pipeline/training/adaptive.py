@@ -48,7 +48,7 @@ from pipeline.training.scaffold import (
     shield_in_loop,
     with_overrides,
 )
-from pipeline.training.selection import ModelSelection
+from pipeline.training.selection import ModelSelection, run_identity, selection_figures
 
 MINIBATCH = 256  # labelled states per Adam step of the student
 
@@ -90,7 +90,6 @@ def train_adaptive(
             student, selection, figures = distill(cfg, run_dir, teacher, privileged, progress)
 
     env_steps = teacher_result.env_steps + figures["env_steps"]
-    best = selection.best if selection is not None else None
     return TrainResult(
         run_dir=str(run_dir),
         algorithm=tc.algorithm,
@@ -101,9 +100,7 @@ def train_adaptive(
         env_steps_per_s=env_steps / (time.perf_counter() - start_wall),
         learner_utilization=teacher_result.learner_utilization,
         actor_restarts=teacher_result.actor_restarts,
-        best_updates=best["updates"] if best else None,
-        best_validation_return=best["validation_return"] if best else None,
-        stopped_early=selection.stop_reason if selection is not None else None,
+        **selection_figures(selection),
     )
 
 
@@ -133,7 +130,7 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
         shield=shield,
         privileged=privileged,
     )
-    meta = dict(env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), algorithm=tc.algorithm)
+    meta = run_identity(cfg)
     selection = None
     if cfg.validation.enabled:
         selection_cfg = cfg.model_copy(deep=True)

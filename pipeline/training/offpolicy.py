@@ -55,7 +55,7 @@ from pipeline.training.scaffold import (
     start_run,
     write_run_checkpoint,
 )
-from pipeline.training.selection import ModelSelection, selection_figures
+from pipeline.training.selection import ModelSelection, run_identity, selection_figures
 
 REPLAY_DIR = "replay"
 
@@ -299,7 +299,7 @@ def train_offpolicy(
                 run_dir,
                 model_spec,
                 shield_in_loop(cfg),
-                dict(env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), algorithm=tc.algorithm),
+                run_identity(cfg),
                 every=cfg.validation.every_updates * sc.log_every,
                 deployable=policy_from_checkpoint,
             )

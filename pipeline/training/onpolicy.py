@@ -48,7 +48,7 @@ from pipeline.training.scaffold import (
     start_run,
     write_run_checkpoint,
 )
-from pipeline.training.selection import ModelSelection, selection_figures
+from pipeline.training.selection import ModelSelection, run_identity, selection_figures
 
 
 def train_vtrace(
@@ -100,7 +100,7 @@ def train_vtrace(
                 run_dir,
                 model_spec,
                 shield_in_loop(cfg),
-                dict(env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), algorithm=tc.algorithm),
+                run_identity(cfg),
                 privileged,
             )
             randomization = selection.train_randomization()  # ADR: the narrow start

@@ -346,3 +346,10 @@ def selection_figures(selection: ModelSelection | None) -> dict:
         stopped_early=selection.stop_reason if selection is not None else None,
         adr_fraction=selection.adr_fraction if selection is not None and selection.adr.enabled else None,
     )
+
+
+def run_identity(cfg) -> dict:
+    """What a run's selected checkpoint records of where it came from: task, env, config hash, algorithm."""
+    return dict(
+        env_id=cfg.task.env_id, task=cfg.task.name, config_hash=cfg.config_hash(), algorithm=cfg.train.algorithm
+    )

@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 
 from envs.domain import DomainRandomizer, element_id
-from envs.randomization import AXIS_INDEX, RandomizationSet, parse_randomization, sample_domain
+from envs.randomization import AXIS_INDEX, SCALE_GROUPS, RandomizationSet, parse_randomization, sample_domain
 
 
 def _reseed(rng: np.random.Generator | None, seed: int | None, stream: int) -> np.random.Generator:
@@ -228,7 +228,7 @@ def domain_encoding(rset) -> list[tuple[str, float, float, bool]]:
     if not isinstance(rset, RandomizationSet):
         rset = parse_randomization(rset)
     ranges = []
-    for group in ("body_mass", "geom_friction", "joint_damping", "actuator_gain"):
+    for group in SCALE_GROUPS:
         for element, r in getattr(rset, group).items():
             ranges.append((f"{group}.{element}", r.low, r.high, r.dist == "loguniform"))
     if rset.gravity_scale is not None:

@@ -188,6 +188,7 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
     lat_max = max([r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None] + [0])
     res_v, res_p, feats, gains = [], [], [], [[] for _ in env.pos]
     gain_at: list[dict] = [{} for _ in env.pos]
+    driven = env.driven_positions()  # after reach_box: it reads the speed ranges
     push_accel, sets_info, n_domains = {}, {}, 0
     for name, rset in cfg.randomization.items():
         plant, doms = env.plants[name], env.domains[name]
@@ -215,7 +216,7 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
                 )
                 res_p.append(np.abs(rp[env.ip]))
                 if rng.random() < 0.25:
-                    _gain_samples(env, plant, x, gains, gain_at, {"set": name, "domain": dict(dom)})
+                    _gain_samples(env, plant, x, driven, gains, gain_at, {"set": name, "domain": dict(dom)})
                 if pushed is not None and rng.random() < 0.1:
                     base = plant.step(x, u)
                     for axis in pushed[1]:
@@ -287,11 +288,11 @@ def input_effect(env: EnvelopeSampler, plant: SteppedPlant, x: np.ndarray, k: in
 
 
 def _gain_samples(
-    env: EnvelopeSampler, plant: SteppedPlant, x: np.ndarray, gains: list, gain_at: list, where: dict
+    env: EnvelopeSampler, plant: SteppedPlant, x: np.ndarray, driven: list, gains: list, gain_at: list, where: dict
 ) -> None:
-    """Per position its main input drives (`driven_positions`), the input effect at x (`input_effect`), and where
-    the weakest so far was (`gain_at`)."""
-    for k in env.driven_positions():
+    """Per position its main input drives (`driven`: `driven_positions`), the input effect at x (`input_effect`),
+    and where the weakest so far was (`gain_at`)."""
+    for k in driven:
         g = input_effect(env, plant, x, k)
         if g is None:
             continue

@@ -161,8 +161,7 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
                 record["episode_return"] = float(batch["episodes"][:, 0].mean())
             if selection is not None:
                 weights = {k: v.clone() for k, v in student.state_dict().items()}
-                for result in selection.after_update(iteration, env_steps, iteration, weights):
-                    record.update({k: v for k, v in result.items() if k.startswith("validation_")})
+                selection.note(record, selection.after_update(iteration, env_steps, iteration, weights), [])
                 if selection.stop_reason:
                     break
             logger.log(record)

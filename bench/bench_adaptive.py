@@ -46,10 +46,9 @@ def score(cfg, driver, rset, episodes: int, seed: int) -> dict:
         totals = run_episodes(env, driver, list(range(seed, seed + episodes)), dt=control_period_s(cfg))
     finally:
         env.close()
-    length = env.spec.max_episode_steps if env.spec is not None else max(totals.lengths)
     return dict(
         return_mean=statistics.fmean(totals.returns),
-        drops=sum(n < length for n in totals.lengths),
+        drops=sum(totals.terminated),
         violations=int(sum(totals.violations)),
     )
 

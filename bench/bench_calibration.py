@@ -10,13 +10,15 @@ stated confidence, the outside/misfit verdicts against the truth, wall time.
 
     nice -n 10 python bench/bench_calibration.py --plants 10 --log-steps 3000 --jobs 2
 
-`--mode train`: does calibrating pay? A hidden cart-pole (cart 1.3x, pole 1.1x,
-slider damping 1.2x, hinge damping 2x, actuator 0.8x, 2 steps of latency) is
-calibrated from 60 s of log (slider damping known); per run seed, a policy
-trained on `train` and one on train re-centred on the calibrated set (what
-`sim2real run --from-log` trains on) are evaluated on the hidden plant.
+`--mode train`: does calibrating pay? Each hidden cart-pole of `--plant` (PLANTS
+below: inside train's ranges, at reality's far end beyond them, a light prompt
+one) is calibrated from 60 s of the legacy LQR's log (slider damping known);
+per run seed, a policy trained on `train` and one on train re-centred on the
+calibrated set (what `sim2real run --from-log` trains on) are evaluated with
+the shield on the hidden plant: return, dropped poles, interventions, paired
+by seed.
 
-    nice -n 10 python bench/bench_calibration.py --mode train [--plant inside|edge] [--runs 5] [--steps 60000]
+    nice -n 10 python bench/bench_calibration.py --mode train --plant inside edge light --runs 3 --steps 250000
 
 Figures depend on the machine's load: the script prints the load with them.
 """
@@ -35,23 +37,41 @@ import gymnasium as gym
 import numpy as np
 
 ENV_ID = "sim2real/CartPoleRail-v0"
-PLANTS = {  # scales of the hidden plant; `edge` sits at reality's far end, beyond train's ranges
-    "inside": {
-        "body_mass.cart": 1.3,
-        "body_mass.pole": 1.1,
-        "joint_damping.slider": 1.2,
-        "joint_damping.hinge": 2.0,
-        "actuator_gain.cart_force": 0.8,
-    },
-    "edge": {
-        "body_mass.cart": 1.35,
-        "body_mass.pole": 1.5,
-        "joint_damping.slider": 1.2,
-        "joint_damping.hinge": 4.0,
-        "actuator_gain.cart_force": 0.75,
-    },
+PLANTS = {  # scales of the hidden plant and its latency (control steps)
+    # inside train's ranges, on its heavy, late, weak side
+    "inside": (
+        {
+            "body_mass.cart": 1.3,
+            "body_mass.pole": 1.1,
+            "joint_damping.slider": 1.2,
+            "joint_damping.hinge": 2.0,
+            "actuator_gain.cart_force": 0.8,
+        },
+        2,
+    ),
+    # at reality's far end, beyond train's ranges
+    "edge": (
+        {
+            "body_mass.cart": 1.35,
+            "body_mass.pole": 1.5,
+            "joint_damping.slider": 1.2,
+            "joint_damping.hinge": 4.0,
+            "actuator_gain.cart_force": 0.75,
+        },
+        2,
+    ),
+    # the other side: a light, prompt plant with a strong drive, which train's wide ranges also cover
+    "light": (
+        {
+            "body_mass.cart": 0.8,
+            "body_mass.pole": 0.8,
+            "joint_damping.slider": 0.9,
+            "joint_damping.hinge": 0.6,
+            "actuator_gain.cart_force": 1.05,
+        },
+        0,
+    ),
 }
-LATENCY = 2
 EVAL_SEED = 90_000
 LOG_STEPS = 3000  # 60 s at 50 Hz
 
@@ -60,7 +80,8 @@ def hidden_plant(cfg, plant: str) -> dict:
     """The hidden plant as a fixed randomization set, with `reality`'s noise and pushes."""
     from pipeline.calibration.twin import fixed_set
 
-    return fixed_set(PLANTS[plant], latency=LATENCY, like=cfg.randomization["reality"])
+    scales, latency = PLANTS[plant]
+    return fixed_set(scales, latency=latency, like=cfg.randomization["reality"])
 
 
 def record_log(cfg, plant: str, path: Path) -> Path:
@@ -116,7 +137,13 @@ def train_and_evaluate(cfg, hidden, seed: int, steps: int, episodes: int, work: 
     res = evaluate(
         cfg, runtime, domains=hidden, episodes=episodes, seed=EVAL_SEED, shield=True, spec=runtime.bundle.shield_spec
     )
-    return {"return_mean": res["return_mean"], "violations": res["violations"], "train_s": train_s}
+    return {
+        "return_mean": res["return_mean"],
+        "drops": res["terminated_episodes"],
+        "intervention_rate": res["intervention_rate"],
+        "violations": res["violations"],
+        "train_s": train_s,
+    }
 
 
 NAMES = ["actuator_gain.cart_force", "body_mass.cart", "body_mass.pole", "joint_damping.hinge", "joint_damping.slider"]
@@ -264,22 +291,9 @@ def identify(args) -> int:
     return 0
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", choices=["identify", "train"], default="identify")
-    p.add_argument("--plants", type=int, default=10, help="identify: hidden plants (half inside, half outside)")
-    p.add_argument("--log-steps", type=int, default=3000, help="identify: control steps per log (50 Hz)")
-    p.add_argument("--jobs", type=int, default=2, help="identify: plants calibrated in parallel")
-    p.add_argument("--seed", type=int, default=0, help="identify: draw of the plants")
-    p.add_argument("--runs", type=int, default=5, help="fresh trainings per arm")
-    p.add_argument("--steps", type=int, default=60_000, help="env steps per training")
-    p.add_argument("--episodes", type=int, default=10, help="evaluation episodes on the hidden plant")
-    p.add_argument("--plant", choices=sorted(PLANTS), default="inside", help="which hidden plant (default inside)")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args()
-    if args.mode == "identify":
-        return identify(args)
-
+def train_payoff(args, plant: str) -> int:
+    """`--mode train` on one hidden plant: calibrate from its log, then per run seed a policy trained on `train`
+    and one on the calibrated set, each evaluated shielded on the plant (return, drops, interventions)."""
     import ray
 
     import envs  # noqa: F401
@@ -290,18 +304,21 @@ def main() -> int:
     from pipeline.evaluation.evaluate import evaluate
     from pipeline.safety.shield_spec import build_shield_spec
 
+    scales, latency = PLANTS[plant]
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "cartpole.yaml")
-    cfg.calibration.known = {"joint_damping.slider": PLANTS[args.plant]["joint_damping.slider"]}
-    hidden = parse_randomization(hidden_plant(cfg, args.plant))
+    cfg.calibration.known = {"joint_damping.slider": scales["joint_damping.slider"]}
+    hidden = parse_randomization(hidden_plant(cfg, plant))
     work = Path(tempfile.mkdtemp(prefix="bench-calibration-"))
-    log = record_log(cfg, args.plant, work / "field.npz")
+    log = record_log(cfg, plant, work / "field.npz")
     t0 = time.perf_counter()
     result = calibrate(cfg, log)
     calibrate_s = time.perf_counter() - t0
     calibrated_cfg = parse_config(recentred_training(cfg, result), "calibrated")
-    identified = {n: round(p["identified"], 3) for n, p in result["parameters"].items()}
+    # a parameter the log does not pin down is marked "?": calibration keeps its configured range
+    identified = {n: round(p["identified"], 3) if p["identified_ok"] else "?" for n, p in result["parameters"].items()}
     print(
-        f"calibration: {calibrate_s:.1f} s, latency {result['latency_steps']['identified']}, identified {identified}",
+        f"{plant}: calibration {calibrate_s:.1f} s, latency {result['latency_steps']['identified']} (true {latency}), "
+        f"identified {identified}, verdict {result.get('verdict')}",
         flush=True,
     )
     legacy = evaluate(
@@ -312,34 +329,47 @@ def main() -> int:
         seed=EVAL_SEED,
         shield=True,
         spec=build_shield_spec(cfg),
-    )["return_mean"]
+    )
     ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
     rows = {"baseline": [], "calibrated": []}
-    for seed in range(args.runs):
-        for arm, arm_cfg in (("baseline", cfg), ("calibrated", calibrated_cfg)):
-            r = train_and_evaluate(arm_cfg, hidden, seed, args.steps, args.episodes, work / f"{arm}-{seed}")
-            rows[arm].append(r)
-            print(
-                f"run {seed} {arm:<10} return {r['return_mean']:7.1f}  violations {r['violations']}  "
-                f"train {r['train_s']:.0f} s",
-                flush=True,
-            )
-    ray.shutdown()
+    try:
+        for seed in range(args.runs):
+            for arm, arm_cfg in (("baseline", cfg), ("calibrated", calibrated_cfg)):
+                r = train_and_evaluate(arm_cfg, hidden, seed, args.steps, args.episodes, work / f"{arm}-{seed}")
+                rows[arm].append(r)
+                print(
+                    f"  run {seed} {arm:<10} return {r['return_mean']:7.1f}  drops {r['drops']}  "
+                    f"interventions {100 * r['intervention_rate']:.2f} %  violations {r['violations']}  "
+                    f"train {r['train_s']:.0f} s",
+                    flush=True,
+                )
+    finally:
+        ray.shutdown()
     summary = {
         arm: {
             "n": len(v),
             "return_mean": float(np.mean([r["return_mean"] for r in v])),
             "return_std": float(np.std([r["return_mean"] for r in v])),
+            "drops": int(sum(r["drops"] for r in v)),
+            "intervention_rate": float(np.mean([r["intervention_rate"] for r in v])),
             "violations": int(sum(r["violations"] for r in v)),
             "train_s_mean": float(np.mean([r["train_s"] for r in v])),
         }
         for arm, v in rows.items()
     }
+    # paired by run seed: both arms start from the same seed and are judged on the same episodes
+    diffs = [c["return_mean"] - b["return_mean"] for b, c in zip(rows["baseline"], rows["calibrated"])]
     out = {
-        "plant": args.plant,
+        "plant": plant,
+        "scales": scales,
+        "latency_steps": latency,
+        "identified": identified,
+        "latency_identified": result["latency_steps"]["identified"],
+        "verdict": result.get("verdict"),
         "runs": rows,
         "summary": summary,
-        "legacy_return": legacy,
+        "paired_return_diff": diffs,
+        "legacy": {k: legacy[k] for k in ("return_mean", "terminated_episodes", "intervention_rate", "violations")},
         "calibrate_s": calibrate_s,
         "steps": args.steps,
         "episodes": args.episodes,
@@ -347,23 +377,51 @@ def main() -> int:
     }
     if args.json:
         print(json.dumps(out))
-    else:
+        return 0
+    print(
+        f"hidden plant {plant} {scales}, latency {latency}; {args.episodes} shielded eval episodes "
+        f"(seeds {EVAL_SEED}+), {args.steps} training steps, load {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"  legacy LQR          return {legacy['return_mean']:7.1f}  drops {legacy['terminated_episodes']}  "
+        f"interventions {100 * legacy['intervention_rate']:.2f} %"
+    )
+    for arm, s in summary.items():
         print(
-            f"hidden plant {args.plant} {PLANTS[args.plant]}, {args.episodes} eval episodes (seeds {EVAL_SEED}+), "
-            f"{args.steps} training steps, "
-            f"load {os.getloadavg()[0]:.1f}"
+            f"  {arm:<10} (n={s['n']})  return {s['return_mean']:7.1f} +- {s['return_std']:.1f}  drops {s['drops']}  "
+            f"interventions {100 * s['intervention_rate']:.2f} %  violations {s['violations']}  "
+            f"training {s['train_s_mean']:.0f} s/run"
         )
-        print(f"  legacy LQR          return {legacy:7.1f}")
-        for arm, s in summary.items():
-            print(
-                f"  {arm:<10} (n={s['n']})  return {s['return_mean']:7.1f} +- {s['return_std']:.1f}  "
-                f"violations {s['violations']}  training {s['train_s_mean']:.0f} s/run"
-            )
-        print(
-            f"  calibration adds {calibrate_s:.1f} s to the flow "
-            f"({100 * calibrate_s / summary['baseline']['train_s_mean']:.0f} % of one training run)"
-        )
+    print(
+        f"  calibrated - baseline, paired by seed: {' '.join(f'{d:+.1f}' for d in diffs)} (mean {np.mean(diffs):+.1f})"
+    )
+    print(
+        f"  calibration adds {calibrate_s:.1f} s to the flow "
+        f"({100 * calibrate_s / summary['baseline']['train_s_mean']:.0f} % of one training run)",
+        flush=True,
+    )
     return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mode", choices=["identify", "train"], default="identify")
+    p.add_argument("--plants", type=int, default=10, help="identify: hidden plants (half inside, half outside)")
+    p.add_argument("--log-steps", type=int, default=3000, help="identify: control steps per log (50 Hz)")
+    p.add_argument("--jobs", type=int, default=2, help="identify: plants calibrated in parallel")
+    p.add_argument("--seed", type=int, default=0, help="identify: draw of the plants")
+    p.add_argument("--runs", type=int, default=5, help="fresh trainings per arm")
+    p.add_argument("--steps", type=int, default=60_000, help="env steps per training")
+    p.add_argument("--episodes", type=int, default=10, help="evaluation episodes on the hidden plant")
+    p.add_argument(
+        "--plant", nargs="+", choices=sorted(PLANTS), default=["inside"], help="train: hidden plants (default inside)"
+    )
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    if args.mode == "identify":
+        return identify(args)
+
+    return sum(train_payoff(args, plant) for plant in args.plant)
 
 
 if __name__ == "__main__":

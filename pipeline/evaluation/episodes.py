@@ -196,6 +196,7 @@ class RunSummary(TypedDict):
     return_mean: float
     return_std: float
     episode_length_mean: float
+    terminated_episodes: int  # episodes the task ended before their length (a dropped pole, a crash)
     violations: int  # steps with info["cost"] > 0, all episodes
     violation_episodes: int
     intervention_rate: float
@@ -308,6 +309,9 @@ class RunTotals:
     returns: list[float] = field(default_factory=list)
     violations: list[int] = field(default_factory=list)  # steps with info["cost"] > 0, per episode
     lengths: list[int] = field(default_factory=list)
+    # whether the task ended the episode before its length (a dropped pole, a crash), per episode; with
+    # past_termination the episode runs on, and this still says the task would have ended it
+    terminated: list[bool] = field(default_factory=list)
     interventions: list[int] = field(default_factory=list)  # steps the shield changed, per episode
     flags: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SHIELD_FLAGS, 0))
     latency_us: list[float] = field(default_factory=list)  # per step: policy + shield
@@ -341,6 +345,7 @@ class RunTotals:
         self.returns += more.returns
         self.violations += more.violations
         self.lengths += more.lengths
+        self.terminated += more.terminated
         self.interventions += more.interventions
         self.latency_us += more.latency_us
         self.shield_us += more.shield_us
@@ -365,6 +370,7 @@ class RunTotals:
             "return_mean": float(np.mean(self.returns)),
             "return_std": float(np.std(self.returns)),
             "episode_length_mean": float(np.mean(self.lengths)),
+            "terminated_episodes": int(sum(self.terminated)),
             "violations": int(sum(self.violations)),
             "violation_episodes": int(sum(v > 0 for v in self.violations)),
             "intervention_rate": self.flags["intervened"] / n,
@@ -401,7 +407,7 @@ def run_episodes(
             driver.reset()
             for o in observers:
                 o.on_reset(env, ep, seed)
-            total, violations, step, done = 0.0, 0, 0, False
+            total, violations, step, done, ended = 0.0, 0, 0, False, False
             intervened = 0
             while not done:
                 t0 = time.perf_counter_ns()
@@ -410,6 +416,7 @@ def run_episodes(
                 next_obs, reward, terminated, truncated, info = env.step(action)
                 cost = float(info.get("cost", 0.0))
                 done = bool(truncated or (terminated and not past_termination))
+                ended = ended or bool(terminated)
                 total += float(reward)
                 violations += cost > 0.0
                 totals.latency_us.append(latency)
@@ -432,6 +439,7 @@ def run_episodes(
             totals.returns.append(total)
             totals.violations.append(int(violations))
             totals.lengths.append(step)
+            totals.terminated.append(ended)
             totals.interventions.append(intervened)
             if bar is not None:
                 bar.update(1)

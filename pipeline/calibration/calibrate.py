@@ -202,7 +202,15 @@ def calibrate(cfg, logs) -> dict:
     # Global stage on a third of the windows: every latency, several starts.
     search = windows.subset(np.arange(len(windows.starts)) % 3 == 0)
     coarse = global_search(
-        lambda lat: problem(lat, search), latencies, hull_lo, hull_hi, bounds, F_SCALE, GLOBAL_STARTS, GLOBAL_NFEV
+        lambda lat: problem(lat, search),
+        latencies,
+        hull_lo,
+        hull_hi,
+        bounds,
+        F_SCALE,
+        GLOBAL_STARTS,
+        GLOBAL_NFEV,
+        polish_nfev=LOCAL_NFEV,
     )
     coarse.sort(key=lambda f: f.cost)
     # Local stage on every window: the best, and the runner-up latency for the latency's confidence.

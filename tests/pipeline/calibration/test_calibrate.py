@@ -74,7 +74,7 @@ def field_log(tmp_path_factory):
         command=(sys.executable, "-m", "pipeline.cli", "serve"),
     ) as server:
         with PolicyClient(server.host, server.port, timeout_s=5.0) as plant:
-            obs, info = env.reset(seed=11)
+            obs, info = env.reset(seed=7)  # a log whose latency the fit got wrong when it compared unconverged fits
             for _ in range(STEPS):
                 reply = plant.act(obs, legacy_action=legacy(np.asarray(obs, np.float32)[None])[0])
                 obs, _, terminated, truncated, _ = env.step(reply.action)

@@ -240,6 +240,7 @@ def retrain(
         "train": {
             k: trained.get(k)
             for k in (
+                "algorithm",
                 "env_steps",
                 "updates",
                 "final_return",

@@ -202,6 +202,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("algorithm", ["sac", "td3", "impala"])
+def test_every_algorithm_goes_through_the_flow_to_promotion(harness, algorithm, tmp_path):
+    """The retrain flow (`sim2real run --config`'s, as `promoted` runs it for APPO; the command line itself:
+    test_train_sac_flow.py) with each other algorithm: trained, exported, falsified, shadowed beside legacy, gated,
+    registered and promoted, its bundle naming its algorithm."""
+    from flows.retrain import retrain
+    from pipeline.deployment.registry import Registry
+    from shield.bundle import verify_bundle
+    from tests.helpers.algorithm_configs import small_config
+
+    config = small_config(
+        tmp_path,
+        algorithm,
+        shadow={"episodes": 2},
+        falsify={"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1},
+        gate={"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6},
+    )
+    state = retrain(
+        config_path=str(config),
+        models_root=str(tmp_path / "models"),
+        runs_dir=str(tmp_path / "runs"),
+        steps=1_000,
+        return_state=True,
+    )
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["decision"] == "pass", summary
+    registry = Registry(tmp_path / "models")
+    assert registry.production("cartpole") == summary["version"] == 1
+    manifest = verify_bundle(registry.bundle_dir("cartpole", 1))
+    assert manifest["metrics"]["train"]["algorithm"] == algorithm and manifest["metrics"]["train"]["env_steps"] >= 1_000
+
+
 @pytest.fixture()
 def prefect_server(tmp_path):
     port = _free_port()

@@ -1,5 +1,6 @@
 """Every algorithm through the `sim2real` command line on a small budget: train, --resume, export (parity),
-eval, shadow and serve, from the shipped config; and a key the chosen algorithm would ignore exits 2.
+eval, shadow and serve, from the shipped config; and a key the chosen algorithm would ignore exits 2. The flow
+(`sim2real run`) for each: tests/flows/test_flows.py.
 
 The learning itself is tested elsewhere (test_train_learning.py: APPO; test_offpolicy.py: SAC reach a return
 threshold); here a run is only asked to go through every path and hand each command what the next one needs.
@@ -19,6 +20,7 @@ import yaml
 from pipeline.cli import main
 from shield.client import PolicyClient
 from shield.runtime import EdgeRuntime
+from tests.helpers.algorithm_configs import small_config
 from tests.helpers.serve_bundles import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -29,26 +31,6 @@ def ray_local():
     ray.init(num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
-
-
-def small_config(tmp_path: Path, algorithm: str) -> Path:
-    """The shipped config of `algorithm` (impala: cartpole.yaml switched to it) on a budget that learns a little."""
-    shipped = {"sac": "cartpole_sac.yaml", "td3": "cartpole_td3.yaml"}.get(algorithm, "cartpole.yaml")
-    data = yaml.safe_load((ROOT / "configs" / shipped).read_text())
-    data["task"]["max_episode_steps"] = 100
-    data["train"].update(algorithm=algorithm, num_actors=1, device="cpu")
-    if "replay" in data["train"]:
-        data["train"][algorithm].update(learning_starts=500, replay_ratio=8.0, log_every=10, checkpoint_every=10_000)
-        data["train"]["replay"].update(num_shards=1)
-        data["validation"] = {"every_updates": 1, "episodes": 2}  # an evaluation at every metrics record
-    else:
-        for appo_only in ("clip_param", "kl_coef"):
-            data["train"].pop(appo_only, None)
-        data["train"].update(envs_per_actor=4, batches_per_update=1)
-        data["validation"].update(every_updates=5, episodes=2)
-    path = tmp_path / f"{algorithm}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def sim2real(capsys, *argv) -> tuple[int, dict]:

@@ -1,19 +1,36 @@
-"""Wall-clock time to a return threshold: sim2real (Ray actor-learner) vs Stable-Baselines3 PPO.
+"""Wall-clock benchmarks: sim2real (Ray actor-learner; APPO, SAC, TD3) vs Stable-Baselines3, same run, same cores.
 
-Both run on this machine in the same invocation, on the same envs (same
-domain randomization), and both are judged the same way: the mean return of
-the last 20 finished training episodes. Each run stops at the threshold or at
-`--budget-s`, whichever comes first; the table reports what was reached.
-`--runs N` repeats both with seeds 0..N-1 (ours: train.seed; SB3: its seed) and
-compares the medians: one run of either is a noisy figure.
+Every arm runs on this machine in the same invocation, on the same envs (same
+domain randomization), and every arm is judged the same way (`Stopper`): the
+mean return of the last 20 finished training episodes. Runs are interleaved per
+seed across all arms (seed 0 of every arm, then seed 1, ...), so a slow spell of
+the machine hits all of them; seeds 0..N-1 (ours: train.seed; SB3: its seed).
+Our loops consult the rule only at their metrics records (APPO: every update;
+SAC/TD3: every log_every learner steps, none before learning_starts) and SB3 PPO
+not during its update, so a run can pass `--budget-s`: each row's wall_s says by how much.
 
 Tasks:
-  cartpole     sim2real/CartPoleRail-v0 under `train` randomization; threshold =
-               0.9 x the legacy LQR's mean return on the same domains (measured here).
-  halfcheetah  HalfCheetah-v5, threshold 1500 (may need far more than a 2-core budget).
+  cartpole     sim2real/CartPoleRail-v0 under configs/cartpole.yaml's `train` randomization; threshold =
+               0.9 x the legacy LQR's mean return on the same domains (measured here). Each run stops at the
+               threshold or at `--budget-s`, whichever first. Arms:
+                 ours `--algorithms` (default appo sac td3): configs/cartpole.yaml, cartpole_sac.yaml,
+                   cartpole_td3.yaml as shipped, except that all train on cartpole.yaml's `train` set (the
+                   off-policy configs train with reality's milder pushes), the set the threshold is measured on;
+                 sb3-ppo-matched: SB3 PPO with cartpole.yaml's train.gamma and train.clip_param, else SB3 defaults;
+                 sb3-ppo-default: SB3 PPO defaults.
+               Both SB3 arms step cartpole.yaml's num_actors x envs_per_actor envs in one process, n_steps =
+               2048 / n_envs (SB3's default rollout of 2048 samples). Summary per arm: reached/runs, median time
+               to threshold (a run that did not reach it counts with its whole wall time), median env steps,
+               and the ratio of the median time to sb3-ppo-default's.
+  halfcheetah  HalfCheetah-v5 (plain gymnasium task), after the same wall time: every arm trains for exactly
+               `--budget-s` s; figures: the mean return of the last 20 finished training episodes at the end,
+               and a deterministic evaluation of the final policy on 5 fixed seeds (bench_offpolicy.evaluate).
+               Arms: ours `--hc-algorithm` (default sac; hyperparameters: `halfcheetah_config`, printed),
+               sb3-sac-default and sb3-ppo-default (SB3 defaults, 1 env).
 
-    python bench/bench_time_to_threshold.py [--tasks cartpole halfcheetah] [--runs 5] [--budget-s 300]
-                                            [--skip-sb3] [--json]
+The figures (2 cores here; each line is one invocation):
+    python bench/bench_time_to_threshold.py --tasks cartpole --runs 5 --budget-s 300 [--json]
+    python bench/bench_time_to_threshold.py --tasks halfcheetah --runs 5 --budget-s 900 [--hc-algorithm sac] [--json]
     python bench/bench_time_to_threshold.py --learner-only --device cuda   # learner samples/s, CUDA vs CPU
 """
 
@@ -24,6 +41,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 
 import numpy as np
 
@@ -31,6 +49,9 @@ from pipeline.config import load_config
 from pipeline.training.rollout import make_env
 
 WINDOW = 20
+EVAL_EPISODES = 5
+SB3_DEFAULT = "sb3-ppo-default"  # the arm ratios are taken against
+CONFIGS = dict(appo="configs/cartpole.yaml", sac="configs/cartpole_sac.yaml", td3="configs/cartpole_td3.yaml")
 
 
 def legacy_return(env_id, randomization, episodes=10) -> float:
@@ -49,87 +70,142 @@ def legacy_return(env_id, randomization, episodes=10) -> float:
     return float(np.mean(returns))
 
 
-def task_setup(name: str):
-    """(config, threshold, note) for a bench task."""
-    cfg = load_config("configs/cartpole.yaml")
-    if name == "cartpole":
-        rand = cfg.randomization["train"].model_dump(mode="json")
-        legacy = legacy_return(cfg.task.env_id, rand)
-        return cfg, 0.9 * legacy, f"0.9 x legacy LQR return {legacy:.0f}"
-    if name == "halfcheetah":
-        from envs.randomization import RandomizationSet
+class Stopper:
+    """The one stop rule of every arm: stop once the mean return of the last WINDOW finished training episodes
+    (None until WINDOW have finished) reaches `threshold`, or `budget_s` wall seconds after construction (start-up
+    included). A row's wall_s is the time the rule stopped the run (else its end), total_s includes the teardown
+    (our final checkpoint and validation, Ray's shutdown)."""
 
-        cfg.task.name, cfg.task.env_id = "halfcheetah", "HalfCheetah-v5"
-        cfg.randomization["train"] = RandomizationSet()  # the plain gymnasium task, as SB3's zoo trains it
-        t = cfg.train
-        t.hidden_sizes, t.lr, t.num_epochs, t.batches_per_update = [256, 256], 3e-4, 4, 4
-        t.rollout_length, t.envs_per_actor, t.log_std_init, t.total_env_steps = 64, 4, 0.0, 10_000_000
-        return cfg, 1500.0, "fixed 1500"
-    raise SystemExit(f"unknown task {name!r}; choose cartpole or halfcheetah")
+    def __init__(self, threshold: float, budget_s: float):
+        self.threshold, self.budget_s, self.start = threshold, budget_s, time.perf_counter()
+        self.best, self.reached_s, self.stopped_s = None, None, None
+
+    def __call__(self, recent: float | None) -> bool:
+        elapsed = time.perf_counter() - self.start
+        if recent is not None:
+            self.best = recent if self.best is None else max(self.best, recent)
+            if recent >= self.threshold:
+                self.reached_s = self.stopped_s = elapsed
+                return True
+        if elapsed >= self.budget_s:
+            self.stopped_s = elapsed
+        return self.stopped_s is not None
+
+    def row(self, **figures) -> dict:
+        total = time.perf_counter() - self.start
+        wall = total if self.stopped_s is None else self.stopped_s
+        return dict(reached_s=self.reached_s, best_mean_return=self.best, wall_s=wall, total_s=total, **figures)
 
 
-def run_sim2real(cfg, threshold, budget_s, out_dir, seed: int = 0) -> dict:
+def cartpole_arms(algorithms: list[str], sb3: bool) -> tuple[dict, float, str]:
+    """(arms, threshold, note); arms: name -> run(threshold, budget_s, seed, out_dir, evaluate) -> row."""
+    base = load_config(CONFIGS["appo"])
+    train_set = base.randomization["train"]
+    legacy = legacy_return(base.task.env_id, train_set.model_dump(mode="json"))
+    matched = dict(gamma=base.train.gamma, clip_range=base.train.clip_param)
+    arms = {}
+    for name in algorithms:
+        cfg = load_config(CONFIGS[name])
+        cfg.randomization["train"] = train_set.model_copy(deep=True)  # every arm on the threshold's domains
+        arms[f"sim2real {name}"] = partial(run_sim2real, cfg)
+    if sb3:
+        n_envs = base.train.num_actors * base.train.envs_per_actor
+        arms["sb3-ppo-matched"] = partial(run_sb3, base, "ppo", n_envs, matched)
+        arms[SB3_DEFAULT] = partial(run_sb3, base, "ppo", n_envs, {})
+    return arms, 0.9 * legacy, f"0.9 x legacy LQR return {legacy:.0f}; sb3-ppo-matched: {matched}"
+
+
+def halfcheetah_config(algorithm: str):
+    """Our HalfCheetah-v5 config for `algorithm`: its cart-pole config on the plain gymnasium task (no
+    randomization, shield or validation), [256, 256] nets; APPO as before, SAC/TD3 with SB3 SAC's defaults
+    (batch 256, one gradient step per env step, lr 3e-4, 1-step returns) and one actor of one env."""
+    from envs.randomization import RandomizationSet
+
+    cfg = load_config(CONFIGS[algorithm])
+    cfg.task.name, cfg.task.env_id = "halfcheetah", "HalfCheetah-v5"
+    for name in cfg.randomization:  # the cart-pole's sets name bodies the cheetah lacks (preflight runs them all)
+        cfg.randomization[name] = RandomizationSet()
+    cfg.shield.enabled = cfg.validation.enabled = False  # the final policy is evaluated here
+    t = cfg.train
+    t.hidden_sizes, t.total_env_steps = [256, 256], 10_000_000
+    if algorithm == "appo":
+        t.lr, t.num_epochs, t.batches_per_update = 3e-4, 4, 4
+        t.rollout_length, t.envs_per_actor, t.log_std_init = 64, 4, 0.0
+    else:
+        s = getattr(t, algorithm)
+        s.batch_size, s.replay_ratio, s.lr, s.learning_starts, s.n_step = 256, 256.0, 3e-4, 1000, 1
+        s.log_every, s.checkpoint_every = 10, 10**9  # a record (and the stop rule) every 10 learner steps
+        t.num_actors, t.envs_per_actor, t.rollout_length = 1, 1, 64
+        t.replay.capacity, t.replay.num_shards, t.replay.checkpoint = 1_000_000, 1, False
+        cfg.ray.actor_num_cpus = 0.5
+    return cfg
+
+
+def halfcheetah_arms(algorithm: str, sb3: bool) -> tuple[dict, float, str]:
+    """(arms, threshold, note): same wall time, so no threshold stops a run."""
+    cfg = halfcheetah_config(algorithm)
+    arms = {f"sim2real {algorithm}": partial(run_sim2real, cfg)}
+    if sb3:
+        arms["sb3-sac-default"] = partial(run_sb3, cfg, "sac", 1, {})
+        arms[SB3_DEFAULT] = partial(run_sb3, cfg, "ppo", 1, {})
+    return arms, float("inf"), f"ours: train {json.dumps(cfg.train.model_dump(mode='json'))}"
+
+
+def evaluate_final(act) -> float:
+    """Mean return of a deterministic `act(obs[1, d]) -> action[1, a]` on bench_offpolicy's fixed HalfCheetah seeds."""
+    from bench_offpolicy import evaluate
+
+    return evaluate(act, EVAL_EPISODES)
+
+
+def run_sim2real(cfg, threshold, budget_s, seed, out_dir, evaluate=False) -> dict:
     from pipeline.training.train import train
 
     cfg = cfg.model_copy(deep=True)
     cfg.train.seed = seed
-    start = time.perf_counter()
-    state = dict(best=-np.inf, reached_s=None)
-
-    def stop_at_threshold(s):
-        recent = s["metrics"].get("episode_return_recent")  # mean of the last 20 episodes
-        if recent is not None:
-            state["best"] = max(state["best"], recent)
-            if recent >= threshold:
-                state["reached_s"] = time.perf_counter() - start
-                return True
-        return time.perf_counter() - start > budget_s
-
-    result = train(cfg, out_dir=out_dir, progress=False, callback=stop_at_threshold)
-    return dict(
-        impl="sim2real appo (ray)",
-        seed=seed,
-        reached_s=state["reached_s"],
-        env_steps=result.env_steps,
-        best_mean_return=state["best"],
-        wall_s=time.perf_counter() - start,
+    stop = Stopper(threshold, budget_s)
+    result = train(
+        cfg, out_dir=out_dir, progress=False, callback=lambda s: stop(s["metrics"].get("episode_return_recent"))
     )
+    row = stop.row(env_steps=result.env_steps, final_return=result.final_return)
+    if evaluate:
+        import torch
+
+        from pipeline.training.policy import load_policy
+
+        policy, _ = load_policy(result.run_dir, "latest")  # the final weights, not validation's pick
+        row["eval_return"] = evaluate_final(lambda o: policy(torch.from_numpy(o)).detach().numpy())
+    return row
 
 
-def run_sb3(cfg, threshold, budget_s, seed: int = 0) -> dict:
+def run_sb3(cfg, algo, n_envs, hyper, threshold, budget_s, seed, out_dir=None, evaluate=False) -> dict:
     import torch
-    from stable_baselines3 import PPO
+    from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
     torch.set_num_threads(1)  # same as our learner on a full machine; more threads thrash on 2 busy cores
     rand = cfg.randomization["train"].model_dump(mode="json")
-    n_envs = cfg.train.num_actors * cfg.train.envs_per_actor
     vec = make_vec_env(lambda: make_env(cfg.task.env_id, rand, cfg.task.max_episode_steps), n_envs=n_envs, seed=seed)
-    start = time.perf_counter()
-    state = dict(best=-np.inf, reached_s=None)
+    stop = Stopper(threshold, budget_s)
+
+    def recent(model, full: bool = True) -> float | None:
+        last = [e["r"] for e in list(model.ep_info_buffer)[-WINDOW:]]
+        return float(np.mean(last)) if last and (len(last) == WINDOW or not full) else None
 
     class StopAtThreshold(BaseCallback):
         def _on_step(self) -> bool:
-            buf = self.model.ep_info_buffer
-            if len(buf) >= WINDOW:
-                state["best"] = max(state["best"], float(np.mean([e["r"] for e in list(buf)[-WINDOW:]])))
-                if state["best"] >= threshold:
-                    state["reached_s"] = time.perf_counter() - start
-                    return False
-            return time.perf_counter() - start < budget_s
+            return not stop(recent(self.model))
 
-    model = PPO("MlpPolicy", vec, seed=seed, device="cpu", n_steps=max(2048 // n_envs, 16), verbose=0)
+    if algo == "ppo":
+        hyper = dict(n_steps=max(2048 // n_envs, 16), **hyper)  # SB3's rollout of 2048 samples over n_envs
+    model = dict(ppo=PPO, sac=SAC)[algo]("MlpPolicy", vec, seed=seed, device="cpu", verbose=0, **hyper)
     model.learn(total_timesteps=10**9, callback=StopAtThreshold())
     vec.close()
-    return dict(
-        impl="stable-baselines3 PPO (1 process)",
-        seed=seed,
-        reached_s=state["reached_s"],
-        env_steps=model.num_timesteps,
-        best_mean_return=state["best"],
-        wall_s=time.perf_counter() - start,
-    )
+    row = stop.row(env_steps=int(model.num_timesteps), final_return=recent(model, full=False))
+    if evaluate:
+        row["eval_return"] = evaluate_final(lambda o: model.predict(o, deterministic=True)[0])
+    return row
 
 
 def learner_throughput(device: str, seconds: float = 5.0) -> float:
@@ -168,7 +244,9 @@ def learner_throughput(device: str, seconds: float = 5.0) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", default=["cartpole"], choices=["cartpole", "halfcheetah"])
-    parser.add_argument("--runs", type=int, default=3, help="runs per implementation (seeds 0..N-1); medians compared")
+    parser.add_argument("--algorithms", nargs="+", default=["appo", "sac", "td3"], choices=list(CONFIGS))
+    parser.add_argument("--hc-algorithm", default="sac", choices=list(CONFIGS), help="ours on halfcheetah")
+    parser.add_argument("--runs", type=int, default=5, help="runs per arm (seeds 0..N-1); medians compared")
     parser.add_argument("--budget-s", type=float, default=300.0, help="wall-clock cap per run (s)")
     parser.add_argument("--skip-sb3", action="store_true", help="only run sim2real")
     parser.add_argument("--learner-only", action="store_true", help="only measure learner samples/s")
@@ -199,71 +277,92 @@ def main(argv=None) -> int:
 
     report = []
     for name in args.tasks:
-        cfg, threshold, note = task_setup(name)
-        runs = []
-        for seed in range(args.runs):  # interleaved, so a slow spell of the machine hits both
-            runs.append(
-                run_sim2real(
-                    cfg, threshold, args.budget_s, os.path.join(args.out, f"{name}-{seed}-{int(time.time())}"), seed
-                )
-            )
-            if not args.skip_sb3:
-                runs.append(run_sb3(cfg, threshold, args.budget_s, seed))
-        report.append(
-            dict(
-                task=name,
-                env_id=cfg.task.env_id,
-                threshold=threshold,
-                threshold_note=note,
-                budget_s=args.budget_s,
-                runs=runs,
-                summary=summarize(runs),
-            )
+        cheetah = name == "halfcheetah"
+        arms, threshold, note = (
+            halfcheetah_arms(args.hc_algorithm, not args.skip_sb3)
+            if cheetah
+            else cartpole_arms(args.algorithms, not args.skip_sb3)
+        )
+        task = dict(
+            task=name,
+            env_id="HalfCheetah-v5" if cheetah else load_config(CONFIGS["appo"]).task.env_id,
+            threshold=None if cheetah else threshold,
+            note=note,
+            budget_s=args.budget_s,
+            runs=[],
         )
         if not args.json:
-            print_task(report[-1])
+            print_header(task)
+        for seed in range(args.runs):  # interleaved, so a slow spell of the machine hits every arm
+            for arm, run in arms.items():
+                out_dir = os.path.join(args.out, f"{name}-{arm.replace(' ', '-')}-{seed}-{int(time.time())}")
+                task["runs"].append(dict(arm=arm, seed=seed, **run(threshold, args.budget_s, seed, out_dir, cheetah)))
+                if not args.json:
+                    print_run(task["runs"][-1])
+        task["summary"] = summarize(task["runs"])
+        report.append(task)
+        if not args.json:
+            print_summary(task["summary"])
     if args.json:
         print(json.dumps(report))
     return 0
 
 
+def median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
 def summarize(runs: list[dict]) -> list[dict]:
-    """Per implementation: runs, how many reached the threshold, median time and env steps to it (a run that
-    did not reach it counts with its whole wall time, so the median never flatters a failing implementation)."""
+    """Per arm: runs, how many reached the threshold, median time and env steps to it (a run that did not reach
+    it counts with its whole wall time, so the median never flatters a failing arm), median final training
+    return (last WINDOW episodes) and evaluation return; ratio = median time / sb3-ppo-default's."""
     rows = []
-    for impl in dict.fromkeys(r["impl"] for r in runs):
-        mine = [r for r in runs if r["impl"] == impl]
-        times = [r["reached_s"] if r["reached_s"] is not None else r["wall_s"] for r in mine]
+    for arm in dict.fromkeys(r["arm"] for r in runs):
+        mine = [r for r in runs if r["arm"] == arm]
         rows.append(
             dict(
-                impl=impl,
+                arm=arm,
                 runs=len(mine),
                 reached=sum(r["reached_s"] is not None for r in mine),
-                median_s=float(np.median(times)),
-                median_env_steps=float(np.median([r["env_steps"] for r in mine])),
+                median_s=median(r["reached_s"] if r["reached_s"] is not None else r["wall_s"] for r in mine),
+                median_env_steps=median(r["env_steps"] for r in mine),
+                median_final_return=median(r["final_return"] for r in mine),
+                median_eval_return=median(r.get("eval_return") for r in mine),
             )
         )
+    base = next((row["median_s"] for row in rows if row["arm"] == SB3_DEFAULT), None)
+    for row in rows:
+        row["ratio_vs_sb3_default"] = row["median_s"] / base if base else None
     return rows
 
 
-def print_task(task: dict) -> None:
-    """One line per run, then the medians; ratio = median time to threshold / SB3's (the last implementation)."""
+def fmt(value, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_header(task: dict) -> None:
+    goal = f"threshold {task['threshold']:.0f}" if task["threshold"] is not None else "same wall time"
+    print(f"{task['env_id']}: {goal}, budget {task['budget_s']:.0f} s; {task['note']}", flush=True)
+
+
+def print_run(r: dict) -> None:
+    reached = f"{r['reached_s']:.1f} s" if r["reached_s"] is not None else "not reached"
     print(
-        f"{task['env_id']}: threshold {task['threshold']:.0f} ({task['threshold_note']}), budget "
-        f"{task['budget_s']:.0f} s"
+        f"  {r['arm']:<18} seed {r['seed']:>2} {reached:>12}  steps {r['env_steps']:>9}  best mean return "
+        f"{fmt(r['best_mean_return'])}  final {fmt(r['final_return'])}  eval {fmt(r.get('eval_return'))}  "
+        f"(wall {r['wall_s']:.0f} s, with teardown {r['total_s']:.0f} s)",
+        flush=True,
     )
-    for r in task["runs"]:
-        reached = f"{r['reached_s']:.1f} s" if r["reached_s"] is not None else "not reached"
+
+
+def print_summary(rows: list[dict]) -> None:
+    for row in rows:
         print(
-            f"  {r['impl']:<36} seed {r['seed']:>2} {reached:>12}  steps {r['env_steps']:>9}  "
-            f"best mean return {r['best_mean_return']:.0f}  (wall {r['wall_s']:.0f} s)",
-            flush=True,
-        )
-    base = task["summary"][-1]["median_s"]
-    for row in task["summary"]:
-        print(
-            f"  median {row['impl']:<29} {row['median_s']:>8.1f} s  x{row['median_s'] / base:.2f}  "
-            f"steps {row['median_env_steps']:>9.0f}  reached {row['reached']}/{row['runs']}",
+            f"  median {row['arm']:<18} {fmt(row['median_s'], '.1f'):>7} s  "
+            f"x{fmt(row['ratio_vs_sb3_default'], '.2f')} vs {SB3_DEFAULT}  steps {fmt(row['median_env_steps'])}  "
+            f"reached {row['reached']}/{row['runs']}  final return {fmt(row['median_final_return'])}  "
+            f"eval return {fmt(row['median_eval_return'])}",
             flush=True,
         )
 

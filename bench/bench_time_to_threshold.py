@@ -107,6 +107,9 @@ def cartpole_arms(algorithms: list[str], sb3: bool) -> tuple[dict, float, str]:
     for name in algorithms:
         cfg = load_config(CONFIGS[name])
         cfg.randomization["train"] = train_set.model_copy(deep=True)  # every arm on the threshold's domains
+        # every arm may use as many env steps as APPO's shipped budget, so the wall-clock budget (not the
+        # off-policy configs' shorter step count) is what ends a run that has not reached the threshold
+        cfg.train.total_env_steps = max(cfg.train.total_env_steps, base.train.total_env_steps)
         arms[f"sim2real {name}"] = partial(run_sim2real, cfg)
     if sb3:
         n_envs = base.train.num_actors * base.train.envs_per_actor

@@ -25,7 +25,7 @@ Tasks:
   halfcheetah  HalfCheetah-v5 (plain gymnasium task), after the same wall time: every arm trains for exactly
                `--budget-s` s; figures: the mean return of the last 20 finished training episodes at the end,
                and a deterministic evaluation of the final policy on 5 fixed seeds (bench_offpolicy.evaluate).
-               Arms: ours `--hc-algorithm` (default sac; hyperparameters: `halfcheetah_config`, printed),
+               Arms: ours `--hc-algorithm` (default sac; hyperparameters: bench_offpolicy.halfcheetah_config, printed),
                sb3-sac-default and sb3-ppo-default (SB3 defaults, 1 env).
 
 The figures (2 cores here; each line is one invocation):
@@ -44,6 +44,7 @@ import time
 from functools import partial
 
 import numpy as np
+from bench_offpolicy import CONFIGS  # bench/ is on the path when a bench runs
 
 from pipeline.config import load_config
 from pipeline.training.rollout import make_env
@@ -51,7 +52,6 @@ from pipeline.training.rollout import make_env
 WINDOW = 20
 EVAL_EPISODES = 5
 SB3_DEFAULT = "sb3-ppo-default"  # the arm ratios are taken against
-CONFIGS = dict(appo="configs/cartpole.yaml", sac="configs/cartpole_sac.yaml", td3="configs/cartpole_td3.yaml")
 
 
 def legacy_return(env_id, randomization, episodes=10) -> float:
@@ -118,34 +118,10 @@ def cartpole_arms(algorithms: list[str], sb3: bool) -> tuple[dict, float, str]:
     return arms, 0.9 * legacy, f"0.9 x legacy LQR return {legacy:.0f}; sb3-ppo-matched: {matched}"
 
 
-def halfcheetah_config(algorithm: str):
-    """Our HalfCheetah-v5 config for `algorithm`: its cart-pole config on the plain gymnasium task (no
-    randomization, shield or validation), [256, 256] nets; APPO as before, SAC/TD3 with SB3 SAC's defaults
-    (batch 256, one gradient step per env step, lr 3e-4, 1-step returns) and one actor of one env."""
-    from envs.randomization import RandomizationSet
-
-    cfg = load_config(CONFIGS[algorithm])
-    cfg.task.name, cfg.task.env_id = "halfcheetah", "HalfCheetah-v5"
-    for name in cfg.randomization:  # the cart-pole's sets name bodies the cheetah lacks (preflight runs them all)
-        cfg.randomization[name] = RandomizationSet()
-    cfg.shield.enabled = cfg.validation.enabled = False  # the final policy is evaluated here
-    t = cfg.train
-    t.hidden_sizes, t.total_env_steps = [256, 256], 10_000_000
-    if algorithm == "appo":
-        t.lr, t.num_epochs, t.batches_per_update = 3e-4, 4, 4
-        t.rollout_length, t.envs_per_actor, t.log_std_init = 64, 4, 0.0
-    else:
-        s = getattr(t, algorithm)
-        s.batch_size, s.replay_ratio, s.lr, s.learning_starts, s.n_step = 256, 256.0, 3e-4, 1000, 1
-        s.log_every, s.checkpoint_every = 10, 10**9  # a record (and the stop rule) every 10 learner steps
-        t.num_actors, t.envs_per_actor, t.rollout_length = 1, 1, 64
-        t.replay.capacity, t.replay.num_shards, t.replay.checkpoint = 1_000_000, 1, False
-        cfg.ray.actor_num_cpus = 0.5
-    return cfg
-
-
 def halfcheetah_arms(algorithm: str, sb3: bool) -> tuple[dict, float, str]:
     """(arms, threshold, note): same wall time, so no threshold stops a run."""
+    from bench_offpolicy import halfcheetah_config
+
     cfg = halfcheetah_config(algorithm)
     arms = {f"sim2real {algorithm}": partial(run_sim2real, cfg)}
     if sb3:

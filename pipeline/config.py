@@ -494,11 +494,12 @@ class GateConfig(Section):
         description="Largest share of steps the shield may change the "
         "candidate's action, judged on its exact upper confidence bound (gate.confidence).",
     )
-    max_latency_p99_us: float = Field(
-        2000.0,
+    max_latency_p99_us: float | None = Field(
+        None,
         gt=0,
         description="Candidate per-action latency p99 (policy + shield), microseconds; "
-        "the worse of the shadow and counterfactual passes.",
+        "the worse of the shadow and counterfactual passes. Default: a tenth of the task's control period "
+        "(2000 us at 50 Hz, 200 us at 500 Hz), so the policy and shield leave the loop most of its period.",
     )
     waive: list[str] = Field(
         [],

@@ -22,7 +22,8 @@ Checks (each names its config key, its value and its threshold):
   limit: fail); measured with the candidate driving when that pass ran, else
   on the legacy-driven (shadow / field) states.
 - ``gate.max_latency_p99_us``: p99 of the candidate's per-action latency
-  (policy + shield): the worse of the shadow and counterfactual passes.
+  (policy + shield): the worse of the shadow and counterfactual passes; by
+  default a tenth of the control period (metrics["control_period_s"]).
 - ``gate.max_falsification_cases`` (only when a `falsify` result is part of the
   metrics, as in the retrain flow): shielded violations the search found.
 
@@ -68,7 +69,7 @@ class GateCheck:
 
     key: str  # config key of the threshold, e.g. "gate.max_violations"
     value: float | None
-    threshold: float
+    threshold: float | None  # None: no limit could be set (a latency limit without a control period)
     passed: bool | None
     detail: str
     undecided: bool = False  # ran, but its bound has not decided yet: more episodes may decide it
@@ -128,6 +129,16 @@ class GateDecision:
     def failing(self) -> list[str]:
         """Config keys of the thresholds the candidate failed."""
         return [c.key for c in self.checks if c.passed is False]
+
+
+LATENCY_SHARE = 0.1  # the default latency limit's share of the control period
+
+
+def latency_limit_us(gate, control_period_s: float | None) -> float | None:
+    """gate.max_latency_p99_us, or by default LATENCY_SHARE of the control period (None if neither is known)."""
+    if gate.max_latency_p99_us is not None:
+        return float(gate.max_latency_p99_us)
+    return LATENCY_SHARE * control_period_s * 1e6 if control_period_s else None
 
 
 def _known(x: Any) -> TypeGuard[float]:
@@ -289,13 +300,19 @@ def decide(metrics: dict, gate) -> GateDecision:
 
     known_p99 = [x for x in (metrics.get("latency_p99_us"), metrics.get("counterfactual_latency_p99_us")) if _known(x)]
     p99 = max(known_p99) if known_p99 else None  # the worse pass decides
+    limit = latency_limit_us(gate, metrics.get("control_period_s"))
     checks.append(
         _at_most(
             "gate.max_latency_p99_us",
-            p99,
-            gate.max_latency_p99_us,
-            lambda x, op: f"candidate latency p99 {x:.1f} us {op} {gate.max_latency_p99_us:g} us",
-            "no latency logged",
+            p99 if limit is not None else None,
+            limit,
+            lambda x, op: (
+                f"candidate latency p99 {x:.1f} us {op} {limit:g} us"
+                + ("" if gate.max_latency_p99_us is not None else f" ({LATENCY_SHARE:.0%} of the control period)")
+            ),
+            "no latency logged"
+            if limit is not None
+            else "no control period to take the latency limit from: set gate.max_latency_p99_us",
         )
     )
 

@@ -34,6 +34,7 @@ def good_metrics(**overrides) -> dict:
         "steps": 15000,
         "latency_p99_us": 150.0,
         "counterfactual_latency_p99_us": 160.0,
+        "control_period_s": 0.02,
         "looks": 1,
         "planned_looks": 1,
     }
@@ -52,6 +53,18 @@ def test_good_candidate_passes_with_every_check_reported():
     ]
     assert all(r.startswith("PASS ") for r in decision.reasons)
     assert not decision.loosened
+
+
+def test_the_latency_limit_is_a_tenth_of_the_control_period_unless_set():
+    at_500_hz = good_metrics(control_period_s=0.002, counterfactual_latency_p99_us=250.0)
+    check = decide(at_500_hz, GateConfig()).checks[-1]
+    assert check.key == "gate.max_latency_p99_us" and check.passed is False and check.threshold == 200.0
+    assert "10% of the control period" in check.reason
+    assert decide(at_500_hz, GateConfig(max_latency_p99_us=300.0)).checks[-1].passed is True
+    assert decide(good_metrics(), GateConfig()).checks[-1].threshold == 2000.0  # 50 Hz
+    # No period and no limit: the check cannot run, so the decision is not a pass, and the message says what to set.
+    unknown = decide(good_metrics(control_period_s=None), GateConfig())
+    assert unknown.decision == "inconclusive" and "set gate.max_latency_p99_us" in unknown.checks[-1].reason
 
 
 @pytest.mark.parametrize(

@@ -88,6 +88,7 @@ def _metrics(legacy: np.ndarray, cand: np.ndarray, look: int, looks: int) -> dic
         "candidate_steps": 500 * len(cand),
         "latency_p99_us": 100.0,
         "counterfactual_latency_p99_us": 100.0,
+        "control_period_s": 0.02,
     }
 
 

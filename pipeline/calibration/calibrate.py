@@ -202,20 +202,15 @@ def calibrate(cfg, logs) -> dict:
     # Global stage on a third of the windows: every latency, several starts.
     search = windows.subset(np.arange(len(windows.starts)) % 3 == 0)
     coarse = global_search(
-        lambda lat: problem(lat, search),
-        latencies,
-        hull_lo,
-        hull_hi,
-        bounds,
-        F_SCALE,
-        GLOBAL_STARTS,
-        GLOBAL_NFEV,
-        polish_nfev=LOCAL_NFEV,
+        lambda lat: problem(lat, search), latencies, hull_lo, hull_hi, bounds, F_SCALE, GLOBAL_STARTS, GLOBAL_NFEV
     )
-    coarse.sort(key=lambda f: f.cost)
+    # Latencies are ranked on converged fits: after a few evaluations the wrong latency's cost can still be half
+    # the right one's. The local stage then starts from the global stage's own points, as before the ranking.
+    converged = [solve(problem(c.latency, search), c.x, F_SCALE, LOCAL_NFEV, bounds) for c in coarse]
+    ranked = [coarse[i] for i in sorted(range(len(coarse)), key=lambda i: converged[i].cost)]
     # Local stage on every window: the best, and the runner-up latency for the latency's confidence.
     refined = []
-    for c in coarse[:2]:
+    for c in ranked[:2]:
         p = problem(c.latency)
         refined.append(solve(p, p.start(c.theta), F_SCALE, LOCAL_NFEV, bounds))
     refined.sort(key=lambda f: f.cost)

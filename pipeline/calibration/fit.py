@@ -12,7 +12,7 @@ are not blamed on the parameters, as a pure simulation error would blame them.
 
 The global stage (`global_search`) fits every latency candidate from several
 starts spread over the config's ranges on a third of the windows, and runs the
-best start of each to convergence there; the local
+best start of each to convergence there to rank the latencies; the local
 stage refines the best two latencies on every window. Latency is discrete: its confidence
 comes from a paired comparison of the per-window errors of the best and the
 runner-up latency.
@@ -253,18 +253,12 @@ def global_search(
     f_scale: float,
     starts: int,
     max_nfev: int,
-    polish_nfev: int = 0,
     seed: int = 0,
 ) -> list[FitResult]:
     """The best fit per latency, each from `starts` points spread over [lo, hi] (log scales) plus the centre.
 
     A Latin hypercube keeps starts apart in every parameter, so a fit trapped
-    in one basin (or at a bound) is outvoted by one started elsewhere. The
-    starts get `max_nfev` evaluations each; the best of each latency is then
-    run on for `polish_nfev` more, so that latencies are compared on converged
-    fits: after a few evaluations the wrong latency's cost can still be half
-    the right one's (a cart-pole with its slider damping known: 5.2 at one
-    step against 10.2 at the true two, 1.2 against 0.50 once converged).
+    in one basin (or at a bound) is outvoted by one started elsewhere.
     """
     n = len(lo)
     points = [0.5 * (lo + hi)]
@@ -275,8 +269,7 @@ def global_search(
     for lat in latencies:
         problem = make_problem(lat)
         fits = [solve(problem, problem.start(p), f_scale, max_nfev, bounds) for p in points]
-        fit = min(fits, key=lambda f: f.cost)
-        best.append(solve(problem, fit.x, f_scale, polish_nfev, bounds) if polish_nfev > 0 else fit)
+        best.append(min(fits, key=lambda f: f.cost))
     return best
 
 

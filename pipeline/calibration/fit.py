@@ -11,9 +11,10 @@ defects of each step (multiple shooting), so feedback and pushes inside a window
 are not blamed on the parameters, as a pure simulation error would blame them.
 
 The global stage (`global_search`) fits every latency candidate from several
-starts spread over the config's ranges on a third of the windows, and runs the
-best start of each to convergence there to rank the latencies; the local
-stage refines the best two latencies on every window. Latency is discrete: its confidence
+starts spread over the config's ranges on a third of the windows; calibrate
+runs each latency's best start to convergence there to rank the latencies, and
+the local stage refines the best two from the global stage's points on every
+window. Latency is discrete: its confidence
 comes from a paired comparison of the per-window errors of the best and the
 runner-up latency.
 """

@@ -29,6 +29,7 @@ from pipeline.calibration.fit import (
     BOUND_WIDEN,
     Problem,
     Windows,
+    assumption_shifts,
     cut_windows,
     global_search,
     latency_confidence,
@@ -125,10 +126,22 @@ class FitSetup:
         lo, hi = self.log_range(self.hull)
         return lo - math.log(BOUND_WIDEN), hi + math.log(BOUND_WIDEN)
 
-    def problem(self, latency: int, windows: Windows | None = None) -> Problem:
-        """The multiple-shooting problem at `latency` over `windows` (default: all of them)."""
+    def problem(self, latency: int, windows: Windows | None = None, process_factor: float = 1.0) -> Problem:
+        """The multiple-shooting problem at `latency` over `windows` (default: all of them).
+
+        process_factor scales the process spread (the fit's assumption varied by assumption_shifts).
+        """
         win = self.windows if windows is None else windows
-        return Problem(self.twin, win, latency, self.names, self.known, self.obs_scale, self.process)
+        return Problem(self.twin, win, latency, self.names, self.known, self.obs_scale, self.process * process_factor)
+
+    def search_windows(self) -> Windows:
+        """A third of the windows: the global stage's and the assumption shifts' (fits there are 3x cheaper)."""
+        return self.windows.subset(np.arange(len(self.windows.starts)) % 3 == 0)
+
+    def assumption_shifts(self, latency: int, theta: np.ndarray, nfev: int) -> np.ndarray:
+        """fit.assumption_shifts on the search windows at `latency`, from `theta`."""
+        search = self.search_windows()
+        return assumption_shifts(lambda f: self.problem(latency, search, f), theta, F_SCALE, nfev, self.bounds)
 
 
 def fit_setup(cfg, logs) -> FitSetup:
@@ -200,17 +213,18 @@ def calibrate(cfg, logs) -> dict:
     problem = setup.problem
 
     # Global stage on a third of the windows: every latency, several starts.
-    search = windows.subset(np.arange(len(windows.starts)) % 3 == 0)
+    search = setup.search_windows()
     coarse = global_search(
         lambda lat: problem(lat, search), latencies, hull_lo, hull_hi, bounds, F_SCALE, GLOBAL_STARTS, GLOBAL_NFEV
     )
     # Latencies are ranked on converged fits: after a few evaluations the wrong latency's cost can still be half
-    # the right one's. The local stage then starts from the global stage's own points, as before the ranking.
-    converged = [solve(problem(c.latency, search), c.x, F_SCALE, LOCAL_NFEV, bounds) for c in coarse]
-    ranked = [coarse[i] for i in sorted(range(len(coarse)), key=lambda i: converged[i].cost)]
+    # the right one's. The local stage refines the converged points.
+    converged = sorted(
+        (solve(problem(c.latency, search), c.x, F_SCALE, LOCAL_NFEV, bounds) for c in coarse), key=lambda f: f.cost
+    )
     # Local stage on every window: the best, and the runner-up latency for the latency's confidence.
     refined = []
-    for c in ranked[:2]:
+    for c in converged[:2]:
         p = problem(c.latency)
         refined.append(solve(p, p.start(c.theta), F_SCALE, LOCAL_NFEV, bounds))
     refined.sort(key=lambda f: f.cost)
@@ -218,8 +232,10 @@ def calibrate(cfg, logs) -> dict:
     latency = best.latency
     final = problem(latency)
     a, b = sandwich(final, best)
-    combos = combinations(a, b, best.theta, names, hull_lo, hull_hi)
+    shifts = setup.assumption_shifts(latency, best.theta, LOCAL_NFEV)
+    combos = combinations(a, b, best.theta, names, hull_lo, hull_hi, shifts)
     cov = covariance(a, b, combos, names)
+    sampling_cov = covariance(a, b, combos, names, systematic=False)
     alone = pinned(combos, names)
     log_ranges, where = _ranges(combos, names, kept_lo, kept_hi, hull_lo, hull_hi, bounds)
 
@@ -249,6 +265,7 @@ def calibrate(cfg, logs) -> dict:
         if alone[i]:
             sd = math.sqrt(max(cov[i, i], 0.0))
             entry["interval"] = [scales[name] * math.exp(-z * sd), scales[name] * math.exp(z * sd)]
+            entry["log_std_sampling"] = math.sqrt(max(sampling_cov[i, i], 0.0))  # what more excitation shrinks
         parameters[name] = entry
     for name, value in known.items():
         parameters[name] = {
@@ -305,7 +322,7 @@ def calibrate(cfg, logs) -> dict:
             "identified": latency,
             "confidence": latency_confidence(best, runner_up) if runner_up else 1.0,
             "runner_up": runner_up.latency if runner_up else None,
-            "candidates": {str(f.latency): f.cost for f in coarse},
+            "candidates": {str(f.latency): f.cost for f in sorted(converged, key=lambda f: f.latency)},
         },
         "combinations": combos,
         "parameters": parameters,

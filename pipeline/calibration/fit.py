@@ -32,6 +32,9 @@ from pipeline.calibration.logs import CalibrationError, FieldLog
 from pipeline.calibration.twin import Twin
 
 BOUND_WIDEN = 2.0  # fit bounds: the configured hull widened by this factor each way (scales)
+# The fit's own assumptions, varied within reason: (process spread, soft-L1 knee) factors. A combination
+# the logs pin does not move when they change; one set by the assumptions does (see assumption_shifts).
+ASSUMPTIONS = ((0.5, 1.0), (2.0, 1.0), (1.0, 0.5), (1.0, 2.0))
 
 
 @dataclass
@@ -272,6 +275,28 @@ def global_search(
         fits = [solve(problem, problem.start(p), f_scale, max_nfev, bounds) for p in points]
         best.append(min(fits, key=lambda f: f.cost))
     return best
+
+
+def assumption_shifts(make_problem, theta: np.ndarray, f_scale: float, nfev: int, bounds) -> np.ndarray:
+    """(len(ASSUMPTIONS), n): how far the log-scales move when the fit's assumptions change.
+
+    make_problem(process_factor) is the problem on the windows to use with its
+    process spread scaled. The joint fit of states and scales is not a
+    likelihood of the scales alone: along a direction the logs barely see
+    (the pole's damping against its inertia under pushes and sensor noise), its
+    optimum is set by how much the states may absorb (the process spread) and
+    how pushes are discounted (the loss's knee), and the local curvature there
+    can look sharp. Each variant is refitted from the same base fit; the
+    shifts are what no sandwich shows, so each combination's interval carries
+    them (identify.combinations).
+    """
+    base_p = make_problem(1.0)
+    base = solve(base_p, base_p.start(theta), f_scale, nfev, bounds)
+    shifts = []
+    for process, knee in ASSUMPTIONS:
+        p = base_p if process == 1.0 else make_problem(process)
+        shifts.append(solve(p, base.x, f_scale * knee, nfev, bounds).theta - base.theta)
+    return np.array(shifts).reshape(len(ASSUMPTIONS), len(theta))
 
 
 def latency_confidence(best: FitResult, other: FitResult) -> float:

@@ -4,7 +4,8 @@ The fit works in log-scales theta. Its information matrix A (Gauss-Newton,
 initial states marginalised) says which combinations w . theta the logs see:
 its eigenvectors with enough information relative to the config's ranges are
 `identified` and get a 90 % interval from the cluster-robust sandwich
-covariance A^-1 B A^-1 (plus a stated systematic floor); the others are `flat` (scaling every mass, damping and
+covariance A^-1 B A^-1, a stated systematic floor, and how far the fit moves when its own
+assumptions change (fit.assumption_shifts); the others are `flat` (scaling every mass, damping and
 gain together leaves every trajectory unchanged, so kinematic logs never pin
 that common scale). A single parameter is pinned only when it lies inside the
 identified subspace.
@@ -36,12 +37,20 @@ OUTSIDE_INTERVAL = 0.99  # a plant is called outside only if not even the 99 % b
 
 
 def combinations(
-    a: np.ndarray, b: np.ndarray, theta: np.ndarray, names: list[str], box_lo: np.ndarray, box_hi: np.ndarray
+    a: np.ndarray,
+    b: np.ndarray,
+    theta: np.ndarray,
+    names: list[str],
+    box_lo: np.ndarray,
+    box_hi: np.ndarray,
+    shifts: np.ndarray | None = None,
 ) -> list[dict]:
     """Eigen-combinations of the information, strongest first: weights, estimate, std, interval, identified.
 
     box_lo/box_hi: the config's ranges (log scales): their uniform std along a
     direction is what a combination must beat to count as identified.
+    shifts: (k, n) moves of theta under the fit's varied assumptions; their RMS
+    along a combination is added to its std (a systematic error, not sampling).
     """
     n = len(names)
     if n == 0:
@@ -57,10 +66,12 @@ def combinations(
         v = v / np.abs(v).max()
         v = v if v[np.argmax(np.abs(v))] > 0 else -v
         lam = float(eigval[k]) / float(np.sum(v**2))
+        assumed = math.sqrt(float(np.mean((shifts @ v) ** 2))) if shifts is not None and len(shifts) else 0.0
         if lam > 1e-9 * top / float(np.sum(v**2)):
-            std = math.hypot(math.sqrt(max(float(v @ b @ v), 0.0)) / (lam * float(np.sum(v**2))), SYSTEMATIC_STD)
+            sampling = math.sqrt(max(float(v @ b @ v), 0.0)) / (lam * float(np.sum(v**2)))
+            std = math.sqrt(sampling**2 + SYSTEMATIC_STD**2 + assumed**2)
         else:
-            std = math.inf
+            sampling, std = math.inf, math.inf
         along = math.sqrt(float(np.sum(v**2 * prior_std**2)))
         est = float(v @ theta)
         out.append(
@@ -68,6 +79,8 @@ def combinations(
                 "weights": {nm: float(w) for nm, w in zip(names, v)},
                 "log_estimate": est,
                 "log_std": std,
+                "log_std_sampling": sampling,  # the sandwich's part; the rest is systematic
+                "log_std_assumptions": assumed,
                 "range_log_std": along,  # the config's ranges' own spread along it: what the logs must beat
                 "estimate": math.exp(est),
                 "interval": [math.exp(est - z * std), math.exp(est + z * std)] if math.isfinite(std) else None,
@@ -77,15 +90,27 @@ def combinations(
     return out
 
 
-def covariance(a: np.ndarray, b: np.ndarray, combos: list[dict], names: list[str]) -> np.ndarray:
-    """Sandwich covariance of theta restricted to the identified combinations (zero along flat ones)."""
+def covariance(
+    a: np.ndarray, b: np.ndarray, combos: list[dict], names: list[str], systematic: bool = True
+) -> np.ndarray:
+    """Covariance of theta restricted to the identified combinations (zero along flat ones).
+
+    The sandwich, plus (unless `systematic` is False: the sampling part alone) each
+    combination's systematic part (the floor and the assumption shifts) along its
+    own direction, as its stated std carries them.
+    """
     n = len(names)
-    v = np.array([[c["weights"][nm] for nm in names] for c in combos if c["identified"]]).reshape(-1, n)
+    ident = [c for c in combos if c["identified"]]
+    v = np.array([[c["weights"][nm] for nm in names] for c in ident]).reshape(-1, n)
     if not len(v):
         return np.zeros((n, n))
     ainv = np.linalg.pinv(v @ a @ v.T)  # information in the identified coordinates
     proj = v.T @ ainv @ v  # A^+ on the identified subspace
-    return proj @ b @ proj
+    cov = proj @ b @ proj
+    for c, w in zip(ident, v if systematic else []):
+        systematic = SYSTEMATIC_STD**2 + c.get("log_std_assumptions", 0.0) ** 2
+        cov += np.outer(w, w) * systematic / float(w @ w) ** 2
+    return cov
 
 
 def pinned(combos: list[dict], names: list[str]) -> list[bool]:

@@ -117,7 +117,7 @@ class ExcitedLegacy:
 
 def _expected(cfg, generator, *, scales, latency, steps, amplitude, seed, chosen, path) -> dict:
     """Simulate the plan on the nominal twin and read the information there: combinations, pinned parameters, gain."""
-    from pipeline.calibration.calibrate import F_SCALE, fit_setup
+    from pipeline.calibration.calibrate import F_SCALE, LOCAL_NFEV, fit_setup
     from pipeline.calibration.fit import sandwich, solve
     from pipeline.calibration.identify import INTERVAL, combinations, covariance, pinned
     from pipeline.calibration.simulate import simulated_log
@@ -131,8 +131,11 @@ def _expected(cfg, generator, *, scales, latency, steps, amplitude, seed, chosen
     theta = np.log([scales[n] for n in names])
     fit = solve(problem, problem.start(theta), F_SCALE, SETTLE_NFEV, setup.bounds)
     a, b = sandwich(problem, fit)
-    combos = combinations(a, b, theta, names, *setup.log_range(setup.hull))
+    # The intervals calibrate will state carry the assumption shifts; the plan's promise carries them too.
+    shifts = setup.assumption_shifts(latency, theta, LOCAL_NFEV)
+    combos = combinations(a, b, theta, names, *setup.log_range(setup.hull), shifts)
     cov = covariance(a, b, combos, names)
+    sampling_cov = covariance(a, b, combos, names, systematic=False)
     alone = pinned(combos, names)
     z = float(norm.ppf(0.5 + INTERVAL / 2))
     gain = 0.0
@@ -149,6 +152,8 @@ def _expected(cfg, generator, *, scales, latency, steps, amplitude, seed, chosen
             "pinned": alone[i],
             "expected_interval": [scales[n] * math.exp(-z * sd), scales[n] * math.exp(z * sd)] if alone[i] else None,
             "expected_half_width": math.expm1(z * sd) if alone[i] else None,
+            # The sampling part alone: what the excitation buys (the systematic floor is the same for any log).
+            "expected_log_std_sampling": math.sqrt(max(sampling_cov[i, i], 0.0)) if alone[i] else None,
         }
     return {
         "generator": generator,
@@ -289,7 +294,12 @@ def _quiet(result: dict) -> dict:
         "verdict": result["verdict"],
         "combinations": result["combinations"],
         "parameters": {
-            n: {"pinned": p["identified_ok"], "interval": p.get("interval"), "range": p["range"]}
+            n: {
+                "pinned": p["identified_ok"],
+                "interval": p.get("interval"),
+                "log_std_sampling": p.get("log_std_sampling"),
+                "range": p["range"],
+            }
             for n, p in result["parameters"].items()
             if not p.get("known")
         },

@@ -390,7 +390,13 @@ def summary_lines(result: dict) -> list[str]:
             lines.append(f"identified: {_combo(c['weights'])} = {c['estimate']:.4g} (90 % interval {lo:.4g}..{hi:.4g})")
     for c in result["combinations"]:
         if not c["identified"]:
-            lines.append(f"NOT identified (flat direction, the logs cannot see it): {_combo(c['weights'])}")
+            why = (
+                "flat direction, the logs cannot see it"
+                if not math.isfinite(c.get("log_std_sampling", math.inf))
+                or c.get("log_std_sampling", math.inf) >= c.get("log_std_assumptions", 0.0)
+                else "set by the fit's assumptions more than by the logs"
+            )
+            lines.append(f"NOT identified ({why}): {_combo(c['weights'])}")
     for name, p in sorted(result["parameters"].items()):
         lo, hi = p["range"]
         if p.get("known"):

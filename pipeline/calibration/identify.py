@@ -108,8 +108,8 @@ def covariance(
     proj = v.T @ ainv @ v  # A^+ on the identified subspace
     cov = proj @ b @ proj
     for c, w in zip(ident, v if systematic else []):
-        systematic = SYSTEMATIC_STD**2 + c.get("log_std_assumptions", 0.0) ** 2
-        cov += np.outer(w, w) * systematic / float(w @ w) ** 2
+        var = SYSTEMATIC_STD**2 + c.get("log_std_assumptions", 0.0) ** 2  # this combination's systematic part
+        cov += np.outer(w, w) * var / float(w @ w) ** 2
     return cov
 
 

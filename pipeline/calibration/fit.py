@@ -13,8 +13,7 @@ are not blamed on the parameters, as a pure simulation error would blame them.
 The global stage (`global_search`) fits every latency candidate from several
 starts spread over the config's ranges on a third of the windows; calibrate
 runs each latency's best start to convergence there to rank the latencies, and
-the local stage refines the best two from the global stage's points on every
-window. Latency is discrete: its confidence
+the local stage refines the best two of those converged fits on every window. Latency is discrete: its confidence
 comes from a paired comparison of the per-window errors of the best and the
 runner-up latency.
 """

@@ -113,7 +113,7 @@ def test_a_quiet_log_leaves_the_cart_wide_and_the_plan_states_a_narrow_interval_
     for name in WANTED:
         expected = plan["expected"]["parameters"][name]
         assert expected["pinned"] and expected["expected_half_width"] < NARROW, (name, expected)
-        # The quiet log: not pinned alone, or pinned with an interval at least QUIET_WIDER times as wide.
+        # The quiet log: not pinned alone, or pinned with a sampling std at least QUIET_WIDER times the plan's.
         if quiet[name]["pinned"]:
             assert quiet[name]["log_std_sampling"] >= QUIET_WIDER * expected["expected_log_std_sampling"], (
                 name,

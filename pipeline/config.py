@@ -1,6 +1,6 @@
 """The task config: one validated pydantic model per `configs/<task>.yaml`.
 
-Every field is documented once, here; `sim2real config --help` prints them.
+Every field is documented once, here; `sim2real config` prints them.
 Unknown keys, wrong types and impossible values are errors whose message names
 the key's dotted path (e.g. ``train.lr``).
 """

@@ -54,6 +54,32 @@ def pytest_collection_modifyitems(session, config, items):
     _HARNESS["users"] = sum("harness" in item.fixturenames for item in items)
 
 
+# The README's test command runs the suite on several workers (pytest-xdist, `--dist loadgroup`). A module's tests
+# share module fixtures (a trained policy, a calibration), so each module is one unit of work; modules that share a
+# session fixture are one unit too, so a worker trains the cart-pole or starts the Prefect server once, not twice.
+_SHARED_SESSION_FIXTURES = ("trained_cartpole", "harness")
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_xdist_groups(items):
+    """Name each item's xdist group: its module, merged across modules that share a session fixture."""
+    group = {item.module.__name__: item.module.__name__ for item in items if item.module is not None}
+    for name in _SHARED_SESSION_FIXTURES:
+        users = sorted({item.module.__name__ for item in items if name in item.fixturenames})
+        roots = {_root(group, module) for module in users}
+        for root in roots:
+            group[root] = min(roots)
+    for item in items:
+        if item.module is not None:
+            item.add_marker(pytest.mark.xdist_group(_root(group, item.module.__name__)))
+
+
+def _root(group: dict[str, str], module: str) -> str:
+    while group[module] != module:
+        module = group[module]
+    return module
+
+
 @pytest.fixture(scope="session")
 def harness():
     """Flows run against a temporary Prefect server and database (prefect_test_harness), shared by the session."""

@@ -86,6 +86,7 @@ class PlantTable:
         self.capacity, self.factory, self.live_ns = capacity, factory, live_ns
         self.sessions: OrderedDict[Any, Any] = OrderedDict()
         self.created = self.evicted = self.refused = 0
+        self.episodes = 0  # shadow-log episodes numbered so far, over every plant
 
     def admit(self, client: Any, seq: int, now_ns: int) -> Any:
         """The session for `client`'s accepted request `seq` at `now_ns`, created on first use (the oldest
@@ -101,12 +102,18 @@ class PlantTable:
                 sessions.popitem(last=False)
                 self.evicted += 1
             session = sessions[client] = self.factory()
-            session.episode = self.created  # the shadow log numbers plants in order of appearance
             self.created += 1
+            self.new_episode(session)
         else:
             sessions.move_to_end(client)
         session.seq, session.seen_ns = seq, now_ns
         return session
+
+    def new_episode(self, session: Any) -> None:
+        """The shadow log's next episode starts at this session's next step: a new plant, or a plant that said it
+        was reset (RESET_STATE). Numbers are unique over plants, in order of appearance."""
+        session.episode, session.step = self.episodes, 0
+        self.episodes += 1
 
     def last_seq(self, client: Any) -> int:
         """The seq of the client's last accepted act request (-1 without a session): however many other

@@ -301,6 +301,10 @@ class PolicyServer:
         returns the warning bits (OBS_RANGE, RATE) its reply carries."""
         stats = self.stats
         silent = silent_ns > srv.plant_live_ns
+        if flags & _RESET_STATE and not new:
+            # The plant says it starts afresh: the shadow log starts an episode there, so a calibration never fits
+            # the jump of a reset as dynamics (a lost reply, the other reason to send it, only splits an episode).
+            self.plants.new_episode(session)
         if srv.stateful:
             if new:
                 stats.state_resets_new_plant += 1  # a fresh session: its state is the initial one already

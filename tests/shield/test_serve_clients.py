@@ -163,14 +163,17 @@ def test_auth_drops_forged_packets_and_refuses_replays_before_the_policy(bundle,
         server.stop()
 
 
+RESTART = 170
+
+
 def test_shadow_mode_returns_legacy_and_logs_the_candidate(bundle, c_client, tmp_path):
     reference = EdgeRuntime.load(bundle)
     obs_set = observations(300, seed=9)
     legacy = np.tanh(obs_set[:, :2] * 0.7).astype(np.float32)
     with ServerProcess(str(bundle), "--mode", "shadow", "--log", str(tmp_path / "logs"), *NO_DEADLINE) as server:
         with PolicyClient(server.host, server.port, timeout_s=5.0) as client:
-            for obs, u in zip(obs_set, legacy):
-                reply = client.act(obs, legacy_action=u)
+            for i, (obs, u) in enumerate(zip(obs_set, legacy)):
+                reply = client.act(obs, legacy_action=u, new_episode=i == RESTART)  # the plant was reset there
                 assert reply.action.tobytes() == u.tobytes() and reply.status & Status.SHADOW
             assert client.act(obs_set[0]).status & Status.BAD_INPUT  # shadow mode needs the legacy action
         from_c = run_c(c_client, server, obs_set[0], legacy=legacy[0])
@@ -180,7 +183,7 @@ def test_shadow_mode_returns_legacy_and_logs_the_candidate(bundle, c_client, tmp
     cols, meta = read_shadow_log(tmp_path / "logs")
     assert set(COLUMNS) <= set(cols)
     assert {c: cols[c].dtype.str[1:] for c in COLUMNS} == {c: np.dtype(d).str[1:] for c, d in COLUMNS.items()}
-    assert len(cols["t"]) == len(obs_set) + 1 and cols["episode"][-1] == 1  # the C client is a second episode
+    assert len(cols["t"]) == len(obs_set) + 1 and cols["episode"][-1] == 2  # the C client is a third episode
     cols = {c: v[:-1] for c, v in cols.items()}
     assert cols["obs"].tobytes() == obs_set.tobytes() and cols["legacy_action"].tobytes() == legacy.tobytes()
     expected = [reference.act(o) for o in obs_set]
@@ -188,7 +191,9 @@ def test_shadow_mode_returns_legacy_and_logs_the_candidate(bundle, c_client, tmp
     assert np.stack([e[1] for e in expected]).tobytes() == cols["candidate_raw"].tobytes()
     assert cols["intervened"].tolist() == [bool(e[2]["intervened"]) for e in expected]
     assert cols["h"].shape == (len(obs_set), 4) and np.isnan(cols["reward"]).all()
-    assert (np.diff(cols["step"]) == 1).all() and (cols["episode"] == 0).all()
+    # RESET_STATE starts an episode on the same socket: a calibration must not fit the reset's jump as dynamics.
+    assert cols["episode"].tolist() == [0] * RESTART + [1] * (len(obs_set) - RESTART)
+    assert cols["step"].tolist() == list(range(RESTART)) + list(range(len(obs_set) - RESTART))
     assert meta["task"] == "planar" and meta["bundle_version"] == 4
     assert meta["constraint_names"] == ["fence", "diagonal_wall", "pillar", "speed_limit"]
 

@@ -7,6 +7,9 @@ same run: the default config, a fixed seed, a fixed step budget.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,15 +32,31 @@ TRAINED_STEP_BUDGET = 250_000
 
 @pytest.fixture(scope="session")
 def trained_cartpole(tmp_path_factory):
-    """The default cart-pole config trained once (fixed seed and budget), and its exported (selected) bundle."""
+    """The default cart-pole config trained once (fixed seed and budget), and its exported (selected) bundle.
+
+    The README's test command runs the suite on several workers (pytest-xdist, one module per unit of work), and
+    three modules use this run: the first worker to need it trains it under a file lock in the run's shared
+    temporary directory, the others wait there and read what it wrote."""
+    from filelock import FileLock
+
     from pipeline.config import load_config
     from pipeline.deployment.export import export_policy
+    from pipeline.training.scaffold import TrainResult
     from pipeline.training.train import train
 
     cfg = load_config(ROOT / "configs" / "cartpole.yaml")
-    base = tmp_path_factory.mktemp("trained-cartpole")
-    run = train(cfg, out_dir=base / "run", steps=TRAINED_STEP_BUDGET, progress=False)
-    exported = export_policy(run.run_dir, out_dir=base / "bundle")
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # this run's, shared by its workers (each has its own basetemp below it)
+    base, done = shared / "trained-cartpole", shared / "trained-cartpole.json"
+    with FileLock(str(shared / "trained-cartpole.lock")):
+        if not done.is_file():
+            shutil.rmtree(base, ignore_errors=True)  # a worker that failed half-way left it
+            run = train(cfg, out_dir=base / "run", steps=TRAINED_STEP_BUDGET, progress=False)
+            exported = export_policy(run.run_dir, out_dir=base / "bundle")
+            done.write_text(json.dumps({"run": run.to_dict(), "export": exported}, default=str))
+    data = json.loads(done.read_text())
+    run, exported = TrainResult(**data["run"]), data["export"]
     return SimpleNamespace(
         cfg=cfg, run=run, run_dir=Path(run.run_dir), bundle=Path(exported["bundle"]), export=exported
     )
@@ -52,32 +71,6 @@ _HARNESS = {"stack": None, "users": 0}
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     _HARNESS["users"] = sum("harness" in item.fixturenames for item in items)
-
-
-# The README's test command runs the suite on several workers (pytest-xdist, `--dist loadgroup`). A module's tests
-# share module fixtures (a trained policy, a calibration), so each module is one unit of work; modules that share a
-# session fixture are one unit too, so a worker trains the cart-pole or starts the Prefect server once, not twice.
-_SHARED_SESSION_FIXTURES = ("trained_cartpole", "harness")
-
-
-@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")
-def pytest_collection_modifyitems_xdist_groups(items):
-    """Name each item's xdist group: its module, merged across modules that share a session fixture."""
-    group = {item.module.__name__: item.module.__name__ for item in items if item.module is not None}
-    for name in _SHARED_SESSION_FIXTURES:
-        users = sorted({item.module.__name__ for item in items if name in item.fixturenames})
-        roots = {_root(group, module) for module in users}
-        for root in roots:
-            group[root] = min(roots)
-    for item in items:
-        if item.module is not None:
-            item.add_marker(pytest.mark.xdist_group(_root(group, item.module.__name__)))
-
-
-def _root(group: dict[str, str], module: str) -> str:
-    while group[module] != module:
-        module = group[module]
-    return module
 
 
 @pytest.fixture(scope="session")

@@ -330,7 +330,7 @@ def train_payoff(args, plant: str) -> int:
         shield=True,
         spec=build_shield_spec(cfg),
     )
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
     rows = {"baseline": [], "calibrated": []}
     try:
         for seed in range(args.runs):

@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         dict(setup=f"plain loop, {m} envs, random actions (baseline)", steps_per_s=baseline, ratio=1.0),
         dict(setup=f"RolloutActor without Ray, {m} envs, policy", steps_per_s=in_process, ratio=in_process / baseline),
     ]
-    ray.init(num_cpus=args.max_actors, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.max_actors, include_dashboard=False, log_to_driver=False)
     try:
         for k in range(1, args.max_actors + 1):
             rate = ray_actors_steps_per_s(cfg, spec, randomization, k, m, args.seconds)

@@ -201,7 +201,9 @@ def scaling(args) -> list[dict]:
     from pipeline.training.train import train
 
     rows = []
-    ray.init(num_cpus=max(os.cpu_count() or 1, args.max_k), include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=max(os.cpu_count() or 1, args.max_k), include_dashboard=False, log_to_driver=False
+    )
     try:
         for k in args.ks or range(1, args.max_k + 1):
             cfg = load_config("configs/cartpole_sac.yaml")

@@ -104,7 +104,9 @@ def main() -> None:
 
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     local = in_process(args)
-    ray.init(num_cpus=max(args.shards + [os.cpu_count() or 1]), include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=max(args.shards + [os.cpu_count() or 1]), include_dashboard=False, log_to_driver=False
+    )
     rows = [ray_shards(k, args) for k in args.shards]
     ray.shutdown()
     base = next((r for r in rows if r["shards"] == 1), None)

@@ -33,7 +33,9 @@ def ray_for_run(address: str | None, num_cpus: float):
     if started:
         _quiet_token_auth_notice()
         ray.init(
-            address=address,
+            # "local", not None: None would join a cluster `ray start` (or a test's) left in /tmp/ray on this
+            # machine, which is not the instance the docs promise and refuses num_cpus.
+            address=address or "local",
             num_cpus=None if address else max(usable_cpus(), math.ceil(num_cpus)),
             include_dashboard=False,
             log_to_driver=True,

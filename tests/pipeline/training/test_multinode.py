@@ -14,6 +14,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from pipeline.training.actor_pool import ray_for_run
 from pipeline.training.train import train
 from tests.pipeline.training.test_offpolicy import read_metrics, sac_config
 
@@ -68,3 +69,15 @@ def test_run_survives_losing_a_worker_node(cluster, tmp_path):
     assert last["actor_restarts"] == result.actor_restarts and last["shard_restarts"] == result.replay.shard_restarts
     assert last["replay_shards_up"] == cfg.train.replay.num_shards  # restarted shards answer again
     assert not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == killed["node"])  # really gone
+
+
+@pytest.mark.timeout(180)
+def test_a_run_without_an_address_starts_its_own_ray_beside_a_cluster_on_this_machine():
+    """A cluster started on this machine (`ray start`, or a test's) leaves its address in /tmp/ray, which a bare
+    `ray.init()` joins: a run given no address must start the local instance the docs promise instead."""
+    cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1))
+    try:
+        with ray_for_run(None, 1):
+            assert ray.get_runtime_context().gcs_address != cluster.address
+    finally:
+        cluster.shutdown()

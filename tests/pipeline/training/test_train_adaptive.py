@@ -117,7 +117,7 @@ def test_the_config_refuses_a_bad_adaptive_key_by_name(bad, named):
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
 

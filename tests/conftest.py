@@ -68,13 +68,6 @@ def trained_cartpole(tmp_path_factory):
 _HARNESS = {"stack": None, "users": 0}
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (the README's test command): a worker per core, and one more. Much of the suite waits on
-    subprocesses, a Ray or Prefect server starting, sockets: on the 2-core CI machine, two workers kept 1.4
-    cores busy on average."""
-    return len(os.sched_getaffinity(0)) + 1
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     _HARNESS["users"] = sum("harness" in item.fixturenames for item in items)

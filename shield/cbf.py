@@ -164,12 +164,14 @@ class CbfShield:
         self._Y0, self._Y1, self._H_now, self._H_next = self._Y[0], self._Y[1], self._H[:C], self._H[C:]
         self._MT0, self._MT1 = self._MT_parts
         self._h_rows = np.empty(R)  # h per row now: the worst case's
-        self._H_now_cases = tuple(self._H[k] for k in range(C))
+        # Per row, the worst case: two rows are one binary ufunc; more, one reduction over the (cases, rows) view
+        # (a tuple of rows would be turned into an array first, which costs twice the reduction).
+        self._H_now_cases = (self._H[0], self._H[1]) if C == 2 else self._H_now
         self._closing, self._closing2 = np.empty((2 * C, R)), np.empty((2 * C, R))
         self._V, self._Z = np.empty((2, C, R)), np.empty((2, C, R))
         self._V_flat, self._Z_flat = self._V.reshape(-1), self._Z.reshape(-1)
         self._req, self._t_buffer, self._t2, self._cond = (np.empty((C, R)) for _ in range(4))
-        self._cond_cases, self._cond_rows = tuple(self._cond[k] for k in range(C)), np.empty(R)
+        self._cond_cases, self._cond_rows = ((self._cond[0], self._cond[1]) if C == 2 else self._cond), np.empty(R)
         self._t = self._t_buffer  # the scaled closing speeds at the last point the conditions were evaluated
         self._predictor = LatencyPredictor(
             self._A, self._B, offsets, scales, spec.latency_steps, self._n, inits, self._fallback, latencies
@@ -484,7 +486,7 @@ class CbfShield:
             return None
         # Every other row must hold now and meet its condition (per row, the worse case): a cheap test first.
         C = self._cases
-        h_rows = self._h_rows if C > 1 else self._H_now_cases[0]  # as `_prepare` left it
+        h_rows = self._h_rows if C > 1 else self._H[0]  # as `_prepare` left it
         cond_rows = self._worst_case(self._cond_cases, self._cond_rows)
         credited = rows.credited_rows
         if any(
@@ -626,12 +628,12 @@ class CbfShield:
         return u, False, max(0.0, float((lb - G @ u).max()))
 
     @staticmethod
-    def _worst_case(cases: tuple, out: np.ndarray) -> np.ndarray:
-        """Per row, the smallest value over the cases (a binary ufunc for two costs less than a reduction)."""
+    def _worst_case(cases: np.ndarray | tuple[np.ndarray, np.ndarray], out: np.ndarray) -> np.ndarray:
+        """Per row, the smallest value over the cases: `cases` is the (cases, rows) array, or its two rows."""
         if len(cases) == 1:
             return cases[0]
         if len(cases) == 2:
-            return np.minimum(*cases, out=out)
+            return np.minimum(cases[0], cases[1], out=out)
         return np.minimum.reduce(cases, axis=0, out=out)
 
     def _per_constraint(self, h_rows: np.ndarray) -> np.ndarray:

@@ -84,20 +84,11 @@ def field_log(tmp_path_factory):
     return logs, base
 
 
-def _config_with(base: Path, calibration: dict) -> Path:
-    data = yaml.safe_load((ROOT / "configs" / "cartpole.yaml").read_text())
-    data["calibration"] = calibration
-    path = base / f"cartpole-{len(calibration.get('known', {}))}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 @pytest.mark.timeout(600)
-def test_calibrate_identifies_masses_gain_and_latency_with_one_known_force_scale(field_log):
+def test_without_a_known_scale_the_common_scale_is_reported_flat_and_ratios_still_identified(field_log):
+    """`sim2real calibrate` on the shipped config, which knows no force-unit parameter. (The calibration with one
+    known scale runs in the flow test below, where `sim2real run --from-log` calibrates: one fit of each kind.)"""
     logs, base = field_log
-    # The slider damping is the motor's back-EMF constant, in the motor's datasheet: one known
-    # force-unit parameter fixes the common scale that kinematic logs cannot see.
-    config = _config_with(base, {"known": {"joint_damping.slider": TRUTH["joint_damping.slider"]}})
     out = subprocess.run(
         [
             sys.executable,
@@ -105,7 +96,7 @@ def test_calibrate_identifies_masses_gain_and_latency_with_one_known_force_scale
             "pipeline.cli",
             "calibrate",
             "--config",
-            str(config),
+            str(ROOT / "configs" / "cartpole.yaml"),
             "--from-log",
             str(logs),
             "--out",
@@ -121,33 +112,6 @@ def test_calibrate_identifies_masses_gain_and_latency_with_one_known_force_scale
     params = result["parameters"]
     assert result["log"]["steps"] == STEPS
     assert result["latency_steps"]["identified"] == LATENCY
-    for name in ("body_mass.cart", "actuator_gain.cart_force"):
-        p = params[name]
-        assert p["identified_ok"], (name, p)
-        assert abs(p["identified"] / TRUTH[name] - 1) < 0.10, (name, p["identified"], TRUTH[name])
-        assert p["range"][0] <= TRUTH[name] <= p["range"][1], (name, p["range"])
-    reality = load_config(config).randomization["reality"]
-    for name in result["unidentified"]:  # what the logs cannot pin keeps (about) its configured range
-        group, element = name.split(".")
-        r = getattr(reality, group)[element]
-        lo, hi = params[name]["range"]
-        assert lo <= r.low * 1.05 and hi >= r.high / 1.05, (name, params[name]["range"], (r.low, r.high))
-    err = result["prediction_error"]
-    assert err["after"]["rms_normalized"] < 0.5 * err["before"]["rms_normalized"]
-    # The written set is a valid randomization set: the twin can run on it.
-    calibrated = parse_randomization(yaml.safe_load((base / "calibrated.yaml").read_text()))
-    assert calibrated.latency_steps.low == calibrated.latency_steps.high == LATENCY
-    env = gym.make(ENV_ID, randomization=calibrated)
-    _, info = env.reset(seed=0)
-    assert abs(info["domain"]["body_mass.cart"] / TRUTH["body_mass.cart"] - 1) < 0.10
-
-
-@pytest.mark.timeout(600)
-def test_without_a_known_scale_the_common_scale_is_reported_flat_and_ratios_still_identified(field_log):
-    logs, _ = field_log
-    result = calibrate(load_config(ROOT / "configs" / "cartpole.yaml"), logs)
-    params = result["parameters"]
-    assert result["latency_steps"]["identified"] == LATENCY
     # Scaling every mass, damping and gain together leaves every trajectory unchanged.
     flat_members = {n for d in result["flat_directions"] for n in d["weights"]}
     assert {"body_mass.cart", "actuator_gain.cart_force"} <= flat_members, result["flat_directions"]
@@ -155,6 +119,23 @@ def test_without_a_known_scale_the_common_scale_is_reported_flat_and_ratios_stil
     ratio = params["actuator_gain.cart_force"]["identified"] / params["body_mass.cart"]["identified"]
     truth = TRUTH["actuator_gain.cart_force"] / TRUTH["body_mass.cart"]
     assert abs(ratio / truth - 1) < 0.10, (ratio, truth)
+    err = result["prediction_error"]
+    assert err["after"]["rms_normalized"] < 0.5 * err["before"]["rms_normalized"]
+    # The written set is a valid randomization set: the twin can run on it.
+    calibrated = parse_randomization(yaml.safe_load((base / "calibrated.yaml").read_text()))
+    assert calibrated.latency_steps.low == calibrated.latency_steps.high == LATENCY
+    _, info = gym.make(ENV_ID, randomization=calibrated).reset(seed=0)
+    assert info["domain"]["latency_steps"] == LATENCY
+
+
+def _assert_unidentified_keep_their_ranges(result: dict) -> None:
+    """What the logs cannot pin keeps (about) its configured range."""
+    reality = load_config(ROOT / "configs" / "cartpole.yaml").randomization["reality"]
+    for name in result["unidentified"]:
+        group, element = name.split(".")
+        r = getattr(reality, group)[element]
+        lo, hi = result["parameters"][name]["range"]
+        assert lo <= r.low * 1.05 and hi >= r.high / 1.05, (name, (lo, hi), (r.low, r.high))
 
 
 def _bad_log(field_log, name: str, change) -> Path:
@@ -316,10 +297,21 @@ def test_flow_from_field_logs_calibrates_trains_around_it_and_gates_on_both(harn
     summary = state.result()
     cal = summary["calibration"]
     assert cal["latency_steps"] == LATENCY
-    assert abs(cal["parameters"]["body_mass.cart"]["identified"] / TRUTH["body_mass.cart"] - 1) < 0.10
-    assert cal["prediction_error_after"] < cal["prediction_error_before"]
+    # The slider damping is the motor's back-EMF constant, in the motor's datasheet: one known force-unit
+    # parameter fixes the common scale that kinematic logs cannot see, so the masses and the gain are identified.
+    for name in ("body_mass.cart", "actuator_gain.cart_force"):
+        p = cal["parameters"][name]
+        assert p["identified_ok"], (name, p)
+        assert abs(p["identified"] / TRUTH[name] - 1) < 0.10, (name, p["identified"], TRUTH[name])
+        assert p["range"][0] <= TRUTH[name] <= p["range"][1], (name, p["range"])
+    _assert_unidentified_keep_their_ranges(cal)
+    assert cal["prediction_error_after"] < 0.5 * cal["prediction_error_before"]
     derived = load_config(cal["config"])
     assert "calibrated" in derived.randomization
+    calibrated = derived.randomization["calibrated"]
+    assert calibrated.latency_steps.low == calibrated.latency_steps.high == LATENCY
+    _, info = gym.make(ENV_ID, randomization=calibrated).reset(seed=0)
+    assert abs(info["domain"]["body_mass.cart"] / TRUTH["body_mass.cart"] - 1) < 0.10
     train_cart = derived.randomization["train"].body_mass["cart"]
     assert train_cart.low <= TRUTH["body_mass.cart"] <= train_cart.high
     assert any(r.startswith("calibrated: ") for r in summary["reasons"])  # gated on the calibrated set too

@@ -301,14 +301,15 @@ class PolicyServer:
         returns the warning bits (OBS_RANGE, RATE) its reply carries."""
         stats = self.stats
         silent = silent_ns > srv.plant_live_ns
-        if flags & _RESET_STATE and not new:
+        reset = bool(flags & _RESET_STATE)  # the plant starts afresh: read by all three rules below
+        if reset and not new:
             # The plant says it starts afresh: the shadow log starts an episode there, so a calibration never fits
             # the jump of a reset as dynamics (a lost reply, the other reason to send it, only splits an episode).
             self.plants.new_episode(session)
         if srv.stateful:
             if new:
                 stats.state_resets_new_plant += 1  # a fresh session: its state is the initial one already
-            elif flags & _RESET_STATE:
+            elif reset:
                 session.reset_policy_state()
                 stats.state_resets_requested += 1
             elif silent:
@@ -324,7 +325,7 @@ class PolicyServer:
             warn = _OBS_RANGE
             stats.obs_out_of_range += 1
         if srv.period_ns:
-            if flags & _RESET_STATE or silent:
+            if reset or silent:
                 session.rate_count, session.rate_off = 0, False  # a pause between episodes is not a rate
             if self._rate_off(srv.period_ns, session, t0):
                 warn |= _RATE

@@ -26,27 +26,31 @@ class Watchdog(threading.Thread):
         self.server, self.stall_ns, self.silence_ns = server, int(stall_s * 1e9), int(silence_s * 1e9)
         self.refusal_every_ns = int(10e9)  # a plant refused at 1 kHz is said once in 10 s, with the count
         self._halt = threading.Event()
+        self._stalled = self._silent = False
+        self._refused, self._refusal_noted = server.stats.plants_refused, -self.refusal_every_ns - 1
 
     def run(self) -> None:
-        stalled = silent = False
-        refused, refusal_noted = self.server.stats.plants_refused, 0
         while not self._halt.wait(0.1):
-            now, busy, last = time.perf_counter_ns(), self.server.busy_since_ns, self.server.last_request_ns
-            if self.server.stats.plants_refused != refused and now - refusal_noted > self.refusal_every_ns:
-                print(
-                    f"serve: watchdog: {self.server.stats.plants_refused - refused} new plant request(s) refused "
-                    f"(BUSY): all {self.server.plants.capacity} plant sessions are held by plants heard from in "
-                    f"the last second; raise --max-plants",
-                    file=sys.stderr,
-                )
-                refused, refusal_noted = self.server.stats.plants_refused, now
-            if busy and now - busy > self.stall_ns and not stalled:
-                print(f"serve: watchdog: one request has taken {(now - busy) / 1e6:.0f} ms", file=sys.stderr)
-            stalled = bool(busy and now - busy > self.stall_ns)
-            quiet = bool(last and now - last > self.silence_ns)
-            if quiet and not silent:
-                print(f"serve: watchdog: no request for {(now - last) / 1e9:.1f} s", file=sys.stderr)
-            silent = quiet
+            self.check(time.perf_counter_ns())
+
+    def check(self, now: int) -> None:
+        """One tick at `now` (perf_counter ns): the thread calls it every 0.1 s; a test can call it with any clock."""
+        busy, last, refused = self.server.busy_since_ns, self.server.last_request_ns, self.server.stats.plants_refused
+        if refused != self._refused and now - self._refusal_noted > self.refusal_every_ns:
+            print(
+                f"serve: watchdog: {refused - self._refused} new plant request(s) refused "
+                f"(BUSY): all {self.server.plants.capacity} plant sessions are held by plants heard from in "
+                f"the last second; raise --max-plants",
+                file=sys.stderr,
+            )
+            self._refused, self._refusal_noted = refused, now
+        if busy and now - busy > self.stall_ns and not self._stalled:
+            print(f"serve: watchdog: one request has taken {(now - busy) / 1e6:.0f} ms", file=sys.stderr)
+        self._stalled = bool(busy and now - busy > self.stall_ns)
+        quiet = bool(last and now - last > self.silence_ns)
+        if quiet and not self._silent:
+            print(f"serve: watchdog: no request for {(now - last) / 1e9:.1f} s", file=sys.stderr)
+        self._silent = quiet
 
     def stop(self) -> None:
         self._halt.set()

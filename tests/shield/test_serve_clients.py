@@ -362,24 +362,57 @@ def test_a_client_takes_only_its_own_reply(bundle, c_client, tmp_path):
         relay.close()
 
 
-def test_watchdog_reports_a_plant_gone_silent(bundle, capsys):
+def test_watchdog_says_each_episode_once_with_its_count(bundle, capsys):
+    """Driven on its own clock, tick by tick: the thread's 0.1 s period plays no part in what is said."""
     from shield.server import PolicyServer
     from shield.watchers import Watchdog
 
     server = PolicyServer(EdgeRuntime.load(bundle), deadline_us=1e7)
-    server.last_request_ns = time.perf_counter_ns()  # as if the plant had just sent its last request
+    server.close()
+    dog = Watchdog(server, silence_s=0.05)
+    t = 10**12
+    server.last_request_ns = t  # the plant's last request
+    for _ in range(5):
+        t += 10**8
+        dog.check(t)
+    server.last_request_ns = t  # it came back ...
+    dog.check(t + 10**7)
+    dog.check(t + 2 * 10**8)  # ... and went silent again: a second episode
+    first = capsys.readouterr().err
+    assert first.count("no request for") == 2 and "no request for 0.1 s" in first
+    for _ in range(5):  # a new plant refused at every tick: said once, with that tick's count
+        server.stats.plants_refused += 3
+        t += 10**8
+        dog.check(t)
+    server.stats.plants_refused += 2
+    dog.check(t + 11 * 10**9)  # 10 s on: the refusals since, all counted
+    server.busy_since_ns = t
+    for k in range(1, 6):  # one request hangs the loop: said once
+        dog.check(t + k * 2 * 10**8)
+    err = capsys.readouterr().err
+    assert err.count("refused (BUSY)") == 2 and "--max-plants" in err
+    assert "3 new plant request(s) refused" in err and "14 new plant request(s) refused" in err
+    assert err.count("one request has taken") == 1 and "one request has taken 600 ms" in err
+
+
+def test_watchdog_thread_reports_a_plant_gone_silent(bundle, capsys):
+    from shield.server import PolicyServer
+    from shield.watchers import Watchdog
+
+    server = PolicyServer(EdgeRuntime.load(bundle), deadline_us=1e7)
+    server.close()
+    server.last_request_ns = time.perf_counter_ns() - 10**9  # the plant's last request, a second ago
     dog = Watchdog(server, silence_s=0.05)
     dog.start()
-    time.sleep(0.2)
-    for _ in range(5):  # a new plant refused at every tick: said once, with the count
-        server.stats.plants_refused += 3
+    err = ""
+    for _ in range(100):  # until the thread has ticked (10 s at most)
+        err += capsys.readouterr().err
+        if err:
+            break
         time.sleep(0.1)
     dog.stop()
     dog.join()
-    server.close()
-    err = capsys.readouterr().err
-    assert err.count("no request for") == 1  # once per silence, not every tick
-    assert err.count("refused (BUSY)") == 1 and "3 new plant request(s) refused" in err and "--max-plants" in err
+    assert err.count("no request for") == 1
 
 
 def test_serve_has_one_argument_definition_for_both_entry_points():

@@ -1,6 +1,6 @@
 """`sim2real tune`: population-based training on a real local Ray (Tune's PBT, a population of 4).
 
-One small search runs through the command line; while it runs, one member's process is killed. The search
+One small search runs through the command line; while it runs, a member's process is killed. The search
 must then show: after an exploit (a better member's checkpoint restored under perturbed hyperparameters) the
 learning rate the optimizer actually steps with is the perturbed one (ray-project/ray#62173 is the bug of
 keeping the checkpoint's); the killed member is restarted from its checkpoint and goes on from its step
@@ -71,28 +71,46 @@ def sim2real(capsys, *argv) -> tuple[int, dict]:
     return code, json.loads(out[-1]) if out else {}
 
 
-def kill_one_member(out: Path, killed: dict, done: threading.Event) -> None:
-    """SIGKILL the process of the first member that has handed Tune three checkpoints (a real death, not a
-    mock). Tune has taken in its earlier ones by then, and it is past its first perturbation point (the second
-    report), so the kill does not race an exploit of the same member."""
+def lineage_after(member_dir: Path, t: float) -> list[dict]:
+    """The member's lives begun after time t (none while its lineage is being appended to)."""
+    try:
+        return [life for life in read_lineage(member_dir) if life["time"] > t]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+
+
+def kill_members(out: Path, kills: list, done: threading.Event) -> None:
+    """SIGKILL the process of a member that has handed Tune three checkpoints (a real death, not a mock), and
+    wait for that member's next life. PBT may have chosen, at the report just before the kill, to exploit that
+    very member: its next life then rightly starts from another member's checkpoint. Then kill another member,
+    until one death is followed by the member's own resume."""
     while not done.is_set():
         for trial_dir in sorted((out / "tune" / "pbt").glob("run_member_*")):
-            if len(list(trial_dir.glob("checkpoint_*"))) < 3:
-                continue
             member = trial_dir.name.split("_")[2] + "_" + trial_dir.name.split("_")[3]
-            life = read_lineage(out / "members" / member)[-1]
-            os.kill(life["pid"], signal.SIGKILL)
-            killed.update(member=member, pid=life["pid"], time=time.time())
-            return
+            if any(k["member"] == member for k in kills) or len(list(trial_dir.glob("checkpoint_*"))) < 3:
+                continue
+            if not (now := lineage_after(out / "members" / member, 0.0)):
+                continue
+            pid = now[-1]["pid"]
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue  # that life had just ended (its member exploited or done): not a death
+            kills.append(dict(member=member, pid=pid, time=time.time()))
+            while not done.is_set() and not (after := lineage_after(out / "members" / member, kills[-1]["time"])):
+                time.sleep(0.2)
+            if not done.is_set() and after[0]["event"] == "resume":
+                return
+            break
         time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
-    """One `sim2real tune` run, a member killed while it runs: (exit code, JSON, out dir, killed member)."""
+    """One `sim2real tune` run, members killed while it runs: (exit code, JSON, out dir, the kills in order)."""
     tmp = tmp_path_factory.mktemp("tune")
-    out, killed, done = tmp / "out", {}, threading.Event()
-    killer = threading.Thread(target=kill_one_member, args=(out, killed, done), daemon=True)
+    out, kills, done = tmp / "out", [], threading.Event()
+    killer = threading.Thread(target=kill_members, args=(out, kills, done), daemon=True)
     killer.start()
     stdout = io.StringIO()
     try:
@@ -103,7 +121,7 @@ def searched(tmp_path_factory):
         killer.join()
     printed = json.loads(stdout.getvalue())  # one JSON object on stdout, nothing else
     assert printed == json.loads((out / "tune.json").read_text())
-    return code, printed, out, killed
+    return code, printed, out, kills
 
 
 def lives(out: Path):
@@ -156,15 +174,19 @@ def test_a_perturbed_learning_rate_is_the_one_the_optimizer_uses_after_an_exploi
 
 @pytest.mark.timeout(600)
 def test_a_killed_member_restarts_from_its_checkpoint_and_keeps_its_step_count(searched):
-    _, _, out, killed = searched
-    assert killed, "no member reported a checkpoint to kill"
-    after = [(life, run) for m, life, run in lives(out) if m == killed["member"] and life["time"] > killed["time"]]
-    assert after, f"{killed['member']} never came back after its process {killed['pid']} was killed"
-    life, run = after[0]
-    assert life["event"] == "resume" and life["from_member"] == killed["member"]
-    assert life["pid"] != killed["pid"] and life["env_steps"] > 0
-    assert run and run[0]["updates"] == life["updates"] + 1 and run[0]["env_steps"] > life["env_steps"]
-    trial_dirs = list((out / "tune" / "pbt").glob(f"run_member_{killed['member']}_*"))
+    _, _, out, kills = searched
+    assert kills, "no member reported a checkpoint to kill"
+    for killed in kills:
+        after = [(life, run) for m, life, run in lives(out) if m == killed["member"] and life["time"] > killed["time"]]
+        assert after, f"{killed['member']} never came back after its process {killed['pid']} was killed"
+        life, run = after[0]
+        # A resume, or (for a death PBT had just decided to exploit) another member's checkpoint: either way a
+        # new process that goes on from the step count of the checkpoint it restored.
+        assert life["event"] == "resume" or (life["event"] == "exploit" and killed is not kills[-1])
+        assert (life["from_member"] == killed["member"]) == (life["event"] == "resume")
+        assert life["pid"] != killed["pid"] and life["env_steps"] > 0
+        assert run and run[0]["updates"] == life["updates"] + 1 and run[0]["env_steps"] > life["env_steps"]
+    trial_dirs = list((out / "tune" / "pbt").glob(f"run_member_{kills[-1]['member']}_*"))
     assert any((d / "error.txt").exists() for d in trial_dirs)  # Tune saw the failure and retried the trial
 
 

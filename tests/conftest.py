@@ -30,6 +30,20 @@ settings.load_profile("default")
 TRAINED_STEP_BUDGET = 250_000
 
 
+def run_shared_dir(tmp_path_factory) -> Path:
+    """This test run's temporary folder, shared by its workers (under xdist each has its own basetemp below it)."""
+    shared = tmp_path_factory.getbasetemp()
+    return shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+
+
+@pytest.fixture(scope="session", autouse=True)
+def synthesis_cache(tmp_path_factory):
+    """Shield synthesis results (pipeline.safety.cache) shared by this run's workers and the commands they start,
+    not the user's ~/.cache: a run starts from none, so every synthesis the suite checks is computed in it."""
+    os.environ["SIM2REAL_CACHE_DIR"] = str(run_shared_dir(tmp_path_factory) / "cache")
+    yield
+
+
 @pytest.fixture(scope="session")
 def trained_cartpole(tmp_path_factory):
     """The default cart-pole config trained once (fixed seed and budget), and its exported (selected) bundle.
@@ -45,9 +59,7 @@ def trained_cartpole(tmp_path_factory):
     from pipeline.training.train import train
 
     cfg = load_config(ROOT / "configs" / "cartpole.yaml")
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # this run's, shared by its workers (each has its own basetemp below it)
+    shared = run_shared_dir(tmp_path_factory)
     base, done = shared / "trained-cartpole", shared / "trained-cartpole.json"
     with FileLock(str(shared / "trained-cartpole.lock")):
         if not done.is_file():

@@ -19,6 +19,7 @@ full action cannot brake it at some state the barrier admits). Every number is d
 from __future__ import annotations
 
 import copy
+import json
 import math
 import time
 
@@ -311,13 +312,20 @@ _CACHE: dict[tuple, dict] = {}
 
 
 def cached_section(cfg, spec: dict) -> dict:
-    """`section(cfg, spec)`, once per config and spec content in this process (every build of one config agrees)."""
-    import json
+    """`section(cfg, spec)`, once per config and spec content in this process (every build of one config agrees),
+    and on disk across processes (`pipeline.safety.cache`)."""
+    from pipeline.safety.cache import cached
 
-    key = (cfg.config_hash(), json.dumps({k: v for k, v in spec.items() if k != "predictive"}, sort_keys=True))
+    built_on = {k: v for k, v in spec.items() if k != "predictive"}
+    key = (cfg.config_hash(), json.dumps(built_on, sort_keys=True))
     if key not in _CACHE:
-        _CACHE[key] = section(cfg, spec)
+        _CACHE[key] = cached("predictive", cfg, lambda: _plain(section(cfg, spec)), _plain, _plain, extra=built_on)
     return copy.deepcopy(_CACHE[key])
+
+
+def _plain(value):
+    """The section as JSON holds it (what shield.json carries to the edge): lists, dicts, floats, ints, strings."""
+    return json.loads(json.dumps(value))
 
 
 def holding_problem(spec: dict) -> str | None:

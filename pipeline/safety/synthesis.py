@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -461,12 +461,24 @@ def override_problems(cfg, meas: Measurement, spec: dict) -> list[str]:
     return problems
 
 
+def measurement_from_json(data: dict) -> Measurement:
+    """A Measurement from `dataclasses.asdict` of one through JSON (pairs back to tuples, indices back to int)."""
+    data = dict(data)
+    data["state_names"] = {int(k): v for k, v in data["state_names"].items()}
+    for name in ("gain_range", "authority", "authority_at"):
+        data[name] = [tuple(pair) for pair in data[name]]
+    return Measurement(**data)
+
+
 _CACHE: dict[tuple, Measurement] = {}
 
 
 def cached_measure(cfg) -> Measurement:
-    """`measure(cfg)`, once per config content in this process (every spec build of one config agrees)."""
+    """`measure(cfg)`, once per config content in this process (every spec build of one config agrees), and on
+    disk across processes (`pipeline.safety.cache`)."""
+    from pipeline.safety.cache import cached
+
     key = (cfg.config_hash(),)
     if key not in _CACHE:
-        _CACHE[key] = measure(cfg)
+        _CACHE[key] = cached("measurement", cfg, lambda: measure(cfg), asdict, measurement_from_json)
     return _CACHE[key]

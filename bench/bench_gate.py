@@ -112,6 +112,7 @@ def one_night(
         "vs_legacy": _paired(metrics, "legacy", confidence),
         "vs_production": _paired(metrics, "production", confidence),
         "episodes": len(metrics.get("candidate_returns") or []),
+        "first_seed": (metrics.get("seeds") or [None])[0],
         "decision_wall_s": metrics.get("evaluation_wall_s"),
         "flow_wall_s": wall,
     }
@@ -168,6 +169,11 @@ def summarize(plant: str, nights: list[dict], judged: list[dict]) -> dict:
         "promotions_worse_than_production": sum(j.get("vs_production", {}).get("worse", False) for j in judged),
         "promotions_below_legacy_point_estimate": sum(
             j.get("vs_legacy", {}).get("mean_below_zero", False) for j in judged
+        ),
+        # How often the fresh episodes' mean gain over legacy fell below the lower bound the gate promoted on: a
+        # gate whose bounds hold does this in about 1 - confidence of its promotions.
+        "judged_mean_below_gate_lower_bound": sum(
+            bool(j.get("gate_vs_legacy")) and j["vs_legacy"]["mean"] < j["gate_vs_legacy"]["lower"] for j in judged
         ),
         "load_avg_1min": os.getloadavg()[0],
         "cpus": os.cpu_count(),
@@ -243,6 +249,7 @@ def main(argv=None) -> int:
                 )
                 if n["decision"] == "pass":
                     j = judge(config, models, n["version"], n["production_before"], args.judge_episodes)
+                    j["gate_vs_legacy"] = n["vs_legacy"]
                     judged.append(j)
                     print(
                         f"    judged v{j['version']} on {j['episodes']} fresh episodes: "
@@ -263,7 +270,8 @@ def main(argv=None) -> int:
             f"{s['mean_paired_diff_vs_legacy']}; paired episodes median {s['paired_episodes_median']}; decision "
             f"wall median {s['decision_wall_s_median']} s; judged {s['judged']}: worse than legacy "
             f"{s['promotions_worse_than_legacy']}, worse than production {s['promotions_worse_than_production']} "
-            f"(below legacy by point estimate {s['promotions_below_legacy_point_estimate']}) "
+            f"(below legacy by point estimate {s['promotions_below_legacy_point_estimate']}; fresh mean below the "
+            f"gate's lower bound {s['judged_mean_below_gate_lower_bound']}) "
             f"(load {s['load_avg_1min']:.1f} on {s['cpus']} CPUs)",
             file=log,
             flush=True,

@@ -3,9 +3,11 @@
 Production is the incumbent: the shadow step runs the current production
 version in the same paired episodes as the candidate and legacy, and the
 candidate is promoted only if it is better than both at the gate's
-confidence. A candidate that is not better than production is registered and
-production is kept ("kept v3: v4 not better"); the flow still completes, as
-nothing went wrong. A failed gate, or one whose budget ran out undecided, is the
+confidence. Every night runs on its own block of episode seeds (its plants,
+starts and pushes), so no night decides on the plants that earlier nights'
+candidates were chosen on. A candidate that is not better than production is
+registered and production is kept ("kept v3: v4 not better"); the flow still
+completes, as nothing went wrong. A failed gate, or one whose budget ran out undecided, is the
 flow's expected "no": the run ends Failed with the summary as its data (no
 exception, so no traceback). Each registered version records why it was or was
 not promoted (`sim2real registry list`).
@@ -40,7 +42,7 @@ from pipeline.deployment.export import export_policy
 from pipeline.deployment.registry import Registry
 from pipeline.evaluation.gate import promotion_verdict
 from pipeline.evaluation.payoff import payoff
-from pipeline.evaluation.shadow import run_shadow
+from pipeline.evaluation.shadow import night_seed, run_shadow
 from pipeline.evaluation.shadow_metrics import side_by_side
 from pipeline.training.train import train
 
@@ -122,9 +124,11 @@ def shadow_step(
     domains: str | None = None,
     calibration: dict | None = None,
     production_dir: str | None = None,
+    seed: int | None = None,
 ) -> dict:
-    """Shadow pass beside the legacy controller, counterfactual pass, production on the same seeds, sequential gate
-    decision (with falsify's cases), report (with the twin's calibration, when the flow calibrated it)."""
+    """Shadow pass beside the legacy controller, counterfactual pass, production on the same seeds (from `seed`),
+    sequential gate decision (with falsify's cases), report (with the twin's calibration, when the flow calibrated
+    it)."""
     _fault_drill("shadow")
     cfg = load_config(config_path)
     return run_shadow(
@@ -135,6 +139,7 @@ def shadow_step(
         falsification=falsification,
         calibration=calibration,
         production_dir=production_dir,
+        seed=seed,
     )
 
 
@@ -187,6 +192,9 @@ def retrain(
     registry = Registry(models_root)
     previous = registry.production(cfg.task.name)  # the incumbent, run in the same paired episodes
     production_dir = str(registry.bundle_dir(cfg.task.name, previous)) if previous is not None else None
+    # Tonight's plants: a block of seeds no earlier night's gate ran on (night = the version this candidate gets).
+    night = registry.next_version(cfg.task.name)
+    seed = night_seed(cfg, night)
     trained = train_step(config_path, runs_dir, steps, ray_address)
     logger.info("trained %s env steps in %.0f s: %s", trained["env_steps"], trained["wall_s"], trained["run_dir"])
     exported = export_step(trained["run_dir"], models_root)
@@ -213,6 +221,7 @@ def retrain(
             domains="calibrated",
             calibration=calibrated,
             production_dir=production_dir,
+            seed=seed,
         )
         calibrated = {
             **calibrated,
@@ -225,6 +234,15 @@ def retrain(
         falsification,
         calibration=calibrated,
         production_dir=production_dir,
+        seed=seed,
+    )
+    seeds = shadow["metrics"]["seeds"]
+    logger.info(
+        "gate episodes: seeds %d..%d, night %d's own block (replay: sim2real shadow BUNDLE --seed %d)",
+        seeds[0],
+        seeds[-1],
+        night,
+        seeds[0],
     )
     if on_calibrated is not None:
         shadow = _gate_on_both(shadow, on_calibrated)

@@ -437,6 +437,13 @@ class ShieldConfig(Section):
     )
 
 
+# The retrain flow's episode seeds: night n (version n) uses the block starting at shadow.seed + (n - 1) * this.
+# A gate that looks at the same plants every night keeps promoting whichever candidates happen to suit those plants;
+# a fresh block each night makes every night's confidence its own. Blocks never overlap: max_episodes is well
+# under the stride.
+NIGHT_SEED_STRIDE = 1_000_000
+
+
 class GateConfig(Section):
     """Promotion gate: paired statistical decisions against legacy and production, and safety checks
     (pipeline/evaluation/gate.py, pipeline/evaluation/gate_statistics.py)."""
@@ -466,6 +473,7 @@ class GateConfig(Section):
     max_episodes: int = Field(
         40,
         ge=1,
+        le=NIGHT_SEED_STRIDE // 10,
         description="Episode budget per policy: batches of shadow.episodes are added "
         "until every bound decides or this many ran; still undecided is `inconclusive`.",
     )
@@ -552,7 +560,14 @@ class ShadowConfig(Section):
     agreement_tolerance: float = Field(
         0.1, gt=0, description="Actions agree when every |legacy - candidate| <= this (normalized units)."
     )
-    seed: int = Field(1000, ge=0, description="First episode seed; held out from training seeds.")
+    seed: int = Field(
+        1000,
+        ge=0,
+        description="First episode seed of `sim2real shadow` and of the retrain flow's first night; held out from "
+        "training seeds. Night n of the flow (the candidate it registers as version n) starts at "
+        "seed + (n - 1) * 1000000: fresh plants every night, so no night's decision rests on the plants an earlier "
+        "night's candidate was chosen on.",
+    )
 
 
 class CalibrationConfig(Section):

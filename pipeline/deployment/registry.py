@@ -77,6 +77,10 @@ class Registry:
             return []
         return sorted(int(p.name) for p in task_dir.iterdir() if p.name.isdigit() and p.is_dir())
 
+    def next_version(self, task: str) -> int:
+        """The version `register` would give the task's next bundle now (a registration in between takes it)."""
+        return max(self.versions(task), default=0) + 1
+
     def bundle_dir(self, task: str, version: int) -> Path:
         """Directory of one registered version; RegistryError if it does not exist."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
@@ -174,7 +178,7 @@ class Registry:
         manifest["metrics"] = {**manifest.get("metrics", {}), **json_safe(metrics or {})}
         manifest["extra"] = {**manifest.get("extra", {}), **json_safe(extra or {})}
         with self._locked(source.task, create=True) as task_dir:
-            version = max(self.versions(source.task), default=0) + 1
+            version = self.next_version(source.task)
             manifest.update(version=version, registered_utc=utc_now())
             write_bundle(
                 task_dir / str(version),

@@ -303,6 +303,13 @@ def _payoff(p: dict | None) -> str:
     return f"<h3>Payoff of calibrating</h3><ul>{items}</ul>{rows}"
 
 
+def _seed_range(seeds) -> str:
+    """'; seeds a..b' (what `sim2real shadow --seed a` replays), or nothing for a log without seeds."""
+    if not seeds:
+        return ""
+    return f"; seeds {seeds[0]}..{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else f"; seeds {seeds}"
+
+
 def _metrics_table(metrics: dict) -> str:
     skip = {"legacy_returns", "candidate_returns", "production_returns", "seeds"}
     rows = "".join(
@@ -392,7 +399,8 @@ def write_report(
     head = (
         f"<h1>Shadow report: {html.escape(cfg.task.name)}</h1><p>candidate bundle <code>{html.escape(str(bundle_dir))}"
         f"</code> (version {html.escape(str(meta.get('bundle_version')))}) vs legacy; "
-        f"source: {html.escape(str(source))}; {metrics['episodes']} episodes, {metrics['steps']} steps.</p>"
+        f"source: {html.escape(str(source))}; {metrics['episodes']} episodes, {metrics['steps']} steps"
+        f"{_seed_range(metrics.get('seeds'))}.</p>"
     )
     doc = (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>sim2real shadow report: "

@@ -14,6 +14,8 @@ The gate's run is sequential: the passes run in batches of `shadow.episodes`
 new seeds, and after each batch the gate looks at its bounds; it stops as soon
 as they decide, or when `gate.max_episodes` / `gate.max_seconds` is spent
 (the bounds are valid at any look: pipeline/evaluation/gate_statistics.py).
+The retrain flow gives each night its own block of seeds (`night_seed`), so a
+night's bounds hold for plants no earlier candidate was chosen on.
 
 `--from-log` replaces the passes with logs: the shadow metrics come out the
 same (one function computes them). A log the shadow pass itself recorded in
@@ -86,6 +88,17 @@ class CounterfactualRun:
     totals: RunTotals
     trace: dict[str, np.ndarray] = field(default_factory=dict)  # episode 0: t, action, raw, h, intervened
     states: dict[str, np.ndarray] = field(default_factory=dict)  # episode 0: qpos, qvel, mocap_pos (animation)
+
+
+def night_seed(cfg, version: int) -> int:
+    """The first episode seed of the gate's run for the candidate registered as `version` (night `version`): night 1
+    starts at shadow.seed, as `sim2real shadow` does, and every later night at a fresh block of NIGHT_SEED_STRIDE
+    seeds. The seeds are in the version's metrics (`shadow.seeds`), so `sim2real shadow --seed` replays a night."""
+    from pipeline.config import NIGHT_SEED_STRIDE
+
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"a night is a registry version >= 1, got {version!r}")
+    return cfg.shadow.seed + (version - 1) * NIGHT_SEED_STRIDE
 
 
 def load_legacy(env_id: str, name: str | None):

@@ -140,7 +140,9 @@ def test_a_nightly_candidate_worse_than_production_keeps_production(promoted, tm
     reports the run says why."""
     from flows.retrain import retrain
     from pipeline.commands.registry import run as registry_cli
+    from pipeline.config import load_config
     from pipeline.deployment.registry import Registry
+    from pipeline.evaluation.shadow import night_seed
     from tests.helpers.cli_args import cli_args
     from tests.helpers.shadow_candidates import cartpole_config, write_lqr_bundle
 
@@ -170,6 +172,12 @@ def test_a_nightly_candidate_worse_than_production_keeps_production(promoted, tm
     assert manifest["metrics"]["gate"]["against_production"] == incumbent
     page = Path(summary["report"]).read_text()
     assert f"production v{incumbent}" in page and "Same episodes, side by side" in page
+    # Tonight's plants are its own: night 3's block of seeds, none of which night 1's gate ran on.
+    seeds = manifest["metrics"]["shadow"]["seeds"]
+    first = night_seed(load_config(path), summary["version"])
+    assert summary["version"] == 3 and seeds == list(range(first, first + len(seeds)))
+    assert not set(seeds) & set(registry.show("cartpole", 1)["metrics"]["shadow"]["seeds"])
+    assert f"seeds {seeds[0]}..{seeds[-1]}" in page
 
     assert registry_cli(cli_args("registry", "list", "--root", str(models))) == 0
     listing = capsys.readouterr().out

@@ -10,6 +10,8 @@ import re
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.commands.shadow import run as run_cli
 from pipeline.evaluation.shadow import load_legacy, make_env, resolve_domains, run_shadow, shadow_pass
@@ -303,6 +305,31 @@ def test_domains_from_a_set_name_or_a_yaml_file(tmp_path):
     bad.write_text("joint_damping: {slider: {dist: uniform, low: 3.0, high: 2.0}}\n")
     with pytest.raises(ValueError, match=r"bad\.yaml.*slider"):
         resolve_domains(cfg, str(bad))
+
+
+@settings(max_examples=60, deadline=None)
+@given(first=st.integers(0, 2**40), budget=st.integers(1, 10**7), nights=st.integers(2, 60))
+def test_every_night_gates_on_plants_no_other_night_saw(first, budget, nights):
+    """The flow's night n (version n) runs the episodes night_seed(n) .. + max_episodes: night 1 where `sim2real
+    shadow` starts, and no two nights share a seed, for every seed and budget the config admits (a budget past
+    that is refused by its key)."""
+    from pipeline.config import ConfigError, parse_config
+    from pipeline.evaluation.shadow import night_seed
+
+    data = yaml.safe_load(CARTPOLE_CONFIG.read_text())
+    data["shadow"]["seed"] = first
+    data["gate"]["max_episodes"] = budget
+    try:
+        cfg = parse_config(data, "nightly.yaml")
+    except ConfigError as err:
+        assert "gate.max_episodes" in str(err)
+        return
+    assert night_seed(cfg, 1) == first
+    blocks = [range(night_seed(cfg, n), night_seed(cfg, n) + budget) for n in range(1, nights + 1)]
+    assert all(a.stop <= b.start for a, b in zip(blocks, blocks[1:]))  # ascending and disjoint
+    for bad in (0, -1, True, 1.0):
+        with pytest.raises(ValueError, match="version >= 1"):
+            night_seed(cfg, bad)
 
 
 def test_field_logs_of_another_version_are_refused():

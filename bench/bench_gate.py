@@ -14,8 +14,9 @@ paired difference lies below 0 (and the point estimate is reported too).
 
     python bench/bench_gate.py --config configs/cartpole.yaml --runs 20 [--seed0 100] [--judge-episodes 200] [--json]
 
-Figures, never pass/fail. The config is used as shipped, except what the
-flags below change (said in the output): `--steps` (training budget),
+Figures, never pass/fail. The config is used as shipped, except each run's
+`shadow.seed` (its own plants, as a new user's registry would meet: below)
+and what the flags below change (said in the output): `--steps` (training budget),
 `--falsify-budget` (seconds of the falsification search each night),
 `--latency-us` (the latency limit, which on a loaded shared machine measures
 the machine rather than the policy).
@@ -36,11 +37,19 @@ import yaml
 
 JUDGE_SEED = 500_000  # far from shadow.seed and every training seed: episodes the gate never saw
 NIGHT_2_SEED_OFFSET = 1000
+# Each run is a new user: its registry starts empty, so its night 1 would start at the config's shadow.seed like
+# every other run's, and the runs' first nights would all decide on one set of plants. Run r's shadow.seed is
+# SHADOW_SEED_BASE + SHADOW_SEED_STEP * r instead (r = its night-1 train seed), a block of its own below the judge's.
+SHADOW_SEED_BASE = 10_000
+SHADOW_SEED_STEP = 100
 
 
-def _night_config(config: Path, out: Path, seed: int, falsify_budget: float | None, latency_us: float | None) -> Path:
+def _night_config(
+    config: Path, out: Path, seed: int, shadow_seed: int, falsify_budget: float | None, latency_us: float | None
+) -> Path:
     doc = yaml.safe_load(config.read_text())
     doc.setdefault("train", {})["seed"] = seed
+    doc.setdefault("shadow", {})["seed"] = shadow_seed
     if falsify_budget is not None:
         doc.setdefault("falsify", {})["budget_s"] = falsify_budget
     if latency_us is not None:
@@ -67,6 +76,7 @@ def one_night(
     models: Path,
     runs: Path,
     seed: int,
+    shadow_seed: int,
     steps: int | None,
     falsify_budget: float | None,
     latency_us: float | None,
@@ -76,7 +86,7 @@ def one_night(
     from pipeline.config import load_config
     from pipeline.deployment.registry import Registry
 
-    cfg_path = _night_config(config, runs / f"night-{seed}.yaml", seed, falsify_budget, latency_us)
+    cfg_path = _night_config(config, runs / f"night-{seed}.yaml", seed, shadow_seed, falsify_budget, latency_us)
     cfg = load_config(cfg_path)
     task, confidence = cfg.task.name, cfg.gate.confidence
     before = set(Registry(models).versions(task))
@@ -223,8 +233,12 @@ def main(argv=None) -> int:
         )
         if v is not None
     }
+    if SHADOW_SEED_BASE + SHADOW_SEED_STEP * (args.seed0 + args.runs) > JUDGE_SEED:
+        parser.error(f"--seed0 {args.seed0} with --runs {args.runs}: the runs' gate seeds would reach the judge's")
     print(
-        f"changed from the shipped configs: {changed or 'nothing'}; judged on {args.judge_episodes} fresh episodes",
+        f"changed from the shipped configs: {changed or 'nothing'}; shadow.seed {SHADOW_SEED_BASE} + "
+        f"{SHADOW_SEED_STEP} x the run's night-1 train seed (each run a new user with plants of its own); judged "
+        f"on {args.judge_episodes} fresh episodes",
         file=log,
         flush=True,
     )
@@ -235,8 +249,9 @@ def main(argv=None) -> int:
             run = work / f"{config.stem}-{k}"
             models, runs = run / "models", run / "runs"
             runs.mkdir(parents=True, exist_ok=True)
+            shadow_seed = SHADOW_SEED_BASE + SHADOW_SEED_STEP * (args.seed0 + k)
             for night, seed in enumerate((args.seed0 + k, args.seed0 + k + NIGHT_2_SEED_OFFSET), start=1):
-                n = one_night(config, models, runs, seed, args.steps, args.falsify_budget, args.latency_us)
+                n = one_night(config, models, runs, seed, shadow_seed, args.steps, args.falsify_budget, args.latency_us)
                 n.update(run=k, night=night)
                 nights.append(n)
                 print(

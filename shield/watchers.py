@@ -27,7 +27,8 @@ class Watchdog(threading.Thread):
         self.refusal_every_ns = int(10e9)  # a plant refused at 1 kHz is said once in 10 s, with the count
         self._halt = threading.Event()
         self._stalled = self._silent = False
-        self._refused, self._refusal_noted = server.stats.plants_refused, -self.refusal_every_ns - 1
+        self._refused = server.stats.plants_refused
+        self._refusal_noted: int | None = None  # when refusals were last said; None: never, the first is said at once
 
     def run(self) -> None:
         while not self._halt.wait(0.1):
@@ -36,7 +37,8 @@ class Watchdog(threading.Thread):
     def check(self, now: int) -> None:
         """One tick at `now` (perf_counter ns): the thread calls it every 0.1 s; a test can call it with any clock."""
         busy, last, refused = self.server.busy_since_ns, self.server.last_request_ns, self.server.stats.plants_refused
-        if refused != self._refused and now - self._refusal_noted > self.refusal_every_ns:
+        due = self._refusal_noted is None or now - self._refusal_noted > self.refusal_every_ns
+        if refused != self._refused and due:
             print(
                 f"serve: watchdog: {refused - self._refused} new plant request(s) refused "
                 f"(BUSY): all {self.server.plants.capacity} plant sessions are held by plants heard from in "

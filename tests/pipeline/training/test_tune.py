@@ -89,9 +89,9 @@ def kill_members(out: Path, kills: list, done: threading.Event) -> None:
             member = trial_dir.name.split("_")[2] + "_" + trial_dir.name.split("_")[3]
             if any(k["member"] == member for k in kills) or len(list(trial_dir.glob("checkpoint_*"))) < 3:
                 continue
-            if not (now := lineage_after(out / "members" / member, 0.0)):
+            if not (lives := lineage_after(out / "members" / member, 0.0)):
                 continue
-            pid = now[-1]["pid"]
+            pid = lives[-1]["pid"]  # the member's current life
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -145,6 +145,11 @@ def judge(config: Path, models: Path, version: int, replaced: int | None, episod
         runtime, cfg, domains="reality", episodes=episodes, seed=JUDGE_SEED, production=production
     )
     out = {"version": version, "replaced": replaced, "episodes": episodes}
+    # Episodes the task ended early (a dropped pole, a crash), per policy: the rare loss a 20-40 episode gate
+    # sample may not show.
+    out["lost"] = {
+        who: m[f"{who}_failures"]["k"] for who in ("candidate", "legacy", "production") if m.get(f"{who}_failures")
+    }
     for ref in ("legacy", "production"):
         if m.get(f"{ref}_returns"):
             d = np.asarray(m["candidate_returns"]) - np.asarray(m[f"{ref}_returns"])
@@ -182,6 +187,9 @@ def summarize(plant: str, nights: list[dict], judged: list[dict]) -> dict:
         ),
         # How often the fresh episodes' mean gain over legacy fell below the lower bound the gate promoted on: a
         # gate whose bounds hold does this in about 1 - confidence of its promotions.
+        "judged_episodes_lost": {
+            who: sum(j.get("lost", {}).get(who, 0) for j in judged) for who in ("candidate", "legacy", "production")
+        },
         "judged_mean_below_gate_lower_bound": sum(
             bool(j.get("gate_vs_legacy")) and j["vs_legacy"]["mean"] < j["gate_vs_legacy"]["lower"] for j in judged
         ),
@@ -267,7 +275,7 @@ def main(argv=None) -> int:
                     j["gate_vs_legacy"] = n["vs_legacy"]
                     judged.append(j)
                     print(
-                        f"    judged v{j['version']} on {j['episodes']} fresh episodes: "
+                        f"    judged v{j['version']} on {j['episodes']} fresh episodes (lost: {j['lost']}): "
                         + "; ".join(
                             f"{ref} {j[ref]['mean']:+.2f} [{j[ref]['ci95'][0]:+.2f}, {j[ref]['ci95'][1]:+.2f}]"
                             for ref in ("vs_legacy", "vs_production")
@@ -286,7 +294,7 @@ def main(argv=None) -> int:
             f"wall median {s['decision_wall_s_median']} s; judged {s['judged']}: worse than legacy "
             f"{s['promotions_worse_than_legacy']}, worse than production {s['promotions_worse_than_production']} "
             f"(below legacy by point estimate {s['promotions_below_legacy_point_estimate']}; fresh mean below the "
-            f"gate's lower bound {s['judged_mean_below_gate_lower_bound']}) "
+            f"gate's lower bound {s['judged_mean_below_gate_lower_bound']}; episodes lost {s['judged_episodes_lost']}) "
             f"(load {s['load_avg_1min']:.1f} on {s['cpus']} CPUs)",
             file=log,
             flush=True,

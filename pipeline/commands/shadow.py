@@ -13,6 +13,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.evaluation.episodes import constraint_lines
     from pipeline.evaluation.shadow import run_shadow
+    from pipeline.evaluation.shadow_metrics import failures_line
 
     cfg = load_config(args.config)
     result = run_shadow(
@@ -35,6 +36,11 @@ def run(args: argparse.Namespace) -> int:
         f"{len(m.get('candidate_returns') or []) or m['episodes']} paired episodes ({m.get('stopped', 'logged')})",
         *(f"  LOOSENED {line}" for line in result.get("loosened", [])),
         *(f"  {reason}" for reason in result["reasons"]),
+        *(
+            f"episodes lost (ended early by the task), {who}: {failures_line(m.get(f'{who}_failures'))}"
+            for who in ("candidate", "legacy", "production")
+            if m.get(f"{who}_failures")
+        ),
         *constraint_lines(m.get("candidate_constraints") or {}),
         f"report: {result['report']}",
     ]

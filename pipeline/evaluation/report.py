@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.evaluation.gate_statistics import BOUND_METHOD
+from pipeline.evaluation.shadow_metrics import failures_line
 
 REPORT_FILE = "shadow-report.html"
 ANIMATION_FILE = "counterfactual.gif"
@@ -165,7 +166,8 @@ def _side_by_side(metrics: dict, decision) -> str:
         name = f"production v{metrics.get('production_version') or '?'}" if who == "production" else who
         rows.append(
             f"<tr><td>{html.escape(name)}</td><td>{len(metrics.get(f'{who}_returns') or [])}</td>"
-            f"<td>{mean:.4g}</td><td>[{ci[0]:.4g}, {ci[1]:.4g}]</td></tr>"
+            f"<td>{mean:.4g}</td><td>[{ci[0]:.4g}, {ci[1]:.4g}]</td>"
+            f"<td>{html.escape(failures_line(metrics.get(f'{who}_failures')))}</td></tr>"
         )
     if not rows:
         return ""
@@ -187,7 +189,8 @@ def _side_by_side(metrics: dict, decision) -> str:
     return (
         "<h2>Same episodes, side by side</h2>"
         + loosened
-        + "<table><tr><th>policy</th><th>episodes</th><th>mean return</th><th>95% CI (bootstrap)</th></tr>"
+        + "<table><tr><th>policy</th><th>episodes</th><th>mean return</th><th>95% CI (bootstrap)</th>"
+        "<th>episodes lost (ended early by the task)</th></tr>"
         + "".join(rows)
         + "</table>"
         + (

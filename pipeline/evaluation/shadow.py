@@ -50,6 +50,7 @@ from pipeline.evaluation.gate_statistics import planned_looks
 from pipeline.evaluation.shadow_metrics import (
     counterfactual_metrics,
     empty_counterfactual,
+    failure_metrics,
     log_metrics,
     production_metrics,
 )
@@ -290,13 +291,13 @@ def evaluate_candidate(
         meta = _log_meta(cfg, runtime, dt)
         log = ShadowLog(runtime, len(meta.get("constraint_names", [])), env.action_space.shape[0])
         trace = CounterfactualTrace()
-        cand_totals, prod_totals = RunTotals(), RunTotals()
+        cand_totals, prod_totals, legacy_totals = RunTotals(), RunTotals(), RunTotals()
         done = 0
         for look in range(1, looks + 1):
             batch_start = time.perf_counter()
             seeds = list(range(seed + done, seed + min(done + batch, budget)))
             log.episode_offset = done
-            run_episodes(env, PolicyDriver(legacy), seeds, dt=dt, observers=[log])
+            legacy_totals.extend(run_episodes(env, PolicyDriver(legacy), seeds, dt=dt, observers=[log]))
             cand_totals.extend(
                 run_episodes(env, RuntimeDriver(runtime), seeds, dt=dt, observers=[trace] if look == 1 else [])
             )
@@ -308,6 +309,10 @@ def evaluate_candidate(
             metrics.update(counterfactual_metrics(cand_totals, dt))
             if production is not None:
                 metrics.update(production_metrics(prod_totals, production.bundle.version))
+            failed = {"candidate": cand_totals.terminated, "legacy": legacy_totals.terminated}
+            if production is not None:
+                failed["production"] = prod_totals.terminated
+            metrics.update(failure_metrics(failed, cfg.gate.confidence))
             metrics.update(extra_metrics or {})
             metrics.update(looks=look, planned_looks=looks, budget_episodes=budget)
             if look == looks:
@@ -394,6 +399,9 @@ def pair_with_log(runtime, cfg, shadow: ShadowRun, metrics: dict, seeds: list[in
     finally:
         env.close()
     metrics.update(counterfactual_metrics(cf.totals, dt))
+    metrics.update(
+        failure_metrics({"candidate": cf.totals.terminated, "legacy": replay.terminated}, cfg.gate.confidence)
+    )
     metrics.update(paired_with_log=True, seeds=seeds, domains=shadow.meta["domains"], looks=1, planned_looks=1)
     return cf
 

@@ -139,6 +139,36 @@ def production_metrics(totals, version) -> dict:
     }
 
 
+def failure_metrics(failed: dict[str, list[bool]], confidence: float) -> dict:
+    """Episodes each policy lost, the task ending them early (a dropped pole, a crash), per policy as k of n with
+    the exact upper bound at `confidence` (one look), and against the candidate episode by episode: episodes only
+    the candidate lost, and only the reference.
+
+    Reported, not yet decided on: a loss of this size costs an episode hundreds of return units, so a candidate
+    that loses one episode in forty can be worse than legacy on the mean while a 20-episode sample that shows none
+    puts its mean gain well above 0. The upper bound says how often such an unseen loss may still come."""
+    from pipeline.evaluation.gate_statistics import rate_summary
+
+    out: dict = {f"{who}_failures": rate_summary(sum(flags), len(flags), confidence) for who, flags in failed.items()}
+    cand = failed.get("candidate")
+    for who in ("legacy", "production"):
+        ref = failed.get(who)
+        if cand is not None and ref is not None and len(ref) == len(cand):
+            out[f"failures_vs_{who}"] = {
+                "candidate_only": sum(c and not r for c, r in zip(cand, ref)),
+                f"{who}_only": sum(r and not c for c, r in zip(cand, ref)),
+                "episodes": len(cand),
+            }
+    return out
+
+
+def failures_line(f: dict | None) -> str:
+    """A `*_failures` summary in words: '0 of 20, rate <= 0.139 at 95%'; 'n/a' when unknown (a field log)."""
+    if not f:
+        return "n/a"
+    return f"{f['k']} of {f['n']}, rate <= {f['upper']:.3f} at {f['confidence']:.0%}"
+
+
 def empty_counterfactual() -> dict:
     """The counterfactual keys, all None: field logs have no pass where the candidate drives."""
     from pipeline.evaluation.episodes import RunTotals
@@ -156,6 +186,7 @@ def side_by_side(metrics: dict) -> dict:
                 "return_mean": metrics[f"{who}_return_mean"],
                 "return_ci95": metrics[f"{who}_return_ci95"],
                 "episodes": len(metrics.get(f"{who}_returns") or []),
+                "failures": metrics.get(f"{who}_failures"),
             }
     if metrics.get("production_version") is not None and "production" in rows:
         rows["production"]["version"] = metrics["production_version"]

@@ -127,12 +127,15 @@ LOOSE_LATENCY_US = 1e6
 LQR_COPY_RATIO = 0.99
 
 
+SHADOW_EPISODE_STEPS = 100  # the length of shadow_result's episodes
+
+
 def shadow_result(kind: str, base_dir: Path) -> tuple[Path, dict]:
     """(bundle dir, run_shadow result) for kind "lqr" or "random", run once per session under `base_dir`."""
     if kind not in _RUNS:
         from pipeline.evaluation.shadow import run_shadow
 
-        cfg = cartpole_config(episodes=10, max_episode_steps=100)
+        cfg = cartpole_config(episodes=10, max_episode_steps=SHADOW_EPISODE_STEPS)
         # The gate's latency threshold is a property of the edge box, not of this shared 2-core test
         # machine; test_gate_decisions covers the latency rule with fixed numbers.
         cfg.gate.max_latency_p99_us = LOOSE_LATENCY_US

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from tests.helpers.cli_args import cli_args
 from tests.helpers.shadow_candidates import (
     CARTPOLE_CONFIG,
     LOOSE_LATENCY_US,
+    SHADOW_EPISODE_STEPS,
     cartpole_config,
     shadow_result,
     write_lqr_bundle,
@@ -154,6 +156,13 @@ def test_random_candidate_fails_and_names_the_thresholds(base):
     assert m["agreement_rate"] < 0.9
     per = m["candidate_constraints"]["rail_band"]  # which limit the shield held, and how often it stepped in
     assert per["violating_steps"] == m["candidate_violations"] and per["interventions"] == m["candidate_interventions"]
+    # Episodes lost: the task ended them early (the pole fell), each counted against the same episode's legacy.
+    n = len(m["candidate_returns"])
+    lost = sum(length < SHADOW_EPISODE_STEPS for length in m["candidate_episode_steps"])
+    assert lost > 0 and m["candidate_failures"]["k"] == lost and m["candidate_failures"]["n"] == n
+    assert m["legacy_failures"]["k"] == 0 and m["legacy_failures"]["upper"] == pytest.approx(1 - 0.05 ** (1 / n))
+    assert m["failures_vs_legacy"] == {"candidate_only": lost, "legacy_only": 0, "episodes": n}
+    assert f"{lost} of {n}, rate &lt;= " in Path(result["report"]).read_text()  # the report's side-by-side row
 
 
 def test_shadow_never_acts(base):

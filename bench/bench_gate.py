@@ -13,6 +13,7 @@ version it replaced: a promotion is *worse* if the 95 % interval of the
 paired difference lies below 0 (and the point estimate is reported too).
 
     python bench/bench_gate.py --config configs/cartpole.yaml --runs 20 [--seed0 100] [--judge-episodes 200] [--json]
+    python bench/bench_gate.py --config configs/cartpole.yaml --regate OLD/cartpole-*/models/cartpole/*
 
 Figures, never pass/fail. The config is used as shipped, except each run's
 `shadow.seed` (its own plants, as a new user's registry would meet: below)
@@ -42,6 +43,7 @@ NIGHT_2_SEED_OFFSET = 1000
 # SHADOW_SEED_BASE + SHADOW_SEED_STEP * r instead (r = its night-1 train seed), a block of its own below the judge's.
 SHADOW_SEED_BASE = 10_000
 SHADOW_SEED_STEP = 100
+REGATE_SEED_BASE = 200_000  # --regate's plants: below the judge's, above every run's shadow block
 
 
 def _night_config(
@@ -163,6 +165,38 @@ def judge(config: Path, models: Path, version: int, replaced: int | None, episod
     return out
 
 
+def regate(config: Path, bundles: list[Path], seed0: int) -> list[dict]:
+    """Candidates registered by an earlier run, decided again by the gate as the config now ships it (no production:
+    each against legacy alone), each on plants of its own: what the gate as it is now would have said of them."""
+    from pipeline.config import load_config
+    from pipeline.evaluation.gate import decide
+    from pipeline.evaluation.shadow import evaluate_candidate
+    from shield.runtime import EdgeRuntime
+
+    cfg = load_config(config)
+    out = []
+    for i, bundle in enumerate(bundles):
+        _, _, m = evaluate_candidate(
+            EdgeRuntime.load(bundle), cfg, seed=seed0 + i * cfg.gate.max_episodes, sequential=True
+        )
+        decision = decide(m, cfg.gate)
+        lost = m.get("failures_vs_legacy") or {}
+        out.append(
+            {
+                "bundle": str(bundle),
+                "decision": decision.decision,
+                "episodes": len(m["candidate_returns"]),
+                "looks": m["looks"],
+                "vs_legacy": _paired(m, "legacy", cfg.gate.confidence),
+                "lost_candidate_only": lost.get("candidate_only"),
+                "lost_legacy_only": lost.get("legacy_only"),
+                "decision_wall_s": m["evaluation_wall_s"],
+                "reasons": [r for r in decision.reasons if not r.startswith("PASS ")],
+            }
+        )
+    return out
+
+
 def summarize(plant: str, nights: list[dict], judged: list[dict]) -> dict:
     count = {k: sum(n["decision"] == k for n in nights) for k in ("pass", "kept", "inconclusive", "fail")}
     diffs = [n["vs_legacy"]["mean"] for n in nights if n["vs_legacy"]]
@@ -221,7 +255,31 @@ def main(argv=None) -> int:
     parser.add_argument("--judge-episodes", type=int, default=200, help="fresh reality episodes per promotion")
     parser.add_argument("--out", default=None, help="keep registries, runs and reports here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument(
+        "--regate",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="bundle directories registered by an earlier run (models/<task>/<version>): decide them again with "
+        "the gate as --config ships it, each on plants of its own from --seed0 x 1000, and train nothing",
+    )
     args = parser.parse_args(argv)
+    if args.regate:
+        if not args.config or len(args.config) != 1:
+            parser.error("--regate needs exactly one --config (the gate to decide with)")
+        out = regate(Path(args.config[0]), args.regate, REGATE_SEED_BASE + 1000 * args.seed0)
+        for r in out:
+            v = r["vs_legacy"]
+            print(
+                f"{r['bundle']}: {r['decision'].upper():12} n={r['episodes']} ({r['looks']} looks), lost "
+                f"{r['lost_candidate_only']} only by the candidate, {r['lost_legacy_only']} only by legacy; vs legacy "
+                f"{v['mean']:+.2f} [{v['lower']:+.2f}, {v['upper']:+.2f}]; {r['decision_wall_s']:.0f} s",
+                file=sys.stderr if args.json else sys.stdout,
+                flush=True,
+            )
+        counts = {k: sum(r["decision"] == k for r in out) for k in ("pass", "inconclusive", "fail")}
+        print(json.dumps({"regate": out, "decisions": counts}) if args.json else f"decisions: {counts}")
+        return 0
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if args.config:

@@ -63,6 +63,9 @@ class TaskSpec:
     # Obs index of a set-point the adversarial policy may steer the legacy controller with, for plants
     # that fall over under a plain full-action push (the cart-pole); None: push at full action.
     steerable_setpoint: int | None = None
+    # The task may end an episode before its length (a declared termination, a crash): such an episode is lost,
+    # and the gate bounds how often the candidate loses one. False: only a diverged (non-finite) state ends one.
+    ends_early: bool = False
     declared: bool = field(default=False)  # True when compiled from a YAML declaration
     fingerprint: str = ""  # declared tasks: hash of the declaration, so an identical copy registers as the same task
     # () -> {"observations": [{name, source, unit}], "actions": [{name, source, unit, units_per_action}]}

@@ -60,6 +60,7 @@ def _code_tasks() -> list[TaskSpec]:
             legacy_name="cascaded_pid",
             make_legacy=_quadrotor_legacy,
             describe_io=qd.io_names,
+            ends_early=True,  # a crash, a flip or leaving the 6 m box ends the episode
         ),
     ]
 
@@ -155,6 +156,7 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
         legacy_name=decl.legacy.name or decl.legacy.type,
         make_legacy=partial(_declared_legacy, decl, mjcf),
         steerable_setpoint=steer,
+        ends_early=bool(decl.termination),
         declared=True,
         fingerprint=fingerprint,
         describe_io=partial(declared_io, decl, mjcf),

@@ -137,6 +137,7 @@ def _human_summary(s: dict) -> str:
         lines.append(f"  production unchanged: {s.get('production')}")
     for r in s.get("reasons", []):
         lines.append(f"  - {r}")
+    lines += [f"  next: {line}" for line in s.get("next_steps", [])]
     if s.get("report"):
         lines.append(f"  report: {s['report']}")
     return "\n".join(lines)

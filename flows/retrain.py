@@ -288,6 +288,7 @@ def retrain(
         "previous_production": previous,
         "comparison": side_by_side(shadow["metrics"]),
         "loosened": shadow.get("loosened", []),
+        "next_steps": shadow.get("next_steps", []),
         "report": shadow["report"],
         "run_dir": trained["run_dir"],
         "flow_run_id": flow_run_id,

@@ -442,6 +442,9 @@ class ShieldConfig(Section):
 # a fresh block each night makes every night's confidence its own. Blocks never overlap: max_episodes is well
 # under the stride.
 NIGHT_SEED_STRIDE = 1_000_000
+# One more lost episode in fifty than legacy, at most: tight enough that the mean return cannot hide a pole dropped
+# now and then (a loss costs the cart-pole ~370 of its ~450), loose enough to decide within a few hundred episodes.
+LOST_RATE_TOLERANCE = 0.02
 
 
 class GateConfig(Section):
@@ -471,11 +474,12 @@ class GateConfig(Section):
         "is registered but production is kept.",
     )
     max_episodes: int = Field(
-        40,
+        320,
         ge=1,
         le=NIGHT_SEED_STRIDE // 10,
-        description="Episode budget per policy: batches of shadow.episodes are added "
-        "until every bound decides or this many ran; still undecided is `inconclusive`.",
+        description="Episode budget per policy: shadow.episodes, then the sample doubled at each look (10, 20, "
+        "40, ..), until every bound decides or this many ran; still undecided is `inconclusive`. A lost-episode "
+        "bound needs a few hundred (gate.max_lost_rate_increase); a decided gate stops early.",
     )
     min_episodes: int = Field(
         20,
@@ -488,6 +492,17 @@ class GateConfig(Section):
         gt=0,
         description="Wall-clock budget of the sequential evaluation (s); no "
         "batch starts that would likely end past it. None: the episode budget only.",
+    )
+    max_lost_rate_increase: float = Field(
+        LOST_RATE_TOLERANCE,
+        ge=0,
+        le=1,
+        description="Most the share of episodes the candidate loses (the task ends them early: a dropped pole, "
+        "a crash) may exceed legacy's, on the same episodes: the exact upper bound on the rate of episodes only the "
+        "candidate lost must be at most this at gate.confidence. With none lost that takes "
+        "ln(alpha) / ln(1 - x) episodes (at 0.02, 95 % and 6 looks: 237), so gate.max_episodes must allow it. "
+        f"Above {LOST_RATE_TOLERANCE} the report names it as loosened; 1 turns the check off. A task that cannot "
+        "end an episode early passes it.",
     )
     max_violations: int = Field(
         0,
@@ -565,8 +580,8 @@ class ShadowConfig(Section):
         ge=0,
         description="First episode seed of `sim2real shadow` and of the retrain flow's first night; held out from "
         "training seeds. Night n of the flow (the candidate it registers as version n) starts at "
-        "seed + (n - 1) * 1000000: fresh plants every night, so no night's decision rests on the plants an earlier "
-        "night's candidate was chosen on.",
+        f"seed + (n - 1) * {NIGHT_SEED_STRIDE}: fresh plants every night, so no night's decision rests on the "
+        "plants an earlier night's candidate was chosen on.",
     )
 
 

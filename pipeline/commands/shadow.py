@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
             if m.get(f"{who}_failures")
         ),
         *constraint_lines(m.get("candidate_constraints") or {}),
+        *(f"next: {line}" for line in result.get("next_steps", [])),
         f"report: {result['report']}",
     ]
     emit(args, result, "\n".join(lines))

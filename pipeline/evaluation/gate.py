@@ -14,6 +14,13 @@ Checks (each names its config key, its value and its threshold):
   No pass on fewer than ``gate.min_episodes`` paired episodes.
 - ``gate.min_return_ratio_production``: the same rule against the production
   version, when the metrics hold its returns on the same seeds.
+- ``gate.max_lost_rate_increase`` (x): episodes the task ended early (a
+  dropped pole, a crash) that the candidate lost and legacy did not, on the
+  same episodes: pass when the exact upper bound on that rate is at most x,
+  fail when the lower bound on the candidate's lost rate minus legacy's is
+  above it. The return bounds cannot see a rare loss no episode of the
+  sample showed; this bound does, and it is what makes a pass wait for the
+  few hundred episodes a rare loss needs to be ruled out.
 - ``gate.max_violations``: constraint-violating steps (info["cost"]) of the
   candidate driving, summed over every counterfactual episode: an absolute
   count (the bound on the rate is reported beside it).
@@ -49,6 +56,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from pipeline.config import LOST_RATE_TOLERANCE
 from pipeline.evaluation.gate_statistics import (
     BOUND_METHOD,
     EPISODE_RATE_METHOD,
@@ -56,7 +64,9 @@ from pipeline.evaluation.gate_statistics import (
     clopper_pearson_lower,
     clopper_pearson_upper,
     episode_rate_bounds,
+    episodes_to_bound,
     look_alpha,
+    lost_rate_bounds,
     paired_bound,
 )
 
@@ -130,8 +140,34 @@ class GateDecision:
         """Config keys of the thresholds the candidate failed."""
         return [c.key for c in self.checks if c.passed is False]
 
+    @property
+    def next_steps(self) -> list[str]:
+        """What a user can do about each check that failed or did not decide, one line each (none on a pass)."""
+        out = []
+        for c in self.checks:
+            if c.passed is True or c.key not in NEXT_STEPS:
+                continue
+            out.append(NEXT_STEPS[c.key]["fail" if c.passed is False else "undecided"])
+        return out
+
 
 LATENCY_SHARE = 0.1  # the default latency limit's share of the control period
+
+NEXT_STEPS = {
+    "gate.max_lost_rate_increase": {
+        "fail": "the candidate loses episodes legacy keeps (a dropped pole, a crash): train it where it loses them "
+        "(train.adaptive, a policy that infers the plant it is on; more train.total_env_steps; a training set that "
+        "reaches the hard corner) and gate again; `sim2real eval BUNDLE --domains reality` counts its lost episodes",
+        "undecided": "too few episodes to bound the candidate's lost episodes under gate.max_lost_rate_increase: "
+        "raise gate.max_episodes (its line says how many decide it) or gate.max_seconds",
+    },
+    "gate.min_return_ratio": {
+        "fail": "the candidate returns less than legacy on the same episodes: train longer or on the plants where it "
+        "falls short (the report's per-episode returns show which)",
+        "undecided": "the return bound straddles legacy's: more episodes (gate.max_episodes) narrow it; a candidate "
+        "merely equal to legacy never passes",
+    },
+}
 
 
 def latency_limit_us(gate, control_period_s: float | None) -> float | None:
@@ -219,6 +255,47 @@ def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
     )
 
 
+LOST_KEY = "gate.max_lost_rate_increase"
+
+
+def lost_check(metrics: dict, gate) -> GateCheck:
+    """`gate.max_lost_rate_increase` on exact paired bounds of the episodes only the candidate lost (against
+    legacy; production passed the same check against legacy on its own night)."""
+    limit = gate.max_lost_rate_increase
+    pairs = metrics.get("failures_vs_legacy")
+    if not pairs or not pairs.get("episodes"):
+        return GateCheck(LOST_KEY, None, limit, None, "no lost-episode counts (they need the counterfactual pass)")
+    b, c, n = int(pairs["candidate_only"]), int(pairs["legacy_only"]), int(pairs["episodes"])
+    counted = f"the candidate lost {b} of {n} episodes that legacy kept, legacy lost {c} that the candidate kept"
+    if metrics.get("episodes_can_end_early") is False and b == 0 and c == 0:
+        return GateCheck(
+            LOST_KEY,
+            0.0,
+            limit,
+            True,
+            f"{counted}; the task ends no episode early (no termination declared)",
+            interval=(0.0, 0.0),
+        )
+    alpha, where = _look(metrics, gate)
+    lower, upper = lost_rate_bounds(b, c, n, alpha)
+    passed = True if upper <= limit else False if lower > limit else None
+    said = {
+        True: f"upper bound {upper:.4f} <= {limit:g}",
+        False: f"lower bound {lower:.4f} > {limit:g}: it loses episodes legacy keeps",
+        None: f"bounds straddle {limit:g}: undecided"
+        + (
+            f" (with none lost, {episodes_to_bound(limit, alpha)} episodes decide it)"
+            if 0 < limit < 1 and b == 0
+            else ""
+        ),
+    }[passed]
+    detail = (
+        f"{counted}: candidate-minus-legacy lost rate bounds [{lower:+.4f}, {upper:.4f}]: {said} "
+        f"({RATE_METHOD}, {where})"
+    )
+    return GateCheck(LOST_KEY, b / n, limit, passed, detail, undecided=passed is None, interval=(lower, upper))
+
+
 def intervention_check(metrics: dict, gate) -> GateCheck:
     """`gate.max_intervention_rate` on the exact bounds of the shield's intervention count."""
     key, limit = "gate.max_intervention_rate", gate.max_intervention_rate
@@ -287,6 +364,7 @@ def decide(metrics: dict, gate) -> GateDecision:
     if production is not None:
         checks.append(production)
 
+    checks.append(lost_check(metrics, gate))
     checks.append(
         _at_most(
             "gate.max_violations",
@@ -346,6 +424,11 @@ def loosened_keys(gate, with_production: bool = True) -> tuple[str, ...]:
         out.append(
             f"gate.min_return_ratio={gate.min_return_ratio:g}: the candidate may be "
             f"{1 - gate.min_return_ratio:.0%} of legacy's |mean return| worse than legacy"
+        )
+    if gate.max_lost_rate_increase > LOST_RATE_TOLERANCE:
+        out.append(
+            f"{LOST_KEY}={gate.max_lost_rate_increase:g}: the candidate may lose "
+            f"{gate.max_lost_rate_increase:.0%} more episodes than legacy (shipped: {LOST_RATE_TOLERANCE:g})"
         )
     if with_production and gate.min_return_ratio_production < 1.0:
         out.append(

@@ -14,12 +14,14 @@ false-promotion rate on skewed samples: tests/test_gate_statistics.py). Below `g
 gate never passes, because a skew the sample has not yet shown cannot be
 corrected. What stays outside any bound on tens of episodes is a rare large
 loss that no episode of the sample showed (a pole dropped on one episode in
-twenty): more episodes, or a check on that event itself, are the only remedy.
+thirty): the gate therefore also bounds that event itself, exactly, as the
+rate of episodes the candidate lost where the reference did not
+(`lost_rate_bounds`), and a pass needs that bound under its tolerance.
 The resampling uses a fixed seed, so a report is reproducible.
 
-Sequential looks. The gate adds episodes in batches and looks after each
-one; every look at a bound is another chance to be fooled by luck. The
-confidence is therefore split over the K looks the budget plans
+Sequential looks. The gate adds episodes, doubling the sample from one look
+to the next (`look_sizes`), and looks after each batch; every look at a
+bound is another chance to be fooled by luck. The confidence is therefore split over the K looks the budget plans
 (Bonferroni: each look uses a = (1 - confidence) / K), so the chance that
 *any* look promotes a candidate that is in truth worse than its threshold
 stays <= 1 - confidence, wherever the gate stops (stopping early, on a
@@ -55,9 +57,22 @@ RATE_METHOD = "Clopper-Pearson (exact binomial)"
 EPISODE_RATE_METHOD = "Clopper-Pearson over episodes (design effect)"
 
 
-def planned_looks(budget_episodes: int, batch_episodes: int) -> int:
-    """Looks the gate may take: one after each batch until the episode budget is spent."""
-    return max(1, math.ceil(budget_episodes / max(1, batch_episodes)))
+def look_sizes(budget_episodes: int, first_episodes: int) -> list[int]:
+    """Paired episodes at each look: `first_episodes`, then doubling, the last at the budget (10, 20, 40, .., 320).
+
+    Doubling, not equal batches: each look spends its share of alpha, and a rare event (a lost episode) is only
+    bounded tightly after hundreds of episodes, so equal batches of ten would split alpha 32 ways over a budget of
+    320 where doubling splits it 6 ways, and a budget that can decide would cost more episodes than it saves."""
+    first, budget = max(1, first_episodes), max(1, budget_episodes)
+    sizes = [min(first, budget)]
+    while sizes[-1] < budget:
+        sizes.append(min(2 * sizes[-1], budget))
+    return sizes
+
+
+def planned_looks(budget_episodes: int, first_episodes: int) -> int:
+    """Looks the gate may take (`look_sizes`)."""
+    return len(look_sizes(budget_episodes, first_episodes))
 
 
 def look_alpha(confidence: float, looks: int) -> float:
@@ -156,6 +171,26 @@ def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
     from scipy.stats import beta
 
     return float(beta.ppf(alpha, k, n - k + 1))
+
+
+def lost_rate_bounds(candidate_only: int, reference_only: int, n: int, alpha: float) -> tuple[float, float]:
+    """Bounds at level 1 - alpha each on p_c - p_r, the rate of episodes the candidate lost minus the reference's,
+    from n paired episodes: `candidate_only` the candidate lost and the reference did not, `reference_only` the
+    reverse (the episodes both lost cancel). Upper: the exact Clopper-Pearson bound on the candidate-only rate
+    alone (p_c - p_r <= that rate, so no alpha is split); lower: its lower bound minus the reference-only rate's
+    upper bound, alpha / 2 each (Bonferroni)."""
+    upper = clopper_pearson_upper(candidate_only, n, alpha)
+    lower = clopper_pearson_lower(candidate_only, n, alpha / 2) - clopper_pearson_upper(reference_only, n, alpha / 2)
+    return lower, upper
+
+
+def episodes_to_bound(rate: float, alpha: float) -> int:
+    """Fewest episodes, none lost, whose exact upper bound at 1 - alpha is at most `rate`: (1 - rate)^n <= alpha."""
+    if rate >= 1.0:
+        return 1
+    if rate <= 0.0:
+        raise ValueError("a rate bound of 0 needs infinitely many episodes")
+    return math.ceil(math.log(alpha) / math.log1p(-rate))
 
 
 def episode_rate_bounds(counts, lengths, alpha: float) -> tuple[float, float] | None:

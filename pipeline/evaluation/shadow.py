@@ -46,7 +46,7 @@ from pipeline.evaluation.episodes import (
     run_episodes,
 )
 from pipeline.evaluation.gate import GateDecision, decide
-from pipeline.evaluation.gate_statistics import planned_looks
+from pipeline.evaluation.gate_statistics import look_sizes
 from pipeline.evaluation.shadow_metrics import (
     counterfactual_metrics,
     empty_counterfactual,
@@ -65,6 +65,7 @@ class ShadowResult(TypedDict):
     reasons: list[str]  # one line per check: PASS/FAIL/UNDECIDED/SKIPPED, its key, value and threshold
     failing: list[str]  # config keys of the failed checks
     loosened: list[str]  # config keys that allow a margin below "no worse than"
+    next_steps: list[str]  # what to do about each check that failed or did not decide
     metrics: dict[str, Any]  # shadow_metrics' names: both passes, the paired bounds, the rates and their bounds
     report: str  # the HTML report's path
     log: str | None  # the shadow pass's log (shadow-log NPZ), when simulated
@@ -269,16 +270,18 @@ def evaluate_candidate(
     """Run the passes with a loaded candidate (`act`/`reset`); returns (ShadowRun, CounterfactualRun, metrics).
 
     Defaults come from the config's `shadow:` section (domains, episodes, first seed). `production`: the
-    production version's runtime, run on the same seeds. `sequential`: batches of `episodes` until the gate's
-    bounds decide or `gate.max_episodes` / `gate.max_seconds` is spent (else exactly `episodes`, one look);
-    `extra_metrics` (falsify's cases) take part in every look's decision."""
+    production version's runtime, run on the same seeds. `sequential`: `episodes`, then the sample doubled at
+    each look (`look_sizes`) until the gate's bounds decide or `gate.max_episodes` / `gate.max_seconds` is spent
+    (else exactly `episodes`, one look); `extra_metrics` (falsify's cases) take part in every look's decision."""
     domains = cfg.shadow.domains if domains is None else domains
     batch = cfg.shadow.episodes if episodes is None else episodes
     seed = cfg.shadow.seed if seed is None else seed
     if batch < 1:
         raise ShadowError(f"--episodes must be >= 1, got {batch}")
     budget = max(batch, cfg.gate.max_episodes) if sequential else batch
-    looks = planned_looks(budget, batch)
+    sizes = look_sizes(budget, batch)
+    looks = len(sizes)
+    ends_early = __import__("envs").task(cfg.task.env_id).ends_early
     rset = resolve_domains(cfg, domains)
     env = make_env(cfg, rset)
     start, stopped = time.perf_counter(), "episode budget"
@@ -293,9 +296,9 @@ def evaluate_candidate(
         trace = CounterfactualTrace()
         cand_totals, prod_totals, legacy_totals = RunTotals(), RunTotals(), RunTotals()
         done = 0
-        for look in range(1, looks + 1):
+        for look, upto in enumerate(sizes, 1):
             batch_start = time.perf_counter()
-            seeds = list(range(seed + done, seed + min(done + batch, budget)))
+            seeds = list(range(seed + done, seed + upto))
             log.episode_offset = done
             legacy_totals.extend(run_episodes(env, PolicyDriver(legacy), seeds, dt=dt, observers=[log]))
             cand_totals.extend(
@@ -312,7 +315,7 @@ def evaluate_candidate(
             failed = {"candidate": cand_totals.terminated, "legacy": legacy_totals.terminated}
             if production is not None:
                 failed["production"] = prod_totals.terminated
-            metrics.update(failure_metrics(failed, cfg.gate.confidence))
+            metrics.update(failure_metrics(failed, cfg.gate.confidence, ends_early))
             metrics.update(extra_metrics or {})
             metrics.update(looks=look, planned_looks=looks, budget_episodes=budget)
             if look == looks:
@@ -321,7 +324,8 @@ def evaluate_candidate(
                 stopped = "decided"
                 break
             elapsed, last = time.perf_counter() - start, time.perf_counter() - batch_start
-            if cfg.gate.max_seconds is not None and elapsed + last > cfg.gate.max_seconds:
+            coming = last * (sizes[look] - upto) / len(seeds)  # the next batch, at this one's pace per episode
+            if cfg.gate.max_seconds is not None and elapsed + coming > cfg.gate.max_seconds:
                 stopped = "time budget (gate.max_seconds)"
                 break
     finally:
@@ -400,7 +404,11 @@ def pair_with_log(runtime, cfg, shadow: ShadowRun, metrics: dict, seeds: list[in
         env.close()
     metrics.update(counterfactual_metrics(cf.totals, dt))
     metrics.update(
-        failure_metrics({"candidate": cf.totals.terminated, "legacy": replay.terminated}, cfg.gate.confidence)
+        failure_metrics(
+            {"candidate": cf.totals.terminated, "legacy": replay.terminated},
+            cfg.gate.confidence,
+            __import__("envs").task(cfg.task.env_id).ends_early,
+        )
     )
     metrics.update(paired_with_log=True, seeds=seeds, domains=shadow.meta["domains"], looks=1, planned_looks=1)
     return cf
@@ -500,6 +508,7 @@ def run_shadow(
         reasons=decision.reasons,
         failing=decision.failing,
         loosened=list(decision.loosened),
+        next_steps=decision.next_steps,
         metrics=metrics,
         report=str(report),
         log=str(log_path) if log_path else None,

@@ -17,6 +17,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from tests.helpers.algorithm_configs import WIRING_GATE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,7 +32,7 @@ def _tiny_config(tmp_path: Path, **gate) -> Path:
     # registry, gate, artifacts), not the search's reach (tests/pipeline/evaluation/test_falsify.py, and
     # test_a_falsified_candidate_fails_the_gate below with its own budget), so 3 s, as the nightly test here.
     data["falsify"] = {"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1}
-    data["gate"].update({"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6, **gate})
+    data["gate"].update({**WIRING_GATE, **gate})
     path = tmp_path / f"tiny-{len(gate)}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -227,7 +229,7 @@ def test_every_algorithm_goes_through_the_flow_to_promotion(harness, algorithm, 
         algorithm,
         shadow={"episodes": 2},
         falsify={"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1},
-        gate={"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6},
+        gate=WIRING_GATE,
     )
     state = retrain(
         config_path=str(config),

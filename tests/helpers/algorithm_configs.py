@@ -8,6 +8,17 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Gate thresholds a barely trained policy can meet, for tests of the flow's wiring (retries, registry, artifacts),
+# not of the bar: a 1 % return ratio, any intervention rate and latency, and no lost-episode bound, within 40
+# episodes (the shipped bar has tests of its own: tests/pipeline/evaluation/test_gate_*.py).
+WIRING_GATE = {
+    "min_return_ratio": 0.01,
+    "max_intervention_rate": 1.0,
+    "max_latency_p99_us": 1e6,
+    "max_lost_rate_increase": 1.0,
+    "max_episodes": 40,
+}
+
 
 def small_config(tmp_path: Path, algorithm: str, **sections) -> Path:
     """The shipped config of `algorithm` (impala: cartpole.yaml switched to it) on a small budget; `sections`

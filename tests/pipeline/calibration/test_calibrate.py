@@ -28,6 +28,7 @@ from pipeline.calibration.twin import fixed_set
 from pipeline.config import load_config, parse_config
 from shield.client import PolicyClient
 from shield.shadowlog import read_shadow_log, write_shadow_log
+from tests.helpers.algorithm_configs import WIRING_GATE
 from tests.helpers.serve_bundles import ServerProcess
 from tests.helpers.shadow_candidates import write_lqr_bundle
 
@@ -255,7 +256,7 @@ def _tiny_flow_config(base: Path) -> Path:
     data["task"]["max_episode_steps"] = 100
     data["train"].update(total_env_steps=4096, num_actors=1, envs_per_actor=4, checkpoint_every=1000)
     data["shadow"].update(episodes=2)
-    data["gate"].update({"min_return_ratio": 0.01, "max_intervention_rate": 1.0, "max_latency_p99_us": 1e6})
+    data["gate"].update(WIRING_GATE)
     data["gate"]["min_return_ratio_production"] = 0.01
     data["calibration"] = {"known": {"joint_damping.slider": TRUTH["joint_damping.slider"]}}
     data["falsify"] = {"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1}  # as tests/flows/test_flows.py

@@ -37,6 +37,9 @@ def good_metrics(**overrides) -> dict:
         "control_period_s": 0.02,
         "looks": 1,
         "planned_looks": 1,
+        # A task that ends no episode early (the arm): nothing to lose, so the returns decide.
+        "failures_vs_legacy": {"candidate_only": 0, "legacy_only": 0, "episodes": N},
+        "episodes_can_end_early": False,
     }
     m.update(overrides)
     return m
@@ -47,6 +50,7 @@ def test_good_candidate_passes_with_every_check_reported():
     assert decision.decision == "pass"
     assert [c.key for c in decision.checks] == [
         "gate.min_return_ratio",
+        "gate.max_lost_rate_increase",
         "gate.max_violations",
         "gate.max_intervention_rate",
         "gate.max_latency_p99_us",
@@ -249,3 +253,41 @@ def test_bursty_interventions_are_bounded_with_the_episode_as_the_unit():
     assert verdicts["even"].passed is True
     assert verdicts["bursts"].passed is not True and verdicts["bursts"].value > 0.05
     assert "Clopper-Pearson over episodes (design effect)" in verdicts["bursts"].detail
+
+
+def test_lost_episodes_decide_with_their_exact_bounds_and_say_how_many_episodes_would():
+    lost = "gate.max_lost_rate_increase"
+
+    def check(b, c, n, can_end_early=True, **gate):
+        metrics = good_metrics(
+            failures_vs_legacy={"candidate_only": b, "legacy_only": c, "episodes": n},
+            episodes_can_end_early=can_end_early,
+        )
+        decision = decide(metrics, GateConfig(**gate))
+        return decision, next(x for x in decision.checks if x.key == lost)
+
+    # None lost in 30: the bound (0.095) is far above 0.02; the line says how many episodes would decide it.
+    decision, c = check(0, 0, 30)
+    assert decision.decision == "inconclusive" and c.status == "undecided"
+    assert "with none lost, 149 episodes decide it" in c.reason and "0 of 30" in c.reason
+    decision, c = check(0, 0, 149)
+    assert decision.decision == "pass" and c.interval[1] <= 0.02
+    # Dropping the pole on 20 of 320 episodes legacy kept: refused, named, with its bounds.
+    decision, c = check(20, 0, 320)
+    assert decision.decision == "fail" and decision.failing == [lost] and c.interval[0] > 0.02
+    assert len(decision.next_steps) == 1 and "train.adaptive" in decision.next_steps[0]  # what to do about it
+    assert "raise gate.max_episodes" in check(0, 0, 30)[0].next_steps[0]
+    assert not check(0, 0, 149)[0].next_steps
+    # Episodes both lost cancel; episodes only legacy lost are the candidate's credit on the lower bound.
+    assert check(20, 8, 320)[1].status == "undecided"
+    # A task that ends no episode early passes without a sample; a diverged episode there is still counted.
+    assert check(0, 0, N, can_end_early=False)[1].passed is True
+    assert check(1, 0, N, can_end_early=False)[1].status == "undecided"
+    # A wider tolerance is allowed, and the report names it as loosened by its key; 1 turns the check off.
+    decision, c = check(3, 0, N, max_lost_rate_increase=1.0)
+    assert c.passed is True and any(line.startswith(f"{lost}=1") for line in decision.loosened)
+    assert not decide(good_metrics(), GateConfig()).loosened
+    # Metrics without the counts (a field log the twin could not replay) cannot pass.
+    metrics = good_metrics()
+    del metrics["failures_vs_legacy"]
+    assert decide(metrics, GateConfig()).decision == "inconclusive"

@@ -17,6 +17,9 @@ from pipeline.evaluation.gate_statistics import (
     clopper_pearson_lower,
     clopper_pearson_upper,
     episode_rate_bounds,
+    episodes_to_bound,
+    look_sizes,
+    lost_rate_bounds,
     paired_bound,
     planned_looks,
 )
@@ -89,6 +92,8 @@ def _metrics(legacy: np.ndarray, cand: np.ndarray, look: int, looks: int) -> dic
         "latency_p99_us": 100.0,
         "counterfactual_latency_p99_us": 100.0,
         "control_period_s": 0.02,
+        "failures_vs_legacy": {"candidate_only": 0, "legacy_only": 0, "episodes": len(cand)},
+        "episodes_can_end_early": False,  # returns alone decide here; lost episodes have tests of their own
     }
 
 
@@ -96,16 +101,16 @@ def simulate_gate(gate: GateConfig, batch: int, difference, spread: float, runs:
     """Run the sequential gate `runs` times on synthetic paired returns: legacy's vary a lot from domain to domain
     (common to both policies), the paired difference is `difference(rng, n)`. Returns (decisions, episodes used)."""
     rng = np.random.default_rng(seed)
-    looks = planned_looks(gate.max_episodes, batch)
+    sizes = look_sizes(gate.max_episodes, batch)
     decisions, used = [], []
     for _ in range(runs):
         legacy, cand = np.empty(0), np.empty(0)
-        for look in range(1, looks + 1):
-            n = min(batch, gate.max_episodes - legacy.size)
+        for look, upto in enumerate(sizes, 1):
+            n = upto - legacy.size
             domain = rng.normal(LEGACY_MEAN, 80.0, n)  # the plant, start and pushes: cancel out of the pair
             legacy = np.concatenate([legacy, domain])
             cand = np.concatenate([cand, domain + spread * difference(rng, n)])
-            decision = decide(_metrics(legacy, cand, look, looks), gate)
+            decision = decide(_metrics(legacy, cand, look, len(sizes)), gate)
             if decision.settled:
                 break
         decisions.append(decision.decision)
@@ -206,3 +211,86 @@ def test_a_single_burst_in_forty_episodes_is_bounded_not_left_at_one():
     low, high = episode_rate_bounds(counts, lengths, 0.0125)
     assert clopper_pearson_upper(7, 20_000, 0.0125) < high < 0.01
     assert 0.0 <= low <= 7 / 20_000
+
+
+# ----------------------------------------------------------------------------- lost episodes
+
+
+def test_looks_double_from_the_first_batch_to_the_budget():
+    assert look_sizes(320, 10) == [10, 20, 40, 80, 160, 320]
+    assert look_sizes(40, 10) == [10, 20, 40]
+    assert look_sizes(300, 10) == [10, 20, 40, 80, 160, 300]  # the last look is the budget itself
+    assert look_sizes(10, 10) == [10] and look_sizes(5, 10) == [5]
+    assert planned_looks(320, 10) == 6
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(20, 700),
+    tolerance=st.sampled_from([0.01, 0.02, 0.05, 0.1]),
+    alpha=st.sampled_from([0.05, 0.05 / 6, 0.01]),
+    legacy_rate=st.sampled_from([0.0, 0.01]),
+)
+def test_a_candidate_losing_more_than_the_tolerance_passes_one_look_at_most_alpha_of_the_time(
+    n, tolerance, alpha, legacy_rate
+):
+    """Exact, not simulated: a candidate whose episodes only it loses come at exactly the tolerance, the worst
+    rate the check must refuse; summing the binomial over every count the check would pass gives its chance of
+    passing, which must stay <= alpha whatever legacy itself loses."""
+    p = tolerance
+    passing = [b for b in range(n + 1) if lost_rate_bounds(b, 0, n, alpha)[1] <= tolerance]
+    assert float(binom.pmf(passing, n, p).sum()) <= alpha * (1 + 1e-9)
+    # ... and the fail side: a candidate exactly at the tolerance is refused at most alpha of the time.
+    rng = np.random.default_rng(n)
+    c = rng.binomial(n, legacy_rate)
+    failing = [b for b in range(n + 1) if lost_rate_bounds(b, c, n, alpha)[0] > tolerance]
+    assert float(binom.pmf(failing, n, p).sum()) <= alpha * (1 + 1e-9)
+
+
+@given(rate=st.sampled_from([0.005, 0.01, 0.02, 0.05]), alpha=st.sampled_from([0.05, 0.05 / 6, 0.001]))
+def test_the_episodes_a_lossless_candidate_needs_solve_the_closed_form(rate, alpha):
+    n = episodes_to_bound(rate, alpha)
+    assert lost_rate_bounds(0, 0, n, alpha)[1] <= rate < lost_rate_bounds(0, 0, n - 1, alpha)[1]
+
+
+def simulate_lost(gate: GateConfig, batch: int, lost_rate: float, bulk_gain: float, runs: int, seed: int):
+    """The sequential gate on cart-pole-like episodes: the candidate gains `bulk_gain` on the episodes it keeps,
+    and loses the pole (and ~370 of its return) on a share `lost_rate` of them; legacy loses none."""
+    rng = np.random.default_rng(seed)
+    sizes = look_sizes(gate.max_episodes, batch)
+    decisions = []
+    for _ in range(runs):
+        legacy, cand, lost = np.empty(0), np.empty(0), np.empty(0, bool)
+        for look, upto in enumerate(sizes, 1):
+            n = upto - legacy.size
+            domain = rng.normal(LEGACY_MEAN, 30.0, n)
+            drop = rng.random(n) < lost_rate
+            legacy = np.concatenate([legacy, domain])
+            cand = np.concatenate([cand, domain + bulk_gain + rng.normal(0, 3.0, n) - 370.0 * drop])
+            lost = np.concatenate([lost, drop])
+            metrics = _metrics(legacy, cand, look, len(sizes))
+            metrics.update(
+                failures_vs_legacy={"candidate_only": int(lost.sum()), "legacy_only": 0, "episodes": len(cand)},
+                episodes_can_end_early=True,
+            )
+            decision = decide(metrics, gate)
+            if decision.settled:
+                break
+        decisions.append(decision.decision)
+    return decisions
+
+
+def test_a_candidate_that_drops_the_pole_now_and_then_is_not_promoted_on_the_episodes_that_did_not_show_it():
+    """The cart-pole's candidates as measured on 200 fresh episodes: +9 on the episodes they keep, a pole dropped
+    on 3 % of them, so the mean is about -2 against a legacy that drops none. The return bounds alone promote it
+    whenever the first 20 episodes hold no drop (about half the nights); with the lost-episode bound they do not."""
+    runs = 200
+    shipped = GateConfig(max_episodes=320)
+    returns_only = GateConfig(max_episodes=320, max_lost_rate_increase=1.0)
+    blind = simulate_lost(returns_only, 10, 0.03, 9.0, runs, seed=1)
+    assert blind.count("pass") / runs > 0.3  # the flaw the lost-episode bound mends
+    decisions = simulate_lost(shipped, 10, 0.03, 9.0, runs, seed=1)
+    assert decisions.count("pass") / runs <= 0.05
+    # A candidate that keeps every episode and gains the same passes within the budget.
+    keeper = simulate_lost(shipped, 10, 0.0, 9.0, 50, seed=2)
+    assert keeper.count("pass") == 50

@@ -67,13 +67,16 @@ def test_legacy_copy_shows_no_divergence_and_passes_with_a_stated_margin(base):
     assert m["candidate_return_mean"] == pytest.approx(m["legacy_return_mean"], rel=1e-3)
     # Equal to legacy passes only because the config allows 1 %, and the gate says so.
     assert result["decision"] == "pass", result["reasons"]
-    assert len(result["reasons"]) == 4 and all(r.startswith("PASS ") for r in result["reasons"])
+    assert len(result["reasons"]) == 5 and all(r.startswith("PASS ") for r in result["reasons"])
     assert "LOOSENED by gate.min_return_ratio=0.99" in result["reasons"][0]
+    n = len(m["candidate_returns"])
+    assert f"the candidate lost 0 of {n} episodes that legacy kept" in result["reasons"][1]
     assert result["loosened"] == [
-        "gate.min_return_ratio=0.99: the candidate may be 1% of legacy's |mean return| worse than legacy"
+        "gate.min_return_ratio=0.99: the candidate may be 1% of legacy's |mean return| worse than legacy",
+        "gate.max_lost_rate_increase=0.2: the candidate may lose 20% more episodes than legacy (shipped: 0.02)",
     ]
     # Sequential: it stopped when the bound decided, before the budget, and never before gate.min_episodes.
-    assert m["stopped"] == "decided" and 20 <= len(m["candidate_returns"]) < 40
+    assert m["stopped"] == "decided" and 20 <= n < m["budget_episodes"] == 80
 
 
 def test_equal_to_legacy_is_not_promoted_by_the_default_gate(base):
@@ -150,7 +153,7 @@ def test_random_candidate_fails_and_names_the_thresholds(base):
     assert "gate.min_return_ratio" in result["failing"]
     fail_lines = [r for r in result["reasons"] if r.startswith("FAIL ")]
     assert any("gate.min_return_ratio" in r and "legacy" in r for r in fail_lines)
-    assert len(result["reasons"]) == 4  # passing checks are reported too
+    assert len(result["reasons"]) == 5  # passing checks are reported too
     m = result["metrics"]
     assert m["candidate_return_mean"] < 0.8 * m["legacy_return_mean"]
     assert m["agreement_rate"] < 0.9
@@ -269,12 +272,14 @@ def test_cli_exit_code_follows_the_gate(base, capsys):
     )
     out = json.loads(capsys.readouterr().out)
     assert out["decision"] == "fail" and out["failing"] == ["gate.max_latency_p99_us"]
-    # Field logs cannot run the return and violation checks: inconclusive (exit 1, never promoted)...
+    # Field logs cannot run the return, lost-episode and violation checks: inconclusive (exit 1, never promoted)...
     assert run_cli(_args(bundle=str(bundle), config=loose, from_log=sim["log"], report=str(base / "cli2"))) == 1
     assert "gate: INCONCLUSIVE" in capsys.readouterr().out
     # ...unless the config waives exactly those checks.
     waived = _config_with_gate(
-        base / "waived.yaml", max_latency_p99_us=1e6, waive=["gate.min_return_ratio", "gate.max_violations"]
+        base / "waived.yaml",
+        max_latency_p99_us=1e6,
+        waive=["gate.min_return_ratio", "gate.max_lost_rate_increase", "gate.max_violations"],
     )
     assert run_cli(_args(bundle=str(bundle), config=waived, from_log=sim["log"], report=str(base / "cli3"))) == 0
     assert "gate: PASS" in capsys.readouterr().out

@@ -27,21 +27,26 @@ def test_shield_keeps_trained_return_on_nominal_domains(trained_cartpole):
 
 
 @pytest.mark.timeout(600)
-def test_trained_candidate_is_promoted_on_its_bound_or_undecided_never_refused(trained_cartpole, tmp_path):
+def test_trained_candidate_is_never_promoted_before_its_lost_episodes_are_bounded(trained_cartpole, tmp_path):
     from pipeline.evaluation.shadow import run_shadow
 
-    cfg = trained_cartpole.cfg
+    cfg = trained_cartpole.cfg.model_copy(deep=True)
+    # The shipped gate with 40 episodes of budget, not 320: too few to bound a lost pole under 0.02 (237 with none
+    # lost), so whatever its returns show, this candidate cannot be promoted on them alone.
+    cfg.gate.max_episodes = 40
     result = run_shadow(trained_cartpole.bundle, cfg, domains="reality", episodes=10, report_dir=tmp_path / "report")
     m = result["metrics"]
     assert m["candidate_violations"] == 0
     assert cfg.gate.min_return_ratio == 1.0 and not result["loosened"]
-    line = next(r for r in result["reasons"] if "gate.min_return_ratio:" in r)
-    # Judged on paired episodes at 95 %, the trained policy is never shown worse than legacy. It is promoted when
-    # its lower bound clears legacy, before the budget; a run whose policy drops the pole on one of the 40 reality
-    # episodes (some training runs of this budget do) stays undecided: inconclusive, never a pass on luck.
-    assert result["decision"] in ("pass", "inconclusive"), result["reasons"]
-    if result["decision"] == "pass":
-        assert line.startswith("PASS ") and "bounds [+" in line, line
-        assert len(m["candidate_returns"]) < cfg.gate.max_episodes
-    else:
-        assert line.startswith("UNDECIDED ") and m["stopped"] == "episode budget", line
+    returns = next(r for r in result["reasons"] if "gate.min_return_ratio:" in r)
+    lost = next(r for r in result["reasons"] if "gate.max_lost_rate_increase:" in r)
+    # Judged on paired episodes at 95 %, the trained policy is never shown worse than legacy on return ...
+    assert not returns.startswith("FAIL "), returns
+    # ... and never promoted: its lost episodes stay undecided (or, if it drops the pole often, refuse it).
+    assert result["decision"] in ("inconclusive", "fail"), result["reasons"]
+    assert lost.startswith(("UNDECIDED ", "FAIL ")), lost
+    if result["decision"] == "fail":
+        assert result["failing"] == ["gate.max_lost_rate_increase"], result["reasons"]
+    n = len(m["candidate_returns"])
+    assert f"of {n} episodes that legacy kept" in lost
+    assert m["failures_vs_legacy"]["episodes"] == n

@@ -370,6 +370,8 @@ def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: 
         for who, row in summary["comparison"].items()
     )
     loosened = "".join(f"- LOOSENED: {line}\n" for line in summary.get("loosened", []))
+    steps = summary.get("next_steps", [])
+    next_steps = ("\n## Next\n" + "".join(f"- {line}\n" for line in steps)) if steps else ""
     calibrated = (
         ""
         if calibration is None
@@ -392,7 +394,7 @@ def _publish_artifacts(summary: dict, shadow: dict, trained: dict, calibration: 
             f"{'n/a' if trained['final_return'] is None else format(trained['final_return'], '.1f')}\n"
             f"- report: `{summary['report']}`\n- {summary['verdict']}\n\n"
             f"## Same episodes, side by side\n| policy | episodes | mean return | 95% CI |\n|---|---|---|---|\n"
-            f"{table}\n## Gate\n{loosened}{reasons}\n{calibrated}"
+            f"{table}\n## Gate\n{loosened}{reasons}\n{next_steps}{calibrated}"
         ),
         description=f"gate {summary['decision']}",
     )

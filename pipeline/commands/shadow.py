@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         *(f"  LOOSENED {line}" for line in result.get("loosened", [])),
         *(f"  {reason}" for reason in result["reasons"]),
         *(
-            f"episodes lost (ended early by the task), {who}: {failures_line(m.get(f'{who}_failures'))}"
+            f"episodes lost (ended early, or outside the safe set), {who}: {failures_line(m.get(f'{who}_failures'))}"
             for who in ("candidate", "legacy", "production")
             if m.get(f"{who}_failures")
         ),

@@ -339,6 +339,12 @@ class RunTotals:
     def steps(self) -> int:
         return int(sum(self.lengths))
 
+    @property
+    def lost(self) -> list[bool]:
+        """Per episode: the task ended it early or it left the safe set. Either is a lost episode: legacy runs
+        unshielded on the plant today, and where it keeps the pole up by crossing its limit it has not kept it."""
+        return [bool(t or v > 0) for t, v in zip(self.terminated, self.violations, strict=True)]
+
     def extend(self, more: RunTotals) -> RunTotals:
         """This run extended by a later batch's totals (episodes appended in seed order); returns self."""
         self.seeds += more.seeds

@@ -14,10 +14,10 @@ Checks (each names its config key, its value and its threshold):
   No pass on fewer than ``gate.min_episodes`` paired episodes.
 - ``gate.min_return_ratio_production``: the same rule against the production
   version, when the metrics hold its returns on the same seeds.
-- ``gate.max_lost_rate_increase`` (x): episodes the task ended early (a
-  dropped pole, a crash) that the candidate lost and legacy did not, on the
-  same episodes: pass when the exact upper bound on that rate is at most x,
-  fail when the lower bound on the candidate's lost rate minus legacy's is
+- ``gate.max_lost_rate_increase`` (x): lost episodes (the task ended them
+  early: a dropped pole, a crash; or they left the safe set), the
+  candidate's rate minus legacy's on the same episodes: pass when the exact
+  upper bound on that difference is at most x, fail when its lower bound is
   above it. The return bounds cannot see a rare loss no episode of the
   sample showed; this bound does, and it is what makes a pass wait for the
   few hundred episodes a rare loss needs to be ruled out.
@@ -71,6 +71,7 @@ from pipeline.evaluation.gate_statistics import (
 )
 
 PRODUCTION_KEY = "gate.min_return_ratio_production"
+LOST_KEY = "gate.max_lost_rate_increase"
 
 
 @dataclass(frozen=True)
@@ -147,14 +148,16 @@ class GateDecision:
         for c in self.checks:
             if c.passed is True or c.key not in NEXT_STEPS:
                 continue
-            out.append(NEXT_STEPS[c.key]["fail" if c.passed is False else "undecided"])
+            # Undecided, but losing more than it may on the sample so far: more episodes would refuse it, not pass it.
+            losing = c.key == LOST_KEY and _known(c.value) and _known(c.threshold) and c.value > c.threshold
+            out.append(NEXT_STEPS[c.key]["fail" if c.passed is False or losing else "undecided"])
         return out
 
 
 LATENCY_SHARE = 0.1  # the default latency limit's share of the control period
 
 NEXT_STEPS = {
-    "gate.max_lost_rate_increase": {
+    LOST_KEY: {
         "fail": "the candidate loses episodes legacy keeps (a dropped pole, a crash): train it where it loses them "
         "(train.adaptive, a policy that infers the plant it is on; more train.total_env_steps; a training set that "
         "reaches the hard corner) and gate again; `sim2real eval BUNDLE --domains reality` counts its lost episodes",
@@ -162,8 +165,8 @@ NEXT_STEPS = {
         "raise gate.max_episodes (its line says how many decide it) or gate.max_seconds",
     },
     "gate.min_return_ratio": {
-        "fail": "the candidate returns less than legacy on the same episodes: train longer or on the plants where it "
-        "falls short (the report's per-episode returns show which)",
+        "fail": "the candidate's return falls short of gate.min_return_ratio against legacy on the same episodes: "
+        "train longer or on the plants where it falls short (the report's per-episode returns show which)",
         "undecided": "the return bound straddles legacy's: more episodes (gate.max_episodes) narrow it; a candidate "
         "merely equal to legacy never passes",
     },
@@ -255,45 +258,44 @@ def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
     )
 
 
-LOST_KEY = "gate.max_lost_rate_increase"
-
-
 def lost_check(metrics: dict, gate) -> GateCheck:
-    """`gate.max_lost_rate_increase` on exact paired bounds of the episodes only the candidate lost (against
-    legacy; production passed the same check against legacy on its own night)."""
+    """`gate.max_lost_rate_increase` on exact paired bounds of the episodes each policy lost and the other did not
+    (against legacy; production passed the same check against legacy on its own night)."""
     limit = gate.max_lost_rate_increase
     pairs = metrics.get("failures_vs_legacy")
     if not pairs or not pairs.get("episodes"):
         return GateCheck(LOST_KEY, None, limit, None, "no lost-episode counts (they need the counterfactual pass)")
     b, c, n = int(pairs["candidate_only"]), int(pairs["legacy_only"]), int(pairs["episodes"])
     counted = f"the candidate lost {b} of {n} episodes that legacy kept, legacy lost {c} that the candidate kept"
-    if metrics.get("episodes_can_end_early") is False and b == 0 and c == 0:
+    if metrics.get("episodes_can_end_early") is False and b == 0:
+        # Nothing ends an episode early here, so a lost episode is a violating one, which gate.max_violations
+        # already allows none of.
         return GateCheck(
             LOST_KEY,
             0.0,
             limit,
             True,
-            f"{counted}; the task ends no episode early (no termination declared)",
-            interval=(0.0, 0.0),
+            f"{counted}; the task ends no episode early (no termination declared), so only a violation loses one",
+            interval=(-c / n, 0.0),
         )
     alpha, where = _look(metrics, gate)
     lower, upper = lost_rate_bounds(b, c, n, alpha)
     passed = True if upper <= limit else False if lower > limit else None
     said = {
-        True: f"upper bound {upper:.4f} <= {limit:g}",
-        False: f"lower bound {lower:.4f} > {limit:g}: it loses episodes legacy keeps",
+        True: f"upper bound {upper:+.4f} <= {limit:g}",
+        False: f"lower bound {lower:+.4f} > {limit:g}: it loses episodes legacy keeps",
         None: f"bounds straddle {limit:g}: undecided"
         + (
-            f" (with none lost, {episodes_to_bound(limit, alpha)} episodes decide it)"
+            f" (with none lost by either, {episodes_to_bound(limit, alpha / 2)} episodes decide it)"
             if 0 < limit < 1 and b == 0
             else ""
         ),
     }[passed]
     detail = (
-        f"{counted}: candidate-minus-legacy lost rate bounds [{lower:+.4f}, {upper:.4f}]: {said} "
-        f"({RATE_METHOD}, {where})"
+        f"{counted}: lost rate, candidate - legacy, bounds [{lower:+.4f}, {upper:+.4f}]: {said} "
+        f"({RATE_METHOD}, each rate at alpha / 2, {where})"
     )
-    return GateCheck(LOST_KEY, b / n, limit, passed, detail, undecided=passed is None, interval=(lower, upper))
+    return GateCheck(LOST_KEY, (b - c) / n, limit, passed, detail, undecided=passed is None, interval=(lower, upper))
 
 
 def intervention_check(metrics: dict, gate) -> GateCheck:

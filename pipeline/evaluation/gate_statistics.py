@@ -15,8 +15,9 @@ gate never passes, because a skew the sample has not yet shown cannot be
 corrected. What stays outside any bound on tens of episodes is a rare large
 loss that no episode of the sample showed (a pole dropped on one episode in
 thirty): the gate therefore also bounds that event itself, exactly, as the
-rate of episodes the candidate lost where the reference did not
-(`lost_rate_bounds`), and a pass needs that bound under its tolerance.
+rate of episodes the candidate lost minus the rate the reference lost, on
+the same episodes (`lost_rate_bounds`), and a pass needs that bound under
+its tolerance.
 The resampling uses a fixed seed, so a report is reproducible.
 
 Sequential looks. The gate adds episodes, doubling the sample from one look
@@ -176,16 +177,17 @@ def clopper_pearson_lower(k: int, n: int, alpha: float) -> float:
 def lost_rate_bounds(candidate_only: int, reference_only: int, n: int, alpha: float) -> tuple[float, float]:
     """Bounds at level 1 - alpha each on p_c - p_r, the rate of episodes the candidate lost minus the reference's,
     from n paired episodes: `candidate_only` the candidate lost and the reference did not, `reference_only` the
-    reverse (the episodes both lost cancel). Upper: the exact Clopper-Pearson bound on the candidate-only rate
-    alone (p_c - p_r <= that rate, so no alpha is split); lower: its lower bound minus the reference-only rate's
-    upper bound, alpha / 2 each (Bonferroni)."""
-    upper = clopper_pearson_upper(candidate_only, n, alpha)
+    reverse (the episodes both lost cancel). Each side is the exact Clopper-Pearson bound on one discordant rate
+    less the other's opposite bound, alpha / 2 each (Bonferroni), whatever the counts, so that which bound applies
+    never depends on the sample."""
+    upper = clopper_pearson_upper(candidate_only, n, alpha / 2) - clopper_pearson_lower(reference_only, n, alpha / 2)
     lower = clopper_pearson_lower(candidate_only, n, alpha / 2) - clopper_pearson_upper(reference_only, n, alpha / 2)
     return lower, upper
 
 
 def episodes_to_bound(rate: float, alpha: float) -> int:
-    """Fewest episodes, none lost, whose exact upper bound at 1 - alpha is at most `rate`: (1 - rate)^n <= alpha."""
+    """Fewest episodes, none lost, whose exact upper bound at 1 - alpha is at most `rate`: (1 - rate)^n <= alpha.
+    (`lost_rate_bounds` spends alpha / 2 on each rate.)"""
     if rate >= 1.0:
         return 1
     if rate <= 0.0:

@@ -190,7 +190,7 @@ def _side_by_side(metrics: dict, decision) -> str:
         "<h2>Same episodes, side by side</h2>"
         + loosened
         + "<table><tr><th>policy</th><th>episodes</th><th>mean return</th><th>95% CI (bootstrap)</th>"
-        "<th>episodes lost (ended early by the task)</th></tr>"
+        "<th>episodes lost (ended early, or outside the safe set)</th></tr>"
         + "".join(rows)
         + "</table>"
         + (

@@ -312,9 +312,9 @@ def evaluate_candidate(
             metrics.update(counterfactual_metrics(cand_totals, dt))
             if production is not None:
                 metrics.update(production_metrics(prod_totals, production.bundle.version))
-            failed = {"candidate": cand_totals.terminated, "legacy": legacy_totals.terminated}
+            failed = {"candidate": cand_totals.lost, "legacy": legacy_totals.lost}
             if production is not None:
-                failed["production"] = prod_totals.terminated
+                failed["production"] = prod_totals.lost
             metrics.update(failure_metrics(failed, cfg.gate.confidence, ends_early))
             metrics.update(extra_metrics or {})
             metrics.update(looks=look, planned_looks=looks, budget_episodes=budget)
@@ -405,7 +405,7 @@ def pair_with_log(runtime, cfg, shadow: ShadowRun, metrics: dict, seeds: list[in
     metrics.update(counterfactual_metrics(cf.totals, dt))
     metrics.update(
         failure_metrics(
-            {"candidate": cf.totals.terminated, "legacy": replay.terminated},
+            {"candidate": cf.totals.lost, "legacy": replay.lost},
             cfg.gate.confidence,
             __import__("envs").task(cfg.task.env_id).ends_early,
         )

@@ -140,14 +140,14 @@ def production_metrics(totals, version) -> dict:
 
 
 def failure_metrics(failed: dict[str, list[bool]], confidence: float, ends_early: bool = True) -> dict:
-    """Episodes each policy lost, the task ending them early (a dropped pole, a crash), per policy as k of n with
-    the exact upper bound at `confidence` (one look), and against the candidate episode by episode: episodes only
-    the candidate lost, and only the reference. `ends_early`: whether the task can end an episode early at all
-    (a declared termination, a crash), or only on a diverged state.
+    """Episodes each policy lost (`RunTotals.lost`: the task ended them early, a dropped pole or a crash, or they
+    left the safe set), per policy as k of n with the exact upper bound at `confidence` (one look), and against the
+    candidate episode by episode: episodes only the candidate lost, and only the reference. `ends_early`: whether
+    the task can end an episode early at all (a declared termination, a crash), or only on a diverged state.
 
-    The gate decides on the candidate-only count (`gate.max_lost_rate_increase`): a loss of this size costs an
-    episode hundreds of return units, so a candidate that loses one episode in thirty can be worse than legacy on
-    the mean while a 20-episode sample that shows none puts its mean gain well above 0."""
+    The gate decides on the paired counts (`gate.max_lost_rate_increase`): a dropped pole costs an episode hundreds
+    of return units, so a candidate that loses one episode in thirty can be worse than legacy on the mean while a
+    20-episode sample that shows none puts its mean gain well above 0."""
     from pipeline.evaluation.gate_statistics import rate_summary
 
     out: dict = {f"{who}_failures": rate_summary(sum(flags), len(flags), confidence) for who, flags in failed.items()}

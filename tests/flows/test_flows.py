@@ -132,6 +132,8 @@ def test_failing_gate_leaves_production_unchanged(promoted, tmp_path):
     flow_run_id = str(state.state_details.flow_run_id)
     summary = next(a for a in _artifacts(flow_run_id) if a.key == "retrain-summary")
     assert "FAILED" in summary.data and "return" in summary.data
+    # ... and what to do about it.
+    assert "## Next\n- the candidate's return falls short of gate.min_return_ratio" in summary.data
     assert Registry(models).list("cartpole")[-1]["version"] > before, "the failed candidate is still registered"
 
 

@@ -266,22 +266,27 @@ def test_lost_episodes_decide_with_their_exact_bounds_and_say_how_many_episodes_
         decision = decide(metrics, GateConfig(**gate))
         return decision, next(x for x in decision.checks if x.key == lost)
 
-    # None lost in 30: the bound (0.095) is far above 0.02; the line says how many episodes would decide it.
+    # None lost in 30: the bound (0.115) is far above 0.02; the line says how many episodes would decide it.
     decision, c = check(0, 0, 30)
     assert decision.decision == "inconclusive" and c.status == "undecided"
-    assert "with none lost, 149 episodes decide it" in c.reason and "0 of 30" in c.reason
-    decision, c = check(0, 0, 149)
+    assert "with none lost by either, 183 episodes decide it" in c.reason and "0 of 30" in c.reason
+    decision, c = check(0, 0, 183)
     assert decision.decision == "pass" and c.interval[1] <= 0.02
     # Dropping the pole on 20 of 320 episodes legacy kept: refused, named, with its bounds.
     decision, c = check(20, 0, 320)
     assert decision.decision == "fail" and decision.failing == [lost] and c.interval[0] > 0.02
     assert len(decision.next_steps) == 1 and "train.adaptive" in decision.next_steps[0]  # what to do about it
     assert "raise gate.max_episodes" in check(0, 0, 30)[0].next_steps[0]
-    assert not check(0, 0, 149)[0].next_steps
+    # Undecided, but losing 12 of 320 where 2 % are allowed: more episodes are not the answer.
+    assert check(12, 0, 320)[1].status == "undecided" and "train.adaptive" in check(12, 0, 320)[0].next_steps[0]
+    assert not check(0, 0, 183)[0].next_steps
+    # Legacy's own losses (it crosses its limit where the shielded candidate does not) are the candidate's credit.
+    assert check(8, 0, 320)[1].status == "undecided" and check(4, 12, 320)[1].passed is True
     # Episodes both lost cancel; episodes only legacy lost are the candidate's credit on the lower bound.
     assert check(20, 8, 320)[1].status == "undecided"
-    # A task that ends no episode early passes without a sample; a diverged episode there is still counted.
-    assert check(0, 0, N, can_end_early=False)[1].passed is True
+    # A task that ends no episode early passes without a sample (only a violation loses one there, and
+    # gate.max_violations allows none); an episode the candidate lost there is still counted.
+    assert check(0, 2, N, can_end_early=False)[1].passed is True
     assert check(1, 0, N, can_end_early=False)[1].status == "undecided"
     # A wider tolerance is allowed, and the report names it as loosened by its key; 1 turns the check off.
     decision, c = check(3, 0, N, max_lost_rate_increase=1.0)

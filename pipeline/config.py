@@ -497,12 +497,12 @@ class GateConfig(Section):
         LOST_RATE_TOLERANCE,
         ge=0,
         le=1,
-        description="Most the share of episodes the candidate loses (the task ends them early: a dropped pole, "
-        "a crash) may exceed legacy's, on the same episodes: the exact upper bound on the rate of episodes only the "
-        "candidate lost must be at most this at gate.confidence. With none lost that takes "
-        "ln(alpha) / ln(1 - x) episodes (at 0.02, 95 % and 6 looks: 237), so gate.max_episodes must allow it. "
-        f"Above {LOST_RATE_TOLERANCE} the report names it as loosened; 1 turns the check off. A task that cannot "
-        "end an episode early passes it.",
+        description="Most the share of episodes the candidate loses may exceed legacy's, on the same episodes; an "
+        "episode is lost when the task ends it early (a dropped pole, a crash) or it leaves the safe set. The exact "
+        "upper bound on the difference of the two rates must be at most this at gate.confidence. With none lost "
+        "that takes ln(alpha / 2) / ln(1 - x) episodes (at 0.02, 95 % and 6 looks: 270), so gate.max_episodes must "
+        f"allow it. Above {LOST_RATE_TOLERANCE} the report names it as loosened; 1 turns the check off. A task that "
+        "cannot end an episode early passes it while the candidate loses none.",
     )
     max_violations: int = Field(
         0,

@@ -140,8 +140,8 @@ def shadow_result(kind: str, base_dir: Path) -> tuple[Path, dict]:
         # The gate's latency threshold is a property of the edge box, not of this shared 2-core test
         # machine; test_gate_decisions covers the latency rule with fixed numbers.
         cfg.gate.max_latency_p99_us = LOOSE_LATENCY_US
-        # Short episodes and tens of them: with the shipped tolerance (0.02) a pass on lost episodes needs 237 (the
-        # gate statistics tests cover it); these runs loosen it so a copy of legacy decides at 20 (looks at 10, 20,
+        # Short episodes and tens of them: with the shipped tolerance (0.02) a pass on lost episodes needs 270 (the
+        # gate statistics tests cover it); these runs loosen it so a copy of legacy decides within 80 (looks at 10, 20,
         # 40 and 80: each bound at 1 - 0.05 / 4).
         cfg.gate.max_episodes = 80
         cfg.gate.max_lost_rate_increase = LOST_TOLERANCE_SHORT_RUNS

@@ -31,7 +31,7 @@ def test_trained_candidate_is_never_promoted_before_its_lost_episodes_are_bounde
     from pipeline.evaluation.shadow import run_shadow
 
     cfg = trained_cartpole.cfg.model_copy(deep=True)
-    # The shipped gate with 40 episodes of budget, not 320: too few to bound a lost pole under 0.02 (237 with none
+    # The shipped gate with 40 episodes of budget, not 320: too few to bound a lost pole under 0.02 (270 with none
     # lost), so whatever its returns show, this candidate cannot be promoted on them alone.
     cfg.gate.max_episodes = 40
     result = run_shadow(trained_cartpole.bundle, cfg, domains="reality", episodes=10, report_dir=tmp_path / "report")

@@ -44,6 +44,9 @@ NIGHT_2_SEED_OFFSET = 1000
 SHADOW_SEED_BASE = 10_000
 SHADOW_SEED_STEP = 100
 REGATE_SEED_BASE = 200_000  # --regate's plants: below the judge's, above every run's shadow block
+# Each --regate invocation (one --seed0) decides on a block of its own, one gate budget of seeds per bundle in it:
+# blocks of 1000 overlapped once an invocation held more than 3 bundles of 320 episodes.
+REGATE_RUN_STRIDE = 20_000
 
 
 def _night_config(
@@ -62,15 +65,12 @@ def _night_config(
     return out
 
 
-def _paired(metrics: dict, reference: str, confidence: float) -> dict | None:
+def _paired(metrics: dict, reference: str, gate) -> dict | None:
     """The paired difference (candidate - reference) the gate decided on: mean and its bounds at the last look."""
-    from pipeline.evaluation.gate_statistics import look_alpha, paired_bound
+    from pipeline.evaluation.gate import paired_return_bound
 
-    ref, cand = metrics.get(f"{reference}_returns"), metrics.get("candidate_returns")
-    if not ref or not cand:
-        return None
-    b = paired_bound(cand, ref, look_alpha(confidence, metrics.get("planned_looks") or 1))
-    return {"mean": b.mean, "lower": b.lower, "upper": b.upper, "n": b.n}
+    b = paired_return_bound(metrics, gate, reference)
+    return None if b is None else {"mean": b.mean, "lower": b.lower, "upper": b.upper, "n": b.n}
 
 
 def one_night(
@@ -90,7 +90,7 @@ def one_night(
 
     cfg_path = _night_config(config, runs / f"night-{seed}.yaml", seed, shadow_seed, falsify_budget, latency_us)
     cfg = load_config(cfg_path)
-    task, confidence = cfg.task.name, cfg.gate.confidence
+    task = cfg.task.name
     before = set(Registry(models).versions(task))
     start = time.perf_counter()
     state = retrain(
@@ -121,8 +121,8 @@ def one_night(
         "verdict": summary.get("verdict"),
         "production_after": summary["production"],
         "production_before": summary.get("previous_production"),
-        "vs_legacy": _paired(metrics, "legacy", confidence),
-        "vs_production": _paired(metrics, "production", confidence),
+        "vs_legacy": _paired(metrics, "legacy", cfg.gate),
+        "vs_production": _paired(metrics, "production", cfg.gate),
         "episodes": len(metrics.get("candidate_returns") or []),
         "first_seed": (metrics.get("seeds") or [None])[0],
         "decision_wall_s": metrics.get("evaluation_wall_s"),
@@ -187,7 +187,7 @@ def regate(config: Path, bundles: list[Path], seed0: int) -> list[dict]:
                 "decision": decision.decision,
                 "episodes": len(m["candidate_returns"]),
                 "looks": m["looks"],
-                "vs_legacy": _paired(m, "legacy", cfg.gate.confidence),
+                "vs_legacy": _paired(m, "legacy", cfg.gate),
                 "lost_candidate_only": lost.get("candidate_only"),
                 "lost_legacy_only": lost.get("legacy_only"),
                 "decision_wall_s": m["evaluation_wall_s"],
@@ -261,13 +261,23 @@ def main(argv=None) -> int:
         type=Path,
         default=None,
         help="bundle directories registered by an earlier run (models/<task>/<version>): decide them again with "
-        "the gate as --config ships it, each on plants of its own from --seed0 x 1000, and train nothing",
+        "the gate as --config ships it, each on plants of its own (a block of seeds per --seed0), and train nothing",
     )
     args = parser.parse_args(argv)
     if args.regate:
         if not args.config or len(args.config) != 1:
             parser.error("--regate needs exactly one --config (the gate to decide with)")
-        out = regate(Path(args.config[0]), args.regate, REGATE_SEED_BASE + 1000 * args.seed0)
+        from pipeline.config import load_config
+
+        budget = load_config(args.config[0]).gate.max_episodes
+        first = REGATE_SEED_BASE + REGATE_RUN_STRIDE * args.seed0
+        if len(args.regate) * budget > REGATE_RUN_STRIDE or first + REGATE_RUN_STRIDE > JUDGE_SEED or args.seed0 < 0:
+            parser.error(
+                f"--regate: {len(args.regate)} bundles of {budget} episodes from --seed0 {args.seed0} do not fit a "
+                f"block of {REGATE_RUN_STRIDE} seeds below the judge's ({JUDGE_SEED}): fewer bundles, or a --seed0 "
+                f"from 0 to {(JUDGE_SEED - REGATE_SEED_BASE) // REGATE_RUN_STRIDE - 1}"
+            )
+        out = regate(Path(args.config[0]), args.regate, first)
         for r in out:
             v = r["vs_legacy"]
             print(

@@ -4,10 +4,14 @@ The yardstick of "every fresh run yields a policy that holds up": each run
 trains the config's defaults with `train.seed = seed0 + k`, exports the
 selected checkpoint, runs both shadow passes on the held-out `shadow.domains`
 (`reality`) and applies the config's gate, unchanged. Printed per run and in
-total: the gate decision, the return ratio candidate / legacy on reality (the
-baseline, measured in the same run on the same seeds), shielded violations,
-the shield's intervention rate with the candidate driving, the selected
-checkpoint, and the wall time of the run; plus the machine load.
+total: the gate decision (pass, inconclusive, fail), the paired return
+difference candidate - legacy on reality that it decided on (legacy is the
+baseline, run in the same evaluation on the same seeds) with its bounds and
+the episodes it took, the episodes each policy lost that the other kept,
+shielded violations, the shield's intervention rate with the candidate
+driving, the selected checkpoint, and the wall time of the run; plus the
+machine load. The ratio of mean returns is printed too, as a figure: the
+gate does not decide on it.
 
     python bench/bench_pass_rate.py --config configs/cartpole.yaml --runs 20 [--seed0 100] [--json]
 """
@@ -37,12 +41,20 @@ def one_run(cfg, seed: int, work: Path) -> dict:
     train_s = time.perf_counter() - start
     exported = export_policy(trained.run_dir, out_dir=work / f"bundle-{seed}")
     shadow = run_shadow(exported["bundle"], cfg, domains=cfg.shadow.domains, report_dir=work / f"report-{seed}")
+    from pipeline.evaluation.gate import paired_return_bound
+
     m = shadow["metrics"]
     legacy, cand = m["legacy_return_mean"], m["candidate_return_mean"]
+    bound = paired_return_bound(m, cfg.gate, "legacy")
+    lost = m.get("failures_vs_legacy") or {}
     return dict(
         seed=seed,
         decision=shadow["decision"],
         failing=shadow["failing"],
+        episodes=len(m.get("candidate_returns") or []),
+        vs_legacy=None if bound is None else {"mean": bound.mean, "lower": bound.lower, "upper": bound.upper},
+        lost_candidate_only=lost.get("candidate_only"),
+        lost_legacy_only=lost.get("legacy_only"),
         return_ratio=cand / legacy if legacy else None,
         candidate_return=cand,
         legacy_return=legacy,
@@ -69,6 +81,8 @@ def summarize(runs: list[dict], config: str) -> dict:
         config=config,
         runs=len(runs),
         passed=sum(r["decision"] == "pass" for r in runs),
+        decisions={k: sum(r["decision"] == k for r in runs) for k in ("pass", "inconclusive", "fail")},
+        episodes_median=statistics.median(r["episodes"] for r in runs),
         passed_but_latency=sum(all(k.endswith("max_latency_p99_us") for k in r["failing"]) for r in runs),
         ratio_min=min(ratios),
         ratio_median=statistics.median(ratios),
@@ -106,9 +120,13 @@ def main(argv=None) -> int:
         runs.append(one_run(cfg, args.seed0 + k, work))
         r = runs[-1]
         ratio = "n/a" if r["return_ratio"] is None else f"{r['return_ratio']:.3f}"
+        v = r["vs_legacy"]
+        diff = "n/a" if v is None else f"{v['mean']:+.2f} [{v['lower']:+.2f}, {v['upper']:+.2f}]"
         # Per-run rows as they finish (stderr with --json), so a long bench cut short still says something.
         print(
-            f"seed {r['seed']}: gate {r['decision'].upper():4}  ratio {ratio}  violations {r['violations']}  "
+            f"seed {r['seed']}: gate {r['decision'].upper():12}  vs legacy {diff} on {r['episodes']} episodes  "
+            f"lost {r['lost_candidate_only']} only by the candidate, {r['lost_legacy_only']} only by legacy  "
+            f"ratio of means {ratio}  violations {r['violations']}  "
             f"interventions {r['intervention_rate']:.3f}  latency p99 {r['latency_p99_us']:.0f} us  "
             f"selected update {r['selected_update']}/{r['updates']}  {r['env_steps']} steps  "
             f"wall {r['wall_s']:.0f} s (load {r['load']:.1f})" + (f"  failing {r['failing']}" if r["failing"] else ""),
@@ -122,7 +140,8 @@ def main(argv=None) -> int:
         s = summary
         print(
             f"{s['config']}: {s['passed']}/{s['runs']} passed the gate ({s['passed_but_latency']} with every "
-            f"check but the latency p99); return ratio vs legacy on reality "
+            f"check but the latency p99); decisions {s['decisions']}, median {s['episodes_median']:g} episodes; "
+            f"ratio of mean returns vs legacy on reality "
             f"min {s['ratio_min']:.3f} median {s['ratio_median']:.3f} max {s['ratio_max']:.3f}; "
             f"violations max {s['violations_max']}; intervention rate max {s['intervention_rate_max']:.3f}; "
             f"wall per run median {s['wall_s_median']:.0f} s, max {s['wall_s_max']:.0f} s "

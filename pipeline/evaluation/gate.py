@@ -61,11 +61,12 @@ from pipeline.evaluation.gate_statistics import (
     BOUND_METHOD,
     EPISODE_RATE_METHOD,
     RATE_METHOD,
+    PairedBound,
     clopper_pearson_lower,
     clopper_pearson_upper,
     episode_rate_bounds,
-    episodes_to_bound,
     look_alpha,
+    lossless_episodes,
     lost_rate_bounds,
     paired_bound,
 )
@@ -158,9 +159,10 @@ LATENCY_SHARE = 0.1  # the default latency limit's share of the control period
 
 NEXT_STEPS = {
     LOST_KEY: {
-        "fail": "the candidate loses episodes legacy keeps (a dropped pole, a crash): train it where it loses them "
-        "(train.adaptive, a policy that infers the plant it is on; more train.total_env_steps; a training set that "
-        "reaches the hard corner) and gate again; `sim2real eval BUNDLE --domains reality` counts its lost episodes",
+        "fail": "the candidate loses episodes legacy keeps (a dropped pole, a crash, or it left the safe set): train "
+        "it where it loses them (train.adaptive, a policy that infers the plant it is on; more "
+        "train.total_env_steps; a training set that reaches the hard corner) and gate again; `sim2real eval BUNDLE "
+        "--domains reality` counts its lost episodes",
         "undecided": "too few episodes to bound the candidate's lost episodes under gate.max_lost_rate_increase: "
         "raise gate.max_episodes (its line says how many decide it) or gate.max_seconds",
     },
@@ -206,6 +208,15 @@ def _look(metrics: dict, gate) -> tuple[float, str]:
     return alpha, f"{where}, each bound at {1 - alpha:.4g}"
 
 
+def paired_return_bound(metrics: dict, gate, reference: str) -> PairedBound | None:
+    """The bounds on the paired return difference, candidate - `reference` ("legacy" or "production"), that the
+    gate decides on at the metrics' last look; None where the two did not run the same episodes."""
+    cand, ref = metrics.get("candidate_returns"), metrics.get(f"{reference}_returns")
+    if not cand or not ref or len(cand) != len(ref):
+        return None
+    return paired_bound(cand, ref, _look(metrics, gate)[0])
+
+
 def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
     """The paired return rule against `reference` ("legacy" or "production"); None if there is no production."""
     production = reference == "production"
@@ -226,8 +237,9 @@ def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
         return GateCheck(key, None, ratio, None, f"no {missing}")
     if len(cand) != len(ref_returns):
         return GateCheck(key, None, ratio, None, f"candidate and {label} ran different episodes: cannot pair")
-    alpha, where = _look(metrics, gate)
-    bound = paired_bound(cand, ref_returns, alpha)
+    where = _look(metrics, gate)[1]
+    bound = paired_return_bound(metrics, gate, reference)
+    assert bound is not None  # paired: checked above
     ref_mean = sum(ref_returns) / len(ref_returns)
     thr = return_threshold(ref_mean, ratio) - ref_mean  # on the difference candidate - reference
     verdict = bound.versus(thr)
@@ -267,12 +279,12 @@ def lost_check(metrics: dict, gate) -> GateCheck:
         return GateCheck(LOST_KEY, None, limit, None, "no lost-episode counts (they need the counterfactual pass)")
     b, c, n = int(pairs["candidate_only"]), int(pairs["legacy_only"]), int(pairs["episodes"])
     counted = f"the candidate lost {b} of {n} episodes that legacy kept, legacy lost {c} that the candidate kept"
-    if metrics.get("episodes_can_end_early") is False and b == 0:
+    if metrics.get("episodes_can_end_early") is False and b == 0 and gate.max_violations == 0:
         # Nothing ends an episode early here, so a lost episode is a violating one, which gate.max_violations
         # already allows none of.
         return GateCheck(
             LOST_KEY,
-            0.0,
+            -c / n,
             limit,
             True,
             f"{counted}; the task ends no episode early (no termination declared), so only a violation loses one",
@@ -286,7 +298,7 @@ def lost_check(metrics: dict, gate) -> GateCheck:
         False: f"lower bound {lower:+.4f} > {limit:g}: it loses episodes legacy keeps",
         None: f"bounds straddle {limit:g}: undecided"
         + (
-            f" (with none lost by either, {episodes_to_bound(limit, alpha / 2)} episodes decide it)"
+            f" (with none lost by either, {lossless_episodes(limit, alpha)} episodes decide it)"
             if 0 < limit < 1 and b == 0
             else ""
         ),

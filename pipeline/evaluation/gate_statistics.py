@@ -185,14 +185,14 @@ def lost_rate_bounds(candidate_only: int, reference_only: int, n: int, alpha: fl
     return lower, upper
 
 
-def episodes_to_bound(rate: float, alpha: float) -> int:
-    """Fewest episodes, none lost, whose exact upper bound at 1 - alpha is at most `rate`: (1 - rate)^n <= alpha.
-    (`lost_rate_bounds` spends alpha / 2 on each rate.)"""
-    if rate >= 1.0:
+def lossless_episodes(limit: float, alpha: float) -> int:
+    """Fewest paired episodes, none lost by either policy, whose `lost_rate_bounds` upper bound at `alpha` is at most
+    `limit`: (1 - limit)^n <= alpha / 2, the candidate's rate getting half of alpha there as it does in the bounds."""
+    if limit >= 1.0:
         return 1
-    if rate <= 0.0:
+    if limit <= 0.0:
         raise ValueError("a rate bound of 0 needs infinitely many episodes")
-    return math.ceil(math.log(alpha) / math.log1p(-rate))
+    return math.ceil(math.log(alpha / 2) / math.log1p(-limit))
 
 
 def episode_rate_bounds(counts, lengths, alpha: float) -> tuple[float, float] | None:

@@ -287,6 +287,9 @@ def test_lost_episodes_decide_with_their_exact_bounds_and_say_how_many_episodes_
     # A task that ends no episode early passes without a sample (only a violation loses one there, and
     # gate.max_violations allows none); an episode the candidate lost there is still counted.
     assert check(0, 2, N, can_end_early=False)[1].passed is True
+    assert check(0, 2, N, can_end_early=False)[1].value == -2 / N  # the paired difference, as everywhere else
+    # Where the config allows violations, a violating episode is lost without the gate refusing it: the bounds decide.
+    assert check(0, 0, 30, can_end_early=False, max_violations=5)[1].status == "undecided"
     assert check(1, 0, N, can_end_early=False)[1].status == "undecided"
     # A wider tolerance is allowed, and the report names it as loosened by its key; 1 turns the check off.
     decision, c = check(3, 0, N, max_lost_rate_increase=1.0)

@@ -17,8 +17,8 @@ from pipeline.evaluation.gate_statistics import (
     clopper_pearson_lower,
     clopper_pearson_upper,
     episode_rate_bounds,
-    episodes_to_bound,
     look_sizes,
+    lossless_episodes,
     lost_rate_bounds,
     paired_bound,
     planned_looks,
@@ -273,7 +273,7 @@ def test_a_candidate_at_the_tolerance_passes_and_one_within_it_fails_at_most_alp
 
 @given(rate=st.sampled_from([0.005, 0.01, 0.02, 0.05]), alpha=st.sampled_from([0.05, 0.05 / 6, 0.001]))
 def test_the_episodes_a_lossless_candidate_needs_solve_the_closed_form(rate, alpha):
-    n = episodes_to_bound(rate, alpha / 2)  # each rate's bound spends half
+    n = lossless_episodes(rate, alpha)
     assert lost_rate_bounds(0, 0, n, alpha)[1] <= rate < lost_rate_bounds(0, 0, n - 1, alpha)[1]
 
 

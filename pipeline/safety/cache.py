@@ -9,6 +9,10 @@ pickle), written atomically; an entry that does not read back whole, or whose st
 is a miss and is rewritten. The spec built from an entry is checked exactly as a fresh one (`ShieldSpec.from_dict`,
 the envelope, the overrides), and `sim2real shield synthesize` always measures afresh.
 
+An entry states the code identity it was computed by. Writing one removes the entries another identity wrote (an
+older or newer sim2real, an edited checkout): no key made by this code can ever match them, and without this the
+folder grew by every upgrade's entries, for good.
+
 Where: $SIM2REAL_CACHE_DIR, else $XDG_CACHE_HOME/sim2real, else ~/.cache/sim2real; SIM2REAL_CACHE_DIR set to an
 empty string turns it off.
 """
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-FORMAT = 1  # of an entry; bumping it orphans every old entry
+FORMAT = 2  # of an entry; bumping it orphans every old entry (2: entries state their code identity)
 
 
 def cache_dir() -> Path | None:
@@ -109,12 +113,33 @@ def cached(
         try:
             from shield.bundle import atomic_write_bytes
 
-            text = json.dumps({"key": key, "kind": kind, "value": encode(value)})
+            text = json.dumps({"key": key, "kind": kind, "code": code_identity(), "value": encode(value)})
             if decode(json.loads(text)["value"]) == value:
                 atomic_write_bytes(path, text.encode())
+                evict_stale(folder)
         except (OSError, TypeError, ValueError):
             pass  # a full disk, or a value JSON cannot hold: the result stands, only uncached
     return value
+
+
+def evict_stale(folder: Path) -> list[Path]:
+    """Remove the entries (and their lock files) that another code identity wrote, or that state none (an older
+    format): this code can never read them. Returns what it removed; a file another process holds or removed
+    first is left to it."""
+    current = code_identity()
+    removed = []
+    for path in folder.glob("*.json"):
+        try:
+            code = json.loads(path.read_text()).get("code")
+        except (OSError, ValueError, AttributeError):
+            continue  # torn or being written: the next read rewrites it
+        if code == current:
+            continue
+        for stale in (path, path.with_suffix(".lock")):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+        removed.append(path)
+    return removed
 
 
 def _read(path: Path, key: str, decode: Callable[[Any], T]) -> tuple[T] | None:

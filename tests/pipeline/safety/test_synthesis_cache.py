@@ -131,3 +131,21 @@ def test_an_empty_cache_setting_turns_it_off(tmp_path, monkeypatch):
     assert len(calls) == 2 and not list(tmp_path.rglob("*.json"))
     monkeypatch.delenv("SIM2REAL_CACHE_DIR")
     assert cache.cache_dir() == tmp_path / "sim2real" / "synthesis"
+
+
+def test_entries_another_code_identity_wrote_are_removed_when_one_is_written(own_cache, monkeypatch):
+    """An upgrade (or an edited checkout) can never read the entries of the code before it: writing an entry removes
+    them and their lock files, and keeps every entry this code wrote."""
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    monkeypatch.setattr(cache, "code_identity", lambda: "last release's code")
+    cache.cached("demo", cfg, lambda: {"a": 1}, dict, dict)
+    (old,) = own_cache.glob("demo-*.json")
+    assert old.with_suffix(".lock").exists()
+    older = own_cache / "predictive-0.json"  # the format before entries stated their code
+    older.write_text(json.dumps({"key": "0", "kind": "predictive", "value": {}}))
+    monkeypatch.setattr(cache, "code_identity", lambda: "this release's code")
+    assert cache.cached("demo", cfg, lambda: {"a": 2}, dict, dict) == {"a": 2}  # another code: another key
+    assert cache.cached("demo", cfg, lambda: {"b": 3}, dict, dict, extra=1) == {"b": 3}
+    kept = sorted(own_cache.glob("*.json"))
+    assert len(kept) == 2 and old not in kept and not older.exists() and not old.with_suffix(".lock").exists()
+    assert all(json.loads(p.read_text())["code"] == "this release's code" for p in kept)

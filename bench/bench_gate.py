@@ -197,6 +197,11 @@ def regate(config: Path, bundles: list[Path], seed0: int) -> list[dict]:
     return out
 
 
+def _figure(value: float | None, spec: str) -> str:
+    """A summary figure for the line printed: formatted, or n/a where no night gave one."""
+    return "n/a" if value is None else format(value, spec)
+
+
 def summarize(plant: str, nights: list[dict], judged: list[dict]) -> dict:
     count = {k: sum(n["decision"] == k for n in nights) for k in ("pass", "kept", "inconclusive", "fail")}
     diffs = [n["vs_legacy"]["mean"] for n in nights if n["vs_legacy"]]
@@ -358,8 +363,9 @@ def main(argv=None) -> int:
         print(
             f"{s['config']}: {s['nights']} nights: {s['promotions']} promoted, {s['kept_production']} kept "
             f"production, {s['inconclusive']} inconclusive, {s['failed']} failed; mean paired difference vs legacy "
-            f"{s['mean_paired_diff_vs_legacy']}; paired episodes median {s['paired_episodes_median']}; decision "
-            f"wall median {s['decision_wall_s_median']} s; judged {s['judged']}: worse than legacy "
+            f"{_figure(s['mean_paired_diff_vs_legacy'], '+.2f')}; paired episodes median "
+            f"{_figure(s['paired_episodes_median'], 'g')}; decision wall median "
+            f"{_figure(s['decision_wall_s_median'], '.1f')} s; judged {s['judged']}: worse than legacy "
             f"{s['promotions_worse_than_legacy']}, worse than production {s['promotions_worse_than_production']} "
             f"(below legacy by point estimate {s['promotions_below_legacy_point_estimate']}; fresh mean below the "
             f"gate's lower bound {s['judged_mean_below_gate_lower_bound']}; episodes lost {s['judged_episodes_lost']}) "

@@ -10,8 +10,9 @@ is a miss and is rewritten. The spec built from an entry is checked exactly as a
 the envelope, the overrides), and `sim2real shield synthesize` always measures afresh.
 
 An entry states the code identity it was computed by. Writing one removes the entries another identity wrote (an
-older or newer sim2real, an edited checkout): no key made by this code can ever match them, and without this the
-folder grew by every upgrade's entries, for good.
+older or newer sim2real, an edited checkout) once they are STALE_AFTER_S old: no key made by this code can match
+them, and without this the folder grew by every upgrade's entries, for good. The age spares a second checkout in
+use beside this one (each would otherwise remove the other's entries on every write).
 
 Where: $SIM2REAL_CACHE_DIR, else $XDG_CACHE_HOME/sim2real, else ~/.cache/sim2real; SIM2REAL_CACHE_DIR set to an
 empty string turns it off.
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 FORMAT = 2  # of an entry; bumping it orphans every old entry (2: entries state their code identity)
+STALE_AFTER_S = 7 * 24 * 3600.0  # another code identity's entry is removed once its file is this old
 
 
 def cache_dir() -> Path | None:
@@ -123,13 +125,17 @@ def cached(
 
 
 def evict_stale(folder: Path) -> list[Path]:
-    """Remove the entries (and their lock files) that another code identity wrote, or that state none (an older
-    format): this code can never read them. Returns what it removed; a file another process holds or removed
-    first is left to it."""
+    """Remove the entries (and their lock files) at least STALE_AFTER_S old that another code identity wrote, or
+    that state none (an older format): this code can never read them. Returns what it removed; a file another
+    process holds or removed first is left to it."""
+    import time
+
     current = code_identity()
     removed = []
     for path in folder.glob("*.json"):
         try:
+            if time.time() - path.stat().st_mtime < STALE_AFTER_S:
+                continue
             code = json.loads(path.read_text()).get("code")
         except (OSError, ValueError, AttributeError):
             continue  # torn or being written: the next read rewrites it

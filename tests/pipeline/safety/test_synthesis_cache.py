@@ -135,7 +135,11 @@ def test_an_empty_cache_setting_turns_it_off(tmp_path, monkeypatch):
 
 def test_entries_another_code_identity_wrote_are_removed_when_one_is_written(own_cache, monkeypatch):
     """An upgrade (or an edited checkout) can never read the entries of the code before it: writing an entry removes
-    them and their lock files, and keeps every entry this code wrote."""
+    them and their lock files once they are STALE_AFTER_S old (a second checkout in use keeps its own), and keeps
+    every entry this code wrote."""
+    import os
+    import time
+
     cfg = load_config(ROOT / "configs" / "cartpole.yaml")
     monkeypatch.setattr(cache, "code_identity", lambda: "last release's code")
     cache.cached("demo", cfg, lambda: {"a": 1}, dict, dict)
@@ -145,7 +149,15 @@ def test_entries_another_code_identity_wrote_are_removed_when_one_is_written(own
     older.write_text(json.dumps({"key": "0", "kind": "predictive", "value": {}}))
     monkeypatch.setattr(cache, "code_identity", lambda: "this release's code")
     assert cache.cached("demo", cfg, lambda: {"a": 2}, dict, dict) == {"a": 2}  # another code: another key
+    assert old.exists() and older.exists()  # recent: another checkout may be using them
+    aged = time.time() - cache.STALE_AFTER_S - 60
+    for path in (old, older):
+        os.utime(path, (aged, aged))
     assert cache.cached("demo", cfg, lambda: {"b": 3}, dict, dict, extra=1) == {"b": 3}
     kept = sorted(own_cache.glob("*.json"))
     assert len(kept) == 2 and old not in kept and not older.exists() and not old.with_suffix(".lock").exists()
     assert all(json.loads(p.read_text())["code"] == "this release's code" for p in kept)
+    mine = kept[0]
+    os.utime(mine, (aged, aged))  # this code's own entries stay, however old
+    cache.cached("demo", cfg, lambda: {"c": 4}, dict, dict, extra=2)
+    assert mine.exists()

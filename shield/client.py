@@ -35,15 +35,18 @@ from shield.protocol import (
     HEADER,
     MsgType,
     PacketError,
+    PlantEstimate,
     Reply,
     ServedContract,
     ServerStatus,
     Status,
     decode_act_reply,
     decode_contract_reply,
+    decode_estimate_reply,
     decode_status_reply,
     encode_act_request,
     encode_contract_request,
+    encode_estimate_request,
     encode_status_request,
 )
 
@@ -165,6 +168,12 @@ class PolicyClient:
     def contract(self) -> ServedContract:
         """Ask what the served bundle expects: dimensions, control period, names hash, policy state."""
         return self._ask(encode_contract_request, MsgType.CONTRACT_REPLY, decode_contract_reply, "contract")
+
+    def estimate(self) -> PlantEstimate:
+        """Ask what the served policy believes about this controller's plant: the domain parameters it estimates
+        (the contract's plant_estimate.parameters, in order; empty when it estimates none or has not seen this
+        plant), and how many steps its state has seen since it last started."""
+        return self._ask(encode_estimate_request, MsgType.ESTIMATE_REPLY, decode_estimate_reply, "estimate")
 
     def check_contract(self, names_sha256: str) -> ServedContract:
         """The served contract, or ContractMismatch when its names hash is not `names_sha256` (the one this

@@ -19,6 +19,17 @@ graph tensors, an input and an output; the edge runtime keeps one per plant sess
 on each event of `RESET_RULES` listed (bundles exported before the state became a graph output state only
 `length`, `initial` and prose `reset`).
 
+An adaptive policy that estimates the plant states it under ``plant_estimate``::
+
+    {"output": "plant_estimate",
+     "parameters": [{"name": "body_mass.cart", "unit": "x nominal", "low": 0.75, "high": 1.4,
+                     "held_out_r2": 0.12}, ...]}
+
+one entry per column of that graph output, in order, each with the train range the policy learnt it over
+(its estimate never leaves it) and, from an adaptive run, the share of the parameter's spread the estimate
+explained on episodes it was not trained on (`held_out_r2`; near or below 0: the history does not reveal it,
+read it as the range's middle). At most MAX_ESTIMATES, so the estimate reply fits in its request's padding.
+
 Stdlib only: this runs on the edge box.
 """
 
@@ -39,6 +50,9 @@ RESET_RULES = {
     "silence": "the plant was silent longer than a live plant may be (the server's plant-live time)",
     "reload": "a new bundle is served (hot reload): its policy starts from its own initial state",
 }
+
+
+MAX_ESTIMATES = 48  # parameters a plant estimate may state (shield.protocol.ESTIMATE_REQUEST_PAD holds them)
 
 
 class ContractError(ValueError):
@@ -93,6 +107,10 @@ def check_contract(contract: Any, obs_dim: int | None = None, act_dim: int | Non
         raise ContractError(f"contract.policy_state.kind: must be one of {POLICY_STATE_KINDS}")
     if state["kind"] != "none":
         _check_state(state)
+    if contract.get("plant_estimate") is not None:
+        if state["kind"] == "none":
+            raise ContractError("contract.plant_estimate: a policy without state cannot estimate the plant")
+        _check_estimate(contract["plant_estimate"])
     expected = names_sha256(
         [o["name"] for o in contract["observations"]], [a["name"] for a in contract["actions"]], period
     )
@@ -127,6 +145,30 @@ def _check_state(state: dict) -> None:
         raise ContractError(f"contract.policy_state.reset_on: must list rules of {sorted(RESET_RULES)}")
 
 
+def _check_estimate(estimate: Any) -> None:
+    if not isinstance(estimate, dict) or not isinstance(estimate.get("output"), str) or not estimate["output"]:
+        raise ContractError("contract.plant_estimate.output: must name a tensor of policy.onnx")
+    params = estimate.get("parameters")
+    if not isinstance(params, list) or not 1 <= len(params) <= MAX_ESTIMATES:
+        raise ContractError(f"contract.plant_estimate.parameters: must list 1 to {MAX_ESTIMATES} parameters")
+    for i, entry in enumerate(params):
+        key = f"contract.plant_estimate.parameters[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise ContractError(f"{key}.name: must be a non-empty string")
+        if not isinstance(entry.get("unit"), str):
+            raise ContractError(f"{key}.unit: must be a string")
+        if _number(entry.get("low"), f"{key}.low") > _number(entry.get("high"), f"{key}.high"):
+            raise ContractError(f"{key}: low {entry['low']} is above high {entry['high']}")
+        if entry.get("held_out_r2") is not None:
+            _number(entry["held_out_r2"], f"{key}.held_out_r2")
+
+
+def estimate_names(contract: dict | None) -> list[str]:
+    """The names of the parameters the policy estimates, in its output's order; [] when it estimates none."""
+    estimate = (contract or {}).get("plant_estimate")
+    return [p["name"] for p in estimate["parameters"]] if estimate else []
+
+
 def describe(contract: dict | None) -> list[str]:
     """Human lines: the control period, each observation and action with its unit, the policy's state, the hash."""
     if not contract:
@@ -143,6 +185,14 @@ def describe(contract: dict | None) -> list[str]:
         "policy state: " + _describe_state(contract["policy_state"]),
         f"names sha256: {contract['names_sha256']}",
     ]
+    estimate = contract.get("plant_estimate")
+    if estimate:
+        lines.append(
+            f"plant estimate ({estimate['output']}): "
+            + ", ".join(
+                f"{p['name']} [{p['unit'] or '-'}, {p['low']:g}..{p['high']:g}]" for p in estimate["parameters"]
+            )
+        )
     return lines
 
 

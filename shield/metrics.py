@@ -12,6 +12,9 @@ Exposed (all counters of the status reply, docs/reference/protocol.md, "Status r
     s2r_serve_bundle_version           gauge
     s2r_serve_plants                   gauge: plant sessions held now
     s2r_serve_blind_horizon_steps      gauge: blind steps in a row the shield's guarantee covers (contract reply)
+    s2r_serve_plant_estimate           gauge per plant session and parameter (labels plant, parameter): what an
+                                       adaptive policy believes the plant is (the estimate reply's values)
+    s2r_serve_plant_estimate_steps     gauge per plant session: steps its policy state has seen since it started
 """
 
 from __future__ import annotations
@@ -60,8 +63,39 @@ def _collector(server: Any):
             )
             horizon.add_metric([], server.served.blind_horizon)
             yield horizon
+            names = server.served.estimate_names
+            if names:
+                estimate = GaugeMetricFamily(
+                    "s2r_serve_plant_estimate",
+                    "the plant parameters the policy infers from each plant's history (manifest contract "
+                    "plant_estimate: scales of nominal, latency in control periods)",
+                    labels=["plant", "parameter"],
+                )
+                steps = GaugeMetricFamily(
+                    "s2r_serve_plant_estimate_steps",
+                    "steps each plant's policy state has seen since it last started",
+                    labels=["plant"],
+                )
+                for client, session in list(server.plants.sessions.items()):  # a copy: the loop may admit one
+                    values, seen = session.estimate()
+                    if values is None:
+                        continue
+                    plant = plant_label(client)
+                    for name, value in zip(names, values.tolist(), strict=True):
+                        estimate.add_metric([plant, name], value)
+                    steps.add_metric([plant], seen)
+                yield estimate
+                yield steps
 
     return ServeCollector()
+
+
+def plant_label(client: Any) -> str:
+    """A plant session's label: its client id (with a key), or address:port/client id (without)."""
+    if isinstance(client, tuple) and len(client) == 2 and isinstance(client[0], tuple):
+        (host, port), client_id = client[0][:2], client[1]
+        return f"{host}:{port}/{client_id}"
+    return str(client)
 
 
 def start_metrics_server(server: Any, port: int, host: str = "127.0.0.1") -> tuple[str, int]:

@@ -15,6 +15,9 @@ became explicit also output `next_history` (the same layout one step on, the
 policy's own action newest): the per-plant memory then takes the graph's
 state, and only the newest action is overwritten with the one really sent.
 Older history graphs (no state output) keep working: the memory is pushed here.
+An adaptive policy's graph also outputs `plant_estimate` float32[n, P] (the
+domain parameters it believes the plant has; the contract names them): each
+plant's latest is kept in its memory (`PlantMemory.estimate`).
 
 Stdlib + numpy + onnxruntime only: this runs on the edge box.
 """
@@ -25,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+ESTIMATE_OUTPUT = "plant_estimate"  # the graph output an adaptive policy states its plant estimate in
 
 
 class PolicyError(RuntimeError):
@@ -97,6 +102,8 @@ class OnnxPolicy:
             where = "policy.onnx" if isinstance(model, bytes) else str(model)
             raise PolicyError(f"{where}: onnxruntime cannot load the model ({err})") from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        estimate = [o for o in outputs if o.name == ESTIMATE_OUTPUT]
+        outputs = [o for o in outputs if o.name != ESTIMATE_OUTPUT]
         if len(inputs) not in (1, 2) or len(outputs) not in (1, len(inputs)):
             raise PolicyError(
                 "policy.onnx: expected 1 input (+ optional history) and 1 output (+ optional next history), "
@@ -135,8 +142,17 @@ class OnnxPolicy:
                     f"its input {inputs[1].name} is {inputs[1].shape}"
                 )
             self.state_output_name = outputs[1].name
+        self.estimate_name, self.estimate_dim = None, 0
+        if estimate:
+            e_shape = estimate[0].shape
+            if self.state_output_name is None or len(e_shape) != 2 or not isinstance(e_shape[1], int):
+                raise PolicyError(
+                    f"policy.onnx: {ESTIMATE_OUTPUT} must be [batch, P] beside a history state, got {e_shape}"
+                )
+            self.estimate_name, self.estimate_dim = ESTIMATE_OUTPUT, int(e_shape[1])
+            outputs.append(estimate[0])
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
-        self._outputs = [self.output_name] + ([self.state_output_name] if self.state_output_name else [])
+        self._outputs = [self.output_name] + [n for n in (self.state_output_name, self.estimate_name) if n]
         self._rows: HistoryBuffer | None = None  # batch-interface histories, one per row
         self._binding = None
         if all(arg.type == "tensor(float)" for arg in (*inputs, *outputs)):
@@ -165,6 +181,10 @@ class OnnxPolicy:
             self._next1 = np.zeros_like(self._hist1)
             self._bound.append(ort.OrtValue.ortvalue_from_numpy(self._next1))
             binding.bind_ortvalue_output(self.state_output_name, self._bound[-1])
+        if self.estimate_name is not None:
+            self._est1 = np.zeros((1, self.estimate_dim), np.float32)
+            self._bound.append(ort.OrtValue.ortvalue_from_numpy(self._est1))
+            binding.bind_ortvalue_output(self.estimate_name, self._bound[-1])
         self._binding = binding
 
     @property
@@ -178,6 +198,12 @@ class OnnxPolicy:
 
     def step(self, obs: np.ndarray, history: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """(action, next state or None) of the graph: its state output where it has one, else None."""
+        out = self.outputs(obs, history)
+        return out[0], (out[1] if self.state_output_name is not None else None)
+
+    def outputs(self, obs: np.ndarray, history: np.ndarray | None = None) -> list[np.ndarray]:
+        """Every output of the graph, stateless: action, then the next state and the plant estimate where it has
+        them (in that order)."""
         feeds = {self.input_name: np.ascontiguousarray(obs, dtype=np.float32)}
         if self.history_name is not None:
             if history is None:
@@ -185,8 +211,7 @@ class OnnxPolicy:
                     f"this policy takes a history input [n, {self.history_length}, {self.obs_dim + self.act_dim}]"
                 )
             feeds[self.history_name] = np.ascontiguousarray(history, dtype=np.float32)
-        out = self.session.run(self._outputs, feeds)
-        return out[0], (out[1] if len(out) > 1 else None)
+        return self.session.run(self._outputs, feeds)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Actions for a batch of raw observations; a 1-D observation is treated as batch 1."""
@@ -233,16 +258,20 @@ class OnnxPolicy:
         if self.history_name is not None and not isinstance(memory, HistoryBuffer):
             raise ValueError("a history policy needs the plant's memory: pass policy.new_memory()'s object")
         if self._binding is None or obs.shape[1] != self.obs_dim:  # a wrong size: onnxruntime's own error
-            action, state = self.step(obs, None if memory is None else memory.array)
-            if state is not None and isinstance(memory, PlantMemory):
-                memory.pending = state
-            return action[0]
+            out = self.outputs(obs, None if memory is None else memory.array)
+            if self.state_output_name is not None and isinstance(memory, PlantMemory):
+                memory.pending = out[1]
+                if self.estimate_name is not None:
+                    memory.estimate = out[2][0].copy()
+            return out[0][0]
         self._obs1[...] = obs
         if self.history_name is not None:
             self._hist1[...] = memory.array
         self.session.run_with_iobinding(self._binding)
         if self.state_output_name is not None and isinstance(memory, PlantMemory):
             memory.pending = self._next1.copy()  # the buffer is the next call's, maybe another plant's
+            if self.estimate_name is not None:
+                memory.estimate = self._est1[0].copy()
         return self._act1[0].copy()  # the buffer is the next call's
 
     def remember(self, memory: HistoryBuffer | None, obs: np.ndarray, sent_action: np.ndarray) -> None:
@@ -261,13 +290,27 @@ class OnnxPolicy:
 class PlantMemory(HistoryBuffer):
     """One plant's policy state: the history (`array`, float32[1, H, obs_dim + act_dim]) and the graph's
     `next_history` of the last `act` (`pending`), which becomes the state only once the plant was sent
-    an action (`OnnxPolicy.remember`), so an `act` whose reply is never sent changes nothing."""
+    an action (`OnnxPolicy.remember`), so an `act` whose reply is never sent changes nothing.
+
+    `estimate`: an adaptive policy's `plant_estimate` at its last `act` (None before the first, or after a
+    reset); `steps`: the steps its state has seen since it was last (re)started, so an operator can tell an
+    estimate made from a full history from one made from a few steps of zeros."""
 
     def __init__(self, length: int, obs_dim: int, act_dim: int):
         super().__init__(1, length, obs_dim, act_dim)
         self.pending: np.ndarray | None = None
+        self.estimate: np.ndarray | None = None
+        self.steps = 0
 
     def clear(self, index: int | None = None) -> None:
-        """Back to the initial value (zeros), forgetting a pending step too."""
+        """Back to the initial value (zeros), forgetting a pending step and the estimate too."""
         super().clear(index)
-        self.pending = None
+        self.pending, self.estimate, self.steps = None, None, 0
+
+    def push(self, obs: np.ndarray, action: np.ndarray) -> None:
+        super().push(obs, action)
+        self.steps += 1
+
+    def adopt(self, state: np.ndarray) -> None:
+        super().adopt(state)
+        self.steps += 1

@@ -25,6 +25,8 @@ from enum import IntEnum, IntFlag
 
 import numpy as np
 
+from shield.contract import MAX_ESTIMATES
+
 MAGIC = b"S2RP"
 PROTOCOL_VERSION = 2
 REQUEST_KEY_LABEL = b"S2RP v2 request"  # derives the controller -> server MAC key from the PSK
@@ -70,6 +72,7 @@ COUNTER_NAMES = (
     "rate_warnings",  # act replies with RATE: the plant's request rate is far from the control period
     "blind_steps",  # act replies with BLIND: the request said its observation was missing (OBS_MISSING)
     "blind_past_horizon",  # act replies with BLIND_PAST_HORIZON: blind past the shield's blind horizon
+    "estimate_requests",  # plant estimate requests answered
 )
 # bundle version, obs_dim, act_dim, control period (s, NaN: not stated), names_sha256 (32 raw bytes, zeros:
 # no contract), policy state kind (0 none, 1 history), state length, blind horizon (steps; the field was reserved
@@ -78,6 +81,12 @@ CONTRACT_REPLY = struct.Struct("<IHHd32sHHI")
 # A contract request's padding: its reply is never larger than the request.
 CONTRACT_REQUEST_PAD = CONTRACT_REPLY.size
 STATE_KIND_CODES = {"none": 0, "history": 1}
+# bundle version, n (parameters in this reply: 0 when the policy estimates none, or the requesting plant has no
+# session or no estimate yet), reserved, steps the plant's policy state has seen since it last started; then
+# float32 estimate[n], in the order of the contract's plant_estimate.parameters
+ESTIMATE_REPLY_HEAD = struct.Struct("<IHHI")
+# An estimate request's padding: room for the largest reply (MAX_ESTIMATES parameters), never amplified.
+ESTIMATE_REQUEST_PAD = ESTIMATE_REPLY_HEAD.size + 4 * MAX_ESTIMATES
 # bundle version, uptime (µs), n_counters, n_bins; then u64 counters, u64 histogram bins
 STATUS_REPLY_HEAD = struct.Struct("<IQHH")
 # Latency histogram: bin 0 counts < 1 µs, bin i (1..N-2) counts [2**(i-1), 2**i) µs,
@@ -94,6 +103,8 @@ class MsgType(IntEnum):
     STATUS_REPLY = 4
     CONTRACT_REQUEST = 5
     CONTRACT_REPLY = 6
+    ESTIMATE_REQUEST = 7
+    ESTIMATE_REPLY = 8
 
 
 class Flags(IntFlag):
@@ -111,7 +122,7 @@ class Flags(IntFlag):
     RESERVED = 0xFFF8  # must be 0: a frame with any of these bits set is refused
 
 
-REQUEST_TYPES = (1, 3, 5)  # what a server answers; a reply-typed datagram is never answered
+REQUEST_TYPES = (1, 3, 5, 7)  # what a server answers; a reply-typed datagram is never answered
 
 
 class Status(IntFlag):
@@ -241,6 +252,28 @@ def encode_status_request(seq: int, timestamp_us: int, key: bytes | None = None,
 def encode_contract_request(seq: int, timestamp_us: int, key: bytes | None = None, client_id: int = 0) -> bytes:
     """Frame a contract request (what the served bundle expects); its payload is CONTRACT_REQUEST_PAD zeros."""
     return _frame(MsgType.CONTRACT_REQUEST, seq, timestamp_us, bytes(CONTRACT_REQUEST_PAD), key, client_id)
+
+
+def encode_estimate_request(seq: int, timestamp_us: int, key: bytes | None = None, client_id: int = 0) -> bytes:
+    """Frame a plant estimate request (what the policy believes about the requesting plant); its payload is
+    ESTIMATE_REQUEST_PAD zeros. The reply is about the plant session of this client (its address and client id
+    without a key, its client id with one)."""
+    return _frame(MsgType.ESTIMATE_REQUEST, seq, timestamp_us, bytes(ESTIMATE_REQUEST_PAD), key, client_id)
+
+
+def encode_estimate_reply(
+    seq: int,
+    timestamp_us: int,
+    bundle_version: int,
+    estimate,
+    steps: int,
+    key: bytes | None = None,
+    client_id: int = 0,
+) -> bytes:
+    """Frame a plant estimate reply: `estimate` float32[n] (None or empty: none) and the state's steps."""
+    values = b"" if estimate is None else _floats(estimate)
+    payload = ESTIMATE_REPLY_HEAD.pack(int(bundle_version), len(values) // 4, 0, int(steps)) + values
+    return _frame(MsgType.ESTIMATE_REPLY, seq, timestamp_us, payload, key, client_id)
 
 
 def contract_payload(
@@ -428,6 +461,29 @@ def decode_contract_reply(data: bytes, key: bytes | None = None) -> ServedContra
     return ServedContract(
         head.seq, version, n_obs, n_act, period, names, kinds[kind], length, head.client_id, blind_horizon=horizon
     )
+
+
+@dataclass(frozen=True)
+class PlantEstimate:
+    """A decoded estimate reply: the domain parameters the policy believes the requesting plant has."""
+
+    seq: int
+    bundle_version: int
+    values: np.ndarray  # float32[n], the contract's plant_estimate.parameters order; empty: no estimate
+    steps: int  # steps the plant's policy state has seen since it last started (a few: mostly the prior)
+    client_id: int = 0
+
+
+def decode_estimate_reply(data: bytes, key: bytes | None = None) -> PlantEstimate:
+    """Decode a plant estimate reply; with a key, an unsigned or forged one raises."""
+    head, payload = open_frame(data, MsgType.ESTIMATE_REPLY, key)
+    if len(payload) < ESTIMATE_REPLY_HEAD.size:
+        raise PacketError(f"estimate payload of {len(payload)} bytes is shorter than its head")
+    version, n, _, steps = ESTIMATE_REPLY_HEAD.unpack_from(payload)
+    if len(payload) != ESTIMATE_REPLY_HEAD.size + 4 * n:
+        raise PacketError(f"estimate payload of {len(payload)} bytes does not hold {n} float32")
+    values = np.frombuffer(payload, dtype="<f4", offset=ESTIMATE_REPLY_HEAD.size).astype(np.float32)
+    return PlantEstimate(head.seq, version, values, steps, head.client_id)
 
 
 def decode_act_request(data: bytes, key: bytes | None = None) -> ActRequest:

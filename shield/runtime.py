@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shield.bundle import Bundle, BundleError, resolve_production
+from shield.contract import estimate_names
 from shield.policy import OnnxPolicy, PolicyError
 from shield.spec import same_spec
 
@@ -118,6 +119,14 @@ class PlantSession:
             self.shield.note_sent(action)
         if obs is not None:
             self.policy.remember(self.memory, obs, action)
+
+    def estimate(self) -> tuple[np.ndarray | None, int]:
+        """(the policy's latest plant estimate float32[P], or None when it has none yet or states none; the steps
+        its state has seen since it last started)."""
+        memory = self.memory
+        if memory is None:
+            return None, 0
+        return getattr(memory, "estimate", None), getattr(memory, "steps", 0)
 
     def reset_policy_state(self) -> bool:
         """The policy's state back to its initial value (the shield keeps what it knows); False when memoryless."""
@@ -309,6 +318,12 @@ def _check_state_contract(contract: dict | None, policy: OnnxPolicy, where) -> N
         raise BundleError(
             f"manifest.json: contract.policy_state names {state['input']} -> {state['output']}, policy.onnx has "
             f"{policy.history_name} -> {policy.state_output_name}, in {where}"
+        )
+    stated = estimate_names(contract)
+    if len(stated) != policy.estimate_dim:
+        raise BundleError(
+            f"manifest.json: contract.plant_estimate states {len(stated)} parameters, policy.onnx outputs "
+            f"{policy.estimate_dim}, in {where}"
         )
 
 

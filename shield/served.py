@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from shield.contract import estimate_names
 from shield.protocol import (
     ACT_REQUEST_HEAD,
     COUNTER_NAMES,
@@ -54,6 +55,7 @@ class ServeStats:
     rate_warnings: int
     blind_steps: int
     blind_past_horizon: int
+    estimate_requests: int
 
     def __init__(self):
         for name in COUNTER_NAMES:
@@ -100,6 +102,9 @@ class _SharedStateSession:
 
     def act_blind(self):
         return self.runtime.act(np.full(int(self.runtime.obs_dim), np.nan, np.float32))
+
+    def estimate(self):
+        return None, 0
 
     def sent(self, obs, action, replaced: bool) -> None:
         note = getattr(self.runtime, "note_sent", None)
@@ -171,6 +176,7 @@ class ServedBundle:
         if period is None and spec is not None:
             period = float(spec.dt)  # a schema-1 bundle: its shield's control period
         self.control_period_s: float | None = period
+        self.estimate_names = estimate_names(contract)  # what each plant's estimate reply holds, in order
         self.period_ns = int(period * 1e9) if period else 0  # 0: no request-rate check
         policy = getattr(self.runtime, "policy", None)
         kind = contract["policy_state"]["kind"] if contract else ("history" if self.stateful else "none")

@@ -36,6 +36,7 @@ from shield.protocol import (
     ACT_REPLY_HEAD,
     ACT_REQUEST_HEAD,
     CONTRACT_REQUEST_PAD,
+    ESTIMATE_REQUEST_PAD,
     HEADER,
     HEADER_SIZE,
     MAC_SIZE,
@@ -51,6 +52,7 @@ from shield.protocol import (
     Status,
     direction_key,
     encode_contract_reply,
+    encode_estimate_reply,
     encode_status_reply,
     latency_bin,
 )
@@ -80,6 +82,13 @@ _HMAC, _RESERVED, _RESET_STATE = int(Flags.HMAC), int(Flags.RESERVED), int(Flags
 _OBS_MISSING = int(Flags.OBS_MISSING)
 _ACT_REQUEST, _ACT_REPLY = int(MsgType.ACT_REQUEST), int(MsgType.ACT_REPLY)
 _STATUS_REQUEST, _CONTRACT_REQUEST = int(MsgType.STATUS_REQUEST), int(MsgType.CONTRACT_REQUEST)
+_ESTIMATE_REQUEST = int(MsgType.ESTIMATE_REQUEST)
+# The padding each non-act request must carry: its reply is never larger than it.
+_REQUEST_PAD = {
+    _STATUS_REQUEST: STATUS_REQUEST_PAD,
+    _CONTRACT_REQUEST: CONTRACT_REQUEST_PAD,
+    _ESTIMATE_REQUEST: ESTIMATE_REQUEST_PAD,
+}
 _MAX_DATAGRAM = 65535
 _isfinite = math.isfinite
 # Linux: the kernel stamps each datagram when it is received (CLOCK_REALTIME, struct timespec).
@@ -208,7 +217,7 @@ class PolicyServer:
             stats.dropped += 1
             return 0
         magic, version, msg_type, flags, seq, ts, payload_len, client_id = HEADER.unpack_from(buf)
-        if msg_type != _ACT_REQUEST and msg_type != _STATUS_REQUEST and msg_type != _CONTRACT_REQUEST:
+        if msg_type != _ACT_REQUEST and msg_type not in _REQUEST_PAD:
             stats.dropped += 1  # a reply (or anything else) is never answered: no reflection, no loops
             return 0
         srv = self.served  # one snapshot per request: a reload never mixes versions in a reply
@@ -245,14 +254,16 @@ class PolicyServer:
             # must not stay fresh for a listener to replay once it would be accepted. Without a key nothing is
             # authenticated: only accepted requests move the guard, so a malformed datagram changes nothing.
             guard.commit(client, seq)
-        if msg_type != _ACT_REQUEST:  # a status or contract request: padded as long as its reply
-            if payload_len < (STATUS_REQUEST_PAD if msg_type == _STATUS_REQUEST else CONTRACT_REQUEST_PAD):
+        if msg_type != _ACT_REQUEST:  # a status, contract or estimate request: padded as long as its reply
+            if payload_len < _REQUEST_PAD[msg_type]:
                 return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
             if key is None:
                 guard.commit(client, seq)
             self.last_request_ns = t0
             if msg_type == _STATUS_REQUEST:
                 return self._status_reply(srv, seq, ts, client_id)
+            if msg_type == _ESTIMATE_REQUEST:
+                return self._estimate_reply(srv, seq, ts, client_id, client)
             return self._contract_reply(srv, seq, ts, client_id)
         if payload_len < ACT_REQUEST_HEAD.size:
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
@@ -502,6 +513,16 @@ class PolicyServer:
         self.stats.contract_requests += 1
         self.stats.answered += 1
         frame = encode_contract_reply(seq, ts, srv.contract_payload, self.key, client_id)
+        self._out[: len(frame)] = frame
+        return len(frame)
+
+    def _estimate_reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int, client: Any) -> int:
+        """The requesting plant's estimate (its session's, looked up, not created: asking admits no plant)."""
+        self.stats.estimate_requests += 1
+        self.stats.answered += 1
+        session = self.plants.sessions.get(client)
+        estimate, steps = (None, 0) if session is None else session.estimate()
+        frame = encode_estimate_reply(seq, ts, srv.version, estimate, steps, self.key, client_id)
         self._out[: len(frame)] = frame
         return len(frame)
 

@@ -6,6 +6,8 @@ import numpy as np
 
 from shield.contract import RESET_RULES, check_contract, names_sha256
 
+# A plant estimate's units (envs.wrappers.domain_encoding's names): scales of the nominal value, except these.
+ESTIMATE_UNITS = {"latency_steps": "control periods"}
 EXPECTED_SIGMA = 5.0  # an observation this many training standard deviations from the mean is out of range
 
 
@@ -17,10 +19,15 @@ def io_contract(
     action_high,
     history_length: int = 0,
     state_names: tuple[str, str] = ("history", "next_history"),
+    estimates: list | None = None,
+    estimate_output: str = "plant_estimate",
+    estimate_skill: dict | None = None,
 ) -> dict:
     """Names, sources, units and expected ranges of the observations; names, units, physical scale and bounds of
-    the actions; the control period; the policy's state and reset rules. A gymnasium env trained by id (no task
-    declaration) gets its positions as names and no units."""
+    the actions; the control period; the policy's state and reset rules; with `estimates` ([name, low, high, log
+    scale] each, `envs.wrappers.domain_encoding`'s), the plant parameters the policy estimates, each with its
+    held-out R^2 where `estimate_skill` ({name: R^2 or None}) measured one. A gymnasium env
+    trained by id (no task declaration) gets its positions as names and no units."""
     import envs.registry
 
     task = envs.registry.find(env_id)
@@ -61,7 +68,7 @@ def io_contract(
             "reset_rules": dict(RESET_RULES),
         }
     )
-    contract = {
+    contract: dict[str, object] = {
         "control_period_s": period,
         "observations": observations,
         "actions": actions,
@@ -69,4 +76,21 @@ def io_contract(
         "expected_range": f"the training observations' mean +- {EXPECTED_SIGMA:g} std",
         "names_sha256": names_sha256([o["name"] for o in observations], [a["name"] for a in actions], period),
     }
+    if estimates:
+        contract["plant_estimate"] = {
+            "output": estimate_output,
+            "parameters": [
+                {
+                    "name": name,
+                    "unit": ESTIMATE_UNITS.get(name, "x nominal"),
+                    "low": float(lo),
+                    "high": float(hi),
+                    **({"held_out_r2": estimate_skill.get(name)} if estimate_skill else {}),
+                }
+                for name, lo, hi, _ in estimates
+            ],
+            "holds": "the domain parameters the policy infers from its history, each within its train range; "
+            "held_out_r2: how much of a parameter's spread it explained on episodes it was not trained on "
+            "(1 exact, 0 no better than the middle of the range, null: the parameter did not vary)",
+        }
     return check_contract(contract, len(mean), len(low))

@@ -19,6 +19,11 @@ the training input distribution, and also runs a few plants closed-loop for
 resets and a shield's overrides, against torch stepping its own state. The manifest records which checkpoint was
 exported and why (`selection`: best validation return) and, with ADR, the
 train ranges reached.
+
+An adaptive student with an estimate head (pipeline/training/model.py) outputs
+`plant_estimate` float32[batch, P] too: the domain parameters it believes the
+plant has, in physical units. The contract names each one with its unit and
+train range, and the parity checks cover it as they cover the action.
 """
 
 from __future__ import annotations
@@ -40,12 +45,15 @@ import torch
 from pipeline.deployment.contract import io_contract
 from pipeline.deployment.registry import Registry
 from shield.bundle import POLICY_FILE, SCHEMA_VERSION, SHIELD_FILE, BundleError, make_manifest, write_bundle
-from shield.policy import OnnxPolicy
+from shield.policy import ESTIMATE_OUTPUT, OnnxPolicy
 from shield.spec import ShieldSpec, ShieldSpecError
 
 BUNDLE_VERSION = SCHEMA_VERSION  # also written into the ONNX metadata
 OPSET = 17
 PARITY_TOL = 1e-5
+# Plant estimates are for an operator to read, in physical units; the float32 noise of the actions a closed loop
+# writes back into the history reaches them at about 1e-5 (relative) on a 64x64 head.
+ESTIMATE_PARITY_TOL = 1e-4
 PARITY_SAMPLES = 10_000
 PARITY_BATCHES = (1, 64)
 EXTREME_SIGMA = 10.0
@@ -67,6 +75,7 @@ class ExportResult(TypedDict):
     parity_by_batch: dict[int, float]
     parity_observations: int
     state_parity_max_abs_err: float | None  # closed-loop, with resets (a policy with state); None when memoryless
+    estimate_parity_max_rel_err: float | None  # its plant_estimate (open and closed loop); None without one
     parent: int | None  # the production version when it was exported (the registry's lineage)
     config_hash: str
     bundle: str  # the bundle's folder
@@ -88,8 +97,14 @@ def git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
+def estimates_of(policy: torch.nn.Module) -> list[list]:
+    """[name, low, high, log scale] of each parameter the policy estimates (its `plant_estimate`); [] if none."""
+    return [list(e) for e in getattr(policy, "estimates", None) or []] if getattr(policy, "estimate_head", None) else []
+
+
 class ExplicitStatePolicy(torch.nn.Module):
-    """(obs, history) -> (action, next_history): a history policy whose state is an output of the graph too.
+    """(obs, history) -> (action, next_history[, plant_estimate]): a history policy whose state is an output of
+    the graph too (and, with an estimate head, the plant it believes it is on).
 
     next_history is the history one step on, newest first: (obs, the policy's own action) then the older rows.
     The edge overwrites that newest action with the one the plant was really sent (after the shield).
@@ -100,11 +115,15 @@ class ExplicitStatePolicy(torch.nn.Module):
         self.policy = policy
         self.obs_dim, self.act_dim = int(getattr(policy, "obs_dim")), int(getattr(policy, "act_dim"))
         self.history_length = int(getattr(policy, "history_length"))
+        self.estimating = bool(estimates_of(policy))
 
-    def forward(self, obs: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, obs: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, ...]:
         action = self.policy(obs, history)
         newest = torch.cat([obs, action], dim=-1).unsqueeze(1)
-        return action, torch.cat([newest, history[:, : self.history_length - 1]], dim=1)
+        state = torch.cat([newest, history[:, : self.history_length - 1]], dim=1)
+        if self.estimating:
+            return action, state, getattr(self.policy, "plant_estimate")(obs, history)
+        return action, state
 
 
 def to_onnx(policy: torch.nn.Module, obs_dim: int, metadata: dict[str, str]) -> onnx.ModelProto:
@@ -117,7 +136,11 @@ def to_onnx(policy: torch.nn.Module, obs_dim: int, metadata: dict[str, str]) -> 
         args += (torch.zeros(1, history_length, obs_dim + int(getattr(policy, "act_dim"))),)
         names.append(HISTORY_NAME)
         outputs.append(NEXT_HISTORY_NAME)
+        if estimates_of(policy):
+            outputs.append(ESTIMATE_OUTPUT)
         policy = ExplicitStatePolicy(policy)
+    elif estimates_of(policy):
+        raise ExportError("a plant estimate needs the policy's history: a memoryless policy cannot carry one")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         # dynamo=False: the TorchScript exporter works offline (no onnxscript) and
@@ -194,6 +217,15 @@ def split_inputs(policy: torch.nn.Module, inputs: np.ndarray) -> tuple[np.ndarra
     )
 
 
+def estimate_error(got: np.ndarray, reference: np.ndarray) -> float:
+    """Max |onnxruntime - torch| of plant estimates, relative where a value exceeds 1 (a damping of 4x nominal is
+    decoded through exp): compared with ESTIMATE_PARITY_TOL, as the closed loop's float32 noise in the actions it
+    reads back from its history reaches the estimate too."""
+    reference = np.asarray(reference, np.float64)
+    err = float(np.max(np.abs(np.asarray(got, np.float64) - reference) / np.maximum(1.0, np.abs(reference))))
+    return err if np.isfinite(err) else float("inf")
+
+
 def parity_error(
     policy: torch.nn.Module, onnx_bytes: bytes, inputs: np.ndarray, batches: tuple[int, ...] = PARITY_BATCHES
 ) -> dict[int, float]:
@@ -218,6 +250,19 @@ def parity_error(
     return errors
 
 
+def estimate_parity_error(policy: torch.nn.Module, onnx_bytes: bytes, inputs: np.ndarray) -> float:
+    """`estimate_error` of the graph's plant_estimate against torch's over flat `inputs`, in batches of 64."""
+    obs, history = split_inputs(policy, inputs)
+    assert history is not None  # export refuses an estimate without a history (to_onnx)
+    with torch.no_grad():
+        reference = getattr(policy, "plant_estimate")(torch.from_numpy(obs), torch.from_numpy(history)).numpy()
+    session = OnnxPolicy(onnx_bytes)
+    got = np.concatenate([session.outputs(obs[i : i + 64], history[i : i + 64])[-1] for i in range(0, len(obs), 64)])
+    if got.shape != reference.shape:
+        raise ExportError(f"{POLICY_FILE}: {ESTIMATE_OUTPUT} has shape {got.shape}, torch {reference.shape}")
+    return estimate_error(got, reference)
+
+
 def state_parity_error(
     policy: torch.nn.Module,
     onnx_bytes: bytes,
@@ -226,13 +271,15 @@ def state_parity_error(
     steps: int = STATE_PARITY_STEPS,
     plants: int = STATE_PARITY_PLANTS,
     seed: int = 0,
-) -> tuple[float, int]:
-    """(max |onnxruntime - torch| over actions and states, resets done) along `plants` interleaved closed loops.
+) -> tuple[float, int, float | None]:
+    """(max |onnxruntime - torch| over actions and states, resets done, `estimate_error` of the plant estimates each
+    memory keeps or None without them) along `plants` interleaved closed loops.
 
     The onnxruntime side is what the edge runs: one `PlantMemory` per plant, `act` then `remember` the action
     sent, `clear` at an episode start. The torch side steps `ExplicitStatePolicy`, feeding each plant its own
-    next_history. Every third step the plant is sent half the policy's action (a shield's override), written
-    into the newest row on both sides; each plant starts a new episode every STATE_EPISODE_STEPS steps.
+    next_history. Every third step
+    the plant is sent half the policy's action (a shield's override), written into the newest row on both
+    sides; each plant starts a new episode every STATE_EPISODE_STEPS steps.
     """
     stateful = ExplicitStatePolicy(policy)
     rng = np.random.default_rng(seed)
@@ -242,7 +289,7 @@ def state_parity_error(
     memories = [session.new_memory() for _ in range(plants)]
     shape = (1, stateful.history_length, stateful.obs_dim + stateful.act_dim)
     states = [torch.zeros(shape) for _ in range(plants)]
-    worst, resets = 0.0, 0
+    worst, resets, estimate_worst = 0.0, 0, 0.0
     for t in range(steps):
         for p in range(plants):
             memory = memories[p]
@@ -253,7 +300,7 @@ def state_parity_error(
                 resets += 1
             action = session.act(obs[t, p], memory)
             with torch.no_grad():
-                ref, nxt = stateful(torch.from_numpy(obs[t, p][None]), states[p])
+                ref, nxt, *estimate = stateful(torch.from_numpy(obs[t, p][None]), states[p])
             sent, ref_sent = (0.5 * action, 0.5 * ref[0]) if t % 3 == 2 else (action, ref[0])
             session.remember(memory, obs[t, p], sent)
             nxt[0, 0, stateful.obs_dim :] = ref_sent
@@ -263,7 +310,10 @@ def state_parity_error(
                 float(np.max(np.abs(memory.array.astype(np.float64) - nxt.numpy()))),
             )
             worst = max(worst, err if np.isfinite(err) else float("inf"))
-    return worst, resets
+            if estimate:
+                assert memory.estimate is not None  # the graph has the output, so `act` kept it
+                estimate_worst = max(estimate_worst, estimate_error(memory.estimate, estimate[0][0].numpy()))
+    return worst, resets, (estimate_worst if stateful.estimating else None)
 
 
 def export_deterministic(
@@ -309,8 +359,9 @@ def export_deterministic(
             f"tolerance {parity_tol:g}) on {len(obs)} observations; bundle not written"
         )
     state_err: float | None = None
+    estimate_err = estimate_parity_error(policy, onnx_bytes, obs) if estimates_of(policy) else None
     if int(meta.get("history_length", 0)):
-        state_err, resets = state_parity_error(
+        state_err, resets, loop_estimate_err = state_parity_error(
             policy, onnx_bytes, _buffer(policy, "obs_mean")[:obs_dim], _buffer(policy, "obs_std")[:obs_dim]
         )
         if not state_err <= parity_tol:
@@ -319,6 +370,14 @@ def export_deterministic(
                 f"{state_err:.3g}, tolerance {parity_tol:g}) over {STATE_PARITY_STEPS} steps of "
                 f"{STATE_PARITY_PLANTS} plants with {resets} resets; bundle not written"
             )
+        if loop_estimate_err is not None and estimate_err is not None:
+            estimate_err = max(estimate_err, loop_estimate_err)
+    if estimate_err is not None and not estimate_err <= ESTIMATE_PARITY_TOL:
+        raise ExportError(
+            f"{POLICY_FILE}: {ESTIMATE_OUTPUT} differs between onnxruntime and torch (max relative error "
+            f"{estimate_err:.3g}, tolerance {ESTIMATE_PARITY_TOL:g}) on the parity observations and closed loops; "
+            "bundle not written"
+        )
 
     registry = Registry(registry_root)
     parent = _production_or_none(registry, meta["task"])
@@ -330,6 +389,7 @@ def export_deterministic(
             if state_err is not None
             else {}
         ),
+        **({"estimate_parity_max_rel_err": estimate_err} if estimate_err is not None else {}),
         "train_updates": meta.get("updates"),
         "train_env_steps": meta.get("env_steps"),
         **(metrics or {}),
@@ -357,6 +417,9 @@ def export_deterministic(
         action_high,
         int(meta.get("history_length", 0)),
         state_names=(HISTORY_NAME, NEXT_HISTORY_NAME),
+        estimates=estimates_of(policy),
+        estimate_output=ESTIMATE_OUTPUT,
+        estimate_skill=meta.get("estimate_skill"),
     )
     manifest = make_manifest(
         task=meta["task"],
@@ -393,6 +456,7 @@ def export_deterministic(
         parity_by_batch=errors,
         parity_observations=int(len(obs)),
         state_parity_max_abs_err=state_err,
+        estimate_parity_max_rel_err=estimate_err,
         parent=parent,
         config_hash=config_hash,
         bundle=str(bundle),
@@ -424,6 +488,11 @@ def export_policy(
     )  # the config -> shield.json mapping lives with the shield helpers
 
     extra = {"run": run_dir.resolve().name}  # the run's name: a bundle carries no path of the training machine
+    from pipeline.training.adaptive import ESTIMATE_SKILL_FILE
+
+    if (run_dir / ESTIMATE_SKILL_FILE).is_file():  # an adaptive run: how well its plant estimate did, held out
+        skill = json.loads((run_dir / ESTIMATE_SKILL_FILE).read_text())
+        meta["estimate_skill"] = {p["name"]: p["held_out_r2"] for p in skill["parameters"]}
     if meta["config_hash"] != cfg.config_hash():
         # The manifest keeps the hash the weights were trained under; say loudly that config.yaml drifted.
         print(

@@ -7,7 +7,10 @@
    `PolicyInputs`' layout), trained by DAgger: the student drives the rollouts (the existing
    `RolloutActor`, with a little exploration noise), every state it visits is labelled with the
    teacher's mean action, and the student regresses those labels on everything gathered so far. The
-   student must find the plant in its history, because only the labels know it.
+   student must find the plant in its history, because only the labels know it. A second head of the
+   student regresses the sampled parameters themselves from the same input (the teacher's privileged
+   vector is the label): exported as `plant_estimate`, it shows the operator which plant the policy
+   believes it is on (the edge's estimate request, Prometheus). It shares no weights with the actions.
 3. Selection: the student is validated like any policy (`ModelSelection`: checkpoints/best.pt,
    selection.json), and its checkpoints are APPO-shaped history policies, so export, eval and shadow
    take it unchanged. The teacher's own run stays in `teacher/` under the run directory.
@@ -30,6 +33,7 @@ import numpy as np
 import torch
 import yaml
 
+from envs.wrappers import domain_encoding
 from pipeline.training.actor_pool import ray_for_run
 from pipeline.training.algorithms import algorithm
 from pipeline.training.checkpoint import write_checkpoint
@@ -51,6 +55,40 @@ from pipeline.training.scaffold import (
 from pipeline.training.selection import ModelSelection, run_identity, selection_figures
 
 MINIBATCH = 256  # labelled states per Adam step of the student
+ESTIMATE_SKILL_FILE = "estimate.json"  # how well the student's plant estimate did on states it was not trained on
+
+
+class EstimateSkill:
+    """Held-out skill of the estimate head, per parameter: each rollout batch of the second half of the
+    distillation is scored before the student trains on it (new episodes, new plants), as R^2 against the
+    batch's own parameters (1: exact; 0: no better than the mean of the range; below 0: worse). A parameter the
+    history does not reveal (a mass the small motions of a balanced pole hardly show) scores near or below 0,
+    and the contract says so, so an operator knows which figures of the estimate to read."""
+
+    def __init__(self, estimates: list):
+        self.names = [e[0] for e in estimates]
+        self.sse, self.total, self.squares = (np.zeros(len(self.names)) for _ in range(3))
+        self.n = 0
+
+    @torch.no_grad()
+    def add(self, student: ActorCritic, x: np.ndarray, encoded: np.ndarray) -> None:
+        guess = student.encoded_estimate(torch.from_numpy(x)).clamp(-1.0, 1.0).numpy().astype(np.float64)
+        target = encoded.astype(np.float64)
+        self.sse += ((guess - target) ** 2).sum(0)
+        self.total += target.sum(0)
+        self.squares += (target**2).sum(0)
+        self.n += len(target)
+
+    def summary(self) -> dict:
+        """{"states": n, "parameters": [{"name", "held_out_r2" (None: the parameter did not vary)}]}."""
+        spread = self.squares - self.total**2 / max(self.n, 1)
+        return {
+            "states": self.n,
+            "parameters": [
+                {"name": name, "held_out_r2": float(1.0 - sse / sst) if self.n and sst > 1e-9 * self.n else None}
+                for name, sse, sst in zip(self.names, self.sse, spread, strict=True)
+            ],
+        }
 
 
 def train_adaptive(
@@ -113,9 +151,11 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
     start = time.perf_counter()
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     spec, train_set = model_spec_for(cfg, ac.history_length)
+    spec["estimates"] = [list(e) for e in domain_encoding(privileged)]
     torch.manual_seed(tc.seed)
     student = ActorCritic(**spec, log_std_init=math.log(max(ac.action_noise, 1e-6)))
-    optimizer = torch.optim.Adam(student.pi.parameters(), lr=ac.distill_lr)
+    heads = [*student.pi.parameters(), *(student.estimate.parameters() if student.estimate is not None else ())]
+    optimizer = torch.optim.Adam(heads, lr=ac.distill_lr)
     rng = np.random.default_rng(np.random.SeedSequence([tc.seed, 1]))
     shield = shield_in_loop(cfg)
     actor = RolloutActor(
@@ -138,7 +178,8 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
         selection = ModelSelection(selection_cfg, run_dir, spec, shield, meta)
         selection.start()
     logger = MetricsLogger(run_dir, ac.distill_steps, spec["act_dim"], 0, progress)
-    inputs, labels = [], []
+    inputs, labels, params = [], [], []
+    skill = EstimateSkill(spec.get("estimates", []))
     recent: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
     env_steps, iteration = 0, 0
     obs_dim = spec["obs_dim"]
@@ -149,14 +190,27 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
             x, teacher_in = labelled_states(batch, obs_dim)
             with torch.no_grad():
                 label = teacher(torch.from_numpy(teacher_in)).numpy()
+            if student.estimate is not None and env_steps >= ac.distill_steps // 2:
+                skill.add(student, x, teacher_in[:, obs_dim:])  # states it has not been trained on yet
             env_steps += len(x)
             iteration += 1
             recent.extend(batch["episodes"][:, 0].tolist())
             student.obs_rms.update(torch.from_numpy(x))
             inputs.append(x)
             labels.append(label)
-            loss = regress(student, optimizer, np.concatenate(inputs), np.concatenate(labels), ac.distill_epochs, rng)
+            params.append(teacher_in[:, obs_dim:])
+            loss, estimate_loss = regress(
+                student,
+                optimizer,
+                np.concatenate(inputs),
+                np.concatenate(labels),
+                ac.distill_epochs,
+                rng,
+                np.concatenate(params),
+            )
             record = dict(updates=iteration, env_steps=env_steps, distill_loss=loss, dataset=sum(map(len, inputs)))
+            if estimate_loss is not None:
+                record["estimate_loss"] = estimate_loss
             if len(batch["episodes"]):
                 record["episode_return"] = float(batch["episodes"][:, 0].mean())
             if selection is not None:
@@ -165,6 +219,8 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
                 if selection.stop_reason:
                     break
             logger.log(record)
+        if student.estimate is not None:
+            (Path(run_dir) / ESTIMATE_SKILL_FILE).write_text(json.dumps(skill.summary(), indent=2))
         weights = {k: v.clone() for k, v in student.state_dict().items()}
         if selection is not None:
             selection.after_update(iteration, env_steps, iteration, weights, final=True)
@@ -203,19 +259,28 @@ def regress(
     label: np.ndarray,
     epochs: int,
     rng: np.random.Generator,
-) -> float:
+    params: np.ndarray | None = None,
+) -> tuple[float, float | None]:
     """Adam steps on the squared error between the student's mean action and the teacher's, over minibatches
-    drawn from the whole aggregated dataset (DAgger keeps every state visited so far); returns the last loss."""
+    drawn from the whole aggregated dataset (DAgger keeps every state visited so far), plus, where the student
+    has an estimate head, its squared error against the episode's encoded parameters `params` [n, P] (the heads
+    share no weights, so the sum trains each on its own error); returns the last (action loss, estimate loss)."""
     new = min(len(x), MINIBATCH * 4)  # about as many draws per round as the newest batch brought
-    loss = torch.zeros(())
+    loss, estimate_loss = torch.zeros(()), None
+    estimating = student.estimate is not None and params is not None
     for _ in range(epochs * max(1, new // MINIBATCH)):
         idx = rng.integers(0, len(x), MINIBATCH)
-        mean = student(torch.from_numpy(x[idx]))[0]
+        inputs = torch.from_numpy(x[idx])
+        mean = student(inputs)[0]
         loss = torch.mean((mean - torch.from_numpy(label[idx])) ** 2)
+        total = loss
+        if estimating:
+            estimate_loss = torch.mean((student.encoded_estimate(inputs) - torch.from_numpy(params[idx])) ** 2)
+            total = loss + estimate_loss
         optimizer.zero_grad()
-        loss.backward()
+        total.backward()
         optimizer.step()
-    return float(loss.detach())
+    return float(loss.detach()), None if estimate_loss is None else float(estimate_loss.detach())
 
 
 def action_error(student: torch.nn.Module, teacher: torch.nn.Module, batch: dict, obs_dim: int) -> float:

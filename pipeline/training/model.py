@@ -10,10 +10,19 @@ followed by the flattened history (shield.policy.HistoryBuffer's layout:
 H rows of [obs, sent action], newest first), input_dim = obs_dim + H * (obs_dim + act_dim).
 The learner and the normalizer see only that flat input; the deterministic
 policy takes (obs, history) separately, as the ONNX graph does.
+
+With `estimates` (an adaptive student's: `envs.wrappers.domain_encoding` of the
+train ranges, [name, low, high, log scale] each) a third head reads the same
+input and regresses the episode's domain parameters, encoded to [-1, 1]; the
+deterministic policy decodes them to physical values (`plant_estimate`), which
+the edge exposes so an operator sees which plant the policy believes it is on.
+The head shares no weights with the policy: training it leaves the actions as
+they were.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -39,6 +48,7 @@ class ActorCritic(nn.Module):
         action_high: Sequence[float] | float = 1.0,
         log_std_init: float = -0.5,
         history_length: int = 0,
+        estimates: Sequence[Sequence] | None = None,
     ):
         super().__init__()
         self.obs_dim, self.act_dim, self.hidden_sizes = int(obs_dim), int(act_dim), [int(h) for h in hidden_sizes]
@@ -48,6 +58,9 @@ class ActorCritic(nn.Module):
         self.pi = mlp([self.input_dim, *self.hidden_sizes, self.act_dim], out_gain=0.01)
         self.v = mlp([self.input_dim, *self.hidden_sizes, 1], out_gain=1.0)
         self.log_std = nn.Parameter(torch.full((self.act_dim,), float(log_std_init)))
+        self.estimates = [[str(n), float(lo), float(hi), bool(log)] for n, lo, hi, log in (estimates or ())]
+        # out_gain 1: the targets fill [-1, 1], unlike the near-zero initial action mean.
+        self.estimate = mlp([self.input_dim, *self.hidden_sizes, len(self.estimates)], 1.0) if self.estimates else None
         low, high = action_bounds(self.act_dim, action_low, action_high)
         self.register_buffer("action_low", low)
         self.register_buffer("action_high", high)
@@ -57,6 +70,12 @@ class ActorCritic(nn.Module):
         x = self.obs_rms(obs_raw)
         mean = self.pi(x)
         return mean, self.log_std.expand_as(mean), self.v(x).squeeze(-1)
+
+    def encoded_estimate(self, obs_raw: torch.Tensor) -> torch.Tensor:
+        """The estimate head's domain parameters, encoded to [-1, 1] (`encode_domain`), for raw inputs."""
+        if self.estimate is None:
+            raise ValueError("this network has no estimate head (built without `estimates`)")
+        return self.estimate(self.obs_rms(obs_raw))
 
     def distribution(self, obs_raw: torch.Tensor) -> tuple[torch.distributions.Normal, torch.Tensor]:
         """(diagonal Gaussian over actions, value) for raw observations."""
@@ -72,6 +91,7 @@ class ActorCritic(nn.Module):
             action_low=self.action_low.tolist(),
             action_high=self.action_high.tolist(),
             history_length=self.history_length,
+            **({"estimates": [list(e) for e in self.estimates]} if self.estimates else {}),
         )
 
 
@@ -99,13 +119,36 @@ class DeterministicPolicy(nn.Module):
         self.register_buffer("action_low", actor_critic.action_low.clone())
         self.register_buffer("action_high", actor_critic.action_high.clone())
         self.obs_dim, self.act_dim = actor_critic.obs_dim, actor_critic.act_dim
+        self.estimates = [list(e) for e in actor_critic.estimates]
+        self.estimate_head = None
+        if actor_critic.estimate is not None:
+            self.estimate_head = mlp([actor_critic.input_dim, *actor_critic.hidden_sizes, len(self.estimates)], 1.0)
+            self.estimate_head.load_state_dict(actor_critic.estimate.state_dict())
+            # Decoding [-1, 1] back to the range, in log space for log-uniform parameters (encode_domain's inverse).
+            low = torch.tensor([math.log(lo) if log else lo for _, lo, _, log in self.estimates], dtype=torch.float32)
+            high = torch.tensor([math.log(hi) if log else hi for _, _, hi, log in self.estimates], dtype=torch.float32)
+            self.register_buffer("estimate_low", low)
+            self.register_buffer("estimate_half_width", (high - low) / 2)
+            self.register_buffer("estimate_log", torch.tensor([bool(e[3]) for e in self.estimates]))
         self.eval()
 
-    def forward(self, obs_raw: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
+    def _normalized(self, obs_raw: torch.Tensor, history: torch.Tensor | None) -> torch.Tensor:
         if self.history_length:
             obs_raw = torch.cat([obs_raw, history.reshape(obs_raw.shape[0], -1)], dim=-1)
-        x = torch.clamp((obs_raw - self.obs_mean) / self.obs_std, -OBS_CLIP, OBS_CLIP)
+        return torch.clamp((obs_raw - self.obs_mean) / self.obs_std, -OBS_CLIP, OBS_CLIP)
+
+    def forward(self, obs_raw: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
+        x = self._normalized(obs_raw, history)
         return torch.maximum(torch.minimum(self.pi(x), self.action_high), self.action_low)
+
+    def plant_estimate(self, obs_raw: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
+        """float32[n, P]: the domain parameters this input suggests, in physical units (scales of nominal,
+        latency in control steps), each clipped to its train range: the policy knows no plant outside it."""
+        if self.estimate_head is None:
+            raise ValueError("this policy has no estimate head")
+        encoded = torch.clamp(self.estimate_head(self._normalized(obs_raw, history)), -1.0, 1.0)
+        value = self.estimate_low + (encoded + 1.0) * self.estimate_half_width
+        return torch.where(self.estimate_log, torch.exp(value), value)
 
 
 def policy_from_checkpoint(ckpt: dict) -> DeterministicPolicy:

@@ -22,9 +22,11 @@ from shield.protocol import (
     Status,
     decode_act_reply,
     decode_contract_reply,
+    decode_estimate_reply,
     decode_status_reply,
     encode_act_request,
     encode_contract_request,
+    encode_estimate_request,
     encode_status_request,
 )
 from shield.runtime import EdgeRuntime
@@ -50,7 +52,7 @@ class Classifier:
         self.last: dict[int, int] = {}
 
     def __call__(self, pkt: bytes) -> str:
-        if len(pkt) < 32 or pkt[5] not in (1, 3, 5):
+        if len(pkt) < 32 or pkt[5] not in (1, 3, 5, 7):
             return "drop"
         refuse = "reject" if len(pkt) >= self.MIN_ANSWERED else "drop"
         magic, version, msg_type, flags, seq, _, payload_len, client_id = struct.unpack_from("<4sBBHQQII", pkt)
@@ -71,6 +73,11 @@ class Classifier:
                 return refuse
             self.last[client_id] = seq
             return "contract"
+        if msg_type == 7:
+            if payload_len < 204:
+                return refuse
+            self.last[client_id] = seq
+            return "estimate"
         if payload_len < 4:
             return refuse
         n_obs, n_legacy = struct.unpack_from("<HH", pkt, 32)
@@ -104,7 +111,8 @@ def fuzz_packets(rng: np.random.Generator, n: int) -> list[bytes]:
         if u[i, 1] < 0.8:
             base = encode_act_request(seq, i, obs, legacy)
         else:
-            base = (encode_status_request if u[i, 1] < 0.9 else encode_contract_request)(seq, i)
+            asks = (encode_status_request, encode_contract_request, encode_estimate_request)
+            base = asks[min(2, int((u[i, 1] - 0.8) / 0.2 * 3))](seq, i)
         kind = int(k[i, 0] % 10)
         if kind == 0:
             pkt = rand[: k[i, 1] % 65]
@@ -148,7 +156,7 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
     reference = EdgeRuntime.load(bundle)
     fallback = np.zeros(2, np.float32).tobytes()
     rng = np.random.default_rng(1234)
-    counts = {"drop": 0, "reject": 0, "status": 0, "contract": 0, "policy": 0, "blind": 0}
+    counts = {"drop": 0, "reject": 0, "status": 0, "contract": 0, "estimate": 0, "policy": 0, "blind": 0}
     valid_sent = 0
     # Room for every client id the mutations make up: no new plant is refused BUSY (which depends on timing,
     # and this model has no clock; tests/test_serve_attacks.py covers it).
@@ -180,6 +188,11 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
                 if kind == "contract":
                     assert data[5] == MsgType.CONTRACT_REPLY and decode_contract_reply(data).seq == seq
                     continue
+                if kind == "estimate":  # a memoryless bundle: an empty estimate
+                    got_estimate = decode_estimate_reply(data)
+                    assert data[5] == MsgType.ESTIMATE_REPLY and got_estimate.seq == seq, pkt
+                    assert got_estimate.values.size == 0, pkt
+                    continue
                 got = decode_act_reply(data)
                 assert (got.seq, got.timestamp_us) == (seq, ts)
                 if kind == "reject":
@@ -207,6 +220,7 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
     assert stats["blind_steps"] == counts["blind"]
     assert stats["status_requests"] == counts["status"] + 1
     assert stats["contract_requests"] == counts["contract"]
+    assert stats["estimate_requests"] == counts["estimate"]
     assert "Traceback" not in text and "internal error" not in text
 
 
@@ -222,7 +236,7 @@ def test_fuzz_with_a_key_nothing_unsigned_is_answered_or_reaches_the_policy(bund
     reply_key = hmac_mod.new(key, b"S2RP v2 reply", hashlib.sha256).digest()
     for k in (b"w" * 32, key, reply_key):
         packets += [p + hmac_mod.new(k, p, hashlib.sha256).digest() for p in packets[:2000]]
-    checked = sum(1 for p in packets if len(p) >= 32 and p[5] in (1, 3, 5))
+    checked = sum(1 for p in packets if len(p) >= 32 and p[5] in (1, 3, 5, 7))
     with ServerProcess(str(bundle), "--key-file", str(tmp_path / "psk"), "--deadline-us", "1e7") as server:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         plant = PolicyClient(server.host, server.port, key=key, timeout_s=5.0)

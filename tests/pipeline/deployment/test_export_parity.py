@@ -214,10 +214,19 @@ def test_export_cli_reports_a_missing_run_dir_cleanly(tmp_path, capsys):
 # ---- history policies (train.history_length > 0): the history is a graph input and part of the parity check
 
 
-def history_policy(history_length: int = 3, seed: int = 1) -> tuple[DeterministicPolicy, dict]:
-    """A 4-obs, 2-action policy over observation + 3 (obs, action) pairs, saturating on part of the data."""
+def history_policy(history_length: int = 3, seed: int = 1, estimates=None) -> tuple[DeterministicPolicy, dict]:
+    """A 4-obs, 2-action policy over observation + 3 (obs, action) pairs, saturating on part of the data; with
+    `estimates` ([name, low, high, log] each), an estimate head too (an adaptive student's)."""
     torch.manual_seed(seed)
-    ac = ActorCritic(4, 2, (64, 64), action_low=[-1.0, -0.5], action_high=[1.0, 0.5], history_length=history_length)
+    ac = ActorCritic(
+        4,
+        2,
+        (64, 64),
+        action_low=[-1.0, -0.5],
+        action_high=[1.0, 0.5],
+        history_length=history_length,
+        estimates=estimates,
+    )
     scale = torch.tensor(OBS_STD + history_length * (OBS_STD + [0.6, 0.3]), dtype=torch.float64)
     shift = torch.tensor(OBS_MEAN + history_length * (OBS_MEAN + [0.0, 0.0]), dtype=torch.float64)
     ac.obs_rms.update(torch.randn(5000, ac.input_dim, dtype=torch.float64) * scale + shift)

@@ -88,7 +88,7 @@ def test_distillation_brings_the_student_to_the_teacher_on_held_out_rollouts(tmp
     assert figures["env_steps"] >= 4000
     trained = DeterministicPolicy(student)
     # Held out: other episodes (another seed), driven by the trained student.
-    held_out = RolloutActor(0, cfg.task.env_id, train_set, 50, 16, 50, 12345, spec, privileged=train_set)
+    held_out = RolloutActor(0, cfg.task.env_id, train_set, 50, 16, 50, 12345, student.spec(), privileged=train_set)
     held_out.set_weights(1, student.state_dict())
     batch = held_out.rollout()
     before, after = action_error(untrained, teacher, batch, OBS_DIM), action_error(trained, teacher, batch, OBS_DIM)
@@ -98,6 +98,35 @@ def test_distillation_brings_the_student_to_the_teacher_on_held_out_rollouts(tmp
     blind = dict(batch, obs=batch["obs"].copy())
     blind["obs"][..., OBS_DIM:] = 0.0
     assert action_error(trained, teacher, blind, OBS_DIM) > 1.15 * after
+
+
+def test_the_student_reads_the_plants_latency_out_of_its_history_and_says_how_well(tmp_path):
+    """The estimate head (exported as plant_estimate): trained on the teacher's privileged parameters, it must
+    tell a 60 ms plant from an instant one on episodes it never saw, and its held-out R^2 (which the bundle's
+    contract carries) must say which parameters it can read: here the latency, not the pinned masses."""
+    cfg = cartpole(history_length=8, distill_steps=30_000)
+    cfg.validation.enabled = False
+    cfg.task.max_episode_steps = 50
+    doc = cfg.randomization["train"].model_dump(mode="json")
+    for group in ("body_mass", "joint_damping"):  # pinned: the actuator gain and the latency still vary
+        for r in doc[group].values():
+            r.update(low=1.0, high=1.0)
+    student, _, _ = distill(cfg, tmp_path, ParameterTeacher(), doc, progress=False)
+    assert [e[0] for e in student.spec()["estimates"]][-1] == "latency_steps"
+    skill = {p["name"]: p["held_out_r2"] for p in json.loads((tmp_path / "estimate.json").read_text())["parameters"]}
+    assert skill["body_mass.cart"] is None  # it did not vary: nothing to explain
+    assert skill["latency_steps"] > 0.3, skill  # the mean of the range would score 0
+    policy = DeterministicPolicy(student)
+    guessed = {}
+    for latency in (0, 3):
+        plant = dict(doc, latency_steps={"low": latency, "high": latency})
+        held_out = RolloutActor(0, cfg.task.env_id, plant, 50, 16, 50, 999, student.spec(), privileged=doc)
+        held_out.set_weights(1, student.state_dict())
+        x = held_out.rollout()["obs"][:-1].reshape(-1, student.input_dim)
+        history = torch.from_numpy(x[:, OBS_DIM:]).reshape(len(x), 8, -1)
+        with torch.no_grad():
+            guessed[latency] = float(policy.plant_estimate(torch.from_numpy(x[:, :OBS_DIM]), history)[:, -1].mean())
+    assert guessed[3] - guessed[0] > 1.0, guessed  # in control periods: a student blind to it answers the same
 
 
 @pytest.mark.parametrize(
@@ -147,3 +176,7 @@ def test_an_adaptive_run_selects_its_student_on_validation_and_exports_a_history
     exported = export_policy(run.run_dir, out_dir=tmp_path / "bundle")
     assert exported["parity_max_abs_err"] < 1e-5 and exported["state_parity_max_abs_err"] < 1e-5
     assert Bundle.load(exported["bundle"]).manifest["history_length"] == 3
+    # And the plant it believes it is on: an output of its own, each parameter named with its held-out R^2.
+    stated = Bundle.load(exported["bundle"]).manifest["contract"]["plant_estimate"]["parameters"]
+    assert [p["name"] for p in stated] == [e[0] for e in best["model_spec"]["estimates"]]
+    assert all("held_out_r2" in p for p in stated) and exported["estimate_parity_max_rel_err"] <= 1e-4

@@ -5,7 +5,9 @@ counts its teacher's and its distillation's steps in that budget), exports the s
 the bundle under its shield, as `serve` does, on the held-out `reality` set and on its hard corner (heaviest
 cart and pole, weakest actuator, the longest latency; damping, noise and pushes as reality). The legacy
 controller runs on the same episodes as the reference. Printed per run and per arm: mean return, pole drops
-(episodes the task terminated before its length), shield violations and wall time.
+(episodes the task terminated before its length), shield violations and wall time; for the adaptive arm, its
+plant estimate's held-out R^2 per parameter (the distillation's estimate.json, which the contract carries) and
+its median estimate on the hard corner beside the corner's pinned values.
 
     python bench/bench_adaptive.py --config configs/cartpole.yaml --seeds 0 1 --steps 400000 \
         [--distill-steps 100000] [--history 8] [--episodes 30] [--json]
@@ -38,25 +40,66 @@ def hard_corner(rset):
 
 
 def score(cfg, driver, rset, episodes: int, seed: int) -> dict:
-    """Return, drops and violations of `driver` on `episodes` seeded episodes of `rset`."""
+    """Return, drops and violations of `driver` on `episodes` seeded episodes of `rset`; for a driver that records
+    its policy's plant estimate, the median of each parameter over the steps with a full history."""
     from pipeline.evaluation.episodes import control_period_s, make_env, run_episodes
 
     env = make_env(cfg, rset)
+    recorded = getattr(driver, "estimates", None)
+    if recorded is not None:
+        recorded.clear()
     try:
         totals = run_episodes(env, driver, list(range(seed, seed + episodes)), dt=control_period_s(cfg))
     finally:
         env.close()
-    return dict(
+    out = dict(
         return_mean=statistics.fmean(totals.returns),
         drops=sum(totals.terminated),
         violations=int(sum(totals.violations)),
     )
+    if recorded:
+        import numpy as np
+
+        out["estimate_median"] = dict(zip(driver.names, np.median(np.asarray(recorded), axis=0).tolist()))
+    return out
+
+
+def estimating_driver(runtime):
+    """A RuntimeDriver that also records the policy's plant estimate at each step whose history was full."""
+    from pipeline.evaluation.episodes import RuntimeDriver
+    from shield.contract import estimate_names
+
+    class Recorder(RuntimeDriver):
+        def __init__(self, runtime, names: list[str]):
+            super().__init__(runtime)
+            self.names, self.estimates = names, []
+
+        def act(self, obs):
+            out = super().act(obs)
+            value, steps = self.runtime.estimate()
+            if value is not None and steps >= self.runtime.policy.history_length:
+                self.estimates.append(value)
+            return out
+
+    names = estimate_names(runtime.verified_bundle.manifest.get("contract"))
+    return Recorder(runtime, names) if names else RuntimeDriver(runtime)
+
+
+def corner_truth(rset) -> dict:
+    """The hard corner's pinned parameters (what a plant estimate there should say); the rest vary."""
+    truth = {}
+    for group in ("body_mass", "actuator_gain"):
+        for element, r in getattr(rset, group).items():
+            if r.low == r.high:
+                truth[f"{group}.{element}"] = r.low
+    if rset.latency_steps is not None and rset.latency_steps.low == rset.latency_steps.high:
+        truth["latency_steps"] = float(rset.latency_steps.low)
+    return truth
 
 
 def one_arm(cfg, arm: str, seed: int, args, work: Path, sets: dict) -> dict:
     from pipeline.config import AdaptiveConfig
     from pipeline.deployment.export import export_policy
-    from pipeline.evaluation.episodes import RuntimeDriver
     from pipeline.training.train import train
     from shield.runtime import EdgeRuntime
 
@@ -70,8 +113,11 @@ def one_arm(cfg, arm: str, seed: int, args, work: Path, sets: dict) -> dict:
     trained = train(cfg, out_dir=work / f"{arm}-{seed}", progress=False)
     train_s = time.perf_counter() - start
     bundle = export_policy(trained.run_dir, out_dir=work / f"bundle-{arm}-{seed}")["bundle"]
-    driver = RuntimeDriver(EdgeRuntime.load(bundle))
+    driver = estimating_driver(EdgeRuntime.load(bundle))
     out = dict(arm=arm, seed=seed, env_steps=trained.env_steps, train_s=round(train_s, 1))
+    skill = Path(trained.run_dir) / "estimate.json"
+    if skill.is_file():  # the student's plant estimate: held-out R^2 per parameter (1 exact, 0 the range's middle)
+        out["estimate_r2"] = {p["name"]: p["held_out_r2"] for p in json.loads(skill.read_text())["parameters"]}
     for name, rset in sets.items():
         out[name] = score(cfg, driver, rset, args.episodes, cfg.shadow.seed)
     return out
@@ -125,6 +171,14 @@ def main() -> int:
             f"   {re['return_mean']:8.1f} {re['drops']:3d} {re['violations']:3d}"
             f"   {hc['return_mean']:8.1f} {hc['drops']:3d} {hc['violations']:3d}"
         )
+    truth = corner_truth(sets["hard_corner"])
+    for r in rows:
+        if r.get("estimate_r2"):
+            r2 = ", ".join(f"{n} {v:.2f}" for n, v in r["estimate_r2"].items() if v is not None)
+            print(f"rma seed {r['seed']}: plant estimate, held-out R^2: {r2}")
+            guessed = r["hard_corner"].get("estimate_median", {})
+            pairs = ", ".join(f"{n} {guessed[n]:.2f} (true {v:g})" for n, v in truth.items() if n in guessed)
+            print(f"rma seed {r['seed']}: on the hard corner the policy believes {pairs}")
     legacy = rows[0]
     for arm in ("memoryless", "rma"):
         mine = [r for r in rows if r["arm"] == arm]

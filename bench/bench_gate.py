@@ -70,7 +70,7 @@ def _paired(metrics: dict, reference: str, gate) -> dict | None:
     from pipeline.evaluation.gate import paired_return_bound
 
     b = paired_return_bound(metrics, gate, reference)
-    return None if b is None else {"mean": b.mean, "lower": b.lower, "upper": b.upper, "n": b.n}
+    return None if b is None else b.as_dict()
 
 
 def one_night(
@@ -165,15 +165,14 @@ def judge(config: Path, models: Path, version: int, replaced: int | None, episod
     return out
 
 
-def regate(config: Path, bundles: list[Path], seed0: int) -> list[dict]:
-    """Candidates registered by an earlier run, decided again by the gate as the config now ships it (no production:
-    each against legacy alone), each on plants of its own: what the gate as it is now would have said of them."""
-    from pipeline.config import load_config
+def regate(cfg, bundles: list[Path], seed0: int) -> list[dict]:
+    """Candidates registered by an earlier run, decided again by the gate as the config `cfg` (loaded) now ships it
+    (no production: each against legacy alone), each on plants of its own: what the gate as it is now would have
+    said of them."""
     from pipeline.evaluation.gate import decide
     from pipeline.evaluation.shadow import evaluate_candidate
     from shield.runtime import EdgeRuntime
 
-    cfg = load_config(config)
     out = []
     for i, bundle in enumerate(bundles):
         _, _, m = evaluate_candidate(
@@ -238,9 +237,9 @@ def summarize(plant: str, nights: list[dict], judged: list[dict]) -> dict:
 
 
 def _fmt(p: dict | None) -> str:
-    if not p:
-        return "n/a"
-    return f"{p['mean']:+.2f} [{p['lower']:+.2f}, {p['upper']:+.2f}] (n={p['n']})"
+    from pipeline.evaluation.gate import format_bound
+
+    return format_bound(p)
 
 
 def main(argv=None) -> int:
@@ -274,7 +273,8 @@ def main(argv=None) -> int:
             parser.error("--regate needs exactly one --config (the gate to decide with)")
         from pipeline.config import load_config
 
-        budget = load_config(args.config[0]).gate.max_episodes
+        cfg = load_config(args.config[0])
+        budget = cfg.gate.max_episodes
         first = REGATE_SEED_BASE + REGATE_RUN_STRIDE * args.seed0
         if len(args.regate) * budget > REGATE_RUN_STRIDE or first + REGATE_RUN_STRIDE > JUDGE_SEED or args.seed0 < 0:
             parser.error(
@@ -282,13 +282,13 @@ def main(argv=None) -> int:
                 f"block of {REGATE_RUN_STRIDE} seeds below the judge's ({JUDGE_SEED}): fewer bundles, or a --seed0 "
                 f"from 0 to {(JUDGE_SEED - REGATE_SEED_BASE) // REGATE_RUN_STRIDE - 1}"
             )
-        out = regate(Path(args.config[0]), args.regate, first)
+        out = regate(cfg, args.regate, first)
         for r in out:
             v = r["vs_legacy"]
             print(
                 f"{r['bundle']}: {r['decision'].upper():12} n={r['episodes']} ({r['looks']} looks), lost "
                 f"{r['lost_candidate_only']} only by the candidate, {r['lost_legacy_only']} only by legacy; vs legacy "
-                f"{v['mean']:+.2f} [{v['lower']:+.2f}, {v['upper']:+.2f}]; {r['decision_wall_s']:.0f} s",
+                f"{_fmt(v)}; {r['decision_wall_s']:.0f} s",
                 file=sys.stderr if args.json else sys.stdout,
                 flush=True,
             )

@@ -52,7 +52,7 @@ def one_run(cfg, seed: int, work: Path) -> dict:
         decision=shadow["decision"],
         failing=shadow["failing"],
         episodes=len(m.get("candidate_returns") or []),
-        vs_legacy=None if bound is None else {"mean": bound.mean, "lower": bound.lower, "upper": bound.upper},
+        vs_legacy=None if bound is None else bound.as_dict(),
         lost_candidate_only=lost.get("candidate_only"),
         lost_legacy_only=lost.get("legacy_only"),
         return_ratio=cand / legacy if legacy else None,
@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object (per-run rows + summary) on stdout")
     args = parser.parse_args(argv)
     from pipeline.config import ConfigError, load_config
+    from pipeline.evaluation.gate import format_bound
 
     try:
         cfg = load_config(args.config)
@@ -123,10 +124,10 @@ def main(argv=None) -> int:
         r = runs[-1]
         ratio = "n/a" if r["return_ratio"] is None else f"{r['return_ratio']:.3f}"
         v = r["vs_legacy"]
-        diff = "n/a" if v is None else f"{v['mean']:+.2f} [{v['lower']:+.2f}, {v['upper']:+.2f}]"
+        diff = format_bound(v)
         # Per-run rows as they finish (stderr with --json), so a long bench cut short still says something.
         print(
-            f"seed {r['seed']}: gate {r['decision'].upper():12}  vs legacy {diff} on {r['episodes']} episodes  "
+            f"seed {r['seed']}: gate {r['decision'].upper():12}  vs legacy {diff} paired episodes  "
             f"lost {r['lost_candidate_only']} only by the candidate, {r['lost_legacy_only']} only by legacy  "
             f"ratio of means {ratio}  violations {r['violations']}  "
             f"interventions {r['intervention_rate']:.3f}  latency p99 {r['latency_p99_us']:.0f} us  "

@@ -174,6 +174,12 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
         help="write the calibrated randomization set here (YAML, usable as --domains); with --plan: the plan (JSON)",
     )
     p.add_argument(
+        "--bundle",
+        metavar="DIR",
+        help="an adaptive policy's bundle: replay it over the same logs and set the plant it believes in (its "
+        "plant_estimate) beside the fit",
+    )
+    p.add_argument(
         "--plan",
         action="store_true",
         help="design an excitation (a perturbation the legacy loop adds to its action) that makes --params "

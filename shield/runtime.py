@@ -288,6 +288,10 @@ class EdgeRuntime:
             self._default.sent(obs, safe, replaced=False)
         return np.asarray(safe, dtype=np.float32), raw, info
 
+    def estimate(self) -> tuple[np.ndarray | None, int]:
+        """The default plant's latest plant estimate and the steps its state has seen (`PlantSession.estimate`)."""
+        return self._default.estimate()
+
     def note_sent(self, action: np.ndarray) -> None:
         """Tell the default plant's shield it got `action` instead of the last `act` output (fallback, shadow echo)."""
         if self._default.shield is not None:

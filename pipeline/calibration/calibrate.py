@@ -11,7 +11,8 @@ leave; `outside`: no plant inside the config's ranges fits); the prediction
 error before (the nominal twin, no latency) and after; and `calibrated`, a
 RandomizationSet dict. `summary_lines(result)` is its human summary (the CLI
 and the flow's artifact); `write_calibrated_yaml` writes the calibrated set as
-a `--domains` file.
+a `--domains` file. With an adaptive policy's bundle, `policy_estimate` sets the plant
+that policy believes in, on the same logs, beside the fit (policy_estimate.py).
 """
 
 from __future__ import annotations
@@ -194,8 +195,10 @@ def fit_setup(cfg, logs) -> FitSetup:
     return setup
 
 
-def calibrate(cfg, logs) -> dict:
-    """Fit the twin to shadow logs at `logs` (file or directory) per `cfg.calibration`; see the module docstring."""
+def calibrate(cfg, logs, bundle=None) -> dict:
+    """Fit the twin to shadow logs at `logs` (file or directory) per `cfg.calibration`; see the module docstring.
+    `bundle`: an adaptive policy's bundle whose plant estimate on the same logs is set beside the fit
+    (`policy_estimate`, pipeline/calibration/policy_estimate.py)."""
 
     t0 = time.perf_counter()
     setup = fit_setup(cfg, logs)
@@ -346,6 +349,10 @@ def calibrate(cfg, logs) -> dict:
         "not_identified_from_logs": ["action_noise_std", "push"],
     }
     result["calibrated"] = calibrated_set(result, reality, cfg)
+    if bundle is not None:
+        from pipeline.calibration.policy_estimate import compare_with_fit
+
+        result["policy_estimate"] = compare_with_fit(bundle, log, result)
     result["wall_s"] = time.perf_counter() - t0
     return result
 
@@ -415,6 +422,10 @@ def summary_lines(result: dict) -> list[str]:
         f"observation noise std: [{noise}] (configured unless the log's interval excludes it); "
         f"action noise and pushes keep the configured values"
     )
+    if result.get("policy_estimate"):
+        from pipeline.calibration.policy_estimate import comparison_lines
+
+        lines += comparison_lines(result["policy_estimate"])
     return lines
 
 

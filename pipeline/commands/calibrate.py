@@ -6,6 +6,8 @@ config's randomization ranges fits the logs). The calibrated set is still
 written, with the verdict in its header, but nothing trained on it should be
 promoted before the shield is re-synthesized for it.
 
+`--bundle B` sets an adaptive policy's plant estimate on the same logs beside the fit.
+
 `--plan [--params A,B] [--amplitude A] [--steps N] [--from-log QUIET] [--out plan.json]`
 designs an excitation instead (pipeline.calibration.plan); exit 1 when no
 candidate is safe at every corner of `reality` at that amplitude.
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.calibration.calibrate import calibrate, summary_lines, write_calibrated_yaml
 
     cfg = load_config(args.config)
-    result = calibrate(cfg, args.from_log)
+    result = calibrate(cfg, args.from_log, bundle=getattr(args, "bundle", None))
     if args.out:
         result["out"] = str(write_calibrated_yaml(result, args.out))
     emit(args, result, "\n".join(summary_lines(result) + ([f"wrote {result['out']}"] if args.out else [])))

@@ -217,6 +217,15 @@ def paired_return_bound(metrics: dict, gate, reference: str) -> PairedBound | No
     return paired_bound(cand, ref, _look(metrics, gate)[0])
 
 
+def format_bound(bound: dict | None) -> str:
+    """A recorded bound (`PairedBound.as_dict()`) as text: "mean [lower, upper] (n=...)", or "n/a"."""
+    if not bound:
+        return "n/a"
+    return f"{bound['mean']:+.2f} [{bound['lower']:+.2f}, {bound['upper']:+.2f}]" + (
+        f" (n={bound['n']})" if "n" in bound else ""
+    )
+
+
 def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
     """The paired return rule against `reference` ("legacy" or "production"); None if there is no production."""
     production = reference == "production"
@@ -237,9 +246,8 @@ def return_check(metrics: dict, gate, reference: str) -> GateCheck | None:
         return GateCheck(key, None, ratio, None, f"no {missing}")
     if len(cand) != len(ref_returns):
         return GateCheck(key, None, ratio, None, f"candidate and {label} ran different episodes: cannot pair")
-    where = _look(metrics, gate)[1]
-    bound = paired_return_bound(metrics, gate, reference)
-    assert bound is not None  # paired: checked above
+    alpha, where = _look(metrics, gate)
+    bound = paired_bound(cand, ref_returns, alpha)
     ref_mean = sum(ref_returns) / len(ref_returns)
     thr = return_threshold(ref_mean, ratio) - ref_mean  # on the difference candidate - reference
     verdict = bound.versus(thr)

@@ -91,6 +91,13 @@ class PairedBound:
     upper: float  # +inf until two pairs exist
     alpha: float  # spent by each bound at this look
 
+    def as_dict(self) -> dict:
+        """{"mean", "lower", "upper", "n"}: what reports and benches record of it."""
+        return {"mean": self.mean, "lower": self.lower, "upper": self.upper, "n": self.n}
+
+    def __str__(self) -> str:
+        return f"{self.mean:+.2f} [{self.lower:+.2f}, {self.upper:+.2f}] (n={self.n})"
+
     def versus(self, threshold: float) -> str:
         """'above' (lower bound over the threshold), 'below' (upper bound under it) or 'undecided'.
 

@@ -9,10 +9,12 @@ pickle), written atomically; an entry that does not read back whole, or whose st
 is a miss and is rewritten. The spec built from an entry is checked exactly as a fresh one (`ShieldSpec.from_dict`,
 the envelope, the overrides), and `sim2real shield synthesize` always measures afresh.
 
-An entry states the code identity it was computed by. Writing one removes the entries another identity wrote (an
-older or newer sim2real, an edited checkout) once they are STALE_AFTER_S old: no key made by this code can match
-them, and without this the folder grew by every upgrade's entries, for good. The age spares a second checkout in
-use beside this one (each would otherwise remove the other's entries on every write).
+An entry states the code identity it was computed by, and its file name carries a tag of it
+(`{kind}-{tag}-{key}.json`). Writing one removes the entries another identity wrote (an older or newer sim2real,
+an edited checkout) once they are STALE_AFTER_S old: no key made by this code can match them, and without this the
+folder grew by every upgrade's entries, for good. The age spares a second checkout in use beside this one (each
+would otherwise remove the other's entries on every write). The tag lets that sweep pass this code's own entries
+by name, and look at no file's contents at all.
 
 Where: $SIM2REAL_CACHE_DIR, else $XDG_CACHE_HOME/sim2real, else ~/.cache/sim2real; SIM2REAL_CACHE_DIR set to an
 empty string turns it off.
@@ -30,7 +32,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-FORMAT = 2  # of an entry; bumping it orphans every old entry (2: entries state their code identity)
+# Of an entry; bumping it orphans every old entry (2: entries state their code identity; 3: and their file names
+# carry a tag of it, so eviction reads names, not files).
+FORMAT = 3
 STALE_AFTER_S = 7 * 24 * 3600.0  # another code identity's entry is removed once its file is this old
 
 
@@ -61,6 +65,11 @@ def code_identity() -> str:
             h.update(f"\0{package.__name__}/{path.relative_to(root).as_posix()}\0".encode())
             h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def identity_tag(code: str) -> str:
+    """The 16 hex digits of a code identity an entry's file name carries."""
+    return hashlib.sha256(code.encode()).hexdigest()[:16]
 
 
 def model_identity(cfg) -> str | None:
@@ -103,7 +112,7 @@ def cached(
     key = entry_key(kind, cfg, extra) if folder is not None else None
     if folder is None or key is None:
         return compute()
-    path = folder / f"{kind}-{key}.json"
+    path = folder / f"{kind}-{identity_tag(code_identity())}-{key}.json"
     found = _read(path, key, decode)
     if found is not None:
         return found[0]
@@ -125,22 +134,21 @@ def cached(
 
 
 def evict_stale(folder: Path) -> list[Path]:
-    """Remove the entries (and their lock files) at least STALE_AFTER_S old that another code identity wrote, or
-    that state none (an older format): this code can never read them. Returns what it removed; a file another
-    process holds or removed first is left to it."""
+    """Remove the entries (and their lock files) at least STALE_AFTER_S old whose names carry another code identity's
+    tag, or none (an older format): this code can never read them. Returns what it removed; a file another process
+    holds or removed first is left to it."""
     import time
 
-    current = code_identity()
+    mine = f"-{identity_tag(code_identity())}-"
     removed = []
     for path in folder.glob("*.json"):
+        if mine in path.name:
+            continue
         try:
             if time.time() - path.stat().st_mtime < STALE_AFTER_S:
                 continue
-            code = json.loads(path.read_text()).get("code")
-        except (OSError, ValueError, AttributeError):
-            continue  # torn or being written: the next read rewrites it
-        if code == current:
-            continue
+        except OSError:
+            continue  # removed meanwhile
         for stale in (path, path.with_suffix(".lock")):
             with contextlib.suppress(OSError):
                 stale.unlink()

@@ -151,3 +151,22 @@ def shadow_result(kind: str, base_dir: Path) -> tuple[Path, dict]:
         bundle = writer(base_dir / f"{kind}-bundle", cfg)
         _RUNS[kind] = bundle, run_shadow(bundle, cfg, report_dir=base_dir / f"{kind}-report")
     return _RUNS[kind]
+
+
+def write_estimating_bundle(out_dir, cfg, seed: int = 0, history_length: int = 8) -> Path:
+    """A bundle shaped as an adaptive cart-pole student's (history, plant_estimate over the train set's parameters),
+    freshly initialised: its estimates are not skilled, only where an adaptive policy's would be."""
+    import torch
+
+    from envs.wrappers import domain_encoding
+    from pipeline.deployment.export import export_deterministic
+    from pipeline.training.model import ActorCritic, DeterministicPolicy
+
+    torch.manual_seed(seed)
+    estimates = [list(e) for e in domain_encoding(cfg.randomization["train"])]
+    ac = ActorCritic(5, 1, cfg.train.hidden_sizes, history_length=history_length, estimates=estimates)
+    meta = dict(task="cartpole", env_id=ENV_ID, updates=0, env_steps=0, **ac.spec())
+    result = export_deterministic(
+        DeterministicPolicy(ac), meta, cartpole_shield_spec(cfg), config_hash=cfg.config_hash(), out_dir=out_dir
+    )
+    return Path(result["bundle"])

@@ -30,7 +30,7 @@ from shield.client import PolicyClient
 from shield.shadowlog import read_shadow_log, write_shadow_log
 from tests.helpers.algorithm_configs import WIRING_GATE
 from tests.helpers.serve_bundles import ServerProcess
-from tests.helpers.shadow_candidates import write_lqr_bundle
+from tests.helpers.shadow_candidates import write_estimating_bundle, write_lqr_bundle
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV_ID = "sim2real/CartPoleRail-v0"
@@ -102,6 +102,8 @@ def test_without_a_known_scale_the_common_scale_is_reported_flat_and_ratios_stil
             str(logs),
             "--out",
             str(base / "calibrated.yaml"),
+            "--bundle",
+            str(write_estimating_bundle(base / "adaptive", load_config(ROOT / "configs" / "cartpole.yaml"))),
             "--json",
         ],
         cwd=ROOT,
@@ -122,6 +124,13 @@ def test_without_a_known_scale_the_common_scale_is_reported_flat_and_ratios_stil
     assert abs(ratio / truth - 1) < 0.10, (ratio, truth)
     err = result["prediction_error"]
     assert err["after"]["rms_normalized"] < 0.5 * err["before"]["rms_normalized"]
+    # An adaptive policy's plant estimate on the same log, set beside the fit name by name (an untrained one here:
+    # the wiring, not the skill; bench/bench_adaptive.py measures that).
+    beside = {row["name"]: row for row in result["policy_estimate"]["parameters"]}
+    assert result["policy_estimate"]["steps"] == STEPS - 8 and result["log"]["runs"] == 1
+    assert beside["latency_steps"]["fit"] == LATENCY
+    assert beside["body_mass.cart"]["fit"] == params["body_mass.cart"]["identified"]
+    assert all(r["train_range"][0] <= r["policy_median"] <= r["train_range"][1] for r in beside.values())
     # The written set is a valid randomization set: the twin can run on it.
     calibrated = parse_randomization(yaml.safe_load((base / "calibrated.yaml").read_text()))
     assert calibrated.latency_steps.low == calibrated.latency_steps.high == LATENCY

@@ -27,8 +27,8 @@ An adaptive policy that estimates the plant states it under ``plant_estimate``::
 
 one entry per column of that graph output, in order, each with the train range the policy learnt it over
 (its estimate never leaves it) and, from an adaptive run, the share of the parameter's spread the estimate
-explained on episodes it was not trained on (`held_out_r2`; near or below 0: the history does not reveal it,
-read it as the range's middle). At most MAX_ESTIMATES, so the estimate reply fits in its request's padding.
+explained on episodes it was neither trained nor recalibrated on (`held_out_r2`; near 0: the history does not
+reveal it, read it as the range's middle). At most MAX_ESTIMATES, so the estimate reply fits in its request's padding.
 
 Stdlib only: this runs on the edge box.
 """

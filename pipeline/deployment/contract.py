@@ -90,7 +90,7 @@ def io_contract(
                 for name, lo, hi, _ in estimates
             ],
             "holds": "the domain parameters the policy infers from its history, each within its train range; "
-            "held_out_r2: how much of a parameter's spread it explained on episodes it was not trained on "
-            "(1 exact, 0 no better than the middle of the range, null: the parameter did not vary)",
+            "held_out_r2: how much of a parameter's spread it explained on episodes it was neither trained nor "
+            "recalibrated on (1 exact, 0 no better than the middle of the range, null: the parameter did not vary)",
         }
     return check_contract(contract, len(mean), len(low))

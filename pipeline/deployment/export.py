@@ -490,9 +490,18 @@ def export_policy(
     extra = {"run": run_dir.resolve().name}  # the run's name: a bundle carries no path of the training machine
     from pipeline.training.adaptive import ESTIMATE_SKILL_FILE
 
-    if (run_dir / ESTIMATE_SKILL_FILE).is_file():  # an adaptive run: how well its plant estimate did, held out
+    if (run_dir / ESTIMATE_SKILL_FILE).is_file():  # an adaptive run: its estimate's recalibration and skill
         skill = json.loads((run_dir / ESTIMATE_SKILL_FILE).read_text())
-        meta["estimate_skill"] = {p["name"]: p["held_out_r2"] for p in skill["parameters"]}
+        if skill.get("checkpoint") == meta.get("checkpoint"):
+            rows = skill["parameters"]
+            getattr(policy, "recalibrate_estimate")([r["offset"] for r in rows], [r["scale"] for r in rows])
+            meta["estimate_skill"] = {r["name"]: r["held_out_r2"] for r in rows}
+        else:
+            print(
+                f"warning: {run_dir / ESTIMATE_SKILL_FILE} was measured on {skill.get('checkpoint')}, the export "
+                f"takes {meta.get('checkpoint')}: its plant estimate goes out uncalibrated and unscored",
+                file=sys.stderr,
+            )
     if meta["config_hash"] != cfg.config_hash():
         # The manifest keeps the hash the weights were trained under; say loudly that config.yaml drifted.
         print(

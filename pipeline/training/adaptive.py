@@ -10,7 +10,9 @@
    student must find the plant in its history, because only the labels know it. A second head of the
    student regresses the sampled parameters themselves from the same input (the teacher's privileged
    vector is the label): exported as `plant_estimate`, it shows the operator which plant the policy
-   believes it is on (the edge's estimate request, Prometheus). It shares no weights with the actions.
+   believes it is on (the edge's estimate request, Prometheus). It shares no weights with the actions. Once
+   the student is chosen, its estimate is recalibrated on fresh rollouts and scored on others
+   (`calibrate_estimate`, estimate.json): export bakes the recalibration in and the contract carries the score.
 3. Selection: the student is validated like any policy (`ModelSelection`: checkpoints/best.pt,
    selection.json), and its checkpoints are APPO-shaped history policies, so export, eval and shadow
    take it unchanged. The teacher's own run stays in `teacher/` under the run directory.
@@ -55,40 +57,63 @@ from pipeline.training.scaffold import (
 from pipeline.training.selection import ModelSelection, run_identity, selection_figures
 
 MINIBATCH = 256  # labelled states per Adam step of the student
-ESTIMATE_SKILL_FILE = "estimate.json"  # how well the student's plant estimate did on states it was not trained on
+# The chosen student's plant estimate recalibrated on fresh states, and how well it did on others (export reads it).
+ESTIMATE_SKILL_FILE = "estimate.json"
 
 
-class EstimateSkill:
-    """Held-out skill of the estimate head, per parameter: each rollout batch of the second half of the
-    distillation is scored before the student trains on it (new episodes, new plants), as R^2 against the
-    batch's own parameters (1: exact; 0: no better than the mean of the range; below 0: worse). A parameter the
-    history does not reveal (a mass the small motions of a balanced pole hardly show) scores near or below 0,
-    and the contract says so, so an operator knows which figures of the estimate to read."""
+CALIBRATION_STATES = 32_768  # fresh states the chosen student's estimate is recalibrated and scored on
 
-    def __init__(self, estimates: list):
-        self.names = [e[0] for e in estimates]
-        self.sse, self.total, self.squares = (np.zeros(len(self.names)) for _ in range(3))
-        self.n = 0
 
-    @torch.no_grad()
-    def add(self, student: ActorCritic, x: np.ndarray, encoded: np.ndarray) -> None:
-        guess = student.encoded_estimate(torch.from_numpy(x)).clamp(-1.0, 1.0).numpy().astype(np.float64)
-        target = encoded.astype(np.float64)
-        self.sse += ((guess - target) ** 2).sum(0)
-        self.total += target.sum(0)
-        self.squares += (target**2).sum(0)
-        self.n += len(target)
+def calibrate_estimate(student: ActorCritic, x: np.ndarray, encoded: np.ndarray, env: np.ndarray, names) -> dict:
+    """Recalibrate the estimate head on fresh states and score it on others: {"parameters": [{name, offset,
+    scale, held_out_r2}]}.
 
-    def summary(self) -> dict:
-        """{"states": n, "parameters": [{"name", "held_out_r2" (None: the parameter did not vary)}]}."""
-        spread = self.squares - self.total**2 / max(self.n, 1)
-        return {
-            "states": self.n,
-            "parameters": [
-                {"name": name, "held_out_r2": float(1.0 - sse / sst) if self.n and sst > 1e-9 * self.n else None}
-                for name, sse, sst in zip(self.names, self.sse, spread, strict=True)
-            ],
-        }
+    A regression head fitted on a few hundred episodes' plants overfits them: on new plants its raw estimate of a
+    parameter the history hardly reveals can be worse than the middle of the range. Per parameter, the line
+    truth ~ offset + scale * estimate (scale >= 0) is fitted on the states of even-numbered envs and scored on the
+    odd ones (other episodes, other plants), as R^2 (1 exact; 0 the range's middle; below 0 worse). A parameter
+    the head cannot see gets a scale near 0 and so an estimate near the truths' mean: never worse than no
+    estimate by much. `env`: each state's env index in its batch; `encoded`: its parameters in [-1, 1]."""
+    with torch.no_grad():
+        raw = student.encoded_estimate(torch.from_numpy(x)).clamp(-1.0, 1.0).numpy().astype(np.float64)
+    truth = encoded.astype(np.float64)
+    fit, score = env % 2 == 0, env % 2 == 1
+    out = []
+    for k, name in enumerate(names):
+        y, g = truth[fit, k], raw[fit, k]
+        spread = float(np.var(g))
+        scale = max(0.0, float(np.mean((g - g.mean()) * (y - y.mean())) / spread)) if spread > 1e-12 else 0.0
+        offset = float(y.mean() - scale * g.mean())
+        y2 = truth[score, k]
+        guess = np.clip(offset + scale * raw[score, k], -1.0, 1.0)
+        sst = float(np.sum((y2 - y2.mean()) ** 2))
+        r2 = float(1.0 - np.sum((y2 - guess) ** 2) / sst) if sst > 1e-9 * max(len(y2), 1) else None
+        out.append({"name": name, "offset": offset, "scale": scale, "held_out_r2": r2})
+    return {"states": int(len(x)), "parameters": out}
+
+
+def estimate_calibration(cfg, run_dir: Path, actor: RolloutActor, obs_dim: int) -> dict:
+    """`calibrate_estimate` for the checkpoint export will take (the best by validation, else the latest), on
+    CALIBRATION_STATES fresh states its own rollouts visit (a quarter of the distillation's steps, if fewer);
+    records which checkpoint it was."""
+    from pipeline.training.checkpoint import best_checkpoint, latest_checkpoint, read_checkpoint
+
+    chosen = best_checkpoint(run_dir) or latest_checkpoint(run_dir)
+    ckpt = read_checkpoint(chosen)
+    judged = ActorCritic(**ckpt["model_spec"])
+    judged.load_state_dict(ckpt["model"])
+    actor.set_weights(int(ckpt["updates"]) + 1, ckpt["model"])
+    xs, params, envs = [], [], []
+    # A quarter of the distillation's own steps at most: a short run (a test) is not made several times longer.
+    while sum(map(len, xs)) < min(CALIBRATION_STATES, max(1, cfg.train.adaptive.distill_steps // 4)):
+        batch = actor.rollout()
+        x, teacher_in = labelled_states(batch, obs_dim)
+        xs.append(x)
+        params.append(teacher_in[:, obs_dim:])
+        envs.append(np.tile(np.arange(batch["obs"].shape[1]), batch["obs"].shape[0] - 1))
+    names = [e[0] for e in judged.estimates]
+    result = calibrate_estimate(judged, np.concatenate(xs), np.concatenate(params), np.concatenate(envs), names)
+    return {"checkpoint": Path(chosen).name, **result}
 
 
 def train_adaptive(
@@ -179,7 +204,6 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
         selection.start()
     logger = MetricsLogger(run_dir, ac.distill_steps, spec["act_dim"], 0, progress)
     inputs, labels, params = [], [], []
-    skill = EstimateSkill(spec.get("estimates", []))
     recent: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
     env_steps, iteration = 0, 0
     obs_dim = spec["obs_dim"]
@@ -190,8 +214,6 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
             x, teacher_in = labelled_states(batch, obs_dim)
             with torch.no_grad():
                 label = teacher(torch.from_numpy(teacher_in)).numpy()
-            if student.estimate is not None and env_steps >= ac.distill_steps // 2:
-                skill.add(student, x, teacher_in[:, obs_dim:])  # states it has not been trained on yet
             env_steps += len(x)
             iteration += 1
             recent.extend(batch["episodes"][:, 0].tolist())
@@ -219,8 +241,6 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
                 if selection.stop_reason:
                     break
             logger.log(record)
-        if student.estimate is not None:
-            (Path(run_dir) / ESTIMATE_SKILL_FILE).write_text(json.dumps(skill.summary(), indent=2))
         weights = {k: v.clone() for k, v in student.state_dict().items()}
         if selection is not None:
             selection.after_update(iteration, env_steps, iteration, weights, final=True)
@@ -238,6 +258,9 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
                 **meta,
             ),
         )
+        if student.estimate is not None:
+            calibration = estimate_calibration(cfg, Path(run_dir), actor, obs_dim)
+            (Path(run_dir) / ESTIMATE_SKILL_FILE).write_text(json.dumps(calibration, indent=2))
     finally:
         logger.close()
         if selection is not None:

@@ -130,6 +130,10 @@ class DeterministicPolicy(nn.Module):
             self.register_buffer("estimate_low", low)
             self.register_buffer("estimate_half_width", (high - low) / 2)
             self.register_buffer("estimate_log", torch.tensor([bool(e[3]) for e in self.estimates]))
+            # truth ~ offset + scale * head (encoded), fitted on fresh episodes (pipeline/training/adaptive.py);
+            # identity until `recalibrate_estimate`.
+            self.register_buffer("estimate_offset", torch.zeros(len(self.estimates)))
+            self.register_buffer("estimate_scale", torch.ones(len(self.estimates)))
         self.eval()
 
     def _normalized(self, obs_raw: torch.Tensor, history: torch.Tensor | None) -> torch.Tensor:
@@ -141,12 +145,18 @@ class DeterministicPolicy(nn.Module):
         x = self._normalized(obs_raw, history)
         return torch.maximum(torch.minimum(self.pi(x), self.action_high), self.action_low)
 
+    def recalibrate_estimate(self, offset, scale) -> None:
+        """Set the estimate's recalibration (encoded units, one (offset, scale) per parameter)."""
+        self.estimate_offset.copy_(torch.as_tensor(offset, dtype=torch.float32))
+        self.estimate_scale.copy_(torch.as_tensor(scale, dtype=torch.float32))
+
     def plant_estimate(self, obs_raw: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
         """float32[n, P]: the domain parameters this input suggests, in physical units (scales of nominal,
         latency in control steps), each clipped to its train range: the policy knows no plant outside it."""
         if self.estimate_head is None:
             raise ValueError("this policy has no estimate head")
-        encoded = torch.clamp(self.estimate_head(self._normalized(obs_raw, history)), -1.0, 1.0)
+        raw = torch.clamp(self.estimate_head(self._normalized(obs_raw, history)), -1.0, 1.0)
+        encoded = torch.clamp(self.estimate_offset + self.estimate_scale * raw, -1.0, 1.0)
         value = self.estimate_low + (encoded + 1.0) * self.estimate_half_width
         return torch.where(self.estimate_log, torch.exp(value), value)
 

@@ -61,35 +61,62 @@ MINIBATCH = 256  # labelled states per Adam step of the student
 ESTIMATE_SKILL_FILE = "estimate.json"
 
 
-CALIBRATION_STATES = 32_768  # fresh states the chosen student's estimate is recalibrated and scored on
+CALIBRATION_STATES = 65_536  # fresh states the chosen student's estimate is recalibrated and scored on
 
 
-def calibrate_estimate(student: ActorCritic, x: np.ndarray, encoded: np.ndarray, env: np.ndarray, names) -> dict:
-    """Recalibrate the estimate head on fresh states and score it on others: {"parameters": [{name, offset,
-    scale, held_out_r2}]}.
+def calibrate_estimate(student: ActorCritic, x: np.ndarray, encoded: np.ndarray, episode: np.ndarray, names) -> dict:
+    """Recalibrate the estimate head on fresh states and score it on others: {"states", "plants", "parameters":
+    [{name, offset, scale, held_out_r2}]}.
 
     A regression head fitted on a few hundred episodes' plants overfits them: on new plants its raw estimate of a
     parameter the history hardly reveals can be worse than the middle of the range. Per parameter, the line
-    truth ~ offset + scale * estimate (scale >= 0) is fitted on the states of even-numbered envs and scored on the
-    odd ones (other episodes, other plants), as R^2 (1 exact; 0 the range's middle; below 0 worse). A parameter
-    the head cannot see gets a scale near 0 and so an estimate near the truths' mean: never worse than no
-    estimate by much. `env`: each state's env index in its batch; `encoded`: its parameters in [-1, 1]."""
+    truth ~ offset + scale * estimate is fitted on the even-numbered episodes (one point per plant: its states'
+    mean estimate, as states of one episode share one truth) and scored per state on the odd ones, as R^2 (1 exact;
+    0 the truths' mean; below 0 worse). The slope is kept only where it is positive and clear of chance (t > 2
+    over the plants), else 0: a parameter the head cannot see then gets the fit plants' mean, whatever the head
+    says. `episode`: each state's episode id; `encoded`: its parameters in [-1, 1]."""
     with torch.no_grad():
         raw = student.encoded_estimate(torch.from_numpy(x)).clamp(-1.0, 1.0).numpy().astype(np.float64)
     truth = encoded.astype(np.float64)
-    fit, score = env % 2 == 0, env % 2 == 1
+    plants, first = np.unique(episode, return_index=True)
+    fit_plant = plants % 2 == 0
+    score = episode % 2 == 1
+    members = np.searchsorted(plants, episode)  # each state's plant index
+    count = np.bincount(members)
     out = []
     for k, name in enumerate(names):
-        y, g = truth[fit, k], raw[fit, k]
-        spread = float(np.var(g))
-        scale = max(0.0, float(np.mean((g - g.mean()) * (y - y.mean())) / spread)) if spread > 1e-12 else 0.0
-        offset = float(y.mean() - scale * g.mean())
+        g = np.bincount(members, weights=raw[:, k]) / count  # each plant's mean estimate
+        y = truth[first, k]  # its truth
+        g, y = g[fit_plant], y[fit_plant]
+        scale, offset = 0.0, float(y.mean()) if len(y) else 0.0
+        if len(y) >= 4 and np.var(g) > 1e-12 and np.var(y) > 1e-12:
+            r = float(np.corrcoef(g, y)[0, 1])
+            if r > 0 and r * math.sqrt(len(y) - 2) / math.sqrt(max(1e-12, 1 - r * r)) > 2.0:
+                scale = float(np.cov(g, y, bias=True)[0, 1] / np.var(g))
+                offset = float(y.mean() - scale * g.mean())
         y2 = truth[score, k]
         guess = np.clip(offset + scale * raw[score, k], -1.0, 1.0)
         sst = float(np.sum((y2 - y2.mean()) ** 2))
         r2 = float(1.0 - np.sum((y2 - guess) ** 2) / sst) if sst > 1e-9 * max(len(y2), 1) else None
         out.append({"name": name, "offset": offset, "scale": scale, "held_out_r2": r2})
-    return {"states": int(len(x)), "parameters": out}
+    return {"states": int(len(x)), "plants": int(len(plants)), "parameters": out}
+
+
+def episode_ids(privileged: np.ndarray, last: np.ndarray | None, counter: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Episode ids [T * n] (labelled_states' order) of a batch's states from its sampled parameters [T, n, P]: an env
+    starts a new episode where its parameters change (a fresh draw). Returns (ids, each env's last (id, params)
+    carried to the next batch, the counter)."""
+    steps, n = privileged.shape[:2]
+    if last is None:
+        last = np.full((n, 1 + privileged.shape[2]), np.nan)
+    ids = np.empty((steps, n), np.int64)
+    for t in range(steps):
+        new = np.any(privileged[t] != last[:, 1:], axis=1)
+        for e in np.flatnonzero(new):
+            counter += 1
+            last[e, 0], last[e, 1:] = counter, privileged[t, e]
+        ids[t] = last[:, 0]
+    return ids.reshape(-1), last, counter
 
 
 def estimate_calibration(cfg, run_dir: Path, actor: RolloutActor, obs_dim: int) -> dict:
@@ -103,16 +130,18 @@ def estimate_calibration(cfg, run_dir: Path, actor: RolloutActor, obs_dim: int) 
     judged = ActorCritic(**ckpt["model_spec"])
     judged.load_state_dict(ckpt["model"])
     actor.set_weights(int(ckpt["updates"]) + 1, ckpt["model"])
-    xs, params, envs = [], [], []
-    # A quarter of the distillation's own steps at most: a short run (a test) is not made several times longer.
-    while sum(map(len, xs)) < min(CALIBRATION_STATES, max(1, cfg.train.adaptive.distill_steps // 4)):
+    xs, params, episodes, last, counter = [], [], [], None, 0
+    steps = cfg.train.adaptive.distill_steps
+    # A short distillation (a test) gets a quarter of its own steps: it is not made several times longer.
+    while sum(map(len, xs)) < (CALIBRATION_STATES if steps >= CALIBRATION_STATES else max(1, steps // 4)):
         batch = actor.rollout()
         x, teacher_in = labelled_states(batch, obs_dim)
         xs.append(x)
         params.append(teacher_in[:, obs_dim:])
-        envs.append(np.tile(np.arange(batch["obs"].shape[1]), batch["obs"].shape[0] - 1))
+        ids, last, counter = episode_ids(batch["privileged"][:-1], last, counter)
+        episodes.append(ids)
     names = [e[0] for e in judged.estimates]
-    result = calibrate_estimate(judged, np.concatenate(xs), np.concatenate(params), np.concatenate(envs), names)
+    result = calibrate_estimate(judged, np.concatenate(xs), np.concatenate(params), np.concatenate(episodes), names)
     return {"checkpoint": Path(chosen).name, **result}
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from pipeline.config import AdaptiveConfig, ConfigError, load_config, parse_config
 from pipeline.deployment.export import export_policy
-from pipeline.training.adaptive import action_error, calibrate_estimate, distill
+from pipeline.training.adaptive import action_error, calibrate_estimate, distill, episode_ids
 from pipeline.training.checkpoint import best_checkpoint, latest_checkpoint, read_checkpoint
 from pipeline.training.model import ActorCritic, DeterministicPolicy
 from pipeline.training.rollout import RolloutActor, make_env
@@ -131,25 +131,40 @@ def test_the_student_reads_the_plants_latency_out_of_its_history_and_says_how_we
 
 def test_the_recalibrated_estimate_of_a_parameter_the_head_cannot_see_stays_at_the_middle():
     """The head, fitted on few plants, is biased on one parameter and answers noise on another (what overfitting
-    leaves); a third did not vary. Recalibrated on half of the envs and scored on the other half, the first is
-    corrected, the second held near the truths' mean (its raw R^2 is far below 0; recalibrated, about 0), and the
-    third has no score."""
+    leaves); a third did not vary. Recalibrated on the even episodes (a point per plant) and scored on the odd
+    ones, the first is corrected, the second held at the truths' mean (its raw R^2 is far below 0; recalibrated,
+    about 0: no chance slope survives), and the third has no score."""
     rng = np.random.default_rng(0)
-    n = 4000
-    truth = np.stack([rng.uniform(-1, 1, n), rng.uniform(-1, 1, n), np.zeros(n)], axis=1).astype(np.float32)
+    plants, length = 400, 10
+    episode = np.repeat(np.arange(plants), length)
+    per_plant = np.stack([rng.uniform(-1, 1, plants), rng.uniform(-1, 1, plants), np.zeros(plants)], axis=1)
+    truth = per_plant[episode].astype(np.float32)
+    noise = rng.uniform(-1, 1, (plants * length, 1)).astype(np.float32)  # column 1: answers unrelated to the truth
 
     class Head:
         def encoded_estimate(self, x: torch.Tensor) -> torch.Tensor:
             seen = 0.5 * torch.from_numpy(truth[:, 0]) + 0.3  # biased and shrunk, but it sees the parameter
-            return torch.stack([seen, x[:, 0], torch.zeros(n)], dim=1)
+            return torch.stack([seen, x[:, 0], torch.zeros(len(x))], dim=1)
 
-    x = rng.uniform(-1, 1, (n, 1)).astype(np.float32)  # column 1: answers unrelated to the truth
-    result = calibrate_estimate(Head(), x, truth, np.arange(n) % 16, ["seen", "unseen", "pinned"])
+    result = calibrate_estimate(Head(), noise, truth, episode, ["seen", "unseen", "pinned"])
     rows = {r["name"]: r for r in result["parameters"]}
+    assert result["plants"] == plants
     assert rows["seen"]["held_out_r2"] > 0.99 and rows["seen"]["scale"] == pytest.approx(2.0, rel=0.01)
-    raw = 1 - np.sum((truth[:, 1] - x[:, 0]) ** 2) / np.sum((truth[:, 1] - truth[:, 1].mean()) ** 2)
-    assert raw < -0.5 < -0.02 < rows["unseen"]["held_out_r2"] < 0.02 and rows["unseen"]["scale"] < 0.1
+    raw = 1 - np.sum((truth[:, 1] - noise[:, 0]) ** 2) / np.sum((truth[:, 1] - truth[:, 1].mean()) ** 2)
+    assert raw < -0.5 and rows["unseen"]["scale"] == 0.0 and -0.05 < rows["unseen"]["held_out_r2"] <= 0.0
     assert rows["pinned"]["held_out_r2"] is None and rows["pinned"]["offset"] == 0.0
+
+
+def test_episodes_are_told_apart_by_their_sampled_parameters_across_batches():
+    params = np.zeros((4, 2, 1))
+    params[:, 0, 0] = [0.1, 0.1, 0.7, 0.7]  # env 0: a new episode at t = 2
+    params[:, 1, 0] = 0.3
+    ids, last, counter = episode_ids(params, None, 0)
+    assert ids.reshape(4, 2).tolist() == [[1, 2], [1, 2], [3, 2], [3, 2]] and counter == 3
+    more = np.full((2, 2, 1), 0.3)
+    more[:, 0, 0] = 0.7  # env 0 goes on with its episode into the next batch; env 1 too
+    ids, _, counter = episode_ids(more, last, counter)
+    assert ids.reshape(2, 2).tolist() == [[3, 2], [3, 2]] and counter == 3
 
 
 @pytest.mark.parametrize(

@@ -70,30 +70,33 @@ def calibrate_estimate(student: ActorCritic, x: np.ndarray, encoded: np.ndarray,
 
     A regression head fitted on a few hundred episodes' plants overfits them: on new plants its raw estimate of a
     parameter the history hardly reveals can be worse than the middle of the range. Per parameter, the line
-    truth ~ offset + scale * estimate is fitted on the even-numbered episodes (one point per plant: its states'
-    mean estimate, as states of one episode share one truth) and scored per state on the odd ones, as R^2 (1 exact;
-    0 the truths' mean; below 0 worse). The slope is kept only where it is positive and clear of chance (t > 2
-    over the plants), else 0: a parameter the head cannot see then gets the fit plants' mean, whatever the head
-    says. `episode`: each state's episode id; `encoded`: its parameters in [-1, 1]."""
+    truth ~ offset + scale * estimate is fitted per state on the even-numbered episodes and scored per state on the
+    odd ones, as R^2 (1 exact; 0 the truths' mean; below 0 worse). The slope is kept only where the plants say it is
+    positive and clear of chance (t > 2 over the fit episodes' mean estimates against their truths: the states of
+    one episode share one truth, so only the plants are independent draws), else 0: a parameter the head cannot
+    see then gets the fit states' mean, whatever the head says. `episode`: each state's episode id; `encoded`: its
+    parameters in [-1, 1]."""
     with torch.no_grad():
         raw = student.encoded_estimate(torch.from_numpy(x)).clamp(-1.0, 1.0).numpy().astype(np.float64)
     truth = encoded.astype(np.float64)
     plants, first = np.unique(episode, return_index=True)
     fit_plant = plants % 2 == 0
-    score = episode % 2 == 1
+    fit, score = episode % 2 == 0, episode % 2 == 1
     members = np.searchsorted(plants, episode)  # each state's plant index
     count = np.bincount(members)
     out = []
     for k, name in enumerate(names):
-        g = np.bincount(members, weights=raw[:, k]) / count  # each plant's mean estimate
-        y = truth[first, k]  # its truth
-        g, y = g[fit_plant], y[fit_plant]
-        scale, offset = 0.0, float(y.mean()) if len(y) else 0.0
-        if len(y) >= 4 and np.var(g) > 1e-12 and np.var(y) > 1e-12:
+        g = (np.bincount(members, weights=raw[:, k]) / count)[fit_plant]  # each fit plant's mean estimate
+        y = truth[first, k][fit_plant]  # and its truth
+        gs, ys = raw[fit, k], truth[fit, k]
+        scale, offset = 0.0, float(ys.mean()) if len(ys) else 0.0
+        if len(y) >= 4 and np.var(g) > 1e-12 and np.var(y) > 1e-12 and np.var(gs) > 1e-12:
             r = float(np.corrcoef(g, y)[0, 1])
             if r > 0 and r * math.sqrt(len(y) - 2) / math.sqrt(max(1e-12, 1 - r * r)) > 2.0:
-                scale = float(np.cov(g, y, bias=True)[0, 1] / np.var(g))
-                offset = float(y.mean() - scale * g.mean())
+                # The slope per state (the estimate is applied per state, noise within an episode and all); whether
+                # there is one at all is judged over the plants, the independent draws.
+                scale = max(0.0, float(np.cov(gs, ys, bias=True)[0, 1] / np.var(gs)))
+                offset = float(ys.mean() - scale * gs.mean())
         y2 = truth[score, k]
         guess = np.clip(offset + scale * raw[score, k], -1.0, 1.0)
         sst = float(np.sum((y2 - y2.mean()) ** 2))

@@ -61,7 +61,11 @@ MINIBATCH = 256  # labelled states per Adam step of the student
 ESTIMATE_SKILL_FILE = "estimate.json"
 
 
-CALIBRATION_STATES = 65_536  # fresh states the chosen student's estimate is recalibrated and scored on
+# The chosen student's estimate is recalibrated and scored on fresh episodes: this many plants (half to fit, half to
+# score), or as many as this many states hold. With a few dozen plants the two halves' mean parameters differ by
+# chance enough to score a head that sees nothing far below 0; with 128 a side, by about 0.02.
+CALIBRATION_PLANTS = 256
+CALIBRATION_MAX_STATES = 131_072
 
 
 def calibrate_estimate(student: ActorCritic, x: np.ndarray, encoded: np.ndarray, episode: np.ndarray, names) -> dict:
@@ -123,8 +127,8 @@ def episode_ids(privileged: np.ndarray, last: np.ndarray | None, counter: int) -
 
 
 def estimate_calibration(cfg, run_dir: Path, actor: RolloutActor, obs_dim: int) -> dict:
-    """`calibrate_estimate` for the checkpoint export will take (the best by validation, else the latest), on
-    CALIBRATION_STATES fresh states its own rollouts visit (a quarter of the distillation's steps, if fewer);
+    """`calibrate_estimate` for the checkpoint export will take (the best by validation, else the latest), on the
+    fresh episodes of CALIBRATION_PLANTS plants its own rollouts visit (fewer where the state budget runs out);
     records which checkpoint it was."""
     from pipeline.training.checkpoint import best_checkpoint, latest_checkpoint, read_checkpoint
 
@@ -134,9 +138,10 @@ def estimate_calibration(cfg, run_dir: Path, actor: RolloutActor, obs_dim: int) 
     judged.load_state_dict(ckpt["model"])
     actor.set_weights(int(ckpt["updates"]) + 1, ckpt["model"])
     xs, params, episodes, last, counter = [], [], [], None, 0
-    steps = cfg.train.adaptive.distill_steps
-    # A short distillation (a test) gets a quarter of its own steps: it is not made several times longer.
-    while sum(map(len, xs)) < (CALIBRATION_STATES if steps >= CALIBRATION_STATES else max(1, steps // 4)):
+    # Enough plants (the halves' means differ by chance less than the scores measure), within a budget of states:
+    # twice the distillation's own steps for a short one (a test), CALIBRATION_MAX_STATES at most.
+    budget = min(CALIBRATION_MAX_STATES, 2 * cfg.train.adaptive.distill_steps)
+    while counter < CALIBRATION_PLANTS and sum(map(len, xs)) < budget:
         batch = actor.rollout()
         x, teacher_in = labelled_states(batch, obs_dim)
         xs.append(x)

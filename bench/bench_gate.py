@@ -236,12 +236,6 @@ def summarize(plant: str, nights: list[dict], judged: list[dict]) -> dict:
     }
 
 
-def _fmt(p: dict | None) -> str:
-    from pipeline.evaluation.gate import format_bound
-
-    return format_bound(p)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", help="a plant's config (repeat; default: every shipped one)")
@@ -268,6 +262,8 @@ def main(argv=None) -> int:
         "the gate as --config ships it, each on plants of its own (a block of seeds per --seed0), and train nothing",
     )
     args = parser.parse_args(argv)
+    from pipeline.evaluation.gate import format_bound
+
     if args.regate:
         if not args.config or len(args.config) != 1:
             parser.error("--regate needs exactly one --config (the gate to decide with)")
@@ -288,7 +284,7 @@ def main(argv=None) -> int:
             print(
                 f"{r['bundle']}: {r['decision'].upper():12} n={r['episodes']} ({r['looks']} looks), lost "
                 f"{r['lost_candidate_only']} only by the candidate, {r['lost_legacy_only']} only by legacy; vs legacy "
-                f"{_fmt(v)}; {r['decision_wall_s']:.0f} s",
+                f"{format_bound(v)}; {r['decision_wall_s']:.0f} s",
                 file=sys.stderr if args.json else sys.stdout,
                 flush=True,
             )
@@ -337,7 +333,7 @@ def main(argv=None) -> int:
                 nights.append(n)
                 print(
                     f"{config.stem} run {k} night {night} (seed {seed}): {n['decision'].upper():12} "
-                    f"vs legacy {_fmt(n['vs_legacy'])}  vs production {_fmt(n['vs_production'])}  "
+                    f"vs legacy {format_bound(n['vs_legacy'])}  vs production {format_bound(n['vs_production'])}  "
                     f"decision {n['decision_wall_s'] or 0:.0f} s, flow {n['flow_wall_s']:.0f} s  "
                     f"| {n['verdict']}",
                     file=log,

@@ -28,6 +28,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -492,39 +493,40 @@ class PolicyServer:
             size += MAC_SIZE
         return size
 
+    def _send(self, encode: Callable[[], bytes]) -> int:
+        """Count an answer to a request, then encode it (so a status reply counts itself) into the outgoing buffer
+        (sized in __init__ for the largest); its length."""
+        self.stats.answered += 1
+        frame = encode()
+        self._out[: len(frame)] = frame
+        return len(frame)
+
     def _status_reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int) -> int:
         stats = self.stats
         stats.status_requests += 1
-        stats.answered += 1
-        frame = encode_status_reply(
-            seq,
-            ts,
-            srv.version,
-            int((time.monotonic() - stats.started) * 1e6),
-            stats.as_dict(),
-            stats.histogram,
-            self.key,
-            client_id,
+        return self._send(
+            lambda: encode_status_reply(
+                seq,
+                ts,
+                srv.version,
+                int((time.monotonic() - stats.started) * 1e6),
+                stats.as_dict(),
+                stats.histogram,
+                self.key,
+                client_id,
+            )
         )
-        self._out[: len(frame)] = frame  # the buffer has room for it (sized in __init__)
-        return len(frame)
 
     def _contract_reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int) -> int:
         self.stats.contract_requests += 1
-        self.stats.answered += 1
-        frame = encode_contract_reply(seq, ts, srv.contract_payload, self.key, client_id)
-        self._out[: len(frame)] = frame
-        return len(frame)
+        return self._send(lambda: encode_contract_reply(seq, ts, srv.contract_payload, self.key, client_id))
 
     def _estimate_reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int, client: Any) -> int:
         """The requesting plant's estimate (its session's, looked up, not created: asking admits no plant)."""
         self.stats.estimate_requests += 1
-        self.stats.answered += 1
         session = self.plants.sessions.get(client)
         estimate, steps = (None, 0) if session is None else session.estimate()
-        frame = encode_estimate_reply(seq, ts, srv.version, estimate, steps, self.key, client_id)
-        self._out[: len(frame)] = frame
-        return len(frame)
+        return self._send(lambda: encode_estimate_reply(seq, ts, srv.version, estimate, steps, self.key, client_id))
 
     def _log(self, srv: ServedBundle, session: Any, obs, legacy, raw, safe, info: dict, t0: int) -> None:
         if self.shadow_log is None:

@@ -13,12 +13,18 @@
  * seq is the wall clock in µs (a keyed server requires it within its clock window).
  *
  *   cc -O2 -Wall -Wextra -std=c99 -o s2r_client s2r_client.c
- *   ./s2r_client [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] [-m] HOST PORT OBS0 OBS1 ...
+ *   ./s2r_client [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] [-m] [-e] HOST PORT OBS0 OBS1 ...
  *
  * -m: this step's observation is missing (a sensor dropout): the request carries flag OBS_MISSING (0x4) and NaN
  * in every observation slot (the OBS arguments give only their count); the server's shield dead-reckons. The
  * reply then carries BLIND (0x1000) and, once blind longer than the shield's blind horizon (the contract reply's
  * last field, printed as blind_horizon=), BLIND_PAST_HORIZON (0x2000): the guarantee has run out, stop the plant.
+ *
+ * -e: after the reply, ask what an adaptive policy now believes about this plant (an estimate request, type 7):
+ * the domain parameters it infers from this plant's history, in the order of the contract's
+ * plant_estimate.parameters. Printed as a second line
+ *   estimate steps=S n=N values=V0 V1 ... bits=H0 H1 ...
+ * (steps: the steps this plant's policy state has seen; n = 0 when the policy estimates nothing).
  *
  * The bundle it was built for: compile with -DS2R_NAMES_SHA256='"<hex>"' (the bundle manifest's
  * contract.names_sha256: its observation and action names in order and its control period), or pass
@@ -57,12 +63,15 @@
 #define VERSION 2
 
 #define CONTRACT_PAYLOAD 56 /* u32 version, u16 obs_dim, u16 act_dim, f64 period, 32 B names_sha256, u16 state kind, u16 state length, u32 blind horizon */
+#define ESTIMATE_REQUEST_PAD 204 /* zero padding: room for the largest estimate reply */
+#define ESTIMATE_HEAD 12         /* u32 version, u16 n, u16 reserved, u32 steps; then n f32 */
+#define MAX_ESTIMATES 48
 
 #ifndef S2R_NAMES_SHA256
 #define S2R_NAMES_SHA256 "" /* not built for a particular bundle: no contract check unless -H */
 #endif
 
-enum { ACT_REQUEST = 1, ACT_REPLY = 2, CONTRACT_REQUEST = 5, CONTRACT_REPLY = 6 };
+enum { ACT_REQUEST = 1, ACT_REPLY = 2, CONTRACT_REQUEST = 5, CONTRACT_REPLY = 6, ESTIMATE_REQUEST = 7, ESTIMATE_REPLY = 8 };
 enum { FLAG_HMAC = 1, FLAG_OBS_MISSING = 4 };
 enum { STATUS_BLIND = 0x1000, STATUS_BLIND_PAST_HORIZON = 0x2000 };
 
@@ -226,17 +235,27 @@ static ssize_t await_reply(int fd, uint8_t *rep, size_t cap, int type, uint64_t 
     }
 }
 
+/* Send a request of `type` whose payload is `pad` zero bytes (contract and estimate requests: the padding makes
+ * a request at least as large as its reply) and wait for its reply (type + 1); returns await_reply's result, or -1
+ * when the send fails. */
+static ssize_t ask(int fd, int type, uint32_t pad, uint8_t *rep, size_t cap, uint64_t seq, uint32_t client_id,
+                   const uint8_t *request_key, const uint8_t *reply_key, int keyed) {
+    uint8_t req[HEADER_SIZE + ESTIMATE_REQUEST_PAD + MAC_SIZE] = {0};  /* the larger of the two paddings */
+    put_header(req, type, keyed, seq, pad, client_id, 0);
+    size_t len = HEADER_SIZE + pad;
+    if (keyed) { hmac_sha256(request_key, 32, req, len, req + len); len += MAC_SIZE; }
+    if (send(fd, req, len, 0) != (ssize_t)len) { perror("send"); return -1; }
+    return await_reply(fd, rep, cap, type + 1, seq, client_id, reply_key, keyed);
+}
+
 /* Ask for the served bundle's contract and compare its names hash with `expected` (hex): 0 when it matches,
  * else the exit status (2 timeout, 3 malformed, 4 another contract, 1 socket error). */
 static int check_contract(int fd, const char *expected, uint64_t seq, uint32_t client_id, const uint8_t *request_key,
                           const uint8_t *reply_key, int keyed) {
-    uint8_t req[HEADER_SIZE + CONTRACT_PAYLOAD + MAC_SIZE] = {0}, rep[512];
+    uint8_t rep[512];
     char got[65];
-    put_header(req, CONTRACT_REQUEST, keyed, seq, CONTRACT_PAYLOAD, client_id, 0);  /* payload: zero padding */
-    size_t len = HEADER_SIZE + CONTRACT_PAYLOAD;
-    if (keyed) { hmac_sha256(request_key, 32, req, len, req + len); len += MAC_SIZE; }
-    if (send(fd, req, len, 0) != (ssize_t)len) { perror("send"); return 1; }
-    ssize_t body = await_reply(fd, rep, sizeof rep, CONTRACT_REPLY, seq, client_id, reply_key, keyed);
+    ssize_t body = ask(fd, CONTRACT_REQUEST, CONTRACT_PAYLOAD, rep, sizeof rep, seq, client_id, request_key, reply_key,
+                       keyed);
     if (body == -2) { fprintf(stderr, "timeout: no contract reply within 1 s\n"); return 2; }
     if (body < 0) return 1;
     if (body != HEADER_SIZE + CONTRACT_PAYLOAD || get32(rep + 24) != CONTRACT_PAYLOAD) {
@@ -260,26 +279,50 @@ static int check_contract(int fd, const char *expected, uint64_t seq, uint32_t c
     return 0;
 }
 
+/* Ask what the policy believes about this plant (its session: the same client_id as its act requests) and print
+ * it: 0, or the exit status (2 timeout, 3 malformed, 1 socket error). */
+static int read_estimate(int fd, uint64_t seq, uint32_t client_id, const uint8_t *request_key, const uint8_t *reply_key,
+                         int keyed) {
+    uint8_t rep[512];
+    ssize_t body = ask(fd, ESTIMATE_REQUEST, ESTIMATE_REQUEST_PAD, rep, sizeof rep, seq, client_id, request_key,
+                       reply_key, keyed);
+    if (body == -2) { fprintf(stderr, "timeout: no estimate reply within 1 s\n"); return 2; }
+    if (body < 0) return 1;
+    uint16_t n = body >= HEADER_SIZE + ESTIMATE_HEAD ? get16(rep + 36) : 0;
+    if (body < HEADER_SIZE + ESTIMATE_HEAD || n > MAX_ESTIMATES || get32(rep + 24) != ESTIMATE_HEAD + 4u * n ||
+        (size_t)body != HEADER_SIZE + ESTIMATE_HEAD + 4u * n) {
+        fprintf(stderr, "malformed estimate reply\n");
+        return 3;
+    }
+    printf("estimate steps=%u n=%u values=", get32(rep + 40), n);
+    for (int i = 0; i < n; i++) printf("%s%.9g", i ? " " : "", (double)bitsf32(get32(rep + 44 + 4 * i)));
+    printf(" bits=");
+    for (int i = 0; i < n; i++) printf("%s%08x", i ? " " : "", get32(rep + 44 + 4 * i));
+    printf("\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     uint8_t key[MAX_KEY], req[HEADER_SIZE + 4 + 8 * MAX_FLOATS + MAC_SIZE], rep[2048];
     uint8_t request_key[32], reply_key[32];  /* one MAC key per direction, derived from the PSK */
     size_t klen = 0;
     float legacy[MAX_FLOATS];
     const char *expected = S2R_NAMES_SHA256;
-    int n_leg = 0, opt, missing = 0;
-    while ((opt = getopt(argc, argv, "k:l:H:m")) != -1) {
+    int n_leg = 0, opt, missing = 0, estimate = 0;
+    while ((opt = getopt(argc, argv, "k:l:H:me")) != -1) {
         if (opt == 'k') klen = read_key(optarg, key);
         else if (opt == 'm') missing = 1;
+        else if (opt == 'e') estimate = 1;
         else if (opt == 'H') expected = optarg;
         else if (opt == 'l' && (n_leg = parse_csv(optarg, legacy)) < 0) { fprintf(stderr, "bad -l list\n"); return 1; }
         else if (opt != 'l') {
-            fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] [-m] HOST PORT OBS...\n", argv[0]);
+            fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] [-m] [-e] HOST PORT OBS...\n", argv[0]);
             return 1;
         }
     }
     int n_obs = argc - optind - 2;
     if (n_obs < 1 || n_obs + n_leg > MAX_FLOATS) {
-        fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] [-m] HOST PORT OBS...\n", argv[0]);
+        fprintf(stderr, "usage: %s [-k KEYFILE] [-l LEGACY_CSV] [-H NAMES_SHA256] [-m] [-e] HOST PORT OBS...\n", argv[0]);
         return 1;
     }
     struct sockaddr_in addr = {0};
@@ -334,5 +377,5 @@ int main(int argc, char **argv) {
     printf(" bits=");
     for (int i = 0; i < n_act; i++) printf("%s%08x", i ? " " : "", get32(rep + 48 + 4 * i));
     printf("\n");
-    return 0;
+    return estimate ? read_estimate(fd, seq + 1, client_id, request_key, reply_key, klen != 0) : 0;
 }

@@ -227,13 +227,12 @@ def estimate_error(got: np.ndarray, reference: np.ndarray) -> float:
 
 
 def parity_error(
-    policy: torch.nn.Module, onnx_bytes: bytes, inputs: np.ndarray, batches: tuple[int, ...] = PARITY_BATCHES
+    policy: torch.nn.Module, session: OnnxPolicy, inputs: np.ndarray, batches: tuple[int, ...] = PARITY_BATCHES
 ) -> dict[int, float]:
     """Max |onnxruntime - torch| over flat `inputs` (observation [+ history]), edge session, per batch size."""
     obs, history = split_inputs(policy, inputs)
     with torch.no_grad():
         reference = policy(*[torch.from_numpy(a) for a in (obs, history) if a is not None]).numpy()
-    session = OnnxPolicy(onnx_bytes)
     errors = {}
     for batch in batches:
         actions = np.concatenate(
@@ -250,13 +249,12 @@ def parity_error(
     return errors
 
 
-def estimate_parity_error(policy: torch.nn.Module, onnx_bytes: bytes, inputs: np.ndarray) -> float:
+def estimate_parity_error(policy: torch.nn.Module, session: OnnxPolicy, inputs: np.ndarray) -> float:
     """`estimate_error` of the graph's plant_estimate against torch's over flat `inputs`, in batches of 64."""
     obs, history = split_inputs(policy, inputs)
     assert history is not None  # export refuses an estimate without a history (to_onnx)
     with torch.no_grad():
         reference = getattr(policy, "plant_estimate")(torch.from_numpy(obs), torch.from_numpy(history)).numpy()
-    session = OnnxPolicy(onnx_bytes)
     got = np.concatenate([session.outputs(obs[i : i + 64], history[i : i + 64])[-1] for i in range(0, len(obs), 64)])
     if got.shape != reference.shape:
         raise ExportError(f"{POLICY_FILE}: {ESTIMATE_OUTPUT} has shape {got.shape}, torch {reference.shape}")
@@ -265,7 +263,7 @@ def estimate_parity_error(policy: torch.nn.Module, onnx_bytes: bytes, inputs: np
 
 def state_parity_error(
     policy: torch.nn.Module,
-    onnx_bytes: bytes,
+    session: OnnxPolicy,
     obs_mean: np.ndarray,
     obs_std: np.ndarray,
     steps: int = STATE_PARITY_STEPS,
@@ -285,7 +283,6 @@ def state_parity_error(
     rng = np.random.default_rng(seed)
     mean, std = np.asarray(obs_mean, np.float64), np.asarray(obs_std, np.float64)
     obs = (mean + std * rng.standard_normal((steps, plants, len(mean)))).astype(np.float32)
-    session = OnnxPolicy(onnx_bytes)
     memories = [session.new_memory() for _ in range(plants)]
     shape = (1, stateful.history_length, stateful.obs_dim + stateful.act_dim)
     states = [torch.zeros(shape) for _ in range(plants)]
@@ -350,7 +347,8 @@ def export_deterministic(
     onnx_bytes = model.SerializeToString()
 
     obs = parity_observations(_buffer(policy, "obs_mean"), _buffer(policy, "obs_std"))
-    errors = parity_error(policy, onnx_bytes, obs)
+    session = OnnxPolicy(onnx_bytes)  # the one edge session every parity check below runs
+    errors = parity_error(policy, session, obs)
     worst = max(errors.values())
     if not worst <= parity_tol:
         detail = ", ".join(f"batch {b}: {e:.3g}" for b, e in errors.items())
@@ -359,10 +357,10 @@ def export_deterministic(
             f"tolerance {parity_tol:g}) on {len(obs)} observations; bundle not written"
         )
     state_err: float | None = None
-    estimate_err = estimate_parity_error(policy, onnx_bytes, obs) if estimates_of(policy) else None
+    estimate_err = estimate_parity_error(policy, session, obs) if estimates_of(policy) else None
     if int(meta.get("history_length", 0)):
         state_err, resets, loop_estimate_err = state_parity_error(
-            policy, onnx_bytes, _buffer(policy, "obs_mean")[:obs_dim], _buffer(policy, "obs_std")[:obs_dim]
+            policy, session, _buffer(policy, "obs_mean")[:obs_dim], _buffer(policy, "obs_std")[:obs_dim]
         )
         if not state_err <= parity_tol:
             raise ExportError(

@@ -240,7 +240,7 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
         selection = ModelSelection(selection_cfg, run_dir, spec, shield, meta)
         selection.start()
     logger = MetricsLogger(run_dir, ac.distill_steps, spec["act_dim"], 0, progress)
-    inputs, labels, params = [], [], []
+    dataset = Dataset()
     recent: deque[float] = deque(maxlen=FINAL_RETURN_WINDOW)
     env_steps, iteration = 0, 0
     obs_dim = spec["obs_dim"]
@@ -255,19 +255,9 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
             iteration += 1
             recent.extend(batch["episodes"][:, 0].tolist())
             student.obs_rms.update(torch.from_numpy(x))
-            inputs.append(x)
-            labels.append(label)
-            params.append(teacher_in[:, obs_dim:])
-            loss, estimate_loss = regress(
-                student,
-                optimizer,
-                np.concatenate(inputs),
-                np.concatenate(labels),
-                ac.distill_epochs,
-                rng,
-                np.concatenate(params),
-            )
-            record = dict(updates=iteration, env_steps=env_steps, distill_loss=loss, dataset=sum(map(len, inputs)))
+            inputs, labels, params = dataset.extend(x, label, teacher_in[:, obs_dim:])
+            loss, estimate_loss = regress(student, optimizer, inputs, labels, ac.distill_epochs, rng, params)
+            record = dict(updates=iteration, env_steps=env_steps, distill_loss=loss, dataset=dataset.rows)
             if estimate_loss is not None:
                 record["estimate_loss"] = estimate_loss
             if len(batch["episodes"]):
@@ -305,6 +295,31 @@ def distill(cfg, run_dir: Path, teacher: torch.nn.Module, privileged: dict, prog
     return student, selection, dict(env_steps=env_steps, iterations=iteration, final_return=final_return_of(recent))
 
 
+class Dataset:
+    """DAgger's aggregated dataset: each round appends rows to every array, and the arrays double when full, so a
+    round copies its own rows rather than everything gathered so far."""
+
+    def __init__(self):
+        self.arrays: list[np.ndarray] = []
+        self.rows = 0
+
+    def extend(self, *rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Append one batch (the same number of rows in each array); returns views of every row so far."""
+        n = len(rows[0])
+        if not self.arrays:
+            self.arrays = [np.empty((max(n, 1) * 8, *r.shape[1:]), r.dtype) for r in rows]
+        if self.rows + n > len(self.arrays[0]):
+            size = max(2 * len(self.arrays[0]), self.rows + n)
+            self.arrays = [
+                np.concatenate([a[: self.rows], np.empty((size - self.rows, *a.shape[1:]), a.dtype)])
+                for a in self.arrays
+            ]
+        for a, r in zip(self.arrays, rows, strict=True):
+            a[self.rows : self.rows + n] = r
+        self.rows += n
+        return tuple(a[: self.rows] for a in self.arrays)
+
+
 def labelled_states(batch: dict, obs_dim: int) -> tuple[np.ndarray, np.ndarray]:
     """A rollout batch's visited states as (student inputs [n, input_dim], teacher inputs [n, obs_dim + P]):
     the same observations, the student's with its history, the teacher's with the sampled parameters."""
@@ -331,12 +346,13 @@ def regress(
     for _ in range(epochs * max(1, new // MINIBATCH)):
         idx = rng.integers(0, len(x), MINIBATCH)
         inputs = torch.from_numpy(x[idx])
-        mean = student(inputs)[0]
-        loss = torch.mean((mean - torch.from_numpy(label[idx])) ** 2)
-        total = loss
         if estimating:
-            estimate_loss = torch.mean((student.encoded_estimate(inputs) - torch.from_numpy(params[idx])) ** 2)
-            total = loss + estimate_loss
+            mean, estimate = student.mean_and_estimate(inputs)
+            estimate_loss = torch.mean((estimate - torch.from_numpy(params[idx])) ** 2)
+        else:
+            mean = student(inputs)[0]
+        loss = torch.mean((mean - torch.from_numpy(label[idx])) ** 2)
+        total = loss if estimate_loss is None else loss + estimate_loss
         optimizer.zero_grad()
         total.backward()
         optimizer.step()

@@ -73,9 +73,15 @@ class ActorCritic(nn.Module):
 
     def encoded_estimate(self, obs_raw: torch.Tensor) -> torch.Tensor:
         """The estimate head's domain parameters, encoded to [-1, 1] (`encode_domain`), for raw inputs."""
+        return self.mean_and_estimate(obs_raw)[1]
+
+    def mean_and_estimate(self, obs_raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(action mean, encoded estimate) for raw inputs, both heads read from one normalization of them
+        (distillation trains the two together on every minibatch)."""
         if self.estimate is None:
             raise ValueError("this network has no estimate head (built without `estimates`)")
-        return self.estimate(self.obs_rms(obs_raw))
+        x = self.obs_rms(obs_raw)
+        return self.pi(x), self.estimate(x)
 
     def distribution(self, obs_raw: torch.Tensor) -> tuple[torch.distributions.Normal, torch.Tensor]:
         """(diagonal Gaussian over actions, value) for raw observations."""

@@ -9,6 +9,7 @@ UDP (bit for bit what an in-process session of that plant alone holds) and Prome
 from __future__ import annotations
 
 import math
+import subprocess
 import urllib.request
 
 import numpy as np
@@ -32,8 +33,10 @@ from shield.protocol import (
 )
 from shield.runtime import EdgeRuntime
 from tests.helpers.bundle_helpers import OBS_MEAN, OBS_STD, resealed_copy, shield_spec
+from tests.helpers.serve_bundles import write_key_file
 from tests.pipeline.deployment.test_export_parity import history_policy
 from tests.shield.test_serve_attacks import ServerThread
+from tests.shield.test_serve_clients import c_client  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(180)
 # What domain_encoding gives for a train set: [name, low, high, log scale].
@@ -227,3 +230,30 @@ def test_every_estimate_reply_round_trips_and_is_never_larger_than_its_request(v
     with pytest.raises(PacketError):
         decode_estimate_reply(frame[:-1], key)
     assert MsgType.ESTIMATE_REPLY == frame[5]
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_the_c_client_reads_its_plants_estimate_bit_for_bit(exported, c_client, keyed, tmp_path):  # noqa: F811
+    """examples/c_client with -e: after its act request, the estimate of its own plant, as an in-process session of
+    that plant alone holds it after the same step; with a key, the reply's signature is checked."""
+    _, _, out = exported
+    key = b"k" * 40
+    obs = observations(1)[0, 0]
+    alone = EdgeRuntime.load(out).new_session()
+    safe, _, _ = alone.act(obs)
+    alone.sent(obs, safe, replaced=False)
+    expected, steps = alone.estimate()
+    srv = ServerThread(EdgeRuntime.load(out), key=key if keyed else None, not_before_us=0)
+    try:
+        args = [str(c_client), "-e"] + (["-k", str(write_key_file(tmp_path / "psk.key", key))] if keyed else [])
+        ran = subprocess.run(
+            args + [srv.host, str(srv.port)] + [repr(float(v)) for v in obs], capture_output=True, text=True, timeout=10
+        )
+    finally:
+        srv.stop()
+    assert ran.returncode == 0, ran.stderr
+    line = ran.stdout.splitlines()[-1]
+    assert line.startswith(f"estimate steps={steps} n={len(ESTIMATES)} ") and steps == 1, line
+    bits = np.array([int(w, 16) for w in line.split(" bits=")[1].split()], np.uint32)
+    assert bits.tobytes() == np.asarray(expected, "<f4").view(np.uint32).tobytes()
+    assert srv.server.stats.estimate_requests == 1

@@ -79,9 +79,11 @@ def test_state_parity_catches_a_graph_that_is_not_the_policy(stateful):
     policy, out = stateful
     other, meta = history_policy(seed=7)  # same interface, other weights
     wrong = to_onnx(other, 4, {}).SerializeToString()
-    err, resets, _ = state_parity_error(policy, wrong, np.asarray(OBS_MEAN), np.asarray(OBS_STD))
+    err, resets, _ = state_parity_error(policy, OnnxPolicy(wrong), np.asarray(OBS_MEAN), np.asarray(OBS_STD))
     assert err > 1e-3 and resets > 0
-    right, *_ = state_parity_error(policy, Bundle.load(out).policy_onnx, np.asarray(OBS_MEAN), np.asarray(OBS_STD))
+    right, *_ = state_parity_error(
+        policy, OnnxPolicy(Bundle.load(out).policy_onnx), np.asarray(OBS_MEAN), np.asarray(OBS_STD)
+    )
     assert right <= PARITY_TOL
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from pipeline.config import AdaptiveConfig, ConfigError, load_config, parse_config
 from pipeline.deployment.export import export_policy
-from pipeline.training.adaptive import action_error, calibrate_estimate, distill, episode_ids
+from pipeline.training.adaptive import Dataset, action_error, calibrate_estimate, distill, episode_ids
 from pipeline.training.checkpoint import best_checkpoint, latest_checkpoint, read_checkpoint
 from pipeline.training.model import ActorCritic, DeterministicPolicy
 from pipeline.training.rollout import RolloutActor, make_env
@@ -165,6 +165,19 @@ def test_episodes_are_told_apart_by_their_sampled_parameters_across_batches():
     more[:, 0, 0] = 0.7  # env 0 goes on with its episode into the next batch; env 1 too
     ids, _, counter = episode_ids(more, last, counter)
     assert ids.reshape(2, 2).tolist() == [[3, 2], [3, 2]] and counter == 3
+
+
+def test_the_aggregated_dataset_holds_every_batch_in_order_as_one_concatenation_would():
+    rng = np.random.default_rng(3)
+    dataset, xs, ys = Dataset(), [], []
+    for n in [5, 1, 37, 0, 120, 3, 300]:  # growing past its first sizes, an empty batch among them
+        x, y = rng.standard_normal((n, 4)).astype(np.float32), rng.integers(0, 9, (n, 2))
+        xs.append(x)
+        ys.append(y)
+        got_x, got_y = dataset.extend(x, y)
+        np.testing.assert_array_equal(got_x, np.concatenate(xs))
+        np.testing.assert_array_equal(got_y, np.concatenate(ys))
+        assert got_x.dtype == np.float32 and got_y.dtype == ys[0].dtype and dataset.rows == len(got_x)
 
 
 @pytest.mark.parametrize(

@@ -522,7 +522,10 @@ class GateConfig(Section):
         gt=0,
         description="Candidate per-action latency p99 (policy + shield), microseconds; "
         "the worse of the shadow and counterfactual passes. Default: a tenth of the task's control period "
-        "(2000 us at 50 Hz, 200 us at 500 Hz), so the policy and shield leave the loop most of its period.",
+        "(2000 us at 50 Hz, 200 us at 500 Hz), so the policy and shield leave the loop most of its period. "
+        "A pass run on this machine is judged on the acting thread's CPU time (what the policy and shield cost; "
+        "a shared machine's wall clock also measures its other work), a field log on its logged wall clock; "
+        "the wall-clock p99 is reported beside it.",
     )
     waive: list[str] = Field(
         [],

@@ -44,10 +44,12 @@ from pipeline.evaluation.episodes import (
     make_env,
     resolve_domains,
     run_episodes,
+    timed,
 )
 from pipeline.evaluation.gate import GateDecision, decide
 from pipeline.evaluation.gate_statistics import look_sizes
 from pipeline.evaluation.shadow_metrics import (
+    compute_p99,
     counterfactual_metrics,
     empty_counterfactual,
     failure_metrics,
@@ -140,6 +142,7 @@ class ShadowLog:
         self.candidate, self.n_h, self.act_dim = candidate, n_h, act_dim
         self.rows: dict[str, list] = {k: [] for k in self.KEYS}
         self.episode_offset = 0  # episodes of earlier batches, so episode ids stay unique over a sequential run
+        self.compute_us: list[float] = []  # per step: the candidate's CPU time (`timed`)
 
     def on_reset(self, env, episode: int, seed: int) -> None:
         if self.candidate is not None:
@@ -148,9 +151,8 @@ class ShadowLog:
     def on_step(self, s: Step) -> None:
         if self.candidate is not None:
             obs_copy = s.obs.copy()  # the candidate never gets (or mutates) what legacy sees
-            t0 = time.perf_counter_ns()
-            safe, raw, info = self.candidate.act(obs_copy)
-            latency = (time.perf_counter_ns() - t0) / 1e3
+            (safe, raw, info), latency, compute = timed(self.candidate.act, obs_copy)
+            self.compute_us.append(compute)  # not a log column: an edge log has only its wall clock
             h = np.asarray(info.get("h", np.full(self.n_h, np.nan)), np.float32).reshape(-1)
             cand = (
                 np.asarray(raw, np.float32),
@@ -309,6 +311,7 @@ def evaluate_candidate(
             done += len(seeds)
             columns = log.columns()
             metrics = log_metrics(columns, dt, cfg.shadow.agreement_tolerance)
+            metrics["compute_p99_us"] = compute_p99(log.compute_us)
             metrics.update(counterfactual_metrics(cand_totals, dt))
             if production is not None:
                 metrics.update(production_metrics(prod_totals, production.bundle.version))

@@ -48,6 +48,13 @@ def latency_stats(latency_us: np.ndarray, control_period_s: float | None) -> dic
     }
 
 
+def compute_p99(compute_us) -> float | None:
+    """p99 of per-step CPU times (µs; `episodes.timed`), None where none were measured (a field log)."""
+    cpu = np.asarray(compute_us, dtype=np.float64)
+    cpu = cpu[np.isfinite(cpu)]
+    return float(np.percentile(cpu, 99)) if cpu.size else None
+
+
 def log_metrics(cols: dict[str, np.ndarray], control_period_s: float | None, agreement_tolerance: float) -> dict:
     """Metrics of a shadow log (legacy driving, candidate computed): divergence, agreement, interventions, latency.
 
@@ -113,6 +120,7 @@ def counterfactual_metrics(totals, control_period_s: float | None) -> dict:
         "candidate_episode_steps": [int(n) for n in totals.lengths],
         "candidate_constraints": summary.get("constraints", {}),
         "counterfactual_latency_p99_us": lat["latency_p99_us"],
+        "counterfactual_compute_p99_us": compute_p99(totals.compute_us),
         "counterfactual_deadline_misses": lat["deadline_misses"],
     }
     # Further shield flags (e.g. the assumption monitor's `envelope`) under their summary names, prefixed like

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
 
 from pipeline.commands.eval import run as eval_cli
 from pipeline.config import ConfigError, load_config
-from pipeline.evaluation.episodes import DomainsError, resolve_domains
+from pipeline.evaluation.episodes import DomainsError, resolve_domains, timed
 from pipeline.evaluation.evaluate import evaluate
 from pipeline.evaluation.shadow import evaluate_candidate, run_shadow
 from shield.runtime import EdgeRuntime
@@ -117,3 +118,16 @@ def test_every_shield_flag_is_counted_once_for_eval_and_shadow():
     totals = run_episodes(env, Flagging(), [0, 1], dt=0.02)
     assert totals.steps > 0 and totals.summary()["envelope_rate"] == pytest.approx(0.5, abs=1 / totals.steps)
     assert counterfactual_metrics(totals, 0.02)["candidate_envelope_rate"] == totals.summary()["envelope_rate"]
+
+
+def test_a_step_is_timed_by_the_wall_clock_and_by_what_it_costs_this_thread():
+    """A call that waits (as one preempted by the scheduler does) takes wall-clock time and costs no CPU time;
+    the gate's latency check judges the cost (pipeline.evaluation.gate.latency_check)."""
+    out, wall_us, cpu_us = timed(lambda x: (time.sleep(0.05), x)[1], 7)
+    assert out == 7 and wall_us >= 50_000 and cpu_us < 0.5 * wall_us
+
+    def spin(n):
+        return sum(i * i for i in range(n))
+
+    _, wall_us, cpu_us = timed(spin, 200_000)
+    assert 0 < cpu_us and cpu_us <= wall_us + 1_000  # the thread's CPU time never exceeds the wall clock (+ ticks)

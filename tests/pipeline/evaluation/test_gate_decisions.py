@@ -71,6 +71,25 @@ def test_the_latency_limit_is_a_tenth_of_the_control_period_unless_set():
     assert unknown.decision == "inconclusive" and "set gate.max_latency_p99_us" in unknown.checks[-1].reason
 
 
+def test_the_latency_check_judges_the_cost_not_this_machines_preemptions():
+    # The arm on a loaded 2-core runner: the wall clock's p99 was the scheduler's (3.8 ms), the CPU time ~0.2 ms.
+    loaded = good_metrics(
+        latency_p99_us=3838.6,
+        counterfactual_latency_p99_us=2900.0,
+        compute_p99_us=180.0,
+        counterfactual_compute_p99_us=210.0,
+    )
+    check = decide(loaded, GateConfig()).checks[-1]
+    assert check.passed is True and check.value == 210.0  # the worse pass's cost
+    assert "(CPU time)" in check.reason and "wall-clock p99 3838.6 us" in check.reason
+    # A candidate that costs too much fails on its CPU time, however quiet the machine.
+    costly = decide(good_metrics(compute_p99_us=2600.0, counterfactual_compute_p99_us=150.0), GateConfig())
+    assert costly.failing == ["gate.max_latency_p99_us"] and costly.checks[-1].value == 2600.0
+    # A field log has only its wall clock: that is judged, and said.
+    field = decide(good_metrics(latency_p99_us=2500.0, counterfactual_latency_p99_us=None), GateConfig()).checks[-1]
+    assert field.passed is False and "(wall clock, as logged)" in field.reason
+
+
 @pytest.mark.parametrize(
     "overrides, failing",
     [

@@ -68,6 +68,9 @@ def test_legacy_copy_shows_no_divergence_and_passes_with_a_stated_margin(base):
     # Equal to legacy passes only because the config allows 1 %, and the gate says so.
     assert result["decision"] == "pass", result["reasons"]
     assert len(result["reasons"]) == 5 and all(r.startswith("PASS ") for r in result["reasons"])
+    # Both passes ran here: the latency check judges their CPU time, the wall clock's beside it.
+    assert m["compute_p99_us"] > 0 and m["counterfactual_compute_p99_us"] > 0
+    assert "(CPU time)" in result["reasons"][-1] and "wall-clock p99" in result["reasons"][-1]
     assert "LOOSENED by gate.min_return_ratio=0.99" in result["reasons"][0]
     n = len(m["candidate_returns"])
     assert f"the candidate lost 0 of {n} episodes that legacy kept" in result["reasons"][1]

@@ -10,13 +10,15 @@ predicts every log window at once.
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 
 import mujoco
 import numpy as np
 from mujoco import rollout
 
-from envs.randomization import SCALE_GROUPS
+from envs.domain import DomainRandomizer
+from envs.randomization import SCALE_GROUPS, parse_randomization, sample_domain
 from pipeline.calibration.logs import CalibrationError
 
 PHYSICAL_GROUPS = SCALE_GROUPS  # the groups a calibration fits: every per-element scale a set may randomize
@@ -84,6 +86,7 @@ class Twin:
         self.obs_to_state = dict(nominal.obs_to_state)
         self.state_obs = sorted(self.obs_to_state)  # obs indices the twin predicts
         self._models: OrderedDict = OrderedDict()
+        self._nominal: mujoco.MjModel | None = None
         base = self.model({})
         self._data = mujoco.MjData(base)
         self._spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
@@ -92,20 +95,33 @@ class Twin:
         self.nu = base.nu
 
     def model(self, scales: dict[str, float]) -> mujoco.MjModel:
-        """An MjModel with `scales` applied (nominal where absent), via a fixed randomization set."""
+        """An MjModel with `scales` applied (nominal where absent), as the task's env applies a fixed randomization
+        set on reset: the env's DomainRandomizer writes the set's draw into a copy of the nominal model.
+
+        A least-squares fit asks for thousands of points, each new: the least recently used cached model is
+        written over (the randomizer resets every array it scales from its nominal copy first), rather than the
+        MJCF parsed again (a sixth of a fit's time) or a model and its randomizer built afresh."""
         key = tuple(sorted((k, round(float(v), 12)) for k, v in scales.items()))
         if key in self._models:
             self._models.move_to_end(key)
-            return self._models[key]
-        import gymnasium as gym
+            return self._models[key][0]
+        if self._nominal is None:
+            import gymnasium as gym
 
-        env = gym.make(self.env_id, randomization=fixed_set(scales) if scales else None, disable_env_checker=True)
-        env.reset(seed=0)
-        model = env.unwrapped.model
-        env.close()
-        self._models[key] = model
-        if len(self._models) > self.CACHE:
-            self._models.popitem(last=False)
+            env = gym.make(self.env_id, disable_env_checker=True)
+            env.reset(seed=0)
+            self._nominal = env.unwrapped.model
+            env.close()
+        names = tuple(sorted(scales))
+        slot = self._models.popitem(last=False)[1] if len(self._models) >= self.CACHE else None
+        rset = parse_randomization(fixed_set(scales)) if scales else None
+        if slot is None or slot[2] != names:
+            model = copy.copy(self._nominal)  # mj_copyModel
+            slot = (model, None if rset is None else DomainRandomizer(model, rset), names)
+        model, randomizer, _ = slot
+        if randomizer is not None and rset is not None:
+            randomizer.apply(sample_domain(rset, np.random.default_rng(0)))
+        self._models[key] = slot
         return model
 
     def _columns(self) -> list[int]:

@@ -26,6 +26,37 @@ ROOT = Path(__file__).resolve().parents[3]
 NAMES = ["actuator_gain.cart_force", "body_mass.cart", "body_mass.pole", "joint_damping.hinge", "joint_damping.slider"]
 
 
+def _arrays(model) -> dict:
+    out = {"opt.gravity": model.opt.gravity.copy()}
+    for name in dir(model):
+        value = getattr(model, name) if not name.startswith("_") else None
+        if isinstance(value, np.ndarray):
+            out[name] = value.copy()
+    return out
+
+
+def test_the_twins_models_are_the_envs_bit_for_bit_while_its_cache_reuses_them():
+    """The twin writes each point's scales over a cached model (a fit asks for thousands): every array of the
+    model must be what the task's env builds for the same fixed set, whichever point the reused model held."""
+    import gymnasium as gym
+
+    from envs.randomization import sample_domain
+    from pipeline.calibration.twin import fixed_set
+
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    twin = Twin(cfg.task.env_id)
+    twin.CACHE = 2  # reuse on every other point
+    rng = np.random.default_rng(4)
+    for i in range(8):
+        scales = {k: v for k, v in sample_domain(cfg.randomization["train"], rng).items() if k != "latency_steps"}
+        scales = {} if i == 5 else dict(list(scales.items())[:2]) if i == 3 else scales  # other key sets too
+        env = gym.make(cfg.task.env_id, randomization=fixed_set(scales) if scales else None, disable_env_checker=True)
+        env.reset(seed=0)
+        want, got = _arrays(env.unwrapped.model), _arrays(twin.model(scales))
+        env.close()
+        assert [k for k in want if not np.array_equal(want[k], got[k], equal_nan=True)] == [], (i, scales)
+
+
 def test_every_mass_damping_and_gain_x13_gives_the_same_trajectories_on_the_twin(tmp_path):
     cfg = load_config(ROOT / "configs" / "cartpole.yaml")
     base = {

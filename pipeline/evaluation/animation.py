@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 RENDER_TIMEOUT_S = 120
+SHADOW_MAP_PX = 512  # the shadow map's side: ample for frames of a few hundred pixels
 
 
 def render_animation(
@@ -97,6 +98,9 @@ def _render(env_id: str, states_path: Path, out_path: Path, width: int, height: 
     camera.lookat[:] = (low + high) / 2
     camera.distance = max(3.0, 2.0 * float(np.linalg.norm(high - low)))  # m
     camera.azimuth, camera.elevation = 90.0, -15.0  # side view of the x-z plane, slightly from above
+    # MuJoCo's default shadow map (4096 x 4096) is three quarters of a software-rendered frame's cost at this size
+    # (43 ms against 11.5 ms at 160x120 with 512), for a picture no different at a few hundred pixels.
+    model.vis.quality.shadowsize = min(int(model.vis.quality.shadowsize), SHADOW_MAP_PX)
     frames = []
     with mujoco.Renderer(model, height, width) as renderer:
         for i in range(len(qpos)):

@@ -33,8 +33,8 @@ Checks (each names its config key, its value and its threshold):
   default a tenth of the control period (metrics["control_period_s"]). Where
   the pass ran here, the cost is the acting thread's CPU time: the wall clock
   of an evaluation host whose cores other work shares measures its scheduler
-  (a loaded 2-core CI runner put 3.8 ms on the arm's p99, about 20 times the
-  policy's cost); a field log has only its wall clock, which is then judged.
+  (a loaded 2-core CI runner put 3.8 ms on the arm's p99, about 13 times the
+  0.3 ms its policy and shield cost); a field log has only its wall clock, which is then judged.
   The wall-clock p99 is reported beside it either way.
 - ``gate.max_falsification_cases`` (only when a `falsify` result is part of the
   metrics, as in the retrain flow): shielded violations the search found.

@@ -16,11 +16,13 @@ backup controller can hold the plant inside every constraint forever:
 3. Every constraint row ``d(x) = w.x + f >= 0`` must hold at every ``x_j`` less the tube ``|w| . tube_j`` (the
    measured bound on how far the plant, under this very loop, strays from the nominal prediction after j steps;
    where the model's error grows with the distance from the operating point, the tube is ``tube_j + tube_slope_j .
-   |x_L - x_op|``, still one product per call); every backup action must lie in the input box (so the prediction,
-   made without saturation, is the backup's); the last state must lie within ``terminal_box`` of ``x_hold``, and
-   ``x_hold`` far enough inside every constraint that the backup's tail from there stays inside (`terminal_reach`:
-   the most any row moves over the rest of the backup's run from the edge of that box, followed until it has
-   settled).
+   |x_L - x_op| + tube_action_slope_j . |a|``, a the actions in flight (pending, then the candidate u): still one
+   product per call for the state and the pending actions, and ``cand . |u|`` for the candidate, whose rows stay
+   convex in u (one linear row per sign pattern of u where the filter must solve); every backup action must lie
+   in the input box (so the prediction, made without saturation, is the backup's); the last state must lie within
+   ``terminal_box`` of ``x_hold``, and ``x_hold`` far enough inside every constraint that the backup's tail from
+   there stays inside (`terminal_reach`: the most any row moves over the rest of the backup's run from the edge of
+   that box, followed until it has settled).
 4. All of that is ``G u >= lb`` with ``G`` and the part of ``lb`` that does not depend on ``v`` built once: one
    matrix-vector product per call. An action that meets every row passes bitwise unchanged; otherwise the
    filter is ``min ||u - u_p||^2`` over the rows and the box (closed form for one input, the QP otherwise).
@@ -73,6 +75,10 @@ class PredictiveFilter:
         # (horizon, N, N) or absent: the tube's growth per unit of |x_L - x_op|, where the model's error depends on
         # how far from the operating point the plan starts (`tube_slope`, see point 3 of the module's docstring).
         slope = np.asarray(section.get("tube_slope") or np.zeros((len(tube), N, N)), np.float64)
+        # (horizon, N, (L + 1) m) or absent: its growth per unit of |action| of each action in flight, the pending
+        # ones (oldest first) and the candidate: an input whose effect the model misjudges (a heavy ball far out on
+        # a beam adds to the beam's inertia) misleads the plan in proportion to how hard it pushes.
+        act_slope = np.asarray(section.get("tube_action_slope") or np.zeros((len(tube), N, (L + 1) * m)), np.float64)
         box = np.asarray(section["terminal_box"], np.float64)
         reach = np.asarray(section["terminal_reach"], np.float64)  # per constraint row
         H = int(section["horizon"])
@@ -129,7 +135,7 @@ class PredictiveFilter:
         self._owner = np.array(owner, dtype=np.intp)
         lats = [L] if spec.latency_min_steps is None else list(range(spec.latency_min_steps, L + 1))
         # (rows, D) maps and constants: slack = block @ v + offset - tight @ |x_L - x_op|
-        blocks, offsets, kinds, tight = [], [], [], []
+        blocks, offsets, kinds, tight, tight_act = [], [], [], [], []
         tubes = []  # per row, what the constant tube takes off it (0 where none does): for conservative mode
         absW = np.abs(W)
         self._plans = []  # per latency case: the states' maps, for `plan`
@@ -147,6 +153,7 @@ class PredictiveFilter:
                         offsets += [np.asarray(high, np.float64), -np.asarray(low, np.float64)]
                         kinds += [np.full(m, -1), np.full(m, -1)]
                         tight += [np.zeros((m, N)), np.zeros((m, N))]
+                        tight_act += [np.zeros((m, (L + 1) * m))] * 2
                         tubes += [np.zeros(m), np.zeros(m)]
                 X = A @ X + B @ sent[L + t - lk] + C_drift
                 states.append(X)
@@ -156,18 +163,21 @@ class PredictiveFilter:
                     offsets.append(f - tubes[-1])
                     kinds.append(self._owner)
                     tight.append(absW @ slope[t - lk])
+                    tight_act.append(absW @ act_slope[t - lk])
             self._plans.append(states[lk:])
             dev = X - X_hold  # how far the last state is from where the backup stops it
             blocks += [-dev, dev]
             offsets += [box, box]
             kinds += [np.full(N, -1), np.full(N, -1)]
             tight += [np.zeros((N, N)), np.zeros((N, N))]
+            tight_act += [np.zeros((N, (L + 1) * m))] * 2
             tubes += [np.zeros(N), np.zeros(N)]
             blocks.append(W @ X_hold)  # where the backup leaves it
             tubes.append(absW @ tube[-1])
             offsets.append(f - reach - tubes[-1])
             kinds.append(self._owner)
             tight.append(absW @ slope[-1])
+            tight_act.append(absW @ act_slope[-1])
         self.latencies = lats
         # Constraint rows first, grouped by constraint (stable), so a step's h per constraint is one reduceat over
         # a leading slice; then the backup's action rows and the terminal box.
@@ -185,32 +195,38 @@ class PredictiveFilter:
         # How far each row moves per unit of error in the observed state (v's first N entries): while the state is
         # dead-reckoned, the rows are tightened by this times the dead reckoning's error box.
         self._abs_state_MT = np.ascontiguousarray(np.abs(M[:, :N]).T)
-        # The state-dependent part of the tube: rows less (|x_L - x_op|) @ tight_T, x_L = Phi_L v (None: constant).
-        T = np.vstack(tight)[order]
-        self._tight_T = np.ascontiguousarray(T.T) if np.any(T) else None
+        # The tube's parts that grow with the plan's start: rows less z @ tight_T, z = (|x_L - x_op|, |pending
+        # actions|), x_L = Phi_L v (None: no such part); and with the candidate: rows less cand @ |u|.
+        T = np.hstack([np.vstack(tight), np.vstack(tight_act)])[order]
+        Lm = L * m
+        self._tight_T = np.ascontiguousarray(T[:, : N + Lm].T) if np.any(T[:, : N + Lm]) else None
+        self._pending = slice(p0, p0 + Lm)
+        self._z = np.zeros(N + Lm)
+        self._cand = np.ascontiguousarray(T[:, N + Lm :]) if np.any(T[:, N + Lm :]) else None
+        self._cand_scale = 1.0  # tube_factor while widened (conservative mode)
         self._abs_Phi_state = np.abs(self._Phi_L[:, :N])  # how far x_L moves per unit of error in the observed state
-        self._x_L, self._row_tmp = np.empty(N), np.empty(len(offset))
+        self._x_L, self._row_tmp = self._z[:N], np.empty(len(offset))
         self._Rc = int((kind >= 0).sum())
         self._row_start = np.searchsorted(kind[order][: self._Rc], np.arange(len(spec.constraints)))
         self.R = len(offset)
         self._low, self._high = np.asarray(low, np.float64), np.asarray(high, np.float64)
-        self._projection = BoxHalfspaceProjection(self._low, self._high, self.R) if m > 1 else None
+        # With a candidate term, each row is one per sign pattern of u (|u_k| = max(u_k, -u_k)).
+        rows_solved = self.R * (2**m if self._cand is not None else 1)
+        self._projection = BoxHalfspaceProjection(self._low, self._high, rows_solved) if m > 1 else None
+        self._signs = np.array(np.meshgrid(*[[-1.0, 1.0]] * m, indexing="ij")).reshape(m, -1).T  # (2^m, m)
         self._free = np.empty(self.R)
         self._rows_at = np.empty(self.R)
-        if m == 1:  # each row bounds the one input from one side: g u >= -free
-            g = self._G[:, 0]
-            self._up = np.flatnonzero(g > 1e-12)  # rows that bound u from below
-            self._down = np.flatnonzero(g < -1e-12)  # from above
-            self._flat = np.flatnonzero(np.abs(g) <= 1e-12)  # rows the input does not move
-            self._inv_up, self._inv_down = -1.0 / g[self._up], -1.0 / g[self._down]
+        self._split = _split(self._G[:, 0]) if m == 1 else None
 
     def slack_free(self, v: np.ndarray) -> np.ndarray:
         """Each row's value without the candidate's part (v's action slot is ignored): row = G u + this >= 0."""
         free = np.dot(v, self._MT, out=self._free)
+        self._cand_scale = 1.0
         if self._tight_T is not None:
             x = np.dot(self._Phi_L, v, out=self._x_L)
             np.abs(np.subtract(x, self._x_op, out=x), out=x)
-            free -= np.dot(x, self._tight_T, out=self._row_tmp)
+            np.abs(v[self._pending], out=self._z[len(x) :])
+            free -= np.dot(self._z, self._tight_T, out=self._row_tmp)
         return free
 
     def tighten(self, free: np.ndarray, state_error: np.ndarray) -> np.ndarray:
@@ -219,36 +235,37 @@ class PredictiveFilter:
         error = state_error[: self._abs_state_MT.shape[0]]
         free -= error @ self._abs_state_MT
         if self._tight_T is not None:  # and the tube's state-dependent part, at the farthest x_L may then be
-            free -= (self._abs_Phi_state @ error) @ self._tight_T
+            free -= (self._abs_Phi_state @ error) @ self._tight_T[: len(self._x_L)]
         return free
 
     def widen(self, free: np.ndarray) -> np.ndarray:
         """`free` (in place) with every row's tube taken `tube_factor` times instead of once: conservative mode,
         while the plant is outside the envelope the tube was measured on (point 6)."""
         free -= self._widening
-        if self._tight_T is not None:  # and its state-dependent part, at the x_L `slack_free` last read
-            free -= (self.tube_factor - 1.0) * np.dot(self._x_L, self._tight_T, out=self._row_tmp)
+        if self._tight_T is not None:  # and its parts that grow, at the start `slack_free` last read
+            free -= (self.tube_factor - 1.0) * np.dot(self._z, self._tight_T, out=self._row_tmp)
+        self._cand_scale = self.tube_factor
         return free
 
     def evaluate(self, free: np.ndarray, u: np.ndarray) -> tuple[bool, np.ndarray]:
         """(does `u` meet every row: the constraints over the horizon less the tube, the backup's actions in the
         box, the terminal set; per constraint, its smallest tightened slack under `u`, >= 0 where it is kept)."""
         s = np.add(np.dot(self._G, u), free, out=self._rows_at)
+        if self._cand is not None:
+            s -= self._cand_scale * (self._cand @ np.abs(u))
         return float(s.min()) >= 0.0, np.minimum.reduceat(s[: self._Rc], self._row_start)
 
     def solve(self, free: np.ndarray, u_p: np.ndarray) -> np.ndarray | None:
         """argmin ||u - u_p||^2 over the rows and the box; None when no input in the box meets them."""
-        if self.m == 1:  # an interval, then a clip
-            lo, hi = float(self._low[0]), float(self._high[0])
-            if len(self._up):
-                lo = max(lo, float((free[self._up] * self._inv_up).max()))
-            if len(self._down):
-                hi = min(hi, float((free[self._down] * self._inv_down).min()))
-            if lo > hi or (len(self._flat) and float(free[self._flat].min()) < 0.0):
-                return None
-            return np.array([min(max(float(u_p[0]), lo), hi)])
+        G, split = self._G, self._split
+        if self._cand is not None:  # rows less cand |u|: one linear row per sign pattern of u, all kept
+            G = (G[None] - self._cand_scale * self._cand[None] * self._signs[:, None]).reshape(-1, self.m)
+            free = np.tile(free, len(self._signs))
+            split = _split(G[:, 0]) if self.m == 1 else None
+        if split is not None:  # one input: an interval, then a clip
+            return _interval(split, free, float(self._low[0]), float(self._high[0]), float(u_p[0]))
         assert self._projection is not None
-        return self._projection.solve(self._G, -free, np.minimum(np.maximum(u_p, self._low), self._high))
+        return self._projection.solve(G, -free, np.minimum(np.maximum(u_p, self._low), self._high))
 
     def plan(self, v: np.ndarray) -> np.ndarray:
         """(latency cases, horizon, states): the nominal plan's states after the candidate, from `v` (tube aside)."""
@@ -275,3 +292,22 @@ class PredictiveFilter:
         if residual is not None:
             u += self._residual_hold @ residual
         return np.minimum(np.maximum(u, self._low), self._high)
+
+
+def _split(g: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Rows g u + free >= 0 of one input by how they bound it: (from below, -1/g there, from above, -1/g there,
+    rows it does not move)."""
+    up, down = np.flatnonzero(g > 1e-12), np.flatnonzero(g < -1e-12)
+    return up, -1.0 / g[up], down, -1.0 / g[down], np.flatnonzero(np.abs(g) <= 1e-12)
+
+
+def _interval(split: tuple, free: np.ndarray, lo: float, hi: float, u_p: float) -> np.ndarray | None:
+    """argmin |u - u_p| over the rows (`_split` of their g) and lo <= u <= hi, for one input; None when empty."""
+    up, inv_up, down, inv_down, flat = split
+    if len(up):
+        lo = max(lo, float((free[up] * inv_up).max()))
+    if len(down):
+        hi = min(hi, float((free[down] * inv_down).min()))
+    if lo > hi or (len(flat) and float(free[flat].min()) < 0.0):
+        return None
+    return np.array([min(max(u_p, lo), hi)])

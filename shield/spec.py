@@ -317,7 +317,7 @@ class ShieldSpec:
                 _fail("predictive", "needs model.type: linear")
             n_state = len(state_index) + int(model.get("internal_dim", 0))
             n_rows = sum(len(parse_constraint(c, "constraints", obs_dim).rows()) for c in constraints)
-            predictive = _predictive(predictive, n_state, act_dim, n_rows)
+            predictive = _predictive(predictive, n_state, act_dim, n_rows, latency)
         return cls(
             obs_dim=obs_dim,
             act_dim=act_dim,
@@ -492,13 +492,14 @@ PREDICTIVE_KEYS = (
     "hold_action",
     "tube",
     "tube_slope",
+    "tube_action_slope",
     "terminal_box",
     "terminal_reach",
     "measured",
 )
 
 
-def _predictive(value: Any, n: int, m: int, rows: int) -> dict:
+def _predictive(value: Any, n: int, m: int, rows: int, latency: int) -> dict:
     """The `predictive` section (see `shield.predictive`): every number checked for shape and sign."""
     if not isinstance(value, dict):
         _fail("predictive", f"must be a mapping, got {type(value).__name__}")
@@ -520,9 +521,19 @@ def _predictive(value: Any, n: int, m: int, rows: int) -> dict:
     if slope is not None and (not isinstance(slope, (list, tuple)) or len(slope) != horizon):
         _fail("predictive.tube_slope", f"must be {horizon} {n}x{n} matrices (one per step of the horizon)")
     slope_vals = [v for j, s in enumerate(slope or []) for v in _matrix(s, f"predictive.tube_slope[{j}]", n, n).flat]
+    # Per step, state and action in flight (the pending ones oldest first, then the candidate): the growth per unit
+    # of |action|.
+    acts = (latency + 1) * m
+    act_slope = value.get("tube_action_slope")
+    if act_slope is not None and (not isinstance(act_slope, (list, tuple)) or len(act_slope) != horizon):
+        _fail("predictive.tube_action_slope", f"must be {horizon} {n}x{acts} matrices (one per step of the horizon)")
+    act_vals = [
+        v for j, s in enumerate(act_slope or []) for v in _matrix(s, f"predictive.tube_action_slope[{j}]", n, acts).flat
+    ]
     for key, vals in (
         ("tube", tube.reshape(-1).tolist()),
         ("tube_slope", slope_vals),
+        ("tube_action_slope", act_vals),
         ("terminal_box", box),
         ("terminal_reach", reach),
     ):

@@ -33,6 +33,8 @@ TERMINAL_SHARE = 0.02  # of each state's sampled half-range: how close to an equ
 ROLLOUTS_PER_PLANT = 12  # admitted plans simulated per sampled plant
 MIN_PLANS = 50  # admitted plans the tube must rest on, else synthesis refuses
 PUSH_SHARE = 0.3  # of the rollouts carry the set's push (at full force, random sign and start)
+GENTLE_SHARE = 0.5  # of the plans measured for a bound that grows with |action| start with shrunk actions
+REFERENCE_EPISODES = 4  # the legacy controller's episodes that say where the plant runs (the tube's objective)
 
 
 def backup_gain(cfg, A: np.ndarray, B: np.ndarray, half_range: np.ndarray) -> np.ndarray:
@@ -70,11 +72,13 @@ def closed_loop(A, B, K) -> tuple[np.ndarray, float]:
     return Acl, float(np.abs(np.linalg.eigvals(Acl)).max())
 
 
-def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarray, dict, tuple]:
+def measure_tube(env, spec: dict, horizon: int, seed: int = 0, gentle: bool = False) -> tuple[np.ndarray, dict, tuple]:
     """Per step 1..horizon and state: the largest distance (x INFLATION, never shrinking with the step) of the
     plant running the shield's own backup loop from the shield's nominal plan, over plans the filter admits on
     every set's plants; a record of what it rests on; and the samples `state_dependent_tube` fits: per plan,
-    |x_L - x_op| and its error per step and state."""
+    |x_L - x_op|, the |actions| in flight (pending, then the candidate) and its error per step and state.
+    `gentle`: GENTLE_SHARE of the plans start with their actions shrunk toward the box's centre by a random factor,
+    so that a bound that grows with |action| rests on plans with small ones too, not on an extrapolation."""
     from shield.cbf import CbfShield
 
     t0 = time.monotonic()
@@ -86,10 +90,11 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
     assert pf is not None
     L = spec["latency_steps"]
     lats = pf.latencies
+    center = np.clip(0.0, env.low, env.high)
     obs = np.zeros(spec["obs_dim"])
     err = np.zeros((horizon, env.n))
     x_op = np.asarray(spec["predictive"]["operating_point"], np.float64)
-    phis, errs = [], []  # per admitted plan: |x_L - x_op| as the shield predicts it, and the plan's error
+    phis, errs, acts = [], [], []  # per admitted plan: |x_L - x_op| as the shield predicts it, and the plan's error
     plans = tried = 0
     for name, rset in env.cfg.randomization.items():
         plant = env.plants[name]
@@ -107,6 +112,9 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
                 tried += 1
                 x = rng.uniform(env.lo_s, env.hi_s)
                 queue = [rng.uniform(env.low, env.high) for _ in range(L + 1)]  # pending, then the candidate
+                if gentle and rng.random() < GENTLE_SHARE:
+                    shrink = rng.random()
+                    queue = [center + shrink * (a - center) for a in queue]
                 shield.reset()
                 pred.v[pred._p0 : pred._u0] = np.concatenate(queue[:L]) if L else []
                 obs[env.state_index] = x + rng.normal(0.0, 1.0, env.n) * noise
@@ -117,6 +125,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
                 done += 1
                 lk = min(max(int(rng.integers(lat_lo, lat_hi + 1)), lats[0]), lats[-1])
                 phi = np.abs(pf.start(pred.v) - x_op)
+                act = np.abs(np.concatenate(queue))
                 plan = pf.plan(pred.v)[lats.index(lk)]
                 hold = pf.hold_point(pred.v)
                 pred.commit(queue[-1], have_state=True)
@@ -139,6 +148,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
                     err = np.maximum(err, e)
                     phis.append(phi)
                     errs.append(e)
+                    acts.append(act)
             plans += done
     record = {
         "method": "the plant (every set's corners and random draws, its latency, noise, action noise and push) "
@@ -154,7 +164,7 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0) -> tuple[np.ndarr
         raise ValueError(
             f"the predictive filter admitted {plans} of {tried} sampled plans: too few to measure its model error on"
         )
-    return np.maximum.accumulate(err, axis=0) * INFLATION, record, (np.array(phis), np.array(errs))
+    return np.maximum.accumulate(err, axis=0) * INFLATION, record, (np.array(phis), np.array(errs), np.array(acts))
 
 
 def _rows(sp) -> tuple[np.ndarray, np.ndarray]:
@@ -251,7 +261,7 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
         "terminal_box": box.tolist(),
         "terminal_reach": reach.tolist(),
     }
-    tube, record, (phis, errs) = measure_tube(env, {**spec, "predictive": out}, horizon, seed)
+    tube, record, _ = measure_tube(env, {**spec, "predictive": out}, horizon, seed)
     result = {
         **out,
         "tube": tube.tolist(),
@@ -265,45 +275,97 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     }
     # One bound for every state is the worst plan's error: where the model's error grows with how far the plant is
     # from the operating point (a ball far out on a beam changes the beam's inertia and load), that bound leaves
-    # no room even at rest. There, the tube is an affine bound in |x_L - x_op| instead, fitted to the same plans.
+    # no room even at rest. There, the tube is an affine bound in |x_L - x_op| and in the |actions| in flight
+    # instead, fitted to plans measured again with gentle actions among them, and tightest where the legacy
+    # controller runs the plant.
     if holding_problem({**spec, "predictive": result}):
-        base, slope, fit = state_dependent_tube(phis, errs)
-        result["tube"], result["tube_slope"] = base.tolist(), slope.tolist()
-        result["measured"]["state_dependent"] = fit
+        _, again, (phis, errs, acts) = measure_tube(env, {**spec, "predictive": out}, horizon, seed + 1, gentle=True)
+        reference = legacy_reference(cfg, env, spec["latency_steps"], seed)
+        base, slope, act_slope, fit = state_dependent_tube(phis, errs, acts, reference)
+        result["tube"], result["tube_slope"], result["tube_action_slope"] = (
+            base.tolist(),
+            slope.tolist(),
+            act_slope.tolist(),
+        )
+        result["measured"]["state_dependent"] = {**fit, "plans": again["plans"], "gentle_share": GENTLE_SHARE}
     return result
 
 
-def state_dependent_tube(phis: np.ndarray, errs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(base (horizon, n), slope (horizon, n, n), record): per step j and state i, the bound
-    ``base[j, i] + slope[j, i] . |x_L - x_op|`` on the plan's error that covers every measured plan (`phis`:
-    (plans, n), `errs`: (plans, horizon, n)) with the least mean over them (a linear program per step and state,
-    HiGHS); x INFLATION and never shrinking with the step, like the constant tube."""
+def legacy_reference(cfg, env, latency: int, seed: int = 0) -> np.ndarray | None:
+    """Where the legacy controller runs the plant: the mean over REFERENCE_EPISODES episodes on the first
+    randomization set (unshielded) of what the state-dependent tube grows with, (|x - x_op|, |actions in flight|);
+    None when the task has no legacy controller. Only the tube's objective reads it: the bound covers every
+    measured plan wherever it is tightest."""
+    import gymnasium as gym
+
+    import envs
+
+    try:
+        legacy = envs.legacy_controller(cfg.task.env_id)
+    except Exception:  # noqa: BLE001 - no legacy controller: the tube is tightest at the sampled plans' mean
+        return None
+    rset = next(iter(cfg.randomization.values()))
+    gym_env = gym.make(cfg.task.env_id, randomization=rset, max_episode_steps=cfg.task.max_episode_steps or None)
+    rows = []
+    try:
+        for episode in range(REFERENCE_EPISODES):
+            obs, _ = gym_env.reset(seed=seed + episode)
+            if hasattr(legacy, "reset"):
+                legacy.reset()
+            sent = [np.clip(0.0, env.low, env.high)] * latency
+            done = False
+            while not done:
+                u = np.clip(np.asarray(legacy(np.asarray(obs, np.float32)[None]), np.float64)[0], env.low, env.high)
+                x = env.wrap(np.asarray(obs, np.float64)[env.state_index])
+                rows.append(np.abs(np.concatenate([x - env.x_op, *sent[len(sent) - latency :], u])))
+                obs, _, terminated, truncated, _ = gym_env.step(u.astype(np.float32))
+                sent.append(u)
+                done = terminated or truncated
+    finally:
+        gym_env.close()
+    return np.mean(rows, axis=0) if rows else None
+
+
+def state_dependent_tube(
+    phis: np.ndarray, errs: np.ndarray, acts: np.ndarray, reference: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """(base (horizon, n), slope (horizon, n, n), action slope (horizon, n, k), record): per step j and state i, the
+    bound ``base[j, i] + slope[j, i] . |x_L - x_op| + action_slope[j, i] . |a|`` on the plan's error that covers
+    every measured plan (`phis`: (plans, n), `acts`: (plans, k) the |actions| in flight, `errs`: (plans, horizon,
+    n)) and is least at `reference` (where the plant runs: (|x - x_op|, |a|); default the plans' mean), a linear
+    program per step and state (HiGHS); x INFLATION and never shrinking with the step, like the constant tube."""
     from scipy.optimize import linprog
 
     S, H, n = errs.shape
-    lhs = -np.hstack([np.ones((S, 1)), phis])  # -(base + slope . phi) <= -err
-    cost = np.concatenate([[1.0], phis.mean(axis=0)])
-    coef = np.zeros((H, n, n + 1))
+    k = acts.shape[1]
+    regressors = np.hstack([phis, acts])
+    lhs = -np.hstack([np.ones((S, 1)), regressors])  # -(base + slope . phi + action_slope . a) <= -err
+    cost = np.concatenate([[1.0], regressors.mean(axis=0) if reference is None else reference])
+    coef = np.zeros((H, n, n + k + 1))
     for j in range(H):
         for i in range(n):
             e = errs[:, j, i]
             if float(e.max()) <= 0.0:
                 continue
-            res = linprog(cost, A_ub=lhs, b_ub=-e, bounds=[(0.0, None)] * (n + 1), method="highs")
+            res = linprog(cost, A_ub=lhs, b_ub=-e, bounds=[(0.0, None)] * (n + k + 1), method="highs")
             # Should the solver fail, the constant bound (the largest error) covers every plan.
-            coef[j, i] = res.x if res.status == 0 else np.concatenate([[float(e.max())], np.zeros(n)])
+            coef[j, i] = res.x if res.status == 0 else np.concatenate([[float(e.max())], np.zeros(n + k)])
     coef = np.maximum.accumulate(coef, axis=0) * INFLATION
-    base, slope = coef[..., 0], coef[..., 1:]
-    at_rest, worst = base.max(axis=0), (base + slope @ phis.max(axis=0)).max(axis=0)
+    base, slope, act_slope = coef[..., 0], coef[..., 1 : n + 1], coef[..., n + 1 :]
+    ref = regressors.mean(axis=0) if reference is None else reference
+    bound = lambda z: (base + coef[..., 1:] @ z).max(axis=0)  # noqa: E731 - the largest over the horizon, per state
     return (
         base,
         slope,
+        act_slope,
         {
-            "method": "per step and state, the affine bound in |x_L - x_op| over every measured plan with the least "
-            "mean (linear programs), x INFLATION, never shrinking with the step; used because the constant tube "
-            "left no room at the operating point",
-            "largest_at_rest": [round(float(v), 5) for v in at_rest],
-            "largest_at_the_farthest_sampled_state": [round(float(v), 5) for v in worst],
+            "method": "per step and state, the affine bound in |x_L - x_op| and the |actions| in flight over every "
+            "measured plan, least where the legacy controller runs the plant (linear programs), x INFLATION, never "
+            "shrinking with the step; used because the constant tube left no room at the operating point",
+            "reference": "the legacy controller's episodes" if reference is not None else "the plans' mean",
+            "largest_at_rest": [round(float(v), 5) for v in base.max(axis=0)],
+            "largest_at_the_reference": [round(float(v), 5) for v in bound(ref)],
+            "largest_at_the_farthest_sampled_plan": [round(float(v), 5) for v in bound(regressors.max(axis=0))],
         },
     )
 

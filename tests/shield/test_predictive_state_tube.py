@@ -87,3 +87,86 @@ def test_a_backup_that_holds_with_an_action_stops_the_plant_where_it_is():
     # The crane rests anywhere on its rail under zero action: no hold action, the projection as before.
     Pc, Fc = equilibrium_projection(A, B)
     assert np.allclose(Fc, 0.0) and np.allclose(Pc @ (A @ Pc - Pc), 0.0)
+
+
+def action_sloped_spec(per_unit: float, inputs: int = 1) -> dict:
+    """The crane spec with a tube that grows by `per_unit` (in every state, every step) per unit of |u| of the
+    candidate; with two inputs, a second drive on the trolley at half the first's force."""
+    spec = copy.deepcopy(crane_spec())
+    H = spec["predictive"]["horizon"]
+    if inputs == 2:
+        B1 = np.asarray(spec["model"]["B"])
+        spec["model"]["B"] = np.hstack([B1, 0.5 * B1]).tolist()
+        spec.update(act_dim=2, action_low=[-1.0, -1.0], action_high=[1.0, 1.0], fallback_action=[0.0, 0.0])
+        K1 = np.asarray(spec["predictive"]["backup_gain"])
+        spec["predictive"]["backup_gain"] = np.vstack([K1, np.zeros_like(K1)]).tolist()
+    spec["predictive"]["tube_action_slope"] = np.full((H, 4, inputs), per_unit).tolist()
+    return spec
+
+
+ACTION_SLOPED = action_sloped_spec(0.02)
+ASLOPE = np.asarray(ACTION_SLOPED["predictive"]["tube_action_slope"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=states, u_p=st.floats(-1.5, 1.5))
+def test_every_admitted_action_keeps_the_tube_its_own_size_sets_and_is_the_nearest_that_does(x, u_p):
+    """A tube that grows with |u|: what the filter returns (unless it fell back) keeps every row less the tube its
+    own |u| sets, and it is the nearest such action to the policy's: a step back toward the policy's action
+    breaks a row (the |u| rows, split by the sign of u, give the exact interval, not a conservative one)."""
+    x64 = np.array(x, np.float32).astype(np.float64)
+    u, info = CbfShield(ACTION_SLOPED).filter(np.array(x, np.float32), np.array([u_p], np.float32))
+    if info["fallback"]:
+        return
+
+    def slack(a: float) -> float:
+        return plan_slack(ACTION_SLOPED, x64, a, TUBE + ASLOPE[:, :, 0] * abs(a))
+
+    got = float(u[0])
+    assert slack(got) >= -1e-6, (x, u_p, got)
+    target = float(np.float32(u_p))
+    if info["intervened"] and -1.0 < target < 1.0 and abs(target - got) > 1e-3:
+        assert slack(got + 1e-3 * np.sign(target - got)) < 0.0, (x, u_p, got)
+
+
+@settings(max_examples=12, deadline=None)
+@given(x=states, u_p=st.tuples(st.floats(-1.0, 1.0), st.floats(-1.0, 1.0)))
+def test_with_two_inputs_the_filter_returns_the_nearest_action_its_rows_admit(x, u_p):
+    """Two inputs, a tube growing with each |u_k|: `solve` returns an action `evaluate` admits, and no action on
+    a fine grid of the box that the rows (less cand . |u|) admit is nearer the policy's by more than the grid."""
+    shield = CbfShield(action_sloped_spec(0.02, inputs=2))
+    pf, pred = shield._predictive, shield._predictor
+    pred.load_observation(np.array(x, np.float64)[shield._obs_src])
+    pred.load_action(np.zeros(2))
+    free = pf.slack_free(pred.v).copy()
+    target = np.array(u_p)
+    u = pf.solve(free, target)
+    grid = np.stack(np.meshgrid(np.linspace(-1, 1, 81), np.linspace(-1, 1, 81)), -1).reshape(-1, 2)
+
+    def rows(a: np.ndarray) -> np.ndarray:  # per action (rows of a), its least row less cand . |a|
+        return (a @ pf._G.T + free - np.abs(a) @ pf._cand.T).min(axis=1)
+
+    admitted = grid[rows(grid) >= 0.0]
+    if u is None:
+        assert len(admitted) == 0
+        return
+    assert float(rows(u[None])[0]) >= -1e-9
+    if len(admitted):
+        assert np.linalg.norm(u - target) <= np.linalg.norm(admitted - target, axis=1).min() + 0.025
+
+
+def test_a_malformed_action_slope_is_refused_naming_its_key():
+    """The spec names `predictive.tube_action_slope` for a wrong shape (one column per action in flight) and for a
+    negative entry (a tube never shrinks with the action)."""
+    import pytest
+
+    from shield.spec import ShieldSpec
+
+    ShieldSpec.from_dict(ACTION_SLOPED)  # well formed
+    bad = copy.deepcopy(ACTION_SLOPED)
+    bad["predictive"]["tube_action_slope"] = np.zeros((len(TUBE), 4, 2)).tolist()  # latency 0: one action
+    with pytest.raises(ValueError, match=r"predictive\.tube_action_slope\[0\]"):
+        ShieldSpec.from_dict(bad)
+    bad["predictive"]["tube_action_slope"] = (-ASLOPE).tolist()
+    with pytest.raises(ValueError, match=r"predictive\.tube_action_slope"):
+        ShieldSpec.from_dict(bad)

@@ -29,9 +29,16 @@ def test_the_ball_on_a_beam_is_certified_with_a_state_dependent_tube_and_kept_in
     assert record["filter"]["type"] == "predictive" and record["shield_numbers"]["set_by_hand"] == []
     section = spec["predictive"]
     assert "state_dependent" in section["measured"] and "tube_slope" in section
+    # The tube also grows with the actions in flight (2 steps of latency and the candidate), and it is tightest
+    # where the legacy LQR runs the plant: below the plans' mean there.
+    fit = section["measured"]["state_dependent"]
+    assert np.asarray(section["tube_action_slope"]).shape == (section["horizon"], 4, 3)
+    assert fit["reference"] == "the legacy controller's episodes"
+    assert max(fit["largest_at_the_reference"]) < max(fit["largest_at_the_farthest_sampled_plan"])
     # A constant tube (the largest error over every measured plan, at every step) would hold nothing, even at rest.
     flat = {**section, "tube": [section["measured"]["largest_error"]] * section["horizon"]}
     flat.pop("tube_slope")
+    flat.pop("tube_action_slope")
     assert holding_problem({**spec, "predictive": flat}) is not None
     # The backup holds the ball 0.2 m out with the torque that balances its weight (0.26 kg x 9.81 x 0.2 m on a
     # 4 N m motor, ~0.13 of full action), instead of rolling it back to the centre.

@@ -208,17 +208,18 @@ def _at_most(key: str, value, limit, describe, missing: str) -> GateCheck:
 def latency_check(metrics: dict, gate) -> GateCheck:
     """gate.max_latency_p99_us on the worse pass: each pass's CPU-time p99 where it ran here, else (a field log)
     its wall-clock p99; the wall clock's worst is reported beside it."""
-    measured = []
+    measured, walls = [], []
     for wall_key, cpu_key in (
         ("latency_p99_us", "compute_p99_us"),
         ("counterfactual_latency_p99_us", "counterfactual_compute_p99_us"),
     ):
         cpu, wall = metrics.get(cpu_key), metrics.get(wall_key)
+        if _known(wall):
+            walls.append(wall)
         if _known(cpu):
             measured.append((cpu, "CPU time"))
         elif _known(wall):
             measured.append((wall, "wall clock, as logged"))
-    walls = [w for w in (metrics.get("latency_p99_us"), metrics.get("counterfactual_latency_p99_us")) if _known(w)]
     p99, clock = max(measured) if measured else (None, "")
     limit = latency_limit_us(gate, metrics.get("control_period_s"))
     where = "" if gate.max_latency_p99_us is not None else f" ({LATENCY_SHARE:.0%} of the control period)"

@@ -137,19 +137,17 @@ def estimate_calibration(cfg, run_dir: Path, actor: RolloutActor, obs_dim: int) 
     judged = ActorCritic(**ckpt["model_spec"])
     judged.load_state_dict(ckpt["model"])
     actor.set_weights(int(ckpt["updates"]) + 1, ckpt["model"])
-    xs, params, episodes, last, counter = [], [], [], None, 0
+    gathered, last, counter = Dataset(), None, 0
     # Enough plants (the halves' means differ by chance less than the scores measure), within a budget of states:
     # twice the distillation's own steps for a short one (a test), CALIBRATION_MAX_STATES at most.
     budget = min(CALIBRATION_MAX_STATES, 2 * cfg.train.adaptive.distill_steps)
-    while counter < CALIBRATION_PLANTS and sum(map(len, xs)) < budget:
+    while counter < CALIBRATION_PLANTS and gathered.rows < budget:
         batch = actor.rollout()
         x, teacher_in = labelled_states(batch, obs_dim)
-        xs.append(x)
-        params.append(teacher_in[:, obs_dim:])
         ids, last, counter = episode_ids(batch["privileged"][:-1], last, counter)
-        episodes.append(ids)
+        xs, params, episodes = gathered.extend(x, teacher_in[:, obs_dim:], ids)
     names = [e[0] for e in judged.estimates]
-    result = calibrate_estimate(judged, np.concatenate(xs), np.concatenate(params), np.concatenate(episodes), names)
+    result = calibrate_estimate(judged, xs, params, episodes, names)
     return {"checkpoint": Path(chosen).name, **result}
 
 

@@ -44,3 +44,29 @@ def test_a_load_reached_only_through_the_spring_gives_no_input_gain():
     (lo_m, hi_m), (lo_l, hi_l) = meas.gain_range
     assert 0.8 < lo_m <= 1.0 <= hi_m < 1.25  # the drive's 0.9-1.1 over the motor cart's mass
     assert (lo_l, hi_l) == (1.0, 1.0) and synthesis.gain_problems(meas) == []
+
+
+def test_in_world_coordinates_the_spring_is_kept_by_a_tube_that_grows_with_the_state_and_the_actions():
+    """Declared in world coordinates, the legacy LQR weighs the load and the spring rings under it: one tube for
+    every state left the stretch no room even at rest (slack -0.012), and a tube growing with the state alone
+    still did, so the plant was refused. The tube that also grows with the actions in flight, tightest where the
+    legacy controller runs, holds it: the spec is built with no number set by hand and keeps the adversary and
+    the legacy controller inside every limit on `reality`, where the bare adversary leaves them."""
+    from pipeline.config import load_config
+    from pipeline.evaluation.evaluate import evaluate, reference_policy
+    from pipeline.safety.predictive import holding_problem
+    from pipeline.safety.shield_spec import build_shield_spec
+    from shield.spec import ShieldSpec
+
+    cfg = load_config(HERE / "plants" / "two_mass_spring_abs.yaml")
+    spec = build_shield_spec(cfg)
+    section = spec["predictive"]
+    assert holding_problem(spec) is None
+    assert np.any(np.asarray(section["tube_action_slope"]) > 0.0)
+    shield_spec = ShieldSpec.from_dict(spec)
+    for name in ("adversarial", "legacy"):
+        policy = reference_policy(name, cfg, shield_spec, seed=2)
+        run = evaluate(cfg, policy, domains="reality", episodes=3, seed=2, shield=True, spec=shield_spec)
+        assert run["violations"] == 0, (name, run)
+    adversary = reference_policy("adversarial", cfg, shield_spec, seed=2)
+    assert evaluate(cfg, adversary, domains="reality", episodes=2, seed=2, shield=False, spec=shield_spec)["violations"]

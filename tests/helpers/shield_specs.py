@@ -47,3 +47,19 @@ def planar_double_integrator(
             "statement": "test plant",
         },
     }
+
+
+def assert_kept_on_reality(cfg, spec: dict, seed: int, episodes: int = 3) -> None:
+    """The adversary and the legacy controller, shielded by `spec`, leave no limit on `reality`, while the bare
+    adversary does (so the check can fail): a declared plant's shield held, in a few episodes."""
+    from pipeline.evaluation.evaluate import evaluate, reference_policy
+    from shield.spec import ShieldSpec
+
+    shield_spec = ShieldSpec.from_dict(spec)
+    for name in ("adversarial", "legacy"):
+        policy = reference_policy(name, cfg, shield_spec, seed=seed)
+        run = evaluate(cfg, policy, domains="reality", episodes=episodes, seed=seed, shield=True, spec=shield_spec)
+        assert run["violations"] == 0, (name, run)
+    adversary = reference_policy("adversarial", cfg, shield_spec, seed=seed)
+    bare = evaluate(cfg, adversary, domains="reality", episodes=2, seed=seed, shield=False, spec=shield_spec)
+    assert bare["violations"] > 0

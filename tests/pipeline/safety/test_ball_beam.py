@@ -19,10 +19,9 @@ def ball_beam():
 
 
 def test_the_ball_on_a_beam_is_certified_with_a_state_dependent_tube_and_kept_inside(ball_beam):
-    from pipeline.evaluation.evaluate import evaluate, reference_policy
     from pipeline.safety.certificate import certificate
     from pipeline.safety.predictive import holding_problem
-    from shield.spec import ShieldSpec
+    from tests.helpers.shield_specs import assert_kept_on_reality
 
     cfg, spec = ball_beam
     record = certificate(cfg, None, spec, None, None)
@@ -44,11 +43,4 @@ def test_the_ball_on_a_beam_is_certified_with_a_state_dependent_tube_and_kept_in
     # 4 N m motor, ~0.13 of full action), instead of rolling it back to the centre.
     F = np.asarray(section["hold_action"])
     assert abs(float(F[0, 0]) * 0.2) == pytest.approx(0.26 * 9.81 * 0.2 / 4.0, rel=0.25)
-    shield_spec = ShieldSpec.from_dict(spec)
-    for name in ("adversarial", "legacy"):
-        policy = reference_policy(name, cfg, shield_spec, seed=1)
-        shielded = evaluate(cfg, policy, domains="reality", episodes=3, seed=1, shield=True, spec=shield_spec)
-        assert shielded["violations"] == 0, (name, shielded)
-    adversary = reference_policy("adversarial", cfg, shield_spec, seed=1)
-    bare = evaluate(cfg, adversary, domains="reality", episodes=2, seed=1, shield=False, spec=shield_spec)
-    assert bare["violations"] > 0
+    assert_kept_on_reality(cfg, spec, seed=1)

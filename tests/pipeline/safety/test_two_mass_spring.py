@@ -53,20 +53,16 @@ def test_in_world_coordinates_the_spring_is_kept_by_a_tube_that_grows_with_the_s
     legacy controller runs, holds it: the spec is built with no number set by hand and keeps the adversary and
     the legacy controller inside every limit on `reality`, where the bare adversary leaves them."""
     from pipeline.config import load_config
-    from pipeline.evaluation.evaluate import evaluate, reference_policy
+    from pipeline.safety.certificate import certificate
     from pipeline.safety.predictive import holding_problem
     from pipeline.safety.shield_spec import build_shield_spec
-    from shield.spec import ShieldSpec
+    from tests.helpers.shield_specs import assert_kept_on_reality
 
     cfg = load_config(HERE / "plants" / "two_mass_spring_abs.yaml")
     spec = build_shield_spec(cfg)
+    record = certificate(cfg, None, spec, None, None)
+    assert record["filter"]["type"] == "predictive" and record["shield_numbers"]["set_by_hand"] == []
     section = spec["predictive"]
     assert holding_problem(spec) is None
     assert np.any(np.asarray(section["tube_action_slope"]) > 0.0)
-    shield_spec = ShieldSpec.from_dict(spec)
-    for name in ("adversarial", "legacy"):
-        policy = reference_policy(name, cfg, shield_spec, seed=2)
-        run = evaluate(cfg, policy, domains="reality", episodes=3, seed=2, shield=True, spec=shield_spec)
-        assert run["violations"] == 0, (name, run)
-    adversary = reference_policy("adversarial", cfg, shield_spec, seed=2)
-    assert evaluate(cfg, adversary, domains="reality", episodes=2, seed=2, shield=False, spec=shield_spec)["violations"]
+    assert_kept_on_reality(cfg, spec, seed=2)

@@ -220,9 +220,16 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
         )
         if "predictive" in spec:
             pr = spec["predictive"]
+            grows = pr["measured"].get("state_dependent")
+            tube = (
+                f"tube at rest {[round(t, 3) for t in grows['largest_at_rest']]}, at {grows['reference']} "
+                f"{[round(t, 3) for t in grows['largest_at_the_reference']]}"
+                if grows and "largest_at_the_reference" in grows
+                else f"tube at the horizon {[round(t, 3) for t in pr['tube'][-1]]}"
+            )
             lines.append(
-                f"  filter: predictive (horizon {pr['horizon']} steps, backup gain {pr['backup_gain']}, tube at the "
-                f"horizon {[round(t, 3) for t in pr['tube'][-1]]}): {pr['measured']['why'][0]}"
+                f"  filter: predictive (horizon {pr['horizon']} steps, backup gain {pr['backup_gain']}, {tube}): "
+                f"{pr['measured']['why'][0]}"
             )
         if falsified:
             lines.append(

@@ -134,7 +134,7 @@ class PredictiveFilter:
         owner = [k for k, con in enumerate(spec.constraint_objects()) for _ in con.rows()]
         self._owner = np.array(owner, dtype=np.intp)
         lats = [L] if spec.latency_min_steps is None else list(range(spec.latency_min_steps, L + 1))
-        # (rows, D) maps and constants: slack = block @ v + offset - tight @ |x_L - x_op|
+        # (rows, D) maps and constants: slack = block @ v + offset - tight @ |x_L - x_op| - tight_act @ |actions|
         blocks, offsets, kinds, tight, tight_act = [], [], [], [], []
         tubes = []  # per row, what the constant tube takes off it (0 where none does): for conservative mode
         absW = np.abs(W)

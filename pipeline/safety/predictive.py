@@ -291,19 +291,15 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     return result
 
 
-def legacy_reference(cfg, env, latency: int, seed: int = 0) -> np.ndarray | None:
+def legacy_reference(cfg, env, latency: int, seed: int = 0) -> np.ndarray:
     """Where the legacy controller runs the plant: the mean over REFERENCE_EPISODES episodes on the first
-    randomization set (unshielded) of what the state-dependent tube grows with, (|x - x_op|, |actions in flight|);
-    None when the task has no legacy controller. Only the tube's objective reads it: the bound covers every
-    measured plan wherever it is tightest."""
+    randomization set (unshielded) of what the state-dependent tube grows with, (|x - x_op|, |actions in flight|).
+    Only the tube's objective reads it: the bound covers every measured plan wherever it is tightest."""
     import gymnasium as gym
 
     import envs
 
-    try:
-        legacy = envs.legacy_controller(cfg.task.env_id)
-    except Exception:  # noqa: BLE001 - no legacy controller: the tube is tightest at the sampled plans' mean
-        return None
+    legacy = envs.legacy_controller(cfg.task.env_id)  # every task has one (the gate's baseline)
     rset = next(iter(cfg.randomization.values()))
     gym_env = gym.make(cfg.task.env_id, randomization=rset, max_episode_steps=cfg.task.max_episode_steps or None)
     rows = []
@@ -323,7 +319,7 @@ def legacy_reference(cfg, env, latency: int, seed: int = 0) -> np.ndarray | None
                 done = terminated or truncated
     finally:
         gym_env.close()
-    return np.mean(rows, axis=0) if rows else None
+    return np.mean(rows, axis=0)
 
 
 def state_dependent_tube(

@@ -349,7 +349,10 @@ def state_dependent_tube(
     coef = np.maximum.accumulate(coef, axis=0) * INFLATION
     base, slope, act_slope = coef[..., 0], coef[..., 1 : n + 1], coef[..., n + 1 :]
     ref = regressors.mean(axis=0) if reference is None else reference
-    bound = lambda z: (base + coef[..., 1:] @ z).max(axis=0)  # noqa: E731 - the largest over the horizon, per state
+
+    def bound(z: np.ndarray) -> np.ndarray:  # per state, the largest over the horizon at regressors z
+        return (base + coef[..., 1:] @ z).max(axis=0)
+
     return (
         base,
         slope,

@@ -215,9 +215,11 @@ class PredictiveFilter:
         self._projection = BoxHalfspaceProjection(self._low, self._high, rows_solved) if m > 1 else None
         self._signs = np.array(np.meshgrid(*[[-1.0, 1.0]] * m, indexing="ij")).reshape(m, -1).T  # (2^m, m)
         # Per sign pattern of u, G less cand . sign: for u in that orthant the rows are exactly (this) u + free, one
-        # product as without the candidate's term; stacked, they are every row `solve` must keep.
-        self._signed = self._signed_rows(1.0) if self._cand is not None else None
-        self._signed_split = _split(self._signed[:, :, 0].reshape(-1)) if self._signed is not None and m == 1 else None
+        # product as without the candidate's term; stacked, they are every row `solve` must keep. Built once per
+        # scale of the tube (the measured one here; conservative mode's wider one when it first comes).
+        self._orthants: dict[float, tuple] = {}
+        if self._cand is not None:
+            self._orthant_rows()
         self._free = np.empty(self.R)
         self._rows_at = np.empty(self.R)
         self._split = _split(self._G[:, 0]) if m == 1 else None
@@ -251,32 +253,38 @@ class PredictiveFilter:
         self._cand_scale = self.tube_factor
         return free
 
-    def _signed_rows(self, scale: float) -> np.ndarray:
-        """(2^m, rows, m): per sign pattern of u, G - scale cand . sign (rows less scale cand . |u| in that orthant)."""
-        assert self._cand is not None
-        return self._G[None] - scale * self._cand[None] * self._signs[:, None, :]
-
-    def _candidate_rows(self) -> np.ndarray:
-        """Every sign pattern's rows at the tube's present scale (built once for the measured tube)."""
-        assert self._signed is not None
-        return self._signed if self._cand_scale == 1.0 else self._signed_rows(self._cand_scale)
+    def _orthant_rows(self) -> tuple[np.ndarray, tuple | None]:
+        """(2^m, rows, m): per sign pattern of u, G - scale cand . sign (the rows less scale cand . |u| in that
+        orthant), at the tube's present scale; and for one input their `_split`. Built once per scale."""
+        got = self._orthants.get(self._cand_scale)
+        if got is None:
+            assert self._cand is not None
+            rows = self._G[None] - self._cand_scale * self._cand[None] * self._signs[:, None, :]
+            split = None
+            if self.m == 1:  # indices into `free` itself (row i of every orthant reads free[i]): no tiling per call
+                up, inv_up, down, inv_down, flat = _split(rows[:, :, 0].reshape(-1))
+                split = (up % self.R, inv_up, down % self.R, inv_down, flat % self.R)
+            got = (rows, split)
+            self._orthants[self._cand_scale] = got
+        return got
 
     def evaluate(self, free: np.ndarray, u: np.ndarray) -> tuple[bool, np.ndarray]:
         """(does `u` meet every row: the constraints over the horizon less the tube, the backup's actions in the
         box, the terminal set; per constraint, its smallest tightened slack under `u`, >= 0 where it is kept)."""
         G = self._G
-        if self._signed is not None:  # u's own orthant: the candidate's term is linear there
-            G = self._candidate_rows()[sum(1 << (self.m - 1 - k) for k, a in enumerate(u.tolist()) if a >= 0.0)]
+        if self._cand is not None:  # u's own orthant: the candidate's term is linear there
+            G = self._orthant_rows()[0][sum(1 << (self.m - 1 - k) for k, a in enumerate(u.tolist()) if a >= 0.0)]
         s = np.add(np.dot(G, u), free, out=self._rows_at)
         return float(s.min()) >= 0.0, np.minimum.reduceat(s[: self._Rc], self._row_start)
 
     def solve(self, free: np.ndarray, u_p: np.ndarray) -> np.ndarray | None:
         """argmin ||u - u_p||^2 over the rows and the box; None when no input in the box meets them."""
         G, split = self._G, self._split
-        if self._signed is not None:  # rows less cand |u|: one linear row per sign pattern of u, all kept
-            G = self._candidate_rows().reshape(-1, self.m)
-            split = self._signed_split if self._cand_scale == 1.0 or self.m > 1 else _split(G[:, 0])
-            free = np.tile(free, len(self._signs))
+        if self._cand is not None:  # rows less cand |u|: one linear row per sign pattern of u, all kept
+            rows, split = self._orthant_rows()
+            G = rows.reshape(-1, self.m)
+            if split is None:
+                free = np.tile(free, len(self._signs))
         if split is not None:  # one input: an interval, then a clip
             return _interval(split, free, float(self._low[0]), float(self._high[0]), float(u_p[0]))
         assert self._projection is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import signal
 import threading
@@ -79,14 +80,30 @@ def lineage_after(member_dir: Path, t: float) -> list[dict]:
         return []
 
 
+def latest_validation_return(member_dir: Path) -> float:
+    """The member's latest validation return (-inf before its first, or while a line is half written)."""
+    try:
+        records = [json.loads(line) for line in open(member_dir / "metrics.jsonl")]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return -math.inf
+    return next((r["validation_return"] for r in reversed(records) if "validation_return" in r), -math.inf)
+
+
+def member_of(trial_dir: Path) -> str:
+    return trial_dir.name.split("_")[2] + "_" + trial_dir.name.split("_")[3]
+
+
 def kill_members(out: Path, kills: list, done: threading.Event) -> None:
     """SIGKILL the process of a member that has handed Tune three checkpoints (a real death, not a mock), and
     wait for that member's next life. PBT may have chosen, at the report just before the kill, to exploit that
-    very member: its next life then rightly starts from another member's checkpoint. Then kill another member,
-    until one death is followed by the member's own resume."""
+    very member: its next life then rightly starts from another member's checkpoint. PBT only exploits the
+    members below its quantile, so the best-scoring member is tried first; if its death was still followed by
+    an exploit, kill another member, until one death is followed by the member's own resume."""
     while not done.is_set():
-        for trial_dir in sorted((out / "tune" / "pbt").glob("run_member_*")):
-            member = trial_dir.name.split("_")[2] + "_" + trial_dir.name.split("_")[3]
+        trial_dirs = (out / "tune" / "pbt").glob("run_member_*")
+        by_score = sorted(trial_dirs, key=lambda d: -latest_validation_return(out / "members" / member_of(d)))
+        for trial_dir in by_score:
+            member = member_of(trial_dir)
             if any(k["member"] == member for k in kills) or len(list(trial_dir.glob("checkpoint_*"))) < 3:
                 continue
             if not (lives := lineage_after(out / "members" / member, 0.0)):

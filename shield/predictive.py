@@ -213,12 +213,12 @@ class PredictiveFilter:
         # With a candidate term, each row is one per sign pattern of u (|u_k| = max(u_k, -u_k)).
         rows_solved = self.R * (2**m if self._cand is not None else 1)
         self._projection = BoxHalfspaceProjection(self._low, self._high, rows_solved) if m > 1 else None
-        self._signs = np.array(np.meshgrid(*[[-1.0, 1.0]] * m, indexing="ij")).reshape(m, -1).T  # (2^m, m)
         # Per sign pattern of u, G less cand . sign: for u in that orthant the rows are exactly (this) u + free, one
         # product as without the candidate's term; stacked, they are every row `solve` must keep. Built once per
         # scale of the tube (the measured one here; conservative mode's wider one when it first comes).
         self._orthants: dict[float, tuple] = {}
         if self._cand is not None:
+            self._signs = np.array(np.meshgrid(*[[-1.0, 1.0]] * m, indexing="ij")).reshape(m, -1).T  # (2^m, m)
             self._orthant_rows()
         self._free = np.empty(self.R)
         self._rows_at = np.empty(self.R)
@@ -282,9 +282,8 @@ class PredictiveFilter:
         G, split = self._G, self._split
         if self._cand is not None:  # rows less cand |u|: one linear row per sign pattern of u, all kept
             rows, split = self._orthant_rows()
-            G = rows.reshape(-1, self.m)
-            if split is None:
-                free = np.tile(free, len(self._signs))
+            if split is None:  # more inputs: every orthant's rows, each reading its own copy of free
+                G, free = rows.reshape(-1, self.m), np.tile(free, len(self._signs))
         if split is not None:  # one input: an interval, then a clip
             return _interval(split, free, float(self._low[0]), float(self._high[0]), float(u_p[0]))
         assert self._projection is not None

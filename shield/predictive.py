@@ -16,9 +16,10 @@ backup controller can hold the plant inside every constraint forever:
 3. Every constraint row ``d(x) = w.x + f >= 0`` must hold at every ``x_j`` less the tube ``|w| . tube_j`` (the
    measured bound on how far the plant, under this very loop, strays from the nominal prediction after j steps;
    where the model's error grows with the distance from the operating point, the tube is ``tube_j + tube_slope_j .
-   |x_L - x_op| + tube_action_slope_j . |a|``, a the actions in flight (pending, then the candidate u): still one
-   product per call for the state and the pending actions, and ``cand . |u|`` for the candidate, whose rows stay
-   convex in u (one linear row per sign pattern of u where the filter must solve); every backup action must lie
+   |x_L - x_op| + tube_action_slope_j . |a|``, a the actions in flight (pending, then the candidate u), and never
+   below ``tube_floor_j`` (the error from rest): still one product per call for the state and the pending actions
+   (and one maximum), and ``cand . |u|`` for the candidate, whose rows stay convex in u (one linear row per sign
+   pattern of u where the filter must solve); every backup action must lie
    in the input box (so the prediction, made without saturation, is the backup's); the last state must lie within
    ``terminal_box`` of ``x_hold``, and ``x_hold`` far enough inside every constraint that the backup's tail from
    there stays inside (`terminal_reach`: the most any row moves over the rest of the backup's run from the edge of
@@ -79,6 +80,12 @@ class PredictiveFilter:
         # ones (oldest first) and the candidate: an input whose effect the model misjudges (a heavy ball far out on
         # a beam adds to the beam's inertia) misleads the plan in proportion to how hard it pushes.
         act_slope = np.asarray(section.get("tube_action_slope") or np.zeros((len(tube), N, (L + 1) * m)), np.float64)
+        # (horizon, N) or absent: the least the tube is per step and state wherever the plan starts (the error
+        # measured from rest under the set's pushes and noise): the growing parts above are fitted over the whole
+        # envelope and say nothing at rest. Without them it is simply the tube where larger.
+        floor = np.asarray(section.get("tube_floor") or np.zeros_like(tube), np.float64)
+        if not (np.any(slope) or np.any(act_slope)):
+            tube = np.maximum(tube, floor)
         box = np.asarray(section["terminal_box"], np.float64)
         reach = np.asarray(section["terminal_reach"], np.float64)  # per constraint row
         H = int(section["horizon"])
@@ -137,6 +144,7 @@ class PredictiveFilter:
         # (rows, D) maps and constants: slack = block @ v + offset - tight @ |x_L - x_op| - tight_act @ |actions|
         blocks, offsets, kinds, tight, tight_act = [], [], [], [], []
         tubes = []  # per row, what the constant tube takes off it (0 where none does): for conservative mode
+        floors = []  # per row, what the floor takes off it beyond that (see `slack_free`)
         absW = np.abs(W)
         self._plans = []  # per latency case: the states' maps, for `plan`
         for lk in lats:
@@ -155,11 +163,13 @@ class PredictiveFilter:
                         tight += [np.zeros((m, N)), np.zeros((m, N))]
                         tight_act += [np.zeros((m, (L + 1) * m))] * 2
                         tubes += [np.zeros(m), np.zeros(m)]
+                        floors += [np.zeros(m), np.zeros(m)]
                 X = A @ X + B @ sent[L + t - lk] + C_drift
                 states.append(X)
                 if t >= lk:  # after the candidate is applied: the constraints, tightened by the tube
                     blocks.append(W @ X)
                     tubes.append(absW @ tube[t - lk])
+                    floors.append(absW @ np.maximum(floor[t - lk] - tube[t - lk], 0.0))
                     offsets.append(f - tubes[-1])
                     kinds.append(self._owner)
                     tight.append(absW @ slope[t - lk])
@@ -172,8 +182,10 @@ class PredictiveFilter:
             tight += [np.zeros((N, N)), np.zeros((N, N))]
             tight_act += [np.zeros((N, (L + 1) * m))] * 2
             tubes += [np.zeros(N), np.zeros(N)]
+            floors += [np.zeros(N), np.zeros(N)]
             blocks.append(W @ X_hold)  # where the backup leaves it
             tubes.append(absW @ tube[-1])
+            floors.append(absW @ np.maximum(floor[-1] - tube[-1], 0.0))
             offsets.append(f - reach - tubes[-1])
             kinds.append(self._owner)
             tight.append(absW @ slope[-1])
@@ -200,6 +212,18 @@ class PredictiveFilter:
         T = np.hstack([np.vstack(tight), np.vstack(tight_act)])[order]
         Lm = L * m
         self._tight_T = np.ascontiguousarray(T[:, : N + Lm].T) if np.any(T[:, : N + Lm]) else None
+        # The floor per row, where the growing part is below it. A row on one state is then max(floor, affine) to the
+        # letter; a row over several states would need each state's own maximum, and takes the floor's excess on
+        # top instead (max(f, a) <= f + a): sound, at the cost of its slack near rest only.
+        excess = np.concatenate(floors)[order]
+        several = np.concatenate([np.full(len(e), False) for e in floors])  # rows of action/terminal: no floor
+        is_row = np.concatenate(kinds) >= 0
+        several[is_row] = np.tile(np.count_nonzero(W, axis=1) > 1, int(is_row.sum()) // len(W))
+        several = several[order]
+        self._floor_max = np.where(several, 0.0, excess) if self._tight_T is not None else None
+        self._floor_add = np.where(several, excess, 0.0) if self._tight_T is not None else None
+        if self._floor_max is not None and not np.any(excess):
+            self._floor_max = self._floor_add = None
         self._pending = slice(p0, p0 + Lm)
         self._z = np.zeros(N + Lm)
         self._cand = np.ascontiguousarray(T[:, N + Lm :]) if np.any(T[:, N + Lm :]) else None
@@ -232,7 +256,11 @@ class PredictiveFilter:
             x = np.dot(self._Phi_L, v, out=self._x_L)
             np.abs(np.subtract(x, self._x_op, out=x), out=x)
             np.abs(v[self._pending], out=self._z[len(x) :])
-            free -= np.dot(self._z, self._tight_T, out=self._row_tmp)
+            grown = np.dot(self._z, self._tight_T, out=self._row_tmp)
+            if self._floor_max is not None:  # never below the floor (see the constructor)
+                np.maximum(grown, self._floor_max, out=grown)
+                grown += self._floor_add
+            free -= grown
         return free
 
     def tighten(self, free: np.ndarray, state_error: np.ndarray) -> np.ndarray:
@@ -248,8 +276,8 @@ class PredictiveFilter:
         """`free` (in place) with every row's tube taken `tube_factor` times instead of once: conservative mode,
         while the plant is outside the envelope the tube was measured on (point 6)."""
         free -= self._widening
-        if self._tight_T is not None:  # and its parts that grow, at the start `slack_free` last read
-            free -= (self.tube_factor - 1.0) * np.dot(self._z, self._tight_T, out=self._row_tmp)
+        if self._tight_T is not None:  # and its parts that grow (floored), as `slack_free` last took them
+            free -= (self.tube_factor - 1.0) * self._row_tmp
         self._cand_scale = self.tube_factor
         return free
 

@@ -493,6 +493,7 @@ PREDICTIVE_KEYS = (
     "tube",
     "tube_slope",
     "tube_action_slope",
+    "tube_floor",
     "terminal_box",
     "terminal_reach",
     "measured",
@@ -515,6 +516,8 @@ def _predictive(value: Any, n: int, m: int, rows: int, latency: int) -> dict:
     if "hold_action" in value:
         _matrix(value["hold_action"], "predictive.hold_action", m, n)
     tube = _matrix(_need(value, "tube", "predictive"), "predictive.tube", horizon, n)
+    floor = value.get("tube_floor")
+    floor_vals = [] if floor is None else _matrix(floor, "predictive.tube_floor", horizon, n).reshape(-1).tolist()
     box = _finite(_need(value, "terminal_box", "predictive"), "predictive.terminal_box", n)
     reach = _finite(_need(value, "terminal_reach", "predictive"), "predictive.terminal_reach", rows)
     slope = value.get("tube_slope")
@@ -534,6 +537,7 @@ def _predictive(value: Any, n: int, m: int, rows: int, latency: int) -> dict:
         ("tube", tube.reshape(-1).tolist()),
         ("tube_slope", slope_vals),
         ("tube_action_slope", act_vals),
+        ("tube_floor", floor_vals),
         ("terminal_box", box),
         ("terminal_reach", reach),
     ):

@@ -72,13 +72,17 @@ def closed_loop(A, B, K) -> tuple[np.ndarray, float]:
     return Acl, float(np.abs(np.linalg.eigvals(Acl)).max())
 
 
-def measure_tube(env, spec: dict, horizon: int, seed: int = 0, gentle: bool = False) -> tuple[np.ndarray, dict, tuple]:
+def measure_tube(
+    env, spec: dict, horizon: int, seed: int = 0, gentle: bool = False, rest: bool = False
+) -> tuple[np.ndarray, dict, tuple]:
     """Per step 1..horizon and state: the largest distance (x INFLATION, never shrinking with the step) of the
     plant running the shield's own backup loop from the shield's nominal plan, over plans the filter admits on
     every set's plants; a record of what it rests on; and the samples `state_dependent_tube` fits: per plan,
     |x_L - x_op|, the |actions| in flight (pending, then the candidate) and its error per step and state.
     `gentle`: GENTLE_SHARE of the plans start with their actions shrunk toward the box's centre by a random factor,
-    so that a bound that grows with |action| rests on plans with small ones too, not on an extrapolation."""
+    so that a bound that grows with |action| rests on plans with small ones too, not on an extrapolation.
+    `rest`: every plan starts at the operating point with the box's centre in flight, so that what remains is the
+    error the set's pushes, noise and latency make from rest (the state-dependent tube's floor)."""
     from shield.cbf import CbfShield
 
     t0 = time.monotonic()
@@ -112,6 +116,8 @@ def measure_tube(env, spec: dict, horizon: int, seed: int = 0, gentle: bool = Fa
                 tried += 1
                 x = rng.uniform(env.lo_s, env.hi_s)
                 queue = [rng.uniform(env.low, env.high) for _ in range(L + 1)]  # pending, then the candidate
+                if rest:
+                    x, queue = x_op[: env.n].copy(), [center.copy() for _ in range(L + 1)]
                 if gentle and rng.random() < GENTLE_SHARE:
                     shrink = rng.random()
                     queue = [center + shrink * (a - center) for a in queue]
@@ -287,7 +293,21 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
             slope.tolist(),
             act_slope.tolist(),
         )
-        result["measured"]["state_dependent"] = {**fit, "plans": again["plans"], "gentle_share": GENTLE_SHARE}
+        # The affine bound is fitted where plans start, over the whole envelope: at rest it extrapolates (to 0 on
+        # the ball on a beam, where a push at rest moves the ball 5 cm over the horizon). Plans from rest measure
+        # what the pushes, noise and latency do there, and the tube is never below that.
+        floor, at_rest, _ = measure_tube(env, {**spec, "predictive": out}, horizon, seed + 2, rest=True)
+        result["tube_floor"] = floor.tolist()
+        fit["largest_at_rest"] = [round(float(v), 5) for v in np.maximum(base, floor).max(axis=0)]
+        at_ref = base + slope @ reference[: env.n] + act_slope @ reference[env.n :]
+        fit["largest_at_the_reference"] = [round(float(v), 5) for v in np.maximum(at_ref, floor).max(axis=0)]
+        result["measured"]["state_dependent"] = {
+            **fit,
+            "plans": again["plans"],
+            "gentle_share": GENTLE_SHARE,
+            "floor": "the plant from rest (the operating point, the box's centre in flight) under the set's "
+            f"pushes, noise and latency: {at_rest['plans']} plans",
+        }
     return result
 
 

@@ -170,3 +170,76 @@ def test_a_malformed_action_slope_is_refused_naming_its_key():
     bad["predictive"]["tube_action_slope"] = (-ASLOPE).tolist()
     with pytest.raises(ValueError, match=r"predictive\.tube_action_slope"):
         ShieldSpec.from_dict(bad)
+
+
+# A floor above the constant tube near rest (the error a push makes from rest, which the growing part, fitted over
+# the whole envelope, does not see there): 5 cm on the trolley and 0.03 rad on the swing, at every step. 0.5 m
+# out the growing part (0.2 per metre) is above it.
+FLOOR = TUBE + np.array([0.05, 0.03, 0.0, 0.0])
+FLOORED = copy.deepcopy(SLOPED)
+FLOORED["predictive"]["tube_floor"] = FLOOR.tolist()
+
+
+def free_rows(spec: dict, x) -> np.ndarray:
+    """The filter's rows less the candidate's part at state `x` (latency 0, the fallback loaded)."""
+    shield = CbfShield(spec)
+    pred = shield._predictor
+    pred.load_observation(np.asarray(x, np.float64)[shield._obs_src])
+    pred.load_action(np.zeros(1))
+    return shield._predictive.slack_free(pred.v).copy()
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=states, u_p=st.floats(-1.5, 1.5))
+def test_every_admitted_action_keeps_the_tube_never_below_its_floor(x, u_p):
+    """For every state and policy action: unless the filter fell back, the plan of what it returns keeps every row
+    less the larger, per step and state, of the floor and the tube grown by how far out the trolley starts."""
+    u, info = CbfShield(FLOORED).filter(np.array(x, np.float32), np.array([u_p], np.float32))
+    if not info["fallback"]:
+        x64 = np.array(x, np.float32).astype(np.float64)
+        tube = np.maximum(FLOOR, TUBE + SLOPE @ np.abs(x64))
+        assert plan_slack(FLOORED, x64, float(u[0]), tube) >= -1e-6, (x, u_p, u)
+
+
+def test_the_floor_holds_at_rest_and_the_growing_tube_away_from_it():
+    """At rest the floored rows are those of a constant tube equal to the floor; 0.5 m out, where the growing part
+    is above the floor everywhere, they are the sloped tube's. Without a growing part, the floor is simply the
+    tube where it is larger."""
+    flat_floor = copy.deepcopy(crane_spec())
+    flat_floor["predictive"]["tube"] = FLOOR.tolist()
+    assert np.allclose(free_rows(FLOORED, [0.0] * 4), free_rows(flat_floor, [0.0] * 4), atol=1e-12)
+    assert np.array_equal(free_rows(FLOORED, [0.5, 0.0, 0.0, 0.0]), free_rows(SLOPED, [0.5, 0.0, 0.0, 0.0]))
+    constant = copy.deepcopy(crane_spec())
+    constant["predictive"]["tube_floor"] = FLOOR.tolist()
+    assert np.allclose(free_rows(constant, [0.2, 0.0, 0.0, 0.0]), free_rows(flat_floor, [0.2, 0.0, 0.0, 0.0]))
+
+
+def test_a_row_over_several_states_takes_the_floor_on_top_of_the_growing_part():
+    """The per-state maximum of floor and growing tube, summed along a row over two states, is at most floor plus
+    growing part, which is what such a row takes (one product per call, never less than the per-state bound):
+    a halfspace x + theta <= 0.6 is tightened by the whole of |w| . (floor - tube) beyond the sloped tube."""
+    extra = {"name": "lean", "type": "halfspace", "a": [1.0, 1.0, 0.0, 0.0], "b": 0.6}
+    sloped, floored = copy.deepcopy(SLOPED), copy.deepcopy(FLOORED)
+    for spec in (sloped, floored):
+        spec["constraints"].append(extra)
+        spec["predictive"]["terminal_reach"] = spec["predictive"]["terminal_reach"] + [0.0]
+    x = [0.5, 0.0, 0.0, 0.0]
+    gap = free_rows(sloped, x) - free_rows(floored, x)
+    per_step = (0.05 + 0.03) / np.sqrt(2.0)  # |w| . (floor - tube) on the normalized row
+    # The box rows are the sloped tube's (it is above the floor 0.5 m out); the halfspace's carry the excess on top.
+    assert np.isclose(gap.max(), per_step) and np.all(np.isclose(gap, 0.0) | np.isclose(gap, per_step))
+    assert np.sum(np.isclose(gap, per_step)) == len(TUBE) + 1  # every step's row and the settled equilibrium's
+
+
+def test_a_malformed_floor_is_refused_naming_its_key():
+    import pytest
+
+    from shield.spec import ShieldSpec
+
+    bad = copy.deepcopy(FLOORED)
+    bad["predictive"]["tube_floor"] = FLOOR[:-1].tolist()
+    with pytest.raises(ValueError, match=r"predictive\.tube_floor"):
+        ShieldSpec.from_dict(bad)
+    bad["predictive"]["tube_floor"] = (-FLOOR).tolist()
+    with pytest.raises(ValueError, match=r"predictive\.tube_floor"):
+        ShieldSpec.from_dict(bad)

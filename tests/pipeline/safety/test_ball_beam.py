@@ -34,6 +34,10 @@ def test_the_ball_on_a_beam_is_certified_with_a_state_dependent_tube_and_kept_in
     assert np.asarray(section["tube_action_slope"]).shape == (section["horizon"], 4, 3)
     assert fit["reference"] == "the legacy controller's episodes"
     assert max(fit["largest_at_the_reference"]) < max(fit["largest_at_the_farthest_sampled_plan"])
+    # The growing part is fitted over the envelope and says ~0 at rest; the floor is what a push there does: the
+    # ball strays centimetres from the plan over the horizon.
+    assert np.asarray(section["tube_floor"]).shape == (section["horizon"], 4)
+    assert 0.01 < fit["largest_at_rest"][0] < fit["largest_at_the_farthest_sampled_plan"][0]
     # A constant tube (the largest error over every measured plan, at every step) would hold nothing, even at rest.
     flat = {**section, "tube": [section["measured"]["largest_error"]] * section["horizon"]}
     flat.pop("tube_slope")

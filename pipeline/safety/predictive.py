@@ -6,7 +6,8 @@ full action cannot brake it at some state the barrier admits). Every number is d
 - the backup gain: the discrete LQR on the nominal linear model (the legacy controller's weights when it is an
   LQR, else Bryson's rule over the sampled state ranges), stopping the plant at the equilibrium nearest where
   the plan starts (P, the projection onto the equilibria under zero action) rather than driving it back to the
-  operating point, which needs far less of the input box;
+  operating point, which needs far less of the input box; its input weight raised until the loop is stable at
+  every latency the spec admits, since the backup acts on a prediction through the longest (`backup_gain`);
 - the horizon: the steps the backup's slowest mode takes to fall to HORIZON_DECAY of its size;
 - the tube: per step and state, the largest distance between the nominal plan and the plant running the
   backup loop the shield runs (its own latency prediction from noisy observations, the plant's latency,
@@ -35,10 +36,21 @@ MIN_PLANS = 50  # admitted plans the tube must rest on, else synthesis refuses
 PUSH_SHARE = 0.3  # of the rollouts carry the set's push (at full force, random sign and start)
 GENTLE_SHARE = 0.5  # of the plans measured for a bound that grows with |action| start with shrunk actions
 REFERENCE_EPISODES = 4  # the legacy controller's episodes that say where the plant runs (the tube's objective)
+# Scales of the LQR's input weight tried, in order, until the backup is stable at every latency the spec admits.
+BACKUP_INPUT_WEIGHT_SCALES = (1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 
 
-def backup_gain(cfg, A: np.ndarray, B: np.ndarray, half_range: np.ndarray) -> np.ndarray:
-    """The LQR the backup is built from: the legacy LQR's weights when it has them, else Bryson's rule."""
+def backup_gain(
+    cfg, A: np.ndarray, B: np.ndarray, half_range: np.ndarray, latency: int = 0, applied: tuple[int, ...] = (0,)
+) -> tuple[np.ndarray, float, list[float]]:
+    """(K, the input weight's scale, the loop's slowest mode per latency in `applied`): the LQR the backup is built
+    from, on the legacy LQR's weights when it has them, else Bryson's rule.
+
+    The backup acts on the shield's prediction through `latency` steps, while the plant applies each action after
+    any of the `applied` steps the spec admits. A gain designed for the prediction can be unstable on a plant with
+    less latency than it predicts through: the cart-pole's legacy weights give a slowest mode of 1.11 at one step
+    of three. The input weight is then raised (BACKUP_INPUT_WEIGHT_SCALES) until the loop is stable at every one;
+    a gentler backup is slower but holds on every plant the spec admits."""
     from envs.linearization import discrete_lqr
 
     legacy = (cfg.plant or {}).get("legacy") or {}
@@ -47,7 +59,36 @@ def backup_gain(cfg, A: np.ndarray, B: np.ndarray, half_range: np.ndarray) -> np
         q, r = np.diag(legacy["q"]), np.diag(legacy["r"])
     else:
         q, r = np.diag(1.0 / np.maximum(half_range, 1e-6) ** 2), np.eye(m)
-    return discrete_lqr(A, B, q.astype(np.float64), r.astype(np.float64))
+    for scale in BACKUP_INPUT_WEIGHT_SCALES:
+        K = discrete_lqr(A, B, q.astype(np.float64), scale * r.astype(np.float64))
+        modes = [float(np.abs(np.linalg.eigvals(latency_loop(A, B, K, latency, lk))).max()) for lk in applied]
+        if max(modes) < 1.0:
+            return K, scale, modes
+    raise ValueError(
+        f"no backup LQR (input weight up to {BACKUP_INPUT_WEIGHT_SCALES[-1]:g}x) is stable at every latency from "
+        f"{min(applied)} to {max(applied)} steps while predicting through {latency} (slowest modes "
+        f"{[round(v, 4) for v in modes]}): narrow randomization.*.latency_steps"
+    )
+
+
+def latency_loop(A: np.ndarray, B: np.ndarray, K: np.ndarray, latency: int, applied: int) -> np.ndarray:
+    """The backup's closed loop over z_t = (x_t, u_{t-1}, ..., u_{t-latency}) when the shield sends
+    u_t = -K x_hat, x_hat = A^latency x_t + sum_j A^(j-1) B u_{t-j} (its prediction through the pending actions),
+    and the plant applies each action `applied` (<= latency) steps after it is sent."""
+    n, m = B.shape
+    if latency == 0:
+        return A - B @ K
+    powers = [np.linalg.matrix_power(A, j) for j in range(latency + 1)]
+    u_x = -K @ powers[latency]
+    u_q = np.hstack([-K @ powers[j - 1] @ B for j in range(1, latency + 1)])  # on u_{t-1} .. u_{t-latency}
+    M = np.zeros((n + latency * m, n + latency * m))
+    if applied == 0:
+        M[:n, :n], M[:n, n:] = A + B @ u_x, B @ u_q
+    else:
+        M[:n, :n], M[:n, n + (applied - 1) * m : n + applied * m] = A, B
+    M[n : n + m, :n], M[n : n + m, n:] = u_x, u_q
+    M[n + m :, n : n + (latency - 1) * m] = np.eye((latency - 1) * m)  # the queue moves on by one
+    return M
 
 
 def equilibrium_projection(A: np.ndarray, B: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -244,7 +285,9 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     env.reach_box()
     A, B = env.A, env.B
     half = 0.5 * (env.hi_s - env.lo_s)
-    K = backup_gain(cfg, A, B, half)
+    L, L_min = spec["latency_steps"], spec.get("latency_min_steps")
+    applied = (L,) if L_min is None else tuple(range(L_min, L + 1))
+    K, input_scale, modes = backup_gain(cfg, A, B, half, L, applied)
     P, F = equilibrium_projection(A, B)
     Acl, rho = closed_loop(A, B, K)
     horizon = (
@@ -273,6 +316,8 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
         "tube": tube.tolist(),
         "measured": {
             "slowest_mode": round(rho, 5),
+            "slowest_mode_per_latency": {str(lk): round(v, 5) for lk, v in zip(applied, modes)},
+            "backup_input_weight_scale": input_scale,
             "horizon_decay": HORIZON_DECAY,
             "backup": "discrete LQR on the nominal model (the legacy LQR's weights where it has them), acting off "
             "the equilibria under zero action",

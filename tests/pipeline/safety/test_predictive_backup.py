@@ -1,0 +1,71 @@
+"""The predictive filter's backup gain is chosen for every latency the spec admits, not only the one the shield
+predicts through: a gain designed on the prediction can be unstable on a plant with less latency."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.safety import predictive
+from tests.helpers.predictive_specs import crane_model
+
+
+def slowest(M: np.ndarray) -> float:
+    return float(np.abs(np.linalg.eigvals(M)).max())
+
+
+@settings(max_examples=40, deadline=None)
+@given(latency=st.integers(0, 3), data=st.data())
+def test_the_latency_loop_is_the_shield_and_the_plant_step_by_step(latency, data):
+    """The loop's matrix moves (x, the actions in flight) exactly as the shield (predicting through `latency`
+    steps from the pending actions) and a plant applying each action `applied` steps after it was sent do."""
+    applied = data.draw(st.integers(0, latency))
+    A, B, _ = crane_model()
+    K = np.array([[1.0, -2.0, 3.0, 0.5]])
+    rng = np.random.default_rng(latency * 10 + applied)
+    x, sent = rng.normal(size=4), [rng.normal(size=1) for _ in range(latency)]  # oldest first
+    z = np.concatenate([x, *reversed(sent)])  # (x_t, u_{t-1}, ..., u_{t-latency})
+    M = predictive.latency_loop(A, B, K, latency, applied)
+    for _ in range(12):
+        x_hat = x.copy()
+        for u in sent[len(sent) - latency :] if latency else []:
+            x_hat = A @ x_hat + B @ u
+        u = -K @ x_hat
+        sent.append(u)
+        x = A @ x + B @ sent[len(sent) - 1 - applied]
+        z = M @ z
+        assert np.allclose(z[:4], x, atol=1e-9) and (latency == 0 or np.allclose(z[4:5], u, atol=1e-9))
+
+
+def test_a_gain_unstable_at_a_latency_the_spec_admits_is_made_gentler_until_every_one_holds():
+    """The cart-pole's legacy weights, predicting through 3 steps: on a plant that applies each action 1 step after
+    it is sent the loop grows (slowest mode above 1). The backup's input weight is raised until it is stable at
+    every latency from 0 to 3; at the latency it predicts through alone, the legacy gain is kept."""
+    import envs
+    from envs.linearization import discrete_lqr
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import linearize_mujoco
+
+    cfg = load_config("configs/cartpole.yaml")
+    A, B, _ = linearize_mujoco(envs.nominal_model(cfg.task.env_id), [0, 1, 2, 3])
+    legacy = discrete_lqr(A, B, np.diag(cfg.plant["legacy"]["q"]), np.diag(cfg.plant["legacy"]["r"]))
+    assert slowest(predictive.latency_loop(A, B, legacy, 3, 1)) > 1.0
+    half = np.ones(4)
+    K, scale, modes = predictive.backup_gain(cfg, A, B, half, 3, (0, 1, 2, 3))
+    assert scale > 1.0 and max(modes) < 1.0 and len(modes) == 4
+    assert all(slowest(predictive.latency_loop(A, B, K, 3, lk)) < 1.0 for lk in range(4))
+    K3, scale3, _ = predictive.backup_gain(cfg, A, B, half, 3, (3,))
+    assert scale3 == 1.0 and np.array_equal(K3, legacy)
+
+
+def test_a_latency_range_no_gain_holds_is_refused_naming_the_key(monkeypatch):
+    from pipeline.config import load_config
+
+    cfg = load_config("configs/crane.yaml")
+    A, B, _ = crane_model()
+    monkeypatch.setattr(predictive, "BACKUP_INPUT_WEIGHT_SCALES", (1.0,))
+    monkeypatch.setattr(predictive, "latency_loop", lambda *args: 2.0 * np.eye(4))
+    with pytest.raises(ValueError, match=r"randomization\.\*\.latency_steps"):
+        predictive.backup_gain(cfg, A, B, np.ones(4), 2, (0, 1, 2))

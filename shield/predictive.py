@@ -211,19 +211,20 @@ class PredictiveFilter:
         # actions|), x_L = Phi_L v (None: no such part); and with the candidate: rows less cand @ |u|.
         T = np.hstack([np.vstack(tight), np.vstack(tight_act)])[order]
         Lm = L * m
-        self._tight_T = np.ascontiguousarray(T[:, : N + Lm].T) if np.any(T[:, : N + Lm]) else None
         # The floor per row, where the growing part is below it. A row on one state is then max(floor, affine) to the
         # letter; a row over several states would need each state's own maximum, and takes the floor's excess on
-        # top instead (max(f, a) <= f + a): sound, at the cost of its slack near rest only.
+        # top instead (max(f, a) <= f + a): sound, at the cost of its slack near rest only. The candidate's part
+        # comes on top of either (max(f, a + c) <= max(f, a) + c).
         excess = np.concatenate(floors)[order]
         several = np.concatenate([np.full(len(e), False) for e in floors])  # rows of action/terminal: no floor
         is_row = np.concatenate(kinds) >= 0
         several[is_row] = np.tile(np.count_nonzero(W, axis=1) > 1, int(is_row.sum()) // len(W))
         several = several[order]
-        self._floor_max = np.where(several, 0.0, excess) if self._tight_T is not None else None
-        self._floor_add = np.where(several, excess, 0.0) if self._tight_T is not None else None
-        if self._floor_max is not None and not np.any(excess):
-            self._floor_max = self._floor_add = None
+        floored = bool(np.any(excess))
+        self._floor_max = np.where(several, 0.0, excess) if floored else None
+        self._floor_add = np.where(several, excess, 0.0) if floored else None
+        grows = np.any(T[:, : N + Lm]) or floored
+        self._tight_T = np.ascontiguousarray(T[:, : N + Lm].T) if grows else None
         self._pending = slice(p0, p0 + Lm)
         self._z = np.zeros(N + Lm)
         self._cand = np.ascontiguousarray(T[:, N + Lm :]) if np.any(T[:, N + Lm :]) else None

@@ -202,13 +202,17 @@ def test_every_admitted_action_keeps_the_tube_never_below_its_floor(x, u_p):
 
 
 def test_the_floor_holds_at_rest_and_the_growing_tube_away_from_it():
-    """At rest the floored rows are those of a constant tube equal to the floor; 0.5 m out, where the growing part
-    is above the floor everywhere, they are the sloped tube's. Without a growing part, the floor is simply the
-    tube where it is larger."""
+    """At rest the floored rows are those of a constant tube equal to the floor (also where the tube grows only
+    with the candidate's |u|); 0.5 m out, where the growing part is above the floor everywhere, they are the sloped
+    tube's. Without a growing part, the floor is simply the tube where it is larger."""
     flat_floor = copy.deepcopy(crane_spec())
     flat_floor["predictive"]["tube"] = FLOOR.tolist()
     assert np.allclose(free_rows(FLOORED, [0.0] * 4), free_rows(flat_floor, [0.0] * 4), atol=1e-12)
     assert np.array_equal(free_rows(FLOORED, [0.5, 0.0, 0.0, 0.0]), free_rows(SLOPED, [0.5, 0.0, 0.0, 0.0]))
+    # A tube that grows only with the candidate's |u| keeps its floor too (the candidate's part comes on top).
+    candidate_only = copy.deepcopy(ACTION_SLOPED)
+    candidate_only["predictive"]["tube_floor"] = FLOOR.tolist()
+    assert np.allclose(free_rows(candidate_only, [0.0] * 4), free_rows(flat_floor, [0.0] * 4), atol=1e-12)
     constant = copy.deepcopy(crane_spec())
     constant["predictive"]["tube_floor"] = FLOOR.tolist()
     assert np.allclose(free_rows(constant, [0.2, 0.0, 0.0, 0.0]), free_rows(flat_floor, [0.2, 0.0, 0.0, 0.0]))

@@ -155,13 +155,14 @@ def measure_tube(
                 if done >= ROLLOUTS_PER_PLANT:
                     break
                 tried += 1
-                x = rng.uniform(env.lo_s, env.hi_s)
-                queue = [rng.uniform(env.low, env.high) for _ in range(L + 1)]  # pending, then the candidate
                 if rest:
                     x, queue = x_op[: env.n].copy(), [center.copy() for _ in range(L + 1)]
-                if gentle and rng.random() < GENTLE_SHARE:
-                    shrink = rng.random()
-                    queue = [center + shrink * (a - center) for a in queue]
+                else:
+                    x = rng.uniform(env.lo_s, env.hi_s)
+                    queue = [rng.uniform(env.low, env.high) for _ in range(L + 1)]  # pending, then the candidate
+                    if gentle and rng.random() < GENTLE_SHARE:
+                        shrink = rng.random()
+                        queue = [center + shrink * (a - center) for a in queue]
                 shield.reset()
                 pred.v[pred._p0 : pred._u0] = np.concatenate(queue[:L]) if L else []
                 obs[env.state_index] = x + rng.normal(0.0, 1.0, env.n) * noise

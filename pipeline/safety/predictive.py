@@ -41,16 +41,23 @@ BACKUP_INPUT_WEIGHT_SCALES = (1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 
 
 def backup_gain(
-    cfg, A: np.ndarray, B: np.ndarray, half_range: np.ndarray, latency: int = 0, applied: tuple[int, ...] = (0,)
+    cfg,
+    A: np.ndarray,
+    B: np.ndarray,
+    half_range: np.ndarray,
+    latency: int = 0,
+    applied: tuple[int, ...] = (0,),
+    plants: list[tuple[np.ndarray, np.ndarray]] = (),
 ) -> tuple[np.ndarray, float, list[float]]:
-    """(K, the input weight's scale, the loop's slowest mode per latency in `applied`): the LQR the backup is built
-    from, on the legacy LQR's weights when it has them, else Bryson's rule.
+    """(K, the input weight's scale, the loop's slowest mode per latency in `applied`, over the nominal model and
+    `plants`): the LQR the backup is built from, on the legacy LQR's weights when it has them, else Bryson's rule.
 
-    The backup acts on the shield's prediction through `latency` steps, while the plant applies each action after
-    any of the `applied` steps the spec admits. A gain designed for the prediction can be unstable on a plant with
-    less latency than it predicts through: the cart-pole's legacy weights give a slowest mode of 1.11 at one step
-    of three. The input weight is then raised (BACKUP_INPUT_WEIGHT_SCALES) until the loop is stable at every one;
-    a gentler backup is slower but holds on every plant the spec admits."""
+    The backup acts on the shield's prediction (the nominal model) through `latency` steps, while the plant applies
+    each action after any of the `applied` steps the spec admits, and is any of the envelope's plants (`plants`:
+    their (A, B)). A gain designed for the prediction can be unstable on a plant with less latency than it predicts
+    through (the cart-pole's legacy weights: a slowest mode of 1.11 at one step of three), or on a heavier plant
+    with a weaker drive. The input weight is then raised (BACKUP_INPUT_WEIGHT_SCALES) until the loop is stable at
+    every latency on every plant; a gentler backup is slower but holds wherever the spec admits the plant."""
     from envs.linearization import discrete_lqr
 
     legacy = (cfg.plant or {}).get("legacy") or {}
@@ -61,31 +68,42 @@ def backup_gain(
         q, r = np.diag(1.0 / np.maximum(half_range, 1e-6) ** 2), np.eye(m)
     for scale in BACKUP_INPUT_WEIGHT_SCALES:
         K = discrete_lqr(A, B, q.astype(np.float64), scale * r.astype(np.float64))
-        modes = [float(np.abs(np.linalg.eigvals(latency_loop(A, B, K, latency, lk))).max()) for lk in applied]
+        modes = [
+            max(
+                float(np.abs(np.linalg.eigvals(latency_loop(A, B, K, latency, lk, plant))).max())
+                for plant in [(A, B), *plants]
+            )
+            for lk in applied
+        ]
         if max(modes) < 1.0:
             return K, scale, modes
     raise ValueError(
-        f"no backup LQR (input weight up to {BACKUP_INPUT_WEIGHT_SCALES[-1]:g}x) is stable at every latency from "
-        f"{min(applied)} to {max(applied)} steps while predicting through {latency} (slowest modes "
-        f"{[round(v, 4) for v in modes]}): narrow randomization.*.latency_steps"
+        f"no backup LQR (input weight up to {BACKUP_INPUT_WEIGHT_SCALES[-1]:g}x) is stable on every plant of the "
+        f"envelope ({len(plants)} sampled) at every latency from {min(applied)} to {max(applied)} steps while "
+        f"predicting through {latency} (slowest modes {[round(v, 4) for v in modes]}): narrow "
+        f"randomization.*.latency_steps or the ranges of the plant's parameters"
     )
 
 
-def latency_loop(A: np.ndarray, B: np.ndarray, K: np.ndarray, latency: int, applied: int) -> np.ndarray:
+def latency_loop(
+    A: np.ndarray, B: np.ndarray, K: np.ndarray, latency: int, applied: int, plant: tuple | None = None
+) -> np.ndarray:
     """The backup's closed loop over z_t = (x_t, u_{t-1}, ..., u_{t-latency}) when the shield sends
-    u_t = -K x_hat, x_hat = A^latency x_t + sum_j A^(j-1) B u_{t-j} (its prediction through the pending actions),
-    and the plant applies each action `applied` (<= latency) steps after it is sent."""
+    u_t = -K x_hat, x_hat = A^latency x_t + sum_j A^(j-1) B u_{t-j} (its prediction through the pending actions,
+    on the model (A, B)), and the plant (`plant`: its (A, B), default the model's) applies each action `applied`
+    (<= latency) steps after it is sent."""
     n, m = B.shape
+    Ap, Bp = plant if plant is not None else (A, B)
     if latency == 0:
-        return A - B @ K
+        return Ap - Bp @ K
     powers = [np.linalg.matrix_power(A, j) for j in range(latency + 1)]
     u_x = -K @ powers[latency]
     u_q = np.hstack([-K @ powers[j - 1] @ B for j in range(1, latency + 1)])  # on u_{t-1} .. u_{t-latency}
     M = np.zeros((n + latency * m, n + latency * m))
     if applied == 0:
-        M[:n, :n], M[:n, n:] = A + B @ u_x, B @ u_q
+        M[:n, :n], M[:n, n:] = Ap + Bp @ u_x, Bp @ u_q
     else:
-        M[:n, :n], M[:n, n + (applied - 1) * m : n + applied * m] = A, B
+        M[:n, :n], M[:n, n + (applied - 1) * m : n + applied * m] = Ap, Bp
     M[n : n + m, :n], M[n : n + m, n:] = u_x, u_q
     M[n + m :, n : n + (latency - 1) * m] = np.eye((latency - 1) * m)  # the queue moves on by one
     return M
@@ -288,7 +306,8 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     half = 0.5 * (env.hi_s - env.lo_s)
     L, L_min = spec["latency_steps"], spec.get("latency_min_steps")
     applied = (L,) if L_min is None else tuple(range(L_min, L + 1))
-    K, input_scale, modes = backup_gain(cfg, A, B, half, L, applied)
+    plants = env.plant_models()
+    K, input_scale, modes = backup_gain(cfg, A, B, half, L, applied, plants)
     P, F = equilibrium_projection(A, B)
     Acl, rho = closed_loop(A, B, K)
     horizon = (
@@ -317,7 +336,9 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
         "tube": tube.tolist(),
         "measured": {
             "slowest_mode": round(rho, 5),
+            # The backup loop on the nominal model and every sampled plant (linearized), per latency it may have.
             "slowest_mode_per_latency": {str(lk): round(v, 5) for lk, v in zip(applied, modes)},
+            "backup_checked_on_plants": len(plants) + 1,
             "backup_input_weight_scale": input_scale,
             "horizon_decay": HORIZON_DECAY,
             "backup": "discrete LQR on the nominal model (the legacy LQR's weights where it has them), acting off "

@@ -119,7 +119,7 @@ class EnvelopeSampler:
                 f"input_gain_error"
             )
         self.safety = safety
-        nominal = envs.nominal_model(cfg.task.env_id)
+        nominal = self._nominal = envs.nominal_model(cfg.task.env_id)
         self.state_index = sorted(nominal.obs_to_state)
         self.A, self.B, self.c = linearize_mujoco(nominal, self.state_index)
         self.dt = float(safety["dt"])
@@ -164,6 +164,28 @@ class EnvelopeSampler:
         self.lo_s, self.hi_s, self.speed = self.box[0].copy(), self.box[1].copy(), [0.0] * len(self.iv)
         # Until braking is measured, a state may approach a bound as fast as VIABLE_BRAKING x nominal stops it.
         self.braking = [(VIABLE_BRAKING * f, VIABLE_BRAKING * f) for f in self.nominal_full]
+
+    def plant_models(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(A, B) of every sampled plant (every set's corners and draws), linearized at the operating point as the
+        nominal model is (`linearize_mujoco`): what a gain chosen on the nominal model must also hold."""
+        from types import SimpleNamespace
+
+        from pipeline.safety.shield_spec import linearize_mujoco
+
+        out = []
+        for name, plant in self.plants.items():
+            for dom in self.domains[name]:
+                plant.apply(dom)
+                randomized = SimpleNamespace(
+                    model=plant.model,
+                    qpos=self._nominal.qpos,
+                    qvel=self._nominal.qvel,
+                    substeps=self._nominal.substeps,
+                    obs_to_state=self._nominal.obs_to_state,
+                )
+                A, B, _ = linearize_mujoco(randomized, self.state_index)
+                out.append((A, B))
+        return out
 
     def wrap(self, x: np.ndarray) -> np.ndarray:
         """`x` with every angle that turns without limit read within pi of the operating point."""

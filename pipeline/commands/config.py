@@ -39,8 +39,11 @@ def shield_figures(spec: dict, synthesized: bool) -> dict:
     noise, pushes and the monitor's bounds, per position where they are per position; per set, what each admits."""
     a = spec.get("assumptions", {})
     kin = spec.get("kinematics", {})
+    predictive = spec.get("predictive")
     return {
         "synthesized": synthesized,
+        # Which filter keeps the constraints (`shield synthesize` says why and certifies it).
+        "filter": f"predictive (horizon {predictive['horizon']} steps)" if predictive else "braking barrier",
         "margin": spec.get("margin"),
         "brake_accel": kin.get("brake_accel"),
         "max_accel_error": a.get("max_accel_error"),

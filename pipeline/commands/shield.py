@@ -104,6 +104,19 @@ def run(args: argparse.Namespace) -> int:
                 f"(case {worst.get('case_file')})",
             }
     legacy = _legacy(cfg, spec, args) if spec is not None and args.episodes else None
+    if refused is None and legacy is not None and legacy["violations"]:
+        # The certificate says no plant of the envelope leaves the safe set behind this shield; a legacy controller
+        # that does on `reality` disproves it as surely as a falsification case.
+        reason = (
+            f"the legacy controller behind the shield left the safe set on reality: {legacy['violations']} "
+            f"violating step(s) in {legacy['violation_episodes']} of {legacy['episodes']} episodes"
+        )
+        refused = {
+            "certified": False,
+            "reason": reason,
+            "message": f"cannot certify {cfg.task.name}: {reason}. Replay: sim2real eval --config {args.config} "
+            f"--policy legacy --domains reality --episodes {args.episodes} --seed {cfg.shadow.seed}",
+        }
     out.mkdir(parents=True, exist_ok=True)
     if refused is not None:
         record = {

@@ -159,10 +159,13 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
     low = np.asarray(safety["action_low"], np.float64)
     high = np.asarray(safety["action_high"], np.float64)
     full = np.maximum(np.abs(low), np.abs(high))  # largest action magnitude per input
+    rest = None  # the operating point's shield state, where there is one
     if safety["model"] == "linear":
         nominal = envs.nominal_model(cfg.task.env_id)  # the task registry's, linearized at its operating point
         state_index = sorted(nominal.obs_to_state)
         A, B, c = linearize_mujoco(nominal, state_index)
+        src = [nominal.obs_to_state[o] for o in state_index]
+        rest = [float(nominal.qpos[i] if kind == "qpos" else nominal.qvel[i]) for kind, i in src]
         model = {"type": "linear", "A": A.tolist(), "B": B.tolist(), "c": c.tolist()}
         # Nominal full-action acceleration of each position: velocity change per period / dt. What braking can
         # count on is the input that moves the position most, less what every other input can do to it at
@@ -334,13 +337,26 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
             **({"synthesis": measurement.record()} if synthesized else {}),
         },
     }
+    braking_synthesized = sc.brake_accel is None and sc.brake_fraction is None
+    if synthesized and braking_synthesized and not bare and not predictive_reasons and rest is not None:
+        # Braking that exists is not yet braking that suffices: where the model error the barrier must cover over
+        # the latency outruns it, no action meets the barrier's conditions anywhere, and it would fall back on every
+        # step. The predictive filter keeps such a plant, or nothing does.
+        problem = barrier_holding_problem(spec, rest)
+        if problem:
+            if any(c["type"] not in ("box", "halfspace") for c in constraints):
+                raise EnvelopeError(f"cannot certify {cfg.task.name}: {problem}")
+            predictive_reasons = [problem]
     if predictive_reasons:
         from pipeline.safety import predictive
         from pipeline.safety.certificate import refusal
 
         def neither(why: str) -> EnvelopeError:
             # Both filters refused: the braking refusal names the parameter, its range and the physical reason.
-            braking = refusal(cfg, measurement, braking_refused, bisect=False)["message"]
+            if braking_refused:
+                braking = refusal(cfg, measurement, braking_refused, bisect=False)["message"]
+            else:
+                braking = f"cannot certify {cfg.task.name}: {predictive_reasons[0]}"
             return EnvelopeError(f"{braking}; and the predictive filter cannot keep it either: {why}")
 
         try:
@@ -360,6 +376,26 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         if problems:
             raise EnvelopeError("the config admits plants the shield cannot keep safe:\n  " + "\n  ".join(problems))
     return spec
+
+
+def barrier_holding_problem(spec: dict, rest: list[float]) -> str | None:
+    """Why the braking barrier cannot hold the plant even at rest at its operating point (`rest`, the shield state),
+    or None: no action meets its conditions there, so it would fall back on every step."""
+    from shield.cbf import CbfShield
+
+    obs = np.zeros(spec["obs_dim"], np.float32)
+    obs[spec["state_index"]] = rest
+    _, info = CbfShield(spec).filter(obs, np.asarray(spec["fallback_action"], np.float32))
+    if not info["fallback"]:
+        return None
+    worst = int(np.argmin(info["h"]))
+    return (
+        f"the braking barrier cannot hold the plant even at rest at its operating point: no action meets its "
+        f"conditions on {spec['constraints'][worst]['name']!r} there (h {float(info['h'][worst]):.3g}): the model "
+        f"error it must cover (disturbance_accel {spec['disturbance_accel']} units/s^2, over "
+        f"{spec['latency_steps']} steps of latency, and the pushes) outruns the braking it has "
+        f"(brake_accel {spec['kinematics']['brake_accel']})"
+    )
 
 
 def _by_id(table: dict, rset) -> list[float]:

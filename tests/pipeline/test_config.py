@@ -129,4 +129,5 @@ def test_config_check_json_carries_the_figures_it_measured(capsys):
     )
     assert len(shield["max_accel_error"]) == 2 and shield["latency_steps"][0] <= shield["latency_steps"][1]
     assert shield["margin"] > 0 and 0 < shield["input_gain_error"] < 1 and shield["synthesized"] is True
+    assert shield["filter"] == "braking barrier"  # the arm's drive brakes every joint (the crane's: predictive)
     assert {"train", "reality"} <= set(shield["sets"]) and "authority_accel" in shield["sets"]["reality"]

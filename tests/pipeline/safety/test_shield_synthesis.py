@@ -316,3 +316,35 @@ def test_a_constraint_on_a_coordinate_the_shield_does_not_model_is_refused_by_na
     assert sim2real(["config", "--check", str(path)]) == 2
     err = capsys.readouterr().err
     assert "constraint swing_limit: reads obs[1]" in err and "plant.kinematics" in err, err
+
+
+def test_a_legacy_controller_leaving_the_safe_set_behind_the_shield_refuses_the_certificate(
+    tmp_path, capsys, monkeypatch
+):
+    """The certificate says no plant of the envelope leaves the safe set behind the shield. The legacy controller's
+    `reality` episodes behind it are a check like falsification: a violating step there refuses the certificate,
+    says where to replay it, and writes no shield.json. (The episodes' outcome is set here: no shipped or test plant
+    lets its legacy controller through any more.)"""
+    import pipeline.commands.shield as command
+
+    def legacy(cfg, spec, args):
+        assert "predictive" in spec  # the crane's real spec was built and would be judged
+        return dict(
+            episodes=args.episodes,
+            steps=1000,
+            return_mean=0.0,
+            violations=3,
+            violation_episodes=1,
+            intervention_rate=0.2,
+            fallback_rate=0.0,
+            min_h=-0.01,
+        )
+
+    monkeypatch.setattr(command, "_legacy", legacy)
+    out = tmp_path / "out"
+    args = ["shield", "synthesize", "--config", "configs/crane.yaml", "--out", str(out), "--no-falsify"]
+    assert sim2real([*args, "--monitor-runs", "0", "--episodes", "2", "--json"]) == 1
+    record = json.loads(capsys.readouterr().out)
+    assert record["certified"] is False and "3 violating step(s) in 1 of 2 episodes" in record["reason"]
+    assert "sim2real eval --config configs/crane.yaml --policy legacy" in record["message"]
+    assert record["legacy_on_reality"]["violations"] == 3 and not (out / "shield.json").exists()

@@ -221,8 +221,8 @@ class PredictiveFilter:
         several[is_row] = np.tile(np.count_nonzero(W, axis=1) > 1, int(is_row.sum()) // len(W))
         several = several[order]
         floored = bool(np.any(excess))
-        self._floor_max = np.where(several, 0.0, excess) if floored else None
-        self._floor_add = np.where(several, excess, 0.0) if floored else None
+        # (the part a row takes the maximum with, the part it adds), or None without a floor
+        self._floor = (np.where(several, 0.0, excess), np.where(several, excess, 0.0)) if floored else None
         grows = np.any(T[:, : N + Lm]) or floored
         self._tight_T = np.ascontiguousarray(T[:, : N + Lm].T) if grows else None
         self._pending = slice(p0, p0 + Lm)
@@ -258,9 +258,9 @@ class PredictiveFilter:
             np.abs(np.subtract(x, self._x_op, out=x), out=x)
             np.abs(v[self._pending], out=self._z[len(x) :])
             grown = np.dot(self._z, self._tight_T, out=self._row_tmp)
-            if self._floor_max is not None:  # never below the floor (see the constructor)
-                np.maximum(grown, self._floor_max, out=grown)
-                grown += self._floor_add
+            if self._floor is not None:  # never below the floor (see the constructor)
+                np.maximum(grown, self._floor[0], out=grown)
+                grown += self._floor[1]
             free -= grown
         return free
 

@@ -218,7 +218,8 @@ class PredictiveFilter:
         excess = np.concatenate(floors)[order]
         several = np.concatenate([np.full(len(e), False) for e in floors])  # rows of action/terminal: no floor
         is_row = np.concatenate(kinds) >= 0
-        several[is_row] = np.tile(np.count_nonzero(W, axis=1) > 1, int(is_row.sum()) // len(W))
+        if len(W):  # (a spec without constraints has only the backup's rows)
+            several[is_row] = np.tile(np.count_nonzero(W, axis=1) > 1, int(is_row.sum()) // len(W))
         several = several[order]
         floored = bool(np.any(excess))
         # (the part a row takes the maximum with, the part it adds), or None without a floor

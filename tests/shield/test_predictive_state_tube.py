@@ -240,6 +240,9 @@ def test_a_malformed_floor_is_refused_naming_its_key():
 
     from shield.spec import ShieldSpec
 
+    bare = copy.deepcopy(FLOORED)  # well formed without constraints too: only the backup's own rows to keep
+    bare["constraints"], bare["predictive"]["terminal_reach"] = [], []
+    assert not CbfShield(bare).filter(np.zeros(4, np.float32), np.zeros(1, np.float32))[1]["fallback"]
     bad = copy.deepcopy(FLOORED)
     bad["predictive"]["tube_floor"] = FLOOR[:-1].tolist()
     with pytest.raises(ValueError, match=r"predictive\.tube_floor"):

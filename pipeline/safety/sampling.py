@@ -107,7 +107,7 @@ class EnvelopeSampler:
 
     def __init__(self, cfg, rng: np.random.Generator, draws: int):
         import envs
-        from pipeline.safety.shield_spec import _unlimited_angles, linearize_mujoco
+        from pipeline.safety.shield_spec import _unlimited_angles, linearize_mujoco, operating_state
 
         self.cfg, self.rng = cfg, rng
         safety = envs.safety_spec(cfg.task.env_id)
@@ -143,7 +143,7 @@ class EnvelopeSampler:
             )
         self.box = _constraint_box(safety, col, n)
         self.halfspaces = _halfspace_rows(safety, col, n)
-        self.x_op = np.array([nominal.qpos[i] if kind == "qpos" else nominal.qvel[i] for kind, i in src])
+        self.x_op = operating_state(nominal, self.state_index)
         self.plants = {}
         for name, rset in cfg.randomization.items():
             try:

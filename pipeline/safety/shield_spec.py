@@ -53,6 +53,16 @@ _STATEMENT = (
 )
 
 
+def operating_state(nominal, state_obs: list[int]) -> np.ndarray:
+    """The shield state at the nominal model's operating point (its qpos and qvel, read as obs[state_obs] reads)."""
+    return np.array(
+        [
+            float(nominal.qpos[i] if kind == "qpos" else nominal.qvel[i])
+            for kind, i in map(nominal.obs_to_state.get, state_obs)
+        ]
+    )
+
+
 def linearize_mujoco(nominal, state_obs: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Discrete model over one control period, x = obs[state_obs], from mujoco.mjd_transitionFD at the equilibrium."""
     from envs.linearization import linearize_control_step
@@ -164,8 +174,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         nominal = envs.nominal_model(cfg.task.env_id)  # the task registry's, linearized at its operating point
         state_index = sorted(nominal.obs_to_state)
         A, B, c = linearize_mujoco(nominal, state_index)
-        src = [nominal.obs_to_state[o] for o in state_index]
-        rest = [float(nominal.qpos[i] if kind == "qpos" else nominal.qvel[i]) for kind, i in src]
+        rest = operating_state(nominal, state_index).tolist()
         model = {"type": "linear", "A": A.tolist(), "B": B.tolist(), "c": c.tolist()}
         # Nominal full-action acceleration of each position: velocity change per period / dt. What braking can
         # count on is the input that moves the position most, less what every other input can do to it at

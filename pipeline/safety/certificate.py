@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from pipeline.safety import synthesis
+from shield.spec import MAX_INPUT_GAIN_ERROR
 
 BISECTION_STEPS = 6  # halvings of the offending range: its end is found to 1/64 of the range's width
 
@@ -76,6 +77,18 @@ def _certifiable(cfg, seed: int) -> bool:
     except EnvelopeError:
         return False
     return True
+
+
+def _nominal_input_effect(cfg, meas: synthesis.Measurement, k: int) -> float | None:
+    """The nominal plant's input effect on position k (over the nominal model's) at the state where the weakest was
+    measured, or None where none was."""
+    at = meas.gain_at[k] if k < len(meas.gain_at) else {}
+    if not at or "state" not in at:
+        return None
+    env = synthesis.EnvelopeSampler(cfg, np.random.default_rng(0), draws=0)
+    plant = env.plants[at["set"]]
+    plant.apply({})
+    return synthesis.input_effect(env, plant, np.array([at["state"][str(o)] for o in env.state_index]), k)
 
 
 def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int | None) -> tuple[str, str] | None:
@@ -151,8 +164,20 @@ def refusal(
     if problems is None:
         problems = synthesis.gain_problems(meas) or synthesis.authority_problems(meas)
     k, d, reason = problems[0]
-    found = offending_parameter(cfg, meas, k, d)
     out = {"certified": False, "reason": reason, "reasons": [r for _, _, r in problems]}
+    nominal = _nominal_input_effect(cfg, meas, k) if d is None else None
+    if nominal is not None and 1.0 - nominal > MAX_INPUT_GAIN_ERROR:
+        # The nominal plant is as weak at that state: the state is the cause, and narrowing any range only moves the
+        # blame to the next parameter measured there.
+        out["state_is_the_cause"] = True
+        out["message"] = (
+            f"cannot certify {cfg.task.name}: {reason}. The nominal plant, at the same state, has {nominal:.3g}x too: "
+            f"no parameter's range is the cause, the state is (the drive's effect on {meas.names[k]} falls or "
+            f"reverses there). Narrow the constraints that admit that state, or change the plant's masses or "
+            f"geometry so the drive moves {meas.names[k]} the same way over the whole constraint box"
+        )
+        return out
+    found = offending_parameter(cfg, meas, k, d)
     if found is None:
         out["message"] = f"cannot certify {cfg.task.name}: {reason}"
         return out
@@ -197,7 +222,7 @@ def certificate(
             "latency_steps": spec["latency_steps"],
             "set_by_hand": _set_by_hand(cfg),
         },
-        "filter": _filter_record(spec),
+        "filter": filter_record(spec),
         "model_error": meas.record() if meas is not None else None,
         "falsification": falsified,
         "legacy_on_reality": legacy,
@@ -210,12 +235,16 @@ def _set_by_hand(cfg) -> list[str]:
     return [f"shield.{k}" for k in keys if getattr(sc, k) is not None]
 
 
-def _filter_record(spec: dict) -> dict:
+def filter_record(spec: dict) -> dict:
     """Which filter keeps the constraints, and why: the braking barrier, or the predictive filter where the
     barrier cannot brake a constraint (with the measured reason and the numbers it was synthesized with)."""
     pr = spec.get("predictive")
     if pr is None:
-        return {"type": "barrier", "why": "full action brakes every constrained position at every admitted state"}
+        return {
+            "type": "barrier",
+            "why": "full action brakes every constrained position at every admitted state, and the barrier finds an "
+            "action by its conditions at rest and over most of its own safe set",
+        }
     return {
         "type": "predictive",
         "why": pr["measured"].get("why", []),

@@ -1,0 +1,84 @@
+"""Plants outside users declared from the docs alone (tests/pipeline/safety/plants/), no shield number set by hand,
+each on which synthesis once picked a filter that did not keep it, or refused it for the wrong reason.
+
+- short_crane: a 2 kg trolley under a 3 kg payload on a 0.4 m rod, a 30 N drive, 0-3 steps of latency. Full action
+  brakes both positions, so synthesis kept it with the braking barrier. But the model error the barrier must cover
+  over the latency (about 20 m/s^2 on the trolley, 50 rad/s^2 on the swing) outruns that braking: no action met the
+  barrier's conditions even at rest, it fell back on every step, and the legacy LQR behind it crossed the rail limit
+  (14 violating steps in 10 `reality` episodes), which it never does unshielded.
+- gantry2d: a bridge carrying a trolley, a 4 kg payload swinging in x and y on a 0.6 m rod, 40 N and 60 N drives.
+  Its barrier holds the plant at rest, so the check at rest passed it; but with up to 20 rad/s^2 of model error
+  on a swing against 2 m/s^2 of trolley braking, it found an action by its conditions on almost no state of its own
+  safe set and acted by its least-violation fallback, which nothing certifies. Falsification crossed the bridge's
+  band, and the user's adversary went 8 cm past it in 3 of 30 `reality` episodes.
+- dpcrane: a 1 kg hook on a 0.7 m cable, a 5 kg payload on a 0.3 m sling. At a corner of its constraint box the
+  drive's effect on the sling angle reverses, on the nominal plant too; the refusal blamed whichever randomized
+  range it measured there (payload, then hook, then drive gain as each was narrowed) and offered a "largest
+  sub-range" for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.mark.parametrize(
+    "plant, why, barrier_problem",
+    [
+        ("short_crane", "cannot hold the plant even at rest", "at_rest"),
+        ("gantry2d", "finds no action", "over_its_safe_set"),
+    ],
+)
+def test_a_barrier_that_cannot_act_gives_way_to_the_predictive_filter(plant, why, barrier_problem):
+    from pipeline.config import load_config
+    from pipeline.safety.certificate import certificate
+    from pipeline.safety.shield_spec import barrier_holding_problem, barrier_sample_states, build_shield_spec
+    from tests.helpers.shield_specs import assert_kept_on_reality
+
+    cfg = load_config(HERE / "plants" / f"{plant}.yaml")
+    spec = build_shield_spec(cfg)
+    record = certificate(cfg, None, spec, None, None)
+    assert record["filter"]["type"] == "predictive" and record["shield_numbers"]["set_by_hand"] == []
+    assert any(why in w for w in record["filter"]["why"]), record["filter"]
+    # The same spec without its predictive section is the barrier synthesis picked before.
+    barrier = {k: v for k, v in spec.items() if k != "predictive"}
+    rest = [0.0] * len(spec["state_index"])
+    at_rest = barrier_holding_problem(barrier, rest)
+    if barrier_problem == "at_rest":
+        assert "swing_limit" in (at_rest or "")
+    else:  # it holds at rest, and nowhere much else
+        assert at_rest is None
+        assert "inside its own safe set" in (barrier_holding_problem(barrier, rest, barrier_sample_states(cfg)) or "")
+    assert_kept_on_reality(cfg, spec, seed=0)
+
+
+def test_the_arm_keeps_its_braking_barrier():
+    # The arm's synthesized barrier (every corner swept holds) falls back only at speed near its joint limits.
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import barrier_holding_problem, barrier_sample_states, build_shield_spec
+
+    cfg = load_config(HERE.parents[2] / "configs" / "arm.yaml")
+    spec = build_shield_spec(cfg)
+    assert "predictive" not in spec
+    assert barrier_holding_problem(spec, [0.0] * len(spec["state_index"]), barrier_sample_states(cfg)) is None
+
+
+def test_a_drive_that_reverses_at_a_state_of_the_nominal_plant_is_refused_for_the_state_not_a_range():
+    from pipeline.config import load_config
+    from pipeline.safety import synthesis
+    from pipeline.safety.certificate import refusal
+    from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec
+
+    cfg = load_config(HERE / "plants" / "dpcrane.yaml")
+    meas = synthesis.measure(cfg)
+    weak = synthesis.gain_problems(meas)
+    assert weak and meas.names[weak[0][0]] == "th2"
+    record = refusal(cfg, meas, weak)  # with the bisection `shield synthesize` runs
+    assert record["state_is_the_cause"] and "parameter" not in record and "certifiable_range" not in record
+    assert "no parameter's range is the cause" in record["message"] and "Narrow the constraints" in record["message"]
+    with pytest.raises(EnvelopeError, match="the state is"):
+        build_shield_spec(cfg, measurement=meas)

@@ -156,6 +156,17 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-s", type=float, help="search budget in seconds (default falsify.budget_s)")
     p.add_argument("--seed", type=int, help="search seed (default falsify.seed)")
     p.add_argument("--out", help="where found cases are written (default reports/falsify-<task>-<time>)")
+    p.add_argument(
+        "--replay",
+        metavar="CASE",
+        help="run a written case (case-N.json) again instead of searching: its pinned plant, seed, policy, attack "
+        "and episode length (exit 1 if it violates again)",
+    )
+    p.add_argument(
+        "--shield",
+        metavar="SHIELD_JSON",
+        help="with --replay: the shield spec the case was found against (default: --bundle's, else the config's)",
+    )
     _json_flag(p)
 
     p = sub.add_parser(

@@ -15,6 +15,10 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.evaluation.falsify import falsify
 
     cfg = load_config(args.config)
+    if args.replay:
+        return _replay(cfg, args)
+    if args.shield:
+        raise UsageError("--shield goes with --replay (a search attacks the config's spec or --bundle's)")
     if args.budget_s is not None and not args.budget_s > 0:
         raise UsageError(f"--budget-s must be > 0, got {args.budget_s}")
     out_dir = args.out or f"reports/falsify-{cfg.task.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
@@ -38,3 +42,48 @@ def run(args: argparse.Namespace) -> int:
     lines += constraint_lines(result.get("constraints", {}))
     emit(args, result, "\n".join(lines))
     return CHECK_FAILED if result["cases"] else OK
+
+
+def _replay(cfg, args: argparse.Namespace) -> int:
+    """`--replay CASE`: the case's episodes again, against the shield it names (--shield, --bundle's, the config's)."""
+    import json
+    from pathlib import Path
+
+    from pipeline.evaluation.episodes import constraint_lines
+    from pipeline.evaluation.falsify import replay_case
+    from shield.spec import ShieldSpec
+
+    case_path = Path(args.replay)
+    try:
+        case = json.loads(case_path.read_text())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--replay {case_path}: not a readable case file ({err})") from None
+    runtime = None
+    if args.bundle:
+        from shield.runtime import EdgeRuntime
+
+        runtime = EdgeRuntime.load(args.bundle, shield=False)  # the shield is applied by evaluate, from shield.json
+    if args.shield:
+        try:
+            spec = ShieldSpec.from_dict(json.loads(Path(args.shield).read_text()))
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--shield {args.shield}: not a readable shield spec ({err})") from None
+    elif runtime is not None:
+        spec = ShieldSpec.from_dict(runtime.bundle.shield_spec)
+    else:
+        from pipeline.safety.shield_spec import build_shield_spec
+
+        spec = ShieldSpec.from_dict(build_shield_spec(cfg))
+    try:
+        result = replay_case(cfg, case, spec, bundle_policy=runtime)
+    except (KeyError, ValueError) as err:
+        raise UsageError(f"--replay {case_path}: {err}") from None
+    result["case_file"] = str(case_path)
+    lines = [
+        f"replay {case_path}: set {case.get('set')}, policy {case['policy']}, seed {case['seed']}, "
+        f"{case['episodes']} episode(s) of {case['episode_steps']} steps: {result['violations']} violating step(s) "
+        f"(the case found {case.get('violations', '?')}); lowest h {result['min_h']}"
+    ]
+    lines += constraint_lines(result.get("constraints", {}))
+    emit(args, result, "\n".join(lines))
+    return CHECK_FAILED if result["violations"] else OK

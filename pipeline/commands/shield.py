@@ -16,6 +16,7 @@ from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
 
 LEGACY_EPISODES = 10  # reality episodes the legacy controller runs behind the synthesized shield
 MONITOR_RUNS = 16  # per randomization set: shielded runs that measure the assumption monitor's bounds
+FALSIFIED_SPEC = "falsified-shield.json"  # the spec a refusal by falsification broke, for its replay
 
 
 def add_arguments(p: argparse.ArgumentParser, default_config: str) -> None:
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                 refused = {"certified": False, "reason": str(err), "message": f"cannot certify {cfg.task.name}: {err}"}
     if spec is not None and args.monitor_runs:
         spec = _with_monitor(cfg, spec, args.monitor_runs, args.seed)
-    falsified = None
+    falsified = falsified_spec = None
     if spec is not None and not args.no_falsify:
         falsified = _falsify(cfg, spec, args, out)
         if falsified["cases_found"]:
@@ -99,10 +100,11 @@ def run(args: argparse.Namespace) -> int:
                 "reason": reason,
                 "message": f"cannot certify {cfg.task.name}: {reason}. Narrow the range(s) at the end(s) named, or "
                 f"make the plant easier to hold (a stronger drive, lighter pushes); a smaller shield number will not "
-                f"do. Replay: sim2real eval --config {args.config} --domains {worst.get('domain_file')} --policy "
-                f"{worst['policy']} --seed {worst['seed']} --episodes {worst.get('episodes', 1)} "
-                f"(case {worst.get('case_file')})",
+                f"do. Replay (the same plant, seed, attack and episode length, against the shield it broke): "
+                f"sim2real falsify --config {args.config} --replay {worst.get('case_file')} --shield "
+                f"{out / FALSIFIED_SPEC}",
             }
+            falsified_spec = spec
     legacy = _legacy(cfg, spec, args) if spec is not None and args.episodes else None
     if refused is None and legacy is not None and legacy["violations"]:
         # The certificate says no plant of the envelope leaves the safe set behind this shield; a legacy controller
@@ -118,10 +120,14 @@ def run(args: argparse.Namespace) -> int:
             f"--policy legacy --domains reality --episodes {args.episodes} --seed {cfg.shadow.seed}",
         }
     out.mkdir(parents=True, exist_ok=True)
+    if falsified_spec is not None:  # what the case's replay runs against; never a shield.json that could be shipped
+        (out / FALSIFIED_SPEC).write_text(json.dumps(falsified_spec, indent=2) + "\n")
     if refused is not None:
         record = {
             **refused,
             "task": cfg.task.name,
+            # The filter a refusal by falsification or by the legacy controller judged (None: none could be built).
+            "filter": certificate.filter_record(spec) if spec is not None else None,
             "envelope": certificate.envelope_record(cfg),
             "model_error": meas.record(),
             "legacy_on_reality": legacy,

@@ -402,14 +402,20 @@ class Falsifier:
         }
 
 
-def replay_case(cfg, case: dict | str | Path, spec) -> dict:
-    """Run a written case again (same pinned domain, seed, policy, attack); returns evaluate()'s result."""
+def replay_case(cfg, case: dict | str | Path, spec, bundle_policy=None) -> dict:
+    """Run a written case again (same pinned domain, seed, policy, attack); returns evaluate()'s result. A case found
+    against a bundle's policy needs that policy (`bundle_policy`: an `EdgeRuntime` loaded without its shield)."""
     from envs.randomization import parse_randomization
 
     if not isinstance(case, dict):
         case = json.loads(Path(case).read_text())
-    params = AdversaryParams(**case["attack"]) if case.get("attack") else None
-    policy = reference_policy(case["policy"], cfg, spec, seed=case["seed"], params=params)
+    if case["policy"] == "bundle":
+        if bundle_policy is None:
+            raise ValueError("this case attacked a bundle's policy: replay it with that bundle")
+        policy = bundle_policy
+    else:
+        params = AdversaryParams(**case["attack"]) if case.get("attack") else None
+        policy = reference_policy(case["policy"], cfg, spec, seed=case["seed"], params=params)
     return evaluate(
         cfg,
         policy,

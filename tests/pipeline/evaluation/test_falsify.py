@@ -39,6 +39,16 @@ def test_a_planted_fault_is_found_replayed_and_fails_the_gate(tmp_path, fault):
     assert domain_file.is_file() and json.loads(case_file.read_text())["seed"] == case["seed"]
     replayed = replay_case(cfg, case_file, ShieldSpec.from_dict(spec))
     assert replayed["violations"] == case["violations"] > 0  # the same episode, step for step
+    # The same from the command line, against the spec the case broke (what `shield synthesize` prints on a refusal).
+    (tmp_path / "broken.json").write_text(json.dumps(spec))
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "falsify", "--config", str(ROOT / "configs" / "cartpole.yaml")]
+        + ["--replay", str(case_file), "--shield", str(tmp_path / "broken.json"), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert json.loads(out.stdout)["violations"] == case["violations"]
     gate = decide(
         {
             "candidate_return_mean": 1.0,

@@ -348,3 +348,31 @@ def test_a_legacy_controller_leaving_the_safe_set_behind_the_shield_refuses_the_
     assert record["certified"] is False and "3 violating step(s) in 1 of 2 episodes" in record["reason"]
     assert "sim2real eval --config configs/crane.yaml --policy legacy" in record["message"]
     assert record["legacy_on_reality"]["violations"] == 3 and not (out / "shield.json").exists()
+
+
+def test_a_falsification_refusal_writes_the_spec_it_broke_and_replays_against_it(tmp_path, capsys, monkeypatch):
+    """A case replays step for step only against the spec it broke (the measured monitor bounds included), with its
+    attack and episode length: the refusal writes that spec beside the certificate (never as shield.json) and
+    prints the `falsify --replay` command. (The case is set here: the shipped crane's search finds none.)"""
+    import pipeline.commands.shield as command
+
+    case = dict(set="reality", domain={}, policy="adversarial", seed=7, violations=4, episodes=2)
+    case["case_file"] = str(tmp_path / "out" / "falsify" / "case-0.json")
+
+    def falsify(cfg, spec, args, out):
+        assert "predictive" in spec
+        return dict(cases_found=1, cases=[case], min_h=-0.2, evaluated=5, phases={}, budget_s=1.0, seed=0, wall_s=1.0)
+
+    monkeypatch.setattr(command, "_falsify", falsify)
+    out = tmp_path / "out"
+    args = ["shield", "synthesize", "--config", "configs/crane.yaml", "--out", str(out)]
+    assert sim2real([*args, "--monitor-runs", "0", "--episodes", "0", "--json"]) == 1
+    record = json.loads(capsys.readouterr().out)
+    assert record["certified"] is False and "falsify found 1 shielded violation" in record["reason"]
+    broken = out / command.FALSIFIED_SPEC
+    assert (
+        f"sim2real falsify --config configs/crane.yaml --replay {case['case_file']} --shield {broken}"
+        in (record["message"])
+    )
+    assert "predictive" in json.loads(broken.read_text()) and not (out / "shield.json").exists()
+    assert json.loads((out / "certificate.json").read_text())["filter"]["type"] == "predictive"

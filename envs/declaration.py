@@ -21,7 +21,7 @@
         - {term: progress, observations: [q1], targets: [q1_ref], weight: 5.0}
         - {term: violation, weight: -1.0}           # weight x info["cost"]
         - {function: "my_module:reward", weight: 1.0}   # f(obs, action, cost) -> float
-      termination: [{observation: q1, abs_above: 3.0}]  # also: above, below; non-finite states always end
+      termination: [{observation: q1, abs_above: 3.0}]  # also: above, below; non-finite or diverged states always end
       numerics: {values: observation, effort: dot}      # floating-point details (defaults shown), below
       kinematics: {positions: [q1], velocities: [dq1]}   # for the shield's braking barriers
       constraints:                    # over named observations

@@ -78,6 +78,22 @@ def test_pole_fall_terminates_beyond_documented_limit():
     assert terminated and THETA_LIMIT == 0.6 and abs(obs[1]) > THETA_LIMIT
 
 
+def test_a_simulation_that_blew_up_ends_the_episode_though_mujoco_reset_it_to_a_finite_state():
+    env = gym.make(ENV_ID)
+    env.reset(seed=0)
+    for _ in range(5):
+        *_, terminated, _, info = env.step(np.float32([0.3]))
+        assert not terminated and "diverged" not in info
+    # A velocity past MuJoCo's limit: mj_step resets the simulation to qpos0 (finite, upright, at rest) and goes on.
+    env.unwrapped.data.qvel[1] = 1e11
+    obs, _, terminated, _, info = env.step(np.float32([0.3]))
+    assert np.all(np.isfinite(obs)) and abs(obs[1]) < THETA_LIMIT  # nothing in the state itself says so
+    assert terminated and info["diverged"]
+    env.reset(seed=1)  # a new episode starts clean
+    *_, terminated, _, info = env.step(np.float32([0.3]))
+    assert not terminated and "diverged" not in info
+
+
 def test_full_reverse_force_stops_cart_from_terminal_speed_within_documented_distance():
     env = gym.make(ENV_ID)
     env.reset(seed=0)

@@ -175,17 +175,6 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         # mj_step computes site positions and sensor data before it integrates: an observation read from them
         # after the step would be one physics step older than the joints'. Refreshed where the plant reads them.
         self._refresh = any(src[0] in ("site", "sensor") for src in b.sources)
-        # MuJoCo answers a simulation that blew up (a bad qpos, qvel or qacc) by resetting it to qpos0 and going on,
-        # so the state stays finite while the episode has become nonsense: its warning counters (cleared by
-        # mj_resetData) end the episode instead. Views into MjData, read in a tenth of a microsecond each.
-        self._instability = [
-            self.data.warning[int(w)]
-            for w in (
-                mujoco.mjtWarning.mjWARN_BADQPOS,
-                mujoco.mjtWarning.mjWARN_BADQVEL,
-                mujoco.mjtWarning.mjWARN_BADQACC,
-            )
-        ]
         self._ctrl = _index(b.ctrl)
         self._scale = None if bool(np.all(b.scale == 1.0)) else b.scale  # x 1.0 is exact: skipped
         self._from_targets = [(i, s[1], s[2]) for i, s in enumerate(b.sources) if s[0] == "target"]
@@ -266,7 +255,7 @@ class DeclaredTaskEnv(MujocoTaskEnv):
             reward += self._term(term, before, read, listed, a, cost, self._elementwise_effort)
         terminated = not all(map(math.isfinite, listed))
         info = {"cost": cost, "constraint_values": self._constraint_values}
-        if self._instability[0].number or self._instability[1].number or self._instability[2].number:
+        if self.diverged():
             terminated = True
             info["diverged"] = True
         for i, above, below, abs_above in self._ends:

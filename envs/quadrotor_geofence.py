@@ -254,10 +254,7 @@ class QuadrotorGeofenceEnv(MujocoTaskEnv):
             or pos[2] > 6
             or not np.all(np.isfinite(pos))
         )
-        return (
-            obs,
-            reward,
-            terminated,
-            False,
-            {"cost": cost, "constraint_values": self._constraint_values, "waypoints_reached": self.reached_count},
-        )
+        info = {"cost": cost, "constraint_values": self._constraint_values, "waypoints_reached": self.reached_count}
+        if self.diverged():
+            terminated = info["diverged"] = True
+        return obs, reward, terminated, False, info

@@ -32,6 +32,16 @@ def test_registered_with_documented_spaces_and_layout():
     assert [c["name"] for c in spec["constraints"]] == ["geofence", "altitude_floor", "person_keepout"]
 
 
+def test_a_simulation_that_blew_up_ends_the_episode_though_mujoco_reset_it():
+    env = gym.make(ENV_ID)
+    env.reset(seed=0)
+    *_, terminated, _, info = env.step(np.zeros(3, np.float32))
+    assert not terminated and "diverged" not in info
+    env.unwrapped.data.qvel[0] = 1e11  # past MuJoCo's limit: mj_step resets the simulation to qpos0 and goes on
+    obs, _, terminated, _, info = env.step(np.zeros(3, np.float32))
+    assert np.all(np.isfinite(obs)) and terminated and info["diverged"]
+
+
 def test_zero_action_hovers_in_calm_air():
     env = gym.make(ENV_ID, wind_scale=0.0)
     obs0, _ = env.reset(seed=1)

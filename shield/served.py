@@ -83,6 +83,8 @@ class ServeStats:
     def summary(self) -> str:
         """One line for the log: non-zero counters and latency bins."""
         counters = " ".join(f"{k}={v}" for k, v in self.as_dict().items() if v)
+        if not sum(self.histogram):  # nothing was answered: there is no latency to quote
+            return f"stats: {counters or 'no requests'}"
         return (
             f"stats: {counters or 'no requests'} latency_p50<={self.latency_percentile_us(0.5):g}us "
             f"p99<={self.latency_percentile_us(0.99):g}us"

@@ -316,3 +316,13 @@ def test_the_serve_counters_are_the_protocol_s_counters_in_order():
     from shield.served import ServeStats
 
     assert tuple(ServeStats.__annotations__) == COUNTER_NAMES
+
+
+def test_the_serve_summary_quotes_no_latency_before_an_answer():
+    from shield.served import ServeStats
+
+    stats = ServeStats()
+    assert stats.summary() == "stats: no requests"  # was "latency_p50<=nanus"
+    stats.requests, stats.answered = 1, 1
+    stats.histogram[5] += 1  # one reply in the 16-32 us bin
+    assert stats.summary() == "stats: requests=1 answered=1 latency_p50<=32us p99<=32us"

@@ -113,9 +113,15 @@ def nominal_model(decl: PlantDeclaration, path: Path) -> NominalModel:
     # The shield's linear model x+ = A x + B u + c takes the operating point as a fixed point under zero action.
     worst = float(np.max(np.abs(data.qacc))) if model.nv else 0.0
     if worst > 1e-6:
+        joint = int(np.argmax(np.abs(data.qacc)))
+        name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, int(model.dof_jntid[joint])) or f"dof {joint}"
         raise DeclarationError(
-            f"plant.shield_model.operating_point: not an equilibrium under zero action "
-            f"(|qacc| up to {worst:.3g}); linearize where the plant rests"
+            f"plant.shield_model.operating_point: not an equilibrium under zero action (|qacc| up to {worst:.3g}, "
+            f"on joint {name!r}); linearize at a state where the plant rests with no action, away from its stops. "
+            f"A plant that needs a steady action to hold still (a hoist or an arm lifting against gravity) has no "
+            f"such state: the linear shield model and the lqr legacy controller do not support it yet; hold the "
+            f"weight in the MJCF as the plant does (a counterweight, a gravity-compensating spring, or the drive's "
+            f'own hold force as an actuator bias: <general biastype="affine" biasprm="...">)'
         )
     obs_to_state = {i: s for i, s in enumerate(binding.sources) if s[0] in ("qpos", "qvel")}
     return NominalModel(

@@ -134,6 +134,13 @@ def compile_declaration(head: dict, decl: PlantDeclaration, path: Path) -> TaskS
             raise DeclarationError(
                 f"plant.shield_model.accel_per_action: needs one value per actuator ({len(decl.actuators)})"
             )
+        positions = len(decl.kinematics.positions)
+        if positions and positions != len(decl.actuators):
+            raise DeclarationError(
+                f"plant.kinematics.positions: the double_integrator shield model drives each position with its own "
+                f"actuator, and this plant declares {positions} position(s) for {len(decl.actuators)} actuator(s); "
+                f"a coordinate no actuator drives directly (a swinging load) needs shield_model type linear"
+            )
         shield_model, scale = {"type": sm.type, "response_time_constant": sm.response_time_s}, list(sm.accel_per_action)
     else:
         shield_model = {"type": "linear", "nominal": partial(_nominal, decl, mjcf)}

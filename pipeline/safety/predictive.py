@@ -228,9 +228,23 @@ def measure_tube(
     }
     if plans < MIN_PLANS:
         raise ValueError(
-            f"the predictive filter admitted {plans} of {tried} sampled plans: too few to measure its model error on"
+            f"the predictive filter admitted {plans} of {tried} sampled plans: too few to measure its model error on "
+            f"(their states were drawn over {_sampled_box(env)}: where the backup's plans from there leave the "
+            f"constraints, give an unlimited hinge its range in the MJCF, narrow the randomized ranges, or make the "
+            f"plant easier to hold)"
         )
     return np.maximum.accumulate(err, axis=0) * INFLATION, record, (np.array(phis), np.array(errs), np.array(acts))
+
+
+def _sampled_box(env) -> str:
+    """The state box plans were drawn from, by observation name; a hinge with no range is drawn over its circle."""
+    from pipeline.safety.synthesis import _position_names
+
+    names = _position_names(env.cfg, env.state_index)
+    parts = [f"{n} [{lo:.3g}, {hi:.3g}]" for n, lo, hi in zip(names, env.lo_s, env.hi_s)]
+    turns = [names[j] for j in env.angle_cols]
+    verb = "turns" if len(turns) == 1 else "turn"
+    return ", ".join(parts) + (f"; {', '.join(turns)} {verb} without limit" if turns else "")
 
 
 def _rows(sp) -> tuple[np.ndarray, np.ndarray]:

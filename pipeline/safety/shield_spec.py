@@ -181,6 +181,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         nominal = envs.nominal_model(cfg.task.env_id)  # the task registry's, linearized at its operating point
         state_index = sorted(nominal.obs_to_state)
         A, B, c = linearize_mujoco(nominal, state_index)
+        _uncontrolled_limits(safety["constraints"], state_index, A, B, nominal)
         rest = operating_state(nominal, state_index).tolist()
         model = {"type": "linear", "A": A.tolist(), "B": B.tolist(), "c": c.tolist()}
         # Nominal full-action acceleration of each position: velocity change per period / dt. What braking can
@@ -392,6 +393,31 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         if problems:
             raise EnvelopeError("the config admits plants the shield cannot keep safe:\n  " + "\n  ".join(problems))
     return spec
+
+
+def _uncontrolled_limits(constraints: list, state_index: list[int], A: np.ndarray, B: np.ndarray, nominal) -> None:
+    """ShieldSpecError naming a constraint on a coordinate no input moves at the operating point, over any number of
+    steps (its row of the controllability matrix [B, AB, ..., A^(n-1) B] is zero): a hoist's sideways swing under a
+    vertical lift. No filter keeps a limit the actuators cannot act on; the linear model says so exactly."""
+    n = len(A)
+    blocks, M = [], B
+    for _ in range(n):
+        blocks.append(M)
+        M = A @ M
+    reach = np.abs(np.hstack(blocks)).max(axis=1)
+    scale = float(reach.max()) if reach.size else 0.0
+    col = {o: j for j, o in enumerate(state_index)}
+    for con in constraints:
+        reads = [int(i) for i in con.get("index", [])] + [i for i, w in enumerate(con.get("a", [])) if w]
+        for o in reads:
+            if o in col and reach[col[o]] <= 1e-9 * max(scale, 1e-300):
+                kind, i = nominal.obs_to_state[o]
+                raise ShieldSpecError(
+                    f"constraint {con['name']}: no actuator moves obs[{o}] ({kind}[{i}]) at the operating point, "
+                    f"over any number of steps (the linearized plant is not controllable there: e.g. a swing that a "
+                    f"force along its hinge axis cannot excite), so no shield can keep that limit; drop the "
+                    f"constraint, or add an actuator (or a geometry) that moves it"
+                )
 
 
 def barrier_holding_problem(spec: dict, rest: list[float], states: np.ndarray | None = None) -> str | None:

@@ -15,6 +15,10 @@ each on which synthesis once picked a filter that did not keep it, or refused it
   drive's effect on the sling angle reverses, on the nominal plant too; the refusal blamed whichever randomized
   range it measured there (payload, then hook, then drive gain as each was narrowed) and offered a "largest
   sub-range" for it.
+- hoist_lift (a vertical hoist, a load swinging sideways): a vertical force cannot swing the load, so no shield can
+  keep its swing limit; synthesis failed on a schema check of a braking figure the user never set. As declared
+  first (hoist.xml, a plain motor against gravity) it told the user to "linearize where the plant rests", which a
+  hoist never does off its stops; and as a double integrator with two positions and one actuator it crashed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 HERE = Path(__file__).resolve().parent
 
@@ -82,3 +87,54 @@ def test_a_drive_that_reverses_at_a_state_of_the_nominal_plant_is_refused_for_th
     assert "no parameter's range is the cause" in record["message"] and "Narrow the constraints" in record["message"]
     with pytest.raises(EnvelopeError, match="the state is"):
         build_shield_spec(cfg, measurement=meas)
+
+
+def _hoist(tmp_path, name: str, edit) -> Path:
+    """hoist_lift.yaml edited by `edit(plant)`, written as its own task (the MJCF by absolute path)."""
+    doc = yaml.safe_load((HERE / "plants" / "hoist_lift.yaml").read_text())
+    doc["task"] = {"name": name, "env_id": f"sim2real/{name.title().replace('_', '')}-v0"}
+    doc["plant"]["mjcf"] = str(HERE / "plants" / doc["plant"]["mjcf"])
+    edit(doc["plant"])
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_a_limit_no_actuator_can_move_is_refused_by_name(tmp_path):
+    from pipeline.config import ConfigError, load_config
+    from pipeline.safety.shield_spec import ShieldSpecError, build_shield_spec
+
+    with pytest.raises(ShieldSpecError, match=r"constraint swing_limit: no actuator moves obs\[1\]"):
+        build_shield_spec(load_config(HERE / "plants" / "hoist_lift.yaml"))
+
+    def gravity(plant):  # a plain motor: it holds the carriage only under a steady action
+        plant["mjcf"] = str(HERE / "plants" / "hoist.xml")
+        plant["actuators"][0]["units_per_action"] = 120.0
+
+    with pytest.raises(ConfigError, match=r"on joint 'lift'.*needs a steady action to hold still.*bias"):
+        load_config(_hoist(tmp_path, "hoist_gravity", gravity))
+
+    def two_positions(plant):
+        plant["shield_model"] = {"type": "double_integrator", "accel_per_action": [12.0]}
+        plant["legacy"] = {
+            "type": "pid",
+            "loops": [{"action": 0, "measured": "z", "setpoint": "z_ref", "rate": "z_dot", "kp": 3.0}],
+        }
+
+    with pytest.raises(ConfigError, match=r"plant.kinematics.positions: .* 2 position\(s\) for 1 actuator"):
+        load_config(_hoist(tmp_path, "hoist_two_positions", two_positions))
+
+
+def test_a_predictive_refusal_says_over_which_states_it_sampled(tmp_path):
+    """Without its swing limit the hoist's height is left to the filters: its barrier cannot hold it even at rest,
+    and the predictive filter admits almost no plan, since the load's hinge has no range and is drawn over its whole
+    circle. The refusal used to name neither; it now gives the box the plans were drawn from."""
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec
+
+    def height_only(plant):
+        plant["kinematics"] = {"positions": ["z"], "velocities": ["z_dot"]}
+        plant["constraints"] = [c for c in plant["constraints"] if c["name"] != "swing_limit"]
+
+    with pytest.raises(EnvelopeError, match=r"theta \[-3.14, 3.14\].*theta turns without limit.*give an unlimited"):
+        build_shield_spec(load_config(_hoist(tmp_path, "hoist_height_only", height_only)))

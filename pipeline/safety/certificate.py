@@ -79,24 +79,10 @@ def _certifiable(cfg, seed: int) -> bool:
     return True
 
 
-def _nominal_input_effect(cfg, meas: synthesis.Measurement, k: int) -> float | None:
-    """The nominal plant's input effect on position k (over the nominal model's) at the state where the weakest was
-    measured, or None where none was."""
-    at = meas.gain_at[k] if k < len(meas.gain_at) else {}
-    if not at or "state" not in at:
-        return None
-    env = synthesis.EnvelopeSampler(cfg, np.random.default_rng(0), draws=0)
-    plant = env.plants[at["set"]]
-    plant.apply({})
-    return synthesis.input_effect(env, plant, np.array([at["state"][str(o)] for o in env.state_index]), k)
-
-
-def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int | None) -> tuple[str, str] | None:
-    """(parameter, "low" or "high"): of the parameters of the plant where the figure was measured, the one whose
-    other end (or either end, for a value inside its range) helps it most (the same plant and state, one step); the
-    offending end is the one it did not move to. The figure: with a direction d, the weakest braking of position k
-    toward that side (`synthesis.authority_problems`); with d None, the weakest input effect on it
-    (`synthesis.gain_problems`)."""
+def _measured_figure(cfg, meas: synthesis.Measurement, k: int, d: int | None):
+    """(where the figure was measured, the figure as a function of a plant's domain at that state), or None where
+    it was measured nowhere. The figure: with a direction d, the braking of position k toward that side
+    (`synthesis.authority_problems`); with d None, the input effect on it (`synthesis.gain_problems`)."""
     at = meas.authority_at[k][d] if d is not None else (meas.gain_at[k] if k < len(meas.gain_at) else {})
     if not at:
         return None
@@ -120,6 +106,17 @@ def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int | None)
             plant.apply(domain)
             return sign * (plant.step(x, u)[v] - x[v]) / env.dt
 
+    return at, figure
+
+
+def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int | None) -> tuple[str, str] | None:
+    """(parameter, "low" or "high"): of the parameters of the plant where the figure was measured
+    (`_measured_figure`), the one whose other end (or either end, for a value inside its range) helps it most (the
+    same plant and state, one step); the offending end is the one it did not move to."""
+    measured = _measured_figure(cfg, meas, k, d)
+    if measured is None:
+        return None
+    at, figure = measured
     base, best = figure(at["domain"]), None
     ranges = {n: (lo, hi) for n, lo, hi in synthesis.range_parameters(cfg.randomization[at["set"]])}
     for name, value in at["domain"].items():
@@ -165,7 +162,8 @@ def refusal(
         problems = synthesis.gain_problems(meas) or synthesis.authority_problems(meas)
     k, d, reason = problems[0]
     out = {"certified": False, "reason": reason, "reasons": [r for _, _, r in problems]}
-    nominal = _nominal_input_effect(cfg, meas, k) if d is None else None
+    measured = _measured_figure(cfg, meas, k, d) if d is None else None
+    nominal = measured[1]({}) if measured is not None else None  # the nominal plant at the same state
     if nominal is not None and 1.0 - nominal > MAX_INPUT_GAIN_ERROR:
         # The nominal plant is as weak at that state: the state is the cause, and narrowing any range only moves the
         # blame to the next parameter measured there.

@@ -461,17 +461,17 @@ def test_after_a_flood_a_late_reply_never_says_it_was_on_time(bundle):
         target = (server.host, server.port)
         for i in range(400):  # queued behind each other: the last ones wait far longer than 1 ms
             flood.sendto(encode_act_request(i + 1, 0, OBS, client_id=7), target)
-        t0 = time.perf_counter()
         probe.sendto(encode_act_request(1, 0, OBS, client_id=999), target)
         reply = decode_act_reply(probe.recv(4096))
-        round_trip_us = (time.perf_counter() - t0) * 1e6
         replies = [decode_act_reply(flood.recv(4096)) for _ in range(400)]
         on_time_but_late = sum(1 for r in replies + [reply] if r.latency_us > 1000 and not r.status & Status.DEADLINE)
         assert on_time_but_late == 0
-        # 400 requests take well over 1 ms to compute: the later ones waited in the socket past the deadline.
+        # 400 requests take well over 1 ms to compute: the later ones waited in the socket past the deadline, and
+        # say so. Each takes ~60 us to compute, so a latency counted from the dequeue instead of the kernel's
+        # receive time would put none of them past it. (The probe's own round trip says nothing of this: on a
+        # loaded machine the test process itself can be descheduled for milliseconds after sending it, while the
+        # server answers the probe at once; CI saw a 59 us reply to a probe whose round trip passed 5 ms.)
         assert sum(1 for r in replies if r.status & Status.DEADLINE) > 0
-        if round_trip_us > 5000:  # the probe really waited behind the flood: its reply must say so
-            assert reply.status & Status.DEADLINE and reply.latency_us >= 0.5 * round_trip_us
         flood.close()
         probe.close()
         server.stop()

@@ -42,7 +42,8 @@ def _joint_unit(model: mujoco.MjModel, joint: int, quantity: str) -> str:
 
 
 def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
-    """{"observations": [{name, source, unit}], "actions": [{name, source, unit, units_per_action}]}."""
+    """{"observations": [{name, source, unit}, with a set-point's declared box as "range"], "actions": [{name, source,
+    unit, units_per_action}]}."""
     model = mujoco.MjModel.from_xml_path(str(mjcf))
     observations = []
     for o in decl.observations:
@@ -65,7 +66,11 @@ def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
             source = f"sensor {o.sensor}[{o.index}]"
         else:
             source, unit = f"target {o.target}[{o.index}]", ""
-        observations.append({"name": o.name, "source": source, "unit": o.unit if o.unit is not None else unit})
+        entry = {"name": o.name, "source": source, "unit": o.unit if o.unit is not None else unit}
+        if o.target is not None:  # a set-point never leaves its declared box (ramped between goals drawn in it)
+            box = decl.targets[o.target]
+            entry["range"] = [float(box.low[o.index]), float(box.high[o.index])]
+        observations.append(entry)
     return {"observations": observations, "actions": [_action(model, a) for a in decl.actuators]}
 
 

@@ -41,10 +41,12 @@ def io_contract(
                 {"name": f"action_{j}", "source": "", "unit": "", "units_per_action": 1.0} for j in range(len(low))
             ],
         }
-    observations = [
-        {**o, "expected_low": float(m - EXPECTED_SIGMA * s), "expected_high": float(m + EXPECTED_SIGMA * s)}
-        for o, m, s in zip(io["observations"], mean, std, strict=True)
-    ]
+    observations = []
+    for o, m, s in zip(io["observations"], mean, std, strict=True):
+        o = dict(o)
+        # A set-point's values are declared exactly (its target box); anything else, from the training data.
+        low_high = o.pop("range", None) or (m - EXPECTED_SIGMA * s, m + EXPECTED_SIGMA * s)
+        observations.append({**o, "expected_low": float(low_high[0]), "expected_high": float(low_high[1])})
     actions = [
         {**a, "units_per_action": float(a["units_per_action"]), "low": float(lo), "high": float(hi)}
         for a, lo, hi in zip(io["actions"], low, high, strict=True)
@@ -73,7 +75,7 @@ def io_contract(
         "observations": observations,
         "actions": actions,
         "policy_state": state,
-        "expected_range": f"the training observations' mean +- {EXPECTED_SIGMA:g} std",
+        "expected_range": f"the training observations' mean +- {EXPECTED_SIGMA:g} std; a set-point's declared box",
         "names_sha256": names_sha256([o["name"] for o in observations], [a["name"] for a in actions], period),
     }
     if estimates:

@@ -22,6 +22,7 @@ from tests.helpers.bundle_helpers import resealed_copy
 from tests.helpers.serve_bundles import write_tiny_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
+RAIL = read_declaration(ROOT / "configs" / "cartpole.yaml")[1].targets["rail"]  # x_ref's declared box
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,9 @@ def test_the_contract_carries_the_declaration_s_names_units_and_numbers(cartpole
     assert contract["control_period_s"] == decl.control_period and contract["policy_state"] == {"kind": "none"}
     for o in contract["observations"]:  # numbers as numbers, an expected range around the training data
         assert isinstance(o["expected_low"], float) and o["expected_low"] < 0.0 < o["expected_high"]
+    # The set-point's is the box it is declared in, exactly, not a spread of the values training drew from it.
+    x_ref = contract["observations"][4]
+    assert (x_ref["expected_low"], x_ref["expected_high"]) == (RAIL.low[0], RAIL.high[0]) and "range" not in x_ref
     assert manifest["action_low"] == [-1.0] and manifest["action_high"] == [1.0]  # not strings
     assert contract["names_sha256"] == names_sha256([o.name for o in decl.observations], ["cart_force"], 0.02)
     assert not [s for s in _strings(manifest) if s.startswith("/") or str(ROOT) in s]  # no machine paths

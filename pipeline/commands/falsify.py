@@ -50,7 +50,7 @@ def _replay(cfg, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipeline.evaluation.episodes import constraint_lines
-    from pipeline.evaluation.falsify import replay_case
+    from pipeline.evaluation.falsify import attacked, replay_case
     from shield.spec import ShieldSpec
 
     case_path = Path(args.replay)
@@ -58,22 +58,13 @@ def _replay(cfg, args: argparse.Namespace) -> int:
         case = json.loads(case_path.read_text())
     except (OSError, ValueError) as err:
         raise UsageError(f"--replay {case_path}: not a readable case file ({err})") from None
-    runtime = None
-    if args.bundle:
-        from shield.runtime import EdgeRuntime
-
-        runtime = EdgeRuntime.load(args.bundle, shield=False)  # the shield is applied by evaluate, from shield.json
+    given = None
     if args.shield:
         try:
-            spec = ShieldSpec.from_dict(json.loads(Path(args.shield).read_text()))
+            given = ShieldSpec.from_dict(json.loads(Path(args.shield).read_text()))
         except (OSError, ValueError) as err:
             raise UsageError(f"--shield {args.shield}: not a readable shield spec ({err})") from None
-    elif runtime is not None:
-        spec = ShieldSpec.from_dict(runtime.bundle.shield_spec)
-    else:
-        from pipeline.safety.shield_spec import build_shield_spec
-
-        spec = ShieldSpec.from_dict(build_shield_spec(cfg))
+    spec, runtime = attacked(cfg, args.bundle, given)
     try:
         result = replay_case(cfg, case, spec, bundle_policy=runtime)
     except (KeyError, ValueError) as err:

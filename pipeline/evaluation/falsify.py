@@ -428,6 +428,25 @@ def replay_case(cfg, case: dict | str | Path, spec, bundle_policy=None) -> dict:
     )
 
 
+def attacked(cfg, bundle: str | None = None, spec=None):
+    """(shield spec, bundle policy or None) that a search or a replay attacks: `spec` where given, else the bundle's
+    shield.json, else the config's; the bundle's policy (an `EdgeRuntime` loaded without its shield: `evaluate`
+    applies the shield) where there is a bundle."""
+    from shield.spec import ShieldSpec
+
+    bundle_policy = None
+    if bundle is not None:
+        from shield.runtime import EdgeRuntime
+
+        bundle_policy = EdgeRuntime.load(bundle, shield=False)
+        spec = spec if spec is not None else bundle_policy.bundle.shield_spec
+    elif spec is None:
+        from pipeline.safety.shield_spec import build_shield_spec
+
+        spec = build_shield_spec(cfg)
+    return (spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)), bundle_policy
+
+
 def falsify(
     cfg,
     *,
@@ -440,20 +459,7 @@ def falsify(
     max_candidates: int | None = None,
 ) -> dict:
     """Search `cfg`'s envelope (the bundle's policy and shield.json, or the config's spec); see the module docstring."""
-    from shield.spec import ShieldSpec
-
-    bundle_policy = None
-    if bundle is not None:
-        from shield.runtime import EdgeRuntime
-
-        runtime = EdgeRuntime.load(bundle, shield=False)  # the shield is applied by evaluate, from shield.json
-        spec = ShieldSpec.from_dict(runtime.bundle.shield_spec)
-        bundle_policy = runtime
-    elif spec is None:
-        from pipeline.safety.shield_spec import build_shield_spec
-
-        spec = build_shield_spec(cfg)
-    spec = spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)
+    spec, bundle_policy = attacked(cfg, bundle, spec)
     return Falsifier(
         cfg,
         spec,

@@ -156,8 +156,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
     # keep it: the plant would pass its checks while that limit is left to luck.
     modeled = set(pos) | set(vel)
     for con in safety["constraints"]:
-        reads = {int(i) for i in con.get("index", [])} | {i for i, w in enumerate(con.get("a", [])) if w}
-        unseen = sorted(reads - modeled)
+        unseen = sorted(_reads(con) - modeled)
         if unseen:
             raise ShieldSpecError(
                 f"constraint {con['name']}: reads {', '.join(f'obs[{i}]' for i in unseen)}, which the shield's model "
@@ -395,6 +394,11 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
     return spec
 
 
+def _reads(con: dict) -> set[int]:
+    """The observation indices a constraint reads: a box's `index`, a halfspace's non-zero weights `a`."""
+    return {int(i) for i in con.get("index", [])} | {i for i, w in enumerate(con.get("a", [])) if w}
+
+
 def _uncontrolled_limits(constraints: list, state_index: list[int], A: np.ndarray, B: np.ndarray, nominal) -> None:
     """ShieldSpecError naming a constraint on a coordinate no input moves at the operating point, over any number of
     steps (its row of the controllability matrix [B, AB, ..., A^(n-1) B] is zero): a hoist's sideways swing under a
@@ -408,8 +412,7 @@ def _uncontrolled_limits(constraints: list, state_index: list[int], A: np.ndarra
     scale = float(reach.max()) if reach.size else 0.0
     col = {o: j for j, o in enumerate(state_index)}
     for con in constraints:
-        reads = [int(i) for i in con.get("index", [])] + [i for i, w in enumerate(con.get("a", [])) if w]
-        for o in reads:
+        for o in sorted(_reads(con)):
             if o in col and reach[col[o]] <= 1e-9 * max(scale, 1e-300):
                 kind, i = nominal.obs_to_state[o]
                 raise ShieldSpecError(

@@ -443,6 +443,10 @@ class CbfShield:
             u_p = self._fallback if bad else np.minimum(np.maximum(action.astype(np.float64), self._low), self._high)
         u = pf.solve(free, u_p)
         feasible = u is not None
+        # The backup continuing the last accepted plan is what that plan's tube was measured on: the filter's
+        # normal hand-over near a limit, certified. With no plan accepted this episode, or outside the envelope
+        # (held against the monitor's measured acceleration instead), nothing certifies it: a fallback.
+        backup = not feasible and not bad and self._hold is not None and not self._outside
         if u is None:  # conservative mode: the backup holds against the acceleration the monitor measured
             u = pf.backup(pred.v, self._hold, self._monitor.mean_residual() if self._outside else None)
         out = u.astype(np.float32)
@@ -453,7 +457,7 @@ class CbfShield:
         pred.commit(u, have_state=True)
         h = pf.evaluate(free, u)[1]
         intervened = bad or out.tolist() != act_list
-        return out, self._info(intervened, bad or not feasible, bad, h, 0.0, t0)
+        return out, self._info(intervened, bad or not (feasible or backup), bad, h, 0.0, t0, backup)
 
     def _wrap_angles(self, obs_list: list) -> bool:
         """Wrap the spec's angle entries of `obs_list` into (center - pi, center + pi], in place; True if one moved.
@@ -641,11 +645,12 @@ class CbfShield:
         return np.minimum.reduceat(h_rows, self._row_start)
 
     def _info(
-        self, intervened: bool, fallback: bool, bad: bool, h: np.ndarray, slack: float, t0: float
+        self, intervened: bool, fallback: bool, bad: bool, h: np.ndarray, slack: float, t0: float, backup: bool = False
     ) -> dict[str, Any]:
         return {
             "intervened": intervened,
             "fallback": fallback,
+            "backup": backup,  # the predictive filter's backup continues its last accepted plan (not a fallback)
             "bad_input": bad,
             "h": h,
             "slack": slack,

@@ -73,6 +73,7 @@ COUNTER_NAMES = (
     "blind_steps",  # act replies with BLIND: the request said its observation was missing (OBS_MISSING)
     "blind_past_horizon",  # act replies with BLIND_PAST_HORIZON: blind past the shield's blind horizon
     "estimate_requests",  # plant estimate requests answered
+    "backups",  # act replies with BACKUP: the predictive filter's backup continued its last accepted plan
 )
 # bundle version, obs_dim, act_dim, control period (s, NaN: not stated), names_sha256 (32 raw bytes, zeros:
 # no contract), policy state kind (0 none, 1 history), state length, blind horizon (steps; the field was reserved
@@ -149,6 +150,10 @@ class Status(IntFlag):
     # contract reply states it), or no good observation yet to dead-reckon from. The guarantee no longer holds:
     # the controller should stop the plant.
     BLIND_PAST_HORIZON = 1 << 13
+    # The predictive filter (shield.json `predictive`) found no action whose plan holds, and its backup controller
+    # continues the plan it accepted last: its designed hand-over near a limit, certified by that plan, so neither
+    # FALLBACK nor an alarm. A barrier shield never sets it.
+    BACKUP = 1 << 14
 
 
 OBS_RANGE_WIDTHS = 1.0  # OBS_RANGE: beyond [low - w * (high - low), high + w * (high - low)]

@@ -56,6 +56,7 @@ class ServeStats:
     blind_steps: int
     blind_past_horizon: int
     estimate_requests: int
+    backups: int
 
     def __init__(self):
         for name in COUNTER_NAMES:

@@ -78,7 +78,7 @@ _SHADOW, _STALE, _DEADLINE, _INFERENCE_ERROR = (
     int(Status.INFERENCE_ERROR),
 )
 _ENVELOPE, _BUSY, _OBS_RANGE, _RATE = int(Status.ENVELOPE), int(Status.BUSY), int(Status.OBS_RANGE), int(Status.RATE)
-_BLIND, _BLIND_PAST_HORIZON = int(Status.BLIND), int(Status.BLIND_PAST_HORIZON)
+_BLIND, _BLIND_PAST_HORIZON, _BACKUP = int(Status.BLIND), int(Status.BLIND_PAST_HORIZON), int(Status.BACKUP)
 _HMAC, _RESERVED, _RESET_STATE = int(Flags.HMAC), int(Flags.RESERVED), int(Flags.RESET_STATE)
 _OBS_MISSING = int(Flags.OBS_MISSING)
 _ACT_REQUEST, _ACT_REPLY = int(MsgType.ACT_REQUEST), int(MsgType.ACT_REPLY)
@@ -428,6 +428,9 @@ class PolicyServer:
             stats.interventions += 1
         if info.get("fallback"):
             status |= _FALLBACK
+        if info.get("backup"):
+            status |= _BACKUP
+            stats.backups += 1
         if info.get("bad_input"):
             status |= _INFERENCE_ERROR
         return self._reply(srv, seq, ts, client_id, status, safe.tobytes(), decided)

@@ -73,7 +73,7 @@
 
 enum { ACT_REQUEST = 1, ACT_REPLY = 2, CONTRACT_REQUEST = 5, CONTRACT_REPLY = 6, ESTIMATE_REQUEST = 7, ESTIMATE_REPLY = 8 };
 enum { FLAG_HMAC = 1, FLAG_OBS_MISSING = 4 };
-enum { STATUS_BLIND = 0x1000, STATUS_BLIND_PAST_HORIZON = 0x2000 };
+enum { STATUS_BLIND = 0x1000, STATUS_BLIND_PAST_HORIZON = 0x2000, STATUS_BACKUP = 0x4000 };
 
 /* ---------------------------------------------------------------- SHA-256 */
 typedef struct { uint32_t h[8]; uint64_t len; uint8_t buf[64]; size_t n; } sha256_ctx;
@@ -372,6 +372,7 @@ int main(int argc, char **argv) {
     printf("reply seq=%llu status=0x%x latency_us=%u version=%u ", (unsigned long long)seq, status, get32(rep + 36),
            get32(rep + 40));
     if (status & STATUS_BLIND) printf("blind=%s ", status & STATUS_BLIND_PAST_HORIZON ? "past_horizon" : "1");
+    if (status & STATUS_BACKUP) printf("backup=1 ");
     printf("action=");
     for (int i = 0; i < n_act; i++) printf("%s%.9g", i ? " " : "", (double)bitsf32(get32(rep + 48 + 4 * i)));
     printf(" bits=");

@@ -206,6 +206,7 @@ def _legacy(cfg, spec: dict, args) -> dict:
         "violation_episodes",
         "intervention_rate",
         "fallback_rate",
+        "backup_rate",
         "min_h",
     )
     return {k: result.get(k) for k in keep}

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypedDict
 
 import numpy as np
 
-SHIELD_FLAGS = ("intervened", "fallback", "bad_input", "envelope")
+SHIELD_FLAGS = ("intervened", "fallback", "backup", "bad_input", "envelope")
 
 
 class DomainsError(ValueError):
@@ -215,6 +215,7 @@ class RunSummary(TypedDict):
     intervention_rate: float
     fallback_rate: float
     fallbacks: int
+    backup_rate: float  # steps the predictive filter's backup continued its accepted plan (not fallbacks)
     bad_inputs: int
     latency_p50_us: float  # policy + shield, per step
     latency_p99_us: float
@@ -397,6 +398,7 @@ class RunTotals:
             "intervention_rate": self.flags["intervened"] / n,
             "fallback_rate": self.flags["fallback"] / n,
             "fallbacks": int(self.flags["fallback"]),
+            "backup_rate": self.flags["backup"] / n,
             "bad_inputs": int(self.flags["bad_input"]),
             "latency_p50_us": float(np.percentile(lat, 50)),
             "latency_p99_us": float(np.percentile(lat, 99)),

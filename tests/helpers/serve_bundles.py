@@ -51,23 +51,53 @@ def tiny_policy_onnx(seed: int, obs_dim: int = OBS_DIM, act_dim: int = ACT_DIM) 
     return model.SerializeToString()
 
 
+def constant_policy_onnx(action: list[float], obs_dim: int) -> bytes:
+    """obs -> the constant `action` (obs @ 0 + action): a policy that pushes the same way whatever it sees."""
+    inits = [
+        numpy_helper.from_array(np.zeros((obs_dim, len(action)), np.float32), "w"),
+        numpy_helper.from_array(np.asarray(action, np.float32), "b"),
+    ]
+    nodes = [helper.make_node("MatMul", ["obs", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["action"])]
+    graph = helper.make_graph(
+        nodes,
+        "constant_policy",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", obs_dim])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", len(action)])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
 def write_tiny_bundle(
-    out_dir, seed: int = 0, version: int | None = None, latency_steps: int = 0, action_bound: float = 1.0
+    out_dir,
+    seed: int = 0,
+    version: int | None = None,
+    latency_steps: int = 0,
+    action_bound: float = 1.0,
+    *,
+    spec: dict | None = None,
+    policy: bytes | None = None,
 ):
-    """A complete, verifiable bundle for the planar double integrator (obs 4, act 2), actions in +-action_bound."""
-    spec = planar_double_integrator(latency_steps=latency_steps)
-    spec["task"] = "planar"
-    spec["action_low"], spec["action_high"] = [-action_bound] * 2, [action_bound] * 2
-    policy = tiny_policy_onnx(seed)
+    """A complete, verifiable bundle for the planar double integrator (obs 4, act 2), actions in +-action_bound;
+    or for `spec` (a shield.json's content) with `policy` (ONNX bytes of its obs_dim and act_dim)."""
+    if spec is None:
+        spec = planar_double_integrator(latency_steps=latency_steps)
+        spec["task"] = "planar"
+        spec["action_low"], spec["action_high"] = [-action_bound] * 2, [action_bound] * 2
+    if policy is None:
+        policy = tiny_policy_onnx(seed, spec["obs_dim"], spec["act_dim"])
     shield_bytes = json.dumps(spec, indent=2, sort_keys=True).encode()
     manifest = make_manifest(
-        task="planar",
+        task=spec["task"],
         env_id="test/Planar-v0",
         files={"policy.onnx": policy, "shield.json": shield_bytes},
         config_hash="0" * 64,
         version=version,
-        obs_dim=OBS_DIM,
-        act_dim=ACT_DIM,
+        obs_dim=spec["obs_dim"],
+        act_dim=spec["act_dim"],
     )
     return write_bundle(out_dir, policy_onnx=policy, shield_spec=shield_bytes, manifest=manifest)
 

@@ -130,6 +130,8 @@ def nominal_model(decl: PlantDeclaration, path: Path) -> NominalModel:
         qvel=np.zeros(model.nv),
         substeps=binding.substeps,
         obs_to_state=obs_to_state,
+        actuators=tuple(binding.ctrl),
+        ctrl_per_action=tuple(float(x) for x in binding.scale),
     )
 
 

@@ -22,10 +22,27 @@ class NominalModel:
     substeps: int  # physics steps per control step (ctrl held constant)
     # obs index -> ("qpos" | "qvel", index); exogenous observations (set-points) are absent.
     obs_to_state: dict
+    # Per action element: the actuator it drives and its ctrl per unit action (the declaration's order and
+    # `scale`). None: the MJCF's actuators in their own order, one ctrl unit per action.
+    actuators: tuple[int, ...] | None = None
+    ctrl_per_action: tuple[float, ...] | None = None
+
+    def write_ctrl(self, ctrl: np.ndarray, action) -> None:
+        """Write one action into MjData.ctrl as the env applies it (ctrl[actuator] = scale x action, 0 elsewhere)."""
+        if self.actuators is None:
+            ctrl[:] = action
+            return
+        ctrl[:] = 0.0
+        ctrl[list(self.actuators)] = np.asarray(action, np.float64) * np.asarray(self.ctrl_per_action, np.float64)
 
 
 def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
-    """Return (A, B) of one control period (ctrl held over the substeps) about the nominal equilibrium."""
+    """Return (A, B) of one control period (ctrl held over the substeps) about the nominal equilibrium.
+
+    B's columns are the plant's action elements, as the env applies them (ctrl[actuator] = scale x action): an
+    MJCF listing its actuators in another order than the declaration, one with actuators no action drives, or a
+    `scale` other than 1 would otherwise give the LQR and the shield a model of other inputs than the policy's.
+    """
     model = nominal.model
     data = mujoco.MjData(model)
     data.qpos[:] = nominal.qpos
@@ -41,6 +58,11 @@ def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
     for _ in range(nominal.substeps):
         b = a1 @ b + b1
         a = a1 @ a
+    actuators, per_action = getattr(nominal, "actuators", None), getattr(nominal, "ctrl_per_action", None)
+    if actuators is not None:
+        b = b[:, list(actuators)]
+    if per_action is not None:
+        b = b * np.asarray(per_action, np.float64)
     return a, b
 
 

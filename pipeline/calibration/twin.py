@@ -93,6 +93,12 @@ class Twin:
         self._qpos0 = mujoco.mj_stateSize(base, mujoco.mjtState.mjSTATE_TIME)
         self._qvel0 = self._qpos0 + base.nq
         self.nu = base.nu
+        # The logged actions drive the MJCF's actuators as the env applies them: the declaration's actuators,
+        # each at its ctrl per unit action (an MJCF may list its actuators in another order, or have more).
+        self._actuators = None if nominal.actuators is None else list(nominal.actuators)
+        self._ctrl_per_action = (
+            None if nominal.ctrl_per_action is None else np.asarray(nominal.ctrl_per_action, np.float64)
+        )
 
     def model(self, scales: dict[str, float]) -> mujoco.MjModel:
         """An MjModel with `scales` applied (nominal where absent), as the task's env applies a fixed randomization
@@ -148,10 +154,14 @@ class Twin:
     def predict(self, scales: dict[str, float], states: np.ndarray, controls: np.ndarray) -> np.ndarray:
         """Predicted state observations (n, H, len(state_obs)) after each of H control steps.
 
-        controls: (n, H, nu) normalized actions, held over each control period's substeps.
+        controls: (n, H, act_dim) normalized actions, held over each control period's substeps.
         """
         model = self.model(scales)
-        ctrl = np.repeat(np.clip(controls, -1.0, 1.0), self.substeps, axis=1)
+        actions = np.clip(controls, -1.0, 1.0)
+        if self._actuators is not None:
+            actions, mapped = np.zeros(actions.shape[:2] + (self.nu,)), actions * self._ctrl_per_action
+            actions[..., self._actuators] = mapped
+        ctrl = np.repeat(actions, self.substeps, axis=1)
         out, _ = rollout.rollout(model, self._data, states, ctrl)
         out = out[:, self.substeps - 1 :: self.substeps]  # the state at each control step's end
         return out[:, :, self._columns()]

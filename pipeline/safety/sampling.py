@@ -74,20 +74,22 @@ class SteppedPlant:
         self.model = copy.copy(nominal.model)
         self.data = mujoco.MjData(self.model)
         self.substeps = nominal.substeps
+        self._write_ctrl = nominal.write_ctrl
         self._randomizer = DomainRandomizer(self.model, rset)
         self._qcols, self._vcols, self._n = qcols, vcols, n
 
     def apply(self, domain: dict) -> None:
         self._randomizer.apply(domain)
 
-    def step(self, x: np.ndarray, ctrl: np.ndarray, force: tuple | None = None) -> np.ndarray:
-        """The shield state one control period later; `force`: (body id, world force N) held over it."""
+    def step(self, x: np.ndarray, action: np.ndarray, force: tuple | None = None) -> np.ndarray:
+        """The shield state one control period later under `action` (the policy's units, as the env applies it);
+        `force`: (body id, world force N) held over it."""
         d = self.data
         for i, j in self._qcols.items():
             d.qpos[i] = x[j]
         for i, j in self._vcols.items():
             d.qvel[i] = x[j]
-        d.ctrl[:] = ctrl
+        self._write_ctrl(d.ctrl, action)
         d.act[:] = 0.0
         d.xfrc_applied[:] = 0.0
         if force is not None:
@@ -168,7 +170,7 @@ class EnvelopeSampler:
     def plant_models(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """(A, B) of every sampled plant (every set's corners and draws), linearized at the operating point as the
         nominal model is (`linearize_mujoco`): what a gain chosen on the nominal model must also hold."""
-        from types import SimpleNamespace
+        from dataclasses import replace
 
         from pipeline.safety.shield_spec import linearize_mujoco
 
@@ -176,14 +178,7 @@ class EnvelopeSampler:
         for name, plant in self.plants.items():
             for dom in self.domains[name]:
                 plant.apply(dom)
-                randomized = SimpleNamespace(
-                    model=plant.model,
-                    qpos=self._nominal.qpos,
-                    qvel=self._nominal.qvel,
-                    substeps=self._nominal.substeps,
-                    obs_to_state=self._nominal.obs_to_state,
-                )
-                A, B, _ = linearize_mujoco(randomized, self.state_index)
+                A, B, _ = linearize_mujoco(replace(self._nominal, model=plant.model), self.state_index)
                 out.append((A, B))
         return out
 

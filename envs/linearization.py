@@ -81,8 +81,9 @@ def discrete_lqr(a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray) -> 
         p = linalg.solve_discrete_are(a, b, q, r)
     except (np.linalg.LinAlgError, ValueError) as exc:
         raise ValueError(
-            f"the discrete Riccati equation has no stabilizing solution ({exc}); "
-            "is every unstable mode reachable from the inputs?"
+            f"the discrete Riccati equation has no stabilizing solution ({exc}); is every unstable mode reachable "
+            "from the inputs, and does q weigh every state the dynamics do not pull back by themselves (a free "
+            "wheel's angle, a cart's position)? A zero weight there leaves that mode unseen: give it a small one"
         ) from exc
     bt_p = b.T @ p
     k = np.linalg.solve(r + bt_p @ b, bt_p @ a)

@@ -79,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
                 refused = certificate.refusal(cfg, meas, problems)
                 refused["predictive"] = str(err)
             else:
-                refused = {"certified": False, "reason": str(err), "message": f"cannot certify {cfg.task.name}: {err}"}
+                said = str(err)  # a refusal that already says what it cannot certify is not prefixed again
+                message = said if said.startswith("cannot certify") else f"cannot certify {cfg.task.name}: {said}"
+                refused = {"certified": False, "reason": said, "message": message}
     if spec is not None and args.monitor_runs:
         spec = _with_monitor(cfg, spec, args.monitor_runs, args.seed)
     falsified = falsified_spec = None
@@ -91,18 +93,36 @@ def run(args: argparse.Namespace) -> int:
             reason = (
                 f"falsify found {falsified['cases_found']} shielded violation(s) within the envelope, e.g. set "
                 f"{worst['set']} at {where}, policy {worst['policy']}: {worst.get('violations', '?')} violating "
-                f"step(s); the model error synthesis measured does not cover this plant"
+                f"step(s); "
             )
+            on_nominal = _nominal_replay(cfg, worst, spec)
+            if on_nominal:  # the range is not the cause: narrowing it would change nothing
+                ends = []
+                reason += (
+                    f"the same attack from the same starts breaks it on the nominal plant too (no parameter "
+                    f"randomized, no latency, noise or push: {on_nominal} violating step(s)), so no randomized range "
+                    f"is the cause"
+                )
+                advice = (
+                    "Check where the episodes start (plant.initial_state) against the constraints: a start near a "
+                    "limit, or moving toward one faster than the shield can stop, is outside what any shield keeps; "
+                    "else make the plant easier to hold (a stronger drive); narrowing a range or a smaller shield "
+                    "number will not do"
+                )
+            else:
+                reason += "the model error synthesis measured does not cover this plant"
+                advice = (
+                    "Narrow the range(s) at the end(s) named, or make the plant easier to hold (a stronger drive, "
+                    "lighter pushes); a smaller shield number will not do"
+                )
             refused = {
                 "certified": False,
                 "falsification": falsified,
                 "parameter": ends,
                 "reason": reason,
-                "message": f"cannot certify {cfg.task.name}: {reason}. Narrow the range(s) at the end(s) named, or "
-                f"make the plant easier to hold (a stronger drive, lighter pushes); a smaller shield number will not "
-                f"do. Replay (the same plant, seed, attack and episode length, against the shield it broke): "
-                f"sim2real falsify --config {args.config} --replay {worst.get('case_file')} --shield "
-                f"{out / FALSIFIED_SPEC}",
+                "message": f"cannot certify {cfg.task.name}: {reason}. {advice}. Replay (the same plant, seed, attack "
+                f"and episode length, against the shield it broke): sim2real falsify --config {args.config} --replay "
+                f"{worst.get('case_file')} --shield {out / FALSIFIED_SPEC}",
             }
             falsified_spec = spec
     legacy = _legacy(cfg, spec, args) if spec is not None and args.episodes else None
@@ -182,6 +202,17 @@ def _falsify(cfg, spec: dict, args, out: Path) -> dict:
     )
     keep = ("cases_found", "cases", "min_h", "evaluated", "phases", "budget_s", "seed", "wall_s")
     return {k: result.get(k) for k in keep}
+
+
+def _nominal_replay(cfg, case: dict, spec: dict) -> int:
+    """Violating steps when a falsification case (a reference policy's) runs again on the nominal plant: the same
+    policy, attack, seeds (so the same starts) and length, with nothing randomized. 0 for a bundle's case."""
+    from pipeline.evaluation.falsify import replay_case
+    from shield.spec import ShieldSpec
+
+    if case.get("policy") == "bundle":
+        return 0
+    return int(replay_case(cfg, {**case, "domain": {}}, ShieldSpec.from_dict(spec))["violations"])
 
 
 def _legacy(cfg, spec: dict, args) -> dict:

@@ -230,8 +230,8 @@ def measure_tube(
         raise ValueError(
             f"the predictive filter admitted {plans} of {tried} sampled plans: too few to measure its model error on "
             f"(their states were drawn over {_sampled_box(env)}: where the backup's plans from there leave the "
-            f"constraints, give an unlimited hinge its range in the MJCF, narrow the randomized ranges, or make the "
-            f"plant easier to hold)"
+            f"constraints: where a hinge drawn over its circle has stops on the real plant, give it its range in the "
+            f"MJCF; else narrow the randomized ranges, or make the plant easier to hold)"
         )
     return np.maximum.accumulate(err, axis=0) * INFLATION, record, (np.array(phis), np.array(errs), np.array(acts))
 
@@ -306,7 +306,13 @@ def terminal(half: np.ndarray, Acl, K, W, full: np.ndarray) -> tuple[np.ndarray,
             break
         Mk = Acl @ Mk
     if act > 0.5 * float(np.min(full)):
-        raise ValueError(f"the backup's tail from the terminal box needs {act:.3g} of the input box")
+        raise ValueError(
+            f"the backup's tail from the terminal box needs {act:.3g} of the input box, more than the half it may "
+            f"use (the rest covers the model error there): the backup gain, designed with the legacy LQR's weights "
+            f"(else Bryson's rule over the sampled ranges), pushes too hard near where it stops the plant, "
+            f"{TERMINAL_SHARE:.0%} of each state's sampled half-range away. Gentler weights make it softer there: a "
+            f"larger plant.legacy.r, or smaller plant.legacy.q on the states it reacts to most"
+        )
     return box, reach
 
 

@@ -356,7 +356,7 @@ def test_a_falsification_refusal_writes_the_spec_it_broke_and_replays_against_it
     prints the `falsify --replay` command. (The case is set here: the shipped crane's search finds none.)"""
     import pipeline.commands.shield as command
 
-    case = dict(set="reality", domain={}, policy="adversarial", seed=7, violations=4, episodes=2)
+    case = dict(set="reality", domain={}, policy="adversarial", seed=7, violations=4, episodes=2, episode_steps=100)
     case["case_file"] = str(tmp_path / "out" / "falsify" / "case-0.json")
 
     def falsify(cfg, spec, args, out):
@@ -376,3 +376,31 @@ def test_a_falsification_refusal_writes_the_spec_it_broke_and_replays_against_it
     )
     assert "predictive" in json.loads(broken.read_text()) and not (out / "shield.json").exists()
     assert json.loads((out / "certificate.json").read_text())["filter"]["type"] == "predictive"
+    # The nominal plant, attacked the same way from the same starts, is kept: the envelope is what broke it.
+    assert "does not cover this plant" in record["reason"] and "Narrow the range(s)" in record["message"]
+    # Where the nominal plant breaks as well, no range is blamed: the message points at where episodes start.
+    monkeypatch.setattr(command, "_nominal_replay", lambda cfg, case, spec: 86)
+    assert sim2real([*args, "--monitor-runs", "0", "--episodes", "0", "--json"]) == 1
+    record = json.loads(capsys.readouterr().out)
+    assert record["parameter"] == [] and "on the nominal plant too" in record["reason"], record
+    assert "plant.initial_state" in record["message"] and "Narrow the range(s)" not in record["message"]
+
+
+def test_a_start_no_shield_can_stop_breaks_the_nominal_plant_too(crane, tmp_path):
+    """The crane declared to start 0.1 m from its rail limit at 2 m/s toward it (braking needs 20 m/s^2; the drive
+    has about 12): a falsification case replayed on the nominal plant from those starts still crosses, which is
+    how synthesis tells a bad start from a range too wide. From the shipped starts the same replay stays inside."""
+    from pipeline.commands.shield import _nominal_replay
+    from pipeline.config import load_config
+
+    cfg, spec = crane
+    doc = yaml.safe_load(open("configs/crane.yaml"))
+    doc["plant"]["mjcf"] = str((Path("configs") / doc["plant"]["mjcf"]).resolve())
+    doc["plant"]["initial_state"] = {"qpos": {"rail": [0.69, 0.7]}, "qvel": {"rail": [1.95, 2.0]}}
+    doc["task"] = {"name": "crane_rushing_start", "env_id": "sim2real/CraneRushingStart-v0"}
+    path = tmp_path / "crane_rushing_start.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    case = dict(set="reality", domain={"latency_steps": {"low": 2, "high": 2}}, policy="legacy", seed=3, episodes=2)
+    case["episode_steps"] = 60
+    assert _nominal_replay(load_config(path), case, spec) > 0
+    assert _nominal_replay(cfg, case, spec) == 0

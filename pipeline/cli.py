@@ -228,7 +228,8 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
             rp.add_argument("version", type=int, help="bundle version")
         elif name == "verify":
             rp.add_argument("version", type=int, nargs="?", help="bundle version (default: all)")
-        rp.add_argument("--root", default="models", help="registry root (default models/)")
+        # --models as `run` and `serve` name the registry root; --root is what this command said first.
+        rp.add_argument("--models", "--root", dest="root", default="models", help="registry root (default models/)")
         _json_flag(rp)
 
     p = sub.add_parser(

@@ -341,7 +341,17 @@ def envelope_problems(
                 )
         if spec["kinematics"].get("keepout_steering"):
             problems += _steering_problems(where, spec, env, brake)
-        covered = cfg.shield.model_ranges
+    return problems + model_range_problems(cfg, envelopes, measured_ranges)
+
+
+def model_range_problems(cfg, envelopes: list[SetEnvelope], measured_ranges: bool = False) -> list[str]:
+    """`shield.model_ranges` against the sets, whichever filter keeps the plant: a set beyond a range the guarantee
+    was stated for, and a key no set randomizes (a misspelt element covers nothing, and would say nothing).
+    `measured_ranges`: synthesis measured the model's error over every randomized range, so none needs a key."""
+    problems = []
+    covered = cfg.shield.model_ranges
+    for env in envelopes:
+        where = f"randomization.{env.name}"
         for key, (lo_p, hi_p) in env.other.items():
             if measured_ranges and key not in covered:
                 continue
@@ -355,8 +365,8 @@ def envelope_problems(
                     f"{where}.{key}: range [{lo_p:g}, {hi_p:g}] leaves shield.model_ranges.{key} = {list(covered[key])}"
                 )
     randomized = sorted({key for env in envelopes for key in env.other})
-    for key in cfg.shield.model_ranges:
-        if key not in randomized:  # a misspelt element covers nothing, and would say nothing
+    for key in covered:
+        if key not in randomized:
             problems.append(
                 f"shield.model_ranges.{key}: no randomization set randomizes it (randomized: {randomized or 'none'})"
             )

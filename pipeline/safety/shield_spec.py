@@ -26,6 +26,7 @@ from pipeline.safety.envelope import (
     declared_model_problems,
     declared_push_accel,
     envelope_problems,
+    model_range_problems,
     monitor_bounds,
     plant_weights,
     push_velocity,
@@ -384,6 +385,12 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         if problem:
             raise neither(problem)
     ShieldSpec.from_dict(spec)  # fail here, at build time, rather than on the edge box
+    if check_envelope and not bare and predictive_reasons:
+        # The predictive filter's tube was measured over every set: only the ranges the config states the
+        # guarantee for are left to hold the sets to.
+        problems = model_range_problems(cfg, envelopes, measured_ranges=synthesized)
+        if problems:
+            raise EnvelopeError("the config admits plants the shield cannot keep safe:\n  " + "\n  ".join(problems))
     if check_envelope and not bare and not predictive_reasons:
         # Synthesis measured the model's error over every randomized range (damping, friction included).
         problems = envelope_problems(cfg, spec, envelopes, full_accel, measured_ranges=synthesized)

@@ -262,8 +262,9 @@ class ModelSelection:
             self.best, self.since_best = record, 0
             why = (
                 f"best mean validation return {result['return_mean']:.2f} over {self.vc.episodes} episodes on "
-                f"'{self.vc.domains}' (seeds {self.vc.seed}..{self.vc.seed + self.vc.episodes - 1}) among "
-                f"{len(self.history)} evaluations so far"
+                f"'{self.vc.domains}' (seeds {self.vc.seed}..{self.vc.seed + self.vc.episodes - 1}), at evaluation "
+                f"{len(self.history)} of the run; a checkpoint that is kept was not beaten by more than "
+                f"{self.vc.min_improvement:g} by any later one"
             )
             selection = dict(
                 record,

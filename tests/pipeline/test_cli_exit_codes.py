@@ -49,7 +49,8 @@ def test_registry_refusals_are_user_errors_and_a_failed_verify_is_exit_1(tmp_pat
     assert main(["registry", "verify", "--root", root, "--json"]) == 0  # an empty registry verifies
     assert json.loads(capsys.readouterr().out) == {"ok": True, "tasks": []}
     (tmp_path / "models" / "cartpole" / "1").mkdir(parents=True)  # a version without its files
-    assert main(["registry", "verify", "--root", root, "--json"]) == 1
+    # --models names the registry root as in `run` and `serve`; --root, above, still does.
+    assert main(["registry", "verify", "--models", root, "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False and out["tasks"][0]["task"] == "cartpole"
 

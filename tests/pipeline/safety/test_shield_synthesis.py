@@ -9,6 +9,7 @@ at most ``k |q2|max / m2`` over s in [0.5, 1.5], at the light end.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -404,3 +405,26 @@ def test_a_start_no_shield_can_stop_breaks_the_nominal_plant_too(crane, tmp_path
     case["episode_steps"] = 60
     assert _nominal_replay(load_config(path), case, spec) > 0
     assert _nominal_replay(cfg, case, spec) == 0
+
+
+def test_model_ranges_no_set_randomizes_are_refused_on_a_plant_the_predictive_filter_keeps(
+    crane, tmp_path, monkeypatch
+):
+    """`shield.model_ranges` states what the guarantee was established for, whichever filter keeps the plant: a key
+    no set randomizes (a misspelt element, or one the user meant to randomize) is refused on the crane, which the
+    predictive filter keeps, as on a barrier plant. (The crane's measured section is reused: only the config's
+    ranges differ, and they are what is checked.)"""
+    from pipeline.config import load_config
+    from pipeline.safety import predictive, synthesis
+    from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec
+
+    cfg, spec = crane
+    doc = yaml.safe_load(open("configs/crane.yaml"))
+    doc["plant"]["mjcf"] = str((Path("configs") / doc["plant"]["mjcf"]).resolve())
+    doc["task"] = {"name": "crane_ranges", "env_id": "sim2real/CraneRanges-v0"}
+    doc["shield"]["model_ranges"] = {"geom_friction.payload": [0.9, 1.1]}
+    path = tmp_path / "crane_ranges.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    monkeypatch.setattr(predictive, "cached_section", lambda cfg, spec_: copy.deepcopy(spec["predictive"]))
+    with pytest.raises(EnvelopeError, match=r"shield.model_ranges.geom_friction.payload: no randomization set"):
+        build_shield_spec(load_config(path), measurement=synthesis.cached_measure(cfg))

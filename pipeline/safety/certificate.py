@@ -136,20 +136,46 @@ def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int | None)
 
 def largest_certifiable(cfg, parameter: str, end: str, seed: int = 0) -> tuple[float, float] | None:
     """The widest [low, high'] (or [low', high]) of `parameter`, the other end kept, that synthesis certifies
-    (falsification aside); None when even the kept end alone is refused."""
+    (falsification aside). Where the kept end alone is refused too, both ends are: the widest range around the
+    nominal value (1x, or the range's middle where 1x lies outside it), each end bisected in turn; `end` "both"
+    goes there directly. None when even that value alone is refused."""
     lo, hi = _full_range(cfg, parameter)
     keep = lo if end == "high" else hi
-    if not _certifiable(narrowed(cfg, parameter, keep, keep), seed):
+    if end != "both" and _certifiable(narrowed(cfg, parameter, keep, keep), seed):
+        good = _bisect_end(cfg, parameter, keep, hi if end == "high" else lo, seed)
+        return (keep, good) if end == "high" else (good, keep)
+    centre = 1.0 if lo <= 1.0 <= hi else 0.5 * (lo + hi)
+    if not _certifiable(narrowed(cfg, parameter, centre, centre), seed):
         return None
-    good, bad = keep, (hi if end == "high" else lo)
+    low = _bisect_end(cfg, parameter, centre, lo, seed)
+    return low, _bisect_end(cfg, parameter, low, hi, seed, start=centre)
+
+
+def _bisect_end(cfg, parameter: str, keep: float, far: float, seed: int, start: float | None = None) -> float:
+    """The end toward `far` of the widest range from `keep` that synthesis certifies, starting from `start`
+    (certified; default `keep`), to 1/2^BISECTION_STEPS of the distance, rounded inward to 0.001."""
+    good, bad = (keep if start is None else start), far
     for _ in range(BISECTION_STEPS):
         mid = 0.5 * (good + bad)
         if _certifiable(narrowed(cfg, parameter, min(keep, mid), max(keep, mid)), seed):
             good = mid
         else:
             bad = mid
-    good = math.floor(good * 1000) / 1000 if end == "high" else math.ceil(good * 1000) / 1000  # inward
-    return (keep, good) if end == "high" else (good, keep)
+    return math.floor(good * 1000) / 1000 if far > keep else math.ceil(good * 1000) / 1000
+
+
+def _pinned_culprit(cfg, parameters: list[str], seed: int = 0) -> str | None:
+    """The first of `parameters` whose range, pinned at its nominal value with every other range as it is, lets
+    synthesis certify the envelope: where the braking figure blames one range and the predictive filter fails on
+    another's account (a light payload's swing under the wind, not the motor the barrier could not brake with)."""
+    for name in parameters:
+        lo, hi = _full_range(cfg, name)
+        if hi <= lo:
+            continue
+        centre = 1.0 if lo <= 1.0 <= hi else 0.5 * (lo + hi)
+        if _certifiable(narrowed(cfg, name, centre, centre), seed):
+            return name
+    return None
 
 
 def refusal(
@@ -180,8 +206,17 @@ def refusal(
         out["message"] = f"cannot certify {cfg.task.name}: {reason}"
         return out
     parameter, end = found
-    lo, hi = _full_range(cfg, parameter)
     sub = largest_certifiable(cfg, parameter, end) if bisect else None
+    if bisect and sub is None:
+        # Not even that range's nominal value certifies with the others as they are: the cause may be another
+        # range, one the figure that blamed this one does not see.
+        names = [n for rset in cfg.randomization.values() for n, _, _ in synthesis.range_parameters(rset)]
+        others = [n for n in dict.fromkeys(names) if n != parameter]
+        culprit = _pinned_culprit(cfg, others)
+        if culprit is not None:
+            parameter, end = culprit, "both"
+            sub = largest_certifiable(cfg, culprit, "both")
+    lo, hi = _full_range(cfg, parameter)
     out.update(
         {
             "parameter": parameter,
@@ -193,11 +228,17 @@ def refusal(
     where = f"randomization.*.{parameter}"
     if not bisect:
         tail = "; `sim2real shield synthesize` finds the largest sub-range that can be certified"
+    elif sub and end == "both":  # one of the ranges around nominal: a wider low end may cost the high one
+        tail = (
+            f"; a sub-range around nominal that can be certified is [{sub[0]:g}, {sub[1]:g}] (its low end pushed "
+            f"out first, then its high end)"
+        )
     elif sub:
         tail = f"; the largest sub-range that can be certified is [{sub[0]:g}, {sub[1]:g}]"
     else:
-        tail = "; no sub-range of it can be certified with the other ranges as they are"
-    out["message"] = f"cannot certify {where} over [{lo:g}, {hi:g}] (its {end} end): {reason}{tail}"
+        tail = "; no sub-range of it, nor any other range pinned at nominal, can be certified with the rest as they are"
+    which = "both ends" if end == "both" else f"its {end} end"
+    out["message"] = f"cannot certify {where} over [{lo:g}, {hi:g}] ({which}): {reason}{tail}"
     return out
 
 

@@ -428,3 +428,23 @@ def test_model_ranges_no_set_randomizes_are_refused_on_a_plant_the_predictive_fi
     monkeypatch.setattr(predictive, "cached_section", lambda cfg, spec_: copy.deepcopy(spec["predictive"]))
     with pytest.raises(EnvelopeError, match=r"shield.model_ranges.geom_friction.payload: no randomization set"):
         build_shield_spec(load_config(path), measurement=synthesis.cached_measure(cfg))
+
+
+def test_the_sub_range_search_moves_both_ends_and_finds_the_range_to_blame(monkeypatch):
+    """The search behind a refusal, with synthesis's verdict replaced by a known one (certified exactly when the
+    crane's payload range lies inside [0.6, 1.3]): where keeping one end of the blamed range is refused too, the
+    search widens a range around nominal end by end; where the blamed range is not the cause at all (the motor's
+    gain, pinned at nominal, still refuses), the range whose pinning certifies is named instead."""
+    from pipeline.config import load_config
+    from pipeline.safety import certificate
+
+    def verdict(cfg, seed):
+        lo, hi = certificate._full_range(cfg, "body_mass.payload")
+        return 0.6 <= lo and hi <= 1.3
+
+    monkeypatch.setattr(certificate, "_certifiable", verdict)
+    cfg = load_config("configs/crane.yaml")  # payload 0.5x to 1.5x
+    lo, hi = certificate.largest_certifiable(cfg, "body_mass.payload", "high")  # [0.5, 0.5] alone is refused
+    assert 0.6 <= lo <= 0.6 + 0.5 / 2**certificate.BISECTION_STEPS and 1.3 - 0.5 / 2**6 <= hi <= 1.3, (lo, hi)
+    assert certificate._pinned_culprit(cfg, ["actuator_gain.trolley_force", "body_mass.payload"]) == "body_mass.payload"
+    assert certificate._pinned_culprit(cfg, ["actuator_gain.trolley_force"]) is None

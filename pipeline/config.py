@@ -728,6 +728,14 @@ class Config(Section):
                 raise ValueError(f"tune.searchable.{key}: {why}; searchable: {', '.join(readable)}")
         return self
 
+    def observation_names(self, indices) -> list[str]:
+        """The declared name of each observation index (`obs[i]` where the plant declares none: a code task)."""
+        obs = (self.plant or {}).get("observations") or []
+        return [
+            obs[o]["name"] if o < len(obs) and isinstance(obs[o], dict) and "name" in obs[o] else f"obs[{o}]"
+            for o in indices
+        ]
+
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the validated config (identifies a training setup).
 

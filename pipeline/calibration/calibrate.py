@@ -46,7 +46,7 @@ from pipeline.calibration.identify import (
     covariance,
     pinned,
 )
-from pipeline.calibration.logs import CalibrationError, FieldLog, load_field_log
+from pipeline.calibration.logs import QUIET_SPREAD, CalibrationError, FieldLog, load_field_log, quiet_channels
 from pipeline.calibration.noise import defect_structure, observation_noise, residual_spread
 from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_range, obs_noise_vector
 from pipeline.calibration.twin import Twin, task_facts
@@ -166,11 +166,18 @@ def fit_setup(cfg, logs) -> FitSetup:
         dt=task["control_period_s"],
         min_seconds=min_seconds,
     )
+    reality = cfg.randomization.get("reality") or cfg.randomization["train"]
+    obs_std = np.array(obs_noise_vector(reality.obs_noise_std, task["obs_dim"]))[twin.state_obs]
+    quiet = quiet_channels(log.obs[:, twin.state_obs], obs_std, cfg.observation_names(twin.state_obs))
+    if quiet:
+        raise CalibrationError(
+            f"--from-log {logs}: the log barely moves the plant beyond its sensor noise ({'; '.join(quiet)}; "
+            f"calibration needs {QUIET_SPREAD:g}x): the fit would take noise for dynamics, with intervals that "
+            f"miss the plant and a false misfit. Record it with excitation: `sim2real calibrate --plan` designs one"
+        )
     names = [n for n in sorted(hull) if n not in known]
     latencies = _latency_candidates(cfg)
     windows = cut_windows(twin, log, horizon, horizon + 1, max(latencies))
-    reality = cfg.randomization.get("reality") or cfg.randomization["train"]
-    obs_std = np.array(obs_noise_vector(reality.obs_noise_std, task["obs_dim"]))[twin.state_obs]
     action_std = float(np.max(reality.action_noise_std))
     # A noise-free channel's spread is floored at 0.1 % of its typical change over a window.
     change = np.std(windows.target[:, -1] - windows.first, axis=0)
@@ -372,12 +379,12 @@ def summary_lines(result: dict) -> list[str]:
     lat = result["latency_steps"]
     lines = [
         f"calibration of {result['task']} from {log['seconds']:.0f} s of log "
-        f"({log['windows']} windows of {log['horizon_steps']} steps, {result['wall_s']:.1f} s)"
+        f"({log['windows']} windows of {log['horizon_steps']} steps; fitted in {result['wall_s']:.1f} s)"
     ]
     if log.get("late_samples"):
         lines.append(
-            f"late samples: {log['late_samples']} (clock late, no step missing); "
-            f"{log['windows_dropped_late']} window(s) holding one left out"
+            f"late samples: {log['late_samples']} (the step counter continues, the clock is late: a stall, or rows "
+            f"dropped and the counter renumbered); {log['windows_dropped_late']} window(s) holding one left out"
         )
     lines += [f"VERDICT {v}" for v in result["verdict"]] or [
         "verdict: the twin explains the logs down to the noise floor, inside the config's ranges"

@@ -24,6 +24,13 @@ import numpy as np
 # A row later than this many control periods after the previous one is late (the step counter says whether one is
 # missing).
 GAP_PERIODS = 1.5
+# A real-time clock whose median step is off the control period by more than this share: the rig ran at another
+# period, and the twin would replay each step as one control period (a 0.021 s rig against a 0.02 s config biased
+# the force-over-mass fit by 4 %, with no warning).
+CLOCK_TOLERANCE = 0.02
+# A state observation that spreads less than this many times its configured noise std over the whole log: the fit
+# would take noise for dynamics (a quiet log of the nominal plant read as a misfit, intervals missing it by 10-15 %).
+QUIET_SPREAD = 3.0
 
 
 class CalibrationError(ValueError):
@@ -74,6 +81,39 @@ def _gaps(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float) -> tu
     missing = [int(i) + 1 for i in np.flatnonzero(same_episode & skipped)]
     late_rows = [int(i) + 1 for i in np.flatnonzero(same_episode & ~skipped & late)]
     return starts, missing, late_rows
+
+
+def _check_clock(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float, where: str) -> None:
+    """Refuse a clock that says the rig did not run at the task's control period: in real time (its median step
+    within 25 % of dt) but off it by more than CLOCK_TOLERANCE, or about 1000x it (timestamps in milliseconds).
+    A clock far from both (a simulated plant stepped faster than real time) says nothing and is not read."""
+    follows = (episode[1:] == episode[:-1]) & (step[1:] == step[:-1] + 1)
+    if not follows.any():
+        return
+    period = float(np.median(np.diff(t)[follows]))
+    ratio = period / dt
+    if abs(ratio - 1.0) < 0.25 and abs(ratio - 1.0) > CLOCK_TOLERANCE:
+        raise CalibrationError(
+            f"{where}: the log's clock advances {period:.4g} s per step (median), {100 * (ratio - 1):+.1f} % off "
+            f"the task's control period {dt} s: the twin would replay every step {dt} s long. Calibrate with a "
+            f"config whose plant.control_period is the rig's, or fix the clock if the rig ran at {dt} s"
+        )
+    if abs(ratio / 1000.0 - 1.0) < 0.25:
+        raise CalibrationError(
+            f"{where}: the log's clock advances {period:.4g} per step (median), about 1000x the control period "
+            f"{dt} s: timestamps in milliseconds? The log's t is in seconds (docs/reference/contracts.md)"
+        )
+
+
+def quiet_channels(obs: np.ndarray, noise_std: np.ndarray, names: list[str]) -> list[str]:
+    """The state observations a log barely moves: spread under QUIET_SPREAD x their configured noise std (a
+    noise-free channel is never quiet). `obs`: the log's state columns; `names`: one per column."""
+    spread = obs.std(axis=0)
+    return [
+        f"{name} spreads {s / n:.1f}x its noise std ({n:g})"
+        for name, s, n in zip(names, spread, noise_std)
+        if n > 0.0 and s < QUIET_SPREAD * n
+    ]
 
 
 def _read(path: str | Path) -> tuple[dict, dict]:
@@ -139,6 +179,7 @@ def load_field_log(
             f"(e.g. all zero): a recording of a plant that never moved or a zero-filled file, "
             f"nothing to fit"
         )
+    _check_clock(cols["episode"], cols["step"], cols["t"], dt, where)
     starts, missing, late = _gaps(cols["episode"], cols["step"], cols["t"], dt)
     if missing:
         i = missing[0]

@@ -238,9 +238,7 @@ def measure_tube(
 
 def _sampled_box(env) -> str:
     """The state box plans were drawn from, by observation name; a hinge with no range is drawn over its circle."""
-    from pipeline.safety.synthesis import _position_names
-
-    names = _position_names(env.cfg, env.state_index)
+    names = env.cfg.observation_names(env.state_index)
     parts = [f"{n} [{lo:.3g}, {hi:.3g}]" for n, lo, hi in zip(names, env.lo_s, env.hi_s)]
     turns = [names[j] for j in env.angle_cols]
     verb = "turns" if len(turns) == 1 else "turn"

@@ -234,17 +234,17 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
         }
     res_v, res_p, feats = np.array(res_v), np.array(res_p), np.array(feats)
     noise = _noise_margin(cfg, env.safety)
-    names = _position_names(cfg, env.pos)
+    names = cfg.observation_names(env.pos)
     return Measurement(
         task=cfg.task.name,
         positions=env.pos,
         names=names,
         full_accel=env.nominal_full,
-        state_names=dict(zip(env.state_index, _position_names(cfg, env.state_index))),
+        state_names=dict(zip(env.state_index, cfg.observation_names(env.state_index))),
         gain_range=[(min(g), max(g)) if g else (1.0, 1.0) for g in gains],
         residual_accel=[float(res_v[:, k].max()) * INFLATION for k in range(len(env.pos))],
         residual_law=[
-            _residual_law(res_v[:, k], feats, _position_names(cfg, env.state_index), env.x_op)
+            _residual_law(res_v[:, k], feats, cfg.observation_names(env.state_index), env.x_op)
             for k in range(len(env.pos))
         ],
         residual_pos=[float(res_p[:, k].max()) * INFLATION for k in range(len(env.pos))],
@@ -311,13 +311,6 @@ def _noise_margin(cfg, safety: dict) -> float:
             s = std[0] if len(std) == 1 else (std[o] if o < len(std) else 0.0)
             noise = max(noise, NOISE_SIGMAS * s)
     return noise
-
-
-def _position_names(cfg, pos: list[int]) -> list[str]:
-    obs = (cfg.plant or {}).get("observations") or []
-    return [
-        obs[o]["name"] if o < len(obs) and isinstance(obs[o], dict) and "name" in obs[o] else f"obs[{o}]" for o in pos
-    ]
 
 
 def _residual_law(res: np.ndarray, feats: np.ndarray, names: list[str], x_op: np.ndarray) -> dict:

@@ -164,10 +164,21 @@ def _short(cols, meta):
     return {k: v[:250] for k, v in cols.items()}, meta  # 5 s
 
 
+def _clock(period: float):
+    def change(cols, meta):  # a real-time clock at `period` s per step
+        cols["t"] = 1.8e9 + cols["step"].astype(np.float64) * period + cols["episode"] * 100.0
+        return cols, meta
+
+    return change
+
+
 @pytest.mark.parametrize(
     "name, change, reason",
     [
         ("nan", _nan_rows, r"3 row\(s\) with NaN .*first at row 1200"),
+        # A rig at 0.021 s against a 0.02 s config: the twin would replay each step 5 % short.
+        ("slow-rig", _clock(0.021), r"clock advances 0\.021 s per step \(median\), \+5\.0 % off .* 0\.02 s"),
+        ("milliseconds", _clock(20.0), r"about 1000x the control period .* milliseconds"),
         ("gap", _gap, r"gap\(s\) longer than a control period .* row 1500 .*step 1499 -> 1540"),
         ("other-task", _other_task, r"logged for task 'quadrotor', the config is 'cartpole'"),
         ("short", _short, r"only 5\.0 s of control"),
@@ -177,6 +188,23 @@ def test_unusable_logs_are_refused_with_the_reason(field_log, name, change, reas
     path = _bad_log(field_log, name, change)
     with pytest.raises(CalibrationError, match=reason):
         load_field_log(path, task="cartpole", obs_dim=5, act_dim=1, dt=0.02, min_seconds=10.0)
+
+
+def test_a_log_that_barely_moves_the_plant_is_refused_before_it_is_fitted(field_log):
+    """A quiet log (the pole's angle spreading about its noise std) cannot tell the twin's dynamics from sensor noise:
+    fitted, the nominal plant's quiet log read as a misfit and its intervals missed it. It is refused, naming the
+    quiet observation and what to do (an excitation that `calibrate --plan` designs), and a real-time clock on the
+    control period is accepted on the way."""
+
+    def quiet(cols, meta):
+        cols, meta = _clock(0.02)(cols, meta)
+        rng = np.random.default_rng(0)
+        cols["obs"][:, 1] = 0.01 + rng.normal(0.0, 0.006, len(cols["obs"]))  # theta: reality's 0.006 rad of noise
+        return cols, meta
+
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    with pytest.raises(CalibrationError, match=r"barely moves .*theta spreads 1\.0x its noise std .*--plan"):
+        calibrate(cfg, _bad_log(field_log, "quiet", quiet))
 
 
 def test_cli_refuses_a_bad_log_in_one_line_with_exit_2(field_log):

@@ -110,19 +110,10 @@ def nominal_model(decl: PlantDeclaration, path: Path) -> NominalModel:
     for name, value in decl.shield_model.operating_point.items():
         data.qpos[_joint_address(model, name, "", path.name, "pos")] = value
     mujoco.mj_forward(model, data)
-    # The shield's linear model x+ = A x + B u + c takes the operating point as a fixed point under zero action.
+    # The shield's linear model x+ = A x + B u + c takes the operating point as a fixed point under the action that
+    # holds it there: zero where the plant rests unpowered, else the steady action that carries its weight.
     worst = float(np.max(np.abs(data.qacc))) if model.nv else 0.0
-    if worst > 1e-6:
-        joint = int(np.argmax(np.abs(data.qacc)))
-        name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, int(model.dof_jntid[joint])) or f"dof {joint}"
-        raise DeclarationError(
-            f"plant.shield_model.operating_point: not an equilibrium under zero action (|qacc| up to {worst:.3g}, "
-            f"on joint {name!r}); linearize at a state where the plant rests with no action, away from its stops. "
-            f"A plant that needs a steady action to hold still (a hoist or an arm lifting against gravity) has no "
-            f"such state: the linear shield model and the lqr legacy controller do not support it yet; hold the "
-            f"weight in the MJCF as the plant does (a counterweight, a gravity-compensating spring, or the drive's "
-            f'own hold force as an actuator bias: <general biastype="affine" biasprm="...">)'
-        )
+    trim = _holding_action(model, data, binding, worst) if worst > 1e-6 else None
     obs_to_state = {i: s for i, s in enumerate(binding.sources) if s[0] in ("qpos", "qvel")}
     return NominalModel(
         model=model,
@@ -132,7 +123,58 @@ def nominal_model(decl: PlantDeclaration, path: Path) -> NominalModel:
         obs_to_state=obs_to_state,
         actuators=tuple(binding.ctrl),
         ctrl_per_action=tuple(float(x) for x in binding.scale),
+        trim=None if trim is None else tuple(float(a) for a in trim),
     )
+
+
+def _holding_action(model: mujoco.MjModel, data: mujoco.MjData, binding: Binding, worst: float) -> np.ndarray:
+    """The action that holds the operating point (in `data`) still: a hoist's or a raised arm's weight carried by
+    its drive. The accelerations are affine in the action (a motor's force is its gain times its control): a
+    least-squares solve of the generalized forces over each action's effect gives it (refined once, for an
+    actuator whose force is not exactly so), and what it leaves lies on the joints no actuator drives.
+    DeclarationError where no action holds it (gravity on such a joint), or none within the action box."""
+    qpos = data.qpos.copy()
+    nu = len(binding.ctrl)
+
+    def qacc(action: np.ndarray) -> np.ndarray:
+        data.qpos[:], data.qvel[:], data.ctrl[:] = qpos, 0.0, 0.0
+        data.ctrl[binding.ctrl] = action * binding.scale
+        for i in binding.ctrl:  # a filtered actuator's state settled at its control, as a held action leaves it
+            if model.actuator_actadr[i] >= 0:
+                data.act[model.actuator_actadr[i]] = data.ctrl[i]
+        mujoco.mj_forward(model, data)
+        return data.qacc.copy()
+
+    base = qacc(np.zeros(nu))
+    mass = np.zeros((model.nv, model.nv))
+    mujoco.mj_fullM(model, data, mass)
+    effect = mass @ np.column_stack([qacc(np.eye(nu)[j]) - base for j in range(nu)])  # force per unit action
+    action = -np.linalg.lstsq(effect, mass @ base, rcond=None)[0]
+    if float(np.abs(action).max()) <= 1.0:  # within the box (beyond it the control saturates): refine once
+        action = action - np.linalg.lstsq(effect, mass @ qacc(action), rcond=None)[0]
+    left = mass @ base + effect @ action  # the generalized force no action cancels
+    data.qpos[:], data.qvel[:], data.ctrl[:], data.act[:] = qpos, 0.0, 0.0, 0.0
+    mujoco.mj_forward(model, data)
+
+    def joint_name(v: np.ndarray) -> str:
+        dof = int(np.argmax(np.abs(v)))
+        return mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, int(model.dof_jntid[dof])) or f"dof {dof}"
+
+    if float(np.abs(left).max()) > 1e-6 * max(1.0, float(np.abs(mass @ base).max())):
+        raise DeclarationError(
+            f"plant.shield_model.operating_point: not an equilibrium under any action (|qacc| up to {worst:.3g} "
+            f"unpowered; {float(np.abs(left).max()):.3g} N or N m left on joint {joint_name(left)!r} at best): no "
+            f"actuator holds that joint still there (gravity, or a spring, on a joint no actuator drives). "
+            f"Linearize where it rests by itself, away from its stops: a hanging or upright pendulum, a level beam"
+        )
+    if float(np.abs(action).max()) > 1.0:
+        raise DeclarationError(
+            f"plant.shield_model.operating_point: holding it still takes action {np.round(action, 3).tolist()} "
+            f"(against the load on joint {joint_name(mass @ base)!r}: its weight or a spring), beyond the action "
+            f"box [-1, 1]: the drive cannot carry it there. Give it a stronger drive (gear, units_per_action), or "
+            f"linearize where it needs less"
+        )
+    return action
 
 
 class DeclaredTaskEnv(MujocoTaskEnv):

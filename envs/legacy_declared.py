@@ -61,7 +61,8 @@ class PidLoops:
 
 
 class DeclaredLqr:
-    """u = -K (x - x_ref) on the linearization at the declared operating point; x are the joint observations."""
+    """u = u_trim - K (x - x_ref) on the linearization at the declared operating point (u_trim: the action that holds
+    it, zero where it rests unpowered); x are the joint observations."""
 
     def __init__(self, decl: PlantDeclaration, nominal, name: str):
         self.name = name
@@ -85,6 +86,7 @@ class DeclaredLqr:
             [nominal.qpos[i] if kind == "qpos" else 0.0 for kind, i in (nominal.obs_to_state[o] for o in states)]
         )
         self._refs = [(states.index(decl.index(k)), decl.index(v)) for k, v in legacy.setpoints.items()]
+        self._trim = nominal.trim_action(b.shape[1])  # what holds the operating point (a hoist's weight), else 0
 
     def reset(self) -> None:
         """Nothing to clear: the LQR is static."""
@@ -96,4 +98,4 @@ class DeclaredLqr:
         err = obs[:, self._states] - self._x_op
         for j, ref in self._refs:
             err[:, j] = obs[:, self._states[j]] - obs[:, ref]
-        return np.clip(-err @ self.gain.T, -1.0, 1.0).astype(np.float32)
+        return np.clip(self._trim - err @ self.gain.T, -1.0, 1.0).astype(np.float32)

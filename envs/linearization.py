@@ -17,7 +17,7 @@ class NominalModel:
     """The nominal plant for linearization: model, operating point, obs-to-state map."""
 
     model: mujoco.MjModel
-    qpos: np.ndarray  # operating point (an equilibrium under zero ctrl), rad / m
+    qpos: np.ndarray  # operating point (an equilibrium under the `trim` action), rad / m
     qvel: np.ndarray
     substeps: int  # physics steps per control step (ctrl held constant)
     # obs index -> ("qpos" | "qvel", index); exogenous observations (set-points) are absent.
@@ -26,6 +26,8 @@ class NominalModel:
     # `scale`). None: the MJCF's actuators in their own order, one ctrl unit per action.
     actuators: tuple[int, ...] | None = None
     ctrl_per_action: tuple[float, ...] | None = None
+    # The steady action that holds the operating point still (a hoist's or a raised arm's weight); None: zero.
+    trim: tuple[float, ...] | None = None
 
     def write_ctrl(self, ctrl: np.ndarray, action) -> None:
         """Write one action into MjData.ctrl as the env applies it (ctrl[actuator] = scale x action, 0 elsewhere)."""
@@ -34,6 +36,21 @@ class NominalModel:
             return
         ctrl[:] = 0.0
         ctrl[list(self.actuators)] = np.asarray(action, np.float64) * np.asarray(self.ctrl_per_action, np.float64)
+
+    def trim_action(self, act_dim: int) -> np.ndarray:
+        """The holding action as an array (zeros where the operating point rests under zero action)."""
+        return np.zeros(act_dim) if self.trim is None else np.asarray(self.trim, np.float64)
+
+
+def hold_state(model: mujoco.MjModel, data: mujoco.MjData, nominal) -> None:
+    """Load the trim into `data` as a held action: its ctrl, and each filtered actuator's state settled at it."""
+    if nominal.trim is None:
+        data.ctrl[:] = 0.0
+        return
+    nominal.write_ctrl(data.ctrl, nominal.trim)
+    for i in range(model.nu):
+        if model.actuator_actadr[i] >= 0:
+            data.act[model.actuator_actadr[i]] = data.ctrl[i]
 
 
 def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
@@ -47,7 +64,7 @@ def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
     data = mujoco.MjData(model)
     data.qpos[:] = nominal.qpos
     data.qvel[:] = nominal.qvel
-    data.ctrl[:] = 0.0
+    hold_state(model, data, nominal)  # linearized about the operating point under the action that holds it
     mujoco.mj_forward(model, data)
     nx = 2 * model.nv + model.na
     a1 = np.zeros((nx, nx))

@@ -72,6 +72,8 @@ class PredictiveFilter:
         x_op = np.asarray(section["operating_point"], np.float64)
         P = np.asarray(section["hold_projection"], np.float64)
         F = np.asarray(section.get("hold_action") or np.zeros((m, N)), np.float64)  # the action holding x_hold
+        # ... on top of the one that holds the operating point (a hoist's weight; absent: it rests unpowered)
+        trim = np.asarray(section.get("hold_trim") or np.zeros(m), np.float64)
         tube = np.asarray(section["tube"], np.float64)  # (horizon, N)
         # (horizon, N, N) or absent: the tube's growth per unit of |x_L - x_op|, where the model's error depends on
         # how far from the operating point the plan starts (`tube_slope`, see point 3 of the module's docstring).
@@ -111,8 +113,8 @@ class PredictiveFilter:
         Phi_1 = A @ self._Phi_L + B @ slot(u0) + C_drift
         X_hold = X_op + P @ (Phi_1 - X_op)  # where the plan stops: the equilibrium nearest x_1
         self._Hold = X_hold
-        U_hold = F @ (X_hold - X_op)  # the map v -> the action that holds the plan's stop
-        self._K, self._x_op, self._P, self._F = K, x_op, P, F
+        U_hold = F @ (X_hold - X_op) + np.outer(trim, e_const)  # the map v -> the action that holds the plan's stop
+        self._K, self._x_op, self._P, self._F, self._trim = K, x_op, P, F, trim
         # Conservative mode's backup: a measured velocity residual d (per velocity, per step) moves the state by
         # `per_step` d each step (the velocity by d, the position by d dt / 2); over the latency the prediction
         # is off by sum_j A^j per_step d. Held against, the plant rests at a shifted equilibrium: the least
@@ -340,7 +342,7 @@ class PredictiveFilter:
             x += self._residual_drift @ residual
         if hold is None:
             hold = self._x_op + self._P @ (x - self._x_op)
-        u = self._F @ (hold - self._x_op) - self._K @ (x - hold)
+        u = self._trim + self._F @ (hold - self._x_op) - self._K @ (x - hold)
         if residual is not None:
             u += self._residual_hold @ residual
         return np.minimum(np.maximum(u, self._low), self._high)

@@ -490,6 +490,7 @@ PREDICTIVE_KEYS = (
     "operating_point",
     "hold_projection",
     "hold_action",
+    "hold_trim",
     "tube",
     "tube_slope",
     "tube_action_slope",
@@ -515,6 +516,8 @@ def _predictive(value: Any, n: int, m: int, rows: int, latency: int) -> dict:
     _matrix(_need(value, "hold_projection", "predictive"), "predictive.hold_projection", n, n)
     if "hold_action" in value:
         _matrix(value["hold_action"], "predictive.hold_action", m, n)
+    if "hold_trim" in value:  # the action that holds the operating point itself (a hoist's weight)
+        _finite(value["hold_trim"], "predictive.hold_trim", m)
     tube = _matrix(_need(value, "tube", "predictive"), "predictive.tube", horizon, n)
     floor = value.get("tube_floor")
     floor_vals = [] if floor is None else _matrix(floor, "predictive.tube_floor", horizon, n).reshape(-1).tolist()

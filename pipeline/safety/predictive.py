@@ -336,7 +336,8 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     from shield.spec import ShieldSpec
 
     W, _ = _rows(ShieldSpec.from_dict(spec))
-    box, reach = terminal(half, Acl, K, W, np.minimum(np.abs(env.low), np.abs(env.high)))
+    trim = env.trim  # the action holding the operating point: the backup's room in the box is measured from it
+    box, reach = terminal(half, Acl, K, W, np.minimum(env.high - trim, trim - env.low))
     out = {
         "horizon": int(horizon),
         "backup_gain": K.tolist(),
@@ -344,6 +345,8 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
         "hold_projection": P.tolist(),
         # Only where holding still takes an action (absent: every rest state holds under zero action, as before).
         **({"hold_action": F.tolist()} if np.any(np.abs(F) > 1e-12) else {}),
+        # Only where the operating point itself needs a steady action (absent: it rests unpowered, as before).
+        **({"hold_trim": trim.tolist()} if np.any(trim != 0.0) else {}),
         "tube": [],
         "terminal_box": box.tolist(),
         "terminal_reach": reach.tolist(),

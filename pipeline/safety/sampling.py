@@ -146,6 +146,7 @@ class EnvelopeSampler:
         self.box = _constraint_box(safety, col, n)
         self.halfspaces = _halfspace_rows(safety, col, n)
         self.x_op = operating_state(nominal, self.state_index)
+        self.trim = nominal.trim_action(len(self.low))  # the action that holds x_op (zero: it rests unpowered)
         self.plants = {}
         for name, rset in cfg.randomization.items():
             try:

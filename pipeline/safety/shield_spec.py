@@ -81,7 +81,8 @@ def linearize_mujoco(nominal, state_obs: list[int]) -> tuple[np.ndarray, np.ndar
     P[np.arange(len(state_obs)), rows] = 1.0
     A_obs, B_obs = P @ A @ P.T, P @ B
     x_eq = P @ np.concatenate([nominal.qpos, nominal.qvel, np.zeros(model.na)])
-    c = x_eq - A_obs @ x_eq  # the equilibrium is a fixed point under zero action
+    # The equilibrium is a fixed point under the action that holds it (zero where the plant rests unpowered).
+    c = x_eq - A_obs @ x_eq - B_obs @ nominal.trim_action(B_obs.shape[1])
     return A_obs, B_obs, c
 
 
@@ -177,10 +178,12 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
     high = np.asarray(safety["action_high"], np.float64)
     full = np.maximum(np.abs(low), np.abs(high))  # largest action magnitude per input
     rest = None  # the operating point's shield state, where there is one
+    trim = np.zeros(len(low))  # the action that holds it
     if safety["model"] == "linear":
         nominal = envs.nominal_model(cfg.task.env_id)  # the task registry's, linearized at its operating point
         state_index = sorted(nominal.obs_to_state)
         A, B, c = linearize_mujoco(nominal, state_index)
+        trim = nominal.trim_action(len(low))
         _uncontrolled_limits(safety["constraints"], state_index, A, B, nominal)
         rest = operating_state(nominal, state_index).tolist()
         model = {"type": "linear", "A": A.tolist(), "B": B.tolist(), "c": c.tolist()}
@@ -338,7 +341,9 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         **({"push_velocity": pairs_to_list(kick)} if any(map(any, kick)) else {}),
         # The angles of hinges without a range, wrapped around the operating point (absent where there are none).
         **({"angles": angles_to_dict(angles)} if angles else {}),
-        "fallback_action": np.clip(0.0, low, high).tolist(),
+        # The constant action a refusal sends: zero, or where the operating point needs one, the action that holds
+        # it (a hoist's drive letting go drops its load).
+        "fallback_action": np.clip(trim, low, high).tolist(),
         "assumptions": {
             "max_latency_s": latency * dt,
             "max_accel_error": [a - b for a, b in zip(full_accel, brake_min)],

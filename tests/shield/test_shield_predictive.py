@@ -148,3 +148,37 @@ def test_the_backup_continuing_an_accepted_plan_is_reported_as_backup_and_never_
     rushing = np.array([0.97 * X_MAX, 0.0, 1.5, 0.0], np.float32)  # at the rail's end, still going
     _, info = CbfShield(crane_spec()).filter(rushing, np.ones(1, np.float32))
     assert info["fallback"] and not info["backup"], info
+
+
+def test_a_plant_held_by_a_steady_action_is_kept_by_a_backup_that_holds_with_it():
+    """The crane on a slope: a steady pull toward -x that only the drive at 0.3 of its range cancels (the model's
+    drift c = -B 0.3; `hold_trim` [0.3], the fallback action too). At rest the filter passes the holding action
+    unchanged and its backup answers with it; under a bang-bang attack at every latency the plant stays inside."""
+    trim = 0.3
+    drift = -(B @ [trim])
+
+    def sloped(**kw) -> dict:
+        spec = crane_spec(**kw)
+        spec["model"]["c"] = drift.tolist()
+        spec["predictive"]["hold_trim"] = spec["fallback_action"] = [trim]
+        return spec
+
+    shield = CbfShield(sloped())
+    rest = np.zeros(4, np.float32)
+    u, info = shield.filter(rest, np.array([trim], np.float32))
+    assert float(u[0]) == np.float32(trim) and not info["intervened"]
+    shield.reset()
+    pred = shield._predictor
+    pred.load_observation(rest.astype(np.float64)[shield._obs_src])
+    pred.load_action(np.zeros(1))
+    np.testing.assert_allclose(shield._predictive.backup(pred.v, None), [trim], atol=1e-9)
+    shield = CbfShield(sloped(latency_steps=2, latency_min_steps=0))
+    for latency in (0, 1, 2):
+        shield.reset()
+        x, queue, worst = np.zeros(4), [np.zeros(1) + trim] * latency, 0.0
+        for t in range(400):
+            u, _ = shield.filter(x.astype(np.float32), np.array([1.0 if (t // 30) % 2 else -1.0], np.float32))
+            queue.append(u.astype(np.float64))
+            x = A @ x + B @ queue.pop(0) + drift
+            worst = max(worst, float((np.abs(x[:2]) / LIMIT).max()))
+        assert worst <= 1.0, (latency, worst)

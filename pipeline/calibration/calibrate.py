@@ -293,17 +293,18 @@ def calibrate(cfg, logs, bundle=None) -> dict:
     for o, c in zip(twin.state_obs, noise):
         obs_noise[o] = float(c["used"])
     verdict = []
+    named = [f"{n} (obs[{o}])" for n, o in zip(cfg.observation_names(twin.state_obs), twin.state_obs)]
     if misfit_spread:
         worst = int(np.argmax(ratio))
         verdict.append(
             f"misfit: the calibrated twin leaves {ratio[worst]:.1f}x the noise floor on observation "
-            f"{twin.state_obs[worst]} (above {MISFIT_RATIO}x): the plant has dynamics the twin does not "
+            f"{named[worst]} (above {MISFIT_RATIO}x): the plant has dynamics the twin does not "
             f"model (a changed geometry, friction, a sensor), or more noise than configured"
         )
     if misfit_structure:
         worst = max(velocities, key=lambda i: structure[i])
         verdict.append(
-            f"misfit: the calibrated twin's errors on observation {twin.state_obs[worst]} follow the "
+            f"misfit: the calibrated twin's errors on observation {named[worst]} follow the "
             f"state (F = {structure[worst]:.0f}, above {STRUCTURE_F:.0f}): the plant has dynamics the "
             f"twin does not model (a changed geometry, friction, a sensor)"
         )

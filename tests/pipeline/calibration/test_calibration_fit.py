@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,5 @@ def test_a_longer_pole_the_twin_does_not_model_is_flagged_as_a_misfit(tmp_path):
     r = calibrate(load_config(CFG), log)
     assert r["misfit"], (r["residual_vs_noise_floor"], r["verdict"])
     assert any(v.startswith("misfit") for v in r["verdict"])
+    named = re.compile(r"observation (x|theta|x_dot|theta_dot) \(obs\[\d\]\)")  # by its declared name
+    assert any(named.search(v) for v in r["verdict"]), r["verdict"]

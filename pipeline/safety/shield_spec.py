@@ -261,6 +261,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
                 f"shield.brake_accel: needs {len(pos)} values (one per position), got {len(sc.brake_accel)}"
             )
         brake = [[float(v) for v in a] if isinstance(a, list) else float(a) for a in sc.brake_accel]
+    _unkept_positions(cfg, pos, vel, constraints, brake)
     brake_min = [min(pair) for pair in brake_pairs(brake, len(pos))]
     disturbance = (
         derived["disturbance_accel"] if sc.disturbance_accel is None else [float(w) for w in sc.disturbance_accel]
@@ -404,6 +405,21 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         if problems:
             raise EnvelopeError("the config admits plants the shield cannot keep safe:\n  " + "\n  ".join(problems))
     return spec
+
+
+def _unkept_positions(cfg, pos: list[int], vel: list[int], constraints: list[dict], brake) -> None:
+    """ShieldSpecError for a position in plant.kinematics that no constraint reads and the drive cannot brake (a
+    hoist's swing under a vertical force): the barrier has nothing to keep there, and no braking figure to write."""
+    for k, b in enumerate(brake):  # read as it is: the schema's reader refuses a figure at or below 0
+        pair = [float(a) for a in b] if isinstance(b, (list, tuple)) else [float(b)] * 2
+        if min(pair) > 0.0 or any({pos[k], vel[k]} & _reads(con) for con in constraints):
+            continue
+        name = cfg.observation_names([pos[k]])[0]
+        raise ShieldSpecError(
+            f"plant.kinematics.positions[{k}] ({name}): no constraint reads it, and the drive cannot brake it (braking "
+            f"measured {[round(a, 3) for a in pair]} units/s^2): the braking barrier has nothing to keep there. Leave "
+            f"it and its velocity out of plant.kinematics: the linear model carries every observed joint anyway"
+        )
 
 
 def _reads(con: dict) -> set[int]:

@@ -111,6 +111,12 @@ def test_a_limit_no_actuator_can_move_is_refused_by_name(tmp_path):
         plant["mjcf"] = str(HERE / "plants" / "hoist.xml")
         plant["actuators"][0]["units_per_action"] = 120.0
 
+    def swing_kept_free(plant):  # the swing limit dropped, the swing still listed as a position to brake
+        plant["constraints"] = [c for c in plant["constraints"] if c["name"] != "swing_limit"]
+
+    with pytest.raises(ShieldSpecError, match=r"plant.kinematics.positions\[1\] \(theta\): no constraint reads it"):
+        build_shield_spec(load_config(_hoist(tmp_path, "hoist_swing_free", swing_kept_free)))
+
     import envs
 
     held = load_config(_hoist(tmp_path, "hoist_gravity", gravity))  # its weight is the trim: 7 kg x g / 120 N

@@ -58,6 +58,34 @@ def narrowed(cfg, parameter: str, low: float, high: float):
     return out
 
 
+def latency_capped(cfg, most: int):
+    """A copy of `cfg` whose every set's latency is at most `most` control steps (its range clipped below it)."""
+    from envs.randomization import StepRange
+
+    out = cfg.model_copy(deep=True)
+    for rset in out.randomization.values():
+        r = rset.latency_steps
+        if r is not None and r.high > most:
+            rset.latency_steps = StepRange(low=min(r.low, most), high=most)
+    return out
+
+
+def largest_certifiable_latency(cfg, seed: int = 0) -> tuple[int, int, int] | None:
+    """(the fewest and the most latency the sets admit, the most that synthesis certifies with every set capped
+    there), or None
+    where the sets admit no latency or none below their most certifies: for a refusal that names no range, since
+    a plan the shield predicts through more steps spreads its model error wider (a reaction wheel certified at
+    0-1 steps and refused at 0-2)."""
+    ranges = [r.latency_steps for r in cfg.randomization.values() if r.latency_steps is not None]
+    if not ranges:
+        return None
+    most, fewest = max(r.high for r in ranges), min(r.low for r in ranges)
+    for cap in range(most - 1, fewest - 1, -1):
+        if _certifiable(latency_capped(cfg, cap), seed):
+            return fewest, most, cap
+    return None
+
+
 def _full_range(cfg, parameter: str) -> tuple[float, float]:
     lo, hi = np.inf, -np.inf
     for rset in cfg.randomization.values():

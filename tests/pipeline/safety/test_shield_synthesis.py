@@ -448,3 +448,22 @@ def test_the_sub_range_search_moves_both_ends_and_finds_the_range_to_blame(monke
     assert 0.6 <= lo <= 0.6 + 0.5 / 2**certificate.BISECTION_STEPS and 1.3 - 0.5 / 2**6 <= hi <= 1.3, (lo, hi)
     assert certificate._pinned_culprit(cfg, ["actuator_gain.trolley_force", "body_mass.payload"]) == "body_mass.payload"
     assert certificate._pinned_culprit(cfg, ["actuator_gain.trolley_force"]) is None
+
+
+def test_a_refusal_naming_no_range_looks_for_the_latency_it_can_certify(monkeypatch):
+    """Where the refusal names no range, the latency the shield predicts through is tried lower, set by set capped
+    (synthesis's verdict replaced by a known one: certified up to 1 step; the crane's sets admit 0-2)."""
+    from pipeline.config import load_config
+    from pipeline.safety import certificate
+
+    def verdict(cfg, seed):
+        return max(r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps) <= 1
+
+    monkeypatch.setattr(certificate, "_certifiable", verdict)
+    cfg = load_config("configs/crane.yaml")
+    assert certificate.largest_certifiable_latency(cfg) == (0, 2, 1)
+    capped = certificate.latency_capped(cfg, 1)
+    assert all(r.latency_steps.high <= 1 for r in capped.randomization.values() if r.latency_steps)
+    assert max(r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps) == 2  # untouched
+    monkeypatch.setattr(certificate, "_certifiable", lambda cfg, seed: False)
+    assert certificate.largest_certifiable_latency(cfg) is None

@@ -500,23 +500,37 @@ def _plain(value):
 def holding_problem(spec: dict) -> str | None:
     """Why the predictive filter cannot hold the plant at all (its rows reject the operating point at rest), or
     None: with the tube as measured, the plan from rest must be admitted, else no state ever is."""
+    ok, h = _at_rest(spec)
+    if ok:
+        return None
+    names = [c["name"] for c in spec["constraints"]]
+    worst = int(np.argmin(h))
+    # The same plan with no tube (nor its floor or growth): how much room the constraint had before the model error.
+    bare = {k: v for k, v in spec["predictive"].items() if k not in ("tube_floor", "tube_slope", "tube_action_slope")}
+    bare["tube"] = np.zeros_like(np.asarray(bare["tube"], np.float64)).tolist()
+    room = float(_at_rest({**spec, "predictive": bare})[1][worst])
+    if room < 0.0:
+        return (
+            f"the predictive filter cannot hold the plant even at rest at its operating point: its backup's plan "
+            f"from there leaves constraint {names[worst]!r} with no model error at all (room {room:.3g}): the "
+            f"terminal set or the backup gain is the cause, not the tube"
+        )
+    return (
+        f"the predictive filter cannot hold the plant even at rest at its operating point: the model error "
+        f"measured under the backup (the tube, its floor and its growth) takes {room - float(h[worst]):.3g} off "
+        f"constraint {names[worst]!r}, which has {room:.3g} of room there (slack {float(h[worst]):.3g})"
+    )
+
+
+def _at_rest(spec: dict) -> tuple[bool, np.ndarray]:
+    """(does the filter admit its fallback action at the operating point, slack per constraint) for `spec`."""
     from shield.cbf import CbfShield
 
     shield = CbfShield(spec)
     pf = shield._predictive
     assert pf is not None
-    sec = spec["predictive"]
     obs = np.zeros(spec["obs_dim"])
-    obs[spec["state_index"]] = sec["operating_point"][: len(spec["state_index"])]
+    obs[spec["state_index"]] = spec["predictive"]["operating_point"][: len(spec["state_index"])]
     pred = shield._predictor
     pred.load_observation(obs[shield._obs_src])
-    ok, h = pf.evaluate(pf.slack_free(pred.v), shield._fallback)
-    if ok:
-        return None
-    names = [c["name"] for c in spec["constraints"]]
-    worst = int(np.argmin(h))
-    return (
-        f"the predictive filter cannot hold the plant even at rest at its operating point: the model error "
-        f"measured under the backup (tube up to {max(max(r) for r in sec['tube']):.3g}) leaves no room in "
-        f"constraint {names[worst]!r} (slack {float(h[worst]):.3g})"
-    )
+    return pf.evaluate(pf.slack_free(pred.v), shield._fallback)

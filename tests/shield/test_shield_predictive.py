@@ -182,3 +182,22 @@ def test_a_plant_held_by_a_steady_action_is_kept_by_a_backup_that_holds_with_it(
             x = A @ x + B @ queue.pop(0) + drift
             worst = max(worst, float((np.abs(x[:2]) / LIMIT).max()))
         assert worst <= 1.0, (latency, worst)
+
+
+def test_a_tube_with_no_room_at_rest_is_refused_with_what_it_takes_and_what_there_was():
+    """A tube wider than the crane's limits: the refusal says how much the model error takes off the worst
+    constraint and how much room that constraint had at rest with none, figures that add up to its slack."""
+    import re
+
+    from pipeline.safety.predictive import holding_problem
+
+    assert holding_problem(crane_spec()) is None
+    said = holding_problem(crane_spec(tube_per_step=2000.0))
+    got = re.search(
+        r"takes ([\d.e+-]+) off constraint '(\w+)', which has ([\d.e+-]+) of room there \(slack ([\d.e+-]+)\)", said
+    )
+    assert got, said
+    took, name, room, slack = float(got[1]), got[2], float(got[3]), float(got[4])
+    limit = {"rail": X_MAX, "swing": THETA_MAX}[name]
+    assert 0.8 * limit <= room <= limit  # the plan at rest, less only what its terminal set keeps back
+    assert room - took == pytest.approx(slack, rel=1e-2, abs=1e-3) and slack < 0

@@ -420,9 +420,11 @@ def summary_lines(result: dict) -> list[str]:
             a, b = p["interval"]
             status = f"pinned alone, 90 % interval {a:.3f}..{b:.3f}; calibrated range {lo:.3f}..{hi:.3f}"
         else:
+            past = not p["kept"][0] <= p["identified"] <= p["kept"][1]
             status = (
-                f"not pinned alone (best fit {p['identified']:.3f} is one point of a flat direction); "
-                f"calibrated range {lo:.3f}..{hi:.3f} (configured {p['kept'][0]:g}..{p['kept'][1]:g})"
+                f"not pinned alone (best fit {p['identified']:.3f} is one point of a flat direction"
+                + (", which runs past the configured range there" if past else "")
+                + f"); calibrated range {lo:.3f}..{hi:.3f} (configured {p['kept'][0]:g}..{p['kept'][1]:g})"
             )
         lines.append(f"{name}: {status}")
     noise = ", ".join(f"{v:.4f}" for v in result["obs_noise_std"])

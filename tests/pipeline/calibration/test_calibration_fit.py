@@ -132,3 +132,28 @@ def test_a_longer_pole_the_twin_does_not_model_is_flagged_as_a_misfit(tmp_path):
     assert any(v.startswith("misfit") for v in r["verdict"])
     named = re.compile(r"observation (x|theta|x_dot|theta_dot) \(obs\[\d\]\)")  # by its declared name
     assert any(named.search(v) for v in r["verdict"]), r["verdict"]
+
+
+@pytest.mark.timeout(900)
+def test_a_best_fit_past_the_configured_range_is_said_to_be_so(inside_result):
+    """A parameter on a flat direction can have its best fit past the configured range (the helper's pole at 1.6x
+    against 0.9..1.5): the summary says that direction runs past it, and only there."""
+    from pipeline.calibration.calibrate import summary_lines
+
+    flat = [n for n, p in inside_result["parameters"].items() if not p["identified_ok"] and not p.get("known")]
+    assert flat, inside_result["parameters"]
+    result = {**inside_result, "parameters": dict(inside_result["parameters"])}
+    name = flat[0]
+    result["parameters"][name] = {
+        **result["parameters"][name],
+        "identified": result["parameters"][name]["kept"][1] + 0.1,
+    }
+    line = next(ln for ln in summary_lines(result) if ln.startswith(f"{name}:"))
+    assert "runs past the configured range" in line, line
+    inside = [ln for ln in summary_lines(inside_result) if "runs past" in ln]
+    fitted_past = [
+        n
+        for n, p in inside_result["parameters"].items()
+        if "kept" in p and not p["kept"][0] <= p["identified"] <= p["kept"][1]
+    ]
+    assert len(inside) == len([n for n in fitted_past if not inside_result["parameters"][n]["identified_ok"]])

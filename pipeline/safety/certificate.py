@@ -72,10 +72,9 @@ def latency_capped(cfg, most: int):
 
 def largest_certifiable_latency(cfg, seed: int = 0) -> tuple[int, int, int] | None:
     """(the fewest and the most latency the sets admit, the most that synthesis certifies with every set capped
-    there), or None
-    where the sets admit no latency or none below their most certifies: for a refusal that names no range, since
-    a plan the shield predicts through more steps spreads its model error wider (a reaction wheel certified at
-    0-1 steps and refused at 0-2)."""
+    there), or None where the sets admit no latency or none below their most certifies: for a refusal that names
+    no range, since a plan the shield predicts through more steps spreads its model error wider (a reaction wheel
+    certified at 0-1 steps and refused at 0-2)."""
     ranges = [r.latency_steps for r in cfg.randomization.values() if r.latency_steps is not None]
     if not ranges:
         return None

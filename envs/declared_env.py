@@ -18,7 +18,7 @@ import mujoco
 import numpy as np
 
 from envs.declaration import DeclarationError, PlantDeclaration, resolve_entry_point
-from envs.linearization import NominalModel
+from envs.linearization import NominalModel, apply_held_action
 from envs.mujoco_task import MujocoTaskEnv
 from envs.safety import constraint_values, cost_of
 
@@ -137,11 +137,8 @@ def _holding_action(model: mujoco.MjModel, data: mujoco.MjData, binding: Binding
     nu = len(binding.ctrl)
 
     def qacc(action: np.ndarray) -> np.ndarray:
-        data.qpos[:], data.qvel[:], data.ctrl[:] = qpos, 0.0, 0.0
-        data.ctrl[binding.ctrl] = action * binding.scale
-        for i in binding.ctrl:  # a filtered actuator's state settled at its control, as a held action leaves it
-            if model.actuator_actadr[i] >= 0:
-                data.act[model.actuator_actadr[i]] = data.ctrl[i]
+        data.qpos[:], data.qvel[:] = qpos, 0.0
+        apply_held_action(model, data, binding.ctrl, binding.scale, action)
         mujoco.mj_forward(model, data)
         return data.qacc.copy()
 

@@ -31,26 +31,37 @@ class NominalModel:
 
     def write_ctrl(self, ctrl: np.ndarray, action) -> None:
         """Write one action into MjData.ctrl as the env applies it (ctrl[actuator] = scale x action, 0 elsewhere)."""
-        if self.actuators is None:
-            ctrl[:] = action
-            return
-        ctrl[:] = 0.0
-        ctrl[list(self.actuators)] = np.asarray(action, np.float64) * np.asarray(self.ctrl_per_action, np.float64)
+        write_ctrl(ctrl, self.actuators, self.ctrl_per_action, action)
 
     def trim_action(self, act_dim: int) -> np.ndarray:
         """The holding action as an array (zeros where the operating point rests under zero action)."""
         return np.zeros(act_dim) if self.trim is None else np.asarray(self.trim, np.float64)
 
 
-def hold_state(model: mujoco.MjModel, data: mujoco.MjData, nominal) -> None:
-    """Load the trim into `data` as a held action: its ctrl, and each filtered actuator's state settled at it."""
-    if nominal.trim is None:
-        data.ctrl[:] = 0.0
+def write_ctrl(ctrl: np.ndarray, actuators, ctrl_per_action, action) -> None:
+    """Write one action into MjData.ctrl as the env applies it: ctrl[actuators[k]] = ctrl_per_action[k] x
+    action[k], 0 on every actuator no action drives. `actuators` None: the MJCF's own order, one ctrl per action."""
+    if actuators is None:
+        ctrl[:] = action
         return
-    nominal.write_ctrl(data.ctrl, nominal.trim)
+    ctrl[:] = 0.0
+    ctrl[list(actuators)] = np.asarray(action, np.float64) * np.asarray(ctrl_per_action, np.float64)
+
+
+def apply_held_action(model: mujoco.MjModel, data: mujoco.MjData, actuators, ctrl_per_action, action) -> None:
+    """Load `action` into `data` as an action held for long leaves it: its ctrl (`write_ctrl`), and each
+    actuator's own state (a filtered motor's lag) settled at its control. The one place the holding action, the
+    measured response and the linearization put an action into a plant that is not being stepped."""
+    write_ctrl(data.ctrl, actuators, ctrl_per_action, action)
     for i in range(model.nu):
         if model.actuator_actadr[i] >= 0:
             data.act[model.actuator_actadr[i]] = data.ctrl[i]
+
+
+def hold_state(model: mujoco.MjModel, data: mujoco.MjData, nominal) -> None:
+    """Load the trim into `data` as a held action (zero where the operating point rests under zero action)."""
+    act_dim = model.nu if nominal.actuators is None else len(nominal.actuators)
+    apply_held_action(model, data, nominal.actuators, nominal.ctrl_per_action, nominal.trim_action(act_dim))
 
 
 def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:

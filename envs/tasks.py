@@ -314,6 +314,7 @@ def measured_response(env_id: str, pushes: list[str] | None = None, rollouts: in
     import mujoco
     import numpy as np
 
+    from envs.linearization import apply_held_action
     from envs.safety import violated_constraints
 
     spec = task(env_id)
@@ -347,11 +348,7 @@ def measured_response(env_id: str, pushes: list[str] | None = None, rollouts: in
 
         def accel(qpos: np.ndarray, action: np.ndarray, body: int = -1, axis: int = 0) -> np.ndarray:
             data.qpos[:], data.qvel[:], data.act[:] = qpos, 0.0, 0.0
-            data.ctrl[:] = 0.0
-            data.ctrl[ctrl] = action * scale
-            for i in ctrl:  # the actuator's own lag settled: its state at its control
-                if model.actuator_actadr[i] >= 0:
-                    data.act[model.actuator_actadr[i]] = data.ctrl[i]
+            apply_held_action(model, data, ctrl, scale, action)
             data.xfrc_applied[:] = 0.0
             if body >= 0:
                 data.xfrc_applied[body, axis] = 1.0

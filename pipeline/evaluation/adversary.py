@@ -26,8 +26,8 @@ class AdversaryParams:
     """How the adversary attacks: the defaults drive at the nearest constraint at full action from step 0."""
 
     target: int = -1  # constraint index to attack; -1: whichever is nearest at each step
-    start_step: int = 0  # steps of calm (zero action) before the attack
-    strength: float = 1.0  # share of the full action, in (0, 1]
+    start_step: int = 0  # steps of calm (the spec's resting action: zero, or the trim that holds a load) first
+    strength: float = 1.0  # share of the way from calm to the full action, in (0, 1]
     overshoot: float = 0.6  # how far past the boundary a steered adversary aims (constraint units)
     flip_every: int = 0  # > 0: reverse the push every this many steps (a latency-timed back-and-forth)
 
@@ -88,6 +88,10 @@ class AdversarialPolicy:
         self._where = {o_i: k for k, o_i in enumerate(self._pos)}
         self._constraints = spec.constraint_objects()
         self._low, self._high = np.asarray(spec.action_low), np.asarray(spec.action_high)
+        # Calm is the action that leaves the plant where it is: zero, or the trim a gravity-loaded plant holds
+        # its load with (zero there would drop it, an attack the calm steps are not meant to be).
+        rest = spec.fallback_action if spec.fallback_action is not None else [0.0] * spec.act_dim
+        self._rest = np.asarray(rest, np.float32)
         self._steer = steer
         self._step = 0
 
@@ -116,7 +120,7 @@ class AdversarialPolicy:
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs, np.float64)
-        out = np.zeros((len(obs), self.spec.act_dim), np.float32)
+        out = np.repeat(self._rest[None], len(obs), axis=0)
         p = self.params
         step, self._step = self._step, self._step + 1
         sign = -1.0 if p.flip_every > 0 and (step // p.flip_every) % 2 else 1.0
@@ -130,8 +134,8 @@ class AdversarialPolicy:
                 out[k] = controller(steered[None])[0]
             elif step >= p.start_step:
                 push = sign * (n @ self._dv)  # closing acceleration per unit of each action
-                full = np.where(push > 0, self._high, np.where(push < 0, self._low, 0.0))
-                out[k] = p.strength * full
+                full = np.where(push > 0, self._high, np.where(push < 0, self._low, self._rest))
+                out[k] = self._rest + p.strength * (full - self._rest)  # strength: the share of the way to full
         return out
 
 

@@ -42,6 +42,7 @@ def test_a_gravity_loaded_arm_is_certified_and_its_shield_holds_every_policy_ins
     let go would drop the link onto its stop); on reality the adversary and bang-bang get no violating step through
     the shield, and without it they cross the limits."""
     from pipeline.config import load_config
+    from pipeline.evaluation.adversary import AdversarialPolicy, AdversaryParams
     from pipeline.evaluation.evaluate import evaluate, reference_policy
     from pipeline.safety.shield_spec import build_shield_spec
     from shield.spec import ShieldSpec
@@ -50,6 +51,13 @@ def test_a_gravity_loaded_arm_is_certified_and_its_shield_holds_every_policy_ins
     spec = build_shield_spec(cfg)
     assert spec["fallback_action"] == pytest.approx([TRIM], abs=1e-6)
     shield_spec = ShieldSpec.from_dict(spec)
+    # The adversary's calm steps hold the link where it is (zero action would drop it, an attack calm is not).
+    calm = AdversarialPolicy(shield_spec, params=AdversaryParams(start_step=3, strength=0.5))
+    obs = np.array([[0.5, 0.0, 0.5]], np.float32)
+    assert float(calm(obs)[0, 0]) == pytest.approx(TRIM, abs=1e-6)
+    for _ in range(3):
+        attack = float(calm(obs)[0, 0])
+    assert attack in (pytest.approx(0.5 * (1 + TRIM), abs=1e-6), pytest.approx(0.5 * (-1 + TRIM), abs=1e-6))
     for name in ("adversarial", "bang_bang"):
         run = dict(domains="reality", episodes=8, seed=1)
         kept = evaluate(cfg, reference_policy(name, cfg, shield_spec, seed=1), **run, spec=shield_spec)

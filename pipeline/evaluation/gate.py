@@ -151,8 +151,12 @@ class GateDecision:
     def next_steps(self) -> list[str]:
         """What a user can do about each check that failed or did not decide, one line each (none on a pass)."""
         out = []
+        failed = any(c.passed is False for c in self.checks)
         for c in self.checks:
             if c.passed is True or c.key not in NEXT_STEPS:
+                continue
+            if failed and c.passed is None:
+                # The gate stopped at the look where a check failed: more episodes were not what it lacked.
                 continue
             # Undecided, but losing more than it may on the sample so far: more episodes would refuse it, not pass it.
             losing = c.key == LOST_KEY and _known(c.value) and _known(c.threshold) and c.value > c.threshold
@@ -170,6 +174,15 @@ NEXT_STEPS = {
         "--domains reality` counts its lost episodes",
         "undecided": "too few episodes to bound the candidate's lost episodes under gate.max_lost_rate_increase: "
         "raise gate.max_episodes (its line says how many decide it) or gate.max_seconds",
+    },
+    "gate.max_intervention_rate": {
+        "fail": "the shield changes more of the candidate's actions than gate.max_intervention_rate allows: train "
+        "with the shield in the loop (shield.train_in_loop, with shield.intervention_penalty) so the policy learns "
+        "where the shield lets it go; where the shield also changes much of legacy's (`sim2real shield synthesize` "
+        "prints that rate, and what the model error takes off each limit), it is the plant's envelope that makes it "
+        "conservative: narrow the randomization ranges or pushes that set the model error",
+        "undecided": "the intervention-rate bound straddles gate.max_intervention_rate: more episodes "
+        "(gate.max_episodes) narrow it",
     },
     "gate.min_return_ratio": {
         "fail": "the candidate's return falls short of gate.min_return_ratio against legacy on the same episodes: "

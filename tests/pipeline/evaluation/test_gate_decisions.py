@@ -299,6 +299,18 @@ def test_lost_episodes_decide_with_their_exact_bounds_and_say_how_many_episodes_
     # Undecided, but losing 12 of 320 where 2 % are allowed: more episodes are not the answer.
     assert check(12, 0, 320)[1].status == "undecided" and "train.adaptive" in check(12, 0, 320)[0].next_steps[0]
     assert not check(0, 0, 183)[0].next_steps
+    # The shield changing most of the candidate's actions, while the lost episodes are still undecided: the gate
+    # stops there, so what it says to do is about the interventions, not about more episodes.
+    busy = decide(
+        good_metrics(
+            candidate_interventions=14000,
+            failures_vs_legacy={"candidate_only": 0, "legacy_only": 0, "episodes": 30},
+            episodes_can_end_early=True,
+        ),
+        GateConfig(max_intervention_rate=0.1),
+    )
+    assert busy.decision == "fail" and busy.failing == ["gate.max_intervention_rate"]
+    assert len(busy.next_steps) == 1 and "shield.train_in_loop" in busy.next_steps[0], busy.next_steps
     # Legacy's own losses (it crosses its limit where the shielded candidate does not) are the candidate's credit.
     assert check(8, 0, 320)[1].status == "undecided" and check(4, 12, 320)[1].passed is True
     # Episodes both lost cancel; episodes only legacy lost are the candidate's credit on the lower bound.

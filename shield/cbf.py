@@ -186,6 +186,7 @@ class CbfShield:
         self._keep_conservative = 1.0 - (1.0 - rows.keep) / CONSERVATIVE_GAIN_DIVISOR
         self._envelope = False
         self._init_dead_reckoning(spec, model)
+        self._constraint_objs = spec.constraint_objects()
         # With a `predictive` section the predictive filter keeps every constraint (`shield.predictive`), over the
         # same prediction buffer: the pending actions, the monitor and dead reckoning stay as they are.
         self._predictive = (
@@ -393,7 +394,7 @@ class CbfShield:
         pred.load_action(self._fallback if bad else action)
         in_box = not bad and all(map(le, self._low32_list, act_list)) and all(map(le, act_list, self._high32_list))
         if self._predictive is not None:
-            return self._filter_predictive(action, act_list, bad, in_box, t0)
+            return self._filter_predictive(action, act_list, bad, in_box, t0, obs_list if obs_ok else None)
         h_now = self._prepare()
         holds = min(h_now.tolist(), default=0.0) >= 0.0  # every barrier holds at x_L
         if in_box:
@@ -421,7 +422,7 @@ class CbfShield:
         return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
 
     def _filter_predictive(
-        self, action: np.ndarray, act_list: list, bad: bool, in_box: bool, t0: float
+        self, action: np.ndarray, act_list: list, bad: bool, in_box: bool, t0: float, obs_list: list | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         """The predictive filter's step (`shield.predictive`): the action if its plan holds, else the nearest one
         whose plan does, else the backup's own action (the plan accepted last continues with it)."""
@@ -445,8 +446,12 @@ class CbfShield:
         feasible = u is not None
         # The backup continuing the last accepted plan is what that plan's tube was measured on: the filter's
         # normal hand-over near a limit, certified. With no plan accepted this episode, or outside the envelope
-        # (held against the monitor's measured acceleration instead), nothing certifies it: a fallback.
+        # (held against the monitor's measured acceleration instead), nothing certifies it: a fallback. Nor where
+        # the plant is observed past a limit: no plan's tube reaches there (the plant left it), whatever was
+        # accepted before.
         backup = not feasible and not bad and self._hold is not None and not self._outside
+        if backup and obs_list is not None:
+            backup = not any(con.violated(obs_list) for con in self._constraint_objs)
         if u is None:  # conservative mode: the backup holds against the acceleration the monitor measured
             u = pf.backup(pred.v, self._hold, self._monitor.mean_residual() if self._outside else None)
         out = u.astype(np.float32)

@@ -148,6 +148,13 @@ def test_the_backup_continuing_an_accepted_plan_is_reported_as_backup_and_never_
     rushing = np.array([0.97 * X_MAX, 0.0, 1.5, 0.0], np.float32)  # at the rail's end, still going
     _, info = CbfShield(crane_spec()).filter(rushing, np.ones(1, np.float32))
     assert info["fallback"] and not info["backup"], info
+    # A plant observed past a limit left every accepted plan's tube: its backup is no longer certified by one.
+    for past in (np.array([1.05 * X_MAX, 0.0, 0.5, 0.0]), np.array([0.0, 1.2 * THETA_MAX, 0.0, 0.0])):
+        kept = CbfShield(crane_spec(latency_steps=1, latency_min_steps=0))
+        for _ in range(5):
+            _, info = kept.filter(np.zeros(4, np.float32), np.zeros(1, np.float32))  # plans accepted at rest
+        _, info = kept.filter(past.astype(np.float32), np.ones(1, np.float32))
+        assert info["fallback"] and not info["backup"], (past, info)
 
 
 def test_a_plant_held_by_a_steady_action_is_kept_by_a_backup_that_holds_with_it():

@@ -202,6 +202,14 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
                 x, u = env.draw_state(), env.draw_action()
                 x1 = plant.step(x, env.applied(name, u))
                 r = env.wrap(x1 - env.predict(x, u) + env.x_op) - env.x_op
+                # The barrier's conditions hold for every input effect in the measured gain range, so the part of
+                # the residual that is the main input's effect off nominal at this state is theirs to cover, not
+                # the disturbance's: counted in both, a plant whose load changes the drive's effect (a heavier
+                # link, a weaker motor) was braked for its gain error twice.
+                here = _gain_samples(env, plant, x, driven, gains, gain_at, {"set": name, "domain": dict(dom)})
+                for k, g in here.items():
+                    j, m = env.iv[k], env.main_in[k]
+                    r[j] -= (g - 1.0) * env.B[j, m] * u[m]
                 res_v.append(np.abs(r[env.iv]) / env.dt)
                 feats.append(np.abs(x - env.x_op))
                 # Through the longest latency the actions sent but not yet applied are predicted too.
@@ -215,8 +223,6 @@ def measure(cfg, samples: int | None = None, seed: int = 0, draws: int = DRAWS) 
                     else r
                 )
                 res_p.append(np.abs(rp[env.ip]))
-                if rng.random() < 0.25:
-                    _gain_samples(env, plant, x, driven, gains, gain_at, {"set": name, "domain": dict(dom)})
                 if pushed is not None and rng.random() < 0.1:
                     base = plant.step(x, u)
                     for axis in pushed[1]:
@@ -289,9 +295,10 @@ def input_effect(env: EnvelopeSampler, plant: SteppedPlant, x: np.ndarray, k: in
 
 def _gain_samples(
     env: EnvelopeSampler, plant: SteppedPlant, x: np.ndarray, driven: list, gains: list, gain_at: list, where: dict
-) -> None:
+) -> dict[int, float]:
     """Per position its main input drives (`driven`: `driven_positions`), the input effect at x (`input_effect`),
-    and where the weakest so far was (`gain_at`)."""
+    recorded in `gains`, and where the weakest so far was (`gain_at`). Returns {position: effect} at x."""
+    here = {}
     for k in driven:
         g = input_effect(env, plant, x, k)
         if g is None:
@@ -300,6 +307,8 @@ def _gain_samples(
             state = {str(o): round(float(x[env.col[o]]), 4) for o in env.state_index}
             gain_at[k] = {**where, "state": state, "effect": g}
         gains[k].append(g)
+        here[k] = g
+    return here
 
 
 def _noise_margin(cfg, safety: dict) -> float:

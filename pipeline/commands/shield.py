@@ -256,6 +256,8 @@ def _plain(obj):
 
 
 def _human(cfg, meas, spec, record, refused, out: Path) -> str:
+    from pipeline.safety import certificate
+
     head = (
         f"shield synthesis for {cfg.task.name}: {meas.samples} residual samples on {meas.domains} plants "
         f"in {meas.wall_s:.1f} s"
@@ -301,5 +303,7 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
             f"  legacy on reality behind the shield: {legacy['intervention_rate']:.1%} of steps changed, "
             f"{legacy['violations']} violating steps"
         )
+    if record.get("conservative"):
+        lines.append(f"  {certificate.conservative_line(record['conservative'])}")
     lines.append(f"  written: {out / 'certificate.json'}" + ("" if refused else f", {out / 'shield.json'}"))
     return "\n".join(lines)

@@ -292,7 +292,61 @@ def certificate(
         "model_error": meas.record() if meas is not None else None,
         "falsification": falsified,
         "legacy_on_reality": legacy,
+        "conservative": conservative_record(cfg, spec, legacy),
     }
+
+
+# A certified shield that changes more of the legacy controller's steps on `reality` than this is reported as
+# conservative: a policy behind it is changed about as often, and the gate's intervention-rate check meets that.
+CONSERVATIVE_SHARE = 0.05
+
+
+def conservative_record(cfg, spec: dict, legacy: dict | None) -> dict | None:
+    """Where the legacy controller behind the shield is changed on more than CONSERVATIVE_SHARE of its steps: that
+    share, and what takes the room: per constraint, what the predictive filter's tube takes off it at rest; per
+    position, the barrier's model error over its weaker braking. None otherwise (or with no legacy run)."""
+    if not legacy or not legacy.get("episodes") or legacy["intervention_rate"] <= CONSERVATIVE_SHARE:
+        return None
+    record: dict = {"legacy_changed": legacy["intervention_rate"], "above": CONSERVATIVE_SHARE}
+    if "predictive" in spec:
+        from pipeline.safety.predictive import tube_at_rest
+
+        record["tube_at_rest"] = [
+            {"constraint": name, "taken": round(taken, 4), "room": round(room, 4)}
+            for name, taken, room in tube_at_rest(spec)
+        ]
+    else:
+        names = cfg.observation_names(spec["position_index"])
+        record["error_over_braking"] = [
+            {"position": name, "ratio": round(w / max(min(pair) if isinstance(pair, list) else pair, 1e-12), 3)}
+            for name, w, pair in zip(names, spec["disturbance_accel"], spec["kinematics"]["brake_accel"])
+        ]
+    return record
+
+
+def conservative_line(record: dict) -> str:
+    """`conservative_record` in one line of what it means and what to do."""
+    head = (
+        f"CONSERVATIVE: it changes {record['legacy_changed']:.1%} of the legacy controller's steps on reality (more "
+        f"than {record['above']:.0%}); a policy behind it is changed about as often, and gate.max_intervention_rate "
+        f"judges that. "
+    )
+    if "tube_at_rest" in record:
+        rows = [r for r in record["tube_at_rest"] if r["room"] > 0]
+        worst = max(rows, key=lambda r: r["taken"] / r["room"]) if rows else None
+        what = (
+            f"At rest the model error under the backup takes {worst['taken']:.3g} of constraint "
+            f"{worst['constraint']!r}'s {worst['room']:.3g} room ({worst['taken'] / worst['room']:.0%}). "
+            if worst
+            else ""
+        )
+    else:
+        worst = max(record["error_over_braking"], key=lambda r: r["ratio"])
+        what = f"The model error on {worst['position']} is {worst['ratio']:.0%} of the braking it has there. "
+    return (
+        head + what + "It comes from the envelope (the sets' pushes, latency and ranges): narrow the largest and "
+        "synthesize again (`--no-falsify` measures without the search)"
+    )
 
 
 def _set_by_hand(cfg) -> list[str]:

@@ -497,28 +497,34 @@ def _plain(value):
     return json.loads(json.dumps(value))
 
 
+def tube_at_rest(spec: dict) -> list[tuple[str, float, float]]:
+    """Per constraint (name, what the tube takes off it, the room it had) for the plan from rest at the operating
+    point: the room with no tube (nor its floor or growth), and the slack the measured tube leaves of it."""
+    h = _at_rest(spec)[1]
+    bare = {k: v for k, v in spec["predictive"].items() if k not in ("tube_floor", "tube_slope", "tube_action_slope")}
+    bare["tube"] = np.zeros_like(np.asarray(bare["tube"], np.float64)).tolist()
+    room = _at_rest({**spec, "predictive": bare})[1]
+    return [(c["name"], float(r - s), float(r)) for c, r, s in zip(spec["constraints"], room, h)]
+
+
 def holding_problem(spec: dict) -> str | None:
     """Why the predictive filter cannot hold the plant at all (its rows reject the operating point at rest), or
     None: with the tube as measured, the plan from rest must be admitted, else no state ever is."""
     ok, h = _at_rest(spec)
     if ok:
         return None
-    names = [c["name"] for c in spec["constraints"]]
     worst = int(np.argmin(h))
-    # The same plan with no tube (nor its floor or growth): how much room the constraint had before the model error.
-    bare = {k: v for k, v in spec["predictive"].items() if k not in ("tube_floor", "tube_slope", "tube_action_slope")}
-    bare["tube"] = np.zeros_like(np.asarray(bare["tube"], np.float64)).tolist()
-    room = float(_at_rest({**spec, "predictive": bare})[1][worst])
+    name, taken, room = tube_at_rest(spec)[worst]
     if room < 0.0:
         return (
             f"the predictive filter cannot hold the plant even at rest at its operating point: its backup's plan "
-            f"from there leaves constraint {names[worst]!r} with no model error at all (room {room:.3g}): the "
+            f"from there leaves constraint {name!r} with no model error at all (room {room:.3g}): the "
             f"terminal set or the backup gain is the cause, not the tube"
         )
     return (
         f"the predictive filter cannot hold the plant even at rest at its operating point: the model error "
-        f"measured under the backup (the tube, its floor and its growth) takes {room - float(h[worst]):.3g} off "
-        f"constraint {names[worst]!r}, which has {room:.3g} of room there (slack {float(h[worst]):.3g})"
+        f"measured under the backup (the tube, its floor and its growth) takes {taken:.3g} off "
+        f"constraint {name!r}, which has {room:.3g} of room there (slack {float(h[worst]):.3g})"
     )
 
 

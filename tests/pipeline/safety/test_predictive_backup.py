@@ -101,3 +101,24 @@ def test_the_envelopes_plants_are_linearized_each_with_its_own_parameters():
     pull = np.array([A[2, 1] for A, _ in models])  # trolley velocity per radian of swing, one control period
     assert pull.min() < env.A[2, 1] < pull.max() < 0.0
     assert 2.0 < pull.min() / pull.max() < 4.0  # a full payload over the lightest: ~3x, the trolley's mass aside
+
+
+def test_a_conservative_certificate_says_what_the_tube_takes_off_each_constraint_at_rest():
+    """The closed-form crane's plan from rest stays at rest, so what its tube takes off each constraint is the
+    tube's largest position entry over the horizon (2e-4 per step per unit of `tube_per_step`); a certificate whose
+    legacy controller is changed on more than CONSERVATIVE_SHARE of its steps names the constraint it takes most
+    of, and one under that share says nothing."""
+    from pipeline.safety.certificate import CONSERVATIVE_SHARE, conservative_line, conservative_record
+    from tests.helpers.predictive_specs import crane_spec
+
+    for factor in (0.0, 1.0, 3.0):
+        spec = crane_spec(tube_per_step=factor)
+        expected = 2e-4 * spec["predictive"]["horizon"] * factor
+        rows = predictive.tube_at_rest(spec)
+        assert [name for name, _, _ in rows] == ["rail", "swing"]
+        assert all(taken == pytest.approx(expected, abs=1e-12) and room > expected for _, taken, room in rows)
+    spec = crane_spec(tube_per_step=3.0)
+    assert conservative_record(None, spec, {"episodes": 10, "intervention_rate": CONSERVATIVE_SHARE}) is None
+    record = conservative_record(None, spec, {"episodes": 10, "intervention_rate": 0.4})
+    line = conservative_line(record)
+    assert "40.0%" in line and "constraint 'swing'" in line, line  # the swing's room is the smaller

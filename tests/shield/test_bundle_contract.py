@@ -119,3 +119,21 @@ def test_serve_prints_the_contract_when_it_starts(cartpole_bundle, tmp_path):
     assert "serve: contract: actions: cart_force [30 N per unit, -1..1]" in text
     with ServerProcess(str(write_tiny_bundle(tmp_path / "old"))) as server:
         assert "no I/O contract (a schema-1 bundle)" in server.stop()
+
+
+def test_serving_a_bundle_that_did_not_pass_its_gate_says_so_and_which_checks_failed():
+    """A bundle served by path is served whatever its gate said; the operator is told when it was not a pass."""
+    from shield.serve_cli import gate_note
+
+    reasons = [
+        "FAIL gate.min_return_ratio: candidate - legacy: mean -71.1 per episode",
+        "UNDECIDED gate.max_lost_rate_increase: bounds straddle 0.02",
+        "FAIL gate.max_intervention_rate: shield intervened on 4936 of 5000 steps",
+        "PASS gate.max_violations: 0",
+    ]
+    failed = {"task": "segway", "version": 1, "metrics": {"gate": {"decision": "fail", "reasons": reasons}}}
+    note = gate_note(failed)
+    assert note is not None and "'fail'" in note and "sim2real registry show segway 1" in note
+    assert "gate.min_return_ratio, gate.max_intervention_rate failed" in note
+    for quiet in (None, {}, {"metrics": {}}, {"metrics": {"gate": {"decision": "pass", "reasons": reasons[3:]}}}):
+        assert gate_note(quiet) is None

@@ -145,7 +145,7 @@ class FitSetup:
         return assumption_shifts(lambda f: self.problem(latency, search, f), theta, F_SCALE, nfev, self.bounds)
 
 
-def fit_setup(cfg, logs) -> FitSetup:
+def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
     """Read and validate the logs at `logs` for `cfg`'s task and prepare the fit (CalibrationError on bad input)."""
 
     known, horizon, min_seconds = cfg.calibration.known, cfg.calibration.horizon_steps, cfg.calibration.min_log_seconds
@@ -169,11 +169,13 @@ def fit_setup(cfg, logs) -> FitSetup:
     reality = cfg.randomization.get("reality") or cfg.randomization["train"]
     obs_std = np.array(obs_noise_vector(reality.obs_noise_std, task["obs_dim"]))[twin.state_obs]
     quiet = quiet_channels(log.obs[:, twin.state_obs], obs_std, cfg.observation_names(twin.state_obs))
-    if quiet:
+    if quiet and not quiet_ok:
         raise CalibrationError(
             f"--from-log {logs}: the log barely moves the plant beyond its sensor noise ({'; '.join(quiet)}; "
             f"calibration needs {QUIET_SPREAD:g}x): the fit would take noise for dynamics, with intervals that "
-            f"miss the plant and a false misfit. Record it with excitation: `sim2real calibrate --plan` designs one"
+            f"miss the plant and a false misfit. Record it with excitation: `sim2real calibrate --plan --from-log "
+            f"{logs}` designs one from this log; where the log already follows a plan, raise its --amplitude (the "
+            f"plan predicts each channel's spread with the config's legacy controller, not yours)"
         )
     names = [n for n in sorted(hull) if n not in known]
     latencies = _latency_candidates(cfg)
@@ -202,13 +204,14 @@ def fit_setup(cfg, logs) -> FitSetup:
     return setup
 
 
-def calibrate(cfg, logs, bundle=None) -> dict:
+def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
     """Fit the twin to shadow logs at `logs` (file or directory) per `cfg.calibration`; see the module docstring.
     `bundle`: an adaptive policy's bundle whose plant estimate on the same logs is set beside the fit
-    (`policy_estimate`, pipeline/calibration/policy_estimate.py)."""
+    (`policy_estimate`, pipeline/calibration/policy_estimate.py). `quiet_ok`: fit a log that barely moves the
+    plant instead of refusing it (the plan reads what such a log leaves unpinned)."""
 
     t0 = time.perf_counter()
-    setup = fit_setup(cfg, logs)
+    setup = fit_setup(cfg, logs, quiet_ok=quiet_ok)
     task = task_facts(cfg.task.env_id)
     twin, log, names, known, hull, kept = setup.twin, setup.log, setup.names, setup.known, setup.hull, setup.kept
     windows, latencies, reality, obs_std, bounds = (
@@ -334,6 +337,7 @@ def calibrate(cfg, logs, bundle=None) -> dict:
             "confidence": latency_confidence(best, runner_up) if runner_up else 1.0,
             "runner_up": runner_up.latency if runner_up else None,
             "candidates": {str(f.latency): f.cost for f in sorted(converged, key=lambda f: f.latency)},
+            "largest_tried": max(latencies),
         },
         "combinations": combos,
         "parameters": parameters,
@@ -398,7 +402,13 @@ def summary_lines(result: dict) -> list[str]:
     runner = (
         f" (vs {lat['runner_up']} steps: confidence {lat['confidence']:.3f})" if lat["runner_up"] is not None else ""
     )
-    lines.append(f"latency: {lat['identified']} control steps{runner}")
+    edge = (
+        "; the largest tried (one past your sets' largest): the plant's may be longer, so widen latency_steps in "
+        "your sets and calibrate again"
+        if lat["identified"] == lat.get("largest_tried")
+        else ""
+    )
+    lines.append(f"latency: {lat['identified']} control steps{runner}{edge}")
     for c in result["combinations"]:
         if c["identified"]:
             lo, hi = c["interval"]

@@ -43,14 +43,8 @@ def observation_noise(
     se = blocks.std(axis=0, ddof=1) / math.sqrt(BLOCKS)
     out = []
     for c in range(len(var)):
-        cfg_var = float(configured[c]) ** 2
         lo, hi = var[c] - 2 * se[c], var[c] + 2 * se[c]
-        if lo <= cfg_var <= hi:
-            used, why = float(configured[c]), "configured (inside the log's interval)"
-        elif hi < cfg_var:
-            used, why = math.sqrt(max(hi, 0.0)), "lower than configured: the interval's upper end"
-        else:
-            used, why = math.sqrt(var[c]), "higher than configured: the log's estimate"
+        used, why = noise_used(float(var[c]), float(lo), float(hi), float(configured[c]))
         out.append(
             {
                 "estimate": math.sqrt(max(var[c], 0.0)),
@@ -61,6 +55,21 @@ def observation_noise(
             }
         )
     return out
+
+
+def noise_used(var: float, lo: float, hi: float, configured: float) -> tuple[float, str]:
+    """(std the calibrated set carries, why) from the log's variance estimate `var`, its interval [lo, hi] and the
+    configured std: the configured one unless the interval excludes it, and never zero for a configured noise."""
+    cfg_var = configured**2
+    if lo <= cfg_var <= hi:
+        return configured, "configured (inside the log's interval)"
+    if hi <= 0.0 < cfg_var:
+        # A variance whose whole interval is not positive is no reading of noise (the twin misses the dynamics
+        # there, e.g. a latency past the ones tried): taken as it is, it would set a configured noise to zero.
+        return configured, "configured (the log's interval is not positive: no reading of noise)"
+    if hi < cfg_var:
+        return math.sqrt(hi), "lower than configured: the interval's upper end"
+    return math.sqrt(var), "higher than configured: the log's estimate"
 
 
 SELF_RESPONSE_WINDOWS = 200  # windows the twin's one-step response to its own state is averaged over

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import norm
 
-from pipeline.calibration.logs import CalibrationError
+from pipeline.calibration.logs import QUIET_SPREAD, CalibrationError, quiet_channels
 from pipeline.calibration.twin import task_facts
 
 PLAN_FORMAT = "sim2real-excitation-plan/1"
@@ -125,7 +125,12 @@ def _expected(cfg, generator, *, scales, latency, steps, amplitude, seed, chosen
     task = task_facts(cfg.task.env_id)
     seq = excitation(generator, steps, task["act_dim"], amplitude, task["control_period_s"])
     log = simulated_log(cfg, scales, latency, path, steps=steps, seed=seed, probe=replay(seq))
-    setup = fit_setup(cfg, log)
+    setup = fit_setup(cfg, log, quiet_ok=True)
+    # A log like this one that calibrate would refuse as quiet: each state channel's spread under QUIET_SPREAD x
+    # its noise, on the simulated log (the config's legacy controller plus the plan).
+    quiet = quiet_channels(
+        setup.log.obs[:, setup.twin.state_obs], setup.obs_std, cfg.observation_names(setup.twin.state_obs)
+    )
     names = setup.names
     problem = setup.problem(latency)
     theta = np.log([scales[n] for n in names])
@@ -162,6 +167,7 @@ def _expected(cfg, generator, *, scales, latency, steps, amplitude, seed, chosen
         "combinations": combos,
         "parameters": parameters,
         "pinned_chosen": [n for n in chosen if parameters[n]["pinned"]],
+        "quiet": quiet,
     }
 
 
@@ -221,7 +227,7 @@ def design_plan(
     latency = round(0.5 * (reality.latency_steps.low + reality.latency_steps.high)) if reality.latency_steps else 0
     quiet = None
     if from_log:
-        quiet = calibrate(cfg, from_log)
+        quiet = calibrate(cfg, from_log, quiet_ok=True)  # a quiet log is what a plan is for
         latency = quiet["latency_steps"]["identified"]
         if params is None:
             chosen = list(quiet["unidentified"]) or names
@@ -243,7 +249,8 @@ def design_plan(
                     path=Path(work) / f"candidate-{i}.npz",
                 )
             )
-    ranked = sorted(candidates[1:], key=lambda c: (-len(c["pinned_chosen"]), -c["gain"]))
+    # A log calibrate would refuse as quiet pins nothing, whatever its information says: ranked last.
+    ranked = sorted(candidates[1:], key=lambda c: (bool(c["quiet"]), -len(c["pinned_chosen"]), -c["gain"]))
     picked, safety = None, []
     for c in ranked:
         check = safety_check(c["sequence"])
@@ -279,6 +286,7 @@ def design_plan(
 def _public(candidate: dict) -> dict:
     """The expected figures of a candidate, JSON-ready."""
     return {
+        "quiet": candidate["quiet"],
         "gain": candidate["gain"],
         "combinations": candidate["combinations"],
         "parameters": candidate["parameters"],
@@ -371,6 +379,12 @@ def plan_lines(plan: dict) -> list[str]:
         f"{label(plan['excitation'])}, peak {plan['amplitude']:g} of the action range, seed {plan['seed']}",
     )
     lines.append(f"expected on the nominal twin (latency {plan['latency_steps']} steps), before anyone runs it:")
+    if plan["expected"].get("quiet"):
+        lines.append(
+            f"  QUIET: even with this plan the log would barely move the plant ({'; '.join(plan['expected']['quiet'])};"
+            f" calibrate needs {QUIET_SPREAD:g}x and refuses less): raise --amplitude, as far as the safety line "
+            f"above allows"
+        )
     for c in plan["expected"]["combinations"]:
         if c["identified"]:
             lines.append(

@@ -115,6 +115,16 @@ def test_without_a_known_scale_the_common_scale_is_reported_flat_and_ratios_stil
     params = result["parameters"]
     assert result["log"]["steps"] == STEPS
     assert result["latency_steps"]["identified"] == LATENCY
+    # A latency at the end of the search says the plant's may be longer (a true 4 against 0..3 was fitted as 3).
+    from pipeline.calibration.calibrate import summary_lines
+
+    assert LATENCY < result["latency_steps"]["largest_tried"]
+    assert not any("largest tried" in line for line in summary_lines(result))
+    edge = {
+        **result,
+        "latency_steps": {**result["latency_steps"], "identified": LATENCY + 9, "largest_tried": LATENCY + 9},
+    }
+    assert any("largest tried" in line and "widen latency_steps" in line for line in summary_lines(edge))
     # Scaling every mass, damping and gain together leaves every trajectory unchanged.
     flat_members = {n for d in result["flat_directions"] for n in d["weights"]}
     assert {"body_mass.cart", "actuator_gain.cart_force"} <= flat_members, result["flat_directions"]

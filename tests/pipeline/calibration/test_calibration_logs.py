@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.calibration.fit import cut_windows
 from pipeline.calibration.logs import CalibrationError, load_field_log
@@ -98,3 +100,23 @@ def test_an_all_zero_log_is_refused_in_one_line_naming_the_file_exit_2(log_file,
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
     assert str(zero) in out.stderr and "same value" in out.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    var=st.floats(-1.0, 1.0),
+    se=st.floats(0.0, 1.0),
+    configured=st.floats(1e-4, 1.0),
+)
+def test_a_configured_noise_is_never_set_to_zero_and_is_kept_where_the_log_admits_it(var, se, configured):
+    """For every estimate and interval: the calibrated std is positive wherever a noise is configured, the
+    configured one where the interval holds it, and otherwise inside the interval's positive part."""
+    from pipeline.calibration.noise import noise_used
+
+    lo, hi = var - 2 * se, var + 2 * se
+    used, why = noise_used(var, lo, hi, configured)
+    assert used > 0.0, (used, why)
+    if lo <= configured**2 <= hi or hi <= 0.0:
+        assert used == configured, why
+    else:
+        assert lo - 1e-12 <= used**2 <= hi + 1e-12 or used**2 == var, (used, lo, hi)

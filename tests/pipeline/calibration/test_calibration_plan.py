@@ -127,6 +127,28 @@ def test_a_quiet_log_leaves_the_cart_wide_and_the_plan_states_a_narrow_interval_
 
 
 @pytest.mark.timeout(900)
+def test_a_log_calibrate_refuses_as_quiet_is_what_the_plan_reads_and_a_quiet_plan_says_so(planned, monkeypatch):
+    """A log that barely moves the plant is refused by calibrate, naming the plan command to run on it, and read by
+    the plan (which is what it is for); a plan whose own simulated log would be refused says so before anyone
+    records it. The planned log here moves every channel well past its noise."""
+    import pipeline.calibration.logs as logs
+    from pipeline.calibration.calibrate import fit_setup
+    from pipeline.calibration.logs import CalibrationError
+    from pipeline.calibration.plan import plan_lines
+
+    config, cfg, plan, _, _ = planned
+    assert plan["expected"]["quiet"] == []
+    assert not any(line.lstrip().startswith("QUIET") for line in plan_lines(plan))
+    quiet_log = simulated_log(cfg, TRUTH, 1, Path(config).parent / "still.npz", steps=STEPS, seed=3)
+    monkeypatch.setattr(logs, "QUIET_SPREAD", 1e9)  # every channel is quiet now
+    with pytest.raises(CalibrationError, match="--plan --from-log"):
+        calibrate(cfg, str(quiet_log))
+    assert fit_setup(cfg, str(quiet_log), quiet_ok=True).names  # the plan's reading of it goes through
+    loud = {**plan, "expected": {**plan["expected"], "quiet": ["theta spreads 1.9x its noise std (0.01)"]}}
+    assert any("QUIET" in line and "raise --amplitude" in line for line in plan_lines(loud))
+
+
+@pytest.mark.timeout(900)
 def test_the_plan_applied_on_a_hidden_plant_recovers_it_inside_intervals_close_to_the_stated_ones(planned):
     _, _, plan, _, result = planned
     assert result["verdict"] == [], result["verdict"]

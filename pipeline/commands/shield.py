@@ -169,6 +169,24 @@ def run(args: argparse.Namespace) -> int:
     return OK if refused is None else CHECK_FAILED
 
 
+def legacy_lines(legacy: dict | None) -> list[str]:
+    """What the legacy controller behind the shield met on reality: the share of its steps changed, its violating
+    steps, and the share answered FALLBACK (the protocol's alarm) when there were any."""
+    if not legacy:
+        return []
+    lines = [
+        f"  legacy on reality behind the shield: {legacy['intervention_rate']:.1%} of steps changed, "
+        f"{legacy['violations']} violating steps"
+    ]
+    if legacy.get("fallback_rate"):
+        lines.append(
+            f"  and {legacy['fallback_rate']:.1%} of its steps answered FALLBACK, the protocol's alarm: the "
+            f"shield's backup acting with nothing certifying it, as at an episode start outside the states the "
+            f"filter admits (plant.initial_state against the constraints less the tube) or past a limit"
+        )
+    return lines
+
+
 def _case_plant(cfg, case: dict) -> tuple[list[str], str]:
     """The randomized parameters a falsification case fixed at an end of its set's range (their keys), and the
     case's plant in words: each scale with the end it sits at, its latency and its push."""
@@ -297,12 +315,7 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
                 f"  falsify: {falsified['evaluated']} candidates in {falsified['wall_s']:.0f} s, "
                 f"lowest h {falsified['min_h']}"
             )
-    legacy = record.get("legacy_on_reality")
-    if legacy:
-        lines.append(
-            f"  legacy on reality behind the shield: {legacy['intervention_rate']:.1%} of steps changed, "
-            f"{legacy['violations']} violating steps"
-        )
+    lines += legacy_lines(record.get("legacy_on_reality"))
     if record.get("conservative"):
         lines.append(f"  {certificate.conservative_line(record['conservative'])}")
     lines.append(f"  written: {out / 'certificate.json'}" + ("" if refused else f", {out / 'shield.json'}"))

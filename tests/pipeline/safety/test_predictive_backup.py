@@ -122,3 +122,14 @@ def test_a_conservative_certificate_says_what_the_tube_takes_off_each_constraint
     record = conservative_record(None, spec, {"episodes": 10, "intervention_rate": 0.4})
     line = conservative_line(record)
     assert "40.0%" in line and "constraint 'swing'" in line, line  # the swing's room is the smaller
+
+
+def test_synthesis_says_when_legacy_behind_the_shield_met_its_alarm():
+    """The legacy line names the share of steps answered FALLBACK (the protocol's alarm) when there were any."""
+    from pipeline.commands.shield import legacy_lines
+
+    base = {"episodes": 10, "intervention_rate": 0.136, "violations": 0, "fallback_rate": 0.0, "backup_rate": 0.05}
+    assert len(legacy_lines(base)) == 1 and "13.6% of steps changed" in legacy_lines(base)[0]
+    alarmed = legacy_lines({**base, "fallback_rate": 0.02})
+    assert len(alarmed) == 2 and "2.0% of its steps answered FALLBACK" in alarmed[1]
+    assert legacy_lines(None) == []

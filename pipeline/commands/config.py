@@ -46,6 +46,16 @@ def shield_figures(spec: dict, synthesized: bool) -> dict:
         "filter": f"predictive (horizon {predictive['horizon']} steps)" if predictive else "braking barrier",
         "margin": spec.get("margin"),
         "brake_accel": kin.get("brake_accel"),
+        # The predictive filter reads no braking figure; the schema still needs a positive one per position.
+        **(
+            {
+                "brake_accel_note": "not read by the predictive filter: where the drive cannot brake a coordinate "
+                "(an unactuated ball or swing, measured negative by `shield synthesize`) it is a floor of 1 % of "
+                "the nominal full-action acceleration, not a measurement"
+            }
+            if predictive
+            else {}
+        ),
         "max_accel_error": a.get("max_accel_error"),
         "input_gain_error": a.get("max_input_gain_error"),
         "input_gain_range": spec.get("input_gain_range"),

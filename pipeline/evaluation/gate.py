@@ -177,12 +177,24 @@ NEXT_STEPS = {
     },
     "gate.max_intervention_rate": {
         "fail": "the shield changes more of the candidate's actions than gate.max_intervention_rate allows: train "
-        "with the shield in the loop (shield.train_in_loop, with shield.intervention_penalty) so the policy learns "
-        "where the shield lets it go; where the shield also changes much of legacy's (`sim2real shield synthesize` "
-        "prints that rate, and what the model error takes off each limit), it is the plant's envelope that makes it "
-        "conservative: narrow the randomization ranges or pushes that set the model error",
+        "with the shield in the loop (shield.train_in_loop, with shield.intervention_penalty; raise the penalty "
+        "where it is on already) so the policy learns where the shield lets it go; where the shield also changes "
+        "much of legacy's (`sim2real shield synthesize` prints that rate, CONSERVATIVE, and what the model error "
+        "takes off each limit), the shield itself is conservative for this plant and training will not fix that",
         "undecided": "the intervention-rate bound straddles gate.max_intervention_rate: more episodes "
         "(gate.max_episodes) narrow it",
+    },
+    "gate.max_violations": {
+        "fail": "the shielded candidate crossed a limit: the shield does not keep this plant as declared. `sim2real "
+        "shield synthesize --config CONFIG` runs the legacy controller behind it and falsifies it, and refuses it "
+        "naming why; `sim2real eval BUNDLE --domains reality` shows the episodes",
+        "undecided": "too few episodes to bound the violation rate: more episodes (gate.max_episodes)",
+    },
+    "gate.max_falsification_cases": {
+        "fail": "falsify broke the shield: each case is a JSON file in the run's falsify/ folder; `sim2real falsify "
+        "--config CONFIG --replay CASE --shield BUNDLE/shield.json` replays it, and `sim2real shield synthesize` "
+        "names the range or the start to change",
+        "undecided": "falsify did not run: see its line",
     },
     "gate.min_return_ratio": {
         "fail": "the candidate's return falls short of gate.min_return_ratio against legacy on the same episodes: "

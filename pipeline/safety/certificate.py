@@ -344,8 +344,10 @@ def conservative_line(record: dict) -> str:
         worst = max(record["error_over_braking"], key=lambda r: r["ratio"])
         what = f"The model error on {worst['position']} is {worst['ratio']:.0%} of the braking it has there. "
     return (
-        head + what + "It comes from the envelope (the sets' pushes, latency and ranges): narrow the largest and "
-        "synthesize again (`--no-falsify` measures without the search)"
+        head + what + "What widens it: the sets' pushes, latency, noise and ranges, and a slow backup (it is your "
+        "legacy LQR's weights with its input weight raised until stable: weigh what your limits read). Try each on a "
+        "copy of the config with `shield synthesize --no-falsify` (a minute): which one moves the rate is "
+        "plant-specific"
     )
 
 

@@ -311,6 +311,8 @@ def test_lost_episodes_decide_with_their_exact_bounds_and_say_how_many_episodes_
     )
     assert busy.decision == "fail" and busy.failing == ["gate.max_intervention_rate"]
     assert len(busy.next_steps) == 1 and "shield.train_in_loop" in busy.next_steps[0], busy.next_steps
+    crossed = decide(good_metrics(candidate_violations=681, candidate_violation_episodes=2), GateConfig())
+    assert crossed.failing == ["gate.max_violations"] and "shield synthesize" in crossed.next_steps[0]
     # Legacy's own losses (it crosses its limit where the shielded candidate does not) are the candidate's credit.
     assert check(8, 0, 320)[1].status == "undecided" and check(4, 12, 320)[1].passed is True
     # Episodes both lost cancel; episodes only legacy lost are the candidate's credit on the lower bound.

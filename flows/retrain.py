@@ -288,7 +288,9 @@ def retrain(
         "previous_production": previous,
         "comparison": side_by_side(shadow["metrics"]),
         "loosened": shadow.get("loosened", []),
-        "next_steps": shadow.get("next_steps", []),
+        # A run whose training stalled says so beside the gate's own advice: that is where a failing return starts.
+        "next_steps": shadow.get("next_steps", [])
+        + ([f"training: {trained['stall_note']}"] if trained.get("stall_note") and not passed else []),
         "report": shadow["report"],
         "run_dir": trained["run_dir"],
         "flow_run_id": flow_run_id,

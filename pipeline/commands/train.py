@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if result.entropy_collapsed:
         lines.append(collapse_note(result.entropy))
+    if result.stall_note:
+        lines.append(f"note: {result.stall_note}")
     emit(args, result.to_dict(), "\n".join(lines))
     return 0
 

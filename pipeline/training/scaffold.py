@@ -65,6 +65,7 @@ class TrainResult:
     stopped_early: str | None = None
     adr_fraction: float | None = None
     replay: ReplayFigures | None = None
+    stall_note: str | None = None  # the best validation came early and nothing later beat it (selection.py)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for --json and the flow's persisted results)."""

@@ -33,6 +33,9 @@ from pipeline.training.checkpoint import best_checkpoint, read_checkpoint, write
 from pipeline.training.model import ActorCritic
 from pipeline.training.rollout import PolicyInputs, make_env, sent_action
 
+# Evaluations a run needs before a best in its first quarter, beaten by none after, is called a stall.
+STALL_EVALUATIONS = 8
+
 
 class ValidationActor:
     """Evaluates published weights on the validation domains: `evaluate(version, [ref]) -> dict`."""
@@ -317,6 +320,31 @@ class ModelSelection:
             self.adr_fraction = min(1.0, self.adr_fraction + self.adr.step)
         return holds
 
+    def stall_note(self) -> str | None:
+        """Where the run's best validation came in its first quarter and every later evaluation scored lower: what
+        that was, and what to try (None otherwise, or with fewer than STALL_EVALUATIONS evaluations)."""
+        history, best = self.history, self.best
+        if best is None or len(history) < STALL_EVALUATIONS:
+            return None
+        at = next(i for i, r in enumerate(history) if r is best)
+        later = history[at + 1 :]
+        if at + 1 > len(history) / 4 or not later:
+            return None
+        returns = [r["validation_return"] for r in later]
+        rates = [r["validation_intervention_rate"] for r in later if r.get("validation_intervention_rate") is not None]
+        shield = (
+            f", with the shield changing {min(rates):.0%}..{max(rates):.0%} of the policy's validation steps"
+            if rates and max(rates) > 0.1
+            else ""
+        )
+        return (
+            f"the best validation return ({best['validation_return']:.1f}) came at evaluation {at + 1} of "
+            f"{len(history)} ({best['env_steps']} env steps); every later one was lower ({min(returns):.1f}.."
+            f"{max(returns):.1f}){shield}: training did not improve on it. Try a lower train.lr or more "
+            f"train.total_env_steps; where the shield changes most of what the policy does, the shield leaves it "
+            f"little room (`sim2real shield synthesize` says CONSERVATIVE where legacy meets the same)"
+        )
+
     def summary(self) -> dict:
         """What the run selected and why, for train()'s result, selection.json and the manifest."""
         return dict(
@@ -346,6 +374,7 @@ def selection_figures(selection: ModelSelection | None) -> dict:
         best_validation_return=best["validation_return"] if best else None,
         stopped_early=selection.stop_reason if selection is not None else None,
         adr_fraction=selection.adr_fraction if selection is not None and selection.adr.enabled else None,
+        stall_note=selection.stall_note() if selection is not None else None,
     )
 
 

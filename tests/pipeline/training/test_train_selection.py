@@ -122,3 +122,32 @@ def test_adr_set_narrows_around_nominal_and_reaches_the_declared_bounds():
     half = adr_set(rset, 0.5).body_mass["pole"]
     declared = rset.body_mass["pole"]
     assert declared.low < half.low < 1.0 < half.high < declared.high
+
+
+def test_a_run_whose_best_validation_came_early_and_was_never_beaten_says_so():
+    """helper-33's ball on a plate: the checkpoint from 20k of 400k steps was exported, every later validation
+    scoring lower with the shield changing most of the policy's steps, and nothing said so. Checked on the
+    selection's own history (no Ray): a stall in the first quarter is named with its figures; a best later in
+    the run, or too few evaluations, is not a stall."""
+    from pipeline.training.selection import STALL_EVALUATIONS, ModelSelection
+
+    def stalled(returns: list[float], rate: float = 0.8) -> str | None:
+        sel = object.__new__(ModelSelection)
+        sel.history = [
+            {
+                "updates": 20 * (i + 1),
+                "env_steps": 10240 * (i + 1),
+                "validation_return": r,
+                "validation_intervention_rate": rate,
+            }
+            for i, r in enumerate(returns)
+        ]
+        sel.best = max(sel.history, key=lambda r: r["validation_return"])
+        return sel.stall_note()
+
+    early = [188.0, -172.0, -300.0, -476.0, -250.0, -200.0, -190.0, -180.0, -175.0, -173.0]
+    note = stalled(early)
+    assert note is not None and "evaluation 1 of 10" in note and "-476.0..-172.0" in note and "80%..80%" in note
+    assert "shield" not in stalled(early, rate=0.0).split(":")[0]
+    assert stalled(sorted(early)) is None  # improving to the end
+    assert stalled(early[: STALL_EVALUATIONS - 1]) is None  # too few evaluations to call it

@@ -572,7 +572,7 @@ class PolicyServer:
         `quiet`: no datagram for a whole poll period, so the cyclic GC may run its full pass too."""
         served = self.served
         if len(served.spares) < SPARE_SESSIONS and served.has_sessions:
-            served.spares.append(served.new_session())
+            served.spares.append(served.spare_session())
         if quiet and self.stats.requests != self._collected_at:  # once per quiet spell after traffic
             self._collected_at = self.stats.requests
             gc.collect()

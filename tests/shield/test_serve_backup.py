@@ -10,7 +10,7 @@ from shield.cbf import CbfShield
 from shield.client import PolicyClient
 from shield.protocol import Status
 from shield.runtime import EdgeRuntime
-from tests.helpers.predictive_specs import crane_spec
+from tests.helpers.predictive_specs import THETA_MAX, X_MAX, crane_spec
 from tests.helpers.serve_bundles import constant_policy_onnx, write_tiny_bundle
 from tests.shield.test_serve_attacks import ServerThread
 from tests.shield.test_shield_predictive import crane_under_kicks
@@ -33,7 +33,7 @@ def test_a_backup_reply_says_backup_and_is_no_alarm_exactly_as_in_process(tmp_pa
             after = client.status().counters
     finally:
         server.stop()
-    backups = 0
+    backups = fallbacks = 0
     for n, (reply, safe, _, info) in enumerate(replies):
         assert reply.action.tobytes() == safe.tobytes(), n
         assert bool(reply.status & Status.BACKUP) == info["backup"], n
@@ -41,6 +41,11 @@ def test_a_backup_reply_says_backup_and_is_no_alarm_exactly_as_in_process(tmp_pa
         if info["backup"]:
             backups += 1
             assert reply.ok and reply.status & Status.INTERVENED, n
+        if info["fallback"]:  # the alarm only where a kick had put the crane past a limit: no plan's tube is there
+            fallbacks += 1
+            obs = observations[n]
+            assert abs(obs[0]) > X_MAX or abs(obs[1]) > THETA_MAX, (n, obs)
+            assert not reply.ok, n
     assert backups > 0
     assert after["backups"] - before["backups"] == backups
-    assert after["fallbacks"] == before["fallbacks"]
+    assert after["fallbacks"] - before["fallbacks"] == fallbacks

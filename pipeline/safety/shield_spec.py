@@ -357,7 +357,8 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
                 envelopes, obs_dim, monitor_bounds(envelopes, full_accel, damping, sc.model_ranges, disturbance)
             ),
             # What synthesis measured, and how (absent where the config sets every number).
-            **({"synthesis": measurement.record()} if synthesized else {}),
+            # Without its wall time: shield.json's content decides whether a hot reload keeps a plant's shield.
+            **({"synthesis": {k: v for k, v in measurement.record().items() if k != "wall_s"}} if synthesized else {}),
         },
     }
     braking_synthesized = sc.brake_accel is None and sc.brake_fraction is None

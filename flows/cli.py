@@ -129,9 +129,13 @@ def _summary_after_failure(args: argparse.Namespace, state) -> dict:
 def _human_summary(s: dict) -> str:
     lines = [f"sim2real run: {s['task']}: gate {s['decision'].upper()}"]
     if "version" in s:
-        lines.append(
-            f"  registered version {s['version']}; production -> {s['production']} (was {s.get('previous_production')})"
+        was = s.get("previous_production")
+        moved = (
+            f"production stays {was}"
+            if was is not None and s["production"] == was
+            else f"production -> {s['production']} (was {'none' if was is None else was})"
         )
+        lines.append(f"  registered version {s['version']}; {moved}")
     else:
         lines.append(f"  flow ended {s.get('state')}: {s.get('error')}")
         lines.append(f"  production unchanged: {s.get('production')}")

@@ -226,6 +226,10 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
         rp.add_argument("task", nargs="?" if name in ("list", "verify") else None, help="task name, e.g. cartpole")
         if needs_version:
             rp.add_argument("version", type=int, help="bundle version")
+        if name == "promote":
+            rp.add_argument(
+                "--force", action="store_true", help="promote a version whose gate did not pass (refused without it)"
+            )
         elif name == "verify":
             rp.add_argument("version", type=int, nargs="?", help="bundle version (default: all)")
         # --models as `run` and `serve` name the registry root; --root is what this command said first.

@@ -359,6 +359,32 @@ def read_production(task_dir: str | Path) -> dict | None:
     return pointer
 
 
+def gate_failures(manifest: dict | None) -> tuple[str, list[str]] | None:
+    """(decision, the config keys of the checks that failed) where the bundle's own record says its gate did not
+    pass; None where it passed or was never gated (a bundle exported by hand)."""
+    gate = ((manifest or {}).get("metrics") or {}).get("gate")
+    if not isinstance(gate, dict) or gate.get("decision") in (None, "pass"):
+        return None
+    failing = [r.split(":", 1)[0].split(" ", 1)[1] for r in gate.get("reasons", []) if str(r).startswith("FAIL ")]
+    return str(gate["decision"]), failing
+
+
+def gate_note(manifest: dict | None) -> str | None:
+    """What the bundle's own record says about its gate when it did not pass (None when it passed, or was never
+    gated): a bundle served by path, or promoted by hand, is served whatever its gate said, and the operator
+    should know which."""
+    found = gate_failures(manifest)
+    if found is None:
+        return None
+    decision, failing = found
+    m = manifest or {}
+    what = f" ({', '.join(failing)} failed)" if failing else ""
+    return (
+        f"this bundle's gate decision was {decision!r}{what}; it is served as asked. `sim2real registry "
+        f"show {m.get('task')} {m.get('version')}` says why"
+    )
+
+
 def production_target(models_root: str | Path, task: str) -> tuple[Path, dict]:
     """(bundle dir, pinned {file: sha256}) the registry's production pointer names for `task`; nothing loaded.
 

@@ -255,21 +255,6 @@ def _load_runtime(bundle_dir: Path, pinned: dict | None = None) -> Any:
     return EdgeRuntime.load(bundle_dir, pinned=pinned)
 
 
-def gate_note(manifest: dict | None) -> str | None:
-    """What the bundle's own record says about its gate when it did not pass (None when it passed, or was never
-    gated): a bundle served by path is served whatever its gate said, and the operator should know which."""
-    m = manifest or {}
-    gate = (m.get("metrics") or {}).get("gate")
-    if not isinstance(gate, dict) or gate.get("decision") in (None, "pass"):
-        return None
-    failing = [r.split(":", 1)[0].split(" ", 1)[1] for r in gate.get("reasons", []) if str(r).startswith("FAIL ")]
-    what = f" ({', '.join(failing)} failed)" if failing else ""
-    return (
-        f"this bundle's gate decision was {gate['decision']!r}{what}; it is served as asked. `sim2real registry "
-        f"show {m.get('task')} {m.get('version')}` says why"
-    )
-
-
 def run_cli(args: argparse.Namespace) -> int:
     """`sim2real serve`: load a verified bundle, answer the plants until SIGTERM/SIGINT, print stats."""
     from shield.bundle import PRODUCTION_FILE, BundleError, production_target
@@ -367,6 +352,8 @@ def run_cli(args: argparse.Namespace) -> int:
     bound_host, port = server.address
     for line in describe_contract(runtime.bundle.manifest.get("contract") if runtime.bundle is not None else None):
         print(f"serve: contract: {line}", flush=True)  # what the plant's controller must send, and at which rate
+    from shield.bundle import gate_note
+
     note = gate_note(runtime.bundle.manifest if runtime.bundle is not None else None)
     if note:
         print(f"serve: note: {note}", file=sys.stderr, flush=True)

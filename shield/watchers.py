@@ -98,7 +98,7 @@ class RegistryWatcher(threading.Thread):
         return data
 
     def run(self) -> None:
-        from shield.bundle import production_target
+        from shield.bundle import gate_note, production_target
 
         while not self._halt.wait(self.poll_s):
             current = self._read()
@@ -107,8 +107,12 @@ class RegistryWatcher(threading.Thread):
             self._seen = current
             try:
                 bundle_dir, pinned = production_target(self.root, self.task)
-                version = self.server.swap_runtime(self.loader(bundle_dir, pinned))
+                runtime = self.loader(bundle_dir, pinned)
+                version = self.server.swap_runtime(runtime)
                 print(f"serve: reloaded {self.task} v{version} from {bundle_dir}", flush=True)
+                note = gate_note(runtime.bundle.manifest if getattr(runtime, "bundle", None) is not None else None)
+                if note:  # promoted by hand past its gate
+                    print(f"serve: note: {note}", file=sys.stderr, flush=True)
             except Exception as err:  # a bad promote must not stop the plant: keep serving the old version
                 print(
                     f"serve: reload failed, still serving v{self.server.served.version}: {err}",

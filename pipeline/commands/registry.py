@@ -28,6 +28,16 @@ def run(args: argparse.Namespace) -> int:
         info = registry.show(task, version)
         emit(args, info, json.dumps(info, indent=2, sort_keys=True))
     elif cmd == "promote":
+        from shield.bundle import gate_failures
+
+        found = gate_failures(registry.show(task, version))
+        if found is not None and not getattr(args, "force", False):
+            decision, failing = found
+            what = f" ({', '.join(failing)} failed)" if failing else ""
+            raise UsageError(
+                f"{task} v{version}: its gate decision was {decision!r}{what}, so production would run a policy the "
+                f"gate did not pass. `sim2real registry show {task} {version}` says why; --force promotes it anyway"
+            )
         was = registry.promote(task, version)
         emit(
             args,

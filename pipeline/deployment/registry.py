@@ -221,7 +221,9 @@ class Registry:
             history = [v for v in old["history"] if v != old["version"]]
             if not history:
                 raise RegistryError(
-                    f"{task}: nothing to roll back to, version {old['version']} is the only one ever promoted"
+                    f"{task}: nothing to roll back to: no version was in production before v{old['version']} (a "
+                    f"rollback returns to the version production held before the current one; `sim2real registry "
+                    f"promote {task} VERSION` points it at any other)"
                 )
             previous = history.pop()
             manifest = verify_bundle(self.bundle_dir(task, previous))

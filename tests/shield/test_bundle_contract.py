@@ -123,7 +123,7 @@ def test_serve_prints_the_contract_when_it_starts(cartpole_bundle, tmp_path):
 
 def test_serving_a_bundle_that_did_not_pass_its_gate_says_so_and_which_checks_failed():
     """A bundle served by path is served whatever its gate said; the operator is told when it was not a pass."""
-    from shield.serve_cli import gate_note
+    from shield.bundle import gate_note
 
     reasons = [
         "FAIL gate.min_return_ratio: candidate - legacy: mean -71.1 per episode",

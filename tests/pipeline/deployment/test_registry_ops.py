@@ -28,8 +28,12 @@ def registry(tmp_path):
     return Registry(tmp_path / "models")
 
 
-def _cli(registry, cmd, task=None, version=None, as_json=True):
-    return run_cli(SimpleNamespace(registry_cmd=cmd, task=task, version=version, root=str(registry.root), json=as_json))
+def _cli(registry, cmd, task=None, version=None, as_json=True, force=False):
+    return run_cli(
+        SimpleNamespace(
+            registry_cmd=cmd, task=task, version=version, root=str(registry.root), json=as_json, force=force
+        )
+    )
 
 
 def test_versions_only_increase_and_carry_metrics(registry, source_bundle):
@@ -151,3 +155,25 @@ def test_concurrent_writers_get_distinct_versions(registry, source_bundle):
     assert [w.wait(timeout=60) for w in writers] == [0, 0]
     assert registry.versions("planar") == list(range(1, 11))
     registry.verify("planar")
+
+
+def test_a_version_whose_gate_did_not_pass_is_promoted_only_with_force(registry, source_bundle, capsys):
+    """helper-34 promoted a night whose gate failed by hand, with no word: production would run a policy the gate
+    refused. The CLI names the decision and the checks that failed and exits 2; --force does it; a version never
+    gated (exported by hand) and one that passed are promoted as before."""
+    for _ in range(3):
+        registry.register(source_bundle)
+    failed = {
+        "decision": "fail",
+        "reasons": ["FAIL gate.min_return_ratio: -41.6 per episode", "PASS gate.max_violations: 0"],
+    }
+    registry.annotate("planar", 2, metrics={"gate": failed})
+    registry.annotate("planar", 3, metrics={"gate": {"decision": "pass", "reasons": []}})
+    assert _cli(registry, "promote", "planar", 1) == 0  # never gated
+    capsys.readouterr()
+    assert _cli(registry, "promote", "planar", 2) == 2
+    err = capsys.readouterr().err
+    assert "gate decision was 'fail' (gate.min_return_ratio failed)" in err and "--force" in err
+    assert registry.production("planar") == 1
+    assert _cli(registry, "promote", "planar", 3) == 0 and registry.production("planar") == 3
+    assert _cli(registry, "promote", "planar", 2, force=True) == 0 and registry.production("planar") == 2

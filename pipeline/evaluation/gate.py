@@ -196,6 +196,13 @@ NEXT_STEPS = {
         "names the range or the start to change",
         "undecided": "falsify did not run: see its line",
     },
+    PRODUCTION_KEY: {
+        "fail": "the candidate is not better than production on the same episodes: production stays, as it should "
+        "on most nights once a good policy runs; a candidate that falls well short of it (its bounds) trained worse "
+        "than last night's: compare the two runs' training curves (TensorBoard) before changing anything",
+        "undecided": "the candidate and production are too close to tell apart at the stated confidence within "
+        "gate.max_episodes: production stays",
+    },
     "gate.min_return_ratio": {
         "fail": "the candidate's return falls short of gate.min_return_ratio against legacy on the same episodes: "
         "train longer or on the plants where it falls short (the report's per-episode returns show which)",

@@ -306,6 +306,11 @@ def _payoff(p: dict | None) -> str:
     return f"<h3>Payoff of calibrating</h3><ul>{items}</ul>{rows}"
 
 
+def _version_text(version) -> str:
+    """The candidate's registry version, or that the gate ran before it was registered (the nightly flow's case)."""
+    return "not registered yet: the flow registers it after the gate" if version is None else f"version {version}"
+
+
 def _seed_range(seeds) -> str:
     """'; seeds a..b' (what `sim2real shadow --seed a` replays), or nothing for a log without seeds."""
     if not seeds:
@@ -401,7 +406,7 @@ def write_report(
     )
     head = (
         f"<h1>Shadow report: {html.escape(cfg.task.name)}</h1><p>candidate bundle <code>{html.escape(str(bundle_dir))}"
-        f"</code> (version {html.escape(str(meta.get('bundle_version')))}) vs legacy; "
+        f"</code> ({_version_text(meta.get('bundle_version'))}) vs legacy; "
         f"source: {html.escape(str(source))}; {metrics['episodes']} episodes, {metrics['steps']} steps"
         f"{_seed_range(metrics.get('seeds'))}.</p>"
     )

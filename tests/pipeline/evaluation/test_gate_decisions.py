@@ -162,6 +162,8 @@ def test_production_is_the_incumbent():
     # Not clearly better than production is not enough either: production stays.
     same = decide(good_metrics(production_returns=cand, production_version=3), GateConfig())
     assert same.decision == "kept" and same.checks[1].status == "undecided"
+    assert kept.next_steps and "production stays" in kept.next_steps[0]  # what a kept night means, not "train more"
+    assert same.next_steps and "too close" in same.next_steps[0]
     # Better than both: promoted.
     worse_prod = (np.asarray(legacy) + 1.0).tolist()
     passed = decide(good_metrics(production_returns=worse_prod, production_version=3), GateConfig())

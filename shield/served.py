@@ -216,6 +216,15 @@ class ServedBundle:
         session.reset()
         return session
 
+    def warm_shield(self) -> Any:
+        """A new shield for a plant moved onto this runtime (a reload with another spec), its first call paid as a
+        spare session's is (`spare_session`), then reset to how it was built."""
+        shield = self.runtime.new_shield()
+        if shield is not None:
+            shield.filter(np.zeros(self.obs_dim, dtype=np.float32), np.zeros(self.act_dim, dtype=np.float32))
+            shield.reset()
+        return shield
+
     def take_session(self) -> Any:
         """A session for a new plant: a spare one if any is left, else built now."""
         return self.spares.pop() if self.spares else self.new_session()

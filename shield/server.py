@@ -184,7 +184,7 @@ class PolicyServer:
             )
         # Shields for a changed spec are built here, off the hot path (one per plant now served).
         same = same_spec(getattr(runtime, "spec", None), getattr(self.served.runtime, "spec", None))
-        spares = [] if same or not new.has_sessions else [runtime.new_shield() for _ in range(len(self.plants))]
+        spares = [] if same or not new.has_sessions else [new.warm_shield() for _ in range(len(self.plants))]
         self._incoming = (new, spares)
         return new.version
 

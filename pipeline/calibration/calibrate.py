@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +116,7 @@ class FitSetup:
     obs_std: np.ndarray  # configured obs noise std of the state observations
     obs_scale: np.ndarray  # obs_std floored where a channel is noise-free
     process: np.ndarray  # per state observation, the one-step spread the action noise causes
+    quiet: list[str] = field(default_factory=list)  # the state observations the log barely moves (quiet_channels)
 
     def log_range(self, ranges: dict[str, tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) log-scales of `ranges` in `names` order."""
@@ -197,6 +198,7 @@ def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
         obs_std,
         obs_scale,
         obs_scale,
+        quiet,
     )
     hull_lo, hull_hi = setup.log_range(hull)
     centre = 0.5 * (hull_lo + hull_hi)

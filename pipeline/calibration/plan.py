@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import norm
 
-from pipeline.calibration.logs import QUIET_SPREAD, CalibrationError, quiet_channels
+from pipeline.calibration.logs import QUIET_SPREAD, CalibrationError
 from pipeline.calibration.twin import task_facts
 
 PLAN_FORMAT = "sim2real-excitation-plan/1"
@@ -125,12 +125,8 @@ def _expected(cfg, generator, *, scales, latency, steps, amplitude, seed, chosen
     task = task_facts(cfg.task.env_id)
     seq = excitation(generator, steps, task["act_dim"], amplitude, task["control_period_s"])
     log = simulated_log(cfg, scales, latency, path, steps=steps, seed=seed, probe=replay(seq))
+    # setup.quiet: what calibrate would refuse a log like this one for (the config's legacy controller plus the plan).
     setup = fit_setup(cfg, log, quiet_ok=True)
-    # A log like this one that calibrate would refuse as quiet: each state channel's spread under QUIET_SPREAD x
-    # its noise, on the simulated log (the config's legacy controller plus the plan).
-    quiet = quiet_channels(
-        setup.log.obs[:, setup.twin.state_obs], setup.obs_std, cfg.observation_names(setup.twin.state_obs)
-    )
     names = setup.names
     problem = setup.problem(latency)
     theta = np.log([scales[n] for n in names])
@@ -167,7 +163,7 @@ def _expected(cfg, generator, *, scales, latency, steps, amplitude, seed, chosen
         "combinations": combos,
         "parameters": parameters,
         "pinned_chosen": [n for n in chosen if parameters[n]["pinned"]],
-        "quiet": quiet,
+        "quiet": setup.quiet,
     }
 
 

@@ -496,10 +496,12 @@ def _plain(value):
     return json.loads(json.dumps(value))
 
 
-def tube_at_rest(spec: dict) -> list[tuple[str, float, float]]:
+def tube_at_rest(spec: dict, h: np.ndarray | None = None) -> list[tuple[str, float, float]]:
     """Per constraint (name, what the tube takes off it, the room it had) for the plan from rest at the operating
-    point: the room with no tube (nor its floor or growth), and the slack the measured tube leaves of it."""
-    h = _at_rest(spec)[1]
+    point: the room with no tube (nor its floor or growth), and the slack the measured tube leaves of it (`h`, the
+    slack `_at_rest` already gave, where the caller has it)."""
+    if h is None:
+        h = _at_rest(spec)[1]
     bare = {k: v for k, v in spec["predictive"].items() if k not in ("tube_floor", "tube_slope", "tube_action_slope")}
     bare["tube"] = np.zeros_like(np.asarray(bare["tube"], np.float64)).tolist()
     room = _at_rest({**spec, "predictive": bare})[1]
@@ -513,7 +515,7 @@ def holding_problem(spec: dict) -> str | None:
     if ok:
         return None
     worst = int(np.argmin(h))
-    name, taken, room = tube_at_rest(spec)[worst]
+    name, taken, room = tube_at_rest(spec, h)[worst]
     if room < 0.0:
         return (
             f"the predictive filter cannot hold the plant even at rest at its operating point: its backup's plan "

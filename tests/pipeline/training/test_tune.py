@@ -80,25 +80,41 @@ def lineage_after(member_dir: Path, t: float) -> list[dict]:
         return []
 
 
-def latest_validation_return(member_dir: Path) -> float:
-    """The member's latest validation return (-inf before its first, or while a line is half written)."""
+def records(member_dir: Path, start: int = 0) -> list[dict]:
+    """The member's metrics records from line `start` on ([] while a line is half written)."""
     try:
-        records = [json.loads(line) for line in open(member_dir / "metrics.jsonl")]
+        with open(member_dir / "metrics.jsonl") as f:
+            return [json.loads(line) for line in f.readlines()[start:]]
     except (FileNotFoundError, json.JSONDecodeError):
-        return -math.inf
-    return next((r["validation_return"] for r in reversed(records) if "validation_return" in r), -math.inf)
+        return []
+
+
+def latest_validation_return(member_dir: Path) -> float:
+    """The member's latest validation return (-inf before its first)."""
+    return next((r["validation_return"] for r in reversed(records(member_dir)) if "validation_return" in r), -math.inf)
 
 
 def member_of(trial_dir: Path) -> str:
     return trial_dir.name.split("_")[2] + "_" + trial_dir.name.split("_")[3]
 
 
+def past_a_kept_report(member_dir: Path, life: dict, every: int) -> bool:
+    """Whether the member's current life has trained on past one of its own reports. Tune's report blocks the
+    member until the driver asks for the next result, which it does only once PBT has decided to keep the
+    member going; an exploit stops the member at the report instead. An update after a report is then proof
+    that PBT kept the member, and its next decision comes at the next report, `every` updates on."""
+    own = records(member_dir, life["metrics_line"])
+    restored = life.get("updates", 0)
+    return bool(own) and own[-1]["updates"] % every != 0 and own[-1]["updates"] > restored + every
+
+
 def kill_members(out: Path, kills: list, done: threading.Event) -> None:
     """SIGKILL the process of a member that has handed Tune three checkpoints (a real death, not a mock), and
-    wait for that member's next life. PBT may have chosen, at the report just before the kill, to exploit that
-    very member: its next life then rightly starts from another member's checkpoint. PBT only exploits the
-    members below its quantile, so the best-scoring member is tried first; if its death was still followed by
-    an exploit, kill another member, until one death is followed by the member's own resume."""
+    wait for that member's next life. The kill lands between two reports of a member PBT has just kept (the
+    best-scoring first), so that Tune restarts it from its own checkpoint; had PBT decided to exploit it at the
+    report just before, its next life would rightly start from another member's checkpoint. If a death is still
+    followed by an exploit, kill another member, until one death is followed by the member's own resume."""
+    every = 2  # the checkpoint (and report) interval: tune_config's validation.every_updates
     while not done.is_set():
         trial_dirs = (out / "tune" / "pbt").glob("run_member_*")
         by_score = sorted(trial_dirs, key=lambda d: -latest_validation_return(out / "members" / member_of(d)))
@@ -107,6 +123,8 @@ def kill_members(out: Path, kills: list, done: threading.Event) -> None:
             if any(k["member"] == member for k in kills) or len(list(trial_dir.glob("checkpoint_*"))) < 3:
                 continue
             if not (lives := lineage_after(out / "members" / member, 0.0)):
+                continue
+            if not past_a_kept_report(out / "members" / member, lives[-1], every):
                 continue
             pid = lives[-1]["pid"]  # the member's current life
             try:
@@ -119,7 +137,7 @@ def kill_members(out: Path, kills: list, done: threading.Event) -> None:
             if not done.is_set() and after[0]["event"] == "resume":
                 return
             break
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -144,12 +162,11 @@ def searched(tmp_path_factory):
 def lives(out: Path):
     """Every member's lives: (member, life, the metrics records of that life, in order)."""
     for member_dir in sorted((out / "members").iterdir()):
-        records = [json.loads(line) for line in open(member_dir / "metrics.jsonl")]
         for life in read_lineage(member_dir):
             # A life's records start at its metrics_line and count up from the checkpoint it restored
             # (a stopped life may have written a record or two more after it).
             first = life.get("updates", 0) + 1
-            own = [r for r in records[life["metrics_line"] :] if r["updates"] >= first]
+            own = [r for r in records(member_dir, life["metrics_line"]) if r["updates"] >= first]
             run = []
             for r in own:
                 if r["updates"] != first + len(run):

@@ -161,9 +161,9 @@ def register_step(
 
 @task(name="promote", retries=1, retry_delay_seconds=2, persist_result=True)
 def promote_step(models_root: str, task_name: str, version: int) -> int:
-    """Move the production pointer to the new version (atomic)."""
+    """Move the production pointer to the new version (atomic), logged as the gate's move."""
     _fault_drill("promote")
-    Registry(models_root).promote(task_name, version)
+    Registry(models_root).promote(task_name, version, by="gate")
     return version
 
 
@@ -302,14 +302,11 @@ def retrain(
             "config": calibration["config_path"],
         }
     _publish_artifacts(summary, shadow, trained, calibrated)
-    logger.info("%s", summary["verdict"])
     if shadow["decision"] in ("fail", "inconclusive"):  # a Failed state carrying the summary, not an exception
-        verb = "failed" if shadow["decision"] == "fail" else "inconclusive"
-        return Failed(
-            message=f"gate {verb} for {cfg.task.name} v{version}; production stays at {previous}: "
-            + "; ".join(shadow["reasons"]),
-            data=summary,
-        )
+        # The state's message is the run's one line (Prefect logs it): the checks that failed, not every reason.
+        stays = f"v{previous}" if previous is not None else "none"
+        return Failed(message=f"{cfg.task.name}: {summary['verdict']}; production stays {stays}", data=summary)
+    logger.info("%s", summary["verdict"])
     return summary
 
 

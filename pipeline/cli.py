@@ -217,7 +217,7 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     rsub = p.add_subparsers(dest="registry_cmd", required=True, metavar="ACTION")
     for name, text, needs_version in (
         ("list", "list versions and the production pointer", False),
-        ("show", "show one version's manifest", True),
+        ("show", "show one version: its origin, gate and why it is (not) in production", True),
         ("promote", "point production at a version", True),
         ("rollback", "move production back to the previous version", False),
         ("verify", "check every file hash of one or all versions", False),

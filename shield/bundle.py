@@ -352,6 +352,8 @@ def read_production(task_dir: str | Path) -> dict | None:
             raise ValueError(f"version {version!r} is not a positive integer")
         if not isinstance(pointer.get("history", []), list):
             raise ValueError("history is not a list")
+        if not isinstance(pointer.get("log", []), list):
+            raise ValueError("log is not a list")
         if not isinstance(pointer.get("files", {}), dict):
             raise ValueError("files is not a mapping")
     except (ValueError, KeyError, TypeError) as err:

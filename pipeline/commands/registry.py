@@ -1,12 +1,12 @@
 """`sim2real registry list|show|promote|rollback|verify`: the model registry in models/ (exit 1 when verify fails).
 
 `list` says, for each version, why it was or was not promoted: the gate's verdict the retrain flow recorded
-in its manifest ("kept v3: v4 not better (...)"), or how it got there otherwise."""
+in its manifest ("kept v3: v4 not better (...)"), and the production pointer's logged move that put it in or
+took it out where that was not the gate's own (a promotion by hand, --force, a rollback)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 
 from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
 
@@ -18,15 +18,15 @@ def run(args: argparse.Namespace) -> int:
     registry = Registry(args.root)
     cmd, task, version = args.registry_cmd, getattr(args, "task", None), getattr(args, "version", None)
     if cmd == "list":
-        rows = [{**r, "why": why(r)} if "error" not in r else r for r in registry.list(task)]
-        out = {
-            "versions": rows,
-            "production": {t: registry.production(t) for t in ([task] if task else registry.tasks())},
-        }
+        tasks = [task] if task else registry.tasks()
+        logs = {t: (registry.pointer(t) or {}).get("log", []) for t in tasks}
+        rows = [{**r, "why": why(r, logs[r["task"]])} if "error" not in r else r for r in registry.list(task)]
+        out = {"versions": rows, "production": {t: registry.production(t) for t in tasks}, "pointer_log": logs}
         emit(args, out, _format_list(rows))
     elif cmd == "show":
         info = registry.show(task, version)
-        emit(args, info, json.dumps(info, indent=2, sort_keys=True))
+        log = (registry.pointer(task) or {}).get("log", [])
+        emit(args, info, _format_show(info, why({**info, "version": version}, log)))
     elif cmd == "promote":
         from shield.bundle import gate_failures
 
@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{task} v{version}: its gate decision was {decision!r}{what}, so production would run a policy the "
                 f"gate did not pass. `sim2real registry show {task} {version}` says why; --force promotes it anyway"
             )
-        was = registry.promote(task, version)
+        forced = f"--force past its gate decision {found[0]!r}" if found is not None else None
+        was = registry.promote(task, version, by="hand", note=forced)
         emit(
             args,
             {"task": task, "production": version, "previous": was},
@@ -88,17 +89,62 @@ def _format_list(rows: list[dict]) -> str:
             f"{r['task']:<12} {r['version']:>4} {'*' if r['production'] else '':<4} "
             f"{r['created_utc'][:19]:<20} {str(r['parent'] or '-'):>6}  {r['config_hash'][:12]}"
         )
-        lines.append(f"{'':<17} why: {why(r)}")
+        lines.append(f"{'':<17} why: {r['why']}")
     return "\n".join(lines)
 
 
-def why(row: dict) -> str:
-    """Why a listed version is or is not in production: the gate's recorded verdict, else what is known."""
+def _format_show(m: dict, reason: str) -> str:
+    """One version in a screenful: what it is, where it came from, its gate and why it is (not) in production;
+    --json prints the whole manifest."""
+    metrics, extra = m.get("metrics") or {}, m.get("extra") or {}
+    gate, train = metrics.get("gate") or {}, metrics.get("train") or {}
+    lines = [
+        f"{m['task']} v{m['version']}{'  (production)' if m['production'] else ''}  {m['path']}",
+        f"  created {m['created_utc'][:19]}  registered {str(m.get('registered_utc', '-'))[:19]}  "
+        f"parent {m.get('parent') or '-'}  config {m['config_hash'][:12]}  git {str(m.get('git_commit'))[:12]}",
+    ]
+    if train:
+        lines.append(
+            f"  trained: {train.get('algorithm')}, {train.get('env_steps')} env steps, selected at update "
+            f"{train.get('best_updates')} (validation return {train.get('best_validation_return')})"
+        )
+    if extra.get("prefect_flow_run_id"):
+        lines.append(f"  flow run: {extra['prefect_flow_run_id']}")
+    lines.append(f"  why: {reason}")
+    if gate.get("decision"):
+        lines.append(f"  gate: {gate['decision']}")
+        lines += [f"    {r}" for r in gate.get("reasons", [])]
+        lines += [f"    loosened: {k}" for k in gate.get("loosened", [])]
+    lines += [f"  {name}: sha256 {digest[:16]}..." for name, digest in sorted(m["files"].items())]
+    lines.append("  (--json prints the whole manifest)")
+    return "\n".join(lines)
+
+
+def why(row: dict, log: list[dict] = ()) -> str:
+    """Why a listed version is or is not in production: the gate's recorded verdict (else what is known), and the
+    pointer's last move to or away from it when that was not the gate's own promotion."""
     gate = (row.get("metrics") or {}).get("gate") or {}
     said = gate.get("verdict") or (f"gate {gate['decision']}" if gate.get("decision") else None)
-    promoted_by_gate = gate.get("decision") == "pass"
     if said is None:
         said = "no gate verdict recorded (registered outside the retrain flow)"
-    if row["production"] and not promoted_by_gate:
-        said += "; in production by `sim2real registry promote` or `rollback`"
+    v = row["version"]
+    moves = [m for m in log if v in (m.get("version"), m.get("previous"))]
+    last = moves[-1] if moves else None
+    if row["production"]:
+        if last is not None and last.get("version") == v and not (last["action"] == "promote" and last["by"] == "gate"):
+            said += f"; {_move(last)}"
+        elif last is None and gate.get("decision") != "pass":
+            said += "; in production by `sim2real registry promote` or `rollback`"
+    elif last is not None and last.get("previous") == v:
+        said += f"; left production: {_move(last)}"
     return said
+
+
+def _move(m: dict) -> str:
+    """One logged move of the production pointer, in words."""
+    when = m["utc"][:19]
+    if m["action"] == "rollback":
+        return f"rolled back to v{m['version']} from v{m['previous']} by hand {when}"
+    how = "by the gate" if m["by"] == "gate" else "by hand (`sim2real registry promote`)"
+    note = f", {m['note']}" if m.get("note") else ""
+    return f"v{m['version']} promoted {how}{note} {when}"

@@ -14,7 +14,8 @@ verified. Half-written leftovers (`.*.staging-*`, `.production.*.tmp`) of a
 killed writer are invisible to readers and removed by the next writer.
 
 Versions are integers that only increase. The pointer's `history` is the stack
-of previously promoted versions, which `rollback` pops.
+of previously promoted versions, which `rollback` pops; its `log` lists every
+move of the pointer (promote or rollback, when, by the gate or by hand).
 """
 
 from __future__ import annotations
@@ -200,16 +201,17 @@ class Registry:
             atomic_write_bytes(path / MANIFEST_FILE, manifest_bytes(sealed))
         return sealed
 
-    def promote(self, task: str, version: int) -> int | None:
-        """Point production at `version` (verified first); return the version it replaced."""
+    def promote(self, task: str, version: int, *, by: str = "hand", note: str | None = None) -> int | None:
+        """Point production at `version` (verified first); return the version it replaced. `by` (the retrain
+        flow's gate, or a hand) and `note` go into the pointer's log, which `registry list` reads back."""
         with self._locked(task) as task_dir:
             path = self.bundle_dir(task, version)
             manifest = verify_bundle(path)
             old = read_production(task_dir)
-            history = list(old["history"]) if old else []
-            if old and old["version"] != version:
-                history.append(old["version"])
-            self._write_pointer(task_dir, version, manifest, history)
+            if old and old["version"] == version:
+                return version  # already there (a retried flow step): no move to log
+            history = [*old.get("history", []), old["version"]] if old else []
+            self._write_pointer(task_dir, version, manifest, history, old, "promote", by, note)
         return old["version"] if old else None
 
     def rollback(self, task: str) -> int:
@@ -227,17 +229,31 @@ class Registry:
                 )
             previous = history.pop()
             manifest = verify_bundle(self.bundle_dir(task, previous))
-            self._write_pointer(task_dir, previous, manifest, history)
+            self._write_pointer(task_dir, previous, manifest, history, old, "rollback", "hand", None)
         return previous
 
     @staticmethod
-    def _write_pointer(task_dir: Path, version: int, manifest: dict, history: list[int]) -> None:
+    def _write_pointer(
+        task_dir: Path,
+        version: int,
+        manifest: dict,
+        history: list[int],
+        old: dict | None,
+        action: str,
+        by: str,
+        note: str | None,
+    ) -> None:
+        """The new pointer, its log the old one's plus this move (a pointer written before the log had none)."""
+        now = utc_now()
+        move = {"utc": now, "action": action, "version": version, "previous": old["version"] if old else None}
+        move.update(by=by, **({"note": note} if note else {}))
         pointer = {
             "task": task_dir.name,
             "version": version,
             "files": manifest["files"],
             "history": history,
-            "updated_utc": utc_now(),
+            "log": [*(old or {}).get("log", []), move],
+            "updated_utc": now,
         }
         atomic_write_bytes(task_dir / PRODUCTION_FILE, json.dumps(pointer, indent=2).encode())
 

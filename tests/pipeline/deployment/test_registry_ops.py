@@ -177,3 +177,58 @@ def test_a_version_whose_gate_did_not_pass_is_promoted_only_with_force(registry,
     assert registry.production("planar") == 1
     assert _cli(registry, "promote", "planar", 3) == 0 and registry.production("planar") == 3
     assert _cli(registry, "promote", "planar", 2, force=True) == 0 and registry.production("planar") == 2
+
+
+def test_every_move_of_production_is_logged_and_list_says_who_made_it(registry, source_bundle, capsys):
+    """helper-34 rolled a night back and promoted one by hand: `registry list` could only say "in production by
+    `sim2real registry promote` or `rollback`". The pointer now logs each move (the gate's, a hand's, a forced
+    one, a rollback) and `list` names the one that put each version in or out of production."""
+    for _ in range(3):
+        registry.register(source_bundle)
+    registry.annotate("planar", 1, metrics={"gate": {"decision": "pass", "reasons": [], "verdict": "promoted v1"}})
+    registry.annotate("planar", 2, metrics={"gate": {"decision": "pass", "reasons": [], "verdict": "promoted v2"}})
+    registry.annotate("planar", 3, metrics={"gate": {"decision": "fail", "reasons": ["FAIL gate.max_violations: 2"]}})
+    registry.promote("planar", 1, by="gate")
+    registry.promote("planar", 2, by="gate")
+    registry.promote("planar", 2, by="gate")  # a retried flow step: production does not move, nothing is logged
+    assert _cli(registry, "promote", "planar", 3, force=True) == 0
+    assert _cli(registry, "rollback", "planar") == 0
+    capsys.readouterr()
+
+    log = registry.pointer("planar")["log"]
+    assert [(m["action"], m["version"], m["previous"], m["by"]) for m in log] == [
+        ("promote", 1, None, "gate"),
+        ("promote", 2, 1, "gate"),
+        ("promote", 3, 2, "hand"),
+        ("rollback", 2, 3, "hand"),
+    ]
+    assert log[2]["note"] == "--force past its gate decision 'fail'"
+
+    assert _cli(registry, "list") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["pointer_log"]["planar"] == log
+    whys = {r["version"]: r["why"] for r in listed["versions"]}
+    assert whys[1].startswith("promoted v1; left production") and "v2 promoted by the gate" in whys[1]
+    assert whys[2].startswith("promoted v2; rolled back to v2 from v3 by hand")
+    assert "left production" in whys[3] and "rolled back to v2 from v3" in whys[3]
+
+    assert _cli(registry, "show", "planar", 3, as_json=False) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("planar v3  ") and "gate: fail\n    FAIL gate.max_violations: 2" in shown
+    assert "why: gate fail; left production" in shown and "--json prints the whole manifest" in shown
+
+
+def test_a_pointer_written_before_the_log_still_reads_and_gains_one(registry, source_bundle):
+    """A registry from before the pointer had a log: production still resolves, `list` keeps its old wording, and
+    the next move starts the log."""
+    for _ in range(2):
+        registry.register(source_bundle)
+    registry.promote("planar", 1)
+    pointer_path = registry.task_dir("planar") / "production"
+    old = json.loads(pointer_path.read_text())
+    del old["log"]
+    pointer_path.write_text(json.dumps(old))
+    assert registry.production("planar") == 1
+    assert _cli(registry, "list", as_json=False) == 0
+    registry.promote("planar", 2)
+    assert [m["version"] for m in registry.pointer("planar")["log"]] == [2]

@@ -252,6 +252,7 @@ def retrain(
         "gate": {
             "decision": shadow["decision"],
             "reasons": shadow["reasons"],
+            "failing": shadow["failing"],  # the config keys of the checks that failed: what `registry promote` names
             "loosened": shadow.get("loosened", []),
             "against_production": previous,
         },
@@ -330,6 +331,7 @@ def _gate_on_both(reality: dict, calibrated: dict) -> dict:
         **reality,
         "decision": decision,
         "reasons": reasons,
+        "failing": list(dict.fromkeys([*reality["failing"], *calibrated["failing"]])),
         "metrics": metrics,
         "report_calibrated": calibrated["report"],
     }

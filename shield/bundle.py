@@ -367,8 +367,10 @@ def gate_failures(manifest: dict | None) -> tuple[str, list[str]] | None:
     gate = ((manifest or {}).get("metrics") or {}).get("gate")
     if not isinstance(gate, dict) or gate.get("decision") in (None, "pass"):
         return None
-    failing = [r.split(":", 1)[0].split(" ", 1)[1] for r in gate.get("reasons", []) if str(r).startswith("FAIL ")]
-    return str(gate["decision"]), failing
+    failing = gate.get("failing")
+    if not isinstance(failing, list):  # a bundle registered before the flow recorded the keys: read its reasons
+        failing = [r.split(":", 1)[0].split(" ", 1)[1] for r in gate.get("reasons", []) if str(r).startswith("FAIL ")]
+    return str(gate["decision"]), [str(k) for k in failing]
 
 
 def gate_note(manifest: dict | None) -> str | None:

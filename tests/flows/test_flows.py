@@ -128,7 +128,11 @@ def test_failing_gate_leaves_production_unchanged(promoted, tmp_path):
     )
     assert state.is_failed()
     assert Registry(models).production("cartpole") == before
-    assert "min_return_ratio" in state.message or "return" in state.message
+    # The run's one line: the verdict with the check that failed, and what production stays.
+    assert state.message.startswith("cartpole: not promoted, v") and f"production stays v{before}" in state.message
+    assert "FAIL gate.min_return_ratio" in state.message and "PASS " not in state.message
+    failed = Registry(models).list("cartpole")[-1]
+    assert "gate.min_return_ratio" in failed["metrics"]["gate"]["failing"]  # what `registry promote` names
     flow_run_id = str(state.state_details.flow_run_id)
     summary = next(a for a in _artifacts(flow_run_id) if a.key == "retrain-summary")
     assert "FAILED" in summary.data and "return" in summary.data

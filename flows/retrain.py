@@ -107,12 +107,13 @@ def export_step(run_dir: str, models_root: str) -> dict:
 
 
 @task(name="falsify", retries=0, persist_result=True)
-def falsify_step(bundle_dir: str, config_path: str, out_dir: str) -> dict:
-    """Search the config's envelope for a shielded violation of the bundle (budget: falsify.budget_s)."""
+def falsify_step(bundle_dir: str, config_path: str, out_dir: str, seed: int | None = None) -> dict:
+    """Search the config's envelope for a shielded violation of the bundle (budget: falsify.budget_s), from the
+    search seed `seed` (default falsify.seed)."""
     from pipeline.evaluation.falsify import falsify
 
-    result = falsify(load_config(config_path), bundle=bundle_dir, out_dir=out_dir)
-    return {k: result[k] for k in ("cases_found", "min_h", "worst", "evaluated", "wall_s")}
+    result = falsify(load_config(config_path), bundle=bundle_dir, out_dir=out_dir, seed=seed)
+    return {k: result[k] for k in ("cases_found", "min_h", "worst", "evaluated", "wall_s", "seed")}
 
 
 @task(name="shadow", retries=0, persist_result=True)
@@ -199,12 +200,18 @@ def retrain(
     logger.info("trained %s env steps in %.0f s: %s", trained["env_steps"], trained["wall_s"], trained["run_dir"])
     exported = export_step(trained["run_dir"], models_root)
     logger.info("exported bundle %s (parity max abs err %.2e)", exported["bundle"], exported["parity_max_abs_err"])
-    falsification = falsify_step(exported["bundle"], config_path, str(Path(trained["run_dir"]) / "falsify"))
+    # Each night searches from its own seed: with the shield spec unchanged from night to night, one seed would
+    # replay the same corners, draws and attacks every night, where successive seeds add up to a wider search.
+    falsification = falsify_step(
+        exported["bundle"], config_path, str(Path(trained["run_dir"]) / "falsify"), seed=cfg.falsify.seed + night - 1
+    )
     min_h = falsification["min_h"]
     logger.info(
-        "falsify: %s shielded violation case(s) in %s candidates; lowest barrier value the shield saw %s "
-        "(below 0: inside its margin or braking distance, where it brakes; a case is the constraint itself "
-        "crossed)",
+        "falsify (search seed %d, night %d's own): %s shielded violation case(s) in %s candidates; lowest barrier "
+        "value the shield saw %s (below 0: inside its margin or braking distance, where it brakes; a case is the "
+        "constraint itself crossed)",
+        falsification["seed"],
+        night,
         falsification["cases_found"],
         falsification["evaluated"],
         "n/a" if min_h is None else f"{min_h:.4g}",
@@ -256,6 +263,7 @@ def retrain(
             "loosened": shadow.get("loosened", []),
             "against_production": previous,
         },
+        "falsify": {k: falsification[k] for k in ("seed", "evaluated", "cases_found", "min_h")},
         "train": {
             k: trained.get(k)
             for k in (

@@ -551,7 +551,12 @@ class FalsifyConfig(Section):
     budget_s: float = Field(
         60.0, gt=0, description="Wall-clock budget of one search (s); the retrain flow runs it before the gate."
     )
-    seed: int = Field(0, ge=0, description="Seed of the search (which corners, draws and episodes).")
+    seed: int = Field(
+        0,
+        ge=0,
+        description="Seed of the search (which corners, draws and episodes); the retrain flow's night N searches "
+        "from seed + N - 1.",
+    )
     episode_steps: int = Field(150, gt=0, description="Steps per searched episode (long enough to reach any boundary).")
     episodes_per_candidate: int = Field(
         2, ge=1, description="Episodes (seeds) run for each searched domain and attack."

@@ -185,6 +185,9 @@ def test_a_nightly_candidate_worse_than_production_keeps_production(promoted, tm
     first = night_seed(load_config(path), summary["version"])
     assert summary["version"] == 3 and seeds == list(range(first, first + len(seeds)))
     assert not set(seeds) & set(registry.show("cartpole", 1)["metrics"]["shadow"]["seeds"])
+    # ... and its own falsification search: night 1 searched from falsify.seed, night 3 from two seeds on.
+    assert manifest["metrics"]["falsify"]["seed"] == load_config(path).falsify.seed + 2
+    assert registry.show("cartpole", 1)["metrics"]["falsify"]["seed"] == load_config(path).falsify.seed
     assert f"seeds {seeds[0]}..{seeds[-1]}" in page
 
     assert registry_cli(cli_args("registry", "list", "--root", str(models))) == 0

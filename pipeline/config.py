@@ -557,7 +557,13 @@ class FalsifyConfig(Section):
         description="Seed of the search (which corners, draws and episodes); the retrain flow's night N searches "
         "from seed + N - 1.",
     )
-    episode_steps: int = Field(150, gt=0, description="Steps per searched episode (long enough to reach any boundary).")
+    episode_steps: int | None = Field(
+        None,
+        gt=0,
+        description="Steps per searched episode (default: the plant's own episode, plant.episode_steps or "
+        "task.max_episode_steps): shorter ones try more candidates within budget_s, and miss a violation that takes "
+        "longer to build up (a slow plant driven into a corner).",
+    )
     episodes_per_candidate: int = Field(
         2, ge=1, description="Episodes (seeds) run for each searched domain and attack."
     )

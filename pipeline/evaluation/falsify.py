@@ -31,7 +31,7 @@ share of the budget:
    attack, and planted faults the adversary alone finds went unfound.
 
 Each candidate runs `falsify.episodes_per_candidate` shielded episodes of
-`falsify.episode_steps` steps (`pipeline.evaluation.evaluate`); its score is
+`falsify.episode_steps` steps (default: the plant's own episode; `pipeline.evaluation.evaluate`); its score is
 the lowest h the shield saw. A case is a candidate with a violating step
 (info["cost"] on the true state): it is written as `case-N.yaml` (the pinned
 domain, usable as `--domains`) and `case-N.json` (set, seed, policy, attack

@@ -224,7 +224,8 @@ def refusal(
         out["message"] = (
             f"cannot certify {cfg.task.name}: {reason}. The nominal plant, at the same state, has {nominal:.3g}x too: "
             f"no parameter's range is the cause, the state is (the drive's effect on {meas.names[k]} falls or "
-            f"reverses there). Narrow the constraints that admit that state, or change the plant's masses or "
+            f"reverses there). Narrow the constraints that admit that state (where a coordinate no constraint "
+            f"limits turns the drive, a body's heading say, add a box on it), or change the plant's masses or "
             f"geometry so the drive moves {meas.names[k]} the same way over the whole constraint box"
         )
         return out

@@ -20,6 +20,12 @@ from functools import partial
 import numpy as np
 
 from pipeline.config import ConfigError
+from pipeline.safety.barrier_checks import (
+    barrier_compatibility_problem,
+    barrier_holding_problem,
+    barrier_sample_states,
+    directly_driven,
+)
 from pipeline.safety.envelope import (
     NOISE_SIGMAS,
     assumptions,
@@ -102,13 +108,6 @@ def _latency_range(cfg, envelopes) -> tuple[int, int]:
 # Where the predictive filter keeps the constraints, the braking figures are not used: a measured figure at or
 # below zero is written as this share of the nominal full-action acceleration (the schema reads positive ones).
 _PREDICTIVE_BRAKE_FLOOR = 0.01
-# The braking barrier is picked only where it can act by its own conditions on at least this share of the states
-# inside its safe set (BARRIER_SAMPLES drawn over the envelope). Where it cannot, its least-violation fallback keeps
-# the plant, and nothing certifies that. A plant whose model error outruns its braking everywhere finds an action on
-# about 1 % of them (a two-axis gantry with a weak drive; falsify then crossed its limits); the arm, whose barrier
-# holds every corner swept, on 85 %, falling back only at speed near its joint limits.
-BARRIER_ACTS_SHARE = 0.5
-BARRIER_SAMPLES = 2000
 
 
 class EnvelopeError(ConfigError):
@@ -179,12 +178,14 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
     full = np.maximum(np.abs(low), np.abs(high))  # largest action magnitude per input
     rest = None  # the operating point's shield state, where there is one
     trim = np.zeros(len(low))  # the action that holds it
+    driven: set[int] = set()  # positions an actuator acts on directly at the operating point
     if safety["model"] == "linear":
         nominal = envs.nominal_model(cfg.task.env_id)  # the task registry's, linearized at its operating point
+        driven = directly_driven(nominal)
         state_index = sorted(nominal.obs_to_state)
         A, B, c = linearize_mujoco(nominal, state_index)
         trim = nominal.trim_action(len(low))
-        _uncontrolled_limits(safety["constraints"], state_index, A, B, nominal)
+        _uncontrolled_limits(safety["constraints"], state_index, A, B, nominal, cfg.observation_names(state_index))
         rest = operating_state(nominal, state_index).tolist()
         model = {"type": "linear", "A": A.tolist(), "B": B.tolist(), "c": c.tolist()}
         # Nominal full-action acceleration of each position: velocity change per period / dt. What braking can
@@ -362,15 +363,21 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         },
     }
     braking_synthesized = sc.brake_accel is None and sc.brake_fraction is None
-    if synthesized and braking_synthesized and not bare and not predictive_reasons and rest is not None:
-        # Braking that exists is not yet braking that suffices: where the model error the barrier must cover over
-        # the latency outruns it, no action meets the barrier's conditions anywhere, and it would fall back on every
-        # step. The predictive filter keeps such a plant, or nothing does.
-        problem = barrier_holding_problem(spec, rest, barrier_sample_states(cfg))
-        if problem:
-            if any(c["type"] not in ("box", "halfspace") for c in constraints):
-                raise EnvelopeError(f"cannot certify {cfg.task.name}: {problem}")
-            predictive_reasons = [problem]
+    obs_names = cfg.observation_names(range(obs_dim))
+    problem = None
+    if synthesized and braking_synthesized and not bare and not predictive_reasons:
+        # Braking each position is not braking them together: where one input moves two limited positions at
+        # once, the corner where both close has no braking action. And braking that exists is not yet braking
+        # that suffices: where the model error the barrier must cover over the latency outruns it, no action meets
+        # the barrier's conditions anywhere, and it would fall back on every step. The predictive filter keeps
+        # such a plant, or nothing does.
+        problem = barrier_compatibility_problem(spec, obs_names, driven)
+        if problem is None and rest is not None:
+            problem = barrier_holding_problem(spec, rest, barrier_sample_states(cfg))
+    if problem:
+        if any(c["type"] not in ("box", "halfspace") for c in constraints):
+            raise EnvelopeError(f"cannot certify {cfg.task.name}: {problem}")
+        predictive_reasons = [problem]
     if predictive_reasons:
         from pipeline.safety import predictive
         from pipeline.safety.certificate import refusal
@@ -403,6 +410,8 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         problems = envelope_problems(cfg, spec, envelopes, full_accel, measured_ranges=synthesized)
         if synthesized:
             problems += synthesis.override_problems(cfg, measurement, spec)
+        if not braking_synthesized and (together := barrier_compatibility_problem(spec, obs_names, driven)):
+            problems.append(f"shield.brake_accel / brake_fraction (set by hand): {together}")
         if problems:
             raise EnvelopeError("the config admits plants the shield cannot keep safe:\n  " + "\n  ".join(problems))
     return spec
@@ -428,7 +437,9 @@ def _reads(con: dict) -> set[int]:
     return {int(i) for i in con.get("index", [])} | {i for i, w in enumerate(con.get("a", [])) if w}
 
 
-def _uncontrolled_limits(constraints: list, state_index: list[int], A: np.ndarray, B: np.ndarray, nominal) -> None:
+def _uncontrolled_limits(
+    constraints: list, state_index: list[int], A: np.ndarray, B: np.ndarray, nominal, names: list[str]
+) -> None:
     """ShieldSpecError naming a constraint on a coordinate no input moves at the operating point, over any number of
     steps (its row of the controllability matrix [B, AB, ..., A^(n-1) B] is zero): a hoist's sideways swing under a
     vertical lift. No filter keeps a limit the actuators cannot act on; the linear model says so exactly."""
@@ -445,67 +456,12 @@ def _uncontrolled_limits(constraints: list, state_index: list[int], A: np.ndarra
             if o in col and reach[col[o]] <= 1e-9 * max(scale, 1e-300):
                 kind, i = nominal.obs_to_state[o]
                 raise ShieldSpecError(
-                    f"constraint {con['name']}: no actuator moves obs[{o}] ({kind}[{i}]) at the operating point, "
+                    f"constraint {con['name']}: no actuator moves {names[col[o]]} (obs[{o}], {kind}[{i}]) at the "
+                    f"operating point, "
                     f"over any number of steps (the linearized plant is not controllable there: e.g. a swing that a "
                     f"force along its hinge axis cannot excite), so no shield can keep that limit; drop the "
                     f"constraint, or add an actuator (or a geometry) that moves it"
                 )
-
-
-def barrier_holding_problem(spec: dict, rest: list[float], states: np.ndarray | None = None) -> str | None:
-    """Why the braking barrier cannot hold the plant (None: it can): no action meets its conditions at rest at its
-    operating point (`rest`, the shield state), or on most of the `states` (shield states sampled over the envelope)
-    that lie inside its own safe set. Where its conditions cannot be met it falls back to least-violation braking,
-    and nothing certifies that: the barrier is sound only where it can act by its conditions."""
-    from shield.cbf import CbfShield
-
-    shield = CbfShield(spec)
-    fallback = np.asarray(spec["fallback_action"], np.float32)
-
-    def ask(state) -> dict:
-        shield.reset()
-        obs = np.zeros(spec["obs_dim"], np.float32)
-        obs[spec["state_index"]] = state
-        return shield.filter(obs, fallback)[1]
-
-    info = ask(rest)
-    if info["fallback"]:
-        worst = int(np.argmin(info["h"]))
-        return (
-            f"the braking barrier cannot hold the plant even at rest at its operating point: no action meets its "
-            f"conditions on {spec['constraints'][worst]['name']!r} there (h {float(info['h'][worst]):.3g}): the "
-            f"model error it must cover (disturbance_accel {spec['disturbance_accel']} units/s^2, over "
-            f"{spec['latency_steps']} steps of latency, and the pushes) outruns the braking it has "
-            f"(brake_accel {spec['kinematics']['brake_accel']})"
-        )
-    if states is None:
-        return None
-    inside = stuck = 0
-    for state in states:
-        info = ask(state)
-        if float(np.min(info["h"])) < 0.0:  # outside its safe set: braking back in is all it promises there
-            continue
-        inside += 1
-        stuck += bool(info["fallback"])
-    if inside and stuck > (1.0 - BARRIER_ACTS_SHARE) * inside:
-        return (
-            f"the braking barrier finds no action that meets its conditions on {stuck} of {inside} sampled states "
-            f"inside its own safe set: the model error it must cover (disturbance_accel "
-            f"{spec['disturbance_accel']} units/s^2, over {spec['latency_steps']} steps of latency, and the pushes) "
-            f"outruns the braking it has (brake_accel {spec['kinematics']['brake_accel']}) over most of the "
-            f"envelope, where only its uncertified least-violation fallback would act"
-        )
-    return None
-
-
-def barrier_sample_states(cfg, samples: int = BARRIER_SAMPLES, seed: int = 0) -> np.ndarray:
-    """Shield states drawn uniformly over the envelope's state box (constrained coordinates within their
-    constraints, the rest as far as open-loop bang-bang drove them: `EnvelopeSampler.reach_box`)."""
-    from pipeline.safety.sampling import EnvelopeSampler
-
-    env = EnvelopeSampler(cfg, np.random.default_rng(seed), draws=1)
-    env.reach_box()
-    return env.rng.uniform(env.lo_s, env.hi_s, (samples, env.n))
 
 
 def _by_id(table: dict, rset) -> list[float]:

@@ -19,16 +19,25 @@ each on which synthesis once picked a filter that did not keep it, or refused it
   keep its swing limit; synthesis failed on a schema check of a braking figure the user never set. As declared
   first (hoist.xml, a plain motor against gravity) it told the user to "linearize where the plant rests", which a
   hoist never does off its stops; and as a double integrator with two positions and one actuator it crashed.
+- hovercraft: a puck in a walled arena, one thrust along its heading (kept in the first quadrant by a heading
+  limit) and a yaw torque. Full thrust brakes x, and brakes y, so synthesis kept it with the braking barrier; but
+  braking x toward its upper limit while y closes on its lower one needs the thrust both ways at once. The
+  certified, promoted shield fell back there and bang-bang drove the puck 0.2 m past its limit, on the nominal
+  plant too, in 150-step falsification episodes too short to reach that corner.
 """
 
 from __future__ import annotations
 
+import copy
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
 
 
 @pytest.mark.parametrize(
@@ -40,8 +49,9 @@ HERE = Path(__file__).resolve().parent
 )
 def test_a_barrier_that_cannot_act_gives_way_to_the_predictive_filter(plant, why, barrier_problem):
     from pipeline.config import load_config
+    from pipeline.safety.barrier_checks import barrier_holding_problem, barrier_sample_states
     from pipeline.safety.certificate import certificate
-    from pipeline.safety.shield_spec import barrier_holding_problem, barrier_sample_states, build_shield_spec
+    from pipeline.safety.shield_spec import build_shield_spec
     from tests.helpers.shield_specs import assert_kept_on_reality
 
     cfg = load_config(HERE / "plants" / f"{plant}.yaml")
@@ -64,7 +74,8 @@ def test_a_barrier_that_cannot_act_gives_way_to_the_predictive_filter(plant, why
 def test_the_arm_keeps_its_braking_barrier():
     # The arm's synthesized barrier (every corner swept holds) falls back only at speed near its joint limits.
     from pipeline.config import load_config
-    from pipeline.safety.shield_spec import barrier_holding_problem, barrier_sample_states, build_shield_spec
+    from pipeline.safety.barrier_checks import barrier_holding_problem, barrier_sample_states
+    from pipeline.safety.shield_spec import build_shield_spec
 
     cfg = load_config(HERE.parents[2] / "configs" / "arm.yaml")
     spec = build_shield_spec(cfg)
@@ -104,7 +115,7 @@ def test_a_limit_no_actuator_can_move_is_refused_by_name(tmp_path):
     from pipeline.config import ConfigError, load_config
     from pipeline.safety.shield_spec import ShieldSpecError, build_shield_spec
 
-    with pytest.raises(ShieldSpecError, match=r"constraint swing_limit: no actuator moves obs\[1\]"):
+    with pytest.raises(ShieldSpecError, match=r"constraint swing_limit: no actuator moves theta \(obs\[1\]"):
         build_shield_spec(load_config(HERE / "plants" / "hoist_lift.yaml"))
 
     def gravity(plant):  # a plain motor: it holds the carriage and its load only under a steady action
@@ -146,3 +157,45 @@ def test_a_predictive_refusal_says_over_which_states_it_sampled(tmp_path):
 
     with pytest.raises(EnvelopeError, match=r"theta \[-3.14, 3.14\].*theta turns without limit.*give it its range"):
         build_shield_spec(load_config(_hoist(tmp_path, "hoist_height_only", height_only)))
+
+
+def test_a_single_thrust_on_two_limited_positions_is_refused_naming_both():
+    """No filter is certified for the hovercraft: the barrier cannot brake x and y together, and the predictive
+    filter has no backup LQR (y is not reachable at rest). The refusal names both limits and what to change."""
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import EnvelopeError, build_shield_spec
+
+    with pytest.raises(EnvelopeError) as refused:
+        build_shield_spec(load_config(HERE / "plants" / "hovercraft.yaml"))
+    message = str(refused.value)
+    side = r"toward its (upper|lower) limit \(arena\)"
+    pair = rf"cannot brake x {side} and y {side} at once"
+    assert re.search(pair, message), message
+    assert "none of it" in message and "an input of its own" in message
+    assert "the predictive filter cannot keep it either" in message
+
+
+def test_braking_limits_together_is_asked_of_the_inputs_that_move_them():
+    """The arm's two joints each have a motor: its barrier brakes both at once, within its input box, with the
+    input's effect at its weakest. The same spec with one motor driving both joints together cannot brake them
+    in opposite directions at once, and is refused for it, naming both joints."""
+    import envs
+    from pipeline.config import load_config
+    from pipeline.safety.barrier_checks import barrier_compatibility_problem, directly_driven
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    cfg = load_config(ROOT / "configs" / "arm.yaml")
+    spec = build_shield_spec(cfg)
+    names = cfg.observation_names(range(spec["obs_dim"]))
+    driven = directly_driven(envs.nominal_model(cfg.task.env_id))
+    assert driven == set(spec["kinematics"]["position_index"])  # each joint has its motor
+    assert barrier_compatibility_problem(spec, names, driven) is None
+
+    coupled = copy.deepcopy(spec)
+    B = np.asarray(coupled["model"]["B"])
+    B[:, 0] += B[:, 1]  # one motor moves both joints as both motors did
+    B[:, 1] = 0.0
+    coupled["model"]["B"] = B.tolist()
+    problem = barrier_compatibility_problem(coupled, names, driven)
+    joints = [names[o] for o in spec["kinematics"]["position_index"]]
+    assert problem is not None and all(f"{j} toward its" in problem for j in joints), problem

@@ -28,6 +28,7 @@ class RunCommand:
     @staticmethod
     def run_cli(args: argparse.Namespace) -> int:
         """The flow on embedded defaults, with a summary at the end; 0 only when the candidate was promoted."""
+        _calibratable(args)
         _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.retrain import retrain
 
@@ -66,6 +67,7 @@ class ScheduleCommand:
 
     @staticmethod
     def run_cli(args: argparse.Namespace) -> int:
+        _calibratable(args)
         _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.schedule import schedule
 
@@ -105,6 +107,16 @@ def _flow_arguments(p: argparse.ArgumentParser, logs_note: str = "") -> None:
         help="field shadow logs (file or directory): calibrate the twin "
         "to them first, train around the calibrated set, gate on it as well as on reality" + logs_note,
     )
+
+
+def _calibratable(args: argparse.Namespace) -> None:
+    """With --from-log, refuse a task calibration cannot fit (CalibrationError: exit 2, one line) here, before a
+    flow starts: not a traceback and a failed gate after a Prefect server came up, nor every night at 3 a.m."""
+    if getattr(args, "from_log", None):
+        from pipeline.calibration.twin import Twin
+        from pipeline.config import load_config
+
+        Twin(load_config(args.config).task.env_id)
 
 
 def _prefect_defaults() -> None:

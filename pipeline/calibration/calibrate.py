@@ -66,6 +66,20 @@ def _latency_candidates(cfg) -> list[int]:
     return list(range(0, max(highs, default=0) + 2))  # one step past the configured worst case
 
 
+def latency_outside(cfg, latency: int, confidence: float) -> str | None:
+    """The verdict line for a latency longer than every set's `latency_steps` allows, identified at OUTSIDE_INTERVAL
+    confidence or more over the runner-up (None otherwise): the shield predicts through the sets' latencies only,
+    and a policy trained on them never met it, so such a plant is outside whatever its parameters."""
+    most = max((r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None), default=0)
+    if latency <= most or confidence < OUTSIDE_INTERVAL:
+        return None
+    return (
+        f"outside: the plant's latency is {latency} control steps (confidence {confidence:.3f}), longer than any "
+        f"set's latency_steps allows (at most {most}); train and the shield were not made for it: widen "
+        f"latency_steps in every set (and shield.latency_steps where the config sets it) to {latency} and rerun"
+    )
+
+
 def _prediction_error(problem: Problem, x) -> dict:
     """Open-loop error from the first states in x over each window (steps 1..H): physical and in obs-noise units."""
     physical = (problem.simulate(x) - problem.measured)[:, 1:]
@@ -313,6 +327,10 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             f"state (F = {structure[worst]:.0f}, above {STRUCTURE_F:.0f}): the plant has dynamics the "
             f"twin does not model (a changed geometry, friction, a sensor)"
         )
+    confidence = latency_confidence(best, runner_up) if runner_up else 1.0
+    late = latency_outside(cfg, latency, confidence)
+    if late:
+        verdict.append(late)
     if where == "outside":
         verdict.append(
             "outside: no plant inside the config's randomization ranges fits the logs "
@@ -332,11 +350,12 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             "windows": len(windows.starts),
             "horizon_steps": windows.horizon,
             "late_samples": len(log.late),
+            "clock_note": log.clock_note,
             "windows_dropped_late": windows.dropped_late,
         },
         "latency_steps": {
             "identified": latency,
-            "confidence": latency_confidence(best, runner_up) if runner_up else 1.0,
+            "confidence": confidence,
             "runner_up": runner_up.latency if runner_up else None,
             "candidates": {str(f.latency): f.cost for f in sorted(converged, key=lambda f: f.latency)},
             "largest_tried": max(latencies),
@@ -354,7 +373,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
         "residual_vs_noise_floor": [float(v) for v in ratio],
         "defect_structure_F": [float(v) for v in structure],
         "misfit": misfit,
-        "outside": where == "outside",
+        "outside": where == "outside" or late is not None,
         "verdict": verdict,
         "prediction_error": {
             "before": _prediction_error(before_p, x_before),
@@ -393,6 +412,8 @@ def summary_lines(result: dict) -> list[str]:
             f"late samples: {log['late_samples']} (the step counter continues, the clock is late: a stall, or rows "
             f"dropped and the counter renumbered); {log['windows_dropped_late']} window(s) holding one left out"
         )
+    if log.get("clock_note"):
+        lines.append(f"clock: {log['clock_note']}")
     lines += [f"VERDICT {v}" for v in result["verdict"]] or [
         "verdict: the twin explains the logs down to the noise floor, inside the config's ranges"
     ]

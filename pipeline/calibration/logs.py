@@ -54,6 +54,7 @@ class FieldLog:
     dt: float  # control period, s
     source: str
     late: tuple[int, ...] = ()  # rows that arrived later than GAP_PERIODS control periods after the previous one
+    clock_note: str | None = None  # why the log's clock was not read (far from real time), for the summary
 
     @property
     def seconds(self) -> float:
@@ -83,13 +84,14 @@ def _gaps(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float) -> tu
     return starts, missing, late_rows
 
 
-def _check_clock(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float, where: str) -> None:
+def _check_clock(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float, where: str) -> str | None:
     """Refuse a clock that says the rig did not run at the task's control period: in real time (its median step
     within 25 % of dt) but off it by more than CLOCK_TOLERANCE, or about 1000x it (timestamps in milliseconds).
-    A clock far from both (a simulated plant stepped faster than real time) says nothing and is not read."""
+    A clock far from both (a simulated plant stepped faster or slower than real time) is not read: the note
+    returned says so, for the summary (a rig that really ran at that period would be fitted at the wrong one)."""
     follows = (episode[1:] == episode[:-1]) & (step[1:] == step[:-1] + 1)
     if not follows.any():
-        return
+        return None
     period = float(np.median(np.diff(t)[follows]))
     ratio = period / dt
     if abs(ratio - 1.0) < 0.25 and abs(ratio - 1.0) > CLOCK_TOLERANCE:
@@ -103,6 +105,13 @@ def _check_clock(episode: np.ndarray, step: np.ndarray, t: np.ndarray, dt: float
             f"{where}: the log's clock advances {period:.4g} per step (median), about 1000x the control period "
             f"{dt} s: timestamps in milliseconds? The log's t is in seconds (docs/reference/contracts.md)"
         )
+    if abs(ratio - 1.0) < 0.25:
+        return None
+    return (
+        f"the log's clock advances {period:.4g} s per step (median), {ratio:.2g}x the control period {dt} s: not "
+        f"read, as a simulated plant's stepped off real time. If the rig really ran at {period:.4g} s, calibrate "
+        f"with a config whose plant.control_period is that: the fit replays every step {dt} s long"
+    )
 
 
 def quiet_channels(obs: np.ndarray, noise_std: np.ndarray, names: list[str]) -> list[str]:
@@ -179,7 +188,7 @@ def load_field_log(
             f"(e.g. all zero): a recording of a plant that never moved or a zero-filled file, "
             f"nothing to fit"
         )
-    _check_clock(cols["episode"], cols["step"], cols["t"], dt, where)
+    clock_note = _check_clock(cols["episode"], cols["step"], cols["t"], dt, where)
     starts, missing, late = _gaps(cols["episode"], cols["step"], cols["t"], dt)
     if missing:
         i = missing[0]
@@ -195,4 +204,4 @@ def load_field_log(
             f"calibration needs at least {min_seconds:.0f} s"
         )
     runs = list(zip(starts, starts[1:] + [len(obs)]))
-    return FieldLog(obs=obs, action=action, runs=runs, dt=dt, source=str(path), late=tuple(late))
+    return FieldLog(obs=obs, action=action, runs=runs, dt=dt, source=str(path), late=tuple(late), clock_note=clock_note)

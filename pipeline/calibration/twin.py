@@ -77,8 +77,10 @@ class Twin:
         spec = envs.task(env_id)
         if spec.shield_model["type"] != "linear":
             raise CalibrationError(
-                f"task {env_id}: calibration replays logged states through the twin, "
-                f"and this task's observation is not its MuJoCo state (no nominal_model())"
+                f"task {env_id}: calibration replays each logged state through the twin, which needs a plant "
+                f"declared as data (plant: in the YAML, a linear shield_model, observations read from named joints); "
+                f"this task is coded in Python (the shipped quadrotor is) and its observation is not its MuJoCo "
+                f"state, so its logs cannot be fitted. Its randomization ranges stay as configured"
             )
         nominal = spec.nominal_model()
         self.env_id = env_id

@@ -157,3 +157,17 @@ def test_a_best_fit_past_the_configured_range_is_said_to_be_so(inside_result):
         if "kept" in p and not p["kept"][0] <= p["identified"] <= p["kept"][1]
     ]
     assert len(inside) == len([n for n in fitted_past if not inside_result["parameters"][n]["identified_ok"]])
+
+
+def test_a_latency_longer_than_every_set_allows_is_outside():
+    """A helper's Furuta log at 3 steps of latency, against sets that allow 2, was identified right (3, confidence
+    1.000) and still called inside, exit 0, with a calibrated set at a latency the shield never predicted through.
+    A latency past every set's, identified with the confidence the outside verdict asks of the ranges, is outside."""
+    from pipeline.calibration.calibrate import latency_outside
+
+    cfg = load_config(CFG)  # the cart-pole's sets allow up to 3 steps
+    assert latency_outside(cfg, 3, 1.0) is None
+    line = latency_outside(cfg, 4, 0.999)
+    assert line is not None and line.startswith("outside: the plant's latency is 4 control steps"), line
+    assert "at most 3" in line and "widen latency_steps" in line
+    assert latency_outside(cfg, 4, 0.9) is None  # 4 hardly beats the runner-up: it may be 3, inside

@@ -66,6 +66,19 @@ def test_a_log_with_one_late_sample_is_used_the_row_counted_and_its_windows_left
     assert not any(lo < 350 <= hi for lo, hi in spans)  # no window replays across the stretched period
 
 
+@pytest.mark.parametrize("factor", [1.5, 0.1])
+def test_a_clock_far_from_the_period_is_not_read_and_the_summary_says_so(log_file, tmp_path, factor):
+    """A helper's log stamped at 0.03 s per step (a rig at 33 Hz?) against a 0.02 s config was fitted with no
+    word; one 10x fast likewise. Such a clock is still not read (a simulated plant steps off real time), but the
+    log says so, with what to do if the rig really ran at that period; a real-time clock says nothing."""
+    assert _load(log_file).clock_note is None
+    cols, meta = read_shadow_log(log_file)
+    cols["t"] = cols["t"] * factor
+    log = _load(write_shadow_log(tmp_path / "clock.npz", cols, meta))
+    assert log.clock_note is not None and f"{factor:.2g}x the control period 0.02 s: not read" in log.clock_note
+    assert "plant.control_period is that" in log.clock_note
+
+
 def test_a_missing_step_is_still_refused_with_its_row(log_file, tmp_path):
     cols, meta = read_shadow_log(log_file)
     keep = np.r_[0:300, 301:STEPS]
@@ -120,3 +133,20 @@ def test_a_configured_noise_is_never_set_to_zero_and_is_kept_where_the_log_admit
         assert used == configured, why
     else:
         assert lo - 1e-12 <= used**2 <= hi + 1e-12 or used**2 == var, (used, lo, hi)
+
+
+@pytest.mark.parametrize("command", [["calibrate"], ["run"], ["schedule", "--cron", "0 3 * * *"]])
+def test_a_task_coded_in_python_is_refused_before_any_log_is_read_or_flow_started(log_file, tmp_path, command):
+    """The shipped quadrotor is a Python task whose observation is not its MuJoCo state: calibration cannot replay
+    its logs. `calibrate`, `run --from-log` and `schedule --from-log` say so in one line, exit 2, before a flow
+    starts (`run` printed tracebacks, then "gate FAIL" and exit 1, after a Prefect server came up)."""
+    args = [*command, "--config", str(ROOT / "configs" / "quadrotor.yaml"), "--from-log", str(log_file)]
+    if command[0] != "calibrate":
+        args += ["--models", str(tmp_path / "models")]
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "coded in Python" in out.stderr and "cannot be fitted" in out.stderr
+    assert not (tmp_path / "models").exists()

@@ -286,6 +286,7 @@ def _public(candidate: dict) -> dict:
         "gain": candidate["gain"],
         "combinations": candidate["combinations"],
         "parameters": candidate["parameters"],
+        "pinned_chosen": candidate["pinned_chosen"],
     }
 
 
@@ -346,6 +347,7 @@ def _pct(x: float | None) -> str:
 def plan_lines(plan: dict) -> list[str]:
     """The plan's human summary: what to run, what it should pin (expected), against the quiet log, and its safety."""
     from pipeline.calibration.calibrate import _combo
+    from pipeline.calibration.identify import IDENTIFIED_SHRINK, SYSTEMATIC_STD
 
     dt = plan["control_period_s"]
     lines = []
@@ -386,6 +388,14 @@ def plan_lines(plan: dict) -> list[str]:
             lines.append(
                 f"  identified: {_combo(c['weights'])}, expected 90 % interval {_pct(c['expected_half_width'])}"
             )
+        elif math.isfinite(c["log_std"]) and c["log_std"] < c["range_log_std"]:
+            # Information, but not enough: calibration states a combination only once its std is under
+            # IDENTIFIED_SHRINK of the configured range's, and never under the systematic floor.
+            lines.append(
+                f"  NOT pinned with this plan: {_combo(c['weights'])}, std {c['log_std']:.3f} against the configured "
+                f"range's {c['range_log_std']:.3f} (identified below {IDENTIFIED_SHRINK:g}x it; never below "
+                f"{SYSTEMATIC_STD:g}, the twin's own floor)"
+            )
         else:
             lines.append(f"  NOT identifiable with this plan (flat): {_combo(c['weights'])}")
     quiet = plan["quiet_expected"]["parameters"]
@@ -405,5 +415,16 @@ def plan_lines(plan: dict) -> list[str]:
         if p["pinned"]:
             lines.append(f"  {n}: pinned alone, expected 90 % interval {_pct(p['expected_half_width'])}; {now}")
         else:
-            lines.append(f"  {n}: NOT pinned alone even with the plan (see the flat directions); {now}")
+            lines.append(f"  {n}: NOT pinned alone even with the plan (see the combinations above); {now}")
+    if not plan["expected"]["pinned_chosen"]:
+        lines.append(
+            "NOTHING PINNED: this plan is expected to pin none of the chosen parameters, so running it buys no "
+            "interval. Raise --amplitude (as far as the safety line allows) or --steps; where a configured range is "
+            f"already within a few times the twin's floor (log std {SYSTEMATIC_STD:g}), no log narrows it"
+        )
     return lines
+
+
+def plan_pins_something(plan: dict) -> bool:
+    """A safe plan was found and it is expected to pin at least one chosen parameter (what exit 0 promises)."""
+    return plan["excitation"] is not None and bool(plan["expected"]["pinned_chosen"])

@@ -10,7 +10,8 @@ promoted before the shield is re-synthesized for it.
 
 `--plan [--params A,B] [--amplitude A] [--steps N] [--from-log QUIET] [--out plan.json]`
 designs an excitation instead (pipeline.calibration.plan); exit 1 when no
-candidate is safe at every corner of `reality` at that amplitude.
+candidate is safe at every corner of `reality` at that amplitude, or when the
+safe one is expected to pin none of the chosen parameters.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace, cfg) -> int:
-    """Design the excitation plan, print its summary (or JSON), write --out; exit 1 when no candidate is safe."""
-    from pipeline.calibration.plan import design_plan, plan_lines, write_plan
+    """Design the excitation plan, print its summary (or JSON), write --out; exit 1 when no candidate is safe or
+    the safe one is expected to pin none of the chosen parameters."""
+    from pipeline.calibration.plan import design_plan, plan_lines, plan_pins_something, write_plan
     from pipeline.evaluation.excitation import corner_check
 
     params = [p.strip() for p in args.params.split(",")] if args.params else None
@@ -58,4 +60,4 @@ def _plan(args: argparse.Namespace, cfg) -> int:
     if args.out:
         lines.append(f"wrote {write_plan(plan, args.out)}")
     emit(args, plan, "\n".join(lines))
-    return OK if plan["excitation"] is not None else CHECK_FAILED
+    return OK if plan_pins_something(plan) else CHECK_FAILED

@@ -237,3 +237,26 @@ def test_every_excitation_stays_within_its_amplitude_and_replays_the_same(candid
     )  # the file's generator replays it
     if candidate["kind"] != "none" and steps >= 50:
         assert np.max(np.abs(seq)) >= 0.5 * amplitude  # it does excite
+
+
+def test_a_plan_expected_to_pin_nothing_says_so_and_is_not_a_success(planned):
+    """A helper's Furuta plan reported 0.00 nats for every candidate and every combination as flat, then wrote the
+    plan and exited 0, though the combinations had information (std 0.025 against the range's 0.058), just not
+    enough to be stated. The same plan made to pin nothing says how far each combination is, NOTHING PINNED, and
+    is not a success; the plan that pins what it should is."""
+    import copy
+
+    from pipeline.calibration.plan import plan_lines, plan_pins_something
+
+    _, _, plan, _, _ = planned
+    assert plan_pins_something(plan) and not any(line.startswith("NOTHING PINNED") for line in plan_lines(plan))
+    weak = copy.deepcopy(plan)
+    weak["expected"]["pinned_chosen"] = []
+    for c in weak["expected"]["combinations"]:
+        c["identified"] = False
+        c["log_std"] = 0.5 * c["range_log_std"]  # informative, short of the 0.3x it takes
+    lines = plan_lines(weak)
+    assert not plan_pins_something(weak)
+    assert any(line.startswith("NOTHING PINNED: this plan is expected to pin none") for line in lines), lines
+    assert all("(flat)" not in line for line in lines)
+    assert any("NOT pinned with this plan" in line and "identified below 0.3x it" in line for line in lines)

@@ -36,6 +36,15 @@ def run(args: argparse.Namespace) -> int:
         f"{len(m.get('candidate_returns') or []) or m['episodes']} paired episodes ({m.get('stopped', 'logged')})",
         *(f"  LOOSENED {line}" for line in result.get("loosened", [])),
         *(f"  {reason}" for reason in result["reasons"]),
+        # The retrain flow falsifies before its gate and hands the cases in; this command alone does not search.
+        *(
+            [
+                f"  (falsification not run here: `sim2real falsify {args.bundle} --config {args.config}` searches "
+                f"for a shielded violation; the retrain flow runs it before the gate)"
+            ]
+            if not any(" gate.max_falsification_cases" in r for r in result["reasons"])
+            else []
+        ),
         *(
             f"episodes lost (ended early, or outside the safe set), {who}: {failures_line(m.get(f'{who}_failures'))}"
             for who in ("candidate", "legacy", "production")

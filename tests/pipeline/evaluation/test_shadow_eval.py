@@ -285,7 +285,10 @@ def test_cli_exit_code_follows_the_gate(base, capsys):
         waive=["gate.min_return_ratio", "gate.max_lost_rate_increase", "gate.max_violations"],
     )
     assert run_cli(_args(bundle=str(bundle), config=waived, from_log=sim["log"], report=str(base / "cli3"))) == 0
-    assert "gate: PASS" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "gate: PASS" in printed
+    # A pass here judged no falsification: the summary says so and names the command that searches.
+    assert f"(falsification not run here: `sim2real falsify {bundle} --config {waived}`" in printed
 
 
 def test_bad_input_names_the_culprit(base, capsys):

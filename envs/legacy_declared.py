@@ -78,7 +78,8 @@ class DeclaredLqr:
                 f"and {b.shape[1]} r weights"
             )
         try:
-            self.gain = discrete_lqr(a, b, np.diag(legacy.q), np.diag(legacy.r))
+            names = [decl.observations[o].name for o in states]
+            self.gain = discrete_lqr(a, b, np.diag(legacy.q), np.diag(legacy.r), names)
         except ValueError as exc:
             raise DeclarationError(f"plant.legacy: {exc}") from exc
         self._states = states

@@ -94,17 +94,48 @@ def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def discrete_lqr(a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray) -> np.ndarray:
+def unreachable_modes(a: np.ndarray, b: np.ndarray, names: list[str] | None = None) -> list[str]:
+    """The modes of x' = A x + B u that no input reaches and that do not decay by themselves (|eigenvalue| >= 1), in
+    words: the states each one moves (its left eigenvector's main weights) and its eigenvalue. The PBH test: w with
+    w^H [A - lambda I, B] = 0 (a thrust along one heading never moves x - y, whatever it does)."""
+    from scipy import linalg
+
+    n = len(a)
+    label = names if names is not None and len(names) == n else [f"state[{i}]" for i in range(n)]
+    out = []
+    for lam in sorted({complex(round(v.real, 9), round(v.imag, 9)) for v in np.linalg.eigvals(a)}, key=abs):
+        if abs(lam) < 1.0 - 1e-9:
+            continue
+        stacked = np.hstack([a - lam * np.eye(n), b]).conj().T
+        for w in linalg.null_space(stacked, rcond=1e-9).T:  # structurally unreached, not merely weakly
+            weights = np.abs(w) / np.abs(w).max()
+            moved = ", ".join(label[i] for i in np.flatnonzero(weights > 0.1))
+            out.append(f"the mode of {moved} (eigenvalue {lam.real:.4g}{f'{lam.imag:+.3g}j' if lam.imag else ''})")
+    return out
+
+
+def discrete_lqr(
+    a: np.ndarray, b: np.ndarray, q: np.ndarray, r: np.ndarray, names: list[str] | None = None
+) -> np.ndarray:
     """The infinite-horizon discrete LQR gain K (u = -K x) for x' = A x + B u, cost x'Qx + u'Ru.
 
     The Riccati equation is solved by SciPy's `solve_discrete_are` (a QZ-based Schur method): it
     reaches the solution to round-off, where a fixed-point iteration stops short of it at its
     tolerance, and it fails loudly instead of returning an unconverged gain.
     Its last bits still follow the CPU's LAPACK kernels: compare gains to a
-    tolerance, never bit for bit. Raises ValueError when no stabilizing gain exists.
+    tolerance, never bit for bit. Raises ValueError when no stabilizing gain exists, naming the unreachable modes
+    (`names`: the states' names, in order) where there are any.
     """
     from scipy import linalg
 
+    unreachable = unreachable_modes(a, b, names)
+    if unreachable:
+        raise ValueError(
+            f"no LQR can stabilize the linearized plant: no input reaches {'; '.join(unreachable)} at the operating "
+            "point, and that mode does not decay by itself (a coordinate no input pushes there, or two that one "
+            "input moves only together, like one thrust along a heading). Give it an input that does, or linearize "
+            "where the inputs reach it"
+        )
     try:
         p = linalg.solve_discrete_are(a, b, q, r)
     except (np.linalg.LinAlgError, ValueError) as exc:

@@ -57,6 +57,7 @@ def backup_gain(
     through (the cart-pole's legacy weights: a slowest mode of 1.11 at one step of three), or on a heavier plant
     with a weaker drive. The input weight is then raised (BACKUP_INPUT_WEIGHT_SCALES) until the loop is stable at
     every latency on every plant; a gentler backup is slower but holds wherever the spec admits the plant."""
+    import envs
     from envs.linearization import discrete_lqr
 
     legacy = (cfg.plant or {}).get("legacy") or {}
@@ -65,8 +66,9 @@ def backup_gain(
         q, r = np.diag(legacy["q"]), np.diag(legacy["r"])
     else:
         q, r = np.diag(1.0 / np.maximum(half_range, 1e-6) ** 2), np.eye(m)
+    names = cfg.observation_names(sorted(envs.nominal_model(cfg.task.env_id).obs_to_state))  # A's states, in order
     for scale in BACKUP_INPUT_WEIGHT_SCALES:
-        K = discrete_lqr(A, B, q.astype(np.float64), scale * r.astype(np.float64))
+        K = discrete_lqr(A, B, q.astype(np.float64), scale * r.astype(np.float64), names)
         modes = [
             max(
                 float(np.abs(np.linalg.eigvals(latency_loop(A, B, K, latency, lk, plant))).max())

@@ -13,9 +13,11 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import envs
-from envs.linearization import discrete_lqr, linearize_control_step
+from envs.linearization import discrete_lqr, linearize_control_step, unreachable_modes
 from envs.safety import violated_constraints
 from envs.tasks import read_declaration
 from tests.helpers.repo_files import files_naming, tracked_files
@@ -201,11 +203,31 @@ def test_lqr_gain_agrees_across_blas_threads_and_linear_algebra_paths():
     assert np.all(np.abs(np.linalg.eigvals(a - b @ k)) < 1.0)
 
 
-def test_an_lqr_that_cannot_stabilize_the_plant_is_refused():
+def test_an_lqr_that_cannot_stabilize_the_plant_is_refused_naming_the_mode_no_input_reaches():
     a = np.array([[1.1, 0.0], [0.0, 0.5]])  # an unstable mode ...
     b = np.array([[0.0], [1.0]])  # ... that the input cannot reach
-    with pytest.raises(ValueError, match="no stabilizing"):
-        discrete_lqr(a, b, np.eye(2), np.eye(1))
+    with pytest.raises(ValueError, match=r"no input reaches the mode of theta \(eigenvalue 1\.1\)"):
+        discrete_lqr(a, b, np.eye(2), np.eye(1), ["theta", "omega"])
+    # A hovercraft's one thrust along a 45-degree heading: x and y move only together, x - y never.
+    dt = 0.02
+    a = np.block([[np.eye(2), dt * np.eye(2)], [np.zeros((2, 2)), 0.98 * np.eye(2)]])
+    b = np.array([[0.0], [0.0], [0.07], [0.07]])
+    with pytest.raises(ValueError, match=r"no input reaches the mode of x, y, vx, vy \(eigenvalue 1\)"):
+        discrete_lqr(a, b, np.eye(4), np.eye(1), ["x", "y", "vx", "vy"])
+    b = np.array([[0.0, 0.0], [0.0, 0.0], [0.07, 0.0], [0.07, 0.05]])  # and a lateral thruster: every mode reached
+    assert unreachable_modes(a, b) == []
+    assert np.all(np.abs(np.linalg.eigvals(a - b @ discrete_lqr(a, b, np.eye(4), np.eye(2)))) < 1.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 2**31 - 1))
+def test_a_plant_every_state_of_which_an_input_drives_has_no_unreachable_mode(n, seed):
+    """An input per state (B square and well conditioned): whatever A is, no mode is out of reach."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(0.0, 1.0, (n, n))
+    q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    b = q @ np.diag(rng.uniform(0.1, 2.0, n))
+    assert unreachable_modes(a, b) == []
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

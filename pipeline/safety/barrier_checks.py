@@ -145,7 +145,10 @@ def barrier_compatibility_problem(spec: dict, names: list[str], driven: set[int]
         return float(va @ vb) < -0.999 * float(np.linalg.norm(va) * np.linalg.norm(vb))
 
     worst = None
-    for size in range(2, min(len(rows), len(brake)) + 1):
+    # Sets of at most one row more than there are inputs: by Helly's theorem, convex sets in R^m (the rows'
+    # halfspaces and the input box) meet if every m + 1 of them do, so a larger set that no action meets holds
+    # such a subset (m + 1 rows with the box checks the subsets without it too).
+    for size in range(2, min(len(rows), len(brake), len(low) + 1) + 1):
         for subset in itertools.combinations(rows, size):
             if any(sides_of_one_band(a[3], b[3]) for a, b in itertools.combinations(subset, 2)):
                 continue

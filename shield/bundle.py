@@ -373,6 +373,12 @@ def gate_failures(manifest: dict | None) -> tuple[str, list[str]] | None:
     return str(gate["decision"]), [str(k) for k in failing]
 
 
+def gate_said(found: tuple[str, list[str]]) -> str:
+    """`gate_failures`' finding in words: the decision and the config keys that failed."""
+    decision, failing = found
+    return f"{decision!r}" + (f" ({', '.join(failing)} failed)" if failing else "")
+
+
 def gate_note(manifest: dict | None) -> str | None:
     """What the bundle's own record says about its gate when it did not pass (None when it passed, or was never
     gated): a bundle served by path, or promoted by hand, is served whatever its gate said, and the operator
@@ -380,11 +386,9 @@ def gate_note(manifest: dict | None) -> str | None:
     found = gate_failures(manifest)
     if found is None:
         return None
-    decision, failing = found
     m = manifest or {}
-    what = f" ({', '.join(failing)} failed)" if failing else ""
     return (
-        f"this bundle's gate decision was {decision!r}{what}; it is served as asked. `sim2real registry "
+        f"this bundle's gate decision was {gate_said(found)}; it is served as asked. `sim2real registry "
         f"show {m.get('task')} {m.get('version')}` says why"
     )
 

@@ -61,16 +61,20 @@ STRUCTURE_F = 40.0
 F_SCALE = 3.0  # soft-L1 knee, in units of a residual's expected spread
 
 
+def _longest_latency(cfg) -> int:
+    """The longest latency, in control steps, any randomization set allows (0 where none randomizes it)."""
+    return max((r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None), default=0)
+
+
 def _latency_candidates(cfg) -> list[int]:
-    highs = [r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None]
-    return list(range(0, max(highs, default=0) + 2))  # one step past the configured worst case
+    return list(range(0, _longest_latency(cfg) + 2))  # one step past the configured worst case
 
 
 def latency_outside(cfg, latency: int, confidence: float) -> str | None:
     """The verdict line for a latency longer than every set's `latency_steps` allows, identified at OUTSIDE_INTERVAL
     confidence or more over the runner-up (None otherwise): the shield predicts through the sets' latencies only,
     and a policy trained on them never met it, so such a plant is outside whatever its parameters."""
-    most = max((r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps is not None), default=0)
+    most = _longest_latency(cfg)
     if latency <= most or confidence < OUTSIDE_INTERVAL:
         return None
     return (

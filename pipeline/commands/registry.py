@@ -28,14 +28,12 @@ def run(args: argparse.Namespace) -> int:
         log = (registry.pointer(task) or {}).get("log", [])
         emit(args, info, _format_show(info, why({**info, "version": version}, log)))
     elif cmd == "promote":
-        from shield.bundle import gate_failures
+        from shield.bundle import gate_failures, gate_said
 
         found = gate_failures(registry.show(task, version))
         if found is not None and not getattr(args, "force", False):
-            decision, failing = found
-            what = f" ({', '.join(failing)} failed)" if failing else ""
             raise UsageError(
-                f"{task} v{version}: its gate decision was {decision!r}{what}, so production would run a policy the "
+                f"{task} v{version}: its gate decision was {gate_said(found)}, so production would run a policy the "
                 f"gate did not pass. `sim2real registry show {task} {version}` says why; --force promotes it anyway"
             )
         forced = f"--force past its gate decision {found[0]!r}" if found is not None else None

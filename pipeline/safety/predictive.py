@@ -47,6 +47,7 @@ def backup_gain(
     latency: int = 0,
     applied: tuple[int, ...] = (0,),
     plants: list[tuple[np.ndarray, np.ndarray]] = (),
+    names: list[str] | None = None,
 ) -> tuple[np.ndarray, float, list[float]]:
     """(K, the input weight's scale, the loop's slowest mode per latency in `applied`, over the nominal model and
     `plants`): the LQR the backup is built from, on the legacy LQR's weights when it has them, else Bryson's rule.
@@ -56,8 +57,8 @@ def backup_gain(
     their (A, B)). A gain designed for the prediction can be unstable on a plant with less latency than it predicts
     through (the cart-pole's legacy weights: a slowest mode of 1.11 at one step of three), or on a heavier plant
     with a weaker drive. The input weight is then raised (BACKUP_INPUT_WEIGHT_SCALES) until the loop is stable at
-    every latency on every plant; a gentler backup is slower but holds wherever the spec admits the plant."""
-    import envs
+    every latency on every plant; a gentler backup is slower but holds wherever the spec admits the plant.
+    `names`: A's states' names, in order, for the message when no LQR exists."""
     from envs.linearization import discrete_lqr
 
     legacy = (cfg.plant or {}).get("legacy") or {}
@@ -66,7 +67,6 @@ def backup_gain(
         q, r = np.diag(legacy["q"]), np.diag(legacy["r"])
     else:
         q, r = np.diag(1.0 / np.maximum(half_range, 1e-6) ** 2), np.eye(m)
-    names = cfg.observation_names(sorted(envs.nominal_model(cfg.task.env_id).obs_to_state))  # A's states, in order
     for scale in BACKUP_INPUT_WEIGHT_SCALES:
         K = discrete_lqr(A, B, q.astype(np.float64), scale * r.astype(np.float64), names)
         modes = [
@@ -326,7 +326,7 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     L, L_min = spec["latency_steps"], spec.get("latency_min_steps")
     applied = (L,) if L_min is None else tuple(range(L_min, L + 1))
     plants = env.plant_models()
-    K, input_scale, modes = backup_gain(cfg, A, B, half, L, applied, plants)
+    K, input_scale, modes = backup_gain(cfg, A, B, half, L, applied, plants, cfg.observation_names(env.state_index))
     P, F = equilibrium_projection(A, B)
     Acl, rho = closed_loop(A, B, K)
     horizon = (

@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     )
     m = result["metrics"]
     lines = [
+        *(f"note: {line}" for line in result["notes"]),
         f"{m['episodes']} episodes, {m['steps']} steps ({m['source']}): action RMSE "
         f"{[round(x, 4) for x in m['action_rmse']]}, agreement {m['agreement_rate']:.3f}, "
         f"would-be interventions {m['would_be_intervention_rate']:.3f}",

@@ -11,6 +11,23 @@ ESTIMATE_UNITS = {"latency_steps": "control periods"}
 EXPECTED_SIGMA = 5.0  # an observation this many training standard deviations from the mean is out of range
 
 
+def task_io(env_id: str, obs_dim: int, act_dim: int) -> tuple[dict, float | None]:
+    """(the task's observations and actions as declared, its control period): a gymnasium env trained by id (no
+    task declaration) gets positional names, no units and no period."""
+    import envs.registry
+
+    task = envs.registry.find(env_id)
+    io = task.describe_io() if task is not None and task.describe_io is not None else None
+    if io is None:
+        io = {
+            "observations": [{"name": f"obs_{i}", "source": "", "unit": ""} for i in range(obs_dim)],
+            "actions": [
+                {"name": f"action_{j}", "source": "", "unit": "", "units_per_action": 1.0} for j in range(act_dim)
+            ],
+        }
+    return io, (float(task.control_period) if task is not None else None)
+
+
 def io_contract(
     env_id: str,
     obs_mean,
@@ -28,19 +45,9 @@ def io_contract(
     scale] each, `envs.wrappers.domain_encoding`'s), the plant parameters the policy estimates, each with its
     held-out R^2 where `estimate_skill` ({name: R^2 or None}) measured one. A gymnasium env
     trained by id (no task declaration) gets its positions as names and no units."""
-    import envs.registry
-
-    task = envs.registry.find(env_id)
     mean, std = np.asarray(obs_mean, np.float64), np.asarray(obs_std, np.float64)
     low, high = np.asarray(action_low, np.float64), np.asarray(action_high, np.float64)
-    io = task.describe_io() if task is not None and task.describe_io is not None else None
-    if io is None:
-        io = {
-            "observations": [{"name": f"obs_{i}", "source": "", "unit": ""} for i in range(len(mean))],
-            "actions": [
-                {"name": f"action_{j}", "source": "", "unit": "", "units_per_action": 1.0} for j in range(len(low))
-            ],
-        }
+    io, period = task_io(env_id, len(mean), len(low))
     observations = []
     for o, m, s in zip(io["observations"], mean, std, strict=True):
         o = dict(o)
@@ -51,7 +58,6 @@ def io_contract(
         {**a, "units_per_action": float(a["units_per_action"]), "low": float(lo), "high": float(hi)}
         for a, lo, hi in zip(io["actions"], low, high, strict=True)
     ]
-    period = float(task.control_period) if task is not None else None
     state = (
         {"kind": "none"}
         if not history_length

@@ -84,15 +84,41 @@ def make_env(cfg, rset, max_episode_steps: int | None = None):
     return gym.make(cfg.task.env_id, randomization=rset, max_episode_steps=steps or None)
 
 
-def check_bundle_task(cfg, manifest: dict, bundle: Any) -> None:
+def check_bundle_task(cfg, manifest: dict, bundle: Any) -> str | None:
     """A bundle is run against the config of the task it was exported for: another task's plant would only say
-    that the observation has the wrong size, or (the same size) run without a word."""
+    that the observation has the wrong size, or (the same size) run without a word. The same task with its
+    observations or actions renamed or reordered, or another control period, than the bundle's contract states is
+    refused too: the policy would read one signal as another. Returns a note where the config is not the one the
+    bundle was trained under (same I/O: a new gate or domains is a fair thing to judge it by, but say so)."""
     exported = (manifest.get("task"), manifest.get("env_id"))
     if exported != (cfg.task.name, cfg.task.env_id):
         raise ValueError(
             f"{bundle}: exported for task {exported[0]} ({exported[1]}), but the config is for "
             f"{cfg.task.name} ({cfg.task.env_id}): give the config of the bundle's task"
         )
+    contract = manifest.get("contract")
+    if isinstance(contract, dict):
+        from pipeline.deployment.contract import task_io
+
+        theirs = contract["observations"], contract["actions"], contract["control_period_s"]
+        io, period = task_io(cfg.task.env_id, len(theirs[0]), len(theirs[1]))
+        for what, had, has in (
+            ("observations", [o["name"] for o in theirs[0]], [o["name"] for o in io["observations"]]),
+            ("actions", [a["name"] for a in theirs[1]], [a["name"] for a in io["actions"]]),
+            ("control period (s)", theirs[2], period),
+        ):
+            if had != has:
+                raise ValueError(
+                    f"{bundle}: its contract's {what} are {had}, the config's plant has {has}: the policy would "
+                    "read one signal as another. Give the config the bundle was trained under, or retrain"
+                )
+    trained = manifest.get("config_hash")
+    if trained and trained != cfg.config_hash():
+        return (
+            f"the config hashes to {cfg.config_hash()[:12]}, {bundle} was trained under {str(trained)[:12]} (same "
+            "plant I/O): judged by this config's gate, domains and limits, with the bundle's own shield"
+        )
+    return None
 
 
 def control_period_s(cfg) -> float:

@@ -71,6 +71,7 @@ class ShadowResult(TypedDict):
     metrics: dict[str, Any]  # shadow_metrics' names: both passes, the paired bounds, the rates and their bounds
     report: str  # the HTML report's path
     log: str | None  # the shadow pass's log (shadow-log NPZ), when simulated
+    notes: list[str]  # what the user should know about the inputs (a config other than the one trained under)
 
 
 class ShadowError(ValueError):
@@ -466,7 +467,7 @@ def run_shadow(
         from shield.bundle import verify_bundle
 
         manifest = verify_bundle(bundle_dir)  # BundleError names the file
-        check_bundle_task(cfg, manifest, bundle_dir)
+        note = check_bundle_task(cfg, manifest, bundle_dir)
         shadow, metrics = metrics_from_log(from_log, cfg)
         check_log_matches_bundle(shadow.meta, manifest.get("version"), from_log)
         cf = None
@@ -476,7 +477,7 @@ def run_shadow(
         metrics.update(extra)
     else:
         runtime = EdgeRuntime.load(bundle_dir)  # verifies every hash; BundleError names the file
-        check_bundle_task(cfg, runtime.verified_bundle.manifest, bundle_dir)
+        note = check_bundle_task(cfg, runtime.verified_bundle.manifest, bundle_dir)
         shadow, cf, metrics = evaluate_candidate(
             runtime,
             cfg,
@@ -515,4 +516,5 @@ def run_shadow(
         metrics=metrics,
         report=str(report),
         log=str(log_path) if log_path else None,
+        notes=[note] if note else [],
     )

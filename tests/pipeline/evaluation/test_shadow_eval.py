@@ -15,6 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.commands.shadow import run as run_cli
+from pipeline.config import load_config
+from pipeline.evaluation.episodes import check_bundle_task
 from pipeline.evaluation.shadow import load_legacy, make_env, resolve_domains, run_shadow, shadow_pass
 from shield.runtime import EdgeRuntime
 from shield.shadowlog import ShadowLogWriter, read_shadow_log
@@ -289,6 +291,32 @@ def test_cli_exit_code_follows_the_gate(base, capsys):
     assert "gate: PASS" in printed
     # A pass here judged no falsification: the summary says so and names the command that searches.
     assert f"(falsification not run here: `sim2real falsify {bundle} --config {waived}`" in printed
+    # The waived config is not the one the bundle was trained under: judged by it, and said so.
+    assert f"note: the config hashes to {load_config(waived).config_hash()[:12]}, {bundle} was trained under" in printed
+
+
+def test_a_bundle_is_judged_only_on_a_plant_with_its_contracts_signals(base):
+    """Another config of the same plant (a new gate) is a fair judge, noted; a plant whose observations are renamed
+    or reordered, or whose control period differs from the bundle's contract, is refused by name: the policy would
+    read one signal as another."""
+    bundle, _ = shadow_result("random", base)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    trained = load_config(CARTPOLE_CONFIG)
+    manifest["config_hash"] = trained.config_hash()
+    assert check_bundle_task(trained, manifest, bundle) is None
+    stricter = load_config(_config_with_gate(base / "stricter.yaml", confidence=0.99))
+    assert check_bundle_task(stricter, manifest, bundle).startswith(
+        f"the config hashes to {stricter.config_hash()[:12]}"
+    )
+    contract = manifest["contract"]
+    swapped = [contract["observations"][1], contract["observations"][0], *contract["observations"][2:]]
+    for key, value, named in (
+        ("observations", swapped, "observations"),
+        ("control_period_s", 2 * contract["control_period_s"], "control period"),
+    ):
+        other = {**manifest, "contract": {**contract, key: value}}
+        with pytest.raises(ValueError, match=f"its contract's {named}"):
+            check_bundle_task(trained, other, bundle)
 
 
 def test_bad_input_names_the_culprit(base, capsys):

@@ -36,10 +36,14 @@ class AdversaryParams:
 
 
 class RandomPolicy:
-    """Uniform random actions in the action box (batch policy interface)."""
+    """Uniform random actions in the action box (batch policy interface). Run by the evaluation, each episode draws
+    from its own seed (`seed_episode`), so `eval --seed S --episodes 1` replays episode S of a longer run."""
 
     def __init__(self, low: np.ndarray, high: np.ndarray, seed: int = 0):
         self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+        self.rng = np.random.default_rng(seed)
+
+    def seed_episode(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
@@ -48,9 +52,9 @@ class RandomPolicy:
 
 class BangBangPolicy:
     """Every action at one of its bounds, each dimension flipping between them with its own half-period, drawn anew
-    (from `seed`) each episode: set-points that swing faster than a plant's inner loop settles. It found the
-    quadrotor's tilt overshoot that neither the random policy (its mean is zero) nor the adversary (one direction)
-    did."""
+    each episode (from the episode's seed where the evaluation gives one, `seed_episode`): set-points that swing
+    faster than a plant's inner loop settles. It found the quadrotor's tilt overshoot that neither the random policy
+    (its mean is zero) nor the adversary (one direction) did."""
 
     MAX_HALF_PERIOD = 30  # steps
 
@@ -58,6 +62,9 @@ class BangBangPolicy:
         self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
         self.rng = np.random.default_rng(seed)
         self.reset()
+
+    def seed_episode(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
 
     def reset(self) -> None:
         """A new pattern: per dimension the bound it starts at and its half-period (steps)."""

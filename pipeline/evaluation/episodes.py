@@ -145,6 +145,12 @@ class PolicyDriver:
     def __init__(self, policy, shield=None):
         self.policy, self.shield = policy, shield
 
+    def seed_episode(self, seed: int) -> None:
+        """A policy with randomness of its own draws each episode from that episode's seed: any episode of a run
+        replays alone."""
+        if hasattr(self.policy, "seed_episode"):
+            self.policy.seed_episode(seed)
+
     def reset(self) -> None:
         if hasattr(self.policy, "reset"):
             self.policy.reset()
@@ -453,6 +459,8 @@ def run_episodes(
     try:
         for ep, seed in enumerate(seeds):
             obs, _ = env.reset(seed=seed)
+            if hasattr(driver, "seed_episode"):
+                driver.seed_episode(seed)
             driver.reset()
             for o in observers:
                 o.on_reset(env, ep, seed)

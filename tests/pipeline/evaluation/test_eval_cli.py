@@ -94,6 +94,21 @@ def test_same_seed_gives_the_same_figures():
     assert runs[0]["returns"] == runs[1]["returns"] and runs[0]["intervention_rate"] == runs[1]["intervention_rate"]
 
 
+@pytest.mark.parametrize("name", ["random", "bang_bang"])
+def test_any_episode_of_a_run_replays_alone_from_its_seed(name):
+    """`eval --seed 9 --episodes 1` is episode 9 of `eval --seed 7 --episodes 3`: a reference policy's own
+    randomness draws from each episode's seed, whatever seed the run (and the policy) started from."""
+    cfg = load_config("configs/cartpole.yaml")
+    spec = build_shield_spec(cfg)
+    run = evaluate(
+        cfg, reference_policy(name, cfg, _spec(spec), seed=7), domains="train", episodes=3, seed=7, spec=spec
+    )
+    alone = evaluate(
+        cfg, reference_policy(name, cfg, _spec(spec), seed=9), domains="train", episodes=1, seed=9, spec=spec
+    )
+    assert alone["returns"] == run["returns"][2:] and len(set(run["returns"])) == 3
+
+
 def _spec(d):
     from shield.spec import ShieldSpec
 

@@ -190,10 +190,19 @@ def describe(contract: dict | None) -> list[str]:
         lines.append(
             f"plant estimate ({estimate['output']}): "
             + ", ".join(
-                f"{p['name']} [{p['unit'] or '-'}, {p['low']:g}..{p['high']:g}]" for p in estimate["parameters"]
+                f"{p['name']} [{p['unit'] or '-'}, {p['low']:g}..{p['high']:g}{_skill(p)}]"
+                for p in estimate["parameters"]
             )
         )
     return lines
+
+
+def _skill(parameter: dict) -> str:
+    """The held-out R^2 where export measured one: how far the operator may trust that estimate."""
+    if "held_out_r2" not in parameter:
+        return ""
+    r2 = parameter["held_out_r2"]
+    return ", held-out R^2 " + ("n/a (did not vary)" if r2 is None else f"{r2:.2f}")
 
 
 def _describe_state(state: dict) -> str:

@@ -258,8 +258,8 @@ class PolicyServer:
         if msg_type != _ACT_REQUEST:  # a status, contract or estimate request: padded as long as its reply
             if payload_len < _REQUEST_PAD[msg_type]:
                 return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
-            if key is None:
-                guard.commit(client, seq)
+            # Without a key a read-only request moves nothing: anyone on the host can send one, and a seq from
+            # the future would otherwise make the plant's own next act request STALE.
             self.last_request_ns = t0
             if msg_type == _STATUS_REQUEST:
                 return self._status_reply(srv, seq, ts, client_id)

@@ -30,13 +30,28 @@ def run(args: argparse.Namespace) -> int:
     elif cmd == "promote":
         from shield.bundle import gate_failures, gate_said
 
-        found = gate_failures(registry.show(task, version))
-        if found is not None and not getattr(args, "force", False):
-            raise UsageError(
-                f"{task} v{version}: its gate decision was {gate_said(found)}, so production would run a policy the "
-                f"gate did not pass. `sim2real registry show {task} {version}` says why; --force promotes it anyway"
-            )
-        forced = f"--force past its gate decision {found[0]!r}" if found is not None else None
+        manifest = registry.show(task, version)
+        found = gate_failures(manifest)
+        gated = ((manifest.get("metrics") or {}).get("gate") or {}).get("decision") is not None
+        forced = None
+        if registry.production(task) != version:  # promoting production again moves nothing: nothing to refuse
+            if found is not None:
+                forced = f"--force past its gate decision {found[0]!r}"
+                why_not = (
+                    f"its gate decision was {gate_said(found)}, so production would run a policy the gate did not pass"
+                )
+            elif not gated:
+                forced = "--force: never gated"
+                why_not = (
+                    "it was never gated (registered by `sim2real export`, outside the retrain flow), so production "
+                    "would run a policy nothing judged against legacy. `sim2real shadow "
+                    f"{registry.bundle_dir(task, version)} --config CONFIG` gates it"
+                )
+            if forced is not None and not getattr(args, "force", False):
+                raise UsageError(
+                    f"{task} v{version}: {why_not}. `sim2real registry show {task} {version}` says why; --force "
+                    "promotes it anyway (the production log records it)"
+                )
         was = registry.promote(task, version, by="hand", note=forced)
         emit(
             args,
@@ -92,8 +107,10 @@ def _format_list(rows: list[dict]) -> str:
 
 
 def _format_show(m: dict, reason: str) -> str:
-    """One version in a screenful: what it is, where it came from, its gate and why it is (not) in production;
-    --json prints the whole manifest."""
+    """One version in a screenful: what it is, where it came from, its gate and why it is (not) in production, its
+    I/O contract; --json prints the whole manifest."""
+    from shield.contract import describe
+
     metrics, extra = m.get("metrics") or {}, m.get("extra") or {}
     gate, train = metrics.get("gate") or {}, metrics.get("train") or {}
     lines = [
@@ -113,6 +130,7 @@ def _format_show(m: dict, reason: str) -> str:
         lines.append(f"  gate: {gate['decision']}")
         lines += [f"    {r}" for r in gate.get("reasons", [])]
         lines += [f"    loosened: {k}" for k in gate.get("loosened", [])]
+    lines += [f"  {line}" for line in describe(m.get("contract"))]
     lines += [f"  {name}: sha256 {digest[:16]}..." for name, digest in sorted(m["files"].items())]
     lines.append("  (--json prints the whole manifest)")
     return "\n".join(lines)

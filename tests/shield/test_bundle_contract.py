@@ -121,6 +121,35 @@ def test_serve_prints_the_contract_when_it_starts(cartpole_bundle, tmp_path):
         assert "no I/O contract (a schema-1 bundle)" in server.stop()
 
 
+def test_registry_show_prints_the_contract_and_each_estimates_held_out_skill(cartpole_bundle, tmp_path, capsys):
+    """helper-38: the docs say `registry show` and serve's start print each estimated parameter's held-out R^2;
+    neither did (and `registry show`'s summary printed no contract at all)."""
+    from types import SimpleNamespace
+
+    from pipeline.commands.registry import run as registry_cli
+    from pipeline.deployment.registry import Registry
+    from shield.contract import describe
+
+    registry = Registry(tmp_path / "models")
+    version = registry.register(cartpole_bundle)
+    args = SimpleNamespace(registry_cmd="show", task="cartpole", version=version, root=str(registry.root), json=False)
+    assert registry_cli(args) == 0
+    shown = capsys.readouterr().out
+    assert "  observations: x [m], theta [rad], x_dot [m/s], theta_dot [rad/s], x_ref [m]" in shown
+    contract = json.loads((cartpole_bundle / MANIFEST_FILE).read_text())["contract"]
+    estimate = {
+        "output": "plant_estimate",
+        "parameters": [
+            {"name": "body_mass.cart", "unit": "x nominal", "low": 0.8, "high": 1.2, "held_out_r2": 0.734},
+            {"name": "latency_steps", "unit": "control periods", "low": 0, "high": 2, "held_out_r2": None},
+        ],
+    }
+    assert describe({**contract, "plant_estimate": estimate})[-1] == (
+        "plant estimate (plant_estimate): body_mass.cart [x nominal, 0.8..1.2, held-out R^2 0.73], "
+        "latency_steps [control periods, 0..2, held-out R^2 n/a (did not vary)]"
+    )
+
+
 def test_serving_a_bundle_that_did_not_pass_its_gate_says_so_and_which_checks_failed():
     """A bundle served by path is served whatever its gate said; the operator is told when it was not a pass."""
     from shield.bundle import gate_note

@@ -307,22 +307,40 @@ def test_captured_packets_stay_refused_after_a_restart_and_after_many_other_ids(
 
 
 def test_without_a_key_a_live_plants_duplicate_stays_stale_however_many_ids_pass(bundle):
-    """Without a key the guard remembers a client per (address, client_id), 4,096 of them: status requests from
-    as many other ids used to make it forget a plant, whose duplicated packet then ran the policy again.
-    A live plant's own session remembers its last seq."""
+    """Without a key the guard remembers a client per (address, client_id), 4,096 of them: as many other ids
+    passing through it (accepted act requests of other plants) make it forget a plant, whose duplicated packet
+    would then run the policy again. A live plant's own session remembers its last seq."""
     server = PolicyServer(EdgeRuntime.load(bundle), deadline_us=1e9)
     server.sock.close()
     plant = ("127.0.0.1", 4444)
     frame = encode_act_request(10, 0, OBS, client_id=7)
     assert decode_act_reply(server.handle(frame, plant)).status == Status.OK
     for cid in range(server.guard.capacity + 1):
-        assert server.handle(encode_status_request(1, 0, client_id=cid), ("127.0.0.1", 5555)) is not None
+        server.guard.commit((("127.0.0.1", 5555), cid), 1)  # what other plants' accepted requests leave there
     assert ("127.0.0.1", 4444, 7) not in {(*c[0], c[1]) for c, _ in server.guard.snapshot()[0]}  # forgotten
     calls, state = server.stats.policy_calls, next(iter(server.plants.sessions.values())).shield._predictor.v.copy()
     assert decode_act_reply(server.handle(frame, plant)).status == Status.STALE | Status.FALLBACK
     assert server.stats.policy_calls == calls
     assert np.array_equal(next(iter(server.plants.sessions.values())).shield._predictor.v, state)
     assert decode_act_reply(server.handle(encode_act_request(11, 0, OBS, client_id=7), plant)).status == Status.OK
+
+
+def test_without_a_key_read_only_requests_move_nothing(bundle):
+    """Unauthenticated, a status, contract or estimate request with a seq from the future (anyone on the host can
+    send one from the plant's own address) leaves the plant's next act request fresh: only accepted act requests
+    move the guard. A duplicate of the plant's own act request stays stale."""
+    from shield.protocol import encode_contract_request, encode_estimate_request
+
+    server = PolicyServer(EdgeRuntime.load(bundle), deadline_us=1e9)
+    server.sock.close()
+    plant = ("127.0.0.1", 4444)
+    assert decode_act_reply(server.handle(encode_act_request(10, 0, OBS, client_id=7), plant)).status == Status.OK
+    for encode in (encode_status_request, encode_contract_request, encode_estimate_request):
+        assert server.handle(encode(10**12, 0, client_id=7), plant) is not None  # answered
+    for seq in (11, 12):
+        assert decode_act_reply(server.handle(encode_act_request(seq, 0, OBS, client_id=7), plant)).status == Status.OK
+    stale = decode_act_reply(server.handle(encode_act_request(12, 0, OBS, client_id=7), plant)).status
+    assert stale == Status.STALE | Status.FALLBACK
 
 
 # ---- item 4: pins on the loaded bytes; a hot reload carries the pending actions ------------------

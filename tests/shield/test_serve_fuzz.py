@@ -42,8 +42,9 @@ REJECTED = Status.BAD_INPUT | Status.AUTH_FAILED | Status.STALE | Status.INFEREN
 class Classifier:
     """What the README's "Wire protocol" says happens to each datagram at a server without a key, in order.
 
-    Stateful like the server: a request is fresh when its seq is above the last accepted one of
-    its client (this sender's address and the header's client_id); only accepted requests count.
+    Stateful like the server: a request is fresh when its seq is above the last accepted act request of
+    its client (this sender's address and the header's client_id); only accepted act requests count (a status,
+    contract or estimate request, unauthenticated, moves nothing).
     """
 
     MIN_ANSWERED = 32 + 4 + 4 * 4  # a refusal is sent only to a datagram as long as a valid act request
@@ -66,17 +67,14 @@ class Classifier:
         if msg_type == 3:
             if payload_len < 480:
                 return refuse
-            self.last[client_id] = seq
             return "status"
         if msg_type == 5:
             if payload_len < 56:
                 return refuse
-            self.last[client_id] = seq
             return "contract"
         if msg_type == 7:
             if payload_len < 204:
                 return refuse
-            self.last[client_id] = seq
             return "estimate"
         if payload_len < 4:
             return refuse

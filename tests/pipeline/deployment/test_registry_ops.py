@@ -117,7 +117,7 @@ def test_a_tampered_version_is_never_promoted_or_rolled_back_to(registry, source
 def test_list_show_promote_print_json(registry, source_bundle, capsys):
     registry.register(source_bundle)
     registry.register(source_bundle)
-    assert _cli(registry, "promote", "planar", 2) == 0
+    assert _cli(registry, "promote", "planar", 2, force=True) == 0  # never gated
     assert json.loads(capsys.readouterr().out) == {"task": "planar", "production": 2, "previous": None}
     assert _cli(registry, "list") == 0
     listed = json.loads(capsys.readouterr().out)
@@ -159,8 +159,9 @@ def test_concurrent_writers_get_distinct_versions(registry, source_bundle):
 
 def test_a_version_whose_gate_did_not_pass_is_promoted_only_with_force(registry, source_bundle, capsys):
     """helper-34 promoted a night whose gate failed by hand, with no word: production would run a policy the gate
-    refused. The CLI names the decision and the checks that failed and exits 2; --force does it; a version never
-    gated (exported by hand) and one that passed are promoted as before."""
+    refused. The CLI names the decision and the checks that failed and exits 2; --force does it. helper-38
+    promoted a version never gated (exported by hand) with no word: it too needs --force, naming the command that
+    gates it. One that passed is promoted as before, and promoting production again moves nothing."""
     for _ in range(3):
         registry.register(source_bundle)
     failed = {
@@ -169,7 +170,13 @@ def test_a_version_whose_gate_did_not_pass_is_promoted_only_with_force(registry,
     }
     registry.annotate("planar", 2, metrics={"gate": failed})
     registry.annotate("planar", 3, metrics={"gate": {"decision": "pass", "reasons": []}})
-    assert _cli(registry, "promote", "planar", 1) == 0  # never gated
+    assert _cli(registry, "promote", "planar", 1) == 2  # never gated
+    err = capsys.readouterr().err
+    assert "never gated (registered by `sim2real export`" in err and "sim2real shadow" in err and "--force" in err
+    assert registry.production("planar") is None
+    assert _cli(registry, "promote", "planar", 1, force=True) == 0
+    assert registry.pointer("planar")["log"][-1]["note"] == "--force: never gated"
+    assert _cli(registry, "promote", "planar", 1) == 0  # already production: nothing to refuse
     capsys.readouterr()
     assert _cli(registry, "promote", "planar", 2) == 2
     err = capsys.readouterr().err

@@ -150,6 +150,21 @@ def _read(path: str | Path) -> tuple[dict, dict]:
         ) from None
 
 
+def _row(path: str | Path, row: int) -> str:
+    """Row `row` of the concatenated log, and in a directory of parts the part holding it and its row there:
+    a refusal should name the file to cut or copy again."""
+    from shield.shadowlog import read_shadow_log, shadow_log_files
+
+    files = shadow_log_files(path)
+    start = 0
+    for part in files if len(files) > 1 else []:
+        n = len(read_shadow_log(part)[0]["t"])
+        if row < start + n:
+            return f"row {row} ({part.name}, its row {row - start})"
+        start += n
+    return f"row {row}"
+
+
 def load_field_log(
     path: str | Path, *, task: str, obs_dim: int, act_dim: int, dt: float, min_seconds: float = 10.0
 ) -> FieldLog:
@@ -179,7 +194,7 @@ def load_field_log(
         rows = np.flatnonzero(bad)
         raise CalibrationError(
             f"{where}: {len(rows)} row(s) with NaN or inf in obs/legacy_action/t "
-            f"(first at row {rows[0]}); drop them or cut the log there"
+            f"(first at {_row(path, int(rows[0]))}); drop them or cut the log there"
         )
     moving = np.ptp(obs, axis=0).max(initial=0.0) > 0 or np.ptp(action, axis=0).max(initial=0.0) > 0
     if not moving:
@@ -193,7 +208,7 @@ def load_field_log(
     if missing:
         i = missing[0]
         raise CalibrationError(
-            f"{where}: {len(missing)} gap(s) longer than a control period ({dt} s), first at row {i} "
+            f"{where}: {len(missing)} gap(s) longer than a control period ({dt} s), first at {_row(path, i)} "
             f"(episode {cols['episode'][i]}, step {cols['step'][i - 1]} -> {cols['step'][i]}, "
             f"{cols['t'][i] - cols['t'][i - 1]:.3f} s); a replay across a gap would be wrong"
         )

@@ -85,6 +85,13 @@ def test_a_missing_step_is_still_refused_with_its_row(log_file, tmp_path):
     gap = write_shadow_log(tmp_path / "gap.npz", {k: v[keep] for k, v in cols.items()}, meta)
     with pytest.raises(CalibrationError, match=r"1 gap\(s\) .*first at row 300 .*step 299 -> 301"):
         _load(gap)
+    # In a directory of parts (a server's log), the part to cut is named with its own row (helper-36).
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for name, rows in (("a.npz", keep[:200]), ("b.npz", keep[200:])):
+        write_shadow_log(parts / name, {k: v[rows] for k, v in cols.items()}, meta)
+    with pytest.raises(CalibrationError, match=r"first at row 300 \(b\.npz, its row 100\)"):
+        _load(parts)
 
 
 def test_a_truncated_npz_is_refused_in_one_line_naming_the_file_exit_2(log_file, tmp_path):

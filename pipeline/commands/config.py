@@ -25,6 +25,13 @@ def run(args: argparse.Namespace) -> int:
         human = f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})"
         if figures is not None:
             human += "\n" + "\n".join(f"  {k}: {v}" for k, v in figures.items() if k != "sets")
+            # The check measures and checks the shield's numbers; it does not search for a plant and an attack
+            # that break it (a minute or more): an ok here is not yet a certificate.
+            human += (
+                f"\nnext: `sim2real shield synthesize --config {args.check}` certifies the shield: it falsifies it "
+                f"(falsify.budget_s, {cfg.falsify.budget_s:g} s) and runs the legacy controller behind it on "
+                "reality, and refuses it naming why; the retrain flow does the same before its gate"
+            )
         emit(args, {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash(), "shield": figures}, human)
         return 0
     rows = describe_fields()

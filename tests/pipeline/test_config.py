@@ -131,3 +131,7 @@ def test_config_check_json_carries_the_figures_it_measured(capsys):
     assert shield["margin"] > 0 and 0 < shield["input_gain_error"] < 1 and shield["synthesized"] is True
     assert shield["filter"] == "braking barrier"  # the arm's drive brakes every joint (the crane's: predictive)
     assert {"train", "reality"} <= set(shield["sets"]) and "authority_accel" in shield["sets"]["reality"]
+    # In words, an ok is not a certificate: the check names the command that falsifies the shield (helper-37's
+    # plant passed the check and was refused by `shield synthesize`).
+    assert main(["config", "--check", str(ROOT / "configs" / "arm.yaml")]) == 0
+    assert "next: `sim2real shield synthesize --config " in capsys.readouterr().out

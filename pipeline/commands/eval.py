@@ -18,6 +18,7 @@ _SUMMARY_KEYS = (
     "violation_episodes",
     "intervention_rate",
     "fallbacks",
+    "fallback_starts",
     "backup_rate",
     "shield_us_p50",
     "shield_us_p99",

@@ -184,6 +184,12 @@ def legacy_lines(legacy: dict | None) -> list[str]:
             f"shield's backup acting with nothing certifying it, as at an episode start outside the states the "
             f"filter admits (plant.initial_state against the constraints less the tube) or past a limit"
         )
+    if legacy.get("fallback_starts"):
+        lines.append(
+            f"  {legacy['fallback_starts']} of its {legacy['episodes']} episodes started outside the states the "
+            "filter admits: nothing is certified there until the backup has pulled the plant in. The certificate "
+            "covers starts the filter admits; narrow plant.initial_state to have it cover every start"
+        )
     return lines
 
 
@@ -263,6 +269,7 @@ def _legacy(cfg, spec: dict, args) -> dict:
         "violation_episodes",
         "intervention_rate",
         "fallback_rate",
+        "fallback_starts",
         "backup_rate",
         "min_h",
     )

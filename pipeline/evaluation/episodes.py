@@ -247,6 +247,7 @@ class RunSummary(TypedDict):
     intervention_rate: float
     fallback_rate: float
     fallbacks: int
+    fallback_starts: int  # episodes whose first step answered FALLBACK: a start outside what the shield admits
     backup_rate: float  # steps the predictive filter's backup continued its accepted plan (not fallbacks)
     bad_inputs: int
     latency_p50_us: float  # policy + shield, per step
@@ -365,6 +366,7 @@ class RunTotals:
     shield_us: list[float] = field(default_factory=list)  # per shielded step: the shield's own solve time
     shielded: bool = False
     min_h: float = math.inf  # the shield's lowest barrier value seen (falsify's objective)
+    fallback_starts: int = 0  # episodes whose first step answered FALLBACK (a start the filter does not admit)
     constraints: dict[str, ConstraintTotals] = field(default_factory=dict)  # by name, in the task's order
 
     def count_constraints(self, values: dict[str, float] | None, sinfo: dict | None) -> None:
@@ -407,6 +409,7 @@ class RunTotals:
             self.flags[flag] = self.flags.get(flag, 0) + count
         self.shielded = self.shielded or more.shielded
         self.min_h = min(self.min_h, more.min_h)
+        self.fallback_starts += more.fallback_starts
         for name, c in more.constraints.items():
             self.constraints.setdefault(name, ConstraintTotals()).absorb(c)
         return self
@@ -430,6 +433,7 @@ class RunTotals:
             "intervention_rate": self.flags["intervened"] / n,
             "fallback_rate": self.flags["fallback"] / n,
             "fallbacks": int(self.flags["fallback"]),
+            "fallback_starts": self.fallback_starts,
             "backup_rate": self.flags["backup"] / n,
             "bad_inputs": int(self.flags["bad_input"]),
             "latency_p50_us": float(np.percentile(lat, 50)),
@@ -481,6 +485,7 @@ def run_episodes(
                     for flag in SHIELD_FLAGS:
                         totals.flags[flag] += bool(sinfo.get(flag, False))
                     intervened += bool(sinfo.get("intervened", False))
+                    totals.fallback_starts += step == 0 and bool(sinfo.get("fallback", False))
                     if "solve_us" in sinfo:
                         totals.shield_us.append(float(sinfo["solve_us"]))
                     h = sinfo.get("h")

@@ -50,7 +50,8 @@ from shield.spec import (
 
 # How the shield's guarantee is phrased in every spec; the numbers beside it are per task.
 _STATEMENT = (
-    "No constraint is violated while the actuation latency is at most max_latency_s, the "
+    "From a start the shield admits (one outside is answered FALLBACK until the shield has brought the plant in: "
+    "nothing is certified there), no constraint is violated while the actuation latency is at most max_latency_s, the "
     "plant's achievable deceleration is at least brake_accel (per position) despite mass, "
     "gain and disturbance errors up to max_accel_error, the input's effect is within "
     "(1 +- max_input_gain_error) x nominal, an unknown additive acceleration stays within "

@@ -58,6 +58,7 @@ def test_a_start_the_filter_does_not_admit_is_pulled_in_by_the_backup_not_drifte
         run = _legacy_behind_the_shield(cfg, "reality", seed)
         assert run["violations"] == 0, (seed, run)
         assert 0 < run["fallbacks"] <= 30, (seed, run)  # it started outside, and came in
+        assert run["fallback_starts"] == 1  # counted as such, for the certificate to say
     doc = yaml.safe_load(PLANT.read_text())
     doc["task"] = {"name": "two_carts_apart", "env_id": "sim2real/TwoCartsApart-v0"}
     doc["plant"]["mjcf"] = str(PLANT.with_suffix(".xml"))
@@ -68,3 +69,7 @@ def test_a_start_the_filter_does_not_admit_is_pulled_in_by_the_backup_not_drifte
     corner.write_text(yaml.safe_dump(SOFT_CORNER))
     run = _legacy_behind_the_shield(load_config(apart), str(corner), 0)
     assert run["violations"] == 0 and 0 < run["fallbacks"] <= 30, run
+    from pipeline.commands.shield import legacy_lines
+
+    said = legacy_lines({**run, "fallback_rate": run["fallbacks"] / run["steps"]})
+    assert said[-1].startswith("  1 of its 1 episodes started outside the states the filter admits")

@@ -40,6 +40,7 @@ from prefect.states import Failed
 from pipeline.config import load_config
 from pipeline.deployment.export import export_policy
 from pipeline.deployment.registry import Registry
+from pipeline.evaluation.episodes import MIN_H_MEANING
 from pipeline.evaluation.gate import promotion_verdict
 from pipeline.evaluation.payoff import payoff
 from pipeline.evaluation.shadow import night_seed, run_shadow
@@ -208,13 +209,13 @@ def retrain(
     min_h = falsification["min_h"]
     logger.info(
         "falsify (search seed %d, night %d's own): %s shielded violation case(s) in %s candidates; lowest barrier "
-        "value the shield saw %s (below 0: inside its margin or braking distance, where it brakes; a case is the "
-        "constraint itself crossed)",
+        "value the shield saw %s (%s)",
         falsification["seed"],
         night,
         falsification["cases_found"],
         falsification["evaluated"],
         "n/a" if min_h is None else f"{min_h:.4g}",
+        MIN_H_MEANING,
     )
     calibrated = calibration["result"] if calibration is not None else None
     on_calibrated = None

@@ -11,7 +11,7 @@ from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
 @command("falsify")
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
-    from pipeline.evaluation.episodes import constraint_lines
+    from pipeline.evaluation.episodes import MIN_H_MEANING, constraint_lines
     from pipeline.evaluation.falsify import falsify
 
     cfg = load_config(args.config)
@@ -29,8 +29,7 @@ def run(args: argparse.Namespace) -> int:
     lines = [
         f"falsify {cfg.task.name}: {result['evaluated']} candidates in {result['wall_s']:.0f} s "
         f"({result['evals_per_s']:.1f}/s; {result['phases']}; {result['corners_total']} corner candidates in "
-        f"all); worst h {result['min_h']} (the lowest barrier value the shield saw: below 0 "
-        f"the plant was inside the shield's margin or braking distance; a case is the constraint itself crossed)"
+        f"all); worst h {result['min_h']} (the lowest barrier value the shield saw: {MIN_H_MEANING})"
     ]
     lines += [
         f"  CASE: set {case['set']}, policy {case['policy']}, seed {case['seed']}: {case['violations']} "

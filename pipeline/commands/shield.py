@@ -280,7 +280,25 @@ def _plain(obj):
     return obj.tolist() if hasattr(obj, "tolist") else str(obj)
 
 
+def _rounded(x):
+    """Numbers (nested in lists) to 4 significant digits, for reading: the files keep every digit."""
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
+    return float(f"{x:.4g}") if isinstance(x, float) else x
+
+
+def _units(cfg) -> dict[str, str]:
+    """Each observation's declared unit by name ({} for a task that declares none)."""
+    import envs
+    from pipeline.deployment.contract import task_io
+
+    task = envs.task(cfg.task.env_id)
+    io, _ = task_io(cfg.task.env_id, task.obs_dim, task.act_dim)
+    return {o["name"]: o.get("unit") or "" for o in io["observations"]}
+
+
 def _human(cfg, meas, spec, record, refused, out: Path) -> str:
+    from pipeline.evaluation.episodes import MIN_H_MEANING
     from pipeline.safety import certificate
 
     head = (
@@ -288,21 +306,24 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
         f"in {meas.wall_s:.1f} s"
     )
     lines = [head]
+    units = _units(cfg)
     for k, name in enumerate(meas.names):
         lo, hi = meas.gain_range[k]
         law = meas.residual_law[k]
+        accel = f"{units[name]}/s^2" if units.get(name) else "units/s^2"
         lines.append(
-            f"  {name}: braking {meas.authority[k][0]:.3g} / {meas.authority[k][1]:.3g} units/s^2 "
-            f"(toward - / +), model error <= {meas.residual_accel[k]:.3g} units/s^2 (law {law['accel']:g} + "
-            f"{law['per_unit']:g} x {law['feature']}), input gain {lo:.3f} .. {hi:.3f} x nominal"
+            f"  {name}: braking {meas.authority[k][0]:.3g} / {meas.authority[k][1]:.3g} {accel} "
+            f"(toward - / +{'; below 0: the drive cannot brake it there' if min(meas.authority[k]) < 0 else ''}), "
+            f"model error <= {meas.residual_accel[k]:.3g} {accel} (law {law['accel']:.4g} + "
+            f"{law['per_unit']:.4g} x {law['feature']}), input gain {lo:.3f} .. {hi:.3f} x nominal"
         )
     if refused is not None:
         lines.append(f"REFUSED: {refused['message']}")
     else:
         falsified = record.get("falsification")
         lines.append(
-            f"CERTIFIED: margin {spec['margin']:g}, brake {spec['kinematics']['brake_accel']}, "
-            f"disturbance {spec['disturbance_accel']}, input_gain_error {spec['input_gain_error']:g}"
+            f"CERTIFIED: margin {spec['margin']:g}, brake {_rounded(spec['kinematics']['brake_accel'])}, "
+            f"disturbance {_rounded(spec['disturbance_accel'])}, input_gain_error {spec['input_gain_error']:g}"
         )
         if "predictive" in spec:
             pr = spec["predictive"]
@@ -314,13 +335,13 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
                 else f"tube at the horizon {[round(t, 3) for t in pr['tube'][-1]]}"
             )
             lines.append(
-                f"  filter: predictive (horizon {pr['horizon']} steps, backup gain {pr['backup_gain']}, {tube}): "
-                f"{pr['measured']['why'][0]}"
+                f"  filter: predictive (horizon {pr['horizon']} steps, backup gain {_rounded(pr['backup_gain'])}, "
+                f"{tube}): {pr['measured']['why'][0]}"
             )
         if falsified:
             lines.append(
                 f"  falsify: {falsified['evaluated']} candidates in {falsified['wall_s']:.0f} s, "
-                f"lowest h {falsified['min_h']}"
+                f"lowest h {_rounded(falsified['min_h'])} ({MIN_H_MEANING})"
             )
     lines += legacy_lines(record.get("legacy_on_reality"))
     if record.get("conservative"):

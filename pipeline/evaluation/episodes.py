@@ -20,6 +20,11 @@ from typing import Any, Protocol, TypedDict
 
 import numpy as np
 
+# What the lowest barrier value a run or a search saw means, in words (falsify, synthesize, the gate, the report).
+MIN_H_MEANING = (
+    "below 0 the plant was inside the shield's margin (a barrier's braking distance, the predictive filter's tube), "
+    "where the shield acts; a case is a constraint itself crossed"
+)
 SHIELD_FLAGS = ("intervened", "fallback", "backup", "bad_input", "envelope")
 
 

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from pipeline.config import LOST_RATE_TOLERANCE
+from pipeline.evaluation.episodes import MIN_H_MEANING
 from pipeline.evaluation.gate_statistics import (
     BOUND_METHOD,
     EPISODE_RATE_METHOD,
@@ -477,12 +478,7 @@ def decide(metrics: dict, gate) -> GateDecision:
                 lambda x, op: (
                     f"falsify found {int(x)} shielded violation case(s) "
                     f"{op} {gate.max_falsification_cases}"
-                    + (
-                        f" (lowest barrier value the shield saw {worst:.4f}; below 0 is "
-                        f"inside its margin or braking distance)"
-                        if _known(worst)
-                        else ""
-                    )
+                    + (f" (lowest barrier value the shield saw {worst:.4f}; {MIN_H_MEANING})" if _known(worst) else "")
                 ),
                 "falsify did not run",
             )

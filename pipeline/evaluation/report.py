@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.evaluation.episodes import MIN_H_MEANING
 from pipeline.evaluation.gate_statistics import BOUND_METHOD
 from pipeline.evaluation.shadow_metrics import failures_line
 
@@ -215,9 +216,7 @@ def _safety_case(metrics: dict) -> str:
     worst = metrics.get("falsification_worst")
     detail = f"<p>worst case: <code>{html.escape(json.dumps(worst))}</code></p>" if worst else ""
     detail += (
-        '<p class="note">worst h: the lowest barrier value the shield saw in the search. Below 0 the plant '
-        "was inside the shield's margin or braking distance, which the shield answers by braking; a case is "
-        "the constraint itself crossed.</p>"
+        f'<p class="note">worst h: the lowest barrier value the shield saw in the search; {MIN_H_MEANING}.</p>'
         if metrics.get("falsification_min_h") is not None
         else ""
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -280,6 +281,11 @@ def test_a_synthesized_spec_carries_measured_monitor_bounds(tmp_path, capsys, mo
     monitor = json.loads((out / "shield.json").read_text())["assumptions"]["monitor"]
     assert monitor["measured"]["runs"] == 4 and monitor["measured"]["steps"] > 400, monitor
     assert len(monitor["accel"]) == 2 and all(a > 0 for a in monitor["accel"])
+    # In words, numbers are read at 4 significant digits (helper-37 met brake [[3.466, 3.083], 0.1649777288283436]);
+    # the files keep every digit.
+    assert sim2real([*args, "--monitor-runs", "2"]) == 0
+    certified = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("CERTIFIED: "))
+    assert not re.search(r"\d\.\d{5,}", certified), certified
 
 
 def test_a_falsification_refusal_names_the_plant_it_found_and_the_ends_it_sits_at():

@@ -354,13 +354,12 @@ class PredictiveFilter:
     def _admitted_hold(self, d: np.ndarray) -> np.ndarray:
         """Where a backup with no plan accepted (an episode that starts outside the states the filter admits) stops
         the plant: the equilibrium nearest it, x_op + d, where a plan's stop may lie (the rows it must meet), else
-        the operating point. Stopping the plant wherever it is followed its drift, each step's stop a little
-        further out: two carts on a spring, held apart against it by a backup whose hold force was off by the
-        stiffness error, crept through their separation limit (3,125 violating steps in 15 of 100 episodes that
-        the legacy controller alone kept inside). Stopped at the nearest admitted stop instead, the same error
-        left them settled just outside it, the filter never taking over (299 of 300 steps a fallback on a soft
-        spring's corner). The operating point is where the tube was measured from rest: pulled toward it, the
-        plant comes into the states the filter admits, and the filter takes over."""
+        the operating point. Stopping the plant wherever it is would follow its drift, each step's stop a little
+        further out: two carts on a spring, held apart against it by a backup whose hold force is off by the
+        stiffness error, creep through their separation limit, a limit the legacy controller alone keeps. Stopped
+        at the nearest admitted stop, the same error settles them just outside it, and the filter never takes
+        over. The operating point is where the tube was measured from rest: pulled toward it, the plant comes
+        into the states the filter admits, and the filter takes over."""
         if float((self._hold_W @ d + self._hold_slack_op).min(initial=0.0)) >= 0.0:
             return self._x_op + d
         return self._x_op.copy()

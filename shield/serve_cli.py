@@ -28,6 +28,9 @@ from typing import Any
 from shield.contract import describe as describe_contract
 
 MIN_KEY_BYTES = 32
+# A key of fewer distinct bytes than this is a placeholder (`aaaa...`, a repeated word), not random bytes: a
+# random key of 32 bytes, or its 64 hex characters, has far more.
+MIN_KEY_DISTINCT = 8
 REALTIME_PRIORITY = 50  # SCHED_FIFO priority: above ordinary threads, below the kernel's own (99)
 
 
@@ -122,7 +125,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_key_file(path: str | Path) -> bytes:
-    """The pre-shared key: the file's bytes without trailing whitespace; >= 32 bytes, not readable by others."""
+    """The pre-shared key: the file's bytes without trailing whitespace; >= 32 bytes of at least MIN_KEY_DISTINCT
+    different values, not readable by others."""
     path = Path(path)
     mode = path.stat().st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
@@ -134,6 +138,11 @@ def read_key_file(path: str | Path) -> bytes:
         raise ValueError(
             f"{path}: key is {len(key)} bytes; use at least {MIN_KEY_BYTES} random bytes "
             f"(e.g. `openssl rand -hex 32 > {path}`: 64 characters, used as they are)"
+        )
+    if len(set(key)) < MIN_KEY_DISTINCT:
+        raise ValueError(
+            f"{path}: key has only {len(set(key))} distinct bytes: a placeholder, not a random key; use "
+            f"`openssl rand -hex 32 > {path}`"
         )
     return key
 

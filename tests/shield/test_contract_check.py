@@ -31,7 +31,7 @@ from tests.shield.test_serve_attacks import ServerThread
 from tests.shield.test_serve_clients import C_SOURCE
 
 pytestmark = pytest.mark.timeout(120)
-KEY = b"k" * 32
+KEY = b"contract-check-pre-shared-key-0123456789"
 
 
 @pytest.fixture(scope="module")

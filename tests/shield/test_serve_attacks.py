@@ -613,6 +613,8 @@ def test_key_files_are_private_long_and_used_as_bytes(bundle, tmp_path):
             read_key_file(loose)
     with pytest.raises(ValueError, match="at least 32"):
         read_key_file(write_key_file(tmp_path / "short", b"0123456789abcdef"))
+    with pytest.raises(ValueError, match="only 1 distinct bytes: a placeholder"):  # helper-38's `aaaa...`
+        read_key_file(write_key_file(tmp_path / "placeholder", b"a" * 64))
     srv = ServerThread(EdgeRuntime.load(bundle), key=read_key_file(good), not_before_us=0)
     try:
         decoded = PolicyClient(srv.host, srv.port, key=bytes.fromhex(hex_text.decode()), timeout_s=0.3)

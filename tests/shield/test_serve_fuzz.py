@@ -226,7 +226,7 @@ def test_fuzz_with_a_key_nothing_unsigned_is_answered_or_reaches_the_policy(bund
     import hashlib
     import hmac as hmac_mod
 
-    key = b"k" * 32
+    key = b"fuzz-test-pre-shared-key-0123456789"
     write_key_file(tmp_path / "psk", key)
     rng = np.random.default_rng(99)
     packets = fuzz_packets(rng, 20_032)

@@ -204,8 +204,10 @@ def _check_linear_state(spec: TaskSpec, nominal, names: list[str]) -> None:
         if o not in state:
             raise DeclarationError(
                 f"{where}: observation {names[o]!r} is not a joint's qpos or qvel, and a "
-                f"linear shield model's state holds only those (linearized from the MJCF): observe "
-                f"the joint itself, or use shield_model: double_integrator"
+                f"linear shield model's state holds only those (linearized from the MJCF): write the limit "
+                f"over the joints instead (a tip's height, say, bounded by limits on the joint angles that "
+                f"imply it, as halfspaces over them), or, where each input drives one coordinate of its own "
+                f"directly, use shield_model: double_integrator with that coordinate and its velocity observed"
             )
 
 

@@ -133,8 +133,8 @@ def barrier_compatibility_problem(spec: dict, names: list[str], driven: set[int]
                 ((o, w),) = row.weights.items()  # the distance grows as the position moves away from the limit
                 what = f"{names[o]} toward its {'upper' if w < 0 else 'lower'} limit ({con.name})"
             else:
-                side = " ".join(f"{w:+.3g} {names[o]}" for o, w in sorted(row.weights.items()))
-                what = f"{con.name} ({side}) toward its limit"
+                side = " ".join(f"{w:+.3g} {names[o]}" for o, w in sorted(row.weights.items())).lstrip("+")
+                what = f"{con.name} toward its limit ({side} falling)"
             rows.append((what, np.asarray(effect), float(counted), row.weights))
     low, high = np.asarray(spec["action_low"], np.float64), np.asarray(spec["action_high"], np.float64)
     trim = np.clip(np.asarray(spec["fallback_action"], np.float64), low, high)  # what holds the operating point
@@ -168,11 +168,22 @@ def barrier_compatibility_problem(spec: dict, names: list[str], driven: set[int]
         return None
     reach, subset = worst
     share = f"at most {reach:.0%} of it" if reach > 0.0 else "none of it"
+    effects = np.array([r[1] for r in subset])
+    if np.linalg.matrix_rank(effects, tol=1e-9 * max(float(np.abs(effects).max()), 1e-300)) < len(subset):
+        why = (
+            "The inputs move these positions together (one thrust along a heading, say), so where those limits "
+            "close at once the barrier could only fall back on its uncertified least-violation brake. Give each "
+            "limited position an input of its own (a second thruster), or keep a limit on fewer of them"
+        )
+    else:  # every direction is reachable: the box is too small for all of them at once
+        why = (
+            "The inputs reach each of them, but not all at once that hard: braking one takes input the others "
+            "need (an arm's joints share their torques through its inertia), so where those limits close at once "
+            "the barrier could only fall back on its uncertified least-violation brake. A stronger drive, lower "
+            "speeds near the limits (a speed limit: less braking to count on), or wider limits"
+        )
     return (
         f"the braking barrier cannot brake {' and '.join(r[0] for r in subset)} at once: no action in the box "
         f"decelerates them together at the braking each counts on ({', '.join(f'{r[2]:.3g}' for r in subset)} "
-        f"units/s^2; {share}, with the input's effect at its weakest). The inputs move these positions together "
-        f"(one thrust along a heading, say), so where those limits close at once the barrier could only fall back "
-        f"on its uncertified least-violation brake. Give each limited position an input of its own (a second "
-        f"thruster), or keep a limit on fewer of them"
+        f"units/s^2; {share}, with the input's effect at its weakest). {why}"
     )

@@ -264,7 +264,11 @@ def refusal(
     elif sub:
         tail = f"; the largest sub-range that can be certified is [{sub[0]:g}, {sub[1]:g}]"
     else:
-        tail = "; no sub-range of it, nor any other range pinned at nominal, can be certified with the rest as they are"
+        tail = (
+            "; no sub-range of it, nor any other range pinned at nominal, can be certified with the rest as they "
+            "are: narrow several ranges together, lighten the pushes, or give the drive more authority over the "
+            "plant's inertia (a stronger motor, or a gearbox's reflected inertia: armature in the MJCF)"
+        )
     which = "both ends" if end == "both" else f"its {end} end"
     out["message"] = f"cannot certify {where} over [{lo:g}, {hi:g}] ({which}): {reason}{tail}"
     return out

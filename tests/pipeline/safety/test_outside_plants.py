@@ -199,3 +199,11 @@ def test_braking_limits_together_is_asked_of_the_inputs_that_move_them():
     problem = barrier_compatibility_problem(coupled, names, driven)
     joints = [names[o] for o in spec["kinematics"]["position_index"]]
     assert problem is not None and all(f"{j} toward its" in problem for j in joints), problem
+    assert "an input of its own" in problem
+    # Each joint with its motor, but both weaker than the braking counted on (helper-39's direct-drive arm): every
+    # direction is reachable, only not that hard at once. Another input would not help; more authority would.
+    weak = copy.deepcopy(spec)
+    weak["model"]["B"] = (np.asarray(spec["model"]["B"]) * 0.3).tolist()
+    problem = barrier_compatibility_problem(weak, names, driven)
+    assert problem is not None and "an input of its own" not in problem, problem
+    assert "The inputs reach each of them, but not all at once that hard" in problem

@@ -374,8 +374,9 @@ class RunTotals:
     fallback_starts: int = 0  # episodes whose first step answered FALLBACK (a start the filter does not admit)
     constraints: dict[str, ConstraintTotals] = field(default_factory=dict)  # by name, in the task's order
 
-    def count_constraints(self, values: dict[str, float] | None, sinfo: dict | None) -> None:
-        """One step's per-constraint figures: the env's signed distances (true state) and the shield's h."""
+    def count_constraints(self, values: dict[str, float] | None, sinfo: dict | None, read_h: bool = True) -> None:
+        """One step's per-constraint figures: the env's signed distances (true state) and the shield's h (its lowest
+        not where `read_h` is False: see `run_episodes`)."""
         if not values:
             return
         h = sinfo.get("h") if sinfo is not None else None
@@ -387,7 +388,7 @@ class RunTotals:
             c = self.constraints.get(name)
             if c is None:
                 c = self.constraints[name] = ConstraintTotals()
-            c.count(value, None if h is None else h[i], i == blamed)
+            c.count(value, None if h is None or not read_h else h[i], i == blamed)
 
     @property
     def steps(self) -> int:
@@ -475,6 +476,10 @@ def run_episodes(
                 o.on_reset(env, ep, seed)
             total, violations, step, done, ended = 0.0, 0, 0, False, False
             intervened = 0
+            # An episode that starts outside the states the shield admits is answered FALLBACK until the shield has
+            # brought the plant in: the barrier values of that stretch measure the start, the same for every policy
+            # on the seed, not how close an attack came. They are left out of the lowest h (falsify's objective).
+            starting = True
             while not done:
                 (action, raw, sinfo), latency, compute = timed(driver.act, obs)
                 next_obs, reward, terminated, truncated, info = env.step(action)
@@ -490,13 +495,16 @@ def run_episodes(
                     for flag in SHIELD_FLAGS:
                         totals.flags[flag] += bool(sinfo.get(flag, False))
                     intervened += bool(sinfo.get("intervened", False))
-                    totals.fallback_starts += step == 0 and bool(sinfo.get("fallback", False))
+                    starting = starting and bool(sinfo.get("fallback", False))
+                    totals.fallback_starts += step == 0 and starting
                     if "solve_us" in sinfo:
                         totals.shield_us.append(float(sinfo["solve_us"]))
                     h = sinfo.get("h")
-                    if h is not None and len(h):
+                    if h is not None and len(h) and not starting:
                         totals.min_h = min(totals.min_h, float(np.min(h)))
-                totals.count_constraints(info.get("constraint_values"), sinfo)
+                totals.count_constraints(
+                    info.get("constraint_values"), sinfo, read_h=not (starting and sinfo is not None)
+                )
                 if observers:
                     record = Step(env, ep, step, step * dt, obs, action, raw, sinfo, latency, float(reward), cost, done)
                     for o in observers:

@@ -288,7 +288,7 @@ def _rounded(x):
 
 
 def _units(cfg) -> dict[str, str]:
-    """Each observation's declared unit by name ({} for a task that declares none)."""
+    """Each observation's declared unit by name ("" where the task declares none)."""
     import envs
     from pipeline.deployment.contract import task_io
 

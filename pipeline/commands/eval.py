@@ -69,7 +69,11 @@ def run(args: argparse.Namespace) -> int:
         args,
         result,
         "\n".join(
-            [*(f"{key:>20}: {result[key]}" for key in _SUMMARY_KEYS), *constraint_lines(result.get("constraints", {}))]
+            [
+                *(f"note: {line}" for line in result["notes"]),
+                *(f"{key:>20}: {result[key]}" for key in _SUMMARY_KEYS),
+                *constraint_lines(result.get("constraints", {})),
+            ]
         ),
     )
     return 0

@@ -271,6 +271,7 @@ class EvalResult(RunSummary):
     domains: str
     shield: bool
     seed: int
+    notes: list[str]  # what the user should know about the inputs (a config other than the bundle's own)
 
 
 @dataclass

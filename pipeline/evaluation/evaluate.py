@@ -49,9 +49,10 @@ def evaluate(
     plant goes on: the shield's job does not end where the task's does."""
     from shield.runtime import EdgeRuntime
 
+    note = None
     if isinstance(policy, EdgeRuntime):
         bundle = policy.verified_bundle
-        check_bundle_task(cfg, bundle.manifest, bundle.path)
+        note = check_bundle_task(cfg, bundle.manifest, bundle.path)
         if shield != policy.shielded:  # the same bundle, with its shield.json's shield or bare
             own = CbfShield(ShieldSpec.from_dict(bundle.shield_spec)) if shield else None
             policy = EdgeRuntime(bundle, policy.policy, own)
@@ -83,4 +84,5 @@ def evaluate(
         "shield": bool(shield),
         "seed": seed,
         **totals.summary(),
+        "notes": [note] if note else [],
     }

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from bench.bench_shield import mlp_onnx
 from pipeline.cli import build_parser
@@ -155,6 +156,14 @@ def test_a_bundle_is_evaluated_with_its_own_shield_json(tmp_path, capsys):
     assert run_cli(_args(policy=None, bundle=str(bundle), domains="train", episodes=2)) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["violations"] == 0 and np.isfinite(result["return_mean"])
+    assert result["notes"] == []  # judged under the config it was trained under
+    # Under another config of the same plant (a stricter gate), eval says so, as shadow does.
+    doc = yaml.safe_load(Path("configs/cartpole.yaml").read_text())
+    doc["gate"]["confidence"] = 0.99
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(doc))
+    assert run_cli(_args(policy=None, bundle=str(bundle), config=str(other), episodes=1, json=False)) == 0
+    assert f"note: the config hashes to {load_config(other).config_hash()[:12]}" in capsys.readouterr().out
 
 
 def test_a_bundle_of_another_task_is_refused_by_name(tmp_path, capsys):

@@ -131,8 +131,13 @@ class GateDecision:
 
     @property
     def settled(self) -> bool:
-        """No more episodes can change the decision: a check failed, or none is undecided."""
-        return any(c.passed is False for c in self.checks) or not any(c.undecided for c in self.checks)
+        """No more episodes can change the decision: a check other than the production comparison failed, or
+        none is undecided. A candidate already not better than production is still looked at while a check
+        against legacy or a safety bound is undecided: that one may yet fail, and a night whose candidate is
+        worse than legacy must end as a failure, not as a quiet "kept"."""
+        if any(c.passed is False and c.key != PRODUCTION_KEY for c in self.checks):
+            return True
+        return not any(c.undecided for c in self.checks)
 
     @property
     def skipped(self) -> list[str]:

@@ -169,6 +169,20 @@ def test_production_is_the_incumbent():
     passed = decide(good_metrics(production_returns=worse_prod, production_version=3), GateConfig())
     assert passed.decision == "pass", passed.reasons
     assert promotion_verdict("pass", 4, 3, passed.reasons).startswith("promoted v4 over v3")
+    # Not better than production while the legacy bound is still open: "kept" so far, but the evaluation goes
+    # on, since more episodes may yet show the candidate worse than legacy (a failed night, not a quiet "kept").
+    legacy, close = paired(-0.2, n=6)
+    open_legacy = decide(
+        good_metrics(
+            legacy_returns=legacy,
+            candidate_returns=close,
+            production_returns=(np.asarray(legacy) + 20.0).tolist(),
+            production_version=3,
+        ),
+        GateConfig(),
+    )
+    assert open_legacy.checks[0].status == "undecided" and open_legacy.checks[1].status == "fail"
+    assert open_legacy.decision == "kept" and not open_legacy.settled
     # A failure against legacy is a failure, whatever production says.
     legacy, bad = paired(-5.0)
     assert (

@@ -53,7 +53,10 @@ Reset draws from the env's Generator in a fixed order: each initial_state
 entry as written (one uniform each), then per target its first goal (one
 uniform per element) and its hold (integers in [round(hold_s[0] / dt),
 round(hold_s[1] / dt)]); the observed set-point starts at the middle of its
-box when it ramps, at the goal when it jumps. A step clips the action, holds
+box when it ramps, at the goal when it jumps. A start outside a constraint
+is drawn again, all of it, until one lies inside every constraint (a box
+wholly inside them draws once; 1,000 draws with none inside is an error
+naming plant.initial_state). A step clips the action, holds
 ctrl over the physics substeps, ramps each set-point by at most speed x dt
 toward its goal, counts the hold down (drawing the next goal and hold at 0),
 then observes, costs, rewards and terminates.

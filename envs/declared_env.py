@@ -174,6 +174,17 @@ def _holding_action(model: mujoco.MjModel, data: mujoco.MjData, binding: Binding
     return action
 
 
+MAX_START_DRAWS = 1000  # draws of a start before a box with (almost) no start inside the limits is refused
+
+
+class InitialStateError(ValueError):
+    """plant.initial_state yields no start inside the constraints."""
+
+
+def _outside(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} by {-v:.4g}" for k, v in values.items() if not v >= 0.0)
+
+
 class DeclaredTaskEnv(MujocoTaskEnv):
     """A task from its declaration: reset draws, set-points, the reward terms, termination and the true-state cost."""
 
@@ -266,6 +277,22 @@ class DeclaredTaskEnv(MujocoTaskEnv):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
+        # A start past a limit is a violation before any action, which no shield can prevent: the start is drawn
+        # again until it lies inside every constraint. A box wholly inside them draws once, as it always did.
+        for _ in range(MAX_START_DRAWS):
+            obs = self._draw_start()
+            cost = self._cost(obs)
+            if not cost:
+                break
+        else:
+            raise InitialStateError(
+                f"plant.initial_state: none of {MAX_START_DRAWS} starts drawn from it lies inside every constraint "
+                f"(the last one is outside {_outside(self._constraint_values)}): narrow it to starts inside the limits"
+            )
+        return obs, {"cost": cost, "constraint_values": self._constraint_values, "domain": {}}
+
+    def _draw_start(self) -> np.ndarray:
+        """One start as `reset` draws it (the initial state, then each target's first goal): its observation."""
         rng = self.np_random
         mujoco.mj_resetData(self.model, self.data)
         for kind, adr, lo, hi in self._init:
@@ -277,8 +304,21 @@ class DeclaredTaskEnv(MujocoTaskEnv):
             self._targets[name] = (
                 list(self._goals[name]) if t.speed is None else [0.5 * (lo + hi) for lo, hi in zip(t.low, t.high)]
             )
-        obs = self._obs()
-        return obs, {"cost": self._cost(obs), "constraint_values": self._constraint_values, "domain": {}}
+        return self._obs()
+
+    def starts_outside(self, draws: int = 1000, seed: int = 0) -> tuple[int, dict[str, float]]:
+        """Of `draws` starts drawn from plant.initial_state (each a first draw, none drawn again), how many lie outside
+        a constraint, and per constraint the farthest one lies past it: what `sim2real config --check` reports."""
+        self.reset(seed=seed)
+        outside, worst = 0, {}
+        for _ in range(draws):
+            self._cost(self._draw_start())
+            past = {k: -v for k, v in self._constraint_values.items() if not v >= 0.0}
+            outside += bool(past)
+            for k, v in past.items():
+                worst[k] = max(worst.get(k, 0.0), v)
+        self.reset(seed=seed)
+        return outside, worst
 
     def _read(self) -> np.ndarray:
         """What the reward terms and termination read: the float32 observation or its float64 values."""

@@ -12,17 +12,20 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.config import describe_fields, load_config
 
     if args.check:
+        from pipeline.training.rollout import preflight, starts_note
+
         cfg = load_config(args.check)
+        preflight(cfg)  # every set runs the env once, the legacy controller answers: or the key to change
         figures = None
         if cfg.shield.enabled:  # every randomization set must lie inside the shield's assumptions
             from pipeline.safety.shield_spec import build_shield_spec, needs_synthesis
 
             spec = build_shield_spec(cfg)  # EnvelopeError (a ConfigError) names set, parameter, range and limit
             figures = shield_figures(spec, synthesized=needs_synthesis(cfg.shield))
-        from pipeline.training.rollout import preflight
-
-        preflight(cfg)  # every set runs the env once, the legacy controller answers: or the key to change
+        starts = starts_note(cfg)
         human = f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})"
+        if starts:
+            human += f"\nnote: {starts}"
         if figures is not None:
             human += "\n" + "\n".join(f"  {k}: {v}" for k, v in figures.items() if k != "sets")
             # The check measures and checks the shield's numbers; it does not search for a plant and an attack
@@ -32,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
                 f"(falsify.budget_s, {cfg.falsify.budget_s:g} s) and runs the legacy controller behind it on "
                 "reality, and refuses it naming why; the retrain flow does the same before its gate"
             )
-        emit(args, {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash(), "shield": figures}, human)
+        result = {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash(), "shield": figures}
+        emit(args, {**result, "starts_note": starts}, human)
         return 0
     rows = describe_fields()
     width = max(len(k) for k, *_ in rows)

@@ -66,6 +66,7 @@ def preflight(cfg) -> None:
     its legacy controller for one observation's action: a set naming an element the plant lacks, noise of the
     wrong length, an initial state the env cannot draw or a legacy controller of the wrong shape fails here as a
     ConfigError naming its key, before a run directory or a Ray actor exists."""
+    from envs.declared_env import InitialStateError
     from pipeline.config import ConfigError
 
     env_id, obs = cfg.task.env_id, None
@@ -78,6 +79,8 @@ def preflight(cfg) -> None:
                 env.step(np.clip(np.zeros(env.action_space.shape), low, high).astype(env.action_space.dtype))
             finally:
                 env.close()
+        except InitialStateError as err:  # the starts, not the set, are what to change
+            raise ConfigError(str(err)) from None
         except Exception as err:  # whatever the env raised, the set is what to change
             raise ConfigError(
                 f"randomization.{name}: the task's env cannot run with this set: {type(err).__name__}: {err}"
@@ -99,6 +102,29 @@ def preflight(cfg) -> None:
             f"plant.legacy: the legacy controller returned shape {action.shape} for one observation "
             f"(float32[1, {len(obs)}]); it must return float32[n, act_dim] = [1, {act_dim}]"
         )
+
+
+def starts_note(cfg, draws: int = 1000) -> str | None:
+    """What `config --check` says where plant.initial_state draws starts past a limit (None: it draws none): how
+    many, past which constraint and by how much, and that such a start is drawn again."""
+    if not cfg.task.env_id.startswith("sim2real/"):
+        return None
+    env = make_env(cfg.task.env_id, None, cfg.task.max_episode_steps)
+    try:
+        plant = env.unwrapped
+        if not hasattr(plant, "starts_outside"):
+            return None
+        outside, worst = plant.starts_outside(draws)
+    finally:
+        env.close()
+    if not outside:
+        return None
+    past = ", ".join(f"{name} by up to {value:.4g}" for name, value in worst.items())
+    return (
+        f"{outside} of {draws} starts drawn from plant.initial_state lie past a limit ({past}); each such start "
+        "is drawn again, so every episode starts inside the constraints. Narrow plant.initial_state to the starts "
+        "the plant really has inside its limits: a box mostly outside them wastes draws and hides where it starts"
+    )
 
 
 class PolicyInputs:

@@ -223,3 +223,40 @@ def test_sensor_and_site_observations_are_of_the_state_the_step_reached(tmp_path
         assert obs[9] == obs[2], (obs[9], obs[2])  # jointpos sensor == the joint
         assert abs(float(obs[10]) - (0.5 + float(obs[2]))) < 1e-6  # the site: the carriage's 0.5 m plus z
     env.close()
+
+
+def test_a_start_past_a_limit_is_drawn_again_and_the_check_says_so(tmp_path, capsys, monkeypatch):
+    """A start outside a constraint is a violation before any action, which no shield can prevent (an outside
+    user's spring-driven link, its two joints' boxes drawn independently, started past its deflection limit and
+    the shield was blamed): reset draws such a start again, `config --check` says how many, and a box with no
+    start inside is refused by its key. A box inside the limits draws exactly what it drew before."""
+    import gymnasium as gym
+    import numpy as np
+    from gymnasium.utils import seeding
+
+    import envs
+
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    wide = stage(tmp_path, "stagewide", initial_state={"qpos": {"sx": [-0.65, 0.65], "sy": [-0.1, 0.1]}})
+    assert sim2real(["config", "--check", wide]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "note: " in out and "starts drawn from plant.initial_state lie past a limit (workspace by up to" in out
+    env = gym.make(envs.register_task_file(wide, check=True).env_id)
+    xs = []
+    for seed in range(300):
+        obs, info = env.reset(seed=seed)
+        assert info["cost"] == 0.0 and min(info["constraint_values"].values()) >= 0.0, (seed, obs)
+        xs.append(float(obs[0]))
+    assert max(np.abs(xs)) > 0.45  # the box is not clamped: starts near the limit stay
+    env.close()
+    # Inside the limits: the first draw, as before the redraw existed.
+    inside = gym.make(envs.register_task_file(stage(tmp_path, "stageinside"), check=True).env_id)
+    for seed in (0, 7):
+        obs, _ = inside.reset(seed=seed)
+        rng = seeding.np_random(seed)[0]
+        assert np.float32(rng.uniform(-0.1, 0.1)) == obs[0] and np.float32(rng.uniform(-0.1, 0.1)) == obs[1]
+    inside.close()
+    outside = stage(tmp_path, "stageout", initial_state={"qpos": {"sx": [0.55, 0.65]}})
+    assert sim2real(["config", "--check", outside]) == 2
+    err = capsys.readouterr().err
+    assert "plant.initial_state: none of 1000 starts" in err and "workspace" in err and "Traceback" not in err, err

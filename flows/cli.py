@@ -29,6 +29,7 @@ class RunCommand:
     def run_cli(args: argparse.Namespace) -> int:
         """The flow on embedded defaults, with a summary at the end; 0 only when the candidate was promoted."""
         _calibratable(args)
+        _shield_buildable(args)
         _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.retrain import retrain
 
@@ -68,6 +69,7 @@ class ScheduleCommand:
     @staticmethod
     def run_cli(args: argparse.Namespace) -> int:
         _calibratable(args)
+        _shield_buildable(args)
         _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.schedule import schedule
 
@@ -117,6 +119,15 @@ def _calibratable(args: argparse.Namespace) -> None:
         from pipeline.config import load_config
 
         Twin(load_config(args.config).task.env_id)
+
+
+def _shield_buildable(args: argparse.Namespace) -> None:
+    """Build the shield every bundle carries (export writes it whatever shield.enabled says) before a flow starts:
+    a plant it cannot be built for is refused here in one line (exit 2), not by export after training."""
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    build_shield_spec(load_config(args.config))
 
 
 def _prefect_defaults() -> None:

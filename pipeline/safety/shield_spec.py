@@ -186,7 +186,8 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         state_index = sorted(nominal.obs_to_state)
         A, B, c = linearize_mujoco(nominal, state_index)
         trim = nominal.trim_action(len(low))
-        _uncontrolled_limits(safety["constraints"], state_index, A, B, nominal, cfg.observation_names(state_index))
+        if not bare:  # a bare spec keeps no limit: an uncontrollable one is the shield's refusal, not the adversary's
+            _uncontrolled_limits(safety["constraints"], state_index, A, B, nominal, cfg.observation_names(state_index))
         rest = operating_state(nominal, state_index).tolist()
         model = {"type": "linear", "A": A.tolist(), "B": B.tolist(), "c": c.tolist()}
         # Nominal full-action acceleration of each position: velocity change per period / dt. What braking can
@@ -263,6 +264,8 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
                 f"shield.brake_accel: needs {len(pos)} values (one per position), got {len(sc.brake_accel)}"
             )
         brake = [[float(v) for v in a] if isinstance(a, list) else float(a) for a in sc.brake_accel]
+    if bare:  # a coordinate no input moves has no braking at all; no filter reads it, the schema wants it > 0
+        brake = [[max(v, 1e-6) for v in b] if isinstance(b, list) else max(b, 1e-6) for b in brake]
     _unkept_positions(cfg, pos, vel, constraints, brake)
     brake_min = [min(pair) for pair in brake_pairs(brake, len(pos))]
     disturbance = (

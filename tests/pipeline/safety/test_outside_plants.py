@@ -144,6 +144,28 @@ def test_a_limit_no_actuator_can_move_is_refused_by_name(tmp_path):
         load_config(_hoist(tmp_path, "hoist_two_positions", two_positions))
 
 
+def test_a_plant_its_shield_refuses_is_still_measured_bare_and_a_run_is_refused_before_training(
+    tmp_path, capsys, monkeypatch
+):
+    """An outside user's hovercraft (a limit no input moves at the operating point) with the shield refused:
+    `eval --no-shield` still measures it (the adversary reads only the limits), and `sim2real run` refuses it
+    in one line before a flow starts, where export had refused it with a traceback after training."""
+    import json
+
+    from pipeline.cli import main as sim2real
+
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    path = str(HERE / "plants" / "hoist_lift.yaml")
+    args = ["eval", "--config", path, "--policy", "adversarial", "--domains", "reality", "--episodes", "2"]
+    assert sim2real([*args, "--no-shield", "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["episodes"] == 2
+    runs = tmp_path / "runs"
+    assert sim2real(["run", "--config", path, "--models", str(tmp_path / "models"), "--runs", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "no actuator moves theta" in err and "Traceback" not in err, err
+    assert not runs.exists() or not any(runs.iterdir())  # nothing trained
+
+
 def test_a_predictive_refusal_says_over_which_states_it_sampled(tmp_path):
     """Without its swing limit the hoist's height is left to the filters: its barrier cannot hold it even at rest,
     and the predictive filter admits almost no plan, since the load's hinge has no range and is drawn over its whole

@@ -230,6 +230,10 @@ class DeclaredTaskEnv(MujocoTaskEnv):
             for name, (lo, hi) in ranges.items()
         ]
         self._gather = _gathers(b.sources)
+        # The constraints read an observed angle of a hinge without a range wrapped into (c - pi, c + pi] around
+        # the operating point c, as the linear shield model reads it (`pipeline.safety.shield_spec`): a heading
+        # started at 2 pi is the heading 0 it is, to the shield and to the violation count alike.
+        self._wrap = _unlimited_angles(self.model, decl, b.sources) if decl.shield_model.type == "linear" else []
         # mj_step computes site positions and sensor data before it integrates: an observation read from them
         # after the step would be one physics step older than the joints'. Refreshed where the plant reads them.
         self._refresh = any(src[0] in ("site", "sensor") for src in b.sources)
@@ -272,6 +276,13 @@ class DeclaredTaskEnv(MujocoTaskEnv):
                 self._new_goal(name)
 
     def _cost(self, obs) -> float:
+        if self._wrap:  # an angle of a joint that turns without limit, read wrapped as the shield reads it
+            obs = obs.tolist()
+            for i, center in self._wrap:
+                a = obs[i]
+                if not center - math.pi < a <= center + math.pi:
+                    r = math.remainder(a - center, 2.0 * math.pi)
+                    obs[i] = center + (r if r > -math.pi else math.pi)
         self._constraint_values = constraint_values(self._safety, obs)
         return cost_of(self._constraint_values)
 
@@ -385,6 +396,18 @@ class DeclaredTaskEnv(MujocoTaskEnv):
 def _index(ix: list[int]):
     """A slice for consecutive indices (slices read and assign in a fraction of the time), else the array."""
     return slice(ix[0], ix[0] + len(ix)) if ix == list(range(ix[0], ix[0] + len(ix))) else np.array(ix)
+
+
+def _unlimited_angles(model: mujoco.MjModel, decl: PlantDeclaration, sources: list[tuple]) -> list[tuple[int, float]]:
+    """(observation index, operating-point angle) of each observed position of a hinge without a range."""
+    out = []
+    for i, (o, src) in enumerate(zip(decl.observations, sources)):
+        if src[0] != "qpos":
+            continue
+        j = int(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, o.joint))
+        if int(model.jnt_type[j]) == mujoco.mjtJoint.mjJNT_HINGE and not model.jnt_limited[j]:
+            out.append((i, float(decl.shield_model.operating_point.get(o.joint, model.qpos0[src[1]]))))
+    return out
 
 
 def _gathers(sources: list[tuple]) -> list[tuple]:

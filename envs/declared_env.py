@@ -21,6 +21,7 @@ from envs.declaration import DeclarationError, PlantDeclaration, resolve_entry_p
 from envs.linearization import NominalModel, apply_held_action
 from envs.mujoco_task import MujocoTaskEnv
 from envs.safety import constraint_values, cost_of
+from shield.constraints import wrap_angle
 
 _OBJ = {
     "joint": mujoco.mjtObj.mjOBJ_JOINT,
@@ -279,10 +280,7 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         if self._wrap:  # an angle of a joint that turns without limit, read wrapped as the shield reads it
             obs = obs.tolist()
             for i, center in self._wrap:
-                a = obs[i]
-                if not center - math.pi < a <= center + math.pi:
-                    r = math.remainder(a - center, 2.0 * math.pi)
-                    obs[i] = center + (r if r > -math.pi else math.pi)
+                obs[i] = wrap_angle(obs[i], center)
         self._constraint_values = constraint_values(self._safety, obs)
         return cost_of(self._constraint_values)
 

@@ -93,6 +93,7 @@ from typing import Any
 import numpy as np
 
 from shield.barrier import BarrierRows
+from shield.constraints import wrap_angle
 from shield.fallback import BoxHalfspaceProjection, LeastViolationBrake
 from shield.monitor import CONSERVATIVE_GAIN_DIVISOR, AssumptionMonitor, conservative_tube_factor
 from shield.prediction import LatencyPredictor
@@ -475,8 +476,7 @@ class CbfShield:
         for i, center in self._angles:
             a = obs_list[i]
             if not center - math.pi < a <= center + math.pi:
-                r = math.remainder(a - center, 2.0 * math.pi)  # in [-pi, pi]
-                obs_list[i] = center + (r if r > -math.pi else math.pi)
+                obs_list[i] = wrap_angle(a, center)
                 moved = True
         return moved
 

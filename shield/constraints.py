@@ -287,3 +287,12 @@ def cost_function(constraints: list[dict], obs_dim: int) -> Callable[[Sequence[f
         return 1.0 if any(c.violated(values) for c in parsed) else 0.0
 
     return cost
+
+
+def wrap_angle(a: float, center: float) -> float:
+    """`a` wrapped into (center - pi, center + pi]: an angle of a hinge that turns without limit, as the shield and
+    the violation count read it. An angle already in range is returned as it is, bitwise."""
+    if center - math.pi < a <= center + math.pi:
+        return a
+    r = math.remainder(a - center, 2.0 * math.pi)  # in [-pi, pi]
+    return center + (r if r > -math.pi else math.pi)

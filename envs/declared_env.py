@@ -164,6 +164,7 @@ def _holding_action(model: mujoco.MjModel, data: mujoco.MjData, binding: Binding
             f"unpowered; {float(np.abs(left).max()):.3g} N or N m left on joint {joint_name(left)!r} at best): no "
             f"actuator holds that joint still there (gravity, or a spring, on a joint no actuator drives). "
             f"Linearize where it rests by itself, away from its stops: a hanging or upright pendulum, a level beam"
+            + _nearby_rest(model, data, qpos, effect, left, joint_name(left))
         )
     if float(np.abs(action).max()) > 1.0:
         raise DeclarationError(
@@ -173,6 +174,40 @@ def _holding_action(model: mujoco.MjModel, data: mujoco.MjData, binding: Binding
             f"linearize where it needs less"
         )
     return action
+
+
+def _nearby_rest(model, data, qpos, effect, left, joint: str) -> str:
+    """Where the joint left unheld would rest, one Newton step on its own position away (the others as declared):
+    a spring that carries a weight is held at an angle given to more digits than a user rounds it to."""
+    j = int(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, joint))
+    if j < 0 or int(model.jnt_type[j]) not in (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE):
+        return ""
+    adr, dof, h = int(model.jnt_qposadr[j]), int(model.jnt_dofadr[j]), 1e-6
+    moved = qpos.copy()
+    moved[adr] += h
+    data.qpos[:] = moved
+    mujoco.mj_forward(model, data)
+    full = np.zeros((model.nv, model.nv))
+    mujoco.mj_fullM(model, data, full)
+    base = full @ qacc_at(model, data, moved)
+    action = -np.linalg.lstsq(effect, base, rcond=None)[0]
+    slope = (float((base + effect @ action)[dof]) - float(left[dof])) / h
+    data.qpos[:] = qpos
+    mujoco.mj_forward(model, data)
+    if not math.isfinite(slope) or abs(slope) < 1e-12:
+        return ""
+    rest = float(qpos[adr]) - float(left[dof]) / slope
+    return (
+        f"; with the other joints as declared, {joint!r} rests at about {rest:.6g}: declare that (a value rounded off "
+        f"an equilibrium, a spring's angle under a weight say, leaves this much)"
+    )
+
+
+def qacc_at(model, data, qpos) -> np.ndarray:
+    """Unpowered qacc at rest at `qpos` (the data is left there)."""
+    data.qpos[:], data.qvel[:], data.ctrl[:], data.act[:] = qpos, 0.0, 0.0, 0.0
+    mujoco.mj_forward(model, data)
+    return data.qacc.copy()
 
 
 MAX_START_DRAWS = 1000  # draws of a start before a box with (almost) no start inside the limits is refused

@@ -300,6 +300,7 @@ def _units(cfg) -> dict[str, str]:
 def _human(cfg, meas, spec, record, refused, out: Path) -> str:
     from pipeline.evaluation.episodes import MIN_H_MEANING
     from pipeline.safety import certificate
+    from pipeline.safety.shield_spec import PREDICTIVE_TOO
 
     head = (
         f"shield synthesis for {cfg.task.name}: {meas.samples} residual samples on {meas.domains} plants "
@@ -319,6 +320,10 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
         )
     if refused is not None:
         lines.append(f"REFUSED: {refused['message']}")
+        if refused.get("predictive"):  # both filters were refused: the predictive filter's own reason too
+            said = refused["predictive"]
+            own = said.split(PREDICTIVE_TOO, 1)[1] if PREDICTIVE_TOO in said else said
+            lines.append(f"  and the predictive filter, which keeps what braking cannot, cannot either: {own}")
     else:
         falsified = record.get("falsification")
         lines.append(

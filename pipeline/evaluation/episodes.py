@@ -32,6 +32,29 @@ class DomainsError(ValueError):
     """A `--domains` value that is not a set of the config, `nominal`, or a readable YAML file; names it."""
 
 
+def outside_sets(cfg, rset) -> list[str]:
+    """Each randomized quantity of `rset` (a set from outside the config, e.g. `--domains FILE`) that reaches past
+    what every set of the config spans (a quantity no set randomizes spans its nominal only: scale 1, latency
+    0), and a push beyond the strongest any set declares: the shield was certified on the config's sets alone."""
+    from pipeline.evaluation.falsify import parameters
+
+    spans: dict[str, tuple[float, float]] = {}
+    strongest = 0.0
+    for own in cfg.randomization.values():
+        for name, lo, hi in parameters(own):
+            a, b = spans.get(name, (lo, hi))
+            spans[name] = (min(a, lo), max(b, hi))
+        strongest = max(strongest, own.push.max_force if own.push is not None else 0.0)
+    out = []
+    for name, lo, hi in parameters(rset):
+        a, b = spans.get(name, (0.0, 0.0) if name == "latency_steps" else (1.0, 1.0))
+        if lo < a - 1e-9 * max(1.0, abs(a)) or hi > b + 1e-9 * max(1.0, abs(b)):
+            out.append(f"{name} {lo:g}..{hi:g} (the config's sets: {a:g}..{b:g})")
+    if rset.push is not None and rset.push.max_force > strongest * (1.0 + 1e-9):
+        out.append(f"push.max_force {rset.push.max_force:g} (the config's sets: up to {strongest:g})")
+    return out
+
+
 def resolve_domains(cfg, domains: Any):
     """None (`nominal` or None: no randomization), a RandomizationSet, a set name of the config, or a YAML file
     holding one set (or a task config: its `reality` set, or its only set)."""

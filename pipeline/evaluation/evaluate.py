@@ -20,6 +20,7 @@ from pipeline.evaluation.episodes import (
     control_period_s,
     domains_label,
     make_env,
+    outside_sets,
     resolve_domains,
     run_episodes,
 )
@@ -66,7 +67,16 @@ def evaluate(
                 spec = build_shield_spec(cfg)
             cbf = CbfShield(spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec))
         driver = PolicyDriver(policy, cbf)
-    env = make_env(cfg, resolve_domains(cfg, domains), max_episode_steps)
+    rset = resolve_domains(cfg, domains)
+    notes = [note] if note else []
+    outside = outside_sets(cfg, rset) if rset is not None and rset not in cfg.randomization.values() else []
+    if outside and shield:
+        notes.append(
+            f"these domains reach past every set of the config, which the shield was certified on: "
+            f"{'; '.join(outside)}. Nothing certifies it there; its monitor (envelope_rate) flags a steady force "
+            f"the model leaves out, not every plant outside, so read violations and fallbacks, not the flag alone"
+        )
+    env = make_env(cfg, rset, max_episode_steps)
     try:
         totals = run_episodes(
             env,
@@ -84,5 +94,5 @@ def evaluate(
         "shield": bool(shield),
         "seed": seed,
         **totals.summary(),
-        "notes": [note] if note else [],
+        "notes": notes,
     }

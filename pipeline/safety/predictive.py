@@ -304,13 +304,15 @@ def terminal(half: np.ndarray, Acl, K, W, full: np.ndarray) -> tuple[np.ndarray,
         if float(np.abs(Mk).max()) < 1e-12:  # settled
             break
         Mk = Acl @ Mk
-    if act > 0.5 * float(np.min(full)):
+    room = float(np.min(full))
+    if act > 0.5 * room:
         raise ValueError(
-            f"the backup's tail from the terminal box needs {act:.3g} of the input box, more than the half it may "
-            f"use (the rest covers the model error there): the backup gain, designed with the legacy LQR's weights "
-            f"(else Bryson's rule over the sampled ranges), pushes too hard near where it stops the plant, "
-            f"{TERMINAL_SHARE:.0%} of each state's sampled half-range away. Gentler weights make it softer there: a "
-            f"larger plant.legacy.r, or smaller plant.legacy.q on the states it reacts to most"
+            f"the backup's tail from the terminal box needs {act:.3g} of the input box, more than {0.5 * room:.3g}: "
+            f"half of the {room:.3g} between the action that holds the operating point and the box's nearer end is "
+            f"what it may use (the other half covers the model error there). The backup gain, designed with the "
+            f"legacy LQR's weights (else Bryson's rule over the sampled ranges), pushes too hard near where it "
+            f"stops the plant, {TERMINAL_SHARE:.0%} of each state's sampled half-range away. Gentler weights make "
+            f"it softer there: a larger plant.legacy.r, or smaller plant.legacy.q on the states it reacts to most"
         )
     return box, reach
 

@@ -109,6 +109,7 @@ def _latency_range(cfg, envelopes) -> tuple[int, int]:
 # Where the predictive filter keeps the constraints, the braking figures are not used: a measured figure at or
 # below zero is written as this share of the nominal full-action acceleration (the schema reads positive ones).
 _PREDICTIVE_BRAKE_FLOOR = 0.01
+PREDICTIVE_TOO = "; and the predictive filter cannot keep it either: "  # where both filters refused
 
 
 class EnvelopeError(ConfigError):
@@ -392,7 +393,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
                 braking = refusal(cfg, measurement, braking_refused, bisect=False)["message"]
             else:
                 braking = f"cannot certify {cfg.task.name}: {predictive_reasons[0]}"
-            return EnvelopeError(f"{braking}; and the predictive filter cannot keep it either: {why}")
+            return EnvelopeError(f"{braking}{PREDICTIVE_TOO}{why}")
 
         try:
             spec["predictive"] = predictive.cached_section(cfg, spec)

@@ -55,7 +55,10 @@ def _as_columns(rows: dict[str, Any]) -> dict[str, np.ndarray]:
     """Columns cast to the schema's dtypes, with shapes checked."""
     missing = [c for c in COLUMNS if c not in rows]
     if missing:
-        raise ShadowLogError(f"shadow log is missing column(s) {missing}")
+        raise ShadowLogError(
+            f"shadow log is missing column(s) {missing}: every column is in the schema; a log recorded for "
+            f"calibration may hold NaN or zeros in the ones it does not read (docs/reference/contracts.md)"
+        )
     out = {c: np.asarray(rows[c], dtype=COLUMNS[c]) for c in COLUMNS}
     n = len(out["t"])
     for c, arr in out.items():

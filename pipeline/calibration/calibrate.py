@@ -184,6 +184,9 @@ def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
         act_dim=task["act_dim"],
         dt=task["control_period_s"],
         min_seconds=min_seconds,
+        action_box=twin.action_box(),
+        position_limits=twin.position_limits(),
+        names=cfg.observation_names(list(range(task["obs_dim"]))),
     )
     reality = cfg.randomization.get("reality") or cfg.randomization["train"]
     obs_std = np.array(obs_noise_vector(reality.obs_noise_std, task["obs_dim"]))[twin.state_obs]

@@ -82,8 +82,8 @@ def combinations(
                 "log_std_sampling": sampling,  # the sandwich's part; the rest is systematic
                 "log_std_assumptions": assumed,
                 "range_log_std": along,  # the config's ranges' own spread along it: what the logs must beat
-                "estimate": math.exp(est),
-                "interval": [math.exp(est - z * std), math.exp(est + z * std)] if math.isfinite(std) else None,
+                "estimate": _exp(est),
+                "interval": [_exp(est - z * std), _exp(est + z * std)] if math.isfinite(std) else None,
                 "identified": bool(std < IDENTIFIED_SHRINK * along),
             }
         )
@@ -159,3 +159,8 @@ def consistent_ranges(
                 raise RuntimeError(f"linprog: {res.message}")
             out[i, j] = res.x[i]
     return out
+
+
+def _exp(x: float) -> float:
+    """exp, saturating at the largest float instead of raising: a log in other units can push a fit that far."""
+    return math.exp(min(x, 709.0))

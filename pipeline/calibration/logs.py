@@ -150,6 +150,36 @@ def _read(path: str | Path) -> tuple[dict, dict]:
         ) from None
 
 
+def _check_units(path, where: str, obs, action, action_box, position_limits, names) -> None:
+    """Refuse actions beyond the box the plant applies and positions a whole range beyond their joint's: values in
+    other units (N for a normalized action, mm for m) would be fitted as a plant 10 or 1000 times off, or crash."""
+    if action_box is not None:
+        low, high = (np.asarray(b, np.float64) for b in action_box)
+        slack = 0.01 * (high - low)
+        beyond = (action < low - slack) | (action > high + slack)
+        if beyond.any():
+            rows, k = np.flatnonzero(beyond.any(axis=1)), int(np.flatnonzero(beyond.any(axis=0))[0])
+            raise CalibrationError(
+                f"{where}: legacy_action[{k}] reaches {float(np.abs(action[:, k]).max()):.4g} on {len(rows)} row(s) "
+                f"(first at {_row(path, int(rows[0]))}), beyond the action box [{low[k]:g}, {high[k]:g}] the plant "
+                f"applies: the log holds the action the plant got, in the policy's normalized units "
+                f"(docs/reference/contracts.md). Logged in N or N m? Divide by the actuator's units_per_action; "
+                f"a controller's output before its clip? Log what the plant got"
+            )
+    for o, (lo, hi, joint) in (position_limits or {}).items():
+        width = hi - lo
+        far = (obs[:, o] < lo - width) | (obs[:, o] > hi + width)
+        if far.any():
+            rows = np.flatnonzero(far)
+            name = names[o] if names else f"obs[{o}]"
+            raise CalibrationError(
+                f"{where}: {name} (obs[{o}]) reaches {float(np.abs(obs[:, o]).max()):.4g} on {len(rows)} row(s) "
+                f"(first at {_row(path, int(rows[0]))}), a whole range beyond joint {joint!r}'s {lo:g}..{hi:g}: "
+                f"in other units (mm for m, degrees for rad)? The log's obs are in the units plant.observations "
+                f"reads (SI: m, rad), or in another order than the plant declares them"
+            )
+
+
 def _row(path: str | Path, row: int) -> str:
     """Row `row` of the concatenated log, and in a directory of parts the part holding it and its row there:
     a refusal should name the file to cut or copy again."""
@@ -166,15 +196,44 @@ def _row(path: str | Path, row: int) -> str:
 
 
 def load_field_log(
-    path: str | Path, *, task: str, obs_dim: int, act_dim: int, dt: float, min_seconds: float = 10.0
+    path: str | Path,
+    *,
+    task: str,
+    obs_dim: int,
+    act_dim: int,
+    dt: float,
+    min_seconds: float = 10.0,
+    action_box: tuple[np.ndarray, np.ndarray] | None = None,
+    position_limits: dict[int, tuple[float, float, str]] | None = None,
+    names: list[str] | None = None,
 ) -> FieldLog:
     """Read and validate shadow logs (a file or a directory of parts) for calibrating `task`.
 
     Refuses (CalibrationError) a damaged file, another task's log, other
     dimensions or control period, NaN/inf rows, a log that never moves, a
-    missing step inside an episode, and less than `min_seconds` of control.
-    Late rows (counter contiguous, clock late) are kept and listed. dt in s.
+    missing step inside an episode, and less than `min_seconds` of control;
+    with `action_box` an action beyond it (the action the plant got cannot
+    be: logged in N or N m?), with `position_limits` (obs index -> the
+    joint's range and name) a position a whole range beyond its joint's
+    (logged in mm?). In a directory each part is checked alone first, so a
+    bad part among good ones is refused by its name. Late rows (counter
+    contiguous, clock late) are kept and listed. dt in s.
     """
+    from shield.shadowlog import shadow_log_files
+
+    parts = shadow_log_files(path) if Path(path).is_dir() else []
+    for part in parts if len(parts) > 1 else []:
+        load_field_log(
+            part,
+            task=task,
+            obs_dim=obs_dim,
+            act_dim=act_dim,
+            dt=dt,
+            min_seconds=0.0,
+            action_box=action_box,
+            position_limits=position_limits,
+            names=names,
+        )
     cols, meta = _read(path)
     where = f"--from-log {path}"
     logged_task = meta.get("task")
@@ -194,9 +253,17 @@ def load_field_log(
         rows = np.flatnonzero(bad)
         raise CalibrationError(
             f"{where}: {len(rows)} row(s) with NaN or inf in obs/legacy_action/t "
-            f"(first at {_row(path, int(rows[0]))}); drop them or cut the log there"
+            f"(first at {_row(path, int(rows[0]))}); drop them and start a new episode after them (a dropped row "
+            f"inside an episode is a gap), or cut the log there"
         )
-    moving = np.ptp(obs, axis=0).max(initial=0.0) > 0 or np.ptp(action, axis=0).max(initial=0.0) > 0
+    _check_units(path, where, obs, action, action_box, position_limits, names)
+    sensed = np.ptp(obs, axis=0).max(initial=0.0) > 0
+    moving = sensed or np.ptp(action, axis=0).max(initial=0.0) > 0
+    if moving and not sensed:
+        raise CalibrationError(
+            f"{where}: every observation is the same value in all {len(obs)} rows while the actions move: the "
+            f"sensors recorded nothing (a dead or unplugged channel, a zero-filled file); leave it out"
+        )
     if not moving:
         raise CalibrationError(
             f"{where}: every observation and action is the same value in all {len(obs)} rows "
@@ -210,7 +277,8 @@ def load_field_log(
         raise CalibrationError(
             f"{where}: {len(missing)} gap(s) longer than a control period ({dt} s), first at {_row(path, i)} "
             f"(episode {cols['episode'][i]}, step {cols['step'][i - 1]} -> {cols['step'][i]}, "
-            f"{cols['t'][i] - cols['t'][i - 1]:.3f} s); a replay across a gap would be wrong"
+            f"{cols['t'][i] - cols['t'][i - 1]:.3f} s); a replay across a gap would be wrong: where the recorder lost "
+            f"rows, start a new episode (docs/reference/contracts.md)"
         )
     seconds = len(obs) * dt
     if seconds < min_seconds:

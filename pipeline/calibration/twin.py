@@ -102,6 +102,25 @@ class Twin:
             None if nominal.ctrl_per_action is None else np.asarray(nominal.ctrl_per_action, np.float64)
         )
 
+    def action_box(self) -> tuple[np.ndarray, np.ndarray]:
+        """The box the plant applies a logged action in (the declared env clips each action to [-1, 1])."""
+        m = len(self._actuators) if self._actuators is not None else self.nu
+        return -np.ones(m), np.ones(m)
+
+    def position_limits(self) -> dict[int, tuple[float, float, str]]:
+        """Observation index -> (low, high, joint name) of each observed position of a hinge or slide with a range."""
+        base = self.model({})
+        out = {}
+        for o, (kind, adr) in self.obs_to_state.items():
+            if kind != "qpos":
+                continue
+            for j in range(base.njnt):
+                simple = int(base.jnt_type[j]) in (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE)
+                if simple and int(base.jnt_qposadr[j]) == adr and base.jnt_limited[j]:
+                    lo, hi = (float(v) for v in base.jnt_range[j])
+                    out[o] = (lo, hi, mujoco.mj_id2name(base, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint {j}")
+        return out
+
     def model(self, scales: dict[str, float]) -> mujoco.MjModel:
         """An MjModel with `scales` applied (nominal where absent), as the task's env applies a fixed randomization
         set on reset: the env's DomainRandomizer writes the set's draw into a copy of the nominal model.

@@ -90,7 +90,7 @@ def test_a_missing_step_is_still_refused_with_its_row(log_file, tmp_path):
     parts.mkdir()
     for name, rows in (("a.npz", keep[:200]), ("b.npz", keep[200:])):
         write_shadow_log(parts / name, {k: v[rows] for k, v in cols.items()}, meta)
-    with pytest.raises(CalibrationError, match=r"first at row 300 \(b\.npz, its row 100\)"):
+    with pytest.raises(CalibrationError, match=r"b\.npz: 1 gap\(s\) .*first at row 100 "):
         _load(parts)
 
 
@@ -120,6 +120,57 @@ def test_an_all_zero_log_is_refused_in_one_line_naming_the_file_exit_2(log_file,
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
     assert str(zero) in out.stderr and "same value" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "column,scale,said",
+    [
+        ("obs", 1000.0, "x (obs[0]) reaches"),  # the cart's position in mm
+        ("legacy_action", 10.0, "legacy_action[0] reaches"),  # the drive's force in N, not the normalized action
+    ],
+)
+def test_values_in_other_units_are_refused_before_any_fit(log_file, tmp_path, column, scale, said):
+    """An outside user's log with positions in mm crashed the fit (an overflow in its interval, after 3 minutes),
+    and one with actions in newtons was fitted as a misfit plant: both are refused first, naming the file."""
+    cols, meta = read_shadow_log(log_file)
+    cols[column] = cols[column].copy()
+    if column == "obs":
+        cols["obs"][:, 0] *= scale
+    else:
+        cols[column] *= scale
+    bad = write_shadow_log(tmp_path / "units.npz", cols, meta)
+    out = _cli(bad)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
+    assert str(bad) in out.stderr and said in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("fault", ["milliseconds", "dead sensor", "actions in N"])
+def test_a_bad_part_among_good_ones_is_refused_by_its_name(log_file, tmp_path, fault):
+    """Pooled with a good part, a part whose clock is in ms was fitted with a wrong note, and a dead sensor's part
+    was fitted: each part is checked alone first, as a single file is."""
+    cols, meta = read_shadow_log(log_file)
+    bad = {k: v.copy() for k, v in cols.items()}
+    if fault == "milliseconds":
+        bad["t"] *= 1000.0
+    elif fault == "dead sensor":
+        bad["obs"][:] = 0.0
+    else:
+        bad["legacy_action"] *= 10.0
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    write_shadow_log(parts / "a.npz", cols, meta)
+    write_shadow_log(parts / "b.npz", bad, meta)
+    said = {"milliseconds": "milliseconds", "dead sensor": "sensors recorded nothing", "actions in N": "action box"}
+    with pytest.raises(CalibrationError, match=r"b\.npz: .*" + said[fault]):
+        load_field_log(
+            parts,
+            task="cartpole",
+            obs_dim=5,
+            act_dim=1,
+            dt=0.02,
+            action_box=Twin("sim2real/CartPoleRail-v0").action_box(),
+        )
 
 
 @settings(max_examples=300, deadline=None)

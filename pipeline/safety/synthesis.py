@@ -397,8 +397,9 @@ def authority_problems(meas: Measurement) -> list[tuple[int, int, str]]:
                 reason = (
                     f"full action cannot brake {meas.names[k]} (obs[{meas.positions[k]}]) moving toward its "
                     f"{bound} bound: what the rest of the plant does to it (a payload's pull, a coupling, "
-                    f"gravity) outweighs the actuator, which still leaves it accelerating {abs(pair[d]):.3g} "
-                    f"units/s^2 toward that bound ({describe_state(meas, meas.authority_at[k][d])})"
+                    f"gravity, or the other inputs at full action braking their own positions, as a thrust turned "
+                    f"with a heading does) outweighs the actuator, which still leaves it accelerating "
+                    f"{abs(pair[d]):.3g} units/s^2 toward that bound ({describe_state(meas, meas.authority_at[k][d])})"
                 )
                 out.append((k, d, reason))
     return out

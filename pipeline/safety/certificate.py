@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from pipeline.safety import synthesis
+from pipeline.safety.predictive import ROOM_MEANING
 from shield.spec import MAX_INPUT_GAIN_ERROR
 
 BISECTION_STEPS = 6  # halvings of the offending range: its end is found to 1/64 of the range's width
@@ -341,7 +342,8 @@ def conservative_line(record: dict) -> str:
         worst = max(rows, key=lambda r: r["taken"] / r["room"]) if rows else None
         what = (
             f"At rest the model error under the backup takes {worst['taken']:.3g} of constraint "
-            f"{worst['constraint']!r}'s {worst['room']:.3g} room ({worst['taken'] / worst['room']:.0%}). "
+            f"{worst['constraint']!r}'s {worst['room']:.3g} room ({worst['taken'] / worst['room']:.0%}; "
+            f"{ROOM_MEANING}). "
             if worst
             else ""
         )

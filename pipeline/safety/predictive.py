@@ -500,6 +500,13 @@ def _plain(value):
     return json.loads(json.dumps(value))
 
 
+# What the room of a constraint at rest is, in words, wherever a refusal or a CONSERVATIVE note gives it.
+ROOM_MEANING = (
+    "room: the distance from the operating point to the limit, a halfspace's along its unit normal a / |a|, less "
+    "what the backup's tail may still move it from where it stops"
+)
+
+
 def tube_at_rest(spec: dict, h: np.ndarray | None = None) -> list[tuple[str, float, float]]:
     """Per constraint (name, what the tube takes off it, the room it had) for the plan from rest at the operating
     point: the room with no tube (nor its floor or growth), and the slack the measured tube leaves of it (`h`, the
@@ -529,7 +536,7 @@ def holding_problem(spec: dict) -> str | None:
     return (
         f"the predictive filter cannot hold the plant even at rest at its operating point: the model error "
         f"measured under the backup (the tube, its floor and its growth) takes {taken:.3g} off "
-        f"constraint {name!r}, which has {room:.3g} of room there (slack {float(h[worst]):.3g})"
+        f"constraint {name!r}, which has {room:.3g} of room there (slack {float(h[worst]):.3g}; {ROOM_MEANING})"
     )
 
 

@@ -62,6 +62,14 @@ def _fault_drill(step: str) -> None:
         raise TransientFault(f"fault drill: {step} attempt {get_run_context().task_run.run_count} fails on purpose")
 
 
+def _run_tag() -> str:
+    """This task run's folder tag: its id's leading (time-ordered) 8 hex digits and its trailing (random) 6. The
+    leading ones alone change about once a minute (Prefect's ids are UUIDv7): two nights started within the same
+    minute trained into one folder, and each registered the other's bundle. A retry keeps its task run's id."""
+    run_id = get_run_context().task_run.id.hex
+    return f"{run_id[:8]}-{run_id[-6:]}"
+
+
 @task(name="calibrate", retries=0, persist_result=True)
 def calibrate_step(config_path: str, from_log: str, runs_dir: str) -> dict:
     """Fit the twin to field logs; write the re-centred config; stop if the shield's envelope misses the result."""
@@ -72,7 +80,7 @@ def calibrate_step(config_path: str, from_log: str, runs_dir: str) -> dict:
 
     cfg = load_config(config_path)
     result = calibrate(cfg, from_log)
-    out = Path(runs_dir) / f"calibration-{get_run_context().task_run.id.hex[:8]}"
+    out = Path(runs_dir) / f"calibration-{_run_tag()}"
     out.mkdir(parents=True, exist_ok=True)
     write_calibrated_yaml(result, out / "calibrated.yaml")
     derived = out / f"{cfg.task.name}-calibrated.yaml"
@@ -94,7 +102,7 @@ def train_step(config_path: str, runs_dir: str, steps: int | None, ray_address: 
     """Train on Ray (local, or the cluster at ray_address / RAY_ADDRESS)."""
     _fault_drill("train")
     cfg = load_config(config_path)
-    out_dir = Path(runs_dir) / f"{cfg.task.name}-{get_run_context().task_run.id.hex[:8]}"
+    out_dir = Path(runs_dir) / f"{cfg.task.name}-{_run_tag()}"
     return train(cfg, out_dir=out_dir, steps=steps, ray_address=ray_address, progress=True).to_dict()
 
 
@@ -155,7 +163,13 @@ def register_step(
     version = registry.register(bundle_dir, metrics=metrics, extra={"prefect_flow_run_id": flow_run_id})
     gate = {
         **metrics["gate"],
-        "verdict": promotion_verdict(metrics["gate"]["decision"], version, production, metrics["gate"]["reasons"]),
+        "verdict": promotion_verdict(
+            metrics["gate"]["decision"],
+            version,
+            production,
+            metrics["gate"]["reasons"],
+            metrics["gate"].get("loosened", []),
+        ),
     }
     registry.annotate(task_name, version, metrics={"gate": gate})
     return version
@@ -245,12 +259,18 @@ def retrain(
         seed=seed,
     )
     seeds = shadow["metrics"]["seeds"]
+    # The replay is the night's gate only with its config and its production beside it: without --production
+    # `shadow` judges against legacy alone and can pass what the night kept out.
+    beside = f" --production {production_dir}" if production_dir else ""
     logger.info(
-        "gate episodes: seeds %d..%d, night %d's own block (replay: sim2real shadow BUNDLE --seed %d)",
+        "gate episodes: seeds %d..%d, night %d's own block (replay: sim2real shadow %s --config %s --seed %d%s)",
         seeds[0],
         seeds[-1],
         night,
+        exported["bundle"],
+        config_path,
         seeds[0],
+        beside,
     )
     if on_calibrated is not None:
         shadow = _gate_on_both(shadow, on_calibrated)
@@ -293,7 +313,9 @@ def retrain(
         "decision": shadow["decision"],
         "reasons": shadow["reasons"],
         "version": version,
-        "verdict": promotion_verdict(shadow["decision"], version, previous, shadow["reasons"]),
+        "verdict": promotion_verdict(
+            shadow["decision"], version, previous, shadow["reasons"], shadow.get("loosened", [])
+        ),
         "production": registry.production(cfg.task.name),
         "previous_production": previous,
         "comparison": side_by_side(shadow["metrics"]),

@@ -44,8 +44,15 @@ def run(args: argparse.Namespace) -> int:
                 forced = "--force: never gated"
                 why_not = (
                     "it was never gated (registered by `sim2real export`, outside the retrain flow), so production "
-                    "would run a policy nothing judged against legacy. `sim2real shadow "
-                    f"{registry.bundle_dir(task, version)} --config CONFIG` gates it"
+                    "would run a policy nothing judged against legacy or production. `sim2real shadow "
+                    f"{registry.bundle_dir(task, version)} --config CONFIG"
+                    + (
+                        f" --production {registry.bundle_dir(task, registry.production(task))}"
+                        if registry.production(task) is not None
+                        else ""
+                    )
+                    + "` shows what its gate says (it records nothing in the registry); a version the retrain "
+                    "flow registers (`sim2real run`) carries its gate"
                 )
             if forced is not None and not getattr(args, "force", False):
                 raise UsageError(

@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
         # The retrain flow falsifies before its gate and hands the cases in; this command alone does not search.
         *(
             [
-                f"  (falsification not run here: `sim2real falsify {args.bundle} --config {args.config}` searches "
-                f"for a shielded violation; the retrain flow runs it before the gate)"
+                f"  (falsification not run here: `sim2real falsify --bundle {args.bundle} --config {args.config}` "
+                f"searches for a shielded violation; the retrain flow runs it before the gate)"
             ]
             if not any(" gate.max_falsification_cases" in r for r in result["reasons"])
             else []

@@ -223,9 +223,10 @@ class Registry:
             history = [v for v in old["history"] if v != old["version"]]
             if not history:
                 raise RegistryError(
-                    f"{task}: nothing to roll back to: no version was in production before v{old['version']} (a "
-                    f"rollback returns to the version production held before the current one; `sim2real registry "
-                    f"promote {task} VERSION` points it at any other)"
+                    f"{task}: nothing to roll back to from v{old['version']}: no promotion before it is left to step "
+                    f"back to (each rollback steps back once and uses that step up; the production log in "
+                    f"`sim2real registry list {task}` keeps every move). `sim2real registry promote {task} VERSION` "
+                    f"points it at any version"
                 )
             previous = history.pop()
             manifest = verify_bundle(self.bundle_dir(task, previous))

@@ -512,17 +512,21 @@ def loosened_keys(gate, with_production: bool = True) -> tuple[str, ...]:
     return tuple(out)
 
 
-def promotion_verdict(decision: str, version: int, production: int | None, reasons: list[str]) -> str:
-    """One line saying why `version` was or was not promoted (kept in its manifest, shown by `registry list`)."""
+def promotion_verdict(
+    decision: str, version: int, production: int | None, reasons: list[str], loosened: list[str] | tuple = ()
+) -> str:
+    """One line saying why `version` was or was not promoted (kept in its manifest, shown by `registry list`).
+    A pass under a loosened gate says so, naming the keys: "every check passed" alone read as "no worse"."""
 
     def named(*keys):
         return "; ".join(r for r in reasons if any(f" {k}:" in r for k in keys)) or "; ".join(reasons)
 
     if decision == "pass":
         over = f" over v{production}" if production is not None else " (no production before)"
-        return f"promoted v{version}{over}: every check passed, against legacy" + (
+        said = f"promoted v{version}{over}: every check passed, against legacy" + (
             " and production" if production is not None else ""
         )
+        return said + "".join(f"; LOOSENED: {line}" for line in loosened)
     if decision == "kept":
         return f"kept v{production}: v{version} not better ({named('gate.min_return_ratio_production')})"
     failing = [r for r in reasons if r.startswith(("FAIL ", "UNDECIDED ", "SKIPPED "))]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
@@ -155,7 +156,9 @@ def start_run(
         run_dir = Path(resume)
         ckpt = read_checkpoint(latest_checkpoint(run_dir))
     else:
-        run_dir = Path(out_dir) if out_dir else Path("runs") / f"{cfg.task.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        # The second alone named two runs started in the same second alike: a random tail keeps them apart.
+        stamp = f"{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
+        run_dir = Path(out_dir) if out_dir else Path("runs") / f"{cfg.task.name}-{stamp}"
         ckpt = None
     cfg = with_overrides(cfg, steps, actors, envs_per_actor)
     preflight(cfg)  # a set or a legacy controller that cannot run fails here, before the run directory exists

@@ -361,3 +361,22 @@ def test_schedule_refuses_field_logs_that_are_not_there(tmp_path):
     )
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.startswith("sim2real schedule: error: --from-log ") and str(tmp_path / "nope") in out.stderr
+
+
+def test_two_nights_started_within_a_minute_train_into_their_own_folders(monkeypatch):
+    """Prefect's task run ids are time-ordered: their first 8 hex digits, the run folder's whole tag before, were
+    the same for every run started within about a minute, and two such nights trained into one folder and each
+    registered the other's bundle (an outside user's audit). The tag keeps the id's random tail too."""
+    import types
+    import uuid
+
+    import flows.retrain as retrain_module
+
+    ids = [uuid.UUID("01a22bdb-7c00-7000-8000-" + tail) for tail in ("00000000a1b2", "00000000c3d4")]
+    tags = []
+    for run_id in ids:
+        context = types.SimpleNamespace(task_run=types.SimpleNamespace(id=run_id))
+        monkeypatch.setattr(retrain_module, "get_run_context", lambda context=context: context)
+        tags.append(retrain_module._run_tag())
+    assert ids[0].hex[:8] == ids[1].hex[:8] and tags[0] != tags[1]
+    assert all(tag.startswith("01a22bdb-") for tag in tags)  # still sorted by start time

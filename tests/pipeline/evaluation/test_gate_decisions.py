@@ -169,6 +169,16 @@ def test_production_is_the_incumbent():
     passed = decide(good_metrics(production_returns=worse_prod, production_version=3), GateConfig())
     assert passed.decision == "pass", passed.reasons
     assert promotion_verdict("pass", 4, 3, passed.reasons).startswith("promoted v4 over v3")
+    # A pass under a loosened production margin says so in the line `registry list` shows (an outside user's
+    # 0.99 promoted a version shown worse than production, and the line read "every check passed").
+    slightly_worse = (np.asarray(cand) + 0.5).tolist()
+    loose = decide(
+        good_metrics(production_returns=slightly_worse, production_version=3),
+        GateConfig(min_return_ratio_production=0.99),
+    )
+    assert loose.decision == "pass" and loose.checks[1].interval[1] < 0.0  # shown worse than production, passed
+    verdict = promotion_verdict("pass", 4, 3, loose.reasons, loose.loosened)
+    assert "LOOSENED: gate.min_return_ratio_production=0.99" in verdict
     # Not better than production while the legacy bound is still open: "kept" so far, but the evaluation goes
     # on, since more episodes may yet show the candidate worse than legacy (a failed night, not a quiet "kept").
     legacy, close = paired(-0.2, n=6)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+import time
 from pathlib import Path
 
 from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
@@ -62,16 +64,23 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--monitor-runs must be >= 0, got {args.monitor_runs}")
     cfg = load_config(args.config)
     out = Path(args.out or f"reports/shield-{cfg.task.name}")
+    stage = _stages()
+    stage("measuring the envelope: braking, model error and input gain over every set's plants")
     meas = synthesis.measure(cfg, seed=args.seed)
     refused = None
     problems = synthesis.authority_problems(meas)
     weak = synthesis.gain_problems(meas) if cfg.shield.input_gain_error is None else []
     if weak:  # a drive too weak for any shield model: no filter can count on it
+        stage("the drive is too weak somewhere: bisecting the ranges for one that can be certified")
         refused = certificate.refusal(cfg, meas, weak)
     elif problems and (cfg.shield.brake_accel is not None or cfg.shield.brake_fraction is not None):
         refused = certificate.refusal(cfg, meas, problems)  # hand-set braking: the barrier, or nothing
     spec = None
     if refused is None:
+        stage(
+            "building the shield: where braking cannot keep a limit, the predictive filter's backup and its tube "
+            "(the plant run under the backup over every set's corners and draws: the longest part)"
+        )
         try:
             spec = build_shield_spec(cfg, measurement=meas)
         except EnvelopeError as err:  # an override that does not cover the measurement, or a set outside the spec
@@ -83,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
                 message = said if said.startswith("cannot certify") else f"cannot certify {cfg.task.name}: {said}"
                 refused = {"certified": False, "reason": said, "message": message}
                 # No range named: the latency the shield predicts through may be what it cannot cover.
+                stage("refused: looking for the longest latency that can be certified")
                 capped = certificate.largest_certifiable_latency(cfg, args.seed)
                 if capped is not None:
                     fewest, most, cap = capped
@@ -91,9 +101,11 @@ def run(args: argparse.Namespace) -> int:
                         f"; with every set's latency_steps at most {cap} (now up to {most}) it can be certified"
                     )
     if spec is not None and args.monitor_runs:
+        stage(f"measuring the assumption monitor's bounds ({args.monitor_runs} runs per set)")
         spec = _with_monitor(cfg, spec, args.monitor_runs, args.seed)
     falsified = falsified_spec = None
     if spec is not None and not args.no_falsify:
+        stage(f"falsifying: searching for a shielded violation ({args.budget_s or cfg.falsify.budget_s:g} s)")
         falsified = _falsify(cfg, spec, args, out)
         if falsified["cases_found"]:
             worst = falsified["cases"][0]
@@ -133,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{worst.get('case_file')} --shield {out / FALSIFIED_SPEC}",
             }
             falsified_spec = spec
+    if spec is not None and args.episodes:
+        stage(f"the legacy controller behind the shield on reality ({args.episodes} episodes)")
     legacy = _legacy(cfg, spec, args) if spec is not None and args.episodes else None
     if refused is None and legacy is not None and legacy["violations"]:
         # The certificate says no plant of the envelope leaves the safe set behind this shield; a legacy controller
@@ -167,6 +181,17 @@ def run(args: argparse.Namespace) -> int:
     record["out"] = str(out)
     emit(args, record, _human(cfg, meas, spec, record, refused, out))
     return OK if refused is None else CHECK_FAILED
+
+
+def _stages():
+    """A line on stderr as each stage of synthesis starts, with the time so far: a plant whose tube or bisection
+    takes many minutes printed nothing for 20 of them, and its owner could not tell working from stuck."""
+    start = time.perf_counter()
+
+    def stage(what: str) -> None:
+        print(f"synthesize [{time.perf_counter() - start:6.0f} s]: {what}", file=sys.stderr, flush=True)
+
+    return stage
 
 
 def legacy_lines(legacy: dict | None) -> list[str]:

@@ -98,10 +98,11 @@ def test_flow_promotes_and_retries_a_transient_failure(promoted):
     manifest = verify_bundle(registry.bundle_dir("cartpole", summary["version"]))
     assert manifest["extra"]["prefect_flow_run_id"] == summary["flow_run_id"]
     assert manifest["metrics"]["gate"]["decision"] == "pass"
-    assert (
-        manifest["metrics"]["gate"]["verdict"] == f"promoted v{summary['version']} (no production before): every "
-        "check passed, against legacy"
-    )
+    verdict = manifest["metrics"]["gate"]["verdict"]
+    assert verdict.startswith(
+        f"promoted v{summary['version']} (no production before): every check passed, against "
+        "legacy; LOOSENED: gate.min_return_ratio="
+    )  # the tiny config's wiring gate, named
     assert set(summary["comparison"]) == {"candidate", "legacy"}  # no production yet: two side by side
 
     runs = _task_runs(summary["flow_run_id"])

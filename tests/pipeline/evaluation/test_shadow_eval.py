@@ -290,7 +290,7 @@ def test_cli_exit_code_follows_the_gate(base, capsys):
     printed = capsys.readouterr().out
     assert "gate: PASS" in printed
     # A pass here judged no falsification: the summary says so and names the command that searches.
-    assert f"(falsification not run here: `sim2real falsify {bundle} --config {waived}`" in printed
+    assert f"(falsification not run here: `sim2real falsify --bundle {bundle} --config {waived}`" in printed
     # The waived config is not the one the bundle was trained under: judged by it, and said so.
     assert f"note: the config hashes to {load_config(waived).config_hash()[:12]}, {bundle} was trained under" in printed
 

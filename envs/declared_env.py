@@ -185,11 +185,10 @@ def _nearby_rest(model, data, qpos, effect, left, joint: str) -> str:
     adr, dof, h = int(model.jnt_qposadr[j]), int(model.jnt_dofadr[j]), 1e-6
     moved = qpos.copy()
     moved[adr] += h
-    data.qpos[:] = moved
-    mujoco.mj_forward(model, data)
+    qacc = _qacc_at(model, data, moved)
     full = np.zeros((model.nv, model.nv))
-    mujoco.mj_fullM(model, data, full)
-    base = full @ qacc_at(model, data, moved)
+    mujoco.mj_fullM(model, data, full)  # at `moved`, where _qacc_at left the data
+    base = full @ qacc
     action = -np.linalg.lstsq(effect, base, rcond=None)[0]
     slope = (float((base + effect @ action)[dof]) - float(left[dof])) / h
     data.qpos[:] = qpos
@@ -203,7 +202,7 @@ def _nearby_rest(model, data, qpos, effect, left, joint: str) -> str:
     )
 
 
-def qacc_at(model, data, qpos) -> np.ndarray:
+def _qacc_at(model, data, qpos) -> np.ndarray:
     """Unpowered qacc at rest at `qpos` (the data is left there)."""
     data.qpos[:], data.qvel[:], data.ctrl[:], data.act[:] = qpos, 0.0, 0.0, 0.0
     mujoco.mj_forward(model, data)
@@ -269,7 +268,13 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         # The constraints read an observed angle of a hinge without a range wrapped into (c - pi, c + pi] around
         # the operating point c, as the linear shield model reads it (`pipeline.safety.shield_spec`): a heading
         # started at 2 pi is the heading 0 it is, to the shield and to the violation count alike.
-        self._wrap = _unlimited_angles(self.model, decl, b.sources) if decl.shield_model.type == "linear" else []
+        self._wrap = []
+        if decl.shield_model.type == "linear":
+            at = self.model.qpos0.copy()  # the operating point, where the shield's model was linearized
+            for name, value in decl.shield_model.operating_point.items():
+                at[_joint_address(self.model, name, "", "", "pos")] = value
+            joints = {i: src for i, src in enumerate(b.sources) if src[0] in ("qpos", "qvel")}
+            self._wrap = unlimited_angles(self.model, joints, at)
         # mj_step computes site positions and sensor data before it integrates: an observation read from them
         # after the step would be one physics step older than the joints'. Refreshed where the plant reads them.
         self._refresh = any(src[0] in ("site", "sensor") for src in b.sources)
@@ -431,16 +436,16 @@ def _index(ix: list[int]):
     return slice(ix[0], ix[0] + len(ix)) if ix == list(range(ix[0], ix[0] + len(ix))) else np.array(ix)
 
 
-def _unlimited_angles(model: mujoco.MjModel, decl: PlantDeclaration, sources: list[tuple]) -> list[tuple[int, float]]:
-    """(observation index, operating-point angle) of each observed position of a hinge without a range."""
-    out = []
-    for i, (o, src) in enumerate(zip(decl.observations, sources)):
-        if src[0] != "qpos":
-            continue
-        j = int(mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, o.joint))
-        if int(model.jnt_type[j]) == mujoco.mjtJoint.mjJNT_HINGE and not model.jnt_limited[j]:
-            out.append((i, float(decl.shield_model.operating_point.get(o.joint, model.qpos0[src[1]]))))
-    return out
+def unlimited_angles(model: mujoco.MjModel, obs_to_state: dict[int, tuple], qpos) -> list[tuple[int, float]]:
+    """(observation index, its angle at `qpos`) of each observed position of a hinge without a range: such a joint
+    turns without limit (a pole that falls spins round), and the shield and the violation count read it wrapped
+    around the operating point. A hinge with a range stays inside it: read as it is."""
+    free = {
+        int(model.jnt_qposadr[j])
+        for j in range(model.njnt)
+        if int(model.jnt_type[j]) == mujoco.mjtJoint.mjJNT_HINGE and not model.jnt_limited[j]
+    }
+    return [(o, float(qpos[adr])) for o, (kind, adr) in sorted(obs_to_state.items()) if kind == "qpos" and adr in free]
 
 
 def _gathers(sources: list[tuple]) -> list[tuple]:

@@ -480,20 +480,11 @@ def _measured_ratio(measurement) -> tuple[float, float]:
 
 
 def _unlimited_angles(nominal, state_index: list[int]) -> list[tuple[int, float]]:
-    """(observation index, operating-point angle) of each observed hinge angle whose joint has no range: such a
-    joint turns without limit (a pole that falls spins round), and the shield reads it wrapped around where the
-    model was linearized. A hinge with a range stays inside it: read as it is."""
-    import mujoco
+    """(observation index, operating-point angle) of each state's hinge angle without a range (the env's
+    violation count reads the same list: `envs.declared_env.unlimited_angles`)."""
+    from envs.declared_env import unlimited_angles
 
-    model, out = nominal.model, []
-    for o in state_index:
-        kind, i = nominal.obs_to_state[o]
-        if kind != "qpos":
-            continue
-        joint = int(model.dof_jntid[i])  # a linear model's joints are hinges and slides: qpos address = dof
-        if int(model.jnt_type[joint]) == mujoco.mjtJoint.mjJNT_HINGE and not model.jnt_limited[joint]:
-            out.append((o, float(nominal.qpos[i])))
-    return out
+    return unlimited_angles(nominal.model, {o: nominal.obs_to_state[o] for o in state_index}, nominal.qpos)
 
 
 def _joint_damping(nominal, obs_index: int) -> tuple[float, str]:

@@ -9,7 +9,11 @@ MLP built with onnx.helper (random weights: latency does not depend on them).
 States come from the legacy controller flying the task's
 `reality` domains, so the shield sees realistic observations. The intervention
 share is measured for the legacy controller driving with the shield in the
-loop (no trained policy is needed for this figure). Shielded figures are also
+loop (no trained policy is needed for this figure). The spec is the one a bundle
+carries (its monitor's bounds measured): on the recorded states another policy's
+actions did not cause the transitions that follow, so its monitor flags them and the
+shield runs conservative there; those sources' shares are timing inputs, not a plant's.
+Shielded figures are also
 split into safe steps (the action passes unchanged, no QP) and intervening
 steps (the QP runs), with actions from the MLP, the task's adversary and
 full-scale random inputs (bang-bang); the adversary's actions are also timed
@@ -134,13 +138,13 @@ def main() -> None:
 
     from pipeline.config import load_config
     from pipeline.evaluation.evaluate import evaluate, reference_policy
-    from pipeline.safety.shield_spec import build_shield_spec
+    from pipeline.evaluation.monitor_bounds import bundle_spec
     from shield.cbf import CbfShield
     from shield.policy import OnnxPolicy
     from shield.spec import ShieldSpec
 
     cfg = load_config(f"configs/{args.task}.yaml")
-    spec = ShieldSpec.from_dict(build_shield_spec(cfg))
+    spec = ShieldSpec.from_dict(bundle_spec(cfg))  # what a bundle carries: the monitor's bounds measured
     policy = OnnxPolicy(mlp_onnx(spec.obs_dim, spec.act_dim))  # what `EdgeRuntime` runs: one plant's `act`
     # Both exported by `to_onnx` (normalization and clipping in the graph): the memoryless one and the history one.
     exported = OnnxPolicy(history_policy_onnx(spec.obs_dim, spec.act_dim, 0))

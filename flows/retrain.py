@@ -42,6 +42,7 @@ from pipeline.deployment.export import export_policy
 from pipeline.deployment.registry import Registry
 from pipeline.evaluation.episodes import MIN_H_MEANING
 from pipeline.evaluation.gate import promotion_verdict
+from pipeline.evaluation.monitor_bounds import bundle_spec
 from pipeline.evaluation.payoff import payoff
 from pipeline.evaluation.shadow import night_seed, run_shadow
 from pipeline.evaluation.shadow_metrics import side_by_side
@@ -112,7 +113,7 @@ def export_step(run_dir: str, models_root: str) -> dict:
     staged = Path(run_dir) / "bundle"
     shutil.rmtree(staged, ignore_errors=True)  # a retried attempt starts from a clean staging dir
     _fault_drill("export")
-    return export_policy(run_dir, out_dir=staged, registry_root=models_root)
+    return export_policy(run_dir, out_dir=staged, registry_root=models_root, shield_spec=bundle_spec)
 
 
 @task(name="falsify", retries=0, persist_result=True)

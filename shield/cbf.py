@@ -430,7 +430,11 @@ class CbfShield:
         pf, pred = self._predictive, self._predictor
         assert pf is not None
         free = pf.slack_free(pred.v)
-        self._outside = self._outside or self._envelope
+        # Widened for a persistent unmodelled acceleration (the monitor's first test), which the wider tube and the
+        # backup held against the measured mean answer. Not for the second test's alone (a plant on more latency, or
+        # ringing otherwise than the model): the flag is raised, but there the wider tube left no plan to accept and
+        # the fallback took the plant across limits the unwidened filter kept.
+        self._outside = self._outside or (self._envelope and self._monitor.drifting)
         if self._outside:  # outside the envelope the tube was measured on: a wider one (conservative mode)
             pf.widen(free)
         if self._blind:  # dead-reckoned: every plan must hold from anywhere the state may be by now

@@ -35,14 +35,27 @@ leave its rounding in them, so once such a term has left the window the sums
 are taken again from the rows, exactly (`math.fsum`), and only then: no step
 pays for re-summing in normal running.
 
+A second test sees what the first cannot: an error whose sign changes with the actions (a plant answering
+actions later than the spec's latency, a heavier body ringing on its spring) cancels in the signed sum, and an
+action swinging between the box's ends spans the whole hull over every latency. The plant has one latency, so
+there each latency the spec allows is a hypothesis of its own, and the velocity's distance outside what the
+gain cases predicted with it only adds up over the window; the flag is raised when every latency leaves more
+than the envelope's plants ever did (``monitor.dist_accel``, measured; see `_outside_every_latency`). Stated
+and tested (`tests/shield/test_shield_monitor.py`): a ball on a beam answering 2 steps later than the spec's
+longest latency, driven by random or bang-bang actions, is flagged within 20 steps (the first test alone:
+never in 200), and the same silence test inside the envelope covers both tests.
+
 While flagged the shield runs in its conservative mode (see `shield.cbf`):
 every constraint's class-K gain is divided by CONSERVATIVE_GAIN_DIVISOR, so the
 plant approaches boundaries that much more slowly, and `info["envelope"]` is
 True. Where the predictive filter keeps the constraints (`shield.predictive`)
-there is no gain to divide: once flagged (until the episode's reset) its rows
+there is no gain to divide: once the first test flags (until the episode's reset) its rows
 are tightened by the measured tube times `conservative_tube_factor(spec)`
 instead of once, and its backup holds against the window's mean residual
-(`mean_residual`); see `shield.predictive`, point 6. The flag clears once the
+(`mean_residual`); see `shield.predictive`, point 6. The second test's flag alone
+leaves the filter as it is: on that ball on a beam 4 steps late the widened tube left
+no plan to accept and the fallback let 46-137 violating steps through in 6
+episodes, where the filter as it was kept 0. The flag clears once the
 windowed statistic is back within bounds, and the barrier's conservative mode
 with it. Latched there instead (until reset), a cart-pole under a steady push on
 its cart (15 and 22 N, 16 episodes) gave the adversary 4 and 7 violating steps,
@@ -105,6 +118,7 @@ class AssumptionMonitor:
         mon = a.get("monitor") or {}
         self.enabled = isinstance(noise, list) and len(noise) == spec.obs_dim
         self.flagged = False
+        self.drifting = False  # the first test's part of the flag: a persistent acceleration (see `observe`)
         if not self.enabled:
             return
         window = int(mon.get("window", window))
@@ -114,7 +128,7 @@ class AssumptionMonitor:
         col = {o: j for j, o in enumerate(spec.state_index)}
         vel = [col[v] for v in spec.velocity_index]
         k = len(vel)
-        self._k, self._cand = k, L + 1
+        self._k, self._cand, self._cases = k, L + 1, C
         accel = [float(x) for x in mon.get("accel", [0.0] * k)]
         per_speed = [float(x) for x in mon.get("accel_per_speed", [0.0] * k)]
         # Per velocity: (obs index, allowed accel * dt, allowed accel per speed * dt), for the hot path.
@@ -144,13 +158,21 @@ class AssumptionMonitor:
                 row.append(z * math.sqrt(first + (t - 1) * middle))
             self._sigma.append(row)
         self._window = window
+        # The second test (see `observe`): per applied-latency hypothesis, the velocity's distance outside what the
+        # input-gain cases span. Off without a measured bound (`dist_accel`, bundles from before it).
+        one = [math.sqrt(sig[r] ** 2 + float(np.sum((Aobs[r] * sig) ** 2))) for r in vel]
+        self._dist_noise = [[dist_noise(s1, t, z) for s1 in one] for t in range(1, window + 1)]
+        dist = mon.get("dist_accel")
+        self._dist = None
+        if isinstance(dist, list) and len(dist) == k:
+            self._dist = [(o, float(d) * spec.dt, b * spec.dt) for o, d, b in zip(spec.velocity_index, dist, per_speed)]
         self.reset()
 
     def reset(self) -> None:
         """Episode start: forget the window and the prediction; the flag clears."""
         if not self.enabled:
             return
-        self._pred = None
+        self._pred: tuple[list, list, list, list] | None = None
         self._e = [[0.0] * self._k for _ in range(self._window)]
         self._a = [[0.0] * self._k for _ in range(self._window)]
         self._se = [0.0] * self._k
@@ -158,11 +180,20 @@ class AssumptionMonitor:
         self._resum_in = 0  # calls until a glitch's term has left the window (0: none in it)
         self._count = 0
         self._slot = 0
-        self.flagged = False
+        self.flagged = self.drifting = False
+        if self._dist is not None:  # per velocity, per latency hypothesis: the window's rows and running sums
+            self._d = [[[0.0] * self._cand for _ in range(self._k)] for _ in range(self._window)]
+            self._sd = [[0.0] * self._cand for _ in range(self._k)]
+            self._sv = [0.0] * self._k  # the window's sum of |v| per velocity (the speed term)
+            self._v = [[0.0] * self._k for _ in range(self._window)]
 
     def take(self, predicted: np.ndarray) -> None:
-        """Store the next velocities predicted per (case, applied action, velocity): `v @ self.K`."""
-        self._pred = predicted.tolist()
+        """Store the next velocities predicted per (case, applied action, velocity), `v @ self.K`, as the tests read
+        them: per velocity the hull's ends over every case and latency, and per latency and velocity over the gain
+        cases (a NaN anywhere reads as NaN there, and is flagged)."""
+        P = predicted.reshape(self._cases, self._cand, self._k)
+        lo, hi = P.min(axis=0), P.max(axis=0)
+        self._pred = (lo.min(axis=0).tolist(), hi.max(axis=0).tolist(), lo.tolist(), hi.tolist())
 
     def forget(self) -> None:
         """No prediction for the next call (no state was observed)."""
@@ -174,12 +205,19 @@ class AssumptionMonitor:
         (units/s), as `observe` would take them; None without one. No state change: for measuring the bounds."""
         if not self.enabled or self._pred is None:
             return None
-        out = []
-        for q, (o, _, _) in enumerate(self._per_velocity):
-            values = self._pred[q :: self._k]
-            lo, hi = min(values), max(values)
-            out.append((obs[o] - 0.5 * (lo + hi), 0.5 * (hi - lo)))
-        return out
+        los, his = self._pred[0], self._pred[1]
+        return [(obs[o] - 0.5 * (lo + hi), 0.5 * (hi - lo)) for (o, _, _), lo, hi in zip(self._per_velocity, los, his)]
+
+    def distances(self, obs: list[float]) -> list[list[float]] | None:
+        """Per velocity, per latency the spec allows, how far the observed velocity lies outside what the gain cases
+        predicted with that latency (units/s), as the second test takes them; None without a prediction."""
+        if not self.enabled or self._pred is None:
+            return None
+        lo, hi = self._pred[2], self._pred[3]
+        return [
+            [max(lo[j][q] - obs[o], obs[o] - hi[j][q], 0.0) for j in range(self._cand)]
+            for q, (o, _, _) in enumerate(self._per_velocity)
+        ]
 
     def mean_residual(self) -> np.ndarray | None:
         """Per velocity, the window's mean residual (observed velocity - the model's, units/s per step): the
@@ -193,7 +231,7 @@ class AssumptionMonitor:
         """Compare the observed velocities with the last prediction; returns the flag."""
         if not self.enabled or self._pred is None:
             return self.flagged
-        k, pred = self._k, self._pred
+        k, (los, his) = self._k, self._pred[:2]
         slot = self._slot
         e_row, a_row = self._e[slot], self._a[slot]  # the oldest entries, overwritten in place
         se, sa = self._se, self._sa
@@ -201,8 +239,7 @@ class AssumptionMonitor:
         sigma = self._sigma[count - 1]
         flagged = glitch = False
         for q, (o, accel_dt, per_speed_dt) in enumerate(self._per_velocity):
-            values = pred[q::k]
-            lo, hi = min(values), max(values)
+            lo, hi = los[q], his[q]
             v = obs[o]
             e = v - 0.5 * (lo + hi)
             a = 0.5 * (hi - lo) + accel_dt + per_speed_dt * abs(v)
@@ -216,6 +253,9 @@ class AssumptionMonitor:
             se[q], sa[q], e_row[q], a_row[q] = sum_e, sum_a, e, a
             if abs(sum_e) > sum_a + sigma[q]:
                 flagged = True
+        self.drifting = flagged
+        if self._dist is not None and self._outside_every_latency(self._dist, obs, slot, count):
+            flagged = True
         self._slot = slot + 1 if slot + 1 < self._window else 0
         if glitch:
             self._resum_in = self._window
@@ -225,5 +265,57 @@ class AssumptionMonitor:
                 for q in range(k):
                     se[q] = math.fsum(row[q] for row in self._e)
                     sa[q] = math.fsum(row[q] for row in self._a)
+                    if self._dist is not None:
+                        self._sv[q] = math.fsum(row[q] for row in self._v)
+                        self._sd[q] = [math.fsum(row[q][j] for row in self._d) for j in range(self._cand)]
         self.flagged = flagged
         return flagged
+
+    def _outside_every_latency(self, bounds: list[tuple], obs: list[float], slot: int, count: int) -> bool:
+        """The second test: for some velocity, every latency the spec allows leaves the window's observations
+        farther outside the input-gain cases' span than the envelope's plants ever were.
+
+        The first test sums signed residuals against the hull over every latency at once. An error whose sign
+        alternates cancels there, and an action that swings between the box's ends spans the whole hull whatever
+        it was applied with: a plant answering actions older than the spec's latency, or ringing at another
+        frequency (a heavier link on its spring), crossed its limits unflagged. The plant has one latency, so here
+        each is a hypothesis of its own, and distances outside its span only add up:
+
+            flag  <=>  min_j sum_t d_jt > sum_t (dist_accel + per_speed |v_t|) dt + noise_t
+
+        d_jt = how far the observed velocity lies outside [min, max] over the gain cases of what latency j
+        predicted; noise_t bounds the sum of t noise terms' sizes (`dist_noise`); `dist_accel` is measured over
+        the envelope's plants (`pipeline.evaluation.monitor_bounds`)."""
+        lo_j: list[list[float]] = self._pred[2] if self._pred is not None else []  # observe calls this with one
+        hi_j: list[list[float]] = self._pred[3] if self._pred is not None else []
+        cand = self._cand
+        d_row, v_row, sd, sv = self._d[slot], self._v[slot], self._sd, self._sv
+        noise = self._dist_noise[count - 1]
+        out = False
+        for q, (o, dist_dt, per_speed_dt) in enumerate(bounds):
+            v = obs[o]
+            if not -_GLITCH < v < _GLITCH:  # a glitch: the first test flags it and the sums are re-taken later
+                v = math.copysign(_GLITCH, v) if v == v else _GLITCH
+            speed = abs(v)
+            sv[q] += speed - v_row[q]
+            v_row[q] = speed
+            allowed = count * dist_dt + per_speed_dt * sv[q] + noise[q]
+            row, sums, best = d_row[q], sd[q], math.inf
+            for j in range(cand):
+                lo, hi = lo_j[j][q], hi_j[j][q]
+                d = lo - v if v < lo else (v - hi if v > hi else 0.0)
+                if not d < _BIG:
+                    d = _BIG
+                total = sums[j] + d - row[j]
+                sums[j], row[j] = total, d
+                best = min(best, total)
+            if best > allowed:
+                out = True
+        return out
+
+
+def dist_noise(sigma1: float, t: int, z: float = Z) -> float:
+    """A bound on the sum of t residuals' sizes under observation noise alone: each is a Gaussian of standard
+    deviation sigma1 (the step's noise), so its size has mean sigma1 sqrt(2/pi); neighbours share a reading, so
+    the spread is taken as that of 2t independent ones (z of them)."""
+    return t * sigma1 * math.sqrt(2.0 / math.pi) + z * sigma1 * math.sqrt(2.0 * t)

@@ -46,12 +46,13 @@ def run(args: argparse.Namespace) -> int:
 
         policy = EdgeRuntime.load(args.bundle, shield=use_shield)  # the bundle's own shield.json, as `serve` runs it
     else:
+        from pipeline.evaluation.monitor_bounds import bundle_spec
         from pipeline.safety.shield_spec import build_shield_spec
 
-        # Bare, the spec only tells the adversary where the limits are and which way each action pushes, so a
-        # plant whose envelope the shield cannot certify is still measured without it (which is how its owner
-        # sees what the shield was refused for).
-        spec = ShieldSpec.from_dict(build_shield_spec(cfg, bare=not use_shield))
+        # Shielded: the shield a bundle of this config carries (its monitor's bounds measured). Bare, the spec only
+        # tells the adversary where the limits are and which way each action pushes, so a plant whose envelope the
+        # shield cannot certify is still measured without it (which is how its owner sees what it was refused for).
+        spec = ShieldSpec.from_dict(bundle_spec(cfg) if use_shield else build_shield_spec(cfg, bare=True))
         policy = reference_policy(args.policy, cfg, spec, seed=args.seed)
     result = evaluate(
         cfg,

@@ -10,8 +10,11 @@ from pipeline.commands import command, emit
 @command("export")
 def run(args: argparse.Namespace) -> int:
     from pipeline.deployment.export import export_policy
+    from pipeline.evaluation.monitor_bounds import bundle_spec
 
-    result = export_policy(args.run_dir, out_dir=args.out, registry_root=getattr(args, "registry", "models"))
+    result = export_policy(
+        args.run_dir, out_dir=args.out, registry_root=getattr(args, "registry", "models"), shield_spec=bundle_spec
+    )
     where = f"registered as {result['task']} v{result['version']}" if result["version"] else "standalone bundle"
     emit(
         args,

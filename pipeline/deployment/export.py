@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
@@ -470,9 +471,16 @@ def _production_or_none(registry, task: str) -> int | None:
 
 
 def export_policy(
-    run_dir: str | Path, *, out_dir: str | Path | None = None, registry_root: str | Path = "models"
+    run_dir: str | Path,
+    *,
+    out_dir: str | Path | None = None,
+    registry_root: str | Path = "models",
+    shield_spec: Callable[[Any], dict] | None = None,
 ) -> ExportResult:
-    """Export a run's latest checkpoint to a bundle (registered unless `out_dir`); returns bundle, version, parity."""
+    """Export a run's latest checkpoint to a bundle (registered unless `out_dir`); returns bundle, version, parity.
+
+    `shield_spec(cfg)` builds the bundle's shield.json from the run's config (default `build_shield_spec`; the CLI
+    and the flows pass `pipeline.evaluation.monitor_bounds.bundle_spec`, whose monitor bounds are measured)."""
     from pipeline.config import load_config
     from pipeline.training.policy import load_policy
 
@@ -481,9 +489,9 @@ def export_policy(
         raise ExportError(f"{run_dir}: no such training run directory")
     cfg = load_config(run_dir / "config.yaml")
     policy, meta = load_policy(run_dir)
-    from pipeline.safety.shield_spec import (
-        build_shield_spec,
-    )  # the config -> shield.json mapping lives with the shield helpers
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    build = shield_spec or build_shield_spec
 
     extra = {"run": run_dir.resolve().name}  # the run's name: a bundle carries no path of the training machine
     from pipeline.training.adaptive import ESTIMATE_SKILL_FILE
@@ -511,7 +519,7 @@ def export_policy(
     return export_deterministic(
         policy,
         meta,
-        build_shield_spec(cfg),
+        build(cfg),
         config_hash=meta["config_hash"],
         out_dir=out_dir,
         registry_root=registry_root,

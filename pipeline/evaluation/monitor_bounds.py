@@ -32,6 +32,7 @@ eps past the hull's end that is eps |B (u + drift)| / dt.
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import numpy as np
@@ -42,6 +43,9 @@ WINDOW = 50  # steps: long enough that a push's impulse, spread over it, stays w
 MARGIN_SHARE = 0.05  # of each velocity's full-action acceleration, added to the measured bound
 TAIL_SIGMAS = 3.0  # the bound covers the runs' maxima to this many standard deviations above their mean
 _POLICIES = ("legacy", "random", "bang_bang", "adversarial")
+# Shielded runs per randomization set, half at corners, that measure a bundle's bounds: as the monitor's tests do
+# (silent over 50,000 steps of the envelope's plants per task). `shield synthesize --monitor-runs` takes more.
+RUNS_PER_SET = 8
 
 
 def full_action_accel(spec) -> list[float]:
@@ -83,7 +87,36 @@ def window_excess(
     return need.max(axis=0)
 
 
-def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: int = 0, window: int = WINDOW) -> dict:
+def window_dist_excess(
+    dists: list[list[list[float]]],
+    speeds: list[list[float]],
+    noise: list[list[float]],
+    per_speed: list[float],
+    window: int,
+    dt: float,
+) -> np.ndarray:
+    """Per velocity, the largest acceleration (units/s^2) the monitor's second test needed beyond its speed and
+    noise terms, under the latency that explained the window best.
+
+    `dists`: per step, per velocity, per latency the distance outside the gain cases' span (units/s); `speeds`: per
+    step, per velocity |v|; `noise`: the test's noise term per window length and velocity (`shield.monitor`)."""
+    if not dists:
+        return np.zeros(len(noise[0]))
+    d = np.asarray(dists, np.float64)  # (steps, velocities, latencies)
+    v = np.asarray(speeds, np.float64)
+    cd = np.concatenate([np.zeros((1,) + d.shape[1:]), np.cumsum(d, 0)])
+    cv = np.vstack([np.zeros((1, v.shape[1])), np.cumsum(v, 0)])
+    t = np.arange(1, len(d) + 1)
+    count = np.minimum(t, window)
+    sd = (cd[t] - cd[t - count]).min(axis=2)
+    sv = cv[t] - cv[t - count]
+    need = (sd - np.asarray(per_speed) * dt * sv - np.asarray(noise, np.float64)[count - 1]) / (count[:, None] * dt)
+    return need.max(axis=0)
+
+
+def measure(
+    cfg, spec: dict, *, runs_per_set: int = RUNS_PER_SET, steps: int = 400, seed: int = 0, window: int = WINDOW
+) -> dict:
     """The monitor's bounds for `spec` over `cfg`'s envelope: {"accel", "accel_per_speed", "window", "measured"}.
 
     `measured`: per velocity the bound on the window excess (units/s^2) and the largest seen, the steps and runs
@@ -100,14 +133,15 @@ def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: 
     mon = quiet["assumptions"].setdefault("monitor", {})
     k = len(quiet["kinematics"]["velocity_index"])
     per_speed = [float(x) for x in mon.get("accel_per_speed", [0.0] * k)]
-    mon.update(accel=[1e9] * k, window=window)  # silenced: the shield never turns conservative while measured
+    # Silenced: the shield never turns conservative while measured.
+    mon.update(accel=[1e9] * k, dist_accel=[1e9] * k, window=window)
     shield = CbfShield(quiet)
     monitor = shield._monitor
     if not monitor.enabled:
         raise ValueError("shield spec: assumptions.obs_noise_std: missing, so the monitor is off; nothing to measure")
     s = shield.spec
     rng = np.random.default_rng(seed)
-    maxima = []
+    maxima, dist_maxima = [], []
     total = 0
     for name, rset in cfg.randomization.items():
         params = parameters(rset)
@@ -121,7 +155,7 @@ def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: 
             shield.reset()
             if hasattr(policy, "reset"):
                 policy.reset()
-            trace = []
+            trace, dists, speeds = [], [], []
             for _ in range(steps):
                 obs_list = np.asarray(obs, np.float64).tolist()
                 res = monitor.residuals(obs_list)
@@ -132,28 +166,33 @@ def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: 
                             for (e, hw), o, b in zip(res, s.velocity_index, per_speed)
                         ]
                     )
+                    dists.append(monitor.distances(obs_list))
+                    speeds.append([abs(obs_list[o]) for o in s.velocity_index])
                 u, _ = shield.filter(obs, policy(np.asarray(obs, np.float32)[None])[0])
                 obs, _, terminated, truncated, _ = env.step(u)
                 if terminated or truncated:
                     break
             env.close()
             maxima.append(window_excess(trace, monitor._sigma, window, s.dt))
+            dist_maxima.append(window_dist_excess(dists, speeds, monitor._dist_noise, per_speed, window, s.dt))
             total += len(trace)
     # A run whose windows never needed more than the hull, the speed term and the noise term needed nothing: its
     # slack (a negative excess, as wide as its hull) is no sample of how far the worst runs stray, and counted as
     # one its spread set a tail many times the largest excess any run showed, so far above it that a steady force
     # on an unactuated coordinate (a crane's swing) several times the envelope's was never flagged.
-    maxima = np.maximum(np.array(maxima), 0.0)
-    largest, tail = maxima.max(axis=0), maxima.mean(axis=0) + TAIL_SIGMAS * maxima.std(axis=0)
-    bound = np.maximum(largest, tail)
+    bound, largest = _tail_bound(maxima)
+    dist_bound, dist_largest = _tail_bound(dist_maxima)
     margin = [MARGIN_SHARE * a for a in full_action_accel(ShieldSpec.from_dict(spec))]
     return {
         "accel": [float(w + m) for w, m in zip(bound, margin)],
+        "dist_accel": [float(w + m) for w, m in zip(dist_bound, margin)],
         "accel_per_speed": per_speed,
         "window": window,
         "measured": {
             "excess_accel": bound.tolist(),
             "largest_excess_accel": largest.tolist(),
+            "dist_excess_accel": dist_bound.tolist(),
+            "largest_dist_excess_accel": dist_largest.tolist(),
             "margin_accel": margin,
             "steps": total,
             "runs": len(maxima),
@@ -162,8 +201,44 @@ def measure(cfg, spec: dict, *, runs_per_set: int = 16, steps: int = 400, seed: 
     }
 
 
+def bundle_spec(cfg) -> dict:
+    """The shield.json a bundle of `cfg` carries: `build_shield_spec(cfg)` with its monitor's bounds measured over
+    the envelope (RUNS_PER_SET runs per set, seed 0), so the monitor on the edge flags plants just past the
+    envelope's edge; kept in the synthesis cache (`pipeline.safety.cache`), so the next export, eval or night on an
+    unchanged plant reads it back. As built where its monitor is off (no noise figures)."""
+    from pipeline.safety.cache import cached
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    spec = build_shield_spec(cfg)
+    if not isinstance((spec.get("assumptions") or {}).get("obs_noise_std"), list):
+        return spec
+    out = copy.deepcopy(spec)
+    out["assumptions"]["monitor"] = cached(
+        "monitor",
+        cfg,
+        lambda: measure(cfg, spec, seed=0),
+        _same,
+        _same,
+        extra=json.dumps(spec, sort_keys=True),
+    )
+    return out
+
+
 def with_measured_monitor(cfg, spec: dict, **kw) -> dict:
     """A copy of `spec` whose monitor bounds are measured over `cfg`'s envelope (`measure`)."""
     out = copy.deepcopy(spec)
     out["assumptions"]["monitor"] = measure(cfg, spec, **kw)
     return out
+
+
+def _tail_bound(maxima: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(bound, largest) over the runs' per-velocity needs: the larger of the largest and the mean plus TAIL_SIGMAS
+    standard deviations, a run that needed nothing counted as 0 (see `measure`)."""
+    arr = np.maximum(np.array(maxima), 0.0)
+    largest = arr.max(axis=0)
+    return np.maximum(largest, arr.mean(axis=0) + TAIL_SIGMAS * arr.std(axis=0)), largest
+
+
+def _same(value):
+    """The cache's encoding of the bounds: JSON values already."""
+    return value

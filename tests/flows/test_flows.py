@@ -104,6 +104,10 @@ def test_flow_promotes_and_retries_a_transient_failure(promoted):
         "legacy; LOOSENED: gate.min_return_ratio="
     )  # the tiny config's wiring gate, named
     assert set(summary["comparison"]) == {"candidate", "legacy"}  # no production yet: two side by side
+    # The bundle's monitor sees the envelope's edge: both its thresholds measured over the config's sets.
+    spec = json.loads((registry.bundle_dir("cartpole", summary["version"]) / "shield.json").read_text())
+    monitor = spec["assumptions"]["monitor"]
+    assert monitor["measured"]["runs"] > 0 and len(monitor["dist_accel"]) == len(monitor["accel"])
 
     runs = _task_runs(summary["flow_run_id"])
     assert runs["export"][0].run_count == 2, "the failed export attempt was retried"

@@ -247,3 +247,62 @@ def test_a_steady_force_on_the_unactuated_payload_is_flagged_before_it_violates(
         assert violated_at is None, f"episode {seed}: violated at {violated_at}, flagged at {flagged_at}"
     env.close()
     assert far_outside >= 4
+
+
+LATE_BY = 2  # steps of latency past the spec's longest
+LATE_FLAG_WITHIN = 20  # steps (0.4 s at 50 Hz)
+
+
+def _late_plant_run(cfg, spec_dict: dict, policy_name: str, episodes: int) -> list[tuple[int | None, int]]:
+    """Per episode of reality's plants answering each action LATE_BY steps past the spec's latency, driven by
+    `policy_name` through the shield: (the first flagged step or None, violating steps)."""
+    from envs.randomization import parse_randomization
+    from pipeline.evaluation.adversary import reference_policy
+    from pipeline.evaluation.evaluate import make_env, resolve_domains
+
+    shield = CbfShield(spec_dict)
+    late = shield.spec.latency_steps + LATE_BY
+    reality = cfg.randomization["reality"]
+    domain = {
+        "latency_steps": {"low": late, "high": late},
+        "obs_noise_std": reality.obs_noise_std,
+        "action_noise_std": reality.action_noise_std,
+    }
+    env = make_env(cfg, resolve_domains(cfg, parse_randomization(domain)), None)
+    policy = reference_policy(policy_name, cfg, shield.spec, seed=1)
+    out = []
+    for seed in range(episodes):
+        obs, _ = env.reset(seed=seed)
+        shield.reset()
+        if hasattr(policy, "reset"):
+            policy.reset()
+        flagged_at, violating = None, 0
+        for t in range(200):
+            u, info = shield.filter(obs, policy(np.asarray(obs, np.float32)[None])[0])
+            if info["envelope"] and flagged_at is None:
+                flagged_at = t
+            obs, _, terminated, truncated, step_info = env.step(u)
+            violating += step_info["cost"] > 0
+            if terminated or truncated:
+                break
+        out.append((flagged_at, violating))
+    env.close()
+    return out
+
+
+@pytest.mark.parametrize("policy_name", ["random", "bang_bang"])
+def test_a_plant_answering_actions_late_is_flagged(policy_name):
+    """A ball on a beam whose actions arrive LATE_BY steps later than the spec's longest latency: its residuals
+    change sign with the actions, so the windowed signed sum (the first test) never flagged it in 200 steps. The
+    second test, each latency a hypothesis of its own, flags every episode within LATE_FLAG_WITHIN steps, and the
+    flag costs no violating step: the predictive filter widens its tube only for the first test's flag."""
+    cfg, spec_dict = measured("ball_beam")
+    flagged = _late_plant_run(cfg, spec_dict, policy_name, 5)
+    for seed, (at, violating) in enumerate(flagged):
+        assert at is not None and at <= LATE_FLAG_WITHIN, f"episode {seed}: flagged at {at}"
+        assert violating == 0, f"episode {seed}: {violating} violating steps"
+    first_only = {**spec_dict, "assumptions": {**spec_dict["assumptions"]}}
+    first_only["assumptions"]["monitor"] = {
+        k: v for k, v in spec_dict["assumptions"]["monitor"].items() if k != "dist_accel"
+    }
+    assert all(at is None for at, _ in _late_plant_run(cfg, first_only, policy_name, 5))

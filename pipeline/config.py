@@ -462,7 +462,8 @@ class GateConfig(Section):
         gt=0.5,
         lt=1,
         description="One-sided confidence of every bound the gate decides on "
-        "(paired return differences, rate bounds), over all its sequential looks together.",
+        "(paired return differences, rate bounds), over all its sequential looks together. Below 0.95 the "
+        "report and the verdict name it as loosened.",
     )
     min_return_ratio: float = Field(
         1.0,
@@ -491,7 +492,8 @@ class GateConfig(Section):
         20,
         ge=2,
         description="Fewest paired episodes a return comparison may pass on (it may fail "
-        "on fewer): a skew of the returns the sample has not yet shown cannot be corrected for.",
+        "on fewer): a skew of the returns the sample has not yet shown cannot be corrected for. Below 20 the "
+        "report and the verdict name it as loosened.",
     )
     max_seconds: float | None = Field(
         None,

@@ -509,6 +509,20 @@ def loosened_keys(gate, with_production: bool = True) -> tuple[str, ...]:
             f"{PRODUCTION_KEY}={gate.min_return_ratio_production:g}: the candidate may be "
             f"{1 - gate.min_return_ratio_production:.0%} of production's |mean return| worse than production"
         )
+    # Below the shipped values these two keep every margin and still let a regression through more often: each
+    # bound then holds at a lower confidence, or a return comparison passes on a sample too small to show its skew.
+    shipped = type(gate).model_fields
+    confidence, fewest = shipped["confidence"].default, shipped["min_episodes"].default
+    if gate.confidence < confidence:
+        out.append(
+            f"gate.confidence={gate.confidence:g}: a candidate no better than its reference may pass up to "
+            f"{1 - gate.confidence:.0%} of nights (shipped: {confidence:g}, {1 - confidence:.0%})"
+        )
+    if gate.min_episodes < fewest:
+        out.append(
+            f"gate.min_episodes={gate.min_episodes}: a return comparison may pass on {gate.min_episodes} paired "
+            f"episodes (shipped: {fewest})"
+        )
     return tuple(out)
 
 

@@ -151,6 +151,20 @@ def test_margins_are_sign_safe_and_a_loosened_one_is_named():
     assert decide(good_metrics(legacy_returns=legacy, candidate_returns=cand), loose).decision == "fail"
 
 
+def test_a_lower_confidence_or_fewer_episodes_is_named_as_loosened():
+    """Neither key moves a margin, and both let a regression through more often (helper-44 lowered them and the
+    verdict still read "every check passed"): a pass under them says LOOSENED and names each."""
+    legacy, cand = paired(+5.0)
+    metrics = good_metrics(legacy_returns=legacy, candidate_returns=cand)
+    decision = decide(metrics, GateConfig(confidence=0.8, min_episodes=5))
+    assert decision.passed
+    assert [line.split(":")[0] for line in decision.loosened] == ["gate.confidence=0.8", "gate.min_episodes=5"]
+    assert "up to 20% of nights (shipped: 0.95, 5%)" in decision.loosened[0]
+    verdict = promotion_verdict("pass", 2, None, decision.reasons, decision.loosened)
+    assert "LOOSENED: gate.confidence=0.8" in verdict and "LOOSENED: gate.min_episodes=5" in verdict
+    assert not decide(metrics, GateConfig(confidence=0.99, min_episodes=40)).loosened  # stricter is not looser
+
+
 def test_production_is_the_incumbent():
     legacy, cand = paired(+5.0)
     better_prod = (np.asarray(cand) + 4.0).tolist()

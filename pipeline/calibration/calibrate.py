@@ -187,6 +187,7 @@ def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
         action_box=twin.action_box(),
         position_limits=twin.position_limits(),
         names=cfg.observation_names(list(range(task["obs_dim"]))),
+        velocity_pairs=twin.velocity_pairs(),
     )
     reality = cfg.randomization.get("reality") or cfg.randomization["train"]
     obs_std = np.array(obs_noise_vector(reality.obs_noise_std, task["obs_dim"]))[twin.state_obs]

@@ -180,6 +180,55 @@ def _check_units(path, where: str, obs, action, action_box, position_limits, nam
             )
 
 
+MOVES_WITH = 0.8  # a velocity column's correlation with its position's change, per step, that says "this one"
+MOVES_APART = 0.3  # and below which it is not its position's, where another column clearly is (or it is reversed)
+
+
+def _check_kinematics(where: str, cols: dict, obs: np.ndarray, pairs, names, dt: float) -> None:
+    """Refuse velocities that do not move as their positions do: each logged velocity is correlated with the change
+    of every observed position from one step to the next (inside an episode). A velocity that follows another
+    position's change clearly better than its own, or its own reversed, means columns in another order or sign
+    than plant.observations declares, which the fit would take for a plant that does not exist."""
+    if not pairs:
+        return
+    same = (np.diff(cols["episode"]) == 0) & (np.diff(cols["step"]) == 1)
+    if same.sum() < 10:
+        return
+    change = (np.diff(obs, axis=0) / dt)[same]
+    mid = (0.5 * (obs[1:] + obs[:-1]))[same]
+
+    def corr(a: np.ndarray, b: np.ndarray) -> float:
+        sa, sb = float(a.std()), float(b.std())
+        return float(np.mean((a - a.mean()) * (b - b.mean())) / (sa * sb)) if sa > 0 and sb > 0 else 0.0
+
+    label = (lambda o: f"{names[o]} (obs[{o}])") if names else (lambda o: f"obs[{o}]")
+    for p, v, joint in pairs:
+        own = corr(change[:, p], mid[:, v])
+        if own >= MOVES_APART:
+            continue
+        if own <= -MOVES_WITH:
+            raise CalibrationError(
+                f"{where}: {label(v)}, joint {joint!r}'s velocity, moves against the change of {label(p)} "
+                f"(correlation {own:.2f} per step): logged with the other sign, or in another order than "
+                f"plant.observations declares? Fix the columns, not the config"
+            )
+        swapped = corr(change[:, v], mid[:, p])
+        if swapped >= MOVES_WITH:
+            raise CalibrationError(
+                f"{where}: {label(v)} changes as {label(p)} reads (correlation {swapped:.2f} per step), not the "
+                f"other way round ({own:.2f}): joint {joint!r}'s position and velocity columns are swapped against "
+                f"plant.observations. Reorder the columns, not the config"
+            )
+        others = [(corr(change[:, q], mid[:, v]), q) for q, _, _ in pairs if q != p]
+        best, q = max(others, default=(0.0, -1))
+        if best >= MOVES_WITH:
+            raise CalibrationError(
+                f"{where}: {label(v)}, joint {joint!r}'s velocity, follows the change of {label(q)} (correlation "
+                f"{best:.2f} per step), not of {label(p)} ({own:.2f}): the log's columns are in another order than "
+                f"plant.observations declares them. Reorder the columns, not the config"
+            )
+
+
 def _row(path: str | Path, row: int) -> str:
     """Row `row` of the concatenated log, and in a directory of parts the part holding it and its row there:
     a refusal should name the file to cut or copy again."""
@@ -206,6 +255,7 @@ def load_field_log(
     action_box: tuple[np.ndarray, np.ndarray] | None = None,
     position_limits: dict[int, tuple[float, float, str]] | None = None,
     names: list[str] | None = None,
+    velocity_pairs: list[tuple[int, int, str]] | None = None,
 ) -> FieldLog:
     """Read and validate shadow logs (a file or a directory of parts) for calibrating `task`.
 
@@ -215,7 +265,9 @@ def load_field_log(
     with `action_box` an action beyond it (the action the plant got cannot
     be: logged in N or N m?), with `position_limits` (obs index -> the
     joint's range and name) a position a whole range beyond its joint's
-    (logged in mm?). In a directory each part is checked alone first, so a
+    (logged in mm?), with `velocity_pairs` (position obs, velocity obs,
+    joint) a velocity that does not move as its position does (columns in
+    another order or sign). In a directory each part is checked alone first, so a
     bad part among good ones is refused by its name. Late rows (counter
     contiguous, clock late) are kept and listed. dt in s.
     """
@@ -233,6 +285,7 @@ def load_field_log(
             action_box=action_box,
             position_limits=position_limits,
             names=names,
+            velocity_pairs=velocity_pairs,
         )
     cols, meta = _read(path)
     where = f"--from-log {path}"
@@ -257,6 +310,7 @@ def load_field_log(
             f"inside an episode is a gap), or cut the log there"
         )
     _check_units(path, where, obs, action, action_box, position_limits, names)
+    _check_kinematics(where, cols, obs, velocity_pairs, names, dt)
     sensed = np.ptp(obs, axis=0).max(initial=0.0) > 0
     moving = sensed or np.ptp(action, axis=0).max(initial=0.0) > 0
     if moving and not sensed:

@@ -121,6 +121,19 @@ class Twin:
                     out[o] = (lo, hi, mujoco.mj_id2name(base, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint {j}")
         return out
 
+    def velocity_pairs(self) -> list[tuple[int, int, str]]:
+        """(position obs index, velocity obs index, joint name) of each hinge or slide observed both ways."""
+        base = self.model({})
+        obs_of = {state: o for o, state in self.obs_to_state.items()}
+        out = []
+        for j in range(base.njnt):
+            if int(base.jnt_type[j]) not in (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE):
+                continue
+            pos, vel = obs_of.get(("qpos", int(base.jnt_qposadr[j]))), obs_of.get(("qvel", int(base.jnt_dofadr[j])))
+            if pos is not None and vel is not None:
+                out.append((pos, vel, mujoco.mj_id2name(base, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint {j}"))
+        return out
+
     def model(self, scales: dict[str, float]) -> mujoco.MjModel:
         """An MjModel with `scales` applied (nominal where absent), as the task's env applies a fixed randomization
         set on reset: the env's DomainRandomizer writes the set's draw into a copy of the nominal model.

@@ -208,3 +208,33 @@ def test_a_task_coded_in_python_is_refused_before_any_log_is_read_or_flow_starte
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "coded in Python" in out.stderr and "cannot be fitted" in out.stderr
     assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.parametrize(
+    "fault,said",
+    [
+        ("two positions swapped", "follows the change of theta (obs[1])"),
+        ("a position and its velocity swapped", "position and velocity columns are swapped"),
+        ("a velocity of the other sign", "moves against the change of x (obs[0])"),
+    ],
+)
+def test_columns_in_another_order_or_sign_are_refused_before_the_fit(log_file, tmp_path, fault, said):
+    """helper-42 fed a log whose columns were in another order than the plant declares: it was fitted, as a plant
+    that does not exist. Each velocity is now checked against the change of the positions, step by step."""
+    cols, meta = read_shadow_log(log_file)
+    obs = cols["obs"].copy()
+    if fault == "two positions swapped":
+        obs[:, [0, 1]] = obs[:, [1, 0]]
+    elif fault == "a position and its velocity swapped":
+        obs[:, [0, 2]] = obs[:, [2, 0]]
+    else:
+        obs[:, 2] *= -1.0
+    bad = write_shadow_log(tmp_path / "order.npz", {**cols, "obs": obs}, meta)
+    out = _cli(bad)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "Traceback" not in out.stderr
+    assert str(bad) in out.stderr and said in out.stderr and "not the config" in out.stderr, out.stderr
+    pairs = Twin("sim2real/CartPoleRail-v0").velocity_pairs()
+    assert pairs == [(0, 2, "slider"), (1, 3, "hinge")]
+    kept = load_field_log(log_file, task="cartpole", obs_dim=5, act_dim=1, dt=0.02, velocity_pairs=pairs)
+    assert len(kept.obs) == STEPS  # the log as recorded passes the same check

@@ -83,7 +83,12 @@ class Push(BaseModel):
     model_config = ConfigDict(extra="forbid")
     body: str = Field(description="MuJoCo body name that is pushed")
     max_force: float = Field(gt=0, description="N, each world axis drawn uniformly in [-max_force, max_force]")
-    probability: float = Field(ge=0, le=1, description="chance per control step that a push starts")
+    probability: float = Field(
+        ge=0,
+        le=1,
+        description="chance per control step, while no push is on, that one starts: pushes never overlap (with 1.0 "
+        "and duration_steps as long as the episode, one force drawn at the first step is held throughout)",
+    )
     duration_steps: int = Field(1, ge=1, description="control steps a push lasts")
     axes: list[Literal["x", "y", "z"]] = Field(["x", "y", "z"], description="world axes that are pushed")
 

@@ -64,7 +64,10 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     _json_flag(p)
 
     p = sub.add_parser("config", help="document every config key, or validate a config file")
-    p.add_argument("--check", metavar="FILE", help="validate FILE and report every bad key")
+    p.add_argument(
+        "--check", nargs="?", const="", metavar="FILE", help="validate FILE (or --config FILE) and report every bad key"
+    )
+    p.add_argument("--config", metavar="FILE", help="the file to validate, named as every other command names it")
     _json_flag(p)
 
     p = sub.add_parser(

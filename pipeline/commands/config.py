@@ -9,12 +9,19 @@ from pipeline.commands import command, emit
 
 @command("config")
 def run(args: argparse.Namespace) -> int:
+    from pipeline.commands import UsageError
     from pipeline.config import describe_fields, load_config
 
-    if args.check:
+    if args.check and args.config and args.check != args.config:
+        raise UsageError(f"config: --check {args.check} and --config {args.config} name two files; name one")
+    path = args.check or args.config
+    if args.check is not None and not path:
+        raise UsageError("config --check needs the file to validate: `sim2real config --check FILE`")
+    if path:
         from pipeline.training.rollout import preflight, starts_note
 
-        cfg = load_config(args.check)
+        args.check = path  # the messages below name the file as it was given
+        cfg = load_config(path)
         preflight(cfg)  # every set runs the env once, the legacy controller answers: or the key to change
         figures = None
         if cfg.shield.enabled:  # every randomization set must lie inside the shield's assumptions

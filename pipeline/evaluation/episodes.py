@@ -39,19 +39,25 @@ def outside_sets(cfg, rset) -> list[str]:
     from pipeline.evaluation.falsify import parameters
 
     spans: dict[str, tuple[float, float]] = {}
-    strongest = 0.0
+    pushes = [own.push for own in cfg.randomization.values() if own.push is not None]
     for own in cfg.randomization.values():
         for name, lo, hi in parameters(own):
             a, b = spans.get(name, (lo, hi))
             spans[name] = (min(a, lo), max(b, hi))
-        strongest = max(strongest, own.push.max_force if own.push is not None else 0.0)
     out = []
     for name, lo, hi in parameters(rset):
         a, b = spans.get(name, (0.0, 0.0) if name == "latency_steps" else (1.0, 1.0))
         if lo < a - 1e-9 * max(1.0, abs(a)) or hi > b + 1e-9 * max(1.0, abs(b)):
             out.append(f"{name} {lo:g}..{hi:g} (the config's sets: {a:g}..{b:g})")
-    if rset.push is not None and rset.push.max_force > strongest * (1.0 + 1e-9):
-        out.append(f"push.max_force {rset.push.max_force:g} (the config's sets: up to {strongest:g})")
+    if rset.push is not None:
+        # A push of the declared size held for longer, or more often, is a steadier force than any set's.
+        for key in ("max_force", "probability", "duration_steps"):
+            value, top = getattr(rset.push, key), max((getattr(p, key) for p in pushes), default=0)
+            if value > top * (1.0 + 1e-9):
+                out.append(f"push.{key} {value:g} (the config's sets: up to {top:g})")
+        bodies = sorted({p.body for p in pushes})
+        if bodies and rset.push.body not in bodies:
+            out.append(f"push.body {rset.push.body} (the config's sets push {', '.join(bodies)})")
     return out
 
 

@@ -73,8 +73,9 @@ def evaluate(
     if outside and shield:
         notes.append(
             f"these domains reach past every set of the config, which the shield was certified on: "
-            f"{'; '.join(outside)}. Nothing certifies it there; its monitor (envelope_rate) flags a steady force "
-            f"the model leaves out, not every plant outside, so read violations and fallbacks, not the flag alone"
+            f"{'; '.join(outside)}. Nothing certifies it there; its monitor (envelope_rate) flags a plant that "
+            f"strays from the model further than any of those sets' plants did (a steady force, more latency, a "
+            f"body ringing otherwise), not every plant outside, so read violations and fallbacks, not the flag alone"
         )
     env = make_env(cfg, rset, max_episode_steps)
     try:

@@ -135,3 +135,16 @@ def test_config_check_json_carries_the_figures_it_measured(capsys):
     # plant passed the check and was refused by `shield synthesize`).
     assert main(["config", "--check", str(ROOT / "configs" / "arm.yaml")]) == 0
     assert "next: `sim2real shield synthesize --config " in capsys.readouterr().out
+
+
+def test_config_check_takes_the_file_as_every_other_command_does(capsys):
+    """helper-45 typed `config --check --config FILE`, as `eval` and `train` take a config, and got argparse's
+    `expected one argument`: both forms check the file; a bare --check says what it needs."""
+    from pipeline.cli import main
+
+    path = str(ROOT / "configs" / "cartpole.yaml")
+    for args in (["--check", path], ["--check", "--config", path], ["--config", path]):
+        assert main(["config", *args, "--json"]) == 0, args
+        assert json.loads(capsys.readouterr().out)["task"] == "cartpole"
+    assert main(["config", "--check"]) == 2
+    assert "needs the file to validate" in capsys.readouterr().err

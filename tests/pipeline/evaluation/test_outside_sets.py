@@ -1,6 +1,6 @@
 """`eval --domains FILE` on plants past every set the shield was certified on says so: an outside user ran
 latency 6 against a config whose sets reach 2 and read `envelope_rate 0.0` as "inside" (the monitor flags a
-steady force the model leaves out, not every plant outside)."""
+plant that strays from the model further than the sets' plants do, not every plant outside)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ def test_a_set_past_the_configs_sets_is_named_quantity_by_quantity():
     lines = outside_sets(cfg, resolve_domains(cfg, past))
     assert [line.split(" ")[0] for line in lines] == ["body_mass.cart", "latency_steps", "push.max_force"], lines
     assert "latency_steps 6..6 (the config's sets: 0..3)" in lines[1]
+    # A push of the declared size, held the whole episode on every step (helper-45: no note), is a steadier force.
+    steady = {**train, "push": {**train["push"], "probability": 1.0, "duration_steps": 300}}
+    lines = outside_sets(cfg, resolve_domains(cfg, steady))
+    assert [line.split(" ")[0] for line in lines] == ["push.probability", "push.duration_steps"], lines
     # A quantity no set randomizes spans its nominal only.
     gravity = {**train, "gravity_scale": {"dist": "uniform", "low": 1.0, "high": 1.2}}
     assert outside_sets(cfg, resolve_domains(cfg, gravity)) == ["gravity_scale 1..1.2 (the config's sets: 1..1)"]

@@ -149,6 +149,13 @@ class CbfShield:
         fb = spec.fallback_action if spec.fallback_action is not None else np.zeros(self._m)
         self._fallback = np.clip(np.asarray(fb, np.float32), low32, high32).astype(np.float64)  # what the plant gets
         self._fallback32 = self._fallback.astype(np.float32)
+        # A set-point action's fallback (`fallback_hold`) is the last action sent before this step: written into
+        # these same arrays (the predictor and the braking share them) when the next step begins, from the output
+        # or what `note_sent` says replaced it; the constant again at reset.
+        self._fallback_constant = self._fallback.copy()
+        holds = spec.fallback_hold
+        self._fallback_holds = np.flatnonzero(holds) if holds is not None and any(holds) else None
+        self._out: np.ndarray | None = None  # this step's action, held from the next step on
         self.constraint_names = [c["name"] for c in spec.constraints]
         self._obs_src = np.tile(self._state_index, self._cases)  # obs entries of every case's state
         self._angles = spec.angles or []  # (obs index, center): read wrapped into (center - pi, center + pi]
@@ -219,6 +226,9 @@ class CbfShield:
 
     def reset(self) -> None:
         """Forget pending actions, predicted state and the monitor's window (call at episode start)."""
+        self._fallback[:] = self._fallback_constant  # no action sent yet: a set-point's fallback is the constant
+        self._fallback32[:] = self._fallback
+        self._out = None
         self._predictor.reset()
         self._monitor.reset()
         self._envelope = False
@@ -367,6 +377,8 @@ class CbfShield:
     def filter(self, obs: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
         """Return the safe action (float32[act_dim], normalized units) for one observation and the shield info."""
         t0 = time.perf_counter()
+        if self._out is not None:
+            self._hold_sent()
         obs = np.asarray(obs)
         action = np.asarray(action, dtype=np.float32).reshape(-1)
         # Plain floats: for 1-15 entries a list check costs less than one numpy reduction.
@@ -411,6 +423,7 @@ class CbfShield:
             u = self._brake_hard(u_p)
             out = u.astype(np.float32)
             pred.commit(u, have_state=True)
+            self._sent(u)
             return out, self._info(bad or out.tolist() != act_list, True, bad, h_now, 0.0, t0)
         if in_box:  # u_p is its own box projection and fails the conditions, which `_prepare` left in place
             self._t = self._closing[self._cases :]
@@ -419,6 +432,7 @@ class CbfShield:
         u, feasible, slack = self._solve(u_p, in_box)
         out = u.astype(np.float32)
         pred.commit(u, have_state=True)
+        self._sent(u)
         intervened = bad or out.tolist() != act_list  # float compare, like np.array_equal
         return out, self._info(intervened, bad or not feasible, bad, h_now, slack, t0)
 
@@ -465,6 +479,7 @@ class CbfShield:
             pred.load_action(u)
             self._hold = pf.hold_point(pred.v)
         pred.commit(u, have_state=True)
+        self._sent(u)
         h = pf.evaluate(free, u)[1]
         intervened = bad or out.tolist() != act_list
         return out, self._info(intervened, bad or not (feasible or backup), bad, h, 0.0, t0, backup)
@@ -519,7 +534,28 @@ class CbfShield:
     def _pass_through(self, action: np.ndarray, h_now: np.ndarray, t0: float) -> tuple[np.ndarray, dict[str, Any]]:
         """The policy's action, bitwise, as the step's output (committed to the latency prediction)."""
         self._predictor.commit(None, have_state=True)
+        if self._fallback_holds is not None:
+            self._sent(action)
         return action.copy(), self._info(False, False, False, h_now, 0.0, t0)
+
+    def _sent(self, u: np.ndarray) -> None:
+        """`u` is this step's action: from the next step on, a set-point action's fallback holds it."""
+        if self._fallback_holds is not None:
+            self._out = np.array(u, np.float64)
+
+    def _hold_sent(self) -> None:
+        """A new step: the last step's action reached the plant, and a set-point action's fallback is now it."""
+        i, out = self._fallback_holds, self._out
+        if i is not None and out is not None:
+            self._fallback[i] = out[i]
+            self._fallback32[i] = self._fallback[i]
+            self._out = None
+
+    def fallback_action(self) -> np.ndarray:
+        """float32[act_dim]: the action a failed or late step sends this plant: the spec's constant, and on a
+        set-point action (`fallback_hold`) the action the plant got the step before (this step's `filter` output,
+        or what `note_sent` says replaced it, from the next step on), which holds the set-point."""
+        return self._fallback32.copy()
 
     def note_sent(self, action: np.ndarray) -> None:
         """The plant got `action` (normalized units) instead of the last `filter` output: predict from what it got.
@@ -533,6 +569,8 @@ class CbfShield:
         u = np.asarray(action, dtype=np.float64).reshape(-1)
         if u.shape == self._act_shape and all(map(math.isfinite, u.tolist())):
             self._predictor.resend(u)
+            if self._predictor.committed:
+                self._sent(np.clip(u, self._low, self._high))
 
     def _solve(self, u_p: np.ndarray, checked: bool) -> tuple[np.ndarray, bool, float]:
         """Sequential linearization of the concave barrier conditions; QP each time. Returns (u, feasible, slack).

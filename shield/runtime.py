@@ -112,6 +112,13 @@ class PlantSession:
         info["policy_us"], info["shield_us"] = 0.0, (time.perf_counter() - t0) * 1e6
         return safe, raw, info
 
+    def fallback(self) -> np.ndarray:
+        """float32[act_dim]: the fallback for this plant now: the constant, except that a set-point action
+        (`fallback_hold`) holds the last action this plant was sent."""
+        if self.shield is not None:
+            return self.shield.fallback_action()
+        return self.runtime.fallback_action()
+
     def sent(self, obs: np.ndarray | None, action: np.ndarray, replaced: bool) -> None:
         """The plant got `action` for `obs` (None: a blind step, `act_blind`, which the policy's memory skips);
         `replaced`: it is not the shield's output of the last `act`."""

@@ -148,6 +148,9 @@ class ServedBundle:
             else np.zeros(self.act_dim, np.float32)
         )
         self.fallback_bytes = self.fallback.astype("<f4").tobytes()
+        # Some action is a set-point (`fallback_hold`): a failed step sends the plant's own held action instead.
+        spec = getattr(runtime, "spec", None)
+        self.holds = bool(spec is not None and spec.fallback_hold and any(spec.fallback_hold))
         bounds = runtime.action_bounds() if callable(getattr(runtime, "action_bounds", None)) else None
         self.low: np.ndarray | None
         self.high: np.ndarray | None

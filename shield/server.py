@@ -408,8 +408,10 @@ class PolicyServer:
                 session.sent(seen, legacy, replaced=True)
             return self._reply(srv, seq, ts, client_id, status | _SHADOW, legacy.tobytes(), decided)
         if failed or late:
+            # The plant's own fallback: a set-point action (`fallback_hold`) holds the last one it was sent.
+            held = srv.fallback if raised or not srv.holds else np.asarray(session.fallback(), "<f4")
             if not raised:  # a runtime that raised may not have filtered: nothing to correct
-                session.sent(seen, srv.fallback, replaced=True)
+                session.sent(seen, held, replaced=True)
             return self._reply(
                 srv,
                 seq,
@@ -419,7 +421,7 @@ class PolicyServer:
                 | _FALLBACK
                 | (_INFERENCE_ERROR if failed else _DEADLINE)
                 | (_INFERENCE_ERROR if info.get("bad_input") else 0),
-                srv.fallback_bytes,
+                held.tobytes() if held is not srv.fallback else srv.fallback_bytes,
                 decided,
             )
         session.sent(seen, safe, replaced=False)

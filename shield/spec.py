@@ -38,7 +38,9 @@ This module owns the schema. A spec holds:
   bounded shove that, while it lasts, takes more than the braking margin and the
   declared disturbance cover, per position a number or ``[toward -, toward +]``
   as the braking it falls short of; every barrier row brakes from its closing
-  speed plus it), the constant fallback action, and the assumptions under which the guarantee
+  speed plus it), the constant fallback action (and per action whether it holds the last action sent instead:
+  `fallback_hold`, true on a set-point actuator such as a position servo, where the constant commands a move),
+  and the assumptions under which the guarantee
   holds (as data plus one human sentence).
 
 Stdlib + numpy only: the edge box reads this file.
@@ -170,6 +172,9 @@ class ShieldSpec:
     input_gain_error: float = 0.0
     disturbance_accel: list[float] | None = None
     fallback_action: list[float] | None = None
+    # Per action, True where the actuator takes a set-point (a position servo): its fallback is the last action sent,
+    # which holds the set-point, not the constant, which commands a move there. None: the constant everywhere.
+    fallback_hold: list[bool] | None = None
     assumptions: dict = field(default_factory=dict)
     task: str = ""
     # Per position: (acceleration the plant can brake with toward -, toward +); default (empty) both brake_accel.
@@ -221,6 +226,7 @@ class ShieldSpec:
             "push_velocity",
             "angles",
             "fallback_action",
+            "fallback_hold",
             "assumptions",
             "predictive",
         }
@@ -305,6 +311,11 @@ class ShieldSpec:
             for i, v in enumerate(fallback):
                 if not low[i] <= v <= high[i]:
                     _fail(f"fallback_action[{i}]", f"{v} is outside the action box [{low[i]}, {high[i]}]")
+        hold = d.get("fallback_hold")
+        if hold is not None and (
+            not isinstance(hold, list) or len(hold) != act_dim or not all(isinstance(h, bool) for h in hold)
+        ):
+            _fail("fallback_hold", f"must be a list of {act_dim} booleans (true: hold the last action sent)")
         assumptions = d.get("assumptions", {})
         if not isinstance(assumptions, dict):
             _fail("assumptions", "must be a mapping")
@@ -336,6 +347,7 @@ class ShieldSpec:
             input_gain_error=gain_error,
             disturbance_accel=disturbance,
             fallback_action=fallback,
+            fallback_hold=hold,
             assumptions=assumptions,
             task=task,
             keepout_steering=steering,
@@ -426,6 +438,7 @@ class ShieldSpec:
             **({"push_velocity": pairs_to_list(self.push_velocity)} if self.push_velocity is not None else {}),
             **({"angles": angles_to_dict(self.angles)} if self.angles is not None else {}),
             "fallback_action": self.fallback_action,
+            **({"fallback_hold": list(self.fallback_hold)} if self.fallback_hold is not None else {}),
             "assumptions": self.assumptions,
             **({"predictive": self.predictive} if self.predictive is not None else {}),
         }

@@ -180,6 +180,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
     full = np.maximum(np.abs(low), np.abs(high))  # largest action magnitude per input
     rest = None  # the operating point's shield state, where there is one
     trim = np.zeros(len(low))  # the action that holds it
+    hold = [False] * len(low)  # per action: a set-point actuator, whose fallback holds the last action sent
     driven: set[int] = set()  # positions an actuator acts on directly at the operating point
     if safety["model"] == "linear":
         nominal = envs.nominal_model(cfg.task.env_id)  # the task registry's, linearized at its operating point
@@ -187,6 +188,7 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         state_index = sorted(nominal.obs_to_state)
         A, B, c = linearize_mujoco(nominal, state_index)
         trim = nominal.trim_action(len(low))
+        hold = setpoint_actions(nominal.model, nominal.actuators, len(low))
         if not bare:  # a bare spec keeps no limit: an uncontrollable one is the shield's refusal, not the adversary's
             _uncontrolled_limits(safety["constraints"], state_index, A, B, nominal, cfg.observation_names(state_index))
         rest = operating_state(nominal, state_index).tolist()
@@ -351,6 +353,9 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
         # The constant action a refusal sends: zero, or where the operating point needs one, the action that holds
         # it (a hoist's drive letting go drops its load).
         "fallback_action": np.clip(trim, low, high).tolist(),
+        # Where an action is a set-point (a position servo), the constant commands a move to it (three periods of 0
+        # slewed a jib to its middle and swung its load past the limit): that action's fallback holds the last one.
+        **({"fallback_hold": hold} if any(hold) else {}),
         "assumptions": {
             "max_latency_s": latency * dt,
             "max_accel_error": [a - b for a, b in zip(full_accel, brake_min)],
@@ -477,6 +482,19 @@ def _by_id(table: dict, rset) -> list[float]:
 def _measured_ratio(measurement) -> tuple[float, float]:
     """The measured input effect over nominal, (lowest, highest) over every position, for the envelope check."""
     return (min(lo for lo, _ in measurement.gain_range), max(hi for _, hi in measurement.gain_range))
+
+
+def setpoint_actions(model, actuators, act_dim: int) -> list[bool]:
+    """Per action, whether its actuator takes a position set-point: MuJoCo's `<position>` servo (an affine bias
+    with a position term, force = kp (ctrl - q) - kv qdot), whose ctrl is where the joint goes, not a force. A
+    velocity servo's 0 stops it and a motor's 0 lets go: those keep the constant fallback."""
+    import mujoco
+
+    rows = list(actuators) if actuators is not None else list(range(min(act_dim, model.nu)))
+    return [
+        int(model.actuator_biastype[a]) == mujoco.mjtBias.mjBIAS_AFFINE and float(model.actuator_biasprm[a, 1]) != 0.0
+        for a in rows
+    ] + [False] * (act_dim - len(rows))
 
 
 def _unlimited_angles(nominal, state_index: list[int]) -> list[tuple[int, float]]:

@@ -326,3 +326,21 @@ def test_the_serve_summary_quotes_no_latency_before_an_answer():
     stats.requests, stats.answered = 1, 1
     stats.histogram[5] += 1  # one reply in the 16-32 us bin
     assert stats.summary() == "stats: requests=1 answered=1 latency_p50<=32us p99<=32us"
+
+
+def test_a_late_step_holds_a_set_point_action_where_it_was(tmp_path):
+    """A set-point action (`fallback_hold`, a position servo's) gets the last action this plant was sent on a late
+    or failed step, not the constant, which is a command to move there; the other action keeps the constant."""
+    from tests.helpers.shield_specs import planar_double_integrator
+
+    spec = planar_double_integrator()
+    spec.update(task="planar", fallback_hold=[True, False])
+    server = _server(write_tiny_bundle(tmp_path / "servo", seed=3, spec=spec))
+    first = decode_act_reply(server.handle(encode_act_request(1, 10, OBS), ADDR))
+    assert first.status & Status.FALLBACK == 0 and first.action[0] != 0.0
+    server.deadline_ns = 0  # every step from here on is late
+    late = decode_act_reply(server.handle(encode_act_request(2, 20, OBS), ADDR))
+    assert late.status & Status.DEADLINE and late.status & Status.FALLBACK
+    assert late.action.tolist() == [first.action[0], 0.0]
+    other = decode_act_reply(server.handle(encode_act_request(1, 10, OBS), ("127.0.0.1", 40001)))  # a new plant
+    assert other.action.tolist() == [0.0, 0.0]

@@ -150,7 +150,10 @@ def _summary_after_failure(args: argparse.Namespace, state) -> dict:
 
 
 def _human_summary(s: dict) -> str:
-    lines = [f"sim2real run: {s['task']}: gate {s['decision'].upper()}"]
+    # A flow that ended before registering a candidate (a training crash, a production bundle that does not
+    # verify) ran no gate: its headline says it stopped, and the line below says why.
+    head = f"gate {s['decision'].upper()}" if "version" in s else "stopped before a gate decision"
+    lines = [f"sim2real run: {s['task']}: {head}"]
     if "version" in s:
         was = s.get("previous_production")
         moved = (

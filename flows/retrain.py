@@ -47,10 +47,15 @@ from pipeline.evaluation.payoff import payoff
 from pipeline.evaluation.shadow import night_seed, run_shadow
 from pipeline.evaluation.shadow_metrics import side_by_side
 from pipeline.training.train import train
+from shield.bundle import BundleError
 
 # Fault drills: SIM2REAL_FAULT_DRILL="train:1" makes the first attempt of the
 # `train` task raise a transient error, to exercise retries end to end.
 FAULT_DRILL_ENV = "SIM2REAL_FAULT_DRILL"
+
+
+class ProductionUnreadable(RuntimeError):
+    """The production bundle does not verify: the night stops before training (its message says what to do)."""
 
 
 class TransientFault(RuntimeError):
@@ -209,6 +214,18 @@ def retrain(
     registry = Registry(models_root)
     previous = registry.production(cfg.task.name)  # the incumbent, run in the same paired episodes
     production_dir = str(registry.bundle_dir(cfg.task.name, previous)) if previous is not None else None
+    if previous is not None:
+        # Checked before any training: a production bundle that does not verify cannot run beside the candidate,
+        # and the night ended, after training and falsify, as a failed gate that named nothing of it.
+        try:
+            registry.verify(cfg.task.name, previous)
+        except BundleError as err:
+            raise ProductionUnreadable(
+                f"{cfg.task.name}: production v{previous} does not verify, so no candidate can be judged against "
+                f"it; nothing was trained. {err}. `sim2real registry verify {cfg.task.name}` names every bad file; "
+                f"`sim2real registry rollback {cfg.task.name}` puts back the version before it (the edge box "
+                f"refuses to load a bundle that does not verify)"
+            ) from None
     # Tonight's plants: a block of seeds no earlier night's gate ran on (night = the version this candidate gets).
     night = registry.next_version(cfg.task.name)
     seed = night_seed(cfg, night)

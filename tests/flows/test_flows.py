@@ -146,6 +146,34 @@ def test_failing_gate_leaves_production_unchanged(promoted, tmp_path):
     assert Registry(models).list("cartpole")[-1]["version"] > before, "the failed candidate is still registered"
 
 
+def test_a_production_bundle_that_does_not_verify_stops_the_night_before_training(promoted, tmp_path):
+    """helper-44 corrupted production's policy.onnx: the night trained, falsified and ended as "gate FAIL" naming
+    nothing of it. Now it stops first, names the version and what to run, and trains nothing."""
+    from flows.cli import _human_summary
+    from flows.retrain import retrain
+    from pipeline.deployment.registry import Registry
+
+    models = tmp_path / "models"
+    shutil.copytree(promoted.models, models)
+    production = Registry(models).production("cartpole")
+    onnx = Registry(models).bundle_dir("cartpole", production) / "policy.onnx"
+    data = bytearray(onnx.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    onnx.write_bytes(bytes(data))
+    runs = tmp_path / "runs"
+    state = retrain(
+        config_path=str(_tiny_config(tmp_path)), models_root=str(models), runs_dir=str(runs), return_state=True
+    )
+    assert state.is_failed()
+    message = str(state.message)
+    assert f"production v{production} does not verify" in message and "nothing was trained" in message
+    assert "sim2real registry rollback cartpole" in message and "policy.onnx" in message
+    assert not runs.exists() or not any(runs.iterdir())  # no run folder: nothing trained
+    assert Registry(models).production("cartpole") == production
+    said = _human_summary({"task": "cartpole", "decision": "fail", "state": "Failed", "error": message})
+    assert said.startswith("sim2real run: cartpole: stopped before a gate decision")
+
+
 @pytest.mark.slow
 def test_a_nightly_candidate_worse_than_production_keeps_production(promoted, tmp_path, capsys):
     """Production is the incumbent: last night's version (here a copy of the legacy LQR, far better than a 4k-step

@@ -40,6 +40,13 @@ def run(args: argparse.Namespace) -> int:
                 why_not = (
                     f"its gate decision was {gate_said(found)}, so production would run a policy the gate did not pass"
                 )
+            elif (beat := _beaten_by_production(registry, task, version)) is not None:
+                forced = f"--force past v{beat}'s gate, which beat it"
+                why_not = (
+                    f"production v{beat} was promoted over it: v{beat}'s gate showed it better than v{version} in the "
+                    f"same episodes, so this would put back the version the gate replaced. Stepping back on purpose "
+                    f"is `sim2real registry rollback {task}` (the log records it as one)"
+                )
             elif not gated:
                 forced = "--force: never gated"
                 why_not = (
@@ -74,6 +81,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise UsageError(f"unknown registry command {cmd!r}")
     return OK
+
+
+def _beaten_by_production(registry, task: str, version: int) -> int | None:
+    """The production version, where its own gate passed against `version` as the production it replaced."""
+    production = registry.production(task)
+    if production is None:
+        return None
+    gate = (registry.show(task, production).get("metrics") or {}).get("gate") or {}
+    return production if gate.get("decision") == "pass" and gate.get("against_production") == version else None
 
 
 def _verify(args: argparse.Namespace, registry, task: str | None, version: int | None) -> int:

@@ -186,6 +186,27 @@ def test_a_version_whose_gate_did_not_pass_is_promoted_only_with_force(registry,
     assert _cli(registry, "promote", "planar", 2, force=True) == 0 and registry.production("planar") == 2
 
 
+def test_promoting_the_version_production_beat_needs_force_or_a_rollback(registry, source_bundle, capsys):
+    """helper-44 promoted v1 by hand while production was v2, whose gate had shown it better than v1: the version
+    the gate replaced went back with no word. It needs --force now, naming v2's gate and `rollback`; a version
+    production's gate did not judge is promoted as before."""
+    for _ in range(3):
+        registry.register(source_bundle)
+    registry.annotate("planar", 1, metrics={"gate": {"decision": "pass", "reasons": [], "against_production": None}})
+    registry.annotate("planar", 2, metrics={"gate": {"decision": "pass", "reasons": [], "against_production": 1}})
+    registry.annotate("planar", 3, metrics={"gate": {"decision": "pass", "reasons": [], "against_production": 1}})
+    registry.promote("planar", 1, by="gate")
+    registry.promote("planar", 2, by="gate")
+    assert _cli(registry, "promote", "planar", 1) == 2
+    err = capsys.readouterr().err
+    assert "production v2 was promoted over it" in err and "sim2real registry rollback planar" in err, err
+    assert registry.production("planar") == 2
+    assert _cli(registry, "promote", "planar", 3) == 0  # v2's gate did not judge v3: promoted as before
+    assert _cli(registry, "promote", "planar", 2) == 0 and registry.production("planar") == 2
+    assert _cli(registry, "promote", "planar", 1, force=True) == 0 and registry.production("planar") == 1
+    assert registry.pointer("planar")["log"][-1]["note"] == "--force past v2's gate, which beat it"
+
+
 def test_every_move_of_production_is_logged_and_list_says_who_made_it(registry, source_bundle, capsys):
     """helper-34 rolled a night back and promoted one by hand: `registry list` could only say "in production by
     `sim2real registry promote` or `rollback`". The pointer now logs each move (the gate's, a hand's, a forced

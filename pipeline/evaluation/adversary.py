@@ -35,9 +35,9 @@ class AdversaryParams:
         return asdict(self)
 
 
-class RandomPolicy:
-    """Uniform random actions in the action box (batch policy interface). Run by the evaluation, each episode draws
-    from its own seed (`seed_episode`), so `eval --seed S --episodes 1` replays episode S of a longer run."""
+class _BoxPolicy:
+    """Actions drawn in the action box; run by the evaluation, each episode draws from its own seed
+    (`seed_episode`), so `eval --seed S --episodes 1` replays episode S of a longer run."""
 
     def __init__(self, low: np.ndarray, high: np.ndarray, seed: int = 0):
         self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
@@ -46,11 +46,15 @@ class RandomPolicy:
     def seed_episode(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
+
+class RandomPolicy(_BoxPolicy):
+    """Uniform random actions in the action box (batch policy interface)."""
+
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         return self.rng.uniform(self.low, self.high, (len(obs), len(self.low))).astype(np.float32)
 
 
-class BangBangPolicy:
+class BangBangPolicy(_BoxPolicy):
     """Every action at one of its bounds, each dimension flipping between them with its own half-period, drawn anew
     each episode (from the episode's seed where the evaluation gives one, `seed_episode`): set-points that swing
     faster than a plant's inner loop settles. It found the quadrotor's tilt overshoot that neither the random policy
@@ -59,12 +63,8 @@ class BangBangPolicy:
     MAX_HALF_PERIOD = 30  # steps
 
     def __init__(self, low: np.ndarray, high: np.ndarray, seed: int = 0):
-        self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
-        self.rng = np.random.default_rng(seed)
+        super().__init__(low, high, seed)
         self.reset()
-
-    def seed_episode(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
 
     def reset(self) -> None:
         """A new pattern: per dimension the bound it starts at and its half-period (steps)."""

@@ -55,6 +55,7 @@ from pipeline.evaluation.adversary import REFERENCE_POLICIES, AdversaryParams, r
 from pipeline.evaluation.episodes import combine_constraint_figures
 from pipeline.evaluation.evaluate import evaluate
 from pipeline.progress import Progress
+from pipeline.safety.sampling import range_parameters
 
 _ELITE = 0.25  # share of a cross-entropy generation that refits the Gaussian
 _RANDOM_SHARE = 0.1  # of the budget, for phase 2
@@ -76,10 +77,9 @@ class Candidate:
 
 
 def parameters(rset) -> list[tuple[str, float, float]]:
-    """(name, low, high) of every randomized quantity of a set, latency included (an integer range)."""
-    out = [(f"{g}.{el}", r.low, r.high) for g in SCALE_GROUPS for el, r in getattr(rset, g).items()]
-    if rset.gravity_scale is not None:
-        out.append(("gravity_scale", rset.gravity_scale.low, rset.gravity_scale.high))
+    """(name, low, high) of every randomized quantity of a set: its physical scales (`range_parameters`), and its
+    latency (an integer range)."""
+    out = range_parameters(rset)
     if rset.latency_steps is not None:
         out.append(("latency_steps", rset.latency_steps.low, rset.latency_steps.high))
     return out

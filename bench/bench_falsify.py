@@ -17,6 +17,14 @@ shielded: the step the monitor first flags, the first violating step, the flag r
 the shipped (formula) bounds and the legacy PID alone beside them; then `reality` with the measured bounds under the
 four policies (--episodes each): steps and flagged steps (inside the envelope: 0).
 
+--late: per plant (--task, shipped configs), the bundle's spec (`monitor_bounds.bundle_spec`, both monitor tests
+measured), on `reality`'s plants answering actions LATE (2 and 4) steps past the spec's longest latency, under the
+four reference policies, shielded (--episodes each): the flag rate, the median first flagged step, violating steps;
+beside them in the same run the first test alone (no `dist_accel`: the monitor before its second test) and the
+legacy controller unshielded; then `reality` itself: flagged steps (inside the envelope: 0).
+
+    python bench/bench_falsify.py --late --task cartpole quadrotor crane furuta ball_beam [--episodes 5]
+
 --dropouts: per plant, the shield's blind horizon (steps, s) and, on `reality` under the four policies, violating
 steps with the sensor dropping out for the horizon and for three times it (3 observed steps between dropouts),
 beside the same run without dropouts. Figures from a shared machine: ratios, not absolutes.
@@ -188,6 +196,96 @@ def bench_dropouts(task: str, episodes: int) -> dict:
     return out
 
 
+def bench_late(task: str, episodes: int) -> dict:
+    import copy
+
+    import numpy as np
+
+    from envs.randomization import parse_randomization
+    from pipeline.evaluation.adversary import REFERENCE_POLICIES, reference_policy
+    from pipeline.evaluation.evaluate import evaluate
+    from pipeline.evaluation.monitor_bounds import bundle_spec
+    from shield.spec import ShieldSpec
+
+    cfg = _config(task)
+    both = bundle_spec(cfg)
+    first = copy.deepcopy(both)
+    first["assumptions"]["monitor"].pop("dist_accel", None)
+    latency = ShieldSpec.from_dict(both).latency_steps
+    reality = cfg.randomization["reality"]
+    out: dict = {"latency_steps": latency, "plants": {}}
+    for late in (2, 4):
+        dom = parse_randomization(
+            {
+                "latency_steps": {"low": latency + late, "high": latency + late},
+                "obs_noise_std": reality.obs_noise_std,
+                "action_noise_std": reality.action_noise_std,
+            }
+        )
+        alone = evaluate(
+            cfg,
+            reference_policy("legacy", cfg, ShieldSpec.from_dict(both)),
+            domains=dom,
+            seed=0,
+            episodes=episodes,
+            shield=False,
+        )
+        row: dict = {"legacy_unshielded_violations": alone["violations"]}
+        for pol in REFERENCE_POLICIES:
+            for name, spec in (("both tests", both), ("first test only", first)):
+                s = ShieldSpec.from_dict(spec)
+                res = evaluate(
+                    cfg,
+                    reference_policy(pol, cfg, s, seed=0),
+                    domains=dom,
+                    seed=0,
+                    episodes=episodes,
+                    shield=True,
+                    spec=s,
+                )
+                flags = (
+                    [_firsts(cfg, dom, pol, spec, seed=k)[0] for k in range(episodes)] if name == "both tests" else []
+                )
+                seen = [f for f in flags if f is not None]
+                row[f"{pol}/{name}"] = {
+                    "violations": res["violations"],
+                    "envelope_rate": res.get("envelope_rate"),
+                    **(
+                        {"flagged_episodes": len(seen), "median_first_flag": float(np.median(seen)) if seen else None}
+                        if flags
+                        else {}
+                    ),
+                }
+                print(
+                    f"{task} latency +{late} {pol:11s} {name:15s} violations {res['violations']:4d} (legacy alone "
+                    f"{alone['violations']})  envelope_rate {res.get('envelope_rate', 0):.3f}"
+                    + (
+                        f"  flagged {len(seen)}/{episodes}, median first flag step {np.median(seen) if seen else 'n/a'}"
+                        if flags
+                        else ""
+                    ),
+                    flush=True,
+                )
+        out["plants"][f"+{late}"] = row
+    steps = flagged = 0
+    for pol in REFERENCE_POLICIES:
+        s = ShieldSpec.from_dict(both)
+        res = evaluate(
+            cfg,
+            reference_policy(pol, cfg, s, seed=1),
+            domains=reality,
+            seed=1000,
+            episodes=episodes,
+            shield=True,
+            spec=s,
+        )
+        steps += res.get("steps", 0)
+        flagged += round(res.get("envelope_rate", 0.0) * res.get("steps", 0))
+    out["reality"] = {"steps": steps, "flagged_steps": flagged}
+    print(f"{task} reality, both tests: {flagged} flagged of {steps} steps", flush=True)
+    return out
+
+
 def _firsts(cfg, dom, policy_name, spec, seed: int = 0, steps: int = 400):
     import gymnasium as gym
 
@@ -217,12 +315,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--monitor", action="store_true")
     ap.add_argument("--dropouts", action="store_true")
+    ap.add_argument("--late", action="store_true")
     ap.add_argument("--ratios", type=float, nargs="+", default=[0.71, 0.72, 0.76])
     ap.add_argument("--episodes", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.monitor:
         result = bench_monitor(args.ratios, args.episodes)
+    elif args.late:
+        result = {task: bench_late(task, args.episodes) for task in args.task if task != "ballast"}
     elif args.dropouts:
         result = {task: bench_dropouts(task, args.episodes) for task in args.task if task != "ballast"}
     else:

@@ -38,6 +38,7 @@ import math
 import numpy as np
 
 from pipeline.evaluation.adversary import reference_policy
+from pipeline.progress import Progress
 
 WINDOW = 50  # steps: long enough that a push's impulse, spread over it, stays well under a persistent fault
 MARGIN_SHARE = 0.05  # of each velocity's full-action acceleration, added to the measured bound
@@ -115,7 +116,14 @@ def window_dist_excess(
 
 
 def measure(
-    cfg, spec: dict, *, runs_per_set: int = RUNS_PER_SET, steps: int = 400, seed: int = 0, window: int = WINDOW
+    cfg,
+    spec: dict,
+    *,
+    runs_per_set: int = RUNS_PER_SET,
+    steps: int = 400,
+    seed: int = 0,
+    window: int = WINDOW,
+    progress: bool = False,
 ) -> dict:
     """The monitor's bounds for `spec` over `cfg`'s envelope: {"accel", "accel_per_speed", "window", "measured"}.
 
@@ -143,6 +151,7 @@ def measure(
     rng = np.random.default_rng(seed)
     maxima, dist_maxima = [], []
     total = 0
+    bar = Progress(runs_per_set * len(cfg.randomization), "run", desc="monitor bounds", enabled=progress)
     for name, rset in cfg.randomization.items():
         params = parameters(rset)
         for i in range(runs_per_set):
@@ -176,6 +185,8 @@ def measure(
             maxima.append(window_excess(trace, monitor._sigma, window, s.dt))
             dist_maxima.append(window_dist_excess(dists, speeds, monitor._dist_noise, per_speed, window, s.dt))
             total += len(trace)
+            bar.update(1)
+    bar.close()
     # A run whose windows never needed more than the hull, the speed term and the noise term needed nothing: its
     # slack (a negative excess, as wide as its hull) is no sample of how far the worst runs stray, and counted as
     # one its spread set a tail many times the largest excess any run showed, so far above it that a steady force
@@ -216,7 +227,7 @@ def bundle_spec(cfg) -> dict:
     out["assumptions"]["monitor"] = cached(
         "monitor",
         cfg,
-        lambda: measure(cfg, spec, seed=0),
+        lambda: measure(cfg, spec, seed=0, progress=True),
         _same,
         _same,
         extra=json.dumps(spec, sort_keys=True),

@@ -139,21 +139,7 @@ def bench_monitor(ratios: list[float], episodes: int) -> dict:
                     flush=True,
                 )
         out["plants"][r] = row
-    steps = flagged = 0
-    for pol in REFERENCE_POLICIES:
-        s = ShieldSpec.from_dict(measured)
-        res = evaluate(
-            cfg,
-            reference_policy(pol, cfg, s, seed=1),
-            domains=reality,
-            seed=1000,
-            episodes=episodes,
-            shield=True,
-            spec=s,
-        )
-        n = res.get("steps", 0)
-        steps += n
-        flagged += round(res.get("envelope_rate", 0.0) * n)
+    steps, flagged = _reality_flags(cfg, measured, episodes)
     out["reality"] = {"steps": steps, "flagged_steps": flagged}
     print(f"reality, measured bounds: {flagged} flagged of {steps} steps", flush=True)
     return out
@@ -267,23 +253,35 @@ def bench_late(task: str, episodes: int) -> dict:
                     flush=True,
                 )
         out["plants"][f"+{late}"] = row
+    steps, flagged = _reality_flags(cfg, both, episodes)
+    out["reality"] = {"steps": steps, "flagged_steps": flagged}
+    print(f"{task} reality, both tests: {flagged} flagged of {steps} steps", flush=True)
+    return out
+
+
+def _reality_flags(cfg, spec: dict, episodes: int) -> tuple[int, int]:
+    """(steps, flagged steps) on `reality` under the four reference policies, shielded by `spec`: inside the
+    envelope the monitor must stay silent."""
+    from pipeline.evaluation.adversary import REFERENCE_POLICIES, reference_policy
+    from pipeline.evaluation.evaluate import evaluate
+    from shield.spec import ShieldSpec
+
     steps = flagged = 0
     for pol in REFERENCE_POLICIES:
-        s = ShieldSpec.from_dict(both)
+        s = ShieldSpec.from_dict(spec)
         res = evaluate(
             cfg,
             reference_policy(pol, cfg, s, seed=1),
-            domains=reality,
+            domains=cfg.randomization["reality"],
             seed=1000,
             episodes=episodes,
             shield=True,
             spec=s,
         )
-        steps += res.get("steps", 0)
-        flagged += round(res.get("envelope_rate", 0.0) * res.get("steps", 0))
-    out["reality"] = {"steps": steps, "flagged_steps": flagged}
-    print(f"{task} reality, both tests: {flagged} flagged of {steps} steps", flush=True)
-    return out
+        n = res.get("steps", 0)
+        steps += n
+        flagged += round(res.get("envelope_rate", 0.0) * n)
+    return steps, flagged
 
 
 def _firsts(cfg, dom, policy_name, spec, seed: int = 0, steps: int = 400):

@@ -193,7 +193,7 @@ def bench_late(task: str, episodes: int) -> dict:
     from pipeline.evaluation.monitor_bounds import bundle_spec
     from shield.spec import ShieldSpec
 
-    cfg = _config(task)
+    cfg = load_config(f"configs/{task}.yaml")
     both = bundle_spec(cfg)
     first = copy.deepcopy(both)
     first["assumptions"]["monitor"].pop("dist_accel", None)

@@ -74,7 +74,6 @@ def bench_falsify(task: str, budget_s: float, seed: int) -> dict:
 
 
 def bench_monitor(ratios: list[float], episodes: int) -> dict:
-    from envs.randomization import parse_randomization
     from pipeline.evaluation.adversary import REFERENCE_POLICIES, reference_policy
     from pipeline.evaluation.evaluate import evaluate
     from pipeline.evaluation.monitor_bounds import with_measured_monitor
@@ -92,26 +91,15 @@ def bench_monitor(ratios: list[float], episodes: int) -> dict:
         flush=True,
     )
     out = {"accel": mon["accel"], "shipped_accel": shipped["assumptions"]["monitor"]["accel"], "plants": {}}
-    reality = cfg.randomization["reality"]
     for r in ratios:
         g = r * 1.1
-        dom = parse_randomization(
-            {
-                "body_mass": {"quad": {"low": 1.1, "high": 1.1}},
-                "actuator_gain": {f"rotor{i}": {"low": g, "high": g} for i in range(4)},
-                "latency_steps": {"low": 0, "high": 2},
-                "obs_noise_std": reality.obs_noise_std,
-                "action_noise_std": reality.action_noise_std,
-            }
-        )
-        alone = evaluate(
+        dom = _with_reality_noise(
             cfg,
-            reference_policy("legacy", cfg, ShieldSpec.from_dict(shipped)),
-            domains=dom,
-            seed=0,
-            episodes=episodes,
-            shield=False,
+            body_mass={"quad": {"low": 1.1, "high": 1.1}},
+            actuator_gain={f"rotor{i}": {"low": g, "high": g} for i in range(4)},
+            latency_steps={"low": 0, "high": 2},
         )
+        alone = _legacy_alone(cfg, shipped, dom, episodes)
         row = {"legacy_unshielded_violations": alone["violations"]}
         for pol in [p for p in REFERENCE_POLICIES]:
             for name, spec in (("measured", measured), ("shipped", shipped)):
@@ -187,7 +175,6 @@ def bench_late(task: str, episodes: int) -> dict:
 
     import numpy as np
 
-    from envs.randomization import parse_randomization
     from pipeline.evaluation.adversary import REFERENCE_POLICIES, reference_policy
     from pipeline.evaluation.evaluate import evaluate
     from pipeline.evaluation.monitor_bounds import bundle_spec
@@ -198,24 +185,10 @@ def bench_late(task: str, episodes: int) -> dict:
     first = copy.deepcopy(both)
     first["assumptions"]["monitor"].pop("dist_accel", None)
     latency = ShieldSpec.from_dict(both).latency_steps
-    reality = cfg.randomization["reality"]
     out: dict = {"latency_steps": latency, "plants": {}}
     for late in (2, 4):
-        dom = parse_randomization(
-            {
-                "latency_steps": {"low": latency + late, "high": latency + late},
-                "obs_noise_std": reality.obs_noise_std,
-                "action_noise_std": reality.action_noise_std,
-            }
-        )
-        alone = evaluate(
-            cfg,
-            reference_policy("legacy", cfg, ShieldSpec.from_dict(both)),
-            domains=dom,
-            seed=0,
-            episodes=episodes,
-            shield=False,
-        )
+        dom = _with_reality_noise(cfg, latency_steps={"low": latency + late, "high": latency + late})
+        alone = _legacy_alone(cfg, both, dom, episodes)
         row: dict = {"legacy_unshielded_violations": alone["violations"]}
         for pol in REFERENCE_POLICIES:
             for name, spec in (("both tests", both), ("first test only", first)):
@@ -257,6 +230,26 @@ def bench_late(task: str, episodes: int) -> dict:
     out["reality"] = {"steps": steps, "flagged_steps": flagged}
     print(f"{task} reality, both tests: {flagged} flagged of {steps} steps", flush=True)
     return out
+
+
+def _with_reality_noise(cfg, **quantities):
+    """A set of `quantities` (randomization keys) with `reality`'s observation and action noise."""
+    from envs.randomization import parse_randomization
+
+    reality = cfg.randomization["reality"]
+    return parse_randomization(
+        {**quantities, "obs_noise_std": reality.obs_noise_std, "action_noise_std": reality.action_noise_std}
+    )
+
+
+def _legacy_alone(cfg, spec: dict, dom, episodes: int) -> dict:
+    """The legacy controller on `dom`, unshielded (`spec` only tells the policy its action box): the baseline."""
+    from pipeline.evaluation.adversary import reference_policy
+    from pipeline.evaluation.evaluate import evaluate
+    from shield.spec import ShieldSpec
+
+    policy = reference_policy("legacy", cfg, ShieldSpec.from_dict(spec))
+    return evaluate(cfg, policy, domains=dom, seed=0, episodes=episodes, shield=False)
 
 
 def _reality_flags(cfg, spec: dict, episodes: int) -> tuple[int, int]:

@@ -233,6 +233,7 @@ def retrain(
     logger.info("trained %s env steps in %.0f s: %s", trained["env_steps"], trained["wall_s"], trained["run_dir"])
     exported = export_step(trained["run_dir"], models_root)
     logger.info("exported bundle %s (parity max abs err %.2e)", exported["bundle"], exported["parity_max_abs_err"])
+    logger.info(_shield_line(Path(exported["bundle"]) / "shield.json", config_path))
     # Each night searches from its own seed: with the shield spec unchanged from night to night, one seed would
     # replay the same corners, draws and attacks every night, where successive seeds add up to a wider search.
     falsification = falsify_step(
@@ -469,3 +470,23 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def _shield_line(spec_path: Path, config_path: str) -> str:
+    """What keeps the bundle's plant inside its limits, said once per night: the filter, its margin, and which
+    numbers synthesis measured; the certificate itself is `shield synthesize`'s (this night's falsify follows)."""
+    if not spec_path.is_file():
+        return "shield: none in this bundle (shield.enabled is false): nothing keeps the plant inside its limits"
+    spec = json.loads(spec_path.read_text())
+    predictive = spec.get("predictive")
+    kind = f"predictive filter (horizon {predictive['horizon']} steps)" if predictive else "braking barrier"
+    measured = "synthesis" in (spec.get("assumptions") or {})
+    return (
+        f"shield: {kind}, margin {spec.get('margin'):.3g}, "
+        + (
+            "synthesized from the plant (any number the config sets is checked against it)"
+            if measured
+            else "every number set by the config"
+        )
+        + f"; `sim2real shield synthesize --config {config_path}` writes its certificate"
+    )

@@ -12,13 +12,18 @@ spec's ``assumptions.monitor``: disturbances, pushes, model error that grows
 with speed such as a damping range). A single step says little under sensor
 noise, so the statistic is windowed: over the last W steps,
 
-    flag  <=>  |sum e_t| > sum a_t + z * sigma_W
+    flag  <=>  |sum e_t| > sum a_t + z * sigma_t + J (1 - t / W)
 
-for some velocity, where sigma_W is the standard deviation of the sum of W
-residuals under the declared observation noise (``assumptions.obs_noise_std``;
-for an integrator the noise telescopes, so sigma_W hardly grows with W while a
+for some velocity, where t <= W is the steps in the window so far and sigma_t the standard deviation of
+the sum of t residuals under the declared observation noise (``assumptions.obs_noise_std``;
+for an integrator the noise telescopes, so sigma_t hardly grows with t while a
 persistent model error grows linearly). z = 5: about one false flag per 10^6
-windows per velocity under Gaussian noise.
+windows per velocity under Gaussian noise. J (``monitor.push_impulse``, units/s) is the speed one
+declared push gives. A full window spreads it over W steps, which the measured ``accel`` covers; a
+window still filling (an episode's first steps) holds it over fewer, and there it is allowed in
+proportion to what the window lacks. Without it a declared 5 N push in the first steps of an
+episode flagged a mast on a cart, and the predictive filter's latched conservative mode parked the
+plant for the rest of the episode.
 
 What it sees: a steady unmodelled acceleration ``a`` on a velocity is flagged once ``a`` exceeds ``accel`` plus
 the hull's mean half-width over the window (the noise term shrinks as ``z sigma_t / (t dt)``). The hull counts
@@ -149,19 +154,23 @@ class AssumptionMonitor:
         # Standard deviation of a sum of t residuals (t = 1..window) of each velocity under obs noise.
         sig = np.array([float(noise[o]) for o in spec.state_index])
         Aobs = A[:, :n]
+        # One declared push's speed (`push_impulse`), allowed in every window on top of the noise: see `observe`.
+        impulse = [float(x) for x in (mon.get("push_impulse") or [0.0] * k)]
         self._sigma = []
         for t in range(1, window + 1):
             row = []
-            for r in vel:
+            for q, r in enumerate(vel):
                 first = sig[r] ** 2 + float(np.sum((Aobs[r] * sig) ** 2))
                 middle = float(np.sum(((np.eye(n)[r] - Aobs[r]) * sig) ** 2))
-                row.append(z * math.sqrt(first + (t - 1) * middle))
+                row.append(z * math.sqrt(first + (t - 1) * middle) + impulse[q] * (1.0 - t / window))
             self._sigma.append(row)
         self._window = window
         # The second test (see `observe`): per applied-latency hypothesis, the velocity's distance outside what the
         # input-gain cases span. Off without a measured bound (`dist_accel`, bundles from before it).
         one = [math.sqrt(sig[r] ** 2 + float(np.sum((Aobs[r] * sig) ** 2))) for r in vel]
-        self._dist_noise = [[dist_noise(s1, t, z) for s1 in one] for t in range(1, window + 1)]
+        self._dist_noise = [
+            [dist_noise(s1, t, z) + j * (1.0 - t / window) for s1, j in zip(one, impulse)] for t in range(1, window + 1)
+        ]
         dist = mon.get("dist_accel")
         self._dist = None
         if isinstance(dist, list) and len(dist) == k:

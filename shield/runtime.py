@@ -277,9 +277,14 @@ class EdgeRuntime:
         if self._batch is not None:
             self._batch.reset()
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+    def act(self, obs: np.ndarray, sent: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
         """(safe action, raw policy action, info) for one observation `float32[obs_dim]` (default plant); a
-        non-finite observation is a blind step (`PlantSession.act_blind`) with info["bad_input"] True."""
+        non-finite observation is a blind step (`PlantSession.act_blind`) with info["bad_input"] True.
+
+        `sent`: what the plant gets instead of the safe action, known before the next step (shadow mode: the
+        legacy controller's action). The shield predicts from it and a stateful policy's memory records it, as
+        `serve --mode shadow` does; predicting from its own unsent outputs instead, the shield's monitor read
+        the gap between the two as a plant outside the envelope."""
         obs = np.asarray(obs, dtype=np.float32).reshape(-1)
         if obs.shape[0] != self.obs_dim:
             raise ValueError(f"observation must have {self.obs_dim} entries, got {obs.shape[0]}")
@@ -289,10 +294,14 @@ class EdgeRuntime:
             # actions); the server refuses such a request outright (BAD_INPUT), which changes nothing.
             safe, raw, info = self._default.act_blind()
             info["bad_input"] = True
-            self._default.sent(None, safe, replaced=False)
+            seen = None
         else:
             safe, raw, info = self._default.act(obs)
-            self._default.sent(obs, safe, replaced=False)
+            seen = obs
+        if sent is None:
+            self._default.sent(seen, safe, replaced=False)
+        else:
+            self._default.sent(seen, np.asarray(sent, dtype=np.float32).reshape(-1), replaced=True)
         return np.asarray(safe, dtype=np.float32), raw, info
 
     def estimate(self) -> tuple[np.ndarray | None, int]:

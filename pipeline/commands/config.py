@@ -65,15 +65,7 @@ def shield_figures(spec: dict, synthesized: bool) -> dict:
         "margin": spec.get("margin"),
         "brake_accel": kin.get("brake_accel"),
         # The predictive filter reads no braking figure; the schema still needs a positive one per position.
-        **(
-            {
-                "brake_accel_note": "not read by the predictive filter: where the drive cannot brake a coordinate "
-                "(an unactuated ball or swing, measured negative by `shield synthesize`) it is a floor of 1 % of "
-                "the nominal full-action acceleration, not a measurement"
-            }
-            if predictive
-            else {}
-        ),
+        **({"brake_accel_note": _brake_note(spec)} if predictive else {}),
         "max_accel_error": a.get("max_accel_error"),
         "input_gain_error": a.get("max_input_gain_error"),
         "input_gain_range": spec.get("input_gain_range"),
@@ -88,3 +80,18 @@ def shield_figures(spec: dict, synthesized: bool) -> dict:
         else "from the declared disturbances (export measures the bundle's over the sets)",
         "sets": a.get("sets"),
     }
+
+
+def _brake_note(spec: dict) -> str:
+    """What `brake_accel` means under the predictive filter, naming the coordinates whose figure is a floor."""
+    synthesis = (spec.get("assumptions") or {}).get("synthesis") or {}
+    measured, names = synthesis.get("authority_accel") or [], synthesis.get("names") or []
+    floors = [name for name, pair in zip(names, measured) if min(pair) <= 0.0]
+    where = (
+        f"for {', '.join(floors)} synthesis measured no braking at the worst admitted state (<= 0: the drive does "
+        "not reach it, or another body's pull outweighs the drive there), so its figure is a floor of 1 % of the "
+        "nominal full-action acceleration, not a measurement"
+        if floors
+        else "every figure here is the braking synthesis measured"
+    )
+    return f"not read by the predictive filter, which keeps the constraints by its plans; {where}"

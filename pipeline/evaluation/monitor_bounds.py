@@ -198,6 +198,7 @@ def measure(
         "accel": [float(w + m) for w, m in zip(bound, margin)],
         "dist_accel": [float(w + m) for w, m in zip(dist_bound, margin)],
         "accel_per_speed": per_speed,
+        **({"push_impulse": mon["push_impulse"]} if mon.get("push_impulse") else {}),
         "window": window,
         "measured": {
             "excess_accel": bound.tolist(),

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -152,7 +153,8 @@ class ShadowLog:
     def on_step(self, s: Step) -> None:
         if self.candidate is not None:
             obs_copy = s.obs.copy()  # the candidate never gets (or mutates) what legacy sees
-            (safe, raw, info), latency, compute = timed(self.candidate.act, obs_copy)
+            # The plant gets legacy's action, and the candidate's shield and memory follow it, as on the edge.
+            (safe, raw, info), latency, compute = timed(partial(self.candidate.act, sent=s.action), obs_copy)
             self.compute_us.append(compute)  # not a log column: an edge log has only its wall clock
             h = np.asarray(info.get("h", np.full(self.n_h, np.nan)), np.float32).reshape(-1)
             cand = (

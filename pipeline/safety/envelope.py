@@ -413,7 +413,10 @@ def monitor_bounds(
     every set (an acceleration the spec declares is inside the envelope), plus MONITOR_SLACK of the
     full-action acceleration. accel_per_speed: for a damping the model includes (nominal N s/m
     per position, with its joint's `shield.model_ranges` entry), the largest relative damping
-    error over the lightest moving mass.
+    error over the lightest moving mass. push_impulse (units/s, where a set pushes): the most speed one
+    declared push gives, its acceleration over its duration. The monitor allows it on top of accel in any
+    window: a push at a window's start fills a short window with its whole acceleration, which an `accel`
+    measured over long windows (the push spread over them) does not cover.
     """
     k = len(full_accel)
     declared = disturbance or [0.0] * k
@@ -428,7 +431,8 @@ def monitor_bounds(
     for q, (c, joint) in enumerate(damping):
         lo, hi = model_ranges.get(f"joint_damping.{joint}", (1.0, 1.0))
         per_speed.append(max(1.0 - lo, hi - 1.0) * c / light if c > 0 and light > 0 else 0.0)
-    return {"accel": accel, "accel_per_speed": per_speed}
+    impulse = [max((e.push_accel[q] * e.push_duration_s for e in envelopes), default=0.0) for q in range(k)]
+    return {"accel": accel, "accel_per_speed": per_speed, **({"push_impulse": impulse} if any(impulse) else {})}
 
 
 def assumptions(envelopes: list[SetEnvelope], obs_dim: int, monitor: dict) -> dict:

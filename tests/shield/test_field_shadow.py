@@ -49,6 +49,7 @@ def test_serve_shadow_logs_feed_shadow_from_log_and_give_a_report(trained_cartpo
                 if terminated or truncated:
                     break
         server.stop()
+    _the_sim_shadow_pass_logs_what_the_server_logged(trained_cartpole.bundle, logs)
 
     # The checks the log can answer get limits it meets on any machine (the server's latency
     # under a loaded CI box is not what this test is about), so the decision turns on the skipped ones.
@@ -86,3 +87,29 @@ def test_serve_shadow_logs_feed_shadow_from_log_and_give_a_report(trained_cartpo
     report = Path(result["report"])
     assert report.is_file() and report.parent == report_dir
     assert "<img" in report.read_text()
+
+
+def _the_sim_shadow_pass_logs_what_the_server_logged(bundle: Path, logs: Path) -> None:
+    """The in-sim shadow pass (`ShadowLog`), fed the steps the server saw, logs the candidate's shielded action,
+    would-be intervention, fallback and barrier values bit for bit as `serve --mode shadow` did. Its shield
+    predicts from the legacy actions the plant got, as the server's does; predicting from its own unsent outputs,
+    it read the gap as a plant outside the envelope (helper-46: would-be fallbacks on 62 % of a plant's steps where
+    the server logged none)."""
+    from pipeline.evaluation.episodes import Step
+    from pipeline.evaluation.shadow import ShadowLog
+    from shield.runtime import EdgeRuntime
+    from shield.shadowlog import read_shadow_log
+
+    field, _ = read_shadow_log(logs)
+    runtime = EdgeRuntime.load(bundle)
+    log = ShadowLog(runtime, field["h"].shape[1], field["legacy_action"].shape[1])
+    log.on_reset(None, 0, 0)
+    for i, (obs, legacy) in enumerate(zip(field["obs"], field["legacy_action"])):
+        log.on_step(Step(None, 0, i, 0.0, obs, legacy, None, None, 0.0, 0.0, 0.0, False))
+    sim = log.columns()
+    for key in ("candidate_raw", "candidate_action", "intervened", "fallback", "h"):
+        assert sim[key].tobytes() == field[key].tobytes(), key
+    # The check has teeth: the pass as it was (the shield never told what the plant got) logs other values.
+    unsent = EdgeRuntime.load(bundle)
+    h = np.stack([np.asarray(unsent.act(obs)[2]["h"], np.float32) for obs in field["obs"]])
+    assert h.tobytes() != field["h"].tobytes()

@@ -74,10 +74,8 @@ def bench_falsify(task: str, budget_s: float, seed: int) -> dict:
 
 
 def bench_monitor(ratios: list[float], episodes: int) -> dict:
-    from pipeline.evaluation.adversary import REFERENCE_POLICIES, reference_policy
-    from pipeline.evaluation.evaluate import evaluate
+    from pipeline.evaluation.adversary import REFERENCE_POLICIES
     from pipeline.evaluation.monitor_bounds import with_measured_monitor
-    from shield.spec import ShieldSpec
 
     cfg = load_config("configs/quadrotor.yaml")
     shipped = build_shield_spec(cfg)
@@ -103,16 +101,7 @@ def bench_monitor(ratios: list[float], episodes: int) -> dict:
         row = {"legacy_unshielded_violations": alone["violations"]}
         for pol in [p for p in REFERENCE_POLICIES]:
             for name, spec in (("measured", measured), ("shipped", shipped)):
-                s = ShieldSpec.from_dict(spec)
-                res = evaluate(
-                    cfg,
-                    reference_policy(pol, cfg, s, seed=0),
-                    domains=dom,
-                    seed=0,
-                    episodes=episodes,
-                    shield=True,
-                    spec=s,
-                )
+                res = _shielded(cfg, pol, spec, dom, episodes)
                 first_flag, first_violation = _firsts(cfg, dom, pol, spec) if name == "measured" else (None, None)
                 row[f"{pol}/{name}"] = {
                     "violations": res["violations"],
@@ -175,8 +164,7 @@ def bench_late(task: str, episodes: int) -> dict:
 
     import numpy as np
 
-    from pipeline.evaluation.adversary import REFERENCE_POLICIES, reference_policy
-    from pipeline.evaluation.evaluate import evaluate
+    from pipeline.evaluation.adversary import REFERENCE_POLICIES
     from pipeline.evaluation.monitor_bounds import bundle_spec
     from shield.spec import ShieldSpec
 
@@ -192,16 +180,7 @@ def bench_late(task: str, episodes: int) -> dict:
         row: dict = {"legacy_unshielded_violations": alone["violations"]}
         for pol in REFERENCE_POLICIES:
             for name, spec in (("both tests", both), ("first test only", first)):
-                s = ShieldSpec.from_dict(spec)
-                res = evaluate(
-                    cfg,
-                    reference_policy(pol, cfg, s, seed=0),
-                    domains=dom,
-                    seed=0,
-                    episodes=episodes,
-                    shield=True,
-                    spec=s,
-                )
+                res = _shielded(cfg, pol, spec, dom, episodes)
                 flags = (
                     [_firsts(cfg, dom, pol, spec, seed=k)[0] for k in range(episodes)] if name == "both tests" else []
                 )
@@ -242,6 +221,17 @@ def _with_reality_noise(cfg, **quantities):
     )
 
 
+def _shielded(cfg, policy_name: str, spec: dict, dom, episodes: int, policy_seed: int = 0, seed: int = 0) -> dict:
+    """`policy_name` (a reference policy) through the shield `spec` on `dom`: the evaluation's figures."""
+    from pipeline.evaluation.adversary import reference_policy
+    from pipeline.evaluation.evaluate import evaluate
+    from shield.spec import ShieldSpec
+
+    s = ShieldSpec.from_dict(spec)
+    policy = reference_policy(policy_name, cfg, s, seed=policy_seed)
+    return evaluate(cfg, policy, domains=dom, seed=seed, episodes=episodes, shield=True, spec=s)
+
+
 def _legacy_alone(cfg, spec: dict, dom, episodes: int) -> dict:
     """The legacy controller on `dom`, unshielded (`spec` only tells the policy its action box): the baseline."""
     from pipeline.evaluation.adversary import reference_policy
@@ -255,22 +245,11 @@ def _legacy_alone(cfg, spec: dict, dom, episodes: int) -> dict:
 def _reality_flags(cfg, spec: dict, episodes: int) -> tuple[int, int]:
     """(steps, flagged steps) on `reality` under the four reference policies, shielded by `spec`: inside the
     envelope the monitor must stay silent."""
-    from pipeline.evaluation.adversary import REFERENCE_POLICIES, reference_policy
-    from pipeline.evaluation.evaluate import evaluate
-    from shield.spec import ShieldSpec
+    from pipeline.evaluation.adversary import REFERENCE_POLICIES
 
     steps = flagged = 0
     for pol in REFERENCE_POLICIES:
-        s = ShieldSpec.from_dict(spec)
-        res = evaluate(
-            cfg,
-            reference_policy(pol, cfg, s, seed=1),
-            domains=cfg.randomization["reality"],
-            seed=1000,
-            episodes=episodes,
-            shield=True,
-            spec=s,
-        )
+        res = _shielded(cfg, pol, spec, cfg.randomization["reality"], episodes, policy_seed=1, seed=1000)
         n = res.get("steps", 0)
         steps += n
         flagged += round(res.get("envelope_rate", 0.0) * n)

@@ -379,17 +379,18 @@ def gate_said(found: tuple[str, list[str]]) -> str:
     return f"{decision!r}" + (f" ({', '.join(failing)} failed)" if failing else "")
 
 
-def gate_note(manifest: dict | None) -> str | None:
+def gate_note(manifest: dict | None, models_root: str | Path | None = None) -> str | None:
     """What the bundle's own record says about its gate when it did not pass (None when it passed, or was never
     gated): a bundle served by path, or promoted by hand, is served whatever its gate said, and the operator
-    should know which."""
+    should know which. `models_root`: the registry it came from, named in the command when it is not the default."""
     found = gate_failures(manifest)
     if found is None:
         return None
     m = manifest or {}
+    where = f" --models {models_root}" if models_root is not None and Path(models_root) != Path("models") else ""
     return (
         f"this bundle's gate decision was {gate_said(found)}; it is served as asked. `sim2real registry "
-        f"show {m.get('task')} {m.get('version')}` says why"
+        f"show {m.get('task')} {m.get('version')}{where}` says why"
     )
 
 

@@ -115,7 +115,9 @@ class CbfShield:
     costs one validity check, one prediction product and one condition check.
     """
 
-    def __init__(self, spec: ShieldSpec | dict):
+    def __init__(self, spec: ShieldSpec | dict, template: CbfShield | None = None):
+        """`template`: a shield built for this same `spec` object, whose spec-derived predictive filter this one
+        clones instead of building its own (a server taking on a new plant: see `PredictiveFilter.clone`)."""
         if isinstance(spec, dict):
             spec = ShieldSpec.from_dict(spec)
         self.spec = spec
@@ -197,8 +199,12 @@ class CbfShield:
         self._constraint_objs = spec.constraint_objects()
         # With a `predictive` section the predictive filter keeps every constraint (`shield.predictive`), over the
         # same prediction buffer: the pending actions, the monitor and dead reckoning stay as they are.
-        self._predictive = (
-            PredictiveFilter(
+        if spec.predictive is None:
+            self._predictive = None
+        elif template is not None and template.spec is spec and template._predictive is not None:
+            self._predictive = template._predictive.clone()
+        else:
+            self._predictive = PredictiveFilter(
                 spec,
                 self._A,
                 self._B,
@@ -208,9 +214,6 @@ class CbfShield:
                 self._high,
                 tube_factor=conservative_tube_factor(spec),
             )
-            if spec.predictive is not None
-            else None
-        )
         self._projection = BoxHalfspaceProjection(self._low, self._high, self._R * self._cases)
         self._least_violation_brake = LeastViolationBrake(self._low, self._high, self._fallback, self._R * self._cases)
         # Without keep-out rows the barrier matrices never change, so the prediction and the rows

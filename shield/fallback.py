@@ -26,6 +26,10 @@ class BoxHalfspaceProjection:
         self._upper = np.concatenate([self.high, np.full(max_rows, _INF)])
         self._lower = np.concatenate([self.low, np.zeros(max_rows)])
 
+    def clone(self) -> BoxHalfspaceProjection:
+        """The same projection with buffers of its own (for another plant's shield)."""
+        return BoxHalfspaceProjection(self.low, self.high, len(self._sense) - self._m)
+
     def in_box(self, u: np.ndarray) -> bool:
         """low <= u <= high (pass it to `solve` when solving for one u_p several times)."""
         return all(lo <= x <= hi for x, lo, hi in zip(u.tolist(), self._low_list, self._high_list))

@@ -236,12 +236,13 @@ class EdgeRuntime:
         return self._default.shield
 
     def new_shield(self):
-        """A fresh CbfShield for one plant (None without a spec)."""
+        """A fresh CbfShield for one plant (None without a spec), sharing the default plant's spec-derived matrices."""
         if self.spec is None:
             return None
         from shield.cbf import CbfShield
 
-        return CbfShield(self.spec)
+        default = getattr(self, "_default", None)
+        return CbfShield(self.spec, template=default.shield if default is not None else None)
 
     def new_session(self) -> PlantSession:
         """A new plant: its own shield state and policy memory."""

@@ -363,10 +363,21 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"serve: contract: {line}", flush=True)  # what the plant's controller must send, and at which rate
     from shield.bundle import gate_note
 
-    note = gate_note(runtime.bundle.manifest if runtime.bundle is not None else None)
+    note = gate_note(runtime.bundle.manifest if runtime.bundle is not None else None, models if task else None)
     if note:
         print(f"serve: note: {note}", file=sys.stderr, flush=True)
     extra = f" metrics=http://{metrics[0]}:{metrics[1]}/metrics" if metrics else ""
+    if runtime.shielded:  # how many observations in a row the plant may miss before its replies say stop
+        blind = server.served.blind_horizon
+        print(
+            f"serve: blind horizon: {blind} step(s): "
+            + (
+                "a missed observation (OBS_MISSING) is answered BLIND_PAST_HORIZON at once: stop the plant then"
+                if blind == 0
+                else f"up to {blind} missed observations in a row are dead-reckoned; then BLIND_PAST_HORIZON"
+            ),
+            flush=True,
+        )
     print(
         f"serve: listening udp://{bound_host}:{port} task={server.served.meta['task']} "
         f"version={server.served.version} mode={mode} auth={'hmac' if key else 'off'}"

@@ -110,7 +110,8 @@ class RegistryWatcher(threading.Thread):
                 runtime = self.loader(bundle_dir, pinned)
                 version = self.server.swap_runtime(runtime)
                 print(f"serve: reloaded {self.task} v{version} from {bundle_dir}", flush=True)
-                note = gate_note(runtime.bundle.manifest if getattr(runtime, "bundle", None) is not None else None)
+                bundle = getattr(runtime, "bundle", None)
+                note = gate_note(bundle.manifest if bundle is not None else None, self.root)
                 if note:  # promoted by hand past its gate
                     print(f"serve: note: {note}", file=sys.stderr, flush=True)
             except Exception as err:  # a bad promote must not stop the plant: keep serving the old version

@@ -285,7 +285,8 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
     velocities = [i for i, o in enumerate(twin.state_obs) if twin.obs_to_state[o][0] == "qvel"]
     misfit_spread = bool(np.max(ratio) > MISFIT_RATIO)
     misfit_structure = bool(velocities and np.max(structure[velocities]) > STRUCTURE_F)
-    misfit = misfit_spread or misfit_structure
+    apart = _recordings_apart(log, windows, final, best, velocities)
+    misfit = misfit_spread or misfit_structure or bool(apart)
 
     z = float(norm.ppf(0.5 + INTERVAL / 2))
     parameters = {}
@@ -335,6 +336,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             f"state (F = {structure[worst]:.0f}, above {STRUCTURE_F:.0f}): the plant has dynamics the "
             f"twin does not model (a changed geometry, friction, a sensor)"
         )
+    verdict += apart
     confidence = latency_confidence(best, runner_up) if runner_up else 1.0
     late = latency_outside(cfg, latency, confidence)
     if late:
@@ -345,6 +347,8 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             f"(not even at the {OUTSIDE_INTERVAL:.0%} band); train and the shield were not made for it"
             + ("; " + "; ".join(shield_beyond) if shield_beyond else "")
         )
+    if verdict:
+        verdict += action_units_hints(parameters, _units_per_action(cfg, task))
     before_p = problem(0)
     x_before = before_p.start(np.zeros(len(names)))
     result = {
@@ -360,6 +364,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             "late_samples": len(log.late),
             "clock_note": log.clock_note,
             "windows_dropped_late": windows.dropped_late,
+            "recordings": [{"recording": r, "rows": [a, b]} for r, a, b in log.recordings],
         },
         "latency_steps": {
             "identified": latency,
@@ -396,6 +401,69 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
         result["policy_estimate"] = compare_with_fit(bundle, log, result)
     result["wall_s"] = time.perf_counter() - t0
     return result
+
+
+RECORDING_WINDOWS = 20  # a recording with fewer windows than this is not checked alone
+
+
+def _recordings_apart(log: FieldLog, windows: Windows, problem: Problem, best, velocities: list[int]) -> list[str]:
+    """Verdict lines for recordings in the log (FieldLog.recordings) the one fitted twin misses alone: two plants
+    (a payload changed between nights) fit as one average plant whose misfit on each cancels in the pooled test.
+    Each recording's residual spread and defect structure are read on its own windows, against the same limits."""
+    out = []
+    for label, first, stop in log.recordings:
+        mine = (windows.starts >= first) & (windows.starts < stop)
+        if mine.sum() < RECORDING_WINDOWS:
+            continue
+        ratio = residual_spread(best.residuals, problem, mine).reshape(2, -1).max(axis=0)
+        structure = defect_structure(problem, best.residuals, best.x, mine)
+        worst = max(velocities, key=lambda i: structure[i]) if velocities else None
+        if ratio.max() > MISFIT_RATIO or (worst is not None and structure[worst] > STRUCTURE_F):
+            said = (
+                f"leaves {ratio.max():.1f}x the noise floor"
+                if ratio.max() > MISFIT_RATIO
+                else f"leaves errors that follow the state (F = {structure[worst]:.0f})"
+            )
+            out.append(
+                f"misfit: the twin fitted to all {len(log.recordings)} recordings {said} on {label} (rows "
+                f"{first}..{stop - 1}) alone: the recordings may come from different plants (a payload or a "
+                f"drive changed between them); calibrate each recording alone and compare"
+            )
+    return out
+
+
+def _units_per_action(cfg, task: dict) -> dict[str, float]:
+    """Each actuator's physical units per unit action (N, N m), as the bundle's contract states it."""
+    from pipeline.deployment.contract import task_io
+
+    io, _ = task_io(cfg.task.env_id, task["obs_dim"], task["act_dim"])
+    return {a["name"]: float(a["units_per_action"]) for a in io["actions"]}
+
+
+UNITS_SPAN = 1.5  # a units_per_action this far from 1 (either way) makes a log in physical units tell from one without
+
+
+def action_units_hints(parameters: dict, units_per_action: dict[str, float]) -> list[str]:
+    """Verdict lines for a misfit or outside fit whose actuator gain ran past the configured range toward
+    1 / units_per_action: the log's legacy_action in N or N m rather than normalized. A unit larger than 1 puts such a
+    log beyond the action box and the log is refused before the fit; a smaller one (a geared motor's 0.3 N m per
+    unit) keeps it inside the box, where it reads as a drive 1/0.3 times stronger, hence these lines."""
+    out = []
+    for name, entry in sorted(parameters.items()):
+        kind, _, actuator = name.partition(".")
+        u = units_per_action.get(actuator)
+        if kind != "actuator_gain" or u is None or u <= 0 or 1 / UNITS_SPAN < u < UNITS_SPAN:
+            continue
+        lo, hi = entry["configured"]
+        gain = entry["identified"]
+        if (u < 1 and gain > hi) or (u > 1 and gain < lo):
+            out.append(
+                f"units? {name} fits at {gain:.3g}, beyond its configured {lo:g}..{hi:g} toward 1/units_per_action "
+                f"= {1 / u:.3g}: if the log's legacy_action is in the actuator's physical units, divide it by its "
+                f"units_per_action ({u:g}) and calibrate again; the log holds normalized actions "
+                f"(docs/reference/contracts.md)"
+            )
+    return out
 
 
 def _combo(weights: dict[str, float]) -> str:

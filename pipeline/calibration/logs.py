@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import zipfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +55,9 @@ class FieldLog:
     source: str
     late: tuple[int, ...] = ()  # rows that arrived later than GAP_PERIODS control periods after the previous one
     clock_note: str | None = None  # why the log's clock was not read (far from real time), for the summary
+    # In a directory of parts from more than one recording (recording_of): (label, first row, row past the last).
+    recordings: tuple[tuple[str, int, int], ...] = ()
+    meta: dict = field(default_factory=dict)  # the (first) part's meta
 
     @property
     def seconds(self) -> float:
@@ -182,13 +185,48 @@ def _check_units(path, where: str, obs, action, action_box, position_limits, nam
 
 MOVES_WITH = 0.8  # a velocity column's correlation with its position's change, per step, that says "this one"
 MOVES_APART = 0.3  # and below which it is not its position's, where another column clearly is (or it is reversed)
+# A velocity that follows its position's change but spreads this many times more (or less) than that change per
+# second is in other units (deg/s: 57x, rpm: 9.5x, mm/s: 1000x). A mid-step velocity against a one-step difference
+# differs by tan(x)/x, x = pi/(steps per period): 1.16 for a 5-step oscillation, far inside this.
+SPEED_UNITS = 3.0
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    sa, sb = float(a.std()), float(b.std())
+    return float(np.mean((a - a.mean()) * (b - b.mean())) / (sa * sb)) if sa > 0 and sb > 0 else 0.0
+
+
+SPEED_SPANS = (1, 2, 4, 8, 16)  # steps a position's change is taken over, for the scale of its velocity
+
+
+def _speed_scale(cols: dict, obs: np.ndarray, p: int, v: int, dt: float) -> tuple[float, float]:
+    """(correlation, spread ratio) of velocity column v against the change of position column p per second, over
+    the span in SPEED_SPANS where they agree best: over one step a position's sensor noise can swamp its change (a
+    cart-pole's pole: 0.49 over one step, 0.99 over sixteen), over many the change is the mean velocity (trapezoid)."""
+    best = (0.0, 1.0)
+    total = np.concatenate([[0.0], np.cumsum(obs[:, v])])
+    for span in SPEED_SPANS:
+        if len(obs) <= span + 10:
+            break
+        inside = (cols["episode"][span:] == cols["episode"][:-span]) & (
+            cols["step"][span:] == cols["step"][:-span] + span
+        )
+        if inside.sum() < 10:
+            break
+        change = ((obs[span:, p] - obs[:-span, p]) / (span * dt))[inside]
+        mean = ((total[span + 1 :] - total[: -span - 1] - 0.5 * (obs[:-span, v] + obs[span:, v])) / span)[inside]
+        r = _corr(change, mean)
+        if r > best[0]:
+            best = (r, float(mean.std()) / max(float(change.std()), 1e-300))
+    return best
 
 
 def _check_kinematics(where: str, cols: dict, obs: np.ndarray, pairs, names, dt: float) -> None:
     """Refuse velocities that do not move as their positions do: each logged velocity is correlated with the change
     of every observed position from one step to the next (inside an episode). A velocity that follows another
     position's change clearly better than its own, or its own reversed, means columns in another order or sign
-    than plant.observations declares, which the fit would take for a plant that does not exist."""
+    than plant.observations declares, which the fit would take for a plant that does not exist. A velocity that
+    follows its own position's change at another scale is in other units (SPEED_UNITS)."""
     if not pairs:
         return
     same = (np.diff(cols["episode"]) == 0) & (np.diff(cols["step"]) == 1)
@@ -197,13 +235,18 @@ def _check_kinematics(where: str, cols: dict, obs: np.ndarray, pairs, names, dt:
     change = (np.diff(obs, axis=0) / dt)[same]
     mid = (0.5 * (obs[1:] + obs[:-1]))[same]
 
-    def corr(a: np.ndarray, b: np.ndarray) -> float:
-        sa, sb = float(a.std()), float(b.std())
-        return float(np.mean((a - a.mean()) * (b - b.mean())) / (sa * sb)) if sa > 0 and sb > 0 else 0.0
-
     label = (lambda o: f"{names[o]} (obs[{o}])") if names else (lambda o: f"obs[{o}]")
     for p, v, joint in pairs:
-        own = corr(change[:, p], mid[:, v])
+        own = _corr(change[:, p], mid[:, v])
+        fit, spread = _speed_scale(cols, obs, p, v, dt)
+        if own >= MOVES_APART and fit >= MOVES_WITH and not 1.0 / SPEED_UNITS <= spread <= SPEED_UNITS:
+            factor = f"{spread:.0f}" if spread >= 100 else f"{spread:.3g}"
+            raise CalibrationError(
+                f"{where}: {label(v)}, joint {joint!r}'s velocity, moves as {label(p)} changes (correlation "
+                f"{fit:.2f}) but {factor}x as fast as that change per second: in other units than "
+                f"its position (deg/s for rad/s: 57.3x; rpm: 9.55x; mm/s for m/s: 1000x)? The log's obs are in "
+                f"the units plant.observations reads (SI: m, rad, m/s, rad/s). Convert the column, not the config"
+            )
         if own >= MOVES_APART:
             continue
         if own <= -MOVES_WITH:
@@ -212,14 +255,14 @@ def _check_kinematics(where: str, cols: dict, obs: np.ndarray, pairs, names, dt:
                 f"(correlation {own:.2f} per step): logged with the other sign, or in another order than "
                 f"plant.observations declares? Fix the columns, not the config"
             )
-        swapped = corr(change[:, v], mid[:, p])
+        swapped = _corr(change[:, v], mid[:, p])
         if swapped >= MOVES_WITH:
             raise CalibrationError(
                 f"{where}: {label(v)} changes as {label(p)} reads (correlation {swapped:.2f} per step), not the "
                 f"other way round ({own:.2f}): joint {joint!r}'s position and velocity columns are swapped against "
                 f"plant.observations. Reorder the columns, not the config"
             )
-        others = [(corr(change[:, q], mid[:, v]), q) for q, _, _ in pairs if q != p]
+        others = [(_corr(change[:, q], mid[:, v]), q) for q, _, _ in pairs if q != p]
         best, q = max(others, default=(0.0, -1))
         if best >= MOVES_WITH:
             raise CalibrationError(
@@ -227,6 +270,17 @@ def _check_kinematics(where: str, cols: dict, obs: np.ndarray, pairs, names, dt:
                 f"{best:.2f} per step), not of {label(p)} ({own:.2f}): the log's columns are in another order than "
                 f"plant.observations declares them. Reorder the columns, not the config"
             )
+
+
+def recording_of(part: Path, meta: dict) -> str:
+    """The recording a log part belongs to: one `serve` process writes parts named shadow-<start>-<pid>-<seq>.npz, all
+    of one bundle version; any other name is a recording of its own. Parts of two recordings can come from two
+    plants (a payload changed between nights), which one fit would average into neither."""
+    stem = part.stem
+    head, _, seq = stem.rpartition("-")
+    name = head if head.startswith("shadow-") and seq.isdigit() else stem
+    version = meta.get("bundle_version")
+    return name if version is None else f"{name} (bundle version {version})"
 
 
 def _row(path: str | Path, row: int) -> str:
@@ -274,8 +328,9 @@ def load_field_log(
     from shield.shadowlog import shadow_log_files
 
     parts = shadow_log_files(path) if Path(path).is_dir() else []
+    recordings: list[tuple[str, int, int]] = []
     for part in parts if len(parts) > 1 else []:
-        load_field_log(
+        alone = load_field_log(
             part,
             task=task,
             obs_dim=obs_dim,
@@ -287,7 +342,19 @@ def load_field_log(
             names=names,
             velocity_pairs=velocity_pairs,
         )
+        label, start = recording_of(part, alone.meta), recordings[-1][2] if recordings else 0
+        if recordings and recordings[-1][0] == label:
+            recordings[-1] = (label, recordings[-1][1], start + len(alone.obs))
+        else:
+            recordings.append((label, start, start + len(alone.obs)))
     cols, meta = _read(path)
+    if len(recordings) > 1:
+        # Each recording numbers its own episodes (a server restarted, another night): a recording's first row
+        # starts a run even where its episode number and step counter would read as the last one's, continued.
+        which = np.zeros(len(cols["episode"]), np.int64)
+        for _, first, _ in recordings[1:]:
+            which[first:] += 1
+        cols = {**cols, "episode": np.asarray(cols["episode"], np.int64) + which * (int(np.max(cols["episode"])) + 1)}
     where = f"--from-log {path}"
     logged_task = meta.get("task")
     if logged_task not in (None, "", task):
@@ -341,4 +408,14 @@ def load_field_log(
             f"calibration needs at least {min_seconds:.0f} s"
         )
     runs = list(zip(starts, starts[1:] + [len(obs)]))
-    return FieldLog(obs=obs, action=action, runs=runs, dt=dt, source=str(path), late=tuple(late), clock_note=clock_note)
+    return FieldLog(
+        obs=obs,
+        action=action,
+        runs=runs,
+        dt=dt,
+        source=str(path),
+        late=tuple(late),
+        clock_note=clock_note,
+        recordings=tuple(recordings) if len(recordings) > 1 else (),
+        meta=meta,
+    )

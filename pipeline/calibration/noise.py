@@ -8,7 +8,14 @@ step (J_cc 0.83 for the cart-pole's cart), and reading the autocovariance as
 -var(n) put its noise 8 % low. The estimate is noisy (pushes make w
 correlated), so the configured std is kept unless the log's interval excludes
 it; a channel never drops below what the log can vouch for, and never to 0 on
-an estimate that merely fails to be positive.
+an estimate that merely fails to be positive. The estimate assumes residuals that
+are white past one step (C(2) = C(3) = 0). Pushes lasting several steps make C(2)
+positive and read a noise low (the cart-pole's 0.03 rad/s pole velocity as 0.022):
+the interval's upper end is also read with C(2) taken as process, -(C(1) - C(2)) / J,
+and the larger bounds a lowering. Where the residuals are not white (a lightly damped
+mode the fitted twin misses leaves slowly decaying residuals, whose positive
+lag-1 part reads as less noise: a flexible joint's 0.01 rad/s sensor read as
+0.004), the log cannot vouch for a lower noise and the configured one is kept.
 
 The noise floor: the same windows replayed through the fitted twin with the
 configured action and observation noise, their states refitted like the fit's;
@@ -27,6 +34,9 @@ from pipeline.calibration.logs import FieldLog
 from pipeline.calibration.twin import Twin
 
 BLOCKS = 20  # the log is cut in this many blocks for the estimate's standard error
+# Chi-square (2 dof) of the residuals' lag-2 and lag-3 autocovariances over their standard errors above which they are
+# not white past one step (5 % of white logs exceed it: they then only keep the configured noise).
+WHITE_CHI2 = 5.99
 
 
 def observation_noise(
@@ -35,16 +45,16 @@ def observation_noise(
     """Per state observation: {estimate, interval (2 se), configured, used} std in the observation's units."""
     win = cut_windows(twin, log, horizon=1, stride=1, max_latency=latency)
     e = (twin.predict(scales, win.states, win.controls(latency)) - win.target)[:, 0, :]
-    consecutive = np.flatnonzero(np.diff(win.starts) == 1)
     carried = _self_response(twin, scales, win, latency)
-    prod = (e[consecutive] - e.mean(0)) * (e[consecutive + 1] - e.mean(0)) / carried
-    var = -prod.mean(axis=0)
-    blocks = np.array([b.mean(axis=0) for b in np.array_split(prod, BLOCKS)])
-    se = blocks.std(axis=0, ddof=1) / math.sqrt(BLOCKS)
+    (c1, se1), (c2, se2), (c3, se3) = (_lagged(e, win.starts, lag) for lag in (1, 2, 3))
+    var, se = -c1 / carried, se1 / carried
+    # Read with the lag-2 autocovariance taken as process (a push lasting steps): its upper end bounds a lowering.
+    var_apart, se_apart = -(c1 - c2) / carried, np.hypot(se1, se2) / carried
+    chi2 = (c2 / np.maximum(se2, 1e-300)) ** 2 + (c3 / np.maximum(se3, 1e-300)) ** 2
     out = []
     for c in range(len(var)):
-        lo, hi = var[c] - 2 * se[c], var[c] + 2 * se[c]
-        used, why = noise_used(float(var[c]), float(lo), float(hi), float(configured[c]))
+        lo, hi = var[c] - 2 * se[c], max(var[c] + 2 * se[c], var_apart[c] + 2 * se_apart[c])
+        used, why = noise_used(float(var[c]), float(lo), float(hi), float(configured[c]), white=chi2[c] <= WHITE_CHI2)
         out.append(
             {
                 "estimate": math.sqrt(max(var[c], 0.0)),
@@ -57,12 +67,33 @@ def observation_noise(
     return out
 
 
-def noise_used(var: float, lo: float, hi: float, configured: float) -> tuple[float, str]:
+def _lagged(e: np.ndarray, starts: np.ndarray, lag: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per channel, the autocovariance of residuals `e` (one per window, windows starting at `starts`) at `lag`
+    steps inside a run, and its standard error over BLOCKS blocks."""
+    first = np.flatnonzero(starts[lag:] - starts[:-lag] == lag)
+    centred = e - e.mean(axis=0)
+    prod = centred[first] * centred[first + lag]
+    blocks = np.array([b.mean(axis=0) for b in np.array_split(prod, BLOCKS)])
+    return prod.mean(axis=0), blocks.std(axis=0, ddof=1) / math.sqrt(BLOCKS)
+
+
+def noise_used(var: float, lo: float, hi: float, configured: float, white: bool = True) -> tuple[float, str]:
     """(std the calibrated set carries, why) from the log's variance estimate `var`, its interval [lo, hi] and the
-    configured std: the configured one unless the interval excludes it, and never zero for a configured noise."""
+    configured std: the configured one unless the interval excludes it, and never zero for a configured noise.
+    `white`: the residuals are white past one step; where they are not, the estimate reads low and never lowers
+    the configured noise."""
     cfg_var = configured**2
     if lo <= cfg_var <= hi:
         return configured, "configured (inside the log's interval)"
+    if hi < cfg_var and lo <= 0.0 < cfg_var:
+        # An interval that reaches zero cannot tell this noise from none (a negative estimate: the twin's errors
+        # there hide the noise), so it cannot vouch for any lower one either.
+        return configured, "configured (the log's interval reaches 0: it cannot vouch for a lower noise)"
+    if not white and hi < cfg_var:
+        return configured, (
+            "configured (the residuals stay correlated 2-3 steps on: dynamics the twin leaves there read as less "
+            "noise, so the log cannot vouch for a lower one)"
+        )
     if hi <= 0.0 < cfg_var:
         # A variance whose whole interval is not positive is no reading of noise (the twin misses the dynamics
         # there, e.g. a latency past the ones tried): taken as it is, it would set a configured noise to zero.
@@ -91,27 +122,33 @@ def _self_response(twin: Twin, scales: dict[str, float], win, latency: int) -> n
     return np.maximum(out, 0.05)
 
 
-def residual_spread(fit_residuals: np.ndarray, problem: Problem) -> np.ndarray:
-    """Per residual kind and channel (obs misfit, then defects): 1.4826 x median |r|; pushes do not move it."""
-    w, h, ns = problem.w, problem.h, problem.ns
-    obs = fit_residuals[:, : (h + 1) * ns].reshape(w, h + 1, ns)
-    defect = fit_residuals[:, (h + 1) * ns :].reshape(w, h, ns)
+def residual_spread(fit_residuals: np.ndarray, problem: Problem, windows: np.ndarray | None = None) -> np.ndarray:
+    """Per residual kind and channel (obs misfit, then defects): 1.4826 x median |r|; pushes do not move it.
+    `windows`: a mask of the windows to read (default all)."""
+    h, ns = problem.h, problem.ns
+    r = fit_residuals if windows is None else fit_residuals[windows]
+    obs = r[:, : (h + 1) * ns].reshape(len(r), h + 1, ns)
+    defect = r[:, (h + 1) * ns :].reshape(len(r), h, ns)
     return np.concatenate(
         [1.4826 * np.median(np.abs(obs), axis=(0, 1)), 1.4826 * np.median(np.abs(defect), axis=(0, 1))]
     )
 
 
-def defect_structure(problem: Problem, residuals: np.ndarray, x: np.ndarray) -> np.ndarray:
+def defect_structure(
+    problem: Problem, residuals: np.ndarray, x: np.ndarray, windows: np.ndarray | None = None
+) -> np.ndarray:
     """Per state observation, the F statistic of its dynamics defects regressed on the state and the action.
 
     The action noise a right twin leaves in the defects does not depend on the
     state it acts on; a twin that misses part of the dynamics (a longer pole's
     slower swing) leaves defects that follow the state. Defects are clipped at
-    3 (in units of their expected spread) so a push does not count as structure.
+    3 (in units of their expected spread) so a push does not count as structure. `windows`: a mask of the windows
+    to read (default all): two plants' defects, each following the state, can cancel in one regression.
     """
-    s = problem.states(x)[:, :-1].reshape(-1, problem.ns)
-    u = problem.controls.reshape(len(s), -1)
-    d = np.clip(residuals[:, (problem.h + 1) * problem.ns :].reshape(-1, problem.ns), -3.0, 3.0)
+    pick = np.ones(problem.w, bool) if windows is None else windows
+    s = problem.states(x)[pick, :-1].reshape(-1, problem.ns)
+    u = problem.controls.reshape(problem.w, problem.h, -1)[pick].reshape(len(s), -1)
+    d = np.clip(residuals[pick, (problem.h + 1) * problem.ns :].reshape(-1, problem.ns), -3.0, 3.0)
     design = np.column_stack([s / problem.obs_std, u, np.ones(len(s))])
     k, n = design.shape[1] - 1, len(s)
     out = []

@@ -41,17 +41,28 @@ def _combo_value(weights: dict, scales: dict) -> float:
 
 @pytest.fixture(scope="module")
 def inside_result(tmp_path_factory):
+    """The log as two recordings of one plant (two nights, two bundle versions) in one directory: one fit, no
+    misfit on either alone."""
     base = tmp_path_factory.mktemp("inside")
     cols, meta = read_shadow_log(simulated_log(load_config(CFG), INSIDE, 1, base / "raw.npz", steps=STEPS))
     cols["t"] = cols["t"].copy()
     cols["t"][900:] += 0.016  # one late sample, nothing missing: the log must still be used
-    return calibrate(load_config(CFG), write_shadow_log(base / "late.npz", cols, meta))
+    nights = base / "nights"
+    nights.mkdir()
+    half = STEPS // 2
+    write_shadow_log(nights / "night1.npz", {k: v[:half] for k, v in cols.items()}, {**meta, "bundle_version": 2})
+    write_shadow_log(nights / "night2.npz", {k: v[half:] for k, v in cols.items()}, {**meta, "bundle_version": 3})
+    return calibrate(load_config(CFG), nights)
 
 
 @pytest.mark.timeout(900)
 def test_an_inside_plant_is_found_with_honest_intervals_and_the_right_latency(inside_result):
     r = inside_result
     assert r["log"]["late_samples"] == 1 and r["log"]["windows_dropped_late"] >= 1
+    assert [x["recording"] for x in r["log"]["recordings"]] == [
+        "night1 (bundle version 2)",
+        "night2 (bundle version 3)",
+    ]
     assert r["latency_steps"]["identified"] == 1 and r["latency_steps"]["confidence"] > 0.95
     assert r["verdict"] == [], r["verdict"]
     identified = [c for c in r["combinations"] if c["identified"]]
@@ -104,6 +115,42 @@ def test_a_plant_outside_the_ranges_is_flagged_outside_with_exit_1(tmp_path, cap
     text = capsys.readouterr().out
     assert "VERDICT outside" in text
     assert "VERDICT outside" in (tmp_path / "calibrated.yaml").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_two_recordings_of_two_plants_are_not_fitted_as_one_average_plant(tmp_path):
+    """helper-47's log directory held two nights with two payloads (link mass 0.60 and 1.45): it was fitted as one
+    plant of neither mass, inside the ranges, with no misfit, since each night's misfit cancels the other's in the
+    pooled tests. Each recording is now tested alone against the one fit. Both logs number their episodes from 0:
+    the second recording starts a run of its own, not a gap in the first's episode."""
+    nights = tmp_path / "nights"
+    nights.mkdir()
+    light = {**INSIDE, "body_mass.cart": 0.8, "body_mass.pole": 0.8}
+    heavy = {**INSIDE, "body_mass.cart": 1.35, "body_mass.pole": 1.45}
+    simulated_log(load_config(CFG), light, 1, nights / "night1.npz", steps=STEPS // 2, seed=1)
+    simulated_log(load_config(CFG), heavy, 1, nights / "night2.npz", steps=STEPS // 2, seed=2)
+    r = calibrate(load_config(CFG), nights)
+    assert r["misfit"] and r["log"]["runs"] == 2, r["verdict"]
+    apart = [v for v in r["verdict"] if "calibrate each recording alone" in v]
+    assert apart and all(v.startswith("misfit") for v in apart), r["verdict"]
+    assert any("night2 (rows 750..1499)" in v for v in apart), apart
+
+
+def test_a_fit_past_the_range_toward_one_over_units_per_action_asks_whether_the_log_is_in_newtons():
+    """helper-47 logged a 0.3 N m-per-unit motor's actions in N m: inside the action box, so read as a drive 3.3x
+    stronger (a misfit, outside). A gain fitted past its range toward 1/units_per_action now asks about units;
+    one past it the other way, or a unit near 1 (a log in N would read the same), does not."""
+    from pipeline.calibration.calibrate import action_units_hints
+
+    def gain(value):
+        return {"actuator_gain.motor": {"identified": value, "configured": [0.8, 1.2]}, "body_mass.link": {}}
+
+    hint = action_units_hints(gain(2.4), {"motor": 0.3})
+    assert len(hint) == 1 and "divide it by its units_per_action (0.3)" in hint[0] and "3.33" in hint[0], hint
+    assert action_units_hints(gain(0.5), {"motor": 0.3}) == []  # weaker, not the units' way
+    assert len(action_units_hints(gain(0.05), {"motor": 30.0})) == 1  # a log in N of a 30 N-per-unit drive: 30x weaker
+    assert action_units_hints(gain(2.4), {"motor": 1.2}) == []  # too near 1 to tell
+    assert action_units_hints(gain(1.0), {"motor": 0.3}) == []  # inside its range
 
 
 def _longer_pole_task(base: Path) -> Path:

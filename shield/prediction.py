@@ -153,10 +153,19 @@ class LatencyPredictor:
         if not self.committed:
             return
         m = self.inputs
+        change = u - self.v[self._u0 : self._u0 + m]
         if self._now_applied and self.has_state:  # cases whose plant applies it at once predicted with the old u
-            delta = self._B @ (u - self.v[self._u0 : self._u0 + m])
+            delta = self._B @ change
             for ls, s in self._now_applied:
                 self._next[ls] += s * delta
+        if self.monitor is not None and self.has_state:
+            # The monitor's velocities were predicted at `commit` with the old u under every latency it allows,
+            # those applying it at once included: left so, a shadow plant's legacy action far from the candidate's
+            # read as an unmodelled acceleration and flagged a plant inside the envelope (helper-49). Linear in v:
+            # corrected by the change alone.
+            monitor = self._next_all[self._n_state :]
+            monitor += change @ self._K_next[self._u0 : self._u0 + m, self._n_state :]
+            self.monitor.take(monitor)
         self.v[self._u0 : self._u0 + m] = u
         if self.latency:
             self.v[self._u0 - m : self._u0] = u  # the newest pending action; the state predicted used the oldest

@@ -57,13 +57,20 @@ def test_quadrotor_with_rotors_at_half_gain_is_flagged_and_shield_turns_conserva
 
 
 def _model_plant_steps(
-    spec: dict, steps: int, rng: np.random.Generator, glitch_at: int | None = None, accel: list[float] | None = None
+    spec: dict,
+    steps: int,
+    rng: np.random.Generator,
+    glitch_at: int | None = None,
+    accel: list[float] | None = None,
+    shadow: bool = False,
 ) -> int:
     """Run the shield on its own model at the envelope's edges; return the number of flagged steps.
 
     `glitch_at`: at that step of every episode one velocity reads 1e20 (a sensor glitch, finite); flags are
     then counted only from two monitor windows later, when the glitch has long left the window. `accel`: the
-    constant additive acceleration per position (default the spec's `disturbance_accel`)."""
+    constant additive acceleration per position (default the spec's `disturbance_accel`). `shadow`: the plant
+    gets another action than the shield's (a legacy controller's, in shadow mode), and the shield is told so
+    (`note_sent`), as `serve --mode shadow` does."""
     # The plant here is the linear model itself, continued far past upright (it is unstable): its angle is a
     # coordinate of that model, not a pole's that turns round, so the shield reads it unwrapped.
     shield = CbfShield({k: v for k, v in spec.items() if k != "angles"})
@@ -89,6 +96,9 @@ def _model_plant_steps(
                 obs[s.velocity_index[episode % len(s.velocity_index)]] = 1e20
             u, info = shield.filter(obs, rng.uniform(-1, 1, s.act_dim).astype(np.float32))
             flags += info["envelope"] and (glitch_at is None or t > glitch_at + 2 * shield._monitor._window)
+            if shadow:
+                u = rng.uniform(-1, 1, s.act_dim).astype(np.float32)
+                shield.note_sent(u)
             pending.append(u.astype(np.float64))
             applied = pending.pop(0)
             x = A @ x + gain * (B @ applied) + c
@@ -104,6 +114,15 @@ def _model_plant_steps(
 def test_plants_inside_the_envelope_are_never_flagged(task):
     _, spec = synthesized(task)
     assert _model_plant_steps(spec, 50_000, np.random.default_rng(7)) == 0
+
+
+@pytest.mark.parametrize("task", ["cartpole", "quadrotor"])
+def test_a_plant_inside_the_envelope_driven_by_another_controller_is_never_flagged(task):
+    """Shadow mode: the plant applies the legacy action and the shield is told (`note_sent`). The monitor's
+    velocities had been predicted with the shield's own action at every latency, those applying it at once too:
+    helper-49's slewing crane, inside its envelope, was flagged from step 1 on and parked in conservative mode."""
+    _, spec = synthesized(task)
+    assert _model_plant_steps(spec, 20_000, np.random.default_rng(5), shadow=True) == 0
 
 
 @pytest.mark.parametrize("task", ["cartpole", "quadrotor"])

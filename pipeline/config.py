@@ -755,6 +755,14 @@ class Config(Section):
             for o in indices
         ]
 
+    def action_names(self, act_dim: int) -> list[str]:
+        """The declared name of each action (its actuator's; `action[j]` where the plant declares none)."""
+        acts = (self.plant or {}).get("actuators") or []
+        return [
+            acts[j]["name"] if j < len(acts) and isinstance(acts[j], dict) and "name" in acts[j] else f"action[{j}]"
+            for j in range(act_dim)
+        ]
+
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of the validated config (identifies a training setup).
 

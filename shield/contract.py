@@ -59,14 +59,20 @@ class ContractError(ValueError):
     """A contract that does not say what it must; the message names the key."""
 
 
-def names_sha256(observations: list[str], actions: list[str], control_period_s: float | None) -> str:
-    """The hash a controller checks: observation and action names in order, and the control period (s)."""
-    canonical = json.dumps(
-        {"observations": list(observations), "actions": list(actions), "control_period_s": control_period_s},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+def names_sha256(
+    observations: list[str], actions: list[str], control_period_s: float | None, estimates: list[str] | None = None
+) -> str:
+    """The hash a controller checks: observation and action names in order, the control period (s), and the names
+    of the plant parameters the policy estimates, in order, where it estimates any (a client that reads the
+    estimate by position must notice a retrain that estimates others; without estimates, the hash is as before)."""
+    names: dict[str, object] = {
+        "observations": list(observations),
+        "actions": list(actions),
+        "control_period_s": control_period_s,
+    }
+    if estimates:
+        names["plant_estimate"] = list(estimates)
+    return hashlib.sha256(json.dumps(names, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _number(value: Any, key: str, positive: bool = False) -> float:
@@ -111,11 +117,13 @@ def check_contract(contract: Any, obs_dim: int | None = None, act_dim: int | Non
         if state["kind"] == "none":
             raise ContractError("contract.plant_estimate: a policy without state cannot estimate the plant")
         _check_estimate(contract["plant_estimate"])
-    expected = names_sha256(
-        [o["name"] for o in contract["observations"]], [a["name"] for a in contract["actions"]], period
-    )
-    if contract.get("names_sha256") != expected:
-        raise ContractError("contract.names_sha256: does not hash the contract's names and control period")
+    names = [o["name"] for o in contract["observations"]], [a["name"] for a in contract["actions"]], period
+    # A bundle exported before the estimate's names were hashed states the hash of the names and period alone: it
+    # still loads (production may be one), and its hash does not tell its estimate's layout.
+    if contract.get("names_sha256") not in {names_sha256(*names, estimate_names(contract)), names_sha256(*names)}:
+        raise ContractError(
+            "contract.names_sha256: does not hash the contract's names, control period and estimated parameters"
+        )
     return contract
 
 

@@ -77,8 +77,8 @@ def _collector(server: Any):
                     labels=["plant"],
                 )
                 for client, session in list(server.plants.sessions.items()):  # a copy: the loop may admit one
-                    values, seen = session.estimate()
-                    if values is None:
+                    values, seen = server.live_estimate(session)
+                    if values is None:  # none yet, or a silent plant's (reset at its next request)
                         continue
                     plant = plant_label(client)
                     for name, value in zip(names, values.tolist(), strict=True):

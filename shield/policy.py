@@ -145,10 +145,14 @@ class OnnxPolicy:
         self.estimate_name, self.estimate_dim = None, 0
         if estimate:
             e_shape = estimate[0].shape
-            if self.state_output_name is None or len(e_shape) != 2 or not isinstance(e_shape[1], int):
+            if self.state_output_name is None:
                 raise PolicyError(
-                    f"policy.onnx: {ESTIMATE_OUTPUT} must be [batch, P] beside a history state, got {e_shape}"
+                    f"policy.onnx: outputs {ESTIMATE_OUTPUT} but no next state: a graph that estimates the plant "
+                    f"must output its next history too (only a graph without an estimate may leave the history to "
+                    f"the runtime)"
                 )
+            if len(e_shape) != 2 or not isinstance(e_shape[1], int):
+                raise PolicyError(f"policy.onnx: {ESTIMATE_OUTPUT} must be [batch, P], got {e_shape}")
             self.estimate_name, self.estimate_dim = ESTIMATE_OUTPUT, int(e_shape[1])
             outputs.append(estimate[0])
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)

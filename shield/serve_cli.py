@@ -363,7 +363,9 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"serve: contract: {line}", flush=True)  # what the plant's controller must send, and at which rate
     from shield.bundle import gate_note
 
-    note = gate_note(runtime.bundle.manifest if runtime.bundle is not None else None, models if task else None)
+    # Served by path: a registry's version directory is ROOT/TASK/VERSION, so its registry is two levels up.
+    root = models if task else Path(bundle_dir).resolve().parent.parent
+    note = gate_note(runtime.bundle.manifest if runtime.bundle is not None else None, root)
     if note:
         print(f"serve: note: {note}", file=sys.stderr, flush=True)
     extra = f" metrics=http://{metrics[0]}:{metrics[1]}/metrics" if metrics else ""

@@ -228,6 +228,14 @@ class ServedBundle:
             shield.reset()
         return shield
 
+    @property
+    def wants_spare(self) -> bool:
+        """A spare session was taken and can be rebuilt (`add_spare`)."""
+        return self.has_sessions and len(self.spares) < SPARE_SESSIONS
+
+    def add_spare(self) -> None:
+        self.spares.append(self.spare_session())
+
     def take_session(self) -> Any:
         """A session for a new plant: a spare one if any is left, else built now."""
         return self.spares.pop() if self.spares else self.new_session()

@@ -58,7 +58,7 @@ from shield.protocol import (
     latency_bin,
 )
 from shield.replay import PlantTable, SequenceGuard
-from shield.served import SPARE_SESSIONS, ServedBundle, ServeStats
+from shield.served import ServedBundle, ServeStats
 from shield.spec import same_spec
 
 # Looks at the socket's queue without waiting or taking the datagram (0: the platform has no MSG_DONTWAIT).
@@ -322,12 +322,14 @@ class PolicyServer:
             # the jump of a reset as dynamics (a lost reply, the other reason to send it, only splits an episode).
             self.plants.new_episode(session)
         if srv.stateful:
+            # Each rule its own count: a new plant's first request with RESET_STATE counts under both.
             if new:
                 stats.state_resets_new_plant += 1  # a fresh session: its state is the initial one already
-            elif reset:
-                session.reset_policy_state()
+            if reset:
+                if not new:
+                    session.reset_policy_state()
                 stats.state_resets_requested += 1
-            elif silent:
+            elif silent and not new:
                 session.reset_policy_state()
                 stats.state_resets_silence += 1
         warn = 0
@@ -532,9 +534,16 @@ class PolicyServer:
     def _estimate_reply(self, srv: ServedBundle, seq: int, ts: int, client_id: int, client: Any) -> int:
         """The requesting plant's estimate (its session's, looked up, not created: asking admits no plant)."""
         self.stats.estimate_requests += 1
-        session = self.plants.sessions.get(client)
-        estimate, steps = (None, 0) if session is None else session.estimate()
+        estimate, steps = self.live_estimate(self.plants.sessions.get(client))
         return self._send(lambda: encode_estimate_reply(seq, ts, srv.version, estimate, steps, self.key, client_id))
+
+    def live_estimate(self, session: Any) -> tuple[Any, int]:
+        """(estimate, steps) of a plant session, or (None, 0) where there is none or the plant has been silent past
+        the plant-live time: its policy state restarts at its next request (the silence reset rule), so what it
+        believed before the silence is no longer what the policy holds for it."""
+        if session is None or time.perf_counter_ns() - session.seen_ns > self.served.plant_live_ns:
+            return None, 0
+        return session.estimate()
 
     def _log(self, srv: ServedBundle, session: Any, obs, legacy, raw, safe, info: dict, t0: int) -> None:
         if self.shadow_log is None:
@@ -575,9 +584,8 @@ class PolicyServer:
     def _idle(self, quiet: bool = True) -> None:
         """Between requests: make a plant session ready for the next new plant; flush a due shadow log.
         `quiet`: no datagram for a whole poll period, so the cyclic GC may run its full pass too."""
-        served = self.served
-        if len(served.spares) < SPARE_SESSIONS and served.has_sessions:
-            served.spares.append(served.spare_session())
+        if self.served.wants_spare:
+            self.served.add_spare()
         if quiet and self.stats.requests != self._collected_at:  # once per quiet spell after traffic
             self._collected_at = self.stats.requests
             gc.collect()
@@ -589,16 +597,13 @@ class PolicyServer:
         two). `_idle` alone refilled only after a quiet poll period, which a live plant never leaves: every new
         plant after the first SPARE_SESSIONS was built on the hot path, its own first reply late and the other
         plants' requests queued behind it (helper-48: 92 of 250 replies late at 50 Hz, new plants every 50 ms)."""
-        served = self.served
-        if len(served.spares) >= SPARE_SESSIONS or not served.has_sessions:
+        if not self.served.wants_spare or not _PEEK_NOW:  # no non-blocking peek on this platform: `_idle` refills
             return
-        if not _PEEK_NOW:
-            return  # no non-blocking peek on this platform: `_idle` refills
         try:
             sock.recv(1, _PEEK_NOW)
             return  # a request is waiting: it goes first
         except (BlockingIOError, InterruptedError):
-            served.spares.append(served.spare_session())
+            self.served.add_spare()
         except OSError:
             return
 

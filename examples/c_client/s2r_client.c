@@ -32,15 +32,17 @@
  * run against one whose hash differs: a plant that would send its observations in another order, or at
  * another rate, than the policy expects.
  *
- * Prints, when it checked the contract, a line
- *   contract period_s=P names_sha256=H version=V obs_dim=N act_dim=M
+ * Prints, when it checked the contract, a line (before it compares, so a refusal shows what is served)
+ *   contract period_s=P names_sha256=H version=V obs_dim=N act_dim=M blind_horizon=K
  * and then one line:
  *   reply seq=N status=0xS latency_us=L version=V action=A0 A1 ... bits=H0 H1 ...
  * where bits are the IEEE-754 float32 words in hex (exact); with BLIND set, `blind=1` (or `blind=past_horizon`)
  * comes before action=. Exit status:
  * 0 reply received and verified, 1 usage/socket error, 2 no reply within 1 s (datagrams that are not
  * the server's signed reply to this request are skipped), 3 malformed reply, 4 the served bundle's
- * contract is not the one this client was built for (nothing was sent to the policy).
+ * contract is not the one this client was built for, or takes other counts of observations or legacy
+ * actions than given (nothing was sent to the policy), 5 reply received and verified, and it carries an
+ * alarm bit (STATUS_ALARMS: a refusal, a fallback, BLIND_PAST_HORIZON): its action is still the one to apply.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
@@ -74,6 +76,9 @@
 enum { ACT_REQUEST = 1, ACT_REPLY = 2, CONTRACT_REQUEST = 5, CONTRACT_REPLY = 6, ESTIMATE_REQUEST = 7, ESTIMATE_REPLY = 8 };
 enum { FLAG_HMAC = 1, FLAG_OBS_MISSING = 4 };
 enum { STATUS_BLIND = 0x1000, STATUS_BLIND_PAST_HORIZON = 0x2000, STATUS_BACKUP = 0x4000 };
+/* The alarm bits (protocol.md, "Status bits"): FALLBACK, BAD_INPUT, AUTH_FAILED, STALE, DEADLINE, INFERENCE_ERROR,
+ * BUSY, BLIND_PAST_HORIZON. A reply carrying any is applied all the same, and the exit status says so (5). */
+#define STATUS_ALARMS 0x22EEu
 
 /* ---------------------------------------------------------------- SHA-256 */
 typedef struct { uint32_t h[8]; uint64_t len; uint8_t buf[64]; size_t n; } sha256_ctx;
@@ -248,10 +253,11 @@ static ssize_t ask(int fd, int type, uint32_t pad, uint8_t *rep, size_t cap, uin
     return await_reply(fd, rep, cap, type + 1, seq, client_id, reply_key, keyed);
 }
 
-/* Ask for the served bundle's contract and compare its names hash with `expected` (hex): 0 when it matches,
- * else the exit status (2 timeout, 3 malformed, 4 another contract, 1 socket error). */
-static int check_contract(int fd, const char *expected, uint64_t seq, uint32_t client_id, const uint8_t *request_key,
-                          const uint8_t *reply_key, int keyed) {
+/* Ask for the served bundle's contract, print it, and compare its names hash with `expected` (hex) and its
+ * dimensions with this call's: 0 when both match, else the exit status (2 timeout, 3 malformed, 4 another contract
+ * or other dimensions, 1 socket error). */
+static int check_contract(int fd, const char *expected, int n_obs, int n_leg, uint64_t seq, uint32_t client_id,
+                          const uint8_t *request_key, const uint8_t *reply_key, int keyed) {
     uint8_t rep[512];
     char got[65];
     ssize_t body = ask(fd, CONTRACT_REQUEST, CONTRACT_PAYLOAD, rep, sizeof rep, seq, client_id, request_key, reply_key,
@@ -269,13 +275,21 @@ static int check_contract(int fd, const char *expected, uint64_t seq, uint32_t c
     int stated = 0;
     for (int i = 0; i < 32; i++) { snprintf(got + 2 * i, 3, "%02x", p[16 + i]); stated |= p[16 + i]; }
     if (!stated) got[0] = '\0';
+    unsigned obs_dim = get16(p + 4), act_dim = get16(p + 6);
+    printf("contract period_s=%.9g names_sha256=%s version=%u obs_dim=%u act_dim=%u blind_horizon=%u\n", period, got,
+           get32(p), obs_dim, act_dim, get32(p + 52));
+    fflush(stdout);
     if (strcmp(got, expected) != 0) {
         fprintf(stderr, "refusing to run: the served bundle's I/O contract hashes to %s, this client was built for %s\n",
                 stated ? got : "(none: no contract)", expected);
         return 4;
     }
-    printf("contract period_s=%.9g names_sha256=%s version=%u obs_dim=%u act_dim=%u blind_horizon=%u\n", period, got,
-           get32(p), get16(p + 4), get16(p + 6), get32(p + 52));
+    if ((unsigned)n_obs != obs_dim || (n_leg != 0 && (unsigned)n_leg != act_dim)) {
+        /* The server would drop or refuse such a request: say which count is wrong instead of timing out. */
+        fprintf(stderr, "refusing to send: the served bundle takes %u observations and %u legacy actions (or none), "
+                "this call gives %d and %d\n", obs_dim, act_dim, n_obs, n_leg);
+        return 4;
+    }
     return 0;
 }
 
@@ -347,7 +361,7 @@ int main(int argc, char **argv) {
     int fd = socket(AF_INET, SOCK_DGRAM, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) { perror("socket"); return 1; }
     if (expected[0]) {
-        int rc = check_contract(fd, expected, seq, client_id, request_key, reply_key, klen != 0);
+        int rc = check_contract(fd, expected, n_obs, n_leg, seq, client_id, request_key, reply_key, klen != 0);
         if (rc) return rc;
         seq += 1;  /* the contract request spent this one */
     }
@@ -378,5 +392,6 @@ int main(int argc, char **argv) {
     printf(" bits=");
     for (int i = 0; i < n_act; i++) printf("%s%08x", i ? " " : "", get32(rep + 48 + 4 * i));
     printf("\n");
-    return estimate ? read_estimate(fd, seq + 1, client_id, request_key, reply_key, klen != 0) : 0;
+    int rc = estimate ? read_estimate(fd, seq + 1, client_id, request_key, reply_key, klen != 0) : 0;
+    return rc ? rc : (status & STATUS_ALARMS) ? 5 : 0;
 }

@@ -69,7 +69,8 @@ def io_contract(
             "shape": [1, int(history_length), len(mean) + len(low)],
             "dtype": "float32",
             "initial": "zeros",
-            "holds": "row k: the observation and the action the plant was sent (after the shield) k + 1 steps ago",
+            "holds": "row k: the observation (raw, as sent; obs_dim values) then the action the plant was sent (after "
+            "the shield; act_dim values) k + 1 steps ago, newest first",
             "after_step": f"{state_names[1]}'s newest row holds the policy's own action; the runtime writes the "
             "action the plant was really sent over it before the next step",
             "reset_on": list(RESET_RULES),
@@ -82,7 +83,12 @@ def io_contract(
         "actions": actions,
         "policy_state": state,
         "expected_range": f"the training observations' mean +- {EXPECTED_SIGMA:g} std; a set-point's declared box",
-        "names_sha256": names_sha256([o["name"] for o in observations], [a["name"] for a in actions], period),
+        "names_sha256": names_sha256(
+            [o["name"] for o in observations],
+            [a["name"] for a in actions],
+            period,
+            [str(e[0]) for e in estimates or []],
+        ),
     }
     if estimates:
         contract["plant_estimate"] = {

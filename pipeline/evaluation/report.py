@@ -42,8 +42,9 @@ def _first_episode(cols: dict) -> np.ndarray:
     return cols["episode"] == cols["episode"][0]
 
 
-def plot_actions(cols: dict) -> str:
-    """Legacy vs candidate (raw and shielded) action per dimension over the first logged episode."""
+def plot_actions(cols: dict, names: list[str] | None = None) -> str:
+    """Legacy vs candidate (raw and shielded) action per dimension over the first logged episode; `names`: each
+    action's declared name (its actuator's)."""
     import matplotlib.pyplot as plt
 
     sel = _first_episode(cols)
@@ -54,7 +55,7 @@ def plot_actions(cols: dict) -> str:
         ax.plot(t, cols["legacy_action"][sel, d], label="legacy (applied)", lw=1.6, color="black")
         ax.plot(t, cols["candidate_raw"][sel, d], label="candidate raw", lw=0.9, color="tab:orange", alpha=0.7)
         ax.plot(t, cols["candidate_action"][sel, d], label="candidate shielded", lw=1.0, color="tab:blue", ls="--")
-        ax.set_ylabel(f"action[{d}]")
+        ax.set_ylabel(names[d] if names and d < len(names) else f"action[{d}]")
     axes[0, 0].legend(loc="upper right", fontsize=7)
     axes[-1, 0].set_xlabel("time (s)")
     fig.suptitle("Shadow pass, first episode: legacy drives, candidate computed but not applied", fontsize=9)
@@ -354,7 +355,7 @@ def write_report(
         _gate_table(decision),
         _side_by_side(metrics, decision),
         "<h2>Actions: legacy vs candidate</h2>",
-        _img(plot_actions(cols), "action traces"),
+        _img(plot_actions(cols, cfg.action_names(cols["legacy_action"].shape[1])), "action traces"),
     ]
     parts += [
         "<h2>Safety: h(x) over time</h2>",

@@ -121,7 +121,26 @@ def test_a_c_controller_built_for_another_bundle_refuses_to_run(bundles, tmp_pat
                 assert srv.server.stats.policy_calls == 1
             else:
                 assert out.returncode == 4 and "refusing to run" in out.stderr and _hash(other) in out.stderr
+                assert f"names_sha256={_hash(other)}" in out.stdout  # what is served, printed before refusing
                 assert "reply seq" not in out.stdout and srv.server.stats.policy_calls == 0  # nothing ran
                 assert srv.server.stats.contract_requests == 1
         finally:
             srv.stop()
+
+
+def test_a_c_controller_giving_another_count_of_observations_is_told_so_not_timed_out(bundles, tmp_path):
+    """helper-50 gave the C example 4 observations for a 5-observation bundle: the server drops a request shorter
+    than a valid one, and the client said "timeout". Having read the contract, it now refuses to send, naming the
+    counts, and nothing reaches the policy."""
+    ours, _ = bundles
+    exe = _compile(tmp_path, _hash(ours))
+    srv = ServerThread(EdgeRuntime.load(ours), key=None, not_before_us=0)
+    try:
+        for obs, legacy in (([0.05, 0.02, 0.0, 0.0], None), ([0.05, 0.02, 0.0, 0.0, 0.0], "0.1,0.2")):
+            args = [str(exe), *(["-l", legacy] if legacy else []), srv.host, str(srv.port), *map(str, obs)]
+            out = subprocess.run(args, capture_output=True, text=True, timeout=10)
+            assert out.returncode == 4, (out.returncode, out.stderr)
+            assert "takes 5 observations and 1 legacy actions" in out.stderr, out.stderr
+        assert srv.server.stats.policy_calls == 0 and srv.server.stats.contract_requests == 2
+    finally:
+        srv.stop()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from shield.bundle import Bundle, BundleError
 from shield.client import PolicyClient
-from shield.contract import MAX_ESTIMATES, ContractError, check_contract, describe
+from shield.contract import MAX_ESTIMATES, ContractError, check_contract, describe, estimate_names, names_sha256
 from shield.policy import ESTIMATE_OUTPUT, OnnxPolicy
 from shield.protocol import (
     MsgType,
@@ -36,7 +36,7 @@ from tests.helpers.bundle_helpers import OBS_MEAN, OBS_STD, resealed_copy, shiel
 from tests.helpers.serve_bundles import write_key_file
 from tests.pipeline.deployment.test_export_parity import history_policy
 from tests.shield.test_serve_attacks import ServerThread
-from tests.shield.test_serve_clients import c_client  # noqa: F401  (a fixture)
+from tests.shield.test_serve_clients import C_ALARMS, c_client  # noqa: F401  (c_client: a fixture)
 
 pytestmark = pytest.mark.timeout(180)
 # What domain_encoding gives for a train set: [name, low, high, log scale].
@@ -131,6 +131,14 @@ def test_each_plant_keeps_its_own_estimate_read_back_over_udp_as_in_process(expo
         assert len(srv.server.plants.sessions) == 2  # asking admitted no plant
         restarted = plants[0].act(obs[0, 0], new_episode=True)  # the state starts afresh, and its step count
         assert restarted.status & REFUSED == 0 and plants[0].estimate().steps == 1
+        # Both plants silent past the plant-live time (their last request moved back, no sleep): their states restart
+        # at their next request, so neither still reports what it believed before (helper-50 read the old values).
+        for session in srv.server.plants.sessions.values():
+            session.seen_ns -= srv.server.served.plant_live_ns + 10**6
+        silent = plants[1].estimate()
+        assert silent.values.size == 0 and silent.steps == 0
+        back = plants[1].act(obs[1, 0])
+        assert back.status & REFUSED == 0 and plants[1].estimate().steps == 1
         for client in (*plants, never):
             client.close()
     finally:
@@ -208,9 +216,40 @@ def test_a_contract_that_misstates_the_estimate_is_refused_by_key(exported, tmp_
     with pytest.raises(ContractError, match="without state cannot estimate"):
         check_contract({**contract, "policy_state": {"kind": "none"}}, 4, 2)
     # A bundle whose contract names fewer parameters than its graph outputs is refused at load.
-    short = resealed_copy(out, tmp_path / "short", lambda c: c["plant_estimate"]["parameters"].pop())
+    short = resealed_copy(out, tmp_path / "short", lambda c: _rehashed(c, c["plant_estimate"]["parameters"].pop()))
     with pytest.raises(BundleError, match="states 2 parameters, policy.onnx outputs 3"):
         EdgeRuntime.load(short)
+
+
+def _names(contract: dict) -> tuple:
+    return [o["name"] for o in contract["observations"]], [a["name"] for a in contract["actions"]]
+
+
+def _rehashed(contract: dict, _edit=None) -> None:
+    """The contract's names hash made its own again after an edit (as an export would state it)."""
+    contract["names_sha256"] = names_sha256(*_names(contract), contract["control_period_s"], estimate_names(contract))
+
+
+def test_the_names_hash_covers_the_estimated_parameters_and_an_older_bundles_hash_still_loads(exported, tmp_path):
+    """helper-50's client, built for one adaptive bundle, ran against a retrain that estimates fewer parameters (its
+    position 2 another parameter) with the same hash. The hash now covers the estimate's names in order; a bundle
+    exported before states the hash of the names and period alone, and still loads and serves."""
+    _, _, out = exported
+    contract = Bundle.load(out).manifest["contract"]
+    names = estimate_names(contract)
+    assert len(names) == 3
+    period = contract["control_period_s"]
+    assert contract["names_sha256"] == names_sha256(*_names(contract), period, names)
+    assert contract["names_sha256"] != names_sha256(*_names(contract), period)  # the layout is in it
+    assert names_sha256(*_names(contract), period, names[:2]) != contract["names_sha256"]
+    assert names_sha256(*_names(contract), period, names[::-1]) != contract["names_sha256"]
+    older = resealed_copy(
+        out, tmp_path / "older", lambda c: c.update(names_sha256=names_sha256(*_names(c), c["control_period_s"]))
+    )
+    assert EdgeRuntime.load(older).new_session() is not None
+    forged = resealed_copy(out, tmp_path / "forged", lambda c: c.update(names_sha256="0" * 64))
+    with pytest.raises(BundleError, match="does not hash the contract's names"):
+        EdgeRuntime.load(forged)
 
 
 @settings(max_examples=60, deadline=None)
@@ -251,7 +290,8 @@ def test_the_c_client_reads_its_plants_estimate_bit_for_bit(exported, c_client, 
         )
     finally:
         srv.stop()
-    assert ran.returncode == 0, ran.stderr
+    status = int(ran.stdout.split("status=")[1].split()[0], 16)
+    assert ran.returncode == (5 if status & C_ALARMS else 0), ran.stderr  # 5: the act reply carried an alarm bit
     line = ran.stdout.splitlines()[-1]
     assert line.startswith(f"estimate steps={steps} n={len(ESTIMATES)} ") and steps == 1, line
     bits = np.array([int(w, 16) for w in line.split(" bits=")[1].split()], np.uint32)

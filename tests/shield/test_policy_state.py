@@ -107,6 +107,7 @@ def test_two_plants_interleaved_keep_separate_states_with_resets_bit_for_bit(sta
     rng = np.random.default_rng(5)
     obs = (rng.normal(size=(2, steps, 4)) * np.asarray(OBS_STD) * 0.3 + OBS_MEAN).astype(np.float32)
     resets = [_episodes(rng, p, steps) for p in (0, 1)]
+    resets[0].add(0)  # a plant whose first request says new episode: counted as requested too (helper-50)
     srv = ServerThread(EdgeRuntime.load(out))
     try:
         plants = [PolicyClient(srv.host, srv.port, timeout_s=2.0) for _ in range(2)]

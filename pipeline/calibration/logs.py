@@ -58,6 +58,7 @@ class FieldLog:
     # In a directory of parts from more than one recording (recording_of): (label, first row, row past the last).
     recordings: tuple[tuple[str, int, int], ...] = ()
     meta: dict = field(default_factory=dict)  # the (first) part's meta
+    ends: tuple[tuple[int, int], tuple[int, int]] | None = None  # (episode, step) of its first row and of its last
 
     @property
     def seconds(self) -> float:
@@ -273,8 +274,9 @@ def _check_kinematics(where: str, cols: dict, obs: np.ndarray, pairs, names, dt:
 
 
 def recording_of(part: Path, meta: dict) -> str:
-    """The recording a log part belongs to: one `serve` process writes parts named shadow-<start>-<pid>-<seq>.npz, all
-    of one bundle version; any other name is a recording of its own. Parts of two recordings can come from two
+    """The recording a log part belongs to by its name: one `serve` process writes parts named
+    shadow-<start>-<pid>-<seq>.npz, all of one bundle version; any other name is a recording of its own unless it
+    continues the part before (load_field_log). Parts of two recordings can come from two
     plants (a payload changed between nights), which one fit would average into neither."""
     stem = part.stem
     head, _, seq = stem.rpartition("-")
@@ -329,6 +331,7 @@ def load_field_log(
 
     parts = shadow_log_files(path) if Path(path).is_dir() else []
     recordings: list[tuple[str, int, int]] = []
+    previous = None
     for part in parts if len(parts) > 1 else []:
         alone = load_field_log(
             part,
@@ -343,6 +346,15 @@ def load_field_log(
             velocity_pairs=velocity_pairs,
         )
         label, start = recording_of(part, alone.meta), recordings[-1][2] if recordings else 0
+        # A part that continues the one before (same bundle version, its first row the next step of the last
+        # one's episode) is the same recording whatever its name: one recorder's session cut into files.
+        if recordings and previous is not None and alone.ends is not None:
+            (episode, step), (last_episode, last_step) = alone.ends[0], previous.ends[1]
+            if (episode, step) == (last_episode, last_step + 1) and alone.meta.get(
+                "bundle_version"
+            ) == previous.meta.get("bundle_version"):
+                label = recordings[-1][0]
+        previous = alone
         if recordings and recordings[-1][0] == label:
             recordings[-1] = (label, recordings[-1][1], start + len(alone.obs))
         else:
@@ -418,4 +430,8 @@ def load_field_log(
         clock_note=clock_note,
         recordings=tuple(recordings) if len(recordings) > 1 else (),
         meta=meta,
+        ends=(
+            (int(cols["episode"][0]), int(cols["step"][0])),
+            (int(cols["episode"][-1]), int(cols["step"][-1])),
+        ),
     )

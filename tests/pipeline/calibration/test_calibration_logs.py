@@ -277,3 +277,24 @@ def test_noise_is_lowered_only_on_residuals_white_past_one_step(log_file):
         assert held and all(c["used"] == c["configured"] for c in held), wrong
         # Nothing is set below the noise the log holds.
         assert all(c["used"] >= 0.95 * true for c, true in zip(wrong, logged)), wrong
+
+
+def test_a_log_cut_into_files_is_one_recording_and_two_nights_are_two(log_file, tmp_path):
+    """A recorder that cuts one session into files (the step counter runs on) gives one recording, whatever the
+    files' names; files that do not continue each other are recordings of their own, each starting its own runs
+    (both numbering their episodes from 0 is no gap)."""
+    cols, meta = read_shadow_log(log_file)
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    write_shadow_log(cut / "a.npz", {k: v[:300] for k, v in cols.items()}, meta)
+    write_shadow_log(cut / "b.npz", {k: v[300:] for k, v in cols.items()}, meta)
+    one = _load(cut)
+    assert one.recordings == () and one.runs == [(0, STEPS)]
+    nights = tmp_path / "nights"
+    nights.mkdir()
+    write_shadow_log(nights / "night1.npz", {k: v[:350] for k, v in cols.items()}, meta)
+    second = {k: v[350:] for k, v in cols.items()}
+    second["step"] = second["step"] - second["step"][0]  # its own recorder's counter, from 0 again
+    write_shadow_log(nights / "night2.npz", second, meta)
+    two = _load(nights)
+    assert two.recordings == (("night1", 0, 350), ("night2", 350, STEPS)) and two.runs == [(0, 350), (350, STEPS)]

@@ -84,6 +84,24 @@ def latency_outside(cfg, latency: int, confidence: float) -> str | None:
     )
 
 
+def latency_undecided(cfg, latency: int, runner_up: int | None, confidence: float) -> str | None:
+    """The verdict line for a best-fitting latency past every set's `latency_steps` that the runner-up cannot be
+    ruled out against (confidence below OUTSIDE_INTERVAL: not called outside). A latency that varies from step to
+    step between the two reads so. The calibrated set then carries both (`calibrated_set`), and a set reaching past
+    the sets' latencies is one neither train nor the shield was made for: said, not written silently."""
+    most = _longest_latency(cfg)
+    if latency <= most or confidence >= OUTSIDE_INTERVAL or runner_up is None:
+        return None
+    low, high = min(latency, runner_up), max(latency, runner_up)
+    return (
+        f"latency?: the logs favour {latency} control steps over {runner_up} (confidence {confidence:.3f}, short "
+        f"of the {OUTSIDE_INTERVAL:.0%} that calls a plant outside); a latency varying between the two reads so. "
+        f"The calibrated set carries {low}..{high}, past every set's latency_steps (at most {most}): widen "
+        f"latency_steps in every set (and shield.latency_steps where set) to {high} before training on it, or "
+        f"record a longer log to decide"
+    )
+
+
 def _prediction_error(problem: Problem, x) -> dict:
     """Open-loop error from the first states in x over each window (steps 1..H): physical and in obs-noise units."""
     physical = (problem.simulate(x) - problem.measured)[:, 1:]
@@ -341,6 +359,8 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
     late = latency_outside(cfg, latency, confidence)
     if late:
         verdict.append(late)
+    elif undecided := latency_undecided(cfg, latency, runner_up.latency if runner_up else None, confidence):
+        verdict.append(undecided)
     if where == "outside":
         verdict.append(
             "outside: no plant inside the config's randomization ranges fits the logs "
@@ -348,7 +368,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             + ("; " + "; ".join(shield_beyond) if shield_beyond else "")
         )
     if verdict:
-        verdict += action_units_hints(parameters, _units_per_action(cfg, task))
+        verdict += action_units_hints(parameters, _units_per_action(cfg))
     before_p = problem(0)
     x_before = before_p.start(np.zeros(len(names)))
     result = {
@@ -383,6 +403,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
         "obs_noise_std": obs_noise,
         "obs_noise": {str(o): c for o, c in zip(twin.state_obs, noise)},
         "state_obs": twin.state_obs,
+        "state_obs_names": cfg.observation_names(twin.state_obs),
         "residual_vs_noise_floor": [float(v) for v in ratio],
         "defect_structure_F": [float(v) for v in structure],
         "misfit": misfit,
@@ -432,12 +453,14 @@ def _recordings_apart(log: FieldLog, windows: Windows, problem: Problem, best, v
     return out
 
 
-def _units_per_action(cfg, task: dict) -> dict[str, float]:
-    """Each actuator's physical units per unit action (N, N m), as the bundle's contract states it."""
-    from pipeline.deployment.contract import task_io
+def _units_per_action(cfg) -> dict[str, float]:
+    """Each actuator's physical units per unit action (N, N m), as the declaration (and the bundle's contract)
+    states it; {} for a task that declares none."""
+    import envs.registry
 
-    io, _ = task_io(cfg.task.env_id, task["obs_dim"], task["act_dim"])
-    return {a["name"]: float(a["units_per_action"]) for a in io["actions"]}
+    task = envs.registry.find(cfg.task.env_id)
+    io = task.describe_io() if task is not None and task.describe_io is not None else None
+    return {a["name"]: float(a["units_per_action"]) for a in (io or {}).get("actions", [])}
 
 
 UNITS_SPAN = 1.5  # a units_per_action this far from 1 (either way) makes a log in physical units tell from one without
@@ -456,7 +479,10 @@ def action_units_hints(parameters: dict, units_per_action: dict[str, float]) -> 
             continue
         lo, hi = entry["configured"]
         gain = entry["identified"]
-        if (u < 1 and gain > hi) or (u > 1 and gain < lo):
+        # Nearer 1/u than its range (in log scale): a gain 1-5 % past its range is a plant (helper-51's payload
+        # gave 0.888 against 0.9..1.1 with 10 N per unit), not a log 10x off.
+        toward = (u < 1 and gain > hi) or (u > 1 and gain < lo)
+        if toward and abs(math.log(gain * u)) < abs(math.log(gain / (hi if u < 1 else lo))):
             out.append(
                 f"units? {name} fits at {gain:.3g}, beyond its configured {lo:g}..{hi:g} toward 1/units_per_action "
                 f"= {1 / u:.3g}: if the log's legacy_action is in the actuator's physical units, divide it by its "
@@ -496,7 +522,14 @@ def summary_lines(result: dict) -> list[str]:
     lines.append(
         f"prediction error (RMS over the window, in expected-spread units): "
         f"nominal twin {err['before']['rms_normalized']:.2f} -> calibrated {err['after']['rms_normalized']:.2f}"
-        f"; residual / noise floor per observation " + ", ".join(f"{v:.2f}" for v in result["residual_vs_noise_floor"])
+        f"; residual / noise floor per state observation "
+        + ", ".join(
+            f"{name} {v:.2f}"
+            for name, v in zip(
+                result.get("state_obs_names") or [f"obs[{o}]" for o in result["state_obs"]],
+                result["residual_vs_noise_floor"],
+            )
+        )
     )
     runner = (
         f" (vs {lat['runner_up']} steps: confidence {lat['confidence']:.3f})" if lat["runner_up"] is not None else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from pipeline.calibration.identify import OUTSIDE_INTERVAL
 from pipeline.calibration.twin import PHYSICAL_GROUPS, put_range
 
 
@@ -66,8 +67,13 @@ def calibrated_set(result: dict, reality, cfg=None) -> dict:
     out: dict = {}
     for name, p in result["parameters"].items():
         put_range(out, name, {"dist": configured_dist(cfg, name), "low": p["range"][0], "high": p["range"][1]})
-    lat = result["latency_steps"]["identified"]
-    out["latency_steps"] = {"low": lat, "high": lat}
+    lat = result["latency_steps"]
+    # A latency the runner-up is not ruled out against (the outside verdict's confidence): both, as a latency
+    # varying between them reads.
+    both = [lat["identified"]]
+    if lat.get("runner_up") is not None and lat.get("confidence", 1.0) < OUTSIDE_INTERVAL:
+        both.append(lat["runner_up"])
+    out["latency_steps"] = {"low": min(both), "high": max(both)}
     out["obs_noise_std"] = list(result["obs_noise_std"])
     out["action_noise_std"] = list(reality.action_noise_std)
     if reality.push is not None:

@@ -139,7 +139,8 @@ def test_two_recordings_of_two_plants_are_not_fitted_as_one_average_plant(tmp_pa
 def test_a_fit_past_the_range_toward_one_over_units_per_action_asks_whether_the_log_is_in_newtons():
     """helper-47 logged a 0.3 N m-per-unit motor's actions in N m: inside the action box, so read as a drive 3.3x
     stronger (a misfit, outside). A gain fitted past its range toward 1/units_per_action now asks about units;
-    one past it the other way, or a unit near 1 (a log in N would read the same), does not."""
+    one past it the other way, nearer its range than 1/units_per_action (helper-51: 0.888 against 0.9..1.1 with 10 N
+    per unit, a payload), or a unit near 1 (a log in N would read the same), does not."""
     from pipeline.calibration.calibrate import action_units_hints
 
     def gain(value):
@@ -151,6 +152,8 @@ def test_a_fit_past_the_range_toward_one_over_units_per_action_asks_whether_the_
     assert len(action_units_hints(gain(0.05), {"motor": 30.0})) == 1  # a log in N of a 30 N-per-unit drive: 30x weaker
     assert action_units_hints(gain(2.4), {"motor": 1.2}) == []  # too near 1 to tell
     assert action_units_hints(gain(1.0), {"motor": 0.3}) == []  # inside its range
+    assert action_units_hints(gain(0.75), {"motor": 10.0}) == []  # a weak drive, nearer its range than 1/10
+    assert action_units_hints(gain(1.3), {"motor": 0.3}) == []  # past its range, nearer it than 1/0.3
 
 
 def _longer_pole_task(base: Path) -> Path:
@@ -218,3 +221,31 @@ def test_a_latency_longer_than_every_set_allows_is_outside():
     assert line is not None and line.startswith("outside: the plant's latency is 4 control steps"), line
     assert "at most 3" in line and "widen latency_steps" in line
     assert latency_outside(cfg, 4, 0.9) is None  # 4 hardly beats the runner-up: it may be 3, inside
+
+
+def test_a_latency_past_every_set_that_the_runner_up_is_not_ruled_out_against_is_said_and_set_to_both():
+    """helper-51's rig answered 1 or 2 steps late, against sets allowing 0..1: latency 2 at confidence 0.968 over 1,
+    so not outside, and the verdict said inside while the calibrated set carried 2..2, past every set. The set now
+    carries both, and a verdict line says it reaches past the sets (exit 1: nothing trains on it unsaid)."""
+    from pipeline.calibration.calibrate import latency_undecided
+    from pipeline.calibration.sets import calibrated_set
+
+    cfg = load_config(CFG)  # up to 3 steps
+    line = latency_undecided(cfg, 4, 3, 0.968)
+    assert line is not None and line.startswith("latency?: the logs favour 4 control steps over 3"), line
+    assert "carries 3..4" in line and "at most 3" in line
+    assert latency_undecided(cfg, 4, 3, 0.999) is None  # that one is outside (latency_outside)
+    assert latency_undecided(cfg, 3, 4, 0.968) is None  # inside the sets
+    reality = cfg.randomization["reality"]
+
+    def latency_set(identified, runner_up, confidence):
+        result = {
+            "parameters": {},
+            "latency_steps": {"identified": identified, "runner_up": runner_up, "confidence": confidence},
+            "obs_noise_std": [0.0] * 5,
+        }
+        return calibrated_set(result, reality, cfg)["latency_steps"]
+
+    assert latency_set(4, 3, 0.968) == {"low": 3, "high": 4}
+    assert latency_set(1, 2, 0.999) == {"low": 1, "high": 1}  # decided: the one
+    assert latency_set(1, None, 1.0) == {"low": 1, "high": 1}

@@ -351,8 +351,8 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
         worst = max(velocities, key=lambda i: structure[i])
         verdict.append(
             f"misfit: the calibrated twin's errors on observation {named[worst]} follow the "
-            f"state (F = {structure[worst]:.0f}, above {STRUCTURE_F:.0f}): the plant has dynamics the "
-            f"twin does not model (a changed geometry, friction, a sensor)"
+            f"state or the action (F = {structure[worst]:.0f}, above {STRUCTURE_F:.0f}): the plant has dynamics "
+            f"the twin does not model (a changed geometry, a drive's deadband or saturation, friction, a sensor)"
         )
     verdict += apart
     confidence = latency_confidence(best, runner_up) if runner_up else 1.0
@@ -443,7 +443,7 @@ def _recordings_apart(log: FieldLog, windows: Windows, problem: Problem, best, v
             said = (
                 f"leaves {ratio.max():.1f}x the noise floor"
                 if ratio.max() > MISFIT_RATIO
-                else f"leaves errors that follow the state (F = {structure[worst]:.0f})"
+                else f"leaves errors that follow the state or the action (F = {structure[worst]:.0f})"
             )
             out.append(
                 f"misfit: the twin fitted to all {len(log.recordings)} recordings {said} on {label} (rows "

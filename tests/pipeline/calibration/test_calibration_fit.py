@@ -156,19 +156,42 @@ def test_a_fit_past_the_range_toward_one_over_units_per_action_asks_whether_the_
     assert action_units_hints(gain(1.3), {"motor": 0.3}) == []  # past its range, nearer it than 1/0.3
 
 
-def _longer_pole_task(base: Path) -> Path:
-    """The shipped cart-pole with a 20 % longer pole (same mass), declared as its own task."""
+def _variant_task(base: Path, name: str, env_id: str, old: str, new: str) -> Path:
+    """The shipped cart-pole with `old` replaced by `new` in its MJCF, declared as its own task."""
     from envs.tasks import register_task_file
 
     xml = (ROOT / "configs" / "cartpole_rail.xml").read_text()
-    (base / "cartpole_long.xml").write_text(xml.replace('fromto="0 0 0  0 0 1.0"', 'fromto="0 0 0  0 0 1.2"'))
+    assert old in xml
+    (base / f"{name}.xml").write_text(xml.replace(old, new))
     data = yaml.safe_load(CFG.read_text())
-    data["task"] = {"name": "cartpole_long", "env_id": "sim2real/CartPoleLongTest-v0"}
-    data["plant"]["mjcf"] = "cartpole_long.xml"
-    path = base / "cartpole_long.yaml"
+    data["task"] = {"name": name, "env_id": env_id}
+    data["plant"]["mjcf"] = f"{name}.xml"
+    path = base / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     register_task_file(path)
     return path
+
+
+def _longer_pole_task(base: Path) -> Path:
+    """The shipped cart-pole with a 20 % longer pole (same mass), declared as its own task."""
+    return _variant_task(
+        base, "cartpole_long", "sim2real/CartPoleLongTest-v0", 'fromto="0 0 0  0 0 1.0"', 'fromto="0 0 0  0 0 1.2"'
+    )
+
+
+@pytest.mark.timeout(900)
+def test_a_drive_that_saturates_where_the_twin_does_not_is_flagged_as_a_misfit(tmp_path):
+    """helper-51's drive had a deadband and saturated at 0.3 of its range, which the twin does not model: exit 0,
+    "down to the noise floor", and most intervals off the plant. The median residual hides a nonlinearity that
+    acts on a few steps, and the structure test read only linear terms. Here the cart's drive gives out at half
+    its range (6 % of the legacy actions reach past it): the velocities' linear F stayed at 17-18, under the
+    limit; the shapes a saturation or a deadband leaves (partial F on top of the linear terms) flag it."""
+    _variant_task(tmp_path, "cartpole_sat", "sim2real/CartPoleSatTest-v0", 'ctrlrange="-1 1"', 'ctrlrange="-0.5 0.5"')
+    log = simulated_log(
+        load_config(CFG), INSIDE, 1, tmp_path / "sat.npz", steps=1000, env_id="sim2real/CartPoleSatTest-v0"
+    )
+    r = calibrate(load_config(CFG), log)
+    assert r["misfit"] and any("deadband or saturation" in v for v in r["verdict"]), r["verdict"]
 
 
 @pytest.mark.timeout(900)

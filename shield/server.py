@@ -251,7 +251,8 @@ class PolicyServer:
         if not guard.fresh(
             client, seq, self.wall_clock_ns() // 1000 if key is not None else 0
         ) or seq <= self.plants.last_seq(client):
-            return self._refuse(srv, seq, ts, client_id, _STALE, n)  # late, duplicated or replayed: nothing moves
+            # Late, duplicated or replayed: nothing moves.
+            return self._refuse(srv, seq, ts, client_id, _STALE, n, client)
         if key is not None:
             # Authenticated and fresh: its seq is spent whatever the answer (as IPsec's anti-replay window moves
             # once the integrity check passes). A signed request refused below (BUSY at --max-plants, BAD_INPUT)
@@ -270,7 +271,7 @@ class PolicyServer:
                 return self._estimate_reply(srv, seq, ts, client_id, client)
             return self._contract_reply(srv, seq, ts, client_id)
         if payload_len < ACT_REQUEST_HEAD.size:
-            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
+            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n, client)
         n_obs, n_legacy = ACT_REQUEST_HEAD.unpack_from(buf, HEADER_SIZE)
         shadow = self.mode == "shadow"
         if (
@@ -278,12 +279,12 @@ class PolicyServer:
             or n_legacy not in ((srv.act_dim,) if shadow else (0, srv.act_dim))
             or payload_len != ACT_REQUEST_HEAD.size + 4 * (n_obs + n_legacy)
         ):
-            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
+            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n, client)
         floats = np.frombuffer(buf, dtype="<f4", count=n_obs + n_legacy, offset=HEADER_SIZE + ACT_REQUEST_HEAD.size)
         values = floats.tolist()
         blind = flags & _OBS_MISSING  # the observation is missing: its values are ignored, the legacy action is not
         if not all(map(_isfinite, values[n_obs:] if blind else values)):  # a handful: cheaper than numpy's reduction
-            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
+            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n, client)
         legacy = floats[n_obs:].astype(np.float32) if shadow else None
         if (
             shadow
@@ -291,7 +292,7 @@ class PolicyServer:
             and srv.high is not None
             and not ((legacy >= srv.low).all() and (legacy <= srv.high).all())
         ):
-            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)  # the plant cannot have applied it
+            return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n, client)  # the plant cannot have applied it
         # A copy: the receive buffer is reused. Blind: NaN, what the shield log records for a missing observation.
         obs = np.full(n_obs, np.nan, np.float32) if blind else floats[:n_obs].astype(np.float32)
         plants = self.plants
@@ -442,9 +443,14 @@ class PolicyServer:
             status |= _INFERENCE_ERROR
         return self._reply(srv, seq, ts, client_id, status, safe.tobytes(), decided)
 
-    def _refuse(self, srv: ServedBundle, seq: int, ts: int, client_id: int, status: int, request_size: int) -> int:
+    def _refuse(
+        self, srv: ServedBundle, seq: int, ts: int, client_id: int, status: int, request_size: int, client: Any = None
+    ) -> int:
         """The fallback with `status`; dropped instead when the datagram is shorter than a valid act request
-        (a refusal then amplifies no more than an ordinary act reply does)."""
+        (a refusal then amplifies no more than an ordinary act reply does). `client`: the plant the request names,
+        once it is known: a set-point action (`fallback_hold`) of a plant with a session holds the last action that
+        plant was sent, as a late step does; the constant would command a servo to move there (a NaN reading, a
+        stale request)."""
         if request_size < srv.min_request + (MAC_SIZE if self.key is not None else 0):
             self.stats.dropped += 1  # answering would amplify: a short datagram gets nothing back
             return 0
@@ -455,7 +461,10 @@ class PolicyServer:
             stats.stale += 1
         elif status & _AUTH_FAILED:
             stats.auth_failures += 1
-        return self._reply(srv, seq, ts, client_id, status | _FALLBACK, srv.fallback_bytes)
+        action = srv.fallback_bytes
+        if srv.holds and client is not None and (session := self.plants.sessions.get(client)) is not None:
+            action = np.asarray(session.fallback(), "<f4").tobytes()
+        return self._reply(srv, seq, ts, client_id, status | _FALLBACK, action)
 
     def _reply(
         self,

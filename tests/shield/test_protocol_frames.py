@@ -344,3 +344,11 @@ def test_a_late_step_holds_a_set_point_action_where_it_was(tmp_path):
     assert late.action.tolist() == [first.action[0], 0.0]
     other = decode_act_reply(server.handle(encode_act_request(1, 10, OBS), ("127.0.0.1", 40001)))  # a new plant
     assert other.action.tolist() == [0.0, 0.0]
+    # A refused request of a plant with a session holds its set-point too: a NaN reading (BAD_INPUT) and a replayed
+    # seq (STALE) were answered with the constant, a command to move the servo there.
+    for request in (encode_act_request(3, 30, [np.nan] + list(OBS[1:])), encode_act_request(2, 20, OBS)):
+        refused = decode_act_reply(server.handle(request, ADDR))
+        assert refused.status & (Status.BAD_INPUT | Status.STALE) and refused.status & Status.FALLBACK
+        assert refused.action.tolist() == [first.action[0], 0.0]
+    stranger = decode_act_reply(server.handle(encode_act_request(2, 20, [np.nan] * len(OBS)), ("127.0.0.1", 40002)))
+    assert stranger.status & Status.BAD_INPUT and stranger.action.tolist() == [0.0, 0.0]  # no session: the constant

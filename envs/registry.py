@@ -169,6 +169,15 @@ def find(env_id: str) -> TaskSpec | None:
     return _TASKS.get(env_id)
 
 
+def describe_io(env_id: str) -> tuple[dict | None, float | None]:
+    """(the task's observations and actions as declared, its control period); (None, None) for an id no task
+    declares (a plain gymnasium env), and no I/O for a task that describes none."""
+    spec = _TASKS.get(env_id)
+    if spec is None:
+        return None, None
+    return (spec.describe_io() if spec.describe_io is not None else None), float(spec.control_period)
+
+
 def all_tasks() -> list[TaskSpec]:
     """Every registered task, in registration order."""
     return list(_TASKS.values())

@@ -120,7 +120,12 @@ def read_shadow_log(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     With several parts, columns are concatenated and `meta` is the first part's,
     with `bundle_versions` listing every version seen (a hot reload starts a new part).
     """
-    parts = [_read_one(p) for p in shadow_log_files(path)]
+    return join_shadow_logs([_read_one(p) for p in shadow_log_files(path)], path)
+
+
+def join_shadow_logs(parts: list[tuple[dict, dict]], path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+    """The (columns, meta) of parts read in order, joined as read_shadow_log joins a directory's (`path` names it
+    in an error)."""
     if len(parts) == 1:
         return parts[0]
     shapes = {(c["obs"].shape[1], c["legacy_action"].shape[1], c["h"].shape[1]) for c, _ in parts}

@@ -298,11 +298,8 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
     noise = observation_noise(twin, log, scales, latency, obs_std)
     # The residuals are in units of the configured noise (obs misfits: obs noise; defects: the
     # action noise's one-step effect), and smoothing only shrinks them: a right twin leaves at most 1.
-    ratio = residual_spread(best.residuals, final).reshape(2, -1).max(axis=0)  # per channel: misfit or defect
-    structure = defect_structure(final, best.residuals, best.x)
     velocities = [i for i, o in enumerate(twin.state_obs) if twin.obs_to_state[o][0] == "qvel"]
-    misfit_spread = bool(np.max(ratio) > MISFIT_RATIO)
-    misfit_structure = bool(velocities and np.max(structure[velocities]) > STRUCTURE_F)
+    ratio, structure, misfit_spread, misfit_structure = _misfit(final, best, velocities)
     apart = _recordings_apart(log, windows, final, best, velocities)
     misfit = misfit_spread or misfit_structure or bool(apart)
 
@@ -348,7 +345,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             f"model (a changed geometry, friction, a sensor), or more noise than configured"
         )
     if misfit_structure:
-        worst = max(velocities, key=lambda i: structure[i])
+        worst = _most_shaped(structure, velocities)
         verdict.append(
             f"misfit: the calibrated twin's errors on observation {named[worst]} follow the "
             f"state or the action (F = {structure[worst]:.0f}, above {STRUCTURE_F:.0f}): the plant has dynamics "
@@ -424,6 +421,19 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
     return result
 
 
+def _misfit(problem: Problem, best, velocities: list[int], windows: np.ndarray | None = None):
+    """(residual spread per channel in noise floors, defect structure F per state observation, spread past
+    MISFIT_RATIO, structure past STRUCTURE_F on a velocity) of the fit on `windows` (a mask; default all)."""
+    ratio = residual_spread(best.residuals, problem, windows).reshape(2, -1).max(axis=0)  # misfit or defect
+    structure = defect_structure(problem, best.residuals, best.x, windows)
+    shaped = bool(velocities) and structure[_most_shaped(structure, velocities)] > STRUCTURE_F
+    return ratio, structure, bool(ratio.max() > MISFIT_RATIO), bool(shaped)
+
+
+def _most_shaped(structure: np.ndarray, velocities: list[int]) -> int:
+    return max(velocities, key=lambda i: structure[i])
+
+
 RECORDING_WINDOWS = 20  # a recording with fewer windows than this is not checked alone
 
 
@@ -436,14 +446,13 @@ def _recordings_apart(log: FieldLog, windows: Windows, problem: Problem, best, v
         mine = (windows.starts >= first) & (windows.starts < stop)
         if mine.sum() < RECORDING_WINDOWS:
             continue
-        ratio = residual_spread(best.residuals, problem, mine).reshape(2, -1).max(axis=0)
-        structure = defect_structure(problem, best.residuals, best.x, mine)
-        worst = max(velocities, key=lambda i: structure[i]) if velocities else None
-        if ratio.max() > MISFIT_RATIO or (worst is not None and structure[worst] > STRUCTURE_F):
+        ratio, structure, spread, shaped = _misfit(problem, best, velocities, mine)
+        if spread or shaped:
             said = (
                 f"leaves {ratio.max():.1f}x the noise floor"
-                if ratio.max() > MISFIT_RATIO
-                else f"leaves errors that follow the state or the action (F = {structure[worst]:.0f})"
+                if spread
+                else f"leaves errors that follow the state or the action "
+                f"(F = {structure[_most_shaped(structure, velocities)]:.0f})"
             )
             out.append(
                 f"misfit: the twin fitted to all {len(log.recordings)} recordings {said} on {label} (rows "
@@ -458,8 +467,7 @@ def _units_per_action(cfg) -> dict[str, float]:
     states it; {} for a task that declares none."""
     import envs.registry
 
-    task = envs.registry.find(cfg.task.env_id)
-    io = task.describe_io() if task is not None and task.describe_io is not None else None
+    io, _ = envs.registry.describe_io(cfg.task.env_id)
     return {a["name"]: float(a["units_per_action"]) for a in (io or {}).get("actions", [])}
 
 

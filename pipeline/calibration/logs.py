@@ -129,32 +129,31 @@ def quiet_channels(obs: np.ndarray, noise_std: np.ndarray, names: list[str]) -> 
     ]
 
 
-def _read(path: str | Path) -> tuple[dict, dict]:
-    """read_shadow_log, with a damaged file named in a one-line CalibrationError."""
+def _read(path: str | Path) -> list[tuple[Path, dict, dict]]:
+    """(part, columns, meta) of each part a path names (shield.shadowlog.shadow_log_files), a damaged file named in
+    a one-line CalibrationError."""
     from shield.shadowlog import ShadowLogError, read_shadow_log, shadow_log_files
 
     try:
-        return read_shadow_log(path)
+        files = shadow_log_files(path)
     except ShadowLogError as err:
         raise CalibrationError(f"--from-log {err}") from None
-    except _UNREADABLE as err:
-        culprit = Path(path)
-        for part in shadow_log_files(path):  # which part of a directory is the damaged one
-            try:
-                with np.load(part, allow_pickle=False) as z:
-                    for k in z.files:
-                        z[k]
-            except _UNREADABLE:
-                culprit = part
-                break
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CalibrationError(
-            f"--from-log {culprit}: damaged or truncated NPZ ({type(err).__name__}: {reason}); "
-            f"a partial copy or a crash while writing: copy it again or leave it out"
-        ) from None
+    parts = []
+    for part in files:
+        try:
+            parts.append((part, *read_shadow_log(part)))
+        except ShadowLogError as err:
+            raise CalibrationError(f"--from-log {err}") from None
+        except _UNREADABLE as err:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise CalibrationError(
+                f"--from-log {part}: damaged or truncated NPZ ({type(err).__name__}: {reason}); "
+                f"a partial copy or a crash while writing: copy it again or leave it out"
+            ) from None
+    return parts
 
 
-def _check_units(path, where: str, obs, action, action_box, position_limits, names) -> None:
+def _check_units(parts, where: str, obs, action, action_box, position_limits, names) -> None:
     """Refuse actions beyond the box the plant applies and positions a whole range beyond their joint's: values in
     other units (N for a normalized action, mm for m) would be fitted as a plant 10 or 1000 times off, or crash."""
     if action_box is not None:
@@ -165,7 +164,7 @@ def _check_units(path, where: str, obs, action, action_box, position_limits, nam
             rows, k = np.flatnonzero(beyond.any(axis=1)), int(np.flatnonzero(beyond.any(axis=0))[0])
             raise CalibrationError(
                 f"{where}: legacy_action[{k}] reaches {float(np.abs(action[:, k]).max()):.4g} on {len(rows)} row(s) "
-                f"(first at {_row(path, int(rows[0]))}), beyond the action box [{low[k]:g}, {high[k]:g}] the plant "
+                f"(first at {_row(parts, int(rows[0]))}), beyond the action box [{low[k]:g}, {high[k]:g}] the plant "
                 f"applies: the log holds the action the plant got, in the policy's normalized units "
                 f"(docs/reference/contracts.md). Logged in N or N m? Divide by the actuator's units_per_action; "
                 f"a controller's output before its clip? Log what the plant got"
@@ -178,7 +177,7 @@ def _check_units(path, where: str, obs, action, action_box, position_limits, nam
             name = names[o] if names else f"obs[{o}]"
             raise CalibrationError(
                 f"{where}: {name} (obs[{o}]) reaches {float(np.abs(obs[:, o]).max()):.4g} on {len(rows)} row(s) "
-                f"(first at {_row(path, int(rows[0]))}), a whole range beyond joint {joint!r}'s {lo:g}..{hi:g}: "
+                f"(first at {_row(parts, int(rows[0]))}), a whole range beyond joint {joint!r}'s {lo:g}..{hi:g}: "
                 f"in other units (mm for m, degrees for rad)? The log's obs are in the units plant.observations "
                 f"reads (SI: m, rad), or in another order than the plant declares them"
             )
@@ -285,15 +284,12 @@ def recording_of(part: Path, meta: dict) -> str:
     return name if version is None else f"{name} (bundle version {version})"
 
 
-def _row(path: str | Path, row: int) -> str:
+def _row(parts: list[tuple[Path, dict, dict]], row: int) -> str:
     """Row `row` of the concatenated log, and in a directory of parts the part holding it and its row there:
     a refusal should name the file to cut or copy again."""
-    from shield.shadowlog import read_shadow_log, shadow_log_files
-
-    files = shadow_log_files(path)
     start = 0
-    for part in files if len(files) > 1 else []:
-        n = len(read_shadow_log(part)[0]["t"])
+    for part, cols, _ in parts if len(parts) > 1 else []:
+        n = len(cols["t"])
         if row < start + n:
             return f"row {row} ({part.name}, its row {row - start})"
         start += n
@@ -327,24 +323,23 @@ def load_field_log(
     bad part among good ones is refused by its name. Late rows (counter
     contiguous, clock late) are kept and listed. dt in s.
     """
-    from shield.shadowlog import shadow_log_files
+    from shield.shadowlog import ShadowLogError, join_shadow_logs
 
-    parts = shadow_log_files(path) if Path(path).is_dir() else []
+    checks = dict(
+        task=task,
+        obs_dim=obs_dim,
+        act_dim=act_dim,
+        dt=dt,
+        action_box=action_box,
+        position_limits=position_limits,
+        names=names,
+        velocity_pairs=velocity_pairs,
+    )
+    parts = _read(path)
     recordings: list[tuple[str, int, int]] = []
     previous = None
-    for part in parts if len(parts) > 1 else []:
-        alone = load_field_log(
-            part,
-            task=task,
-            obs_dim=obs_dim,
-            act_dim=act_dim,
-            dt=dt,
-            min_seconds=0.0,
-            action_box=action_box,
-            position_limits=position_limits,
-            names=names,
-            velocity_pairs=velocity_pairs,
-        )
+    for part, part_cols, part_meta in parts if len(parts) > 1 else []:
+        alone = _field_log(part, [(part, part_cols, part_meta)], part_cols, part_meta, (), min_seconds=0.0, **checks)
         label, start = recording_of(part, alone.meta), recordings[-1][2] if recordings else 0
         # A part that continues the one before (same bundle version, its first row the next step of the last
         # one's episode) is the same recording whatever its name: one recorder's session cut into files.
@@ -359,7 +354,10 @@ def load_field_log(
             recordings[-1] = (label, recordings[-1][1], start + len(alone.obs))
         else:
             recordings.append((label, start, start + len(alone.obs)))
-    cols, meta = _read(path)
+    try:
+        cols, meta = join_shadow_logs([(c, m) for _, c, m in parts], path)
+    except ShadowLogError as err:
+        raise CalibrationError(f"--from-log {err}") from None
     if len(recordings) > 1:
         # Each recording numbers its own episodes (a server restarted, another night): a recording's first row
         # starts a run even where its episode number and step counter would read as the last one's, continued.
@@ -367,6 +365,29 @@ def load_field_log(
         for _, first, _ in recordings[1:]:
             which[first:] += 1
         cols = {**cols, "episode": np.asarray(cols["episode"], np.int64) + which * (int(np.max(cols["episode"])) + 1)}
+    return _field_log(
+        path, parts, cols, meta, tuple(recordings) if len(recordings) > 1 else (), min_seconds=min_seconds, **checks
+    )
+
+
+def _field_log(
+    path: str | Path,
+    parts: list[tuple[Path, dict, dict]],
+    cols: dict,
+    meta: dict,
+    recordings: tuple,
+    *,
+    task: str,
+    obs_dim: int,
+    act_dim: int,
+    dt: float,
+    min_seconds: float,
+    action_box,
+    position_limits,
+    names,
+    velocity_pairs,
+) -> FieldLog:
+    """load_field_log's checks on one part's or the joined parts' columns (`parts` as read, to name a row's part)."""
     where = f"--from-log {path}"
     logged_task = meta.get("task")
     if logged_task not in (None, "", task):
@@ -385,10 +406,10 @@ def load_field_log(
         rows = np.flatnonzero(bad)
         raise CalibrationError(
             f"{where}: {len(rows)} row(s) with NaN or inf in obs/legacy_action/t "
-            f"(first at {_row(path, int(rows[0]))}); drop them and start a new episode after them (a dropped row "
+            f"(first at {_row(parts, int(rows[0]))}); drop them and start a new episode after them (a dropped row "
             f"inside an episode is a gap), or cut the log there"
         )
-    _check_units(path, where, obs, action, action_box, position_limits, names)
+    _check_units(parts, where, obs, action, action_box, position_limits, names)
     _check_kinematics(where, cols, obs, velocity_pairs, names, dt)
     sensed = np.ptp(obs, axis=0).max(initial=0.0) > 0
     moving = sensed or np.ptp(action, axis=0).max(initial=0.0) > 0
@@ -408,7 +429,7 @@ def load_field_log(
     if missing:
         i = missing[0]
         raise CalibrationError(
-            f"{where}: {len(missing)} gap(s) longer than a control period ({dt} s), first at {_row(path, i)} "
+            f"{where}: {len(missing)} gap(s) longer than a control period ({dt} s), first at {_row(parts, i)} "
             f"(episode {cols['episode'][i]}, step {cols['step'][i - 1]} -> {cols['step'][i]}, "
             f"{cols['t'][i] - cols['t'][i - 1]:.3f} s); a replay across a gap would be wrong: where the recorder lost "
             f"rows, start a new episode (docs/reference/contracts.md)"
@@ -428,7 +449,7 @@ def load_field_log(
         source=str(path),
         late=tuple(late),
         clock_note=clock_note,
-        recordings=tuple(recordings) if len(recordings) > 1 else (),
+        recordings=recordings,
         meta=meta,
         ends=(
             (int(cols["episode"][0]), int(cols["step"][0])),

@@ -11,8 +11,9 @@
      "expected_range": "the training observations' mean +- 5 std; a set-point's declared box",
      "names_sha256": "..."}
 
-`names_sha256` hashes the observation and action names in order and the control period: a controller built
-against one bundle compares it with the server's (its status reply) and refuses to run against another.
+`names_sha256` hashes the observation and action names and units in order, each action's units_per_action and the
+control period (contract_sha256): a controller built against one bundle compares it with the server's (its status
+reply) and refuses to run against another.
 A history policy's state is ``{"kind": "history", "length": H, "input": "history", "output": "next_history",
 "shape": [1, H, obs_dim + act_dim], "dtype": "float32", "initial": "zeros", "reset_on": [...], ...}``: named
 graph tensors, an input and an output; the edge runtime keeps one per plant session and starts it from zeros
@@ -62,9 +63,8 @@ class ContractError(ValueError):
 def names_sha256(
     observations: list[str], actions: list[str], control_period_s: float | None, estimates: list[str] | None = None
 ) -> str:
-    """The hash a controller checks: observation and action names in order, the control period (s), and the names
-    of the plant parameters the policy estimates, in order, where it estimates any (a client that reads the
-    estimate by position must notice a retrain that estimates others; without estimates, the hash is as before)."""
+    """The older bundles' hash (contract_sha256 is today's): observation and action names in order, the control
+    period (s), and the names of the plant parameters the policy estimates, in order, where it estimates any."""
     names: dict[str, object] = {
         "observations": list(observations),
         "actions": list(actions),
@@ -72,6 +72,22 @@ def names_sha256(
     }
     if estimates:
         names["plant_estimate"] = list(estimates)
+    return hashlib.sha256(json.dumps(names, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def contract_sha256(contract: dict) -> str:
+    """The hash a controller checks (`names_sha256`): names_sha256's, and each observation's and action's unit and
+    each action's units_per_action, in order. A controller compiled for a torque motor (N m, 3 per unit) must
+    notice a bundle for a position servo (rad) or a regeared drive with the same names."""
+    names: dict[str, object] = {
+        "observations": [o["name"] for o in contract["observations"]],
+        "actions": [a["name"] for a in contract["actions"]],
+        "control_period_s": contract.get("control_period_s"),
+        "observation_units": [o["unit"] for o in contract["observations"]],
+        "action_units": [[a["unit"], a["units_per_action"]] for a in contract["actions"]],
+    }
+    if estimates := estimate_names(contract):
+        names["plant_estimate"] = estimates
     return hashlib.sha256(json.dumps(names, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -118,11 +134,12 @@ def check_contract(contract: Any, obs_dim: int | None = None, act_dim: int | Non
             raise ContractError("contract.plant_estimate: a policy without state cannot estimate the plant")
         _check_estimate(contract["plant_estimate"])
     names = [o["name"] for o in contract["observations"]], [a["name"] for a in contract["actions"]], period
-    # A bundle exported before the estimate's names were hashed states the hash of the names and period alone: it
-    # still loads (production may be one), and its hash does not tell its estimate's layout.
-    if contract.get("names_sha256") not in {names_sha256(*names, estimate_names(contract)), names_sha256(*names)}:
+    # Bundles exported before the units (2026-11-30) or the estimate's names were hashed state the older recipes: they
+    # still load (production may be one), and their hash does not tell those apart.
+    older = {names_sha256(*names, estimate_names(contract)), names_sha256(*names)}
+    if contract.get("names_sha256") not in {contract_sha256(contract), *older}:
         raise ContractError(
-            "contract.names_sha256: does not hash the contract's names, control period and estimated parameters"
+            "contract.names_sha256: does not hash the contract's names, units, control period and estimated parameters"
         )
     return contract
 

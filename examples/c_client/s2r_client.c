@@ -27,10 +27,11 @@
  * (steps: the steps this plant's policy state has seen; n = 0 when the policy estimates nothing).
  *
  * The bundle it was built for: compile with -DS2R_NAMES_SHA256='"<hex>"' (the bundle manifest's
- * contract.names_sha256: its observation and action names in order and its control period), or pass
+ * contract.names_sha256: its observation and action names and units in order, each action's
+ * units_per_action and its control period), or pass
  * -H. Then it first asks the server for the served bundle's contract (a contract request) and refuses to
- * run against one whose hash differs: a plant that would send its observations in another order, or at
- * another rate, than the policy expects.
+ * run against one whose hash differs: a plant that would send its observations in another order, units or
+ * rate, or scale the actions for another drive, than the policy expects.
  *
  * Prints, when it checked the contract, a line (before it compares, so a refusal shows what is served)
  *   contract period_s=P names_sha256=H version=V obs_dim=N act_dim=M blind_horizon=K

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shield.contract import RESET_RULES, check_contract, names_sha256
+from shield.contract import RESET_RULES, check_contract, contract_sha256
 
 # A plant estimate's units (envs.wrappers.domain_encoding's names): scales of the nominal value, except these.
 ESTIMATE_UNITS = {"latency_steps": "control periods"}
@@ -16,8 +16,7 @@ def task_io(env_id: str, obs_dim: int, act_dim: int) -> tuple[dict, float | None
     task declaration) gets positional names, no units and no period."""
     import envs.registry
 
-    task = envs.registry.find(env_id)
-    io = task.describe_io() if task is not None and task.describe_io is not None else None
+    io, period = envs.registry.describe_io(env_id)
     if io is None:
         io = {
             "observations": [{"name": f"obs_{i}", "source": "", "unit": ""} for i in range(obs_dim)],
@@ -25,7 +24,7 @@ def task_io(env_id: str, obs_dim: int, act_dim: int) -> tuple[dict, float | None
                 {"name": f"action_{j}", "source": "", "unit": "", "units_per_action": 1.0} for j in range(act_dim)
             ],
         }
-    return io, (float(task.control_period) if task is not None else None)
+    return io, period
 
 
 def io_contract(
@@ -83,12 +82,6 @@ def io_contract(
         "actions": actions,
         "policy_state": state,
         "expected_range": f"the training observations' mean +- {EXPECTED_SIGMA:g} std; a set-point's declared box",
-        "names_sha256": names_sha256(
-            [o["name"] for o in observations],
-            [a["name"] for a in actions],
-            period,
-            [str(e[0]) for e in estimates or []],
-        ),
     }
     if estimates:
         contract["plant_estimate"] = {
@@ -107,4 +100,5 @@ def io_contract(
             "held_out_r2: how much of a parameter's spread it explained on episodes it was neither trained nor "
             "recalibrated on (1 exact, 0 no better than the middle of the range, null: the parameter did not vary)",
         }
+    contract["names_sha256"] = contract_sha256(contract)
     return check_contract(contract, len(mean), len(low))

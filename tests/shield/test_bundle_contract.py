@@ -3,6 +3,7 @@ names with units, no machine paths, and is verified on load; a schema-1 bundle (
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -16,7 +17,6 @@ from pipeline.deployment.export import export_deterministic
 from pipeline.safety.shield_spec import build_shield_spec
 from pipeline.training.model import ActorCritic, DeterministicPolicy
 from shield.bundle import MANIFEST_FILE, Bundle, BundleError, verify_bundle
-from shield.contract import names_sha256
 from shield.runtime import EdgeRuntime
 from tests.helpers.bundle_helpers import resealed_copy
 from tests.helpers.serve_bundles import write_tiny_bundle
@@ -78,7 +78,16 @@ def test_the_contract_carries_the_declaration_s_names_units_and_numbers(cartpole
     x_ref = contract["observations"][4]
     assert (x_ref["expected_low"], x_ref["expected_high"]) == (RAIL.low[0], RAIL.high[0]) and "range" not in x_ref
     assert manifest["action_low"] == [-1.0] and manifest["action_high"] == [1.0]  # not strings
-    assert contract["names_sha256"] == names_sha256([o.name for o in decl.observations], ["cart_force"], 0.02)
+    # The hash a controller checks, as contracts.md states it: names and units in order, the drive's scale, the period.
+    hashed = {
+        "actions": ["cart_force"],
+        "action_units": [["N", contract["actions"][0]["units_per_action"]]],
+        "control_period_s": 0.02,
+        "observations": [o.name for o in decl.observations],
+        "observation_units": [o["unit"] for o in contract["observations"]],
+    }
+    text = json.dumps(hashed, sort_keys=True, separators=(",", ":")).encode()
+    assert contract["names_sha256"] == hashlib.sha256(text).hexdigest()
     assert not [s for s in _strings(manifest) if s.startswith("/") or str(ROOT) in s]  # no machine paths
     assert Bundle.load(cartpole_bundle).manifest["contract"] == contract
 
@@ -88,6 +97,8 @@ def test_the_contract_carries_the_declaration_s_names_units_and_numbers(cartpole
     [
         (lambda c: c["observations"].reverse(), "names_sha256"),  # the names reordered: not the hashed ones
         (lambda c: c.update(control_period_s=0.01), "names_sha256"),  # another rate
+        (lambda c: c["actions"][0].update(unit="rad"), "names_sha256"),  # a servo's position, not a force
+        (lambda c: c["actions"][0].update(units_per_action=45.0), "names_sha256"),  # a drive geared otherwise
         (lambda c: c["actions"][0].update(units_per_action="30"), r"units_per_action: must be a finite number"),
         (lambda c: c["observations"].pop(), "4 entries, the policy has 5"),
         (lambda c: c.pop("policy_state"), "policy_state.kind"),

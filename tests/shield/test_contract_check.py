@@ -14,7 +14,7 @@ import pytest
 
 from shield.bundle import MANIFEST_FILE
 from shield.client import ContractMismatch, PolicyClient
-from shield.contract import names_sha256
+from shield.contract import contract_sha256
 from shield.protocol import (
     CONTRACT_REQUEST_PAD,
     HEADER_SIZE,
@@ -41,13 +41,22 @@ def bundles(request, tmp_path_factory):
 
     def reorder(contract):
         contract["observations"].reverse()
-        contract["names_sha256"] = names_sha256(
-            [o["name"] for o in contract["observations"]],
-            [a["name"] for a in contract["actions"]],
-            contract["control_period_s"],
-        )
+        contract["names_sha256"] = contract_sha256(contract)
 
     return ours, resealed_copy(ours, tmp_path_factory.mktemp("other") / "b", reorder)
+
+
+@pytest.fixture(scope="module")
+def regeared(request, tmp_path_factory):
+    """The cart-pole bundle exported for a drive geared otherwise: the same names, 45 N per unit action, not 30. A
+    controller that scales the policy's action for the 30 N drive would push the cart 1.5 times as hard."""
+    ours = request.getfixturevalue("cartpole_bundle")
+
+    def regear(contract):
+        contract["actions"][0]["units_per_action"] *= 1.5
+        contract["names_sha256"] = contract_sha256(contract)
+
+    return resealed_copy(ours, tmp_path_factory.mktemp("regeared") / "b", regear)
 
 
 def _hash(bundle) -> str:
@@ -102,13 +111,15 @@ def test_the_contract_reply_states_the_period_and_the_names_hash(bundles, tmp_pa
         old.stop()
 
 
-def test_a_c_controller_built_for_another_bundle_refuses_to_run(bundles, tmp_path):
-    ours, other = bundles
+def test_a_c_controller_built_for_another_bundle_refuses_to_run(bundles, regeared, tmp_path):
+    """Another bundle: its observations in another order, or its names the same and its drive geared otherwise."""
+    ours, _ = bundles
+    assert _hash(regeared) != _hash(ours)
     exe = _compile(tmp_path, _hash(ours))
     obs = np.array([0.05, 0.02, 0.0, 0.0, 0.0], np.float32)
     expected = EdgeRuntime.load(ours).act(obs)[0]
     key_file = write_key_file(tmp_path / "psk", KEY)
-    for bundle, key in ((ours, None), (ours, KEY), (other, None)):
+    for bundle, key in ((ours, None), (ours, KEY), *((other, None) for other in (bundles[1], regeared))):
         srv = ServerThread(EdgeRuntime.load(bundle), key=key, not_before_us=0)
         try:
             args = [str(exe), *(["-k", str(key_file)] if key else []), srv.host, str(srv.port)]
@@ -120,8 +131,8 @@ def test_a_c_controller_built_for_another_bundle_refuses_to_run(bundles, tmp_pat
                 assert np.array([int(w, 16) for w in bits], np.uint32).view(np.float32).tobytes() == expected.tobytes()
                 assert srv.server.stats.policy_calls == 1
             else:
-                assert out.returncode == 4 and "refusing to run" in out.stderr and _hash(other) in out.stderr
-                assert f"names_sha256={_hash(other)}" in out.stdout  # what is served, printed before refusing
+                assert out.returncode == 4 and "refusing to run" in out.stderr and _hash(bundle) in out.stderr
+                assert f"names_sha256={_hash(bundle)}" in out.stdout  # what is served, printed before refusing
                 assert "reply seq" not in out.stdout and srv.server.stats.policy_calls == 0  # nothing ran
                 assert srv.server.stats.contract_requests == 1
         finally:

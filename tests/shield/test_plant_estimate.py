@@ -9,6 +9,7 @@ UDP (bit for bit what an in-process session of that plant alone holds) and Prome
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import urllib.request
 
@@ -21,7 +22,15 @@ from hypothesis import strategies as st
 
 from shield.bundle import Bundle, BundleError
 from shield.client import PolicyClient
-from shield.contract import MAX_ESTIMATES, ContractError, check_contract, describe, estimate_names, names_sha256
+from shield.contract import (
+    MAX_ESTIMATES,
+    ContractError,
+    check_contract,
+    contract_sha256,
+    describe,
+    estimate_names,
+    names_sha256,
+)
 from shield.policy import ESTIMATE_OUTPUT, OnnxPolicy
 from shield.protocol import (
     MsgType,
@@ -227,7 +236,7 @@ def _names(contract: dict) -> tuple:
 
 def _rehashed(contract: dict, _edit=None) -> None:
     """The contract's names hash made its own again after an edit (as an export would state it)."""
-    contract["names_sha256"] = names_sha256(*_names(contract), contract["control_period_s"], estimate_names(contract))
+    contract["names_sha256"] = contract_sha256(contract)
 
 
 def test_the_names_hash_covers_the_estimated_parameters_and_an_older_bundles_hash_still_loads(exported, tmp_path):
@@ -239,14 +248,16 @@ def test_the_names_hash_covers_the_estimated_parameters_and_an_older_bundles_has
     names = estimate_names(contract)
     assert len(names) == 3
     period = contract["control_period_s"]
-    assert contract["names_sha256"] == names_sha256(*_names(contract), period, names)
-    assert contract["names_sha256"] != names_sha256(*_names(contract), period)  # the layout is in it
-    assert names_sha256(*_names(contract), period, names[:2]) != contract["names_sha256"]
-    assert names_sha256(*_names(contract), period, names[::-1]) != contract["names_sha256"]
-    older = resealed_copy(
-        out, tmp_path / "older", lambda c: c.update(names_sha256=names_sha256(*_names(c), c["control_period_s"]))
-    )
-    assert EdgeRuntime.load(older).new_session() is not None
+    assert contract["names_sha256"] == contract_sha256(contract)
+    fewer = {**contract, "plant_estimate": {"parameters": contract["plant_estimate"]["parameters"][:2]}}
+    swapped = {**contract, "plant_estimate": {"parameters": contract["plant_estimate"]["parameters"][::-1]}}
+    assert contract_sha256({**contract, "plant_estimate": None}) != contract["names_sha256"]  # the layout is in it
+    assert contract_sha256(fewer) != contract["names_sha256"] != contract_sha256(swapped)
+    # The older recipes (names and period, then with the estimate's names): older bundles still load and serve.
+    for recipe in (lambda c: names_sha256(*_names(c), period), lambda c: names_sha256(*_names(c), period, names)):
+        older = resealed_copy(out, tmp_path / "older", lambda c, r=recipe: c.update(names_sha256=r(c)))
+        assert EdgeRuntime.load(older).new_session() is not None
+        shutil.rmtree(tmp_path / "older")
     forged = resealed_copy(out, tmp_path / "forged", lambda c: c.update(names_sha256="0" * 64))
     with pytest.raises(BundleError, match="does not hash the contract's names"):
         EdgeRuntime.load(forged)

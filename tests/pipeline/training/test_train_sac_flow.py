@@ -61,3 +61,4 @@ def test_sac_flow_failing_its_gate_says_so_once_and_quietly(tmp_path):
     assert "Token authentication is enabled" not in out.stderr
     manifest = yaml.safe_load(next((tmp_path / "models" / "cartpole").glob("*/manifest.json")).read_text())
     assert manifest["metrics"]["train"]["env_steps"] >= 1500 and manifest["metrics"]["gate"]["decision"] == "fail"
+    assert manifest["metrics"]["train"]["algorithm"] == "sac"

@@ -322,7 +322,7 @@ def conservative_record(cfg, spec: dict, legacy: dict | None) -> dict | None:
             for name, taken, room in tube_at_rest(spec)
         ]
     else:
-        names = cfg.observation_names(spec["position_index"])
+        names = cfg.observation_names(spec["kinematics"]["position_index"])
         record["error_over_braking"] = [
             {"position": name, "ratio": round(w / max(min(pair) if isinstance(pair, list) else pair, 1e-12), 3)}
             for name, w, pair in zip(names, spec["disturbance_accel"], spec["kinematics"]["brake_accel"])

@@ -66,6 +66,24 @@ def test_a_gravity_loaded_arm_is_certified_and_its_shield_holds_every_policy_ins
         assert bare["violations"] > 0, name
 
 
+def test_a_barrier_that_changes_much_of_legacy_says_which_position_its_model_error_crowds():
+    """helper-52's lift arm: a certificate whose braking barrier changed more than CONSERVATIVE_SHARE of the legacy
+    controller's steps crashed `shield synthesize` while saying so (it read the positions where the spec does not
+    keep them). The line names the position and its model error over the weaker of its two brakings."""
+    from pipeline.config import load_config
+    from pipeline.safety.certificate import conservative_line, conservative_record
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    cfg = load_config(PLANT)
+    spec = build_shield_spec(cfg)
+    assert "predictive" not in spec  # the braking barrier keeps this arm
+    record = conservative_record(cfg, spec, {"episodes": 10, "intervention_rate": 0.4})
+    (row,) = record["error_over_braking"]
+    brake = spec["kinematics"]["brake_accel"][0]
+    assert row["position"] == "q" and row["ratio"] == pytest.approx(spec["disturbance_accel"][0] / min(brake), abs=1e-3)
+    assert "40.0%" in conservative_line(record) and "on q is" in conservative_line(record)
+
+
 @pytest.mark.parametrize(
     "edit,needles",
     [

@@ -72,15 +72,24 @@ def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
     `scale` other than 1 would otherwise give the LQR and the shield a model of other inputs than the policy's.
     """
     model = nominal.model
-    data = mujoco.MjData(model)
-    data.qpos[:] = nominal.qpos
-    data.qvel[:] = nominal.qvel
-    hold_state(model, data, nominal)  # linearized about the operating point under the action that holds it
-    mujoco.mj_forward(model, data)
     nx = 2 * model.nv + model.na
     a1 = np.zeros((nx, nx))
     b1 = np.zeros((nx, model.nu))
-    mujoco.mjd_transitionFD(model, data, 1e-6, True, a1, b1, None, None)
+    # Dry friction (frictionloss) is linearized without: at rest it absorbs any force below its limit, so finite
+    # differences there see no input at all and an infinite damping (a 1 N frictionloss on a 30 N drive read as a
+    # drive 12 times weaker). What it does is model error, measured on the plant like any other.
+    saved = model.dof_frictionloss.copy(), model.tendon_frictionloss.copy()
+    try:
+        model.dof_frictionloss[:] = 0.0
+        model.tendon_frictionloss[:] = 0.0
+        data = mujoco.MjData(model)
+        data.qpos[:] = nominal.qpos
+        data.qvel[:] = nominal.qvel
+        hold_state(model, data, nominal)  # linearized about the operating point under the action that holds it
+        mujoco.mj_forward(model, data)
+        mujoco.mjd_transitionFD(model, data, 1e-6, True, a1, b1, None, None)
+    finally:
+        model.dof_frictionloss[:], model.tendon_frictionloss[:] = saved
     # Zero-order hold over the substeps: x_{k+n} = A1^n x_k + (sum_i A1^i) B1 u.
     a, b = np.eye(nx), np.zeros_like(b1)
     for _ in range(nominal.substeps):

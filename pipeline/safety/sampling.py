@@ -139,9 +139,22 @@ class EnvelopeSampler:
         qcols = {i: j for j, (kind, i) in enumerate(src) if kind == "qpos"}
         vcols = {i: j for j, (kind, i) in enumerate(src) if kind == "qvel"}
         if len(qcols) != nominal.model.nq or len(vcols) != nominal.model.nv:
+            import mujoco
+
+            model = nominal.model
+            missing = [
+                f"{mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j) or f'#{j}'}'s {what}"
+                for j in range(model.njnt)
+                for what, address, seen in (
+                    ("position", model.jnt_qposadr[j], qcols),
+                    ("velocity", model.jnt_dofadr[j], vcols),
+                )
+                if address not in seen
+            ]
             raise SynthesisError(
                 f"task {cfg.task.name}: synthesis needs every joint's position and velocity "
-                f"observed (plant.observations), so a sampled shield state is a whole plant state"
+                f"observed (plant.observations), so a sampled shield state is a whole plant state; not observed: "
+                f"{', '.join(missing)}"
             )
         self.box = _constraint_box(safety, col, n)
         self.halfspaces = _halfspace_rows(safety, col, n)

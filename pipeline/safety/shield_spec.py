@@ -77,6 +77,7 @@ def linearize_mujoco(nominal, state_obs: list[int]) -> tuple[np.ndarray, np.ndar
 
     model = nominal.model
     nv = model.nv
+    _refuse_unmodelled_state(model)
     A, B = linearize_control_step(nominal)  # the same linearization the legacy LQR is designed on
     if model.nq != nv:
         raise ShieldSpecError("linear shield model: only plants with nq == nv (no free/ball joints) are supported")
@@ -91,6 +92,40 @@ def linearize_mujoco(nominal, state_obs: list[int]) -> tuple[np.ndarray, np.ndar
     # The equilibrium is a fixed point under the action that holds it (zero where the plant rests unpowered).
     c = x_eq - A_obs @ x_eq - B_obs @ nominal.trim_action(B_obs.shape[1])
     return A_obs, B_obs, c
+
+
+_DYNTYPES = {1: "integrator", 2: "filter", 3: "filterexact", 4: "muscle", 5: "user"}
+_EQUALITIES = {0: "connect", 1: "weld", 2: "joint", 3: "tendon", 4: "flex"}
+
+
+def _refuse_unmodelled_state(model) -> None:
+    """ShieldSpecError for a plant whose state the shield cannot read from its joints: an actuator with dynamics of
+    its own (its force lags or integrates the command: the linear model, on joint positions and velocities, would
+    take the drive for one many times weaker and its lag for model error), or an equality constraint tying joints
+    together (the envelope is sampled joint by joint, in states the plant can never be in)."""
+    import mujoco
+
+    for i in range(model.nu):
+        if int(model.actuator_dyntype[i]) != 0:
+            name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_ACTUATOR, i) or f"#{i}"
+            kind = _DYNTYPES.get(int(model.actuator_dyntype[i]), str(int(model.actuator_dyntype[i])))
+            lag = f", time constant {model.actuator_dynprm[i][0]:g} s" if kind.startswith("filter") else ""
+            raise ShieldSpecError(
+                f"actuator {name!r} has dynamics of its own (dyntype={kind!r}{lag}): its force follows the command "
+                f"through a state the shield cannot observe, and shield synthesis "
+                f"models a drive whose force is the command. Declare the drive without dyntype and its lag as "
+                f"latency (randomization latency_steps: a lag of tau acts much as a delay of tau; an intvelocity "
+                f"drive as a <position> servo), or serve without the shield: nothing certifies it for this drive"
+            )
+    for i in range(model.neq):
+        if bool(model.eq_active0[i]):
+            name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_EQUALITY, i) or f"#{i}"
+            raise ShieldSpecError(
+                f"equality constraint {name!r} ({_EQUALITIES.get(int(model.eq_type[i]), 'equality')}) ties the "
+                f"plant's bodies or joints together: shield synthesis samples every joint on its own, in states "
+                f"the coupled plant can never be in. Model the coupling into one joint (a belt or screw drive: "
+                f"the motor's inertia as the driven joint's armature, the drive's force on the driven joint)"
+            )
 
 
 def _latency_range(cfg, envelopes) -> tuple[int, int]:

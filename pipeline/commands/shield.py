@@ -194,9 +194,10 @@ def _stages():
     return stage
 
 
-def legacy_lines(legacy: dict | None) -> list[str]:
+def legacy_lines(legacy: dict | None, predictive: bool = True) -> list[str]:
     """What the legacy controller behind the shield met on reality: the share of its steps changed, its violating
-    steps, and the share answered FALLBACK (the protocol's alarm) when there were any."""
+    steps, and the share answered FALLBACK (the protocol's alarm) when there were any, said for the filter in use
+    (`predictive`: the predictive filter's backup; else the braking barrier's least-violation brake)."""
     if not legacy:
         return []
     lines = [
@@ -206,8 +207,14 @@ def legacy_lines(legacy: dict | None) -> list[str]:
     if legacy.get("fallback_rate"):
         lines.append(
             f"  and {legacy['fallback_rate']:.1%} of its steps answered FALLBACK, the protocol's alarm: the "
-            f"shield's backup acting with nothing certifying it, as at an episode start outside the states the "
-            f"filter admits (plant.initial_state against the constraints less the tube) or past a limit"
+            + (
+                "shield's backup acting with nothing certifying it, as at an episode start outside the states the "
+                "filter admits (plant.initial_state against the constraints less the tube) or past a limit"
+                if predictive
+                else "braking barrier found no action meeting its conditions and braked as hard as it could, with "
+                "nothing certifying it (the model error it covers outran its braking there, or the plant was past "
+                "a limit)"
+            )
         )
     if legacy.get("fallback_starts"):
         lines.append(
@@ -373,7 +380,7 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
                 f"  falsify: {falsified['evaluated']} candidates in {falsified['wall_s']:.0f} s, "
                 f"lowest h {_rounded(falsified['min_h'])} ({MIN_H_MEANING})"
             )
-    lines += legacy_lines(record.get("legacy_on_reality"))
+    lines += legacy_lines(record.get("legacy_on_reality"), record.get("filter", {}).get("type") != "barrier")
     if record.get("conservative"):
         lines.append(f"  {certificate.conservative_line(record['conservative'])}")
     lines.append(f"  written: {out / 'certificate.json'}" + ("" if refused else f", {out / 'shield.json'}"))

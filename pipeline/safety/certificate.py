@@ -347,14 +347,17 @@ def conservative_line(record: dict) -> str:
             if worst
             else ""
         )
+        widens = (
+            "the sets' pushes, latency, noise and ranges, and a slow backup (it is your legacy LQR's weights with "
+            "its input weight raised until stable: weigh what your limits read)"
+        )
     else:
         worst = max(record["error_over_braking"], key=lambda r: r["ratio"])
         what = f"The model error on {worst['position']} is {worst['ratio']:.0%} of the braking it has there. "
+        widens = "the sets' pushes, latency, noise and ranges (the model error), and a weak drive (the braking)"
     return (
-        head + what + "What widens it: the sets' pushes, latency, noise and ranges, and a slow backup (it is your "
-        "legacy LQR's weights with its input weight raised until stable: weigh what your limits read). Try each on a "
-        "copy of the config with `shield synthesize --no-falsify` (a minute): which one moves the rate is "
-        "plant-specific"
+        head + what + f"What widens it: {widens}. Try each on a copy of the config with `shield synthesize "
+        "--no-falsify` (a minute): which one moves the rate is plant-specific"
     )
 
 
@@ -369,10 +372,13 @@ def filter_record(spec: dict) -> dict:
     barrier cannot brake a constraint (with the measured reason and the numbers it was synthesized with)."""
     pr = spec.get("predictive")
     if pr is None:
+        from pipeline.safety.barrier_checks import BARRIER_ACTS_SHARE
+
         return {
             "type": "barrier",
             "why": "full action brakes every constrained position at every admitted state, and the barrier finds an "
-            "action by its conditions at rest and over most of its own safe set",
+            f"action by its conditions at rest and on at least {BARRIER_ACTS_SHARE:.0%} of the states sampled "
+            "inside its own safe set",
         }
     return {
         "type": "predictive",

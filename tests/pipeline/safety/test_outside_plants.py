@@ -71,6 +71,26 @@ def test_a_barrier_that_cannot_act_gives_way_to_the_predictive_filter(plant, why
     assert_kept_on_reality(cfg, spec, seed=0)
 
 
+def test_a_barrier_that_acts_on_only_half_its_safe_set_gives_way_to_the_predictive_filter():
+    """helper-52's lift arm: a braking barrier that finds an action on about half the states inside its own safe
+    set was certified, and answered FALLBACK (least-violation braking, nothing certifying it) on 60 % of the legacy
+    controller's steps on reality, changing 92 % of them. The barrier is picked only where it acts on
+    BARRIER_ACTS_SHARE of them; the arms that keep it act on 88 % (arm_vertical) and 93 % (the shipped arm)."""
+    from pipeline.config import load_config
+    from pipeline.safety.barrier_checks import BARRIER_ACTS_SHARE, barrier_holding_problem, barrier_sample_states
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    cfg = load_config(HERE / "plants" / "lift_arm.yaml")
+    spec = build_shield_spec(cfg)
+    assert "predictive" in spec
+    (why,) = spec["predictive"]["measured"]["why"]
+    stuck, inside = (int(n) for n in re.search(r"on (\d+) of (\d+) sampled states", why).groups())
+    assert (1.0 - BARRIER_ACTS_SHARE) * inside < stuck < 0.6 * inside  # acts on about half of them
+    barrier = {k: v for k, v in spec.items() if k != "predictive"}
+    assert barrier_holding_problem(barrier, [1.2, 0.0]) is None  # it does act at rest
+    assert barrier_holding_problem(barrier, [1.2, 0.0], barrier_sample_states(cfg)) == why
+
+
 def test_the_arm_keeps_its_braking_barrier():
     # The arm's synthesized barrier (every corner swept holds) falls back only at speed near its joint limits.
     from pipeline.config import load_config

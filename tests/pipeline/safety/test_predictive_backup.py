@@ -131,5 +131,7 @@ def test_synthesis_says_when_legacy_behind_the_shield_met_its_alarm():
     base = {"episodes": 10, "intervention_rate": 0.136, "violations": 0, "fallback_rate": 0.0, "backup_rate": 0.05}
     assert len(legacy_lines(base)) == 1 and "13.6% of steps changed" in legacy_lines(base)[0]
     alarmed = legacy_lines({**base, "fallback_rate": 0.02})
-    assert len(alarmed) == 2 and "2.0% of its steps answered FALLBACK" in alarmed[1]
+    assert len(alarmed) == 2 and "2.0% of its steps answered FALLBACK" in alarmed[1] and "the tube" in alarmed[1]
+    barrier = legacy_lines({**base, "fallback_rate": 0.02}, predictive=False)[1]  # said for the filter in use
+    assert "braking barrier found no action" in barrier and "tube" not in barrier
     assert legacy_lines(None) == []

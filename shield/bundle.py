@@ -380,13 +380,19 @@ def gate_said(found: tuple[str, list[str]]) -> str:
 
 
 def gate_note(manifest: dict | None, models_root: str | Path | None = None) -> str | None:
-    """What the bundle's own record says about its gate when it did not pass (None when it passed, or was never
-    gated): a bundle served by path, or promoted by hand, is served whatever its gate said, and the operator
-    should know which. `models_root`: the registry it came from, named in the command when it is not the default."""
+    """What the bundle's own record says about its gate when it did not pass or was never gated (None when it
+    passed, or the bundle has no manifest metrics at all): a bundle served by path, or promoted by hand, is served
+    whatever its gate said, and the operator should know which. `models_root`: the registry it came from, named in
+    the command when it is not the default."""
     found = gate_failures(manifest)
-    if found is None:
-        return None
     m = manifest or {}
+    if found is None:
+        if isinstance(m.get("metrics"), dict) and "gate" not in m["metrics"]:
+            return (
+                "this bundle carries no gate decision (a run folder's export, or one made by hand: the registry's "
+                "copy carries it): nothing judged it against the legacy controller; it is served as asked"
+            )
+        return None
     where = f" --models {models_root}" if models_root is not None and Path(models_root) != Path("models") else ""
     return (
         f"this bundle's gate decision was {gate_said(found)}; it is served as asked. `sim2real registry "

@@ -175,5 +175,8 @@ def test_serving_a_bundle_that_did_not_pass_its_gate_says_so_and_which_checks_fa
     note = gate_note(failed)
     assert note is not None and "'fail'" in note and "sim2real registry show segway 1" in note
     assert "gate.min_return_ratio, gate.max_intervention_rate failed" in note
-    for quiet in (None, {}, {"metrics": {}}, {"metrics": {"gate": {"decision": "pass", "reasons": reasons[3:]}}}):
+    for quiet in (None, {}, {"metrics": {"gate": {"decision": "pass", "reasons": reasons[3:]}}}):
         assert gate_note(quiet) is None
+    # helper-52 served a run folder's export, which no gate judged, and was told nothing.
+    ungated = gate_note({"task": "liftarm", "metrics": {"train_env_steps": 100352}})
+    assert ungated is not None and "no gate decision" in ungated and "served as asked" in ungated

@@ -380,7 +380,7 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
                 f"  falsify: {falsified['evaluated']} candidates in {falsified['wall_s']:.0f} s, "
                 f"lowest h {_rounded(falsified['min_h'])} ({MIN_H_MEANING})"
             )
-    lines += legacy_lines(record.get("legacy_on_reality"), record.get("filter", {}).get("type") != "barrier")
+    lines += legacy_lines(record.get("legacy_on_reality"), (record.get("filter") or {}).get("type") != "barrier")
     if record.get("conservative"):
         lines.append(f"  {certificate.conservative_line(record['conservative'])}")
     lines.append(f"  written: {out / 'certificate.json'}" + ("" if refused else f", {out / 'shield.json'}"))

@@ -65,6 +65,11 @@ def evaluate(
                 from pipeline.safety.shield_spec import build_shield_spec
 
                 spec = build_shield_spec(cfg)
+                note = (
+                    "the shield here is synthesized from the config, not certified: `sim2real shield synthesize "
+                    "--config` on this config falsifies it and runs your legacy controller behind it, and refuses "
+                    "it naming why; only a certified shield promises no violating step"
+                )
             cbf = CbfShield(spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec))
         driver = PolicyDriver(policy, cbf)
     rset = resolve_domains(cfg, domains)
@@ -72,7 +77,7 @@ def evaluate(
     outside = outside_sets(cfg, rset) if rset is not None and rset not in cfg.randomization.values() else []
     if outside and shield:
         notes.append(
-            f"these domains reach past every set of the config, which the shield was certified on: "
+            f"these domains reach past every set of the config, which the shield's numbers were synthesized for: "
             f"{'; '.join(outside)}. Nothing certifies it there; its monitor (envelope_rate) flags a plant that "
             f"strays from the model further than any of those sets' plants did (a steady force, more latency, a "
             f"body ringing otherwise), not every plant outside, so read violations and fallbacks, not the flag alone"

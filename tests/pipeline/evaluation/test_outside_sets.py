@@ -41,3 +41,6 @@ def test_eval_on_such_plants_says_nothing_certifies_the_shield_there():
     assert any("reach past every set" in n and "latency_steps 6..6" in n for n in result["notes"]), result["notes"]
     inside = evaluate(cfg, policy, domains="reality", episodes=1, spec=spec)
     assert inside["notes"] == []
+    # A shield eval builds itself is synthesized, never falsified: helper-54 read "certified" and took it for one.
+    (built,) = evaluate(cfg, policy, domains="reality", episodes=1)["notes"]
+    assert "not certified" in built and "sim2real shield synthesize" in built

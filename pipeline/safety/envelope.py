@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from envs.randomization import AXIS_INDEX
+from shield.constraints import parse_constraints
 from shield.spec import brake_pairs
 
 NOISE_SIGMAS = 3.0  # the stated confidence of the observation-noise assumption: 3 sigma (99.7 % per sample)
@@ -291,6 +292,8 @@ def envelope_problems(
     )  # (toward -, toward +)
     dist = spec["disturbance_accel"]
     pos = spec["kinematics"]["position_index"]
+    # The positions some constraint reads: a free wheel's angle is a position of the model that no limit reads.
+    limited = {i for c in parse_constraints(spec["constraints"], spec["obs_dim"]) for i in c.used}
     for env in envelopes:
         where = f"randomization.{env.name}"
         if env.latency_max > spec["latency_steps"]:
@@ -334,10 +337,10 @@ def envelope_problems(
                     f"than the {max(authority, 0.0):.3f} m/s^2 the weakest plant can answer with"
                 )
             noise = NOISE_SIGMAS * env.obs_noise_std[o]
-            if noise > spec["margin"] + 1e-9:
+            if o in limited and noise > spec["margin"] + 1e-9:  # the margin absorbs a limited position's noise
                 problems.append(
                     f"{where}.obs_noise_std[{o}]: {NOISE_SIGMAS:g} sigma = {noise:.4f}, beyond "
-                    f"shield.margin = {spec['margin']:g}"
+                    f"shield.margin = {spec['margin']:g}{'' if cfg.shield.margin is not None else ' (synthesized)'}"
                 )
         if spec["kinematics"].get("keepout_steering"):
             problems += _steering_problems(where, spec, env, brake)

@@ -84,3 +84,23 @@ def test_a_drive_the_linear_model_cannot_read_is_refused_by_name(tmp_path, edits
         build_shield_spec(load_config(path))
     for needle in needles:
         assert needle in str(err.value), str(err.value)
+
+
+def test_noise_on_a_position_no_limit_reads_is_not_held_to_the_margin(tmp_path):
+    """helper-54's reaction-wheel pendulum: 0.01 rad of noise on the free wheel's angle, a position of the model that
+    no constraint reads, was refused as beyond the (synthesized) margin. The margin absorbs the noise of the
+    positions the limits read: the same noise on the tilt widens it to cover 3 sigma."""
+    from pipeline.config import load_config
+    from pipeline.safety.shield_spec import build_shield_spec
+
+    path = HERE / "plants" / "reaction_wheel.yaml"
+    spec = build_shield_spec(load_config(path))
+    assert 3 * 0.01 > spec["margin"]  # the wheel angle's noise, at 3 sigma, is past the margin: and need not fit
+    doc = yaml.safe_load(path.read_text())
+    for name in ("train", "validation", "reality"):
+        doc["randomization"][name]["obs_noise_std"] = [0.01, 0.0, 0.0, 0.0]  # on the tilt instead
+    doc["plant"]["mjcf"] = str(HERE / "plants" / "reaction_wheel.xml")
+    doc["task"] = {"name": "reaction_wheel_tilt", "env_id": "sim2real/ReactionWheelTilt-v0"}
+    noisy = tmp_path / "tilt.yaml"
+    noisy.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert build_shield_spec(load_config(noisy))["margin"] >= 3 * 0.01

@@ -30,9 +30,11 @@ def run(args: argparse.Namespace) -> int:
             spec = build_shield_spec(cfg)  # EnvelopeError (a ConfigError) names set, parameter, range and limit
             figures = shield_figures(spec, synthesized=needs_synthesis(cfg.shield))
         starts = starts_note(cfg)
+        gate = gate_note(cfg.gate)
         human = f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})"
-        if starts:
-            human += f"\nnote: {starts}"
+        for note in (starts, gate):
+            if note:
+                human += f"\nnote: {note}"
         if figures is not None:
             human += "\n" + "\n".join(f"  {k}: {v}" for k, v in figures.items() if k != "sets")
             # The check measures and checks the shield's numbers; it does not search for a plant and an attack
@@ -43,13 +45,25 @@ def run(args: argparse.Namespace) -> int:
                 "reality, and refuses it naming why; the retrain flow does the same before its gate"
             )
         result = {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash(), "shield": figures}
-        emit(args, {**result, "starts_note": starts}, human)
+        emit(args, {**result, "starts_note": starts, "gate_note": gate}, human)
         return 0
     rows = describe_fields()
     width = max(len(k) for k, *_ in rows)
     human = "\n".join(f"{k:<{width}}  {d}" + (f"  ({t}, default {v})" if v else f"  ({t})") for k, t, v, d in rows)
     emit(args, {"fields": [{"key": k, "type": t, "default": v, "description": d} for k, t, v, d in rows]}, human)
     return 0
+
+
+def gate_note(gate) -> str | None:
+    """A gate whose episode budget is below the fewest episodes a return comparison may pass on cannot promote
+    (every night ends inconclusive, or fails): said, not refused, since a wiring test may want exactly that."""
+    if gate.max_episodes >= gate.min_episodes:
+        return None
+    return (
+        f"gate.max_episodes ({gate.max_episodes}) is below gate.min_episodes ({gate.min_episodes}): no return "
+        "comparison can pass on so few episodes, so no night can promote (each ends inconclusive, or fails); "
+        "raise gate.max_episodes"
+    )
 
 
 def shield_figures(spec: dict, synthesized: bool) -> dict:

@@ -48,10 +48,14 @@ may lack rewards) is *skipped*; one whose bound has not decided yet is
 *undecided*. Decisions, first match wins:
 
 - ``fail``: a check other than the production comparison failed;
-- ``kept``: production exists and the candidate did not clear
+- ``kept``: production exists and the candidate is shown not to clear
   ``gate.min_return_ratio_production`` (registered, production kept);
-- ``inconclusive``: a check that is not waived (``gate.waive``) was skipped
-  or is undecided (never promoted);
+- ``inconclusive``: a check other than the production comparison that is not
+  waived (``gate.waive``) was skipped or is undecided (never promoted): where
+  the candidate is not yet shown no worse than legacy, "kept" would say more
+  than the episodes did;
+- ``kept``: every other check passed and the production comparison did not
+  decide that the candidate is better;
 - ``pass``: every check ran and passed (or was waived).
 """
 
@@ -123,10 +127,12 @@ class GateDecision:
         """fail, kept (not better than production), inconclusive, else pass (module docstring)."""
         if any(c.passed is False and c.key != PRODUCTION_KEY for c in self.checks):
             return "fail"
+        if any(c.key == PRODUCTION_KEY and c.passed is False for c in self.checks):
+            return "kept"
+        if any(c.passed is None and c.key not in self.waived for c in self.checks if c.key != PRODUCTION_KEY):
+            return "inconclusive"
         if any(c.key == PRODUCTION_KEY and c.passed is not True for c in self.checks):
             return "kept"
-        if any(c.passed is None and c.key not in self.waived for c in self.checks):
-            return "inconclusive"
         return "pass"
 
     @property

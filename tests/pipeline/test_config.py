@@ -135,6 +135,18 @@ def test_config_check_json_carries_the_figures_it_measured(capsys):
     # plant passed the check and was refused by `shield synthesize`).
     assert main(["config", "--check", str(ROOT / "configs" / "arm.yaml")]) == 0
     assert "next: `sim2real shield synthesize --config " in capsys.readouterr().out
+    assert out["gate_note"] is None
+
+
+def test_a_gate_budget_below_its_fewest_passing_episodes_is_said_at_check():
+    """helper-55 set gate.max_episodes 10 (below gate.min_episodes, 20) and `config --check` said ok; every night
+    then ends without a pass."""
+    from pipeline.commands.config import gate_note
+    from pipeline.config import GateConfig
+
+    note = gate_note(GateConfig(max_episodes=10))
+    assert "gate.max_episodes (10) is below gate.min_episodes (20)" in note and "no night can promote" in note
+    assert gate_note(GateConfig(max_episodes=20)) is None
 
 
 def test_config_check_takes_the_file_as_every_other_command_does(capsys):

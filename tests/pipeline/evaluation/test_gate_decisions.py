@@ -207,6 +207,21 @@ def test_production_is_the_incumbent():
     )
     assert open_legacy.checks[0].status == "undecided" and open_legacy.checks[1].status == "fail"
     assert open_legacy.decision == "kept" and not open_legacy.settled
+    # Neither bound decided when the budget ran out (helper-55's night with a 10-episode budget): nothing was
+    # shown, so the night is inconclusive, as it is with no production; "kept" would say the candidate was judged.
+    both_open = decide(
+        good_metrics(
+            legacy_returns=legacy,
+            candidate_returns=close,
+            production_returns=(np.asarray(close) + np.random.default_rng(1).normal(0.0, 1.0, 6)).tolist(),
+            production_version=3,
+        ),
+        GateConfig(),
+    )
+    assert [c.status for c in both_open.checks[:2]] == ["undecided", "undecided"], both_open.reasons
+    assert both_open.decision == "inconclusive"
+    alone = decide(good_metrics(legacy_returns=legacy, candidate_returns=close), GateConfig())
+    assert alone.decision == "inconclusive"
     # A failure against legacy is a failure, whatever production says.
     legacy, bad = paired(-5.0)
     assert (

@@ -182,11 +182,18 @@ def register_step(
 
 
 @task(name="promote", retries=1, retry_delay_seconds=2, persist_result=True)
-def promote_step(models_root: str, task_name: str, version: int) -> int:
-    """Move the production pointer to the new version (atomic), logged as the gate's move."""
+def promote_step(models_root: str, task_name: str, version: int, against: int | None) -> str | None:
+    """Move the production pointer to the new version (atomic), logged as the gate's move, only if production is
+    still `against`, the version the gate judged the candidate against; else why not (a night that ran beside
+    this one on the same registry promoted first)."""
+    from pipeline.deployment.registry import ProductionMoved
+
     _fault_drill("promote")
-    Registry(models_root).promote(task_name, version, by="gate")
-    return version
+    try:
+        Registry(models_root).promote(task_name, version, by="gate", expected_production=against)
+    except ProductionMoved as err:
+        return str(err)
+    return None
 
 
 @flow(name="retrain", log_prints=True)
@@ -324,17 +331,26 @@ def retrain(
         metrics["calibration"] = {**_calibration_metrics(calibrated), "payoff": calibrated["payoff"]}
     version = register_step(exported["bundle"], models_root, metrics, flow_run_id, cfg.task.name, previous)
     passed = shadow["decision"] == "pass"
-    if passed:
-        promote_step(models_root, cfg.task.name, version)
+    moved = promote_step(models_root, cfg.task.name, version, previous) if passed else None
+    if moved is not None:
+        # The gate passed against a production that is no longer there: kept, and said so in the registry.
+        logger.warning("not promoted: %s", moved)
+        passed = False
+        shadow = {**shadow, "decision": "kept", "reasons": [*shadow["reasons"], f"NOT PROMOTED: {moved}"]}
+        registry.annotate(
+            cfg.task.name,
+            version,
+            metrics={"gate": {**metrics["gate"], "decision": "kept", "verdict": f"not promoted: {moved}"}},
+        )
 
     summary = {
         "task": cfg.task.name,
         "decision": shadow["decision"],
         "reasons": shadow["reasons"],
         "version": version,
-        "verdict": promotion_verdict(
-            shadow["decision"], version, previous, shadow["reasons"], shadow.get("loosened", [])
-        ),
+        "verdict": f"not promoted: {moved}"
+        if moved is not None
+        else promotion_verdict(shadow["decision"], version, previous, shadow["reasons"], shadow.get("loosened", [])),
         "production": registry.production(cfg.task.name),
         "previous_production": previous,
         "comparison": side_by_side(shadow["metrics"]),

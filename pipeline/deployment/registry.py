@@ -52,6 +52,13 @@ class RegistryError(RuntimeError):
     """A registry operation cannot be done (unknown task or version, nothing to roll back to)."""
 
 
+class ProductionMoved(RegistryError):
+    """A promotion conditional on the production version it was judged against found another one there."""
+
+
+_UNCHECKED = object()
+
+
 class Registry:
     """Bundles of every task under one root directory, with a production pointer per task."""
 
@@ -201,15 +208,28 @@ class Registry:
             atomic_write_bytes(path / MANIFEST_FILE, manifest_bytes(sealed))
         return sealed
 
-    def promote(self, task: str, version: int, *, by: str = "hand", note: str | None = None) -> int | None:
+    def promote(
+        self, task: str, version: int, *, by: str = "hand", note: str | None = None, expected_production=_UNCHECKED
+    ) -> int | None:
         """Point production at `version` (verified first); return the version it replaced. `by` (the retrain
-        flow's gate, or a hand) and `note` go into the pointer's log, which `registry list` reads back."""
+        flow's gate, or a hand) and `note` go into the pointer's log, which `registry list` reads back.
+        `expected_production` (a version, or None for none): the production the candidate was judged against;
+        another one there (a night that ran beside this one promoted first) raises ProductionMoved, and nothing
+        moves: the candidate was never compared with it."""
         with self._locked(task) as task_dir:
             path = self.bundle_dir(task, version)
             manifest = verify_bundle(path)
             old = read_production(task_dir)
             if old and old["version"] == version:
                 return version  # already there (a retried flow step): no move to log
+            now = old["version"] if old else None
+            if expected_production is not _UNCHECKED and now != expected_production:
+                judged = f"v{expected_production}" if expected_production is not None else "no production"
+                raise ProductionMoved(
+                    f"{task}: production is v{now}, but v{version} was judged against {judged}; it was never "
+                    f"compared with v{now}, so it is not promoted (`sim2real shadow` with --production, or the "
+                    f"next night, judges it against v{now})"
+                )
             history = [*old.get("history", []), old["version"]] if old else []
             self._write_pointer(task_dir, version, manifest, history, old, "promote", by, note)
         return old["version"] if old else None

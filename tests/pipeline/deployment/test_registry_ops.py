@@ -260,3 +260,23 @@ def test_a_pointer_written_before_the_log_still_reads_and_gains_one(registry, so
     assert _cli(registry, "list", as_json=False) == 0
     registry.promote("planar", 2)
     assert [m["version"] for m in registry.pointer("planar")["log"]] == [2]
+
+
+def test_a_gate_promotion_judged_against_another_production_does_not_move_it(registry, source_bundle):
+    """helper-55 started two nights 3 s apart on one registry: both were judged against production v3 and both
+    promoted, the second replacing the first without ever being compared with it. The gate's promotion is
+    conditional on the production it was judged against; a hand's is not."""
+    from pipeline.deployment.registry import ProductionMoved
+
+    for _ in range(4):
+        registry.register(source_bundle)
+    assert registry.promote("planar", 1, by="gate", expected_production=None) is None  # the first night
+    assert registry.promote("planar", 2, by="gate", expected_production=1) == 1  # judged against v1: moves
+    with pytest.raises(ProductionMoved, match="production is v2, but v3 was judged against v1"):
+        registry.promote("planar", 3, by="gate", expected_production=1)  # the night beside it, judged against v1
+    with pytest.raises(ProductionMoved, match="judged against no production"):
+        registry.promote("planar", 4, by="gate", expected_production=None)
+    assert registry.production("planar") == 2
+    assert [m["version"] for m in registry.pointer("planar")["log"]] == [1, 2]  # no move logged for the refused
+    assert registry.promote("planar", 2, by="gate", expected_production=1) == 2  # a retried step: already there
+    assert registry.promote("planar", 4) == 2  # by hand, unconditional

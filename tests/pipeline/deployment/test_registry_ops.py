@@ -280,3 +280,10 @@ def test_a_gate_promotion_judged_against_another_production_does_not_move_it(reg
     assert [m["version"] for m in registry.pointer("planar")["log"]] == [1, 2]  # no move logged for the refused
     assert registry.promote("planar", 2, by="gate", expected_production=1) == 2  # a retried step: already there
     assert registry.promote("planar", 4) == 2  # by hand, unconditional
+    # The flow's promote step says why it did not move production, for the night's summary and the registry.
+    from flows.retrain import promote_step
+
+    said = promote_step.fn(str(registry.root), "planar", 3, 2)
+    assert said is not None and "production is v4, but v3 was judged against v2" in said
+    assert registry.production("planar") == 4
+    assert promote_step.fn(str(registry.root), "planar", 3, 4) is None and registry.production("planar") == 3

@@ -351,12 +351,30 @@ def evaluate_candidate(
 
 
 def check_log_matches_bundle(meta: dict, bundle_version, path) -> None:
-    """Refuse to gate a registered bundle on logs recorded from a different version."""
+    """Refuse to gate a bundle on logs another bundle served: a log records the served version's steps, so it
+    judges that version alone. Logs of several versions (a hot reload mid-recording) judge none of them as a whole;
+    a bundle with no registry version (a run folder's export) cannot be told from the served one."""
     logged = {v for v in (meta.get("bundle_versions") or [meta.get("bundle_version")]) if v}
-    if bundle_version and logged and bundle_version not in logged:
+    if not logged:
+        return  # a log from before versions were recorded: nothing to check it by
+    versions = sorted(logged, key=str)
+    if not bundle_version:
         raise ShadowError(
-            f"--from-log {path}: recorded with bundle version(s) {sorted(logged, key=str)}, "
-            f"the candidate bundle is version {bundle_version}"
+            f"--from-log {path}: recorded while bundle version(s) {versions} served, and this bundle has no registry "
+            f"version (a run folder's export): the log holds the served version's steps, not this bundle's. Gate "
+            f"this bundle in simulation (`sim2real shadow` without --from-log), or its registered copy"
+        )
+    if bundle_version not in logged:
+        raise ShadowError(
+            f"--from-log {path}: recorded with bundle version(s) {versions}, the candidate bundle is version "
+            f"{bundle_version}: a log holds the served version's steps (a new candidate is gated in simulation, "
+            f"or served in shadow mode and logged)"
+        )
+    if len(logged) > 1:
+        raise ShadowError(
+            f"--from-log {path}: its parts were recorded with bundle versions {versions} (a hot reload while "
+            f"recording): only version {bundle_version}'s parts are its steps; give those alone (each part's meta "
+            f"names its version)"
         )
 
 
@@ -467,6 +485,13 @@ def run_shadow(
         )
     if from_log is not None:
         from shield.bundle import verify_bundle
+
+        if production_dir is not None:
+            raise ShadowError(
+                f"--from-log {from_log} with --production: a log holds the steps the served bundle took, and "
+                f"production took none of them, so nothing pairs it; gate against production in simulation "
+                f"(`sim2real shadow BUNDLE --production DIR` without --from-log)"
+            )
 
         manifest = verify_bundle(bundle_dir)  # BundleError names the file
         note = check_bundle_task(cfg, manifest, bundle_dir)

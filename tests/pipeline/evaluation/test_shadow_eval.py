@@ -384,10 +384,22 @@ def test_field_logs_of_another_version_are_refused():
     from pipeline.evaluation.shadow import ShadowError, check_log_matches_bundle
 
     check_log_matches_bundle({"bundle_version": 4}, 4, "log.npz")
-    check_log_matches_bundle({"bundle_versions": [3, 4]}, 4, "logs/")  # a hot reload mid-recording
     check_log_matches_bundle({"bundle_version": 0}, 4, "log.npz")  # serve of an unregistered bundle: unknown
+    check_log_matches_bundle({"bundle_version": 0}, None, "log.npz")
     with pytest.raises(ShadowError, match=r"log\.npz.*\[3\].*version 4"):
         check_log_matches_bundle({"bundle_version": 3}, 4, "log.npz")
+    # helper-55: a hot reload mid-recording left v1's and v2's parts in one folder, judged whole as v1's; and a run
+    # folder's export (no version) was judged on v1's log, whose numbers it reported as its own.
+    with pytest.raises(ShadowError, match=r"bundle versions \[3, 4\].*only version 4's parts"):
+        check_log_matches_bundle({"bundle_versions": [3, 4]}, 4, "logs/")
+    with pytest.raises(ShadowError, match=r"no registry version"):
+        check_log_matches_bundle({"bundle_version": 1}, None, "logs/")
+    # --production beside --from-log was ignored without a word: production took none of the logged steps.
+    from pipeline.config import load_config
+    from pipeline.evaluation.shadow import run_shadow
+
+    with pytest.raises(ShadowError, match="production took none of them"):
+        run_shadow("models/arm/4", load_config("configs/arm.yaml"), from_log="logs/", production_dir="models/arm/1")
 
 
 def test_quadrotor_shadow_covers_every_action_axis_and_constraint(tmp_path):

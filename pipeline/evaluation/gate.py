@@ -218,7 +218,8 @@ NEXT_STEPS = {
     "gate.min_return_ratio": {
         "fail": "the candidate's return falls short of gate.min_return_ratio against legacy on the same episodes: "
         "train longer or on the plants where it falls short (the report's per-episode returns show which)",
-        "undecided": "the return bound straddles legacy's: more episodes (gate.max_episodes) narrow it; a candidate "
+        "undecided": "the return bound straddles legacy's, or lies above it on fewer paired episodes than "
+        "gate.min_episodes: more episodes (gate.max_episodes, at least gate.min_episodes) narrow it; a candidate "
         "merely equal to legacy never passes",
     },
 }

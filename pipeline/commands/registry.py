@@ -175,6 +175,11 @@ def why(row: dict, log: list[dict] = ()) -> str:
         elif last is None and gate.get("decision") != "pass":
             said += "; in production by `sim2real registry promote` or `rollback`"
     elif last is not None and last.get("previous") == v:
+        # The move that put it in too, where it was not the gate's (helper-55: a --force promotion later rolled
+        # back left only the rollback in the listing).
+        put = next((m for m in reversed(moves[:-1]) if m.get("version") == v), None)
+        if put is not None and not (put["action"] == "promote" and put["by"] == "gate"):
+            said += f"; entered production: {_move(put)}"
         said += f"; left production: {_move(last)}"
     return said
 

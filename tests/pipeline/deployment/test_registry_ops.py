@@ -239,11 +239,15 @@ def test_every_move_of_production_is_logged_and_list_says_who_made_it(registry, 
     assert whys[1].startswith("promoted v1; left production") and "v2 promoted by the gate" in whys[1]
     assert whys[2].startswith("promoted v2; rolled back to v2 from v3 by hand")
     assert "left production" in whys[3] and "rolled back to v2 from v3" in whys[3]
+    # What put v3 in is said too: a hand's --force past its failed gate, not the gate's own promotion.
+    assert "entered production: v3 promoted by hand (`sim2real registry promote`), --force past" in whys[3]
+    assert "entered production" not in whys[1]  # the gate put v1 in
 
     assert _cli(registry, "show", "planar", 3, as_json=False) == 0
     shown = capsys.readouterr().out
     assert shown.startswith("planar v3  ") and "gate: fail\n    FAIL gate.max_violations: 2" in shown
-    assert "why: gate fail; left production" in shown and "--json prints the whole manifest" in shown
+    assert "why: gate fail; entered production: v3 promoted by hand" in shown and "; left production" in shown
+    assert "--json prints the whole manifest" in shown
 
 
 def test_a_pointer_written_before_the_log_still_reads_and_gains_one(registry, source_bundle):

@@ -20,7 +20,7 @@ Exit codes, the same for every command (`@command` applies them):
   domain set, or a registry operation that cannot be done (unknown version,
   nothing to roll back to). One line on stderr, `sim2real CMD: error: ...`,
   no traceback.
-- 130: interrupted (Ctrl-C).
+- 130: interrupted (Ctrl-C, or SIGTERM).
 
 A reader that closes the pipe early (`sim2real config | head`) ends the
 command quietly with 0.
@@ -31,9 +31,12 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -67,10 +70,30 @@ def is_user_error(err: BaseException) -> bool:
     return any(cls.__name__ in USER_ERRORS for cls in type(err).__mro__)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While a command runs, SIGTERM (what cron, systemd and `kill` send) ends it as Ctrl-C does: its `finally`
+    blocks run (Ray shut down, the temporary Prefect server stopped), it says "interrupted" and exits 130. The
+    handler before is put back after (a test calling `main` keeps its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def guarded(name: str, handler: Handler, args: argparse.Namespace) -> int:
     """Run `handler(args)` under the exit-code policy of this package's docstring."""
     try:
-        return int(handler(args) or OK)
+        with _sigterm_as_interrupt():
+            return int(handler(args) or OK)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED

@@ -27,9 +27,12 @@ def ray_for_run(address: str | None, num_cpus: float):
     """Ray for one training run: started here (a local instance with `num_cpus`, or joined at `address`)
     unless the caller already has it up, and shut down however the run ends, a failure while its actors
     start included. A Ray the caller started stays up (tests, a notebook)."""
+    import signal
+
     from pipeline.training.learner import usable_cpus  # here: this module's actors import only Ray
 
     started = not ray.is_initialized()
+    before = signal.getsignal(signal.SIGTERM)
     if started:
         _quiet_token_auth_notice()
         ray.init(
@@ -40,11 +43,25 @@ def ray_for_run(address: str | None, num_cpus: float):
             include_dashboard=False,
             log_to_driver=True,
         )
+        _restore_sigterm(before)
     try:
         yield
     finally:
         if started:
             ray.shutdown()
+            _restore_sigterm(before)
+
+
+def _restore_sigterm(handler) -> None:
+    """Put back the SIGTERM handler the command had (`sim2real` turns SIGTERM into an interrupt: "interrupted",
+    exit 130, actors shut down): Ray's driver installs one of its own that aborts the process with a stack dump
+    (exit 134), and its shutdown leaves the default (killed outright, the temporary Prefect server orphaned). Only
+    the main thread may set a handler: elsewhere Ray's stays."""
+    import signal
+    import threading
+
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 class _TokenAuthNotice(logging.Filter):

@@ -332,15 +332,15 @@ def retrain(
     version = register_step(exported["bundle"], models_root, metrics, flow_run_id, cfg.task.name, previous)
     passed = shadow["decision"] == "pass"
     moved = promote_step(models_root, cfg.task.name, version, previous) if passed else None
+    verdict = promotion_verdict(shadow["decision"], version, previous, shadow["reasons"], shadow.get("loosened", []))
     if moved is not None:
         # The gate passed against a production that is no longer there: kept, and said so in the registry.
-        logger.warning("not promoted: %s", moved)
+        verdict = f"not promoted: {moved}"
+        logger.warning("%s", verdict)
         passed = False
         shadow = {**shadow, "decision": "kept", "reasons": [*shadow["reasons"], f"NOT PROMOTED: {moved}"]}
         registry.annotate(
-            cfg.task.name,
-            version,
-            metrics={"gate": {**metrics["gate"], "decision": "kept", "verdict": f"not promoted: {moved}"}},
+            cfg.task.name, version, metrics={"gate": {**metrics["gate"], "decision": "kept", "verdict": verdict}}
         )
 
     summary = {
@@ -348,9 +348,7 @@ def retrain(
         "decision": shadow["decision"],
         "reasons": shadow["reasons"],
         "version": version,
-        "verdict": f"not promoted: {moved}"
-        if moved is not None
-        else promotion_verdict(shadow["decision"], version, previous, shadow["reasons"], shadow.get("loosened", [])),
+        "verdict": verdict,
         "production": registry.production(cfg.task.name),
         "previous_production": previous,
         "comparison": side_by_side(shadow["metrics"]),

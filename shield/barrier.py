@@ -106,7 +106,7 @@ class BarrierRows:
         self._closing0 = np.array(closing0, dtype=np.float64)
         self._closing0_list = [float(c) for c in closing0]  # plain floats: numpy scalars cost ~10x in the hot loop
         self._tau = tau
-        positional = np.isfinite(np.array(brake, dtype=np.float64))
+        positional = self.positional = np.isfinite(np.array(brake, dtype=np.float64))  # rows on positions
         # h = d - closing^2 / (2 a): closing speeds are carried scaled by 1 / sqrt(2 a), so h = d - closing'^2.
         self._root = np.sqrt(np.where(positional, 0.5 / np.where(positional, brake, 1.0), 0.0))
         self._root_list = self._root.tolist()
@@ -185,6 +185,7 @@ class BarrierRows:
         W, Wv = self._W, self._Wv
         f_next, closing0_next = self._f.copy(), self._closing0.copy()
         self._dyn_offsets: list[Any] = [None] * len(self.dynamic)
+        latency_push = np.zeros(R)  # per row, what the worst push over the latency takes off h(x_L)
         if np.any(self._w_max > 0):
             cols = {o: j for j, o in enumerate(spec.state_index)}
             E0, E1 = (np.zeros((N, len(spec.position_index))) for _ in range(2))
@@ -196,6 +197,7 @@ class BarrierRows:
             w = -self._w_max * np.sign(S)
             e = w @ E1.T - self.keep[:, None] * (w @ E0.T)  # (rows, state)
             f_next += np.einsum("ij,ij->i", W, e)
+            latency_push = -np.einsum("ij,ij->i", W, w @ E0.T)
             closing0_next -= np.einsum("ij,ij->i", Wv, e)
             for i, (r, pcols, vcols, acols, _, _) in enumerate(self.dynamic):
                 Pw, Pv = np.zeros((len(pcols), N)), np.zeros((len(pcols), N))  # W_r = n Pw, Wv_r = n Pv
@@ -226,6 +228,7 @@ class BarrierRows:
         self._scales4 = self._scales[None, :, :, None]
         self.SMB = self._scales4 * self._MB.reshape(2, 1, R, self._m)
         self.SMB_flat = self.SMB.reshape(-1, self._m)
+        self.near = self._near(latency_push)
         self._input_effect_stale = False
         self.steer_now = True  # `CbfShield._brake_hard` turns the keep-outs' steering credit off while it brakes
         # The keep-out rows' hot loop writes single entries: through flat memoryviews of the (contiguous) matrix
@@ -262,6 +265,26 @@ class BarrierRows:
                     self._root_list[r],
                 )
             )
+
+    def _near(self, latency_push: np.ndarray) -> np.ndarray:
+        """Per row, where the class-K condition saturates: h(x+) >= min((1 - gain) h(x_L), near); inf: never.
+
+        A row on a speed (not a position) is one end of a box whose other end the plant approaches whenever it
+        brakes away from this one; with h(x+) >= (1 - gain) h(x_L) alone, the far end, h large, caps the
+        braking at gain x h per step (a heavy arm falling at 1.1 rad/s inside a 1.5 rad/s box was let brake at a
+        fraction of its authority, and fell through its lower bound). Far from its bound the row only asks that
+        the next state not come nearer than the input's own one-step reach on it (its largest change under the
+        full box, strongest gain), plus what the worst push over the latency takes off h(x_L), which the next
+        state's offset credits (see `_build_offsets`); within that the class-K condition holds as before. Still
+        an extended class-K condition (h - min((1 - gain) h, near) is increasing and at most h), so the set stays
+        invariant. Positions keep the plain condition: their braking-distance barrier has no far end to cap it,
+        and so do rows the input does not move within the step (no reach to saturate at).
+        """
+        low, high = self.spec.action_box32()
+        span = np.maximum(np.abs(low), np.abs(high)).astype(np.float64)
+        reach = (np.abs(self.SMB[0]) @ span).max(axis=0)  # (rows,): the largest one-step change over the cases
+        speed_row = ~self.positional & (reach > 1e-12)
+        return np.where(speed_row, reach + self.keep * np.maximum(latency_push, 0.0), np.inf)
 
     def linearize_keepouts(self, x: np.ndarray) -> None:
         """Replace each keep-out zone's row by the tangent halfspace at the position in x (plain floats: 2-3 entries).

@@ -17,8 +17,9 @@ Each step, for the observation ``o`` and the policy's action ``u_p``:
    linearized at the predicted position, which under-estimates the true
    distance, so the linear cut is conservative.
 3. The action solves ``min ||u - u_p||^2`` s.t. ``h_r(x+(u)) >= (1 - gain_r) h_r(x)``
-   and the input box, in both gain cases (h is concave along the gain scaling, so
-   the two ends bound the gains between, to first order) and for the worst additive
+   (for a speed row, ``>= min((1 - gain_r) h_r(x), near_r)``: far from its bound it only asks the next state to
+   keep the input's one-step reach from it, `BarrierRows._near`) and the input box, in both gain cases (h is
+   concave along the gain scaling, so the two ends bound the gains between, to first order) and for the worst additive
    acceleration within `disturbance_accel` (per row, each axis at the bound
    that lowers it). ``h(x+(u))`` is concave in ``u``. Usually one condition binds:
    the action is first projected onto it exactly (a scalar Newton solve on its
@@ -168,6 +169,7 @@ class CbfShield:
         self._MT_parts, self._off, self._SMB, self._SMB_flat = rows.MT_parts, rows.off, rows.SMB, rows.SMB_flat
         self._linearize_keepouts = rows.linearize_keepouts if rows.dynamic else None
         self._rows = rows
+        self._near = rows.near if np.isfinite(rows.near).any() else None
         # Per-call buffers: H (states, rows) is h at x_L (first C) and at x+; V, Z (2 parts, cases, rows).
         self._Y, self._H = np.empty((2, 2 * C, R)), np.empty((2 * C, R))
         # Views bound once: at these sizes creating a slice costs about as much as the arithmetic on it.
@@ -299,6 +301,8 @@ class CbfShield:
         closing = np.maximum(self._Y1, 0.0, out=self._closing)
         np.subtract(self._Y0, np.multiply(closing, closing, out=self._closing2), out=self._H)
         np.multiply(self._keep, self._H_now, out=self._req)  # the condition asks h(x+) >= (1 - gain) h(x_L)
+        if self._near is not None:  # speed rows: at most their one-step reach from the bound (`BarrierRows._near`)
+            np.minimum(self._req, self._near, out=self._req)
         if not self._R:
             return np.zeros(0)
         # The worst case per row (a binary ufunc costs less than a reduction along an axis), then per constraint.

@@ -299,6 +299,19 @@ class Legacy(_Strict):
             raise ValueError("lqr: needs q and r")
         if self.type == "callable" and (not self.callable or ":" not in self.callable):
             raise ValueError("callable: needs callable: 'module:callable'")
+        # A key of another type's is never read: accepted, it would look as if it did something.
+        owner = {"loops": "pid", "q": "lqr", "r": "lqr", "setpoints": "lqr", "callable": "callable"}
+        stray = [k for k, t in owner.items() if t != self.type and k in self.model_fields_set]
+        if stray:
+            raise ValueError(
+                f"{', '.join(stray)}: only read for a type {owner[stray[0]]} controller, not {self.type}"
+                + (
+                    " (the predictive filter's backup takes an lqr legacy's q and r; for another legacy it weighs "
+                    "each state by the room its limits and ranges leave, Bryson's rule)"
+                    if {"q", "r"} & set(stray)
+                    else ""
+                )
+            )
         return self
 
 

@@ -346,7 +346,10 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
         accel = f"{units[name]}/s^2" if units.get(name) else "units/s^2"
         lines.append(
             f"  {name}: braking {meas.authority[k][0]:.3g} / {meas.authority[k][1]:.3g} {accel} "
-            f"(toward - / +{'; below 0: the drive cannot brake it there' if min(meas.authority[k]) < 0 else ''}), "
+            # The accelerations point toward - / +: each brakes a motion the other way (read as the motion's
+            # direction, "toward -" was taken for the falling side).
+            f"(braking a motion toward + / toward -"
+            f"{'; below 0: the drive cannot brake it there' if min(meas.authority[k]) < 0 else ''}), "
             f"model error <= {meas.residual_accel[k]:.3g} {accel} (law {law['accel']:.4g} + "
             f"{law['per_unit']:.4g} x {law['feature']}), input gain {lo:.3f} .. {hi:.3f} x nominal"
         )

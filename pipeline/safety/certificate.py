@@ -315,8 +315,9 @@ def conservative_record(cfg, spec: dict, legacy: dict | None) -> dict | None:
         return None
     record: dict = {"legacy_changed": legacy["intervention_rate"], "above": CONSERVATIVE_SHARE}
     if "predictive" in spec:
-        from pipeline.safety.predictive import tube_at_rest
+        from pipeline.safety.predictive import legacy_lqr_weights, tube_at_rest
 
+        record["backup_weights"] = "legacy_lqr" if legacy_lqr_weights(cfg) is not None else "bryson"
         record["tube_at_rest"] = [
             {"constraint": name, "taken": round(taken, 4), "room": round(room, 4)}
             for name, taken, room in tube_at_rest(spec)
@@ -347,9 +348,14 @@ def conservative_line(record: dict) -> str:
             if worst
             else ""
         )
+        weights = (
+            "your legacy LQR's weights"
+            if record.get("backup_weights", "legacy_lqr") == "legacy_lqr"
+            else "Bryson's rule over your limits and ranges, your legacy not being an LQR"
+        )
         widens = (
-            "the sets' pushes, latency, noise and ranges, and a slow backup (it is your legacy LQR's weights with "
-            "its input weight raised until stable: weigh what your limits read)"
+            f"the sets' pushes, latency, noise and ranges, and a slow backup (it is {weights}, with its input weight "
+            "raised until stable: weigh what your limits read)"
         )
     else:
         worst = max(record["error_over_braking"], key=lambda r: r["ratio"])

@@ -61,10 +61,10 @@ def backup_gain(
     `names`: A's states' names, in order, for the message when no LQR exists."""
     from envs.linearization import discrete_lqr
 
-    legacy = (cfg.plant or {}).get("legacy") or {}
     n, m = B.shape
-    if legacy.get("type") == "lqr" and len(legacy.get("q", [])) == n and len(legacy.get("r", [])) == m:
-        q, r = np.diag(legacy["q"]), np.diag(legacy["r"])
+    weights = legacy_lqr_weights(cfg, n, m)
+    if weights is not None:
+        q, r = np.diag(weights[0]), np.diag(weights[1])
     else:
         q, r = np.diag(1.0 / np.maximum(half_range, 1e-6) ** 2), np.eye(m)
     for scale in BACKUP_INPUT_WEIGHT_SCALES:
@@ -84,6 +84,16 @@ def backup_gain(
         f"predicting through {latency} (slowest modes {[round(v, 4) for v in modes]}): narrow "
         f"randomization.*.latency_steps or the ranges of the plant's parameters"
     )
+
+
+def legacy_lqr_weights(cfg, n: int | None = None, m: int | None = None) -> tuple[list, list] | None:
+    """The legacy LQR's (q, r), which the backup is built on, when the legacy is an LQR (of n states, m inputs,
+    where given); None: the backup weighs each state by Bryson's rule instead."""
+    legacy = (getattr(cfg, "plant", None) or {}).get("legacy") or {}
+    q, r = legacy.get("q") or [], legacy.get("r") or []
+    if legacy.get("type") != "lqr" or (n is not None and len(q) != n) or (m is not None and len(r) != m):
+        return None
+    return q, r
 
 
 def latency_loop(

@@ -159,6 +159,8 @@ def _broken(tmp_path, edit) -> str:
             lambda d: d["shield"]["model_ranges"].update({"joint_damping.elbw": [0.6, 1.5]}),
             "shield.model_ranges.joint_damping.elbw",
         ),
+        # helper-56 gave its pid legacy q and r to weigh the shield's backup: accepted, and never read.
+        (lambda d: d["plant"]["legacy"].update(q=[1.0] * 4, r=[1.0, 1.0]), "plant.legacy: q, r: only read"),
     ],
 )
 def test_config_check_names_the_key(tmp_path, capsys, monkeypatch, edit, key):

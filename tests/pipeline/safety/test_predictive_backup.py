@@ -3,6 +3,8 @@ predicts through: a gain designed on the prediction can be unstable on a plant w
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -122,6 +124,16 @@ def test_a_conservative_certificate_says_what_the_tube_takes_off_each_constraint
     record = conservative_record(None, spec, {"episodes": 10, "intervention_rate": 0.4})
     line = conservative_line(record)
     assert "40.0%" in line and "constraint 'swing'" in line, line  # the swing's room is the smaller
+    # The backup's weights are named as they were chosen: a pid legacy has none to give (helper-56 was told to
+    # weigh "your legacy LQR's weights" it did not have).
+    lqr = SimpleNamespace(plant={"legacy": {"type": "lqr", "q": [1.0] * 4, "r": [1.0]}})
+    pid = SimpleNamespace(plant={"legacy": {"type": "pid", "loops": []}})
+    said = {
+        k: conservative_line(conservative_record(c, spec, {"episodes": 10, "intervention_rate": 0.4}))
+        for k, c in (("lqr", lqr), ("pid", pid))
+    }
+    assert "your legacy LQR's weights" in said["lqr"] and "Bryson" not in said["lqr"], said
+    assert "Bryson's rule" in said["pid"] and "LQR's weights" not in said["pid"], said
 
 
 def test_synthesis_says_when_legacy_behind_the_shield_met_its_alarm():

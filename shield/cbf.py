@@ -480,6 +480,14 @@ class CbfShield:
             backup = not any(con.violated(obs_list) for con in self._constraint_objs)
         if u is None:  # conservative mode: the backup holds against the acceleration the monitor measured
             u = pf.backup(pred.v, self._hold, self._monitor.mean_residual() if self._outside else None)
+            if not (bad or backup):
+                # Uncertified (no plan accepted, or the plant observed past a limit, or flagged): the backup is no
+                # better founded than the policy's action, and of the two the one whose plan misses least is sent.
+                # An arm holding 1.56x its heaviest declared payload, sagged below its band, was held there by the
+                # backup's two-thirds torque where the legacy LQR's full torque, its plan no worse, lifted it out.
+                h_backup = float(pf.evaluate(free, u)[1].min())
+                if h_backup < 0.0 and float(pf.evaluate(free, u_p)[1].min()) > h_backup:
+                    u = u_p
         out = u.astype(np.float32)
         u = out.astype(np.float64)  # what the plant gets: the prediction follows it
         if feasible:

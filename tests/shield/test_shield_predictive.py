@@ -158,6 +158,34 @@ def test_the_backup_continuing_an_accepted_plan_is_reported_as_backup_and_never_
 
 
 @settings(max_examples=300, deadline=None)
+@given(
+    x=st.tuples(st.floats(-1.2, 1.2), st.floats(-0.6, 0.6), st.floats(-3.0, 3.0), st.floats(-5.0, 5.0)),
+    u_p=st.floats(-1.5, 1.5),
+)
+def test_with_nothing_certified_the_action_sent_is_the_one_whose_plan_misses_least(x, u_p):
+    """For every state where no plan holds and no accepted plan certifies the backup (a fresh shield; the plant
+    past a limit): of the backup's action and the policy's (in the box), the one whose plan's worst slack is larger
+    is sent. The backup alone held helper-56's heavy arm below its band while the legacy LQR's torque, its plan no
+    worse, would have lifted it out."""
+    shield = CbfShield(SPEC)
+    out, info = shield.filter(np.array(x, np.float32), np.array([u_p], np.float32))
+    assume(info["fallback"])  # no plan held and nothing certified the backup
+    twin = CbfShield(SPEC)  # the state the step saw, rebuilt
+    twin._predictor.load_observation(np.array(x, np.float32).astype(np.float64)[twin._obs_src])
+    free = twin._predictive.slack_free(twin._predictor.v)
+    policy = np.clip(np.array([u_p], np.float32), -1.0, 1.0).astype(np.float64)
+    backup = twin._predictive.backup(twin._predictor.v, None)
+
+    def worst(u):
+        return float(twin._predictive.evaluate(free, np.asarray(u, np.float64))[1].min())
+
+    h_policy, h_backup = worst(policy), worst(backup)
+    assume(abs(h_backup) > 1e-6 and abs(h_policy - h_backup) > 1e-6)  # no tie for float32 rounding to decide
+    expected = policy if h_backup < 0.0 and h_policy > h_backup else backup
+    np.testing.assert_array_equal(out, expected.astype(np.float32))
+
+
+@settings(max_examples=300, deadline=None)
 @given(x=st.tuples(st.floats(-3.0, 3.0), st.floats(-1.0, 1.0), st.floats(-3.0, 3.0), st.floats(-5.0, 5.0)))
 def test_with_no_plan_accepted_the_backup_stops_the_plant_only_where_a_plan_may_stop(x):
     """For every state, however far out: the stop of a backup with no accepted plan meets the rows a plan's stop

@@ -565,7 +565,7 @@ class PolicyServer:
         )
         self.shadow_log.append(
             srv.meta,
-            time.time(),
+            self.shadow_log.clock(),
             session.episode,
             session.step,
             obs,

@@ -154,10 +154,17 @@ class ShadowLogWriter:
         self._meta: dict | None = None
         self._rows: list[tuple] = []
         self._last_flush = time.monotonic()
+        self._wall0, self._mono0 = time.time(), self._last_flush
         self._lock = threading.Lock()  # serialises writers; append never takes it
         self._threads: list[threading.Thread] = []
         self.written: list[Path] = []
         self.errors: list[str] = []
+
+    def clock(self) -> float:
+        """Wall-clock seconds for a row's t that never run backwards: the wall time at start plus the monotonic
+        time since. A time.time() stepped back by NTP mid-recording made a log calibrate refuses (rows stamped
+        before the row above them)."""
+        return self._wall0 + (time.monotonic() - self._mono0)
 
     def append(
         self,

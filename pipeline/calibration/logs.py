@@ -424,8 +424,19 @@ def _field_log(
             f"(e.g. all zero): a recording of a plant that never moved or a zero-filled file, "
             f"nothing to fit"
         )
-    clock_note = _check_clock(cols["episode"], cols["step"], cols["t"], dt, where)
-    starts, missing, late = _gaps(cols["episode"], cols["step"], cols["t"], dt)
+    t = cols["t"]
+    # A clock that runs backwards inside an episode (a clock reset, rows written out of order) was read as one
+    # late row and fitted; a clock that stands still (a coarse one) is only coarse.
+    back = np.flatnonzero((cols["episode"][1:] == cols["episode"][:-1]) & (np.diff(t) < 0.0))
+    if len(back):
+        i = int(back[0]) + 1
+        raise CalibrationError(
+            f"{where}: {len(back)} row(s) stamped before the row above them, first at {_row(parts, i)} "
+            f"(t {t[i - 1]:.6f} -> {t[i]:.6f} s): the clock ran backwards or the rows are out of order; fix t "
+            f"(rows in the order they were applied), or start a new episode where the clock was reset"
+        )
+    clock_note = _check_clock(cols["episode"], cols["step"], t, dt, where)
+    starts, missing, late = _gaps(cols["episode"], cols["step"], t, dt)
     if missing:
         i = missing[0]
         raise CalibrationError(

@@ -352,3 +352,32 @@ def test_a_late_step_holds_a_set_point_action_where_it_was(tmp_path):
         assert refused.action.tolist() == [first.action[0], 0.0]
     stranger = decode_act_reply(server.handle(encode_act_request(2, 20, [np.nan] * len(OBS)), ("127.0.0.1", 40002)))
     assert stranger.status & Status.BAD_INPUT and stranger.action.tolist() == [0.0, 0.0]  # no session: the constant
+
+
+def test_a_shadow_log_stamps_rows_forward_when_the_wall_clock_steps_back(tmp_path, monkeypatch):
+    """Rows a server logs in shadow mode carry t from the writer's clock: wall time at start plus monotonic time since,
+    so an NTP step backwards mid-recording leaves the log's t increasing (calibrate refuses a log whose t runs back),
+    and still near wall time."""
+    import time
+
+    from shield.shadowlog import ShadowLogWriter, read_shadow_log
+
+    class Hold:
+        obs_dim, act_dim = 4, 2
+
+        def act(self, obs):
+            return np.zeros(2, np.float32), {"intervened": False, "fallback": False}
+
+    log = ShadowLogWriter(tmp_path)
+    shadow = PolicyServer(Hold(), mode="shadow", shadow_log=log, deadline_us=1e7)
+    shadow.sock.close()
+    legacy = np.array([0.5, -0.25], np.float32)
+    start = time.time()
+    for step in range(3):
+        if step == 2:
+            monkeypatch.setattr(time, "time", lambda: start - 3600.0)  # the wall clock stepped back an hour
+        shadow.handle(encode_act_request(step + 1, step, OBS, legacy), ADDR)
+    log.close()
+    t = read_shadow_log(tmp_path)[0]["t"]
+    assert len(t) == 3 and bool(np.all(np.diff(t) > 0.0)), t
+    assert abs(float(t[0]) - start) < 60.0

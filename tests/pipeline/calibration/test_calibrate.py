@@ -182,6 +182,12 @@ def _clock(period: float):
     return change
 
 
+def _clock_back(cols, meta):
+    cols, meta = _clock(0.02)(cols, meta)
+    cols["t"][1201] = cols["t"][1200] - 0.001  # a clock reset by a millisecond
+    return cols, meta
+
+
 @pytest.mark.parametrize(
     "name, change, reason",
     [
@@ -192,6 +198,8 @@ def _clock(period: float):
         ("gap", _gap, r"gap\(s\) longer than a control period .* row 1500 .*step 1499 -> 1540"),
         ("other-task", _other_task, r"logged for task 'quadrotor', the config is 'cartpole'"),
         ("short", _short, r"only 5\.0 s of control"),
+        # helper-57: a clock stepping back 1 ms, and two rows swapped, were read as one late row and fitted.
+        ("backwards", _clock_back, r"1 row\(s\) stamped before the row above them, first at row 1201"),
     ],
 )
 def test_unusable_logs_are_refused_with_the_reason(field_log, name, change, reason):

@@ -195,9 +195,10 @@ class BarrierRows:
                     E[cols[v], k] = T
             S = (W + Wv) @ E1  # (rows, axes): how each axis's push raises each row
             w = -self._w_max * np.sign(S)
-            e = w @ E1.T - self.keep[:, None] * (w @ E0.T)  # (rows, state)
+            w0 = w @ E0.T  # (rows, state): the push's effect over the latency alone
+            e = w @ E1.T - self.keep[:, None] * w0
             f_next += np.einsum("ij,ij->i", W, e)
-            latency_push = -np.einsum("ij,ij->i", W, w @ E0.T)
+            latency_push = -np.einsum("ij,ij->i", W, w0)
             closing0_next -= np.einsum("ij,ij->i", Wv, e)
             for i, (r, pcols, vcols, acols, _, _) in enumerate(self.dynamic):
                 Pw, Pv = np.zeros((len(pcols), N)), np.zeros((len(pcols), N))  # W_r = n Pw, Wv_r = n Pv

@@ -460,12 +460,13 @@ class CbfShield:
             pf.widen(free)
         if self._blind:  # dead-reckoned: every plan must hold from anywhere the state may be by now
             pf.tighten(free, self._blind_box(self._blind))
+        h_p = None  # the policy's plan's h, where it was evaluated
         if in_box:
             u_p = action.astype(np.float64)
-            ok, h = pf.evaluate(free, u_p)
+            ok, h_p = pf.evaluate(free, u_p)
             if ok:
                 self._hold = pf.hold_point(pred.v)
-                return self._pass_through(action, h, t0)
+                return self._pass_through(action, h_p, t0)
         else:
             u_p = self._fallback if bad else np.minimum(np.maximum(action.astype(np.float64), self._low), self._high)
         u = pf.solve(free, u_p)
@@ -486,8 +487,11 @@ class CbfShield:
                 # An arm holding 1.56x its heaviest declared payload, sagged below its band, was held there by the
                 # backup's two-thirds torque where the legacy LQR's full torque, its plan no worse, lifted it out.
                 h_backup = float(pf.evaluate(free, u)[1].min())
-                if h_backup < 0.0 and float(pf.evaluate(free, u_p)[1].min()) > h_backup:
-                    u = u_p
+                if h_backup < 0.0:
+                    if h_p is None:
+                        h_p = pf.evaluate(free, u_p)[1]
+                    if float(h_p.min()) > h_backup:
+                        u = u_p
         out = u.astype(np.float32)
         u = out.astype(np.float64)  # what the plant gets: the prediction follows it
         if feasible:

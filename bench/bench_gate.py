@@ -36,6 +36,8 @@ from pathlib import Path
 
 import yaml
 
+from flows.server import ephemeral_server, prefect_defaults
+
 JUDGE_SEED = 500_000  # far from shadow.seed and every training seed: episodes the gate never saw
 NIGHT_2_SEED_OFFSET = 1000
 # Each run is a new user: its registry starts empty, so its night 1 would start at the config's shadow.seed like
@@ -291,8 +293,8 @@ def main(argv=None) -> int:
         counts = {k: sum(r["decision"] == k for r in out) for k in ("pass", "inconclusive", "fail")}
         print(json.dumps({"regate": out, "decisions": counts}) if args.json else f"decisions: {counts}")
         return 0
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    prefect_defaults()
+    ephemeral_server()  # stopped with this bench, even one killed with SIGKILL
     if args.config:
         configs = [Path(c) for c in args.config]
     else:  # every registered task's config (no file here names a plant: a plant is its YAML)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
+from flows.server import prefect_defaults
 from pipeline import DEFAULT_CONFIG
 
 
@@ -30,8 +30,11 @@ class RunCommand:
         """The flow on embedded defaults, with a summary at the end; 0 only when the candidate was promoted."""
         _calibratable(args)
         _shield_buildable(args)
-        _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
+        prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.retrain import retrain
+        from flows.server import ephemeral_server
+
+        ephemeral_server()  # stopped with this process, even one killed with SIGKILL
 
         state = retrain(
             config_path=args.config,
@@ -70,9 +73,13 @@ class ScheduleCommand:
     def run_cli(args: argparse.Namespace) -> int:
         _calibratable(args)
         _shield_buildable(args)
-        _prefect_defaults()  # before Prefect is imported: it reads its settings once, then
+        prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.schedule import schedule
 
+        if args.serve:
+            from flows.server import ephemeral_server
+
+            ephemeral_server()  # stopped with this process, even one killed with SIGKILL
         result = schedule(
             args.config,
             args.cron,
@@ -128,11 +135,6 @@ def _shield_buildable(args: argparse.Namespace) -> None:
     from pipeline.safety.shield_spec import build_shield_spec
 
     build_shield_spec(load_config(args.config))
-
-
-def _prefect_defaults() -> None:
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 def _summary_after_failure(args: argparse.Namespace, state) -> dict:

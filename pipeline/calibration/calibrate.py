@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -365,6 +365,8 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             + ("; " + "; ".join(shield_beyond) if shield_beyond else "")
         )
     if verdict:
+        # A reversed sign explains every other line (a misfit, a latency fitted past the configured): it comes first.
+        verdict = action_sign_hints(setup, action_names(cfg)) + verdict
         verdict += action_units_hints(parameters, _units_per_action(cfg))
     before_p = problem(0)
     x_before = before_p.start(np.zeros(len(names)))
@@ -469,6 +471,52 @@ def _units_per_action(cfg) -> dict[str, float]:
 
     io, _ = envs.registry.describe_io(cfg.task.env_id)
     return {a["name"]: float(a["units_per_action"]) for a in (io or {}).get("actions", [])}
+
+
+def action_names(cfg) -> list[str]:
+    """The actions' declared names, in order (action[j] for a task that declares none)."""
+    import envs.registry
+
+    io, _ = envs.registry.describe_io(cfg.task.env_id)
+    actions = (io or {}).get("actions") or []
+    return [a["name"] for a in actions] or [f"action[{j}]" for j in range(task_facts(cfg.task.env_id)["act_dim"])]
+
+
+SIGN_RATIO = 0.5  # the nominal twin replays the log this much better with an action negated: its sign is reversed
+
+
+def action_sign_hints(setup: FitSetup, names: list[str]) -> list[str]:
+    """Verdict lines for a misfit whose log drives the plant the opposite way to the twin's actuator.
+
+    A reversed sign (a drive wired the other way, a log that records the command before an inverting stage) is
+    fitted like any other log: the fit settles on the plant that explains it least badly, and the verdict said
+    "misfit" with a latency of 0, which reads as a modelling problem. The sign is tested directly instead: the
+    nominal twin replays the log's windows open loop, as logged and with each action negated in turn (at every
+    latency the fit tries, the best of each). A drive the log has backwards moves the plant the other way from the
+    first step, so its negation replays the log several times better; a right sign is not improved by negating,
+    whatever the parameters, since the nominal twin is inside the configured ranges."""
+    windows = setup.search_windows()
+    theta = np.zeros(len(setup.names))  # every unknown scale at 1: the nominal twin
+
+    def replay(w: Windows) -> float:
+        problems = [setup.problem(latency, w) for latency in setup.latencies]
+        return min(_prediction_error(p, p.start(theta))["rms_normalized"] for p in problems)
+
+    logged = replay(windows)
+    out = []
+    for j, name in enumerate(names):
+        sign = np.ones(windows.action.shape[1])
+        sign[j] = -1.0
+        negated = replay(replace(windows, action=windows.action * sign))
+        if negated < SIGN_RATIO * logged:
+            out.append(
+                f"sign? the nominal twin replays the log {logged / negated:.1f}x better with {name} negated "
+                f"(open-loop error {negated:.2f} against {logged:.2f} as logged, in expected-spread units): the "
+                f"logged {name} drives the plant the opposite way to the MJCF's actuator. Where the log is written "
+                f"(or in the drive's wiring, or the actuator's gear in the MJCF), reverse its sign and calibrate again "
+                f"before acting on the lines after this one: a reversed drive makes them"
+            )
+    return out
 
 
 UNITS_SPAN = 1.5  # a units_per_action this far from 1 (either way) makes a log in physical units tell from one without

@@ -22,7 +22,7 @@ import yaml
 
 import envs
 from envs.randomization import parse_randomization
-from pipeline.calibration.calibrate import calibrate
+from pipeline.calibration.calibrate import action_names, action_sign_hints, calibrate, fit_setup
 from pipeline.calibration.logs import CalibrationError, load_field_log
 from pipeline.calibration.twin import fixed_set
 from pipeline.config import load_config, parse_config
@@ -223,6 +223,22 @@ def test_a_log_that_barely_moves_the_plant_is_refused_before_it_is_fitted(field_
     cfg = load_config(ROOT / "configs" / "cartpole.yaml")
     with pytest.raises(CalibrationError, match=r"barely moves .*theta spreads 1\.0x its noise std .*--plan"):
         calibrate(cfg, _bad_log(field_log, "quiet", quiet))
+
+
+def test_a_log_with_the_actions_sign_reversed_is_diagnosed_by_name(field_log):
+    """A drive wired the other way was fitted like any log and read as a misfit with latency 0. The verdict's
+    `sign?` line names the action whose negation replays the log (the full fit is the flow test's; the hint reads
+    the same setup the fit does)."""
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+
+    def reversed_drive(cols, meta):
+        cols["legacy_action"] = -cols["legacy_action"]
+        return cols, meta
+
+    names = action_names(cfg)
+    assert action_sign_hints(fit_setup(cfg, field_log[0]), names) == []
+    (hint,) = action_sign_hints(fit_setup(cfg, _bad_log(field_log, "reversed", reversed_drive)), names)
+    assert hint.startswith("sign? ") and "with cart_force negated" in hint and "reverse its sign" in hint
 
 
 def test_cli_refuses_a_bad_log_in_one_line_with_exit_2(field_log):

@@ -128,8 +128,14 @@ def test_serve_prints_the_contract_when_it_starts(cartpole_bundle, tmp_path):
     assert "serve: contract: control period 0.02 s" in text
     assert "serve: contract: observations: x [m], theta [rad], x_dot [m/s], theta_dot [rad/s], x_ref [m]" in text
     assert "serve: contract: actions: cart_force [30 N per unit, -1..1]" in text
+    # The compute deadline follows the contract's period (a fixed 1 ms was a twentieth of this plant's 20 ms).
+    assert "serve: deadline: 10000 µs (half the contract's 20 ms control period)" in text
     with ServerProcess(str(write_tiny_bundle(tmp_path / "old"))) as server:
-        assert "no I/O contract (a schema-1 bundle)" in server.stop()
+        text = server.stop()
+    assert "no I/O contract (a schema-1 bundle)" in text
+    assert "serve: deadline: 1000 µs (the bundle states no control period)" in text
+    with ServerProcess(str(cartpole_bundle), "--deadline-us", "700") as server:
+        assert "serve: deadline: 700 µs (--deadline-us)" in server.stop()
 
 
 def test_registry_show_prints_the_contract_and_each_estimates_held_out_skill(cartpole_bundle, tmp_path, capsys):

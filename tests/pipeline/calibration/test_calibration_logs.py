@@ -222,6 +222,10 @@ def test_a_task_coded_in_python_is_refused_before_any_log_is_read_or_flow_starte
         ("a velocity of the other sign", "moves against the change of x (obs[0])"),
         ("a velocity in deg/s", "x as fast as that change per second: in other units"),
         ("a velocity in mm/s", "x as fast as that change per second: in other units"),
+        # helper-57: columns moved onto another kind's place were fitted, or refused as "barely moves the plant".
+        ("a position on its set-point's column", "x_dot (obs[2]) does not integrate to the change of x (obs[0])"),
+        ("an angle and its rate swapped", "theta_dot (obs[3]) does not integrate to the change of theta (obs[1])"),
+        ("a velocity on another joint's angle", "x_dot (obs[2]) does not integrate to the change of x (obs[0])"),
     ],
 )
 def test_columns_in_another_order_or_sign_are_refused_before_the_fit(log_file, tmp_path, fault, said):
@@ -239,6 +243,12 @@ def test_columns_in_another_order_or_sign_are_refused_before_the_fit(log_file, t
         obs[:, 3] *= 180.0 / np.pi
     elif fault == "a velocity in mm/s":
         obs[:, 2] *= 1000.0
+    elif fault == "a position on its set-point's column":
+        obs[:, [0, 4]] = obs[:, [4, 0]]
+    elif fault == "an angle and its rate swapped":
+        obs[:, [1, 3]] = obs[:, [3, 1]]
+    elif fault == "a velocity on another joint's angle":
+        obs[:, [1, 2]] = obs[:, [2, 1]]
     else:
         obs[:, 2] *= -1.0
     bad = write_shadow_log(tmp_path / "order.npz", {**cols, "obs": obs}, meta)

@@ -9,9 +9,9 @@ more every night.
 So the server is started here, before the flow asks for it (Prefect's client then finds it running: one server
 per process, keyed by port), and a watchdog is started beside it: a stdlib-only Python process that reads a pipe
 whose writing end only this process holds. The kernel closes that end when this process dies, whatever killed
-it; the watchdog then stops the server (SIGTERM, then SIGKILL after 5 s). On a normal exit this process first
-writes one byte to the pipe ("stopped in order": Prefect's own exit hook stops the server), and the watchdog
-leaves without touching a pid that may by then belong to another process. A pipe rather than Linux's
+it; the watchdog then stops the server (SIGTERM, then SIGKILL after 5 s). On a normal exit, once Prefect's own
+exit hook has stopped the server, this process writes one byte to the pipe ("stopped in order"), and the
+watchdog leaves without touching a pid that may by then belong to another process. A pipe rather than Linux's
 `PR_SET_PDEATHSIG`: Prefect starts the server without a hook for it, and a pipe works on macOS too.
 
 With `PREFECT_API_URL` set (the user's own server) nothing is started: that server is not ours to stop.
@@ -63,12 +63,12 @@ def prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
-_watched: dict[int, int] = {}  # server pid -> this process's end of the watchdog's pipe
+_watched: set[int] = set()  # server pids with a watchdog
 
 
-def ephemeral_server() -> str | None:
+def ephemeral_server() -> int | None:
     """Start Prefect's temporary API server now, with a watchdog that stops it when this process dies; returns
-    the server's pid as a string, or None where a `PREFECT_API_URL` names a server (then nothing is started)."""
+    the server's pid, or None where a `PREFECT_API_URL` names a server (then nothing is started)."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
@@ -76,19 +76,16 @@ def ephemeral_server() -> str | None:
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()  # the instance Prefect's client asks for (port None)
-    server.start()
-    assert server.server_process is not None
-    pid = server.server_process.pid
-    if pid not in _watched:
-        _watched[pid] = watch(pid)
-    return str(pid)
-
-
-def watch(pid: int) -> int:
-    """Start the watchdog for `pid`; returns the pipe's writing end, which this process keeps open until it exits
-    (an exit in order writes its byte first: `_in_order`)."""
+    if server.running and server.server_process is not None and server.server_process.pid in _watched:
+        return server.server_process.pid
     r, w = os.pipe()
+    # Registered before the stop hook server.start() registers, so it runs after it (atexit is last in, first
+    # out): the byte says "stopped in order" only once Prefect has stopped the server.
+    atexit.register(_in_order, w)
     try:
+        server.start()
+        assert server.server_process is not None
+        pid = server.server_process.pid
         subprocess.Popen(
             [sys.executable, "-c", WATCHDOG, str(pid)],
             stdin=r,
@@ -97,14 +94,14 @@ def watch(pid: int) -> int:
             start_new_session=True,  # a Ctrl-C at the terminal is this process's to handle, not the watchdog's
         )
     finally:
-        os.close(r)
-    atexit.register(_in_order, w)  # after Prefect's own hook, so it runs before it (atexit is last in, first out)
-    return w
+        os.close(r)  # the watchdog holds its own copy; this process keeps only the writing end
+    _watched.add(pid)
+    return pid
 
 
 def _in_order(w: int) -> None:
     try:
         os.write(w, b"x")
         os.close(w)
-    except OSError:
+    except OSError:  # no watchdog reads it (the server never started)
         pass

@@ -23,6 +23,12 @@ class RunCommand:
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
         _flow_arguments(p)
+        p.add_argument(
+            "--resume",
+            metavar="RUN_DIR",
+            help="continue the training in RUN_DIR from its latest checkpoint (a night stopped while it trained: "
+            "the flow logs its folder when training starts), then export, gate and promote as usual",
+        )
         p.add_argument("--json", action="store_true", help="print one JSON summary object")
 
     @staticmethod
@@ -30,6 +36,7 @@ class RunCommand:
         """The flow on embedded defaults, with a summary at the end; 0 only when the candidate was promoted."""
         _calibratable(args)
         _shield_buildable(args)
+        _resumable(args)
         prefect_defaults()  # before Prefect is imported: it reads its settings once, then
         from flows.retrain import retrain
         from flows.server import ephemeral_server
@@ -43,6 +50,7 @@ class RunCommand:
             steps=args.steps,
             ray_address=args.ray_address,
             from_log=getattr(args, "from_log", None),
+            resume=getattr(args, "resume", None),
             return_state=True,
         )
         outcome = state.result(raise_on_failure=False)  # a gate's "no" ends Failed with the summary as its data
@@ -126,6 +134,27 @@ def _calibratable(args: argparse.Namespace) -> None:
         from pipeline.config import load_config
 
         Twin(load_config(args.config).task.env_id)
+
+
+def _resumable(args: argparse.Namespace) -> None:
+    """With --resume, refuse a folder training cannot continue (no checkpoint, another task's or algorithm's, an
+    adaptive run) here in one line (exit 2), not as a failed flow after a Prefect server came up."""
+    if not getattr(args, "resume", None):
+        return
+    from pipeline.config import load_config
+    from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint
+    from pipeline.training.scaffold import algorithm_of
+
+    cfg = load_config(args.config)
+    if cfg.train.adaptive:
+        raise ValueError(f"--resume {args.resume}: an adaptive run (train.adaptive) cannot resume; run it again")
+    ckpt = read_checkpoint(latest_checkpoint(args.resume))  # a CheckpointError names the folder
+    task, algorithm = ckpt.get("task", cfg.task.name), algorithm_of(ckpt)
+    if task != cfg.task.name or algorithm != cfg.train.algorithm:
+        raise ValueError(
+            f"--resume {args.resume}: its checkpoint trains task {task!r} with {algorithm}; --config {args.config} "
+            f"trains {cfg.task.name!r} with {cfg.train.algorithm}: give the config the run was started with"
+        )
 
 
 def _shield_buildable(args: argparse.Namespace) -> None:

@@ -46,6 +46,7 @@ from pipeline.evaluation.monitor_bounds import bundle_spec
 from pipeline.evaluation.payoff import payoff
 from pipeline.evaluation.shadow import night_seed, run_shadow
 from pipeline.evaluation.shadow_metrics import side_by_side
+from pipeline.training.checkpoint import list_checkpoints
 from pipeline.training.train import train
 from shield.bundle import BundleError
 
@@ -104,12 +105,33 @@ def calibrate_step(config_path: str, from_log: str, runs_dir: str) -> dict:
 
 
 @task(name="train", retries=2, retry_delay_seconds=5, persist_result=True)
-def train_step(config_path: str, runs_dir: str, steps: int | None, ray_address: str | None) -> dict:
-    """Train on Ray (local, or the cluster at ray_address / RAY_ADDRESS)."""
+def train_step(
+    config_path: str, runs_dir: str, steps: int | None, ray_address: str | None, resume: str | None = None
+) -> dict:
+    """Train on Ray (local, or the cluster at ray_address / RAY_ADDRESS); `resume`: a run directory to continue
+    from its latest checkpoint (`sim2real run --resume`, after a night that was killed while it trained)."""
     _fault_drill("train")
     cfg = load_config(config_path)
-    out_dir = Path(runs_dir) / f"{cfg.task.name}-{_run_tag()}"
-    return train(cfg, out_dir=out_dir, steps=steps, ray_address=ray_address, progress=True).to_dict()
+    if resume is None:
+        out_dir = Path(runs_dir) / f"{cfg.task.name}-{_run_tag()}"
+        # A retry keeps its task run's id, so its folder is the failed attempt's. Trained over, it held two
+        # attempts' checkpoints, numbered alike, and the newest could be the failed one's. It continues from the
+        # failed attempt's last checkpoint instead, as Ray Tune restores a failed trial; an adaptive run, which
+        # cannot resume, starts again in an empty folder.
+        if list_checkpoints(out_dir):
+            if cfg.train.adaptive:
+                shutil.rmtree(out_dir)
+            else:
+                resume = str(out_dir)
+    else:
+        out_dir = Path(resume)
+    get_run_logger().info(
+        "%s %s (a night stopped while it trains continues with `sim2real run --resume %s`)",
+        "continuing the training in" if resume else "training into",
+        out_dir,
+        out_dir,
+    )
+    return train(cfg, out_dir=out_dir, steps=steps, ray_address=ray_address, resume=resume, progress=True).to_dict()
 
 
 @task(name="export", retries=1, retry_delay_seconds=2, persist_result=True)
@@ -204,10 +226,12 @@ def retrain(
     steps: int | None = None,
     ray_address: str | None = None,
     from_log: str | None = None,
+    resume: str | None = None,
 ) -> dict:
     """Nightly retraining: promotes the new policy only if it passes the shadow gate.
 
     from_log: field shadow logs (file or directory); calibrate first and gate on the calibrated set too.
+    resume: a run directory whose training continues from its latest checkpoint (a night killed while it trained).
     """
     logger = get_run_logger()
     cfg = load_config(config_path)  # fail fast, before any Ray work, on a bad config
@@ -236,7 +260,7 @@ def retrain(
     # Tonight's plants: a block of seeds no earlier night's gate ran on (night = the version this candidate gets).
     night = registry.next_version(cfg.task.name)
     seed = night_seed(cfg, night)
-    trained = train_step(config_path, runs_dir, steps, ray_address)
+    trained = train_step(config_path, runs_dir, steps, ray_address, resume)
     logger.info("trained %s env steps in %.0f s: %s", trained["env_steps"], trained["wall_s"], trained["run_dir"])
     exported = export_step(trained["run_dir"], models_root)
     logger.info("exported bundle %s (parity max abs err %.2e)", exported["bundle"], exported["parity_max_abs_err"])

@@ -415,3 +415,41 @@ def test_two_nights_started_within_a_minute_train_into_their_own_folders(monkeyp
         tags.append(retrain_module._run_tag())
     assert ids[0].hex[:8] == ids[1].hex[:8] and tags[0] != tags[1]
     assert all(tag.startswith("01a22bdb-") for tag in tags)  # still sorted by start time
+
+
+def test_a_retried_train_step_continues_the_failed_attempt_and_run_resume_a_stopped_one(monkeypatch, tmp_path):
+    """A retry of the train step keeps its task run's id, so its folder is the failed attempt's: it trained over
+    it from update 1 (two attempts' checkpoints, numbered alike, in one folder). It now continues from the failed
+    attempt's last checkpoint, and `sim2real run --resume RUN_DIR` continues a night stopped while it trained."""
+    import logging
+    import types
+    import uuid
+
+    import flows.retrain as retrain_module
+    from pipeline.training.checkpoint import list_checkpoints
+
+    context = types.SimpleNamespace(task_run=types.SimpleNamespace(id=uuid.uuid4(), run_count=1))
+    monkeypatch.setattr(retrain_module, "get_run_context", lambda: context)
+    monkeypatch.setattr(retrain_module, "get_run_logger", lambda: logging.getLogger("test"))
+    config, runs = str(_tiny_config(tmp_path)), str(tmp_path / "runs")
+    first = retrain_module.train_step.fn(config, runs, 1_024, None)  # the attempt that failed after 1,024 steps
+    context.task_run.run_count = 2
+    retried = retrain_module.train_step.fn(config, runs, 2_048, None)
+    assert retried["run_dir"] == first["run_dir"] and retried["updates"] > first["updates"]
+    metrics = [json.loads(line) for line in (Path(first["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["updates"] for r in metrics] == list(range(1, retried["updates"] + 1))  # one run, continued
+    resumed = retrain_module.train_step.fn(config, runs, 3_072, None, resume=first["run_dir"])
+    assert resumed["run_dir"] == first["run_dir"] and resumed["updates"] > retried["updates"]
+    assert resumed["env_steps"] >= 3_072 and len(list(Path(runs).iterdir())) == 1
+    assert list_checkpoints(first["run_dir"])[-1].name == f"ckpt_{resumed['updates']:08d}.pt"
+
+
+def test_run_resume_refuses_a_folder_it_cannot_continue_before_a_flow_starts(tmp_path, capsys):
+    from pipeline.cli import main
+
+    empty = tmp_path / "not-a-run"
+    empty.mkdir()
+    assert main(["run", "--resume", str(empty), "--models", str(tmp_path / "models")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sim2real run: error: no checkpoint in ") and "\n" not in err, err
+    assert not (tmp_path / "models").exists()

@@ -432,13 +432,22 @@ def test_a_retried_train_step_continues_the_failed_attempt_and_run_resume_a_stop
     monkeypatch.setattr(retrain_module, "get_run_context", lambda: context)
     monkeypatch.setattr(retrain_module, "get_run_logger", lambda: logging.getLogger("test"))
     config, runs = str(_tiny_config(tmp_path)), str(tmp_path / "runs")
-    first = retrain_module.train_step.fn(config, runs, 1_024, None)  # the attempt that failed after 1,024 steps
-    context.task_run.run_count = 2
-    retried = retrain_module.train_step.fn(config, runs, 2_048, None)
+    import ray
+
+    started = not ray.is_initialized()
+    if started:  # one local Ray for the three trainings (each would start and stop its own)
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        first = retrain_module.train_step.fn(config, runs, 1_024, None)  # the attempt that failed after 1,024 steps
+        context.task_run.run_count = 2
+        retried = retrain_module.train_step.fn(config, runs, 2_048, None)
+        metrics = (Path(first["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+        resumed = retrain_module.train_step.fn(config, runs, 3_072, None, resume=first["run_dir"])
+    finally:
+        if started:
+            ray.shutdown()
     assert retried["run_dir"] == first["run_dir"] and retried["updates"] > first["updates"]
-    metrics = [json.loads(line) for line in (Path(first["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    assert [r["updates"] for r in metrics] == list(range(1, retried["updates"] + 1))  # one run, continued
-    resumed = retrain_module.train_step.fn(config, runs, 3_072, None, resume=first["run_dir"])
+    assert [json.loads(r)["updates"] for r in metrics] == list(range(1, retried["updates"] + 1))  # one run, continued
     assert resumed["run_dir"] == first["run_dir"] and resumed["updates"] > retried["updates"]
     assert resumed["env_steps"] >= 3_072 and len(list(Path(runs).iterdir())) == 1
     assert list_checkpoints(first["run_dir"])[-1].name == f"ckpt_{resumed['updates']:08d}.pt"

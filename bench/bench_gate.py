@@ -294,7 +294,6 @@ def main(argv=None) -> int:
         print(json.dumps({"regate": out, "decisions": counts}) if args.json else f"decisions: {counts}")
         return 0
     prefect_defaults()
-    ephemeral_server()  # stopped with this bench, even one killed with SIGKILL
     if args.config:
         configs = [Path(c) for c in args.config]
     else:  # every registered task's config (no file here names a plant: a plant is its YAML)
@@ -314,6 +313,7 @@ def main(argv=None) -> int:
     }
     if SHADOW_SEED_BASE + SHADOW_SEED_STEP * (args.seed0 + args.runs) > JUDGE_SEED:
         parser.error(f"--seed0 {args.seed0} with --runs {args.runs}: the runs' gate seeds would reach the judge's")
+    ephemeral_server()  # stopped with this bench, even one killed with SIGKILL
     print(
         f"changed from the shipped configs: {changed or 'nothing'}; shadow.seed {SHADOW_SEED_BASE} + "
         f"{SHADOW_SEED_STEP} x the run's night-1 train seed (each run a new user with plants of its own); judged "

@@ -47,6 +47,7 @@ from pipeline.evaluation.payoff import payoff
 from pipeline.evaluation.shadow import night_seed, run_shadow
 from pipeline.evaluation.shadow_metrics import side_by_side
 from pipeline.training.checkpoint import list_checkpoints
+from pipeline.training.metrics import trim_to_checkpoint
 from pipeline.training.train import train
 from shield.bundle import BundleError
 
@@ -106,29 +107,37 @@ def calibrate_step(config_path: str, from_log: str, runs_dir: str) -> dict:
 
 @task(name="train", retries=2, retry_delay_seconds=5, persist_result=True)
 def train_step(
-    config_path: str, runs_dir: str, steps: int | None, ray_address: str | None, resume: str | None = None
+    config_path: str,
+    runs_dir: str,
+    steps: int | None,
+    ray_address: str | None,
+    resume: str | None = None,
+    again: str = "sim2real run",
 ) -> dict:
     """Train on Ray (local, or the cluster at ray_address / RAY_ADDRESS); `resume`: a run directory to continue
-    from its latest checkpoint (`sim2real run --resume`, after a night that was killed while it trained)."""
+    from its latest checkpoint (`sim2real run --resume`, after a night that was killed while it trained); `again`:
+    the command that ran this night, for the log line that says how to continue it."""
     _fault_drill("train")
     cfg = load_config(config_path)
     if resume is None:
         out_dir = Path(runs_dir) / f"{cfg.task.name}-{_run_tag()}"
         # A retry keeps its task run's id, so its folder is the failed attempt's. Trained over, it held two
         # attempts' checkpoints, numbered alike, and the newest could be the failed one's. It continues from the
-        # failed attempt's last checkpoint instead, as Ray Tune restores a failed trial; an adaptive run, which
-        # cannot resume, starts again in an empty folder.
-        if list_checkpoints(out_dir):
-            if cfg.train.adaptive:
-                shutil.rmtree(out_dir)
-            else:
-                resume = str(out_dir)
+        # failed attempt's last checkpoint instead, as Ray Tune restores a failed trial. An adaptive run cannot
+        # resume (its teacher's checkpoints live in a folder of their own): it starts again in an empty folder.
+        if cfg.train.adaptive and out_dir.is_dir() and any(out_dir.iterdir()):
+            shutil.rmtree(out_dir)
+        elif list_checkpoints(out_dir):
+            resume = str(out_dir)
     else:
         out_dir = Path(resume)
+    if resume is not None:
+        trim_to_checkpoint(resume)
     get_run_logger().info(
-        "%s %s (a night stopped while it trains continues with `sim2real run --resume %s`)",
+        "%s %s (a night stopped while it trains continues with `%s --resume %s`)",
         "continuing the training in" if resume else "training into",
         out_dir,
+        again,
         out_dir,
     )
     return train(cfg, out_dir=out_dir, steps=steps, ray_address=ray_address, resume=resume, progress=True).to_dict()
@@ -237,6 +246,7 @@ def retrain(
     cfg = load_config(config_path)  # fail fast, before any Ray work, on a bad config
     flow_run_id = str(get_run_context().flow_run.id)
 
+    again = f"sim2real run --config {config_path}" + (f" --from-log {from_log}" if from_log else "")
     calibration = None
     if from_log:
         calibration = calibrate_step(config_path, from_log, runs_dir)
@@ -260,7 +270,7 @@ def retrain(
     # Tonight's plants: a block of seeds no earlier night's gate ran on (night = the version this candidate gets).
     night = registry.next_version(cfg.task.name)
     seed = night_seed(cfg, night)
-    trained = train_step(config_path, runs_dir, steps, ray_address, resume)
+    trained = train_step(config_path, runs_dir, steps, ray_address, resume, again)
     logger.info("trained %s env steps in %.0f s: %s", trained["env_steps"], trained["wall_s"], trained["run_dir"])
     exported = export_step(trained["run_dir"], models_root)
     logger.info("exported bundle %s (parity max abs err %.2e)", exported["bundle"], exported["parity_max_abs_err"])

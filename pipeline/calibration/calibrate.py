@@ -495,7 +495,7 @@ def action_sign_hints(setup: FitSetup, names: list[str]) -> list[str]:
     latency the fit tries, the best of each). A drive the log has backwards moves the plant the other way from the
     first step, so its negation replays the log several times better, and a right sign replays worse negated (4 to
     12 times on 60 s of the shipped declared plants' legacy controllers on `reality`; reversed, 4 to 19 times
-    better). Only a verdict that is already a misfit or outside gets the test."""
+    better). Only a verdict that already has a line (a misfit, outside, a latency) gets the test."""
     windows = setup.search_windows()
     theta = np.zeros(len(setup.names))  # every unknown scale at 1: the nominal twin
 

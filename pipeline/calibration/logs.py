@@ -248,7 +248,8 @@ def _check_kinematics(where: str, cols: dict, obs: np.ndarray, pairs, names, dt:
         # pair up so and it does not, or it leaves INTEGRATES_BETTER times their unexplained share (a position on
         # its set-point's column still integrates at 0.85-0.90 on the arm, which tracks its set-points closely;
         # its true column at 0.9996: 330x), the columns are in another order. On the right order the best other
-        # pairing left at least 12x the unexplained share of the declared one (the two-mass spring's two masses).
+        # pairing left 12x the declared one's unexplained share or more (the two-mass spring's two masses), where
+        # the refusal needs it to leave a tenth: over two orders of magnitude apart.
         alt, a, b = max(
             [(_speed_scale(cols, obs, a, v, dt)[0], a, v) for a in range(obs.shape[1]) if a not in (p, v)]
             + [(_speed_scale(cols, obs, p, b, dt)[0], p, b) for b in range(obs.shape[1]) if b not in (p, v)]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
 from pipeline.progress import Progress
+from shield.bundle import atomic_write_bytes
 
 # What the progress line shows; everything else goes only to the files.
 PROGRESS_KEYS = (
@@ -60,6 +62,32 @@ class MetricsLogger:
         self.progress.close()
         self.writer.close()
         self.jsonl.close()
+
+
+def trim_to_checkpoint(run_dir: str | Path) -> int:
+    """Before a run resumes from its latest checkpoint: drop the metrics.jsonl records logged after it (a run that
+    died some updates past its last checkpoint logged them, and the resumed run logs those updates again, so they
+    appeared twice). Returns the records dropped. For a plain resume (`train --resume`, a night continued or
+    retried); not for a population member restored from another's checkpoint, whose lineage indexes its records."""
+    from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint
+
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    env_steps = int(read_checkpoint(latest_checkpoint(run_dir))["env_steps"])
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _env_steps(line) <= env_steps]
+    if len(kept) != len(lines):
+        atomic_write_bytes(path, "".join(kept).encode())
+    return len(lines) - len(kept)
+
+
+def _env_steps(line: str) -> float:
+    """A record's env_steps (a line cut short by the crash counts as past every checkpoint)."""
+    try:
+        return float(json.loads(line)["env_steps"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def _short(value):

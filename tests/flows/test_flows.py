@@ -442,6 +442,12 @@ def test_a_retried_train_step_continues_the_failed_attempt_and_run_resume_a_stop
         context.task_run.run_count = 2
         retried = retrain_module.train_step.fn(config, runs, 2_048, None)
         metrics = (Path(first["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+        # What a night killed some updates after its last checkpoint leaves: records the resumed run logs again,
+        # and a line the kill cut short.
+        last = json.loads(metrics[-1])
+        with open(Path(first["run_dir"]) / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({**last, "updates": last["updates"] + 1, "env_steps": last["env_steps"] + 64}) + "\n")
+            f.write('{"updates": ')
         resumed = retrain_module.train_step.fn(config, runs, 3_072, None, resume=first["run_dir"])
     finally:
         if started:
@@ -450,6 +456,8 @@ def test_a_retried_train_step_continues_the_failed_attempt_and_run_resume_a_stop
     assert [json.loads(r)["updates"] for r in metrics] == list(range(1, retried["updates"] + 1))  # one run, continued
     assert resumed["run_dir"] == first["run_dir"] and resumed["updates"] > retried["updates"]
     assert resumed["env_steps"] >= 3_072 and len(list(Path(runs).iterdir())) == 1
+    records = [json.loads(r) for r in (Path(first["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["updates"] for r in records] == list(range(1, resumed["updates"] + 1))  # none twice, none cut short
     assert list_checkpoints(first["run_dir"])[-1].name == f"ckpt_{resumed['updates']:08d}.pt"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from flows.server import prefect_defaults
 from pipeline import DEFAULT_CONFIG
@@ -145,6 +146,8 @@ def _resumable(args: argparse.Namespace) -> None:
     from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint
     from pipeline.training.scaffold import algorithm_of
 
+    if not Path(args.resume).is_dir():
+        raise ValueError(f"--resume {args.resume}: no such folder (the flow logs its run folder when training starts)")
     cfg = load_config(args.config)
     if cfg.train.adaptive:
         raise ValueError(f"--resume {args.resume}: an adaptive run (train.adaptive) cannot resume; run it again")

@@ -138,7 +138,7 @@ def train_step(
         "continuing the training in" if resume else "training into",
         out_dir,
         again,
-        out_dir,
+        out_dir.resolve(),
     )
     return train(cfg, out_dir=out_dir, steps=steps, ray_address=ray_address, resume=resume, progress=True).to_dict()
 
@@ -246,7 +246,14 @@ def retrain(
     cfg = load_config(config_path)  # fail fast, before any Ray work, on a bad config
     flow_run_id = str(get_run_context().flow_run.id)
 
-    again = f"sim2real run --config {config_path}" + (f" --from-log {from_log}" if from_log else "")
+    # The command that ran this night, as the resume hint gives it back: every option that shapes the night.
+    again = " ".join(
+        ["sim2real run", f"--config {config_path}"]
+        + ([f"--steps {steps}"] if steps is not None else [])
+        + [f"--models {Path(models_root).resolve()}", f"--runs {Path(runs_dir).resolve()}"]
+        + ([f"--from-log {from_log}"] if from_log else [])
+        + ([f"--ray-address {ray_address}"] if ray_address else [])
+    )
     calibration = None
     if from_log:
         calibration = calibrate_step(config_path, from_log, runs_dir)

@@ -512,7 +512,8 @@ def export_policy(
         # The manifest keeps the hash the weights were trained under; say loudly that config.yaml drifted.
         print(
             f"warning: {run_dir / 'config.yaml'} hashes to {cfg.config_hash()[:12]}..., the checkpoint was "
-            f"trained under {meta['config_hash'][:12]}...; was the run dir edited?",
+            f"trained under {meta['config_hash'][:12]}...: the run dir was edited, or the run was resumed with "
+            f"other settings (--steps, --actors) after this checkpoint",
             file=sys.stderr,
         )
         extra["config_yaml_hash"] = cfg.config_hash()

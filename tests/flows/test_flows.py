@@ -469,4 +469,6 @@ def test_run_resume_refuses_a_folder_it_cannot_continue_before_a_flow_starts(tmp
     assert main(["run", "--resume", str(empty), "--models", str(tmp_path / "models")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("sim2real run: error: no checkpoint in ") and "\n" not in err, err
+    assert main(["run", "--resume", str(tmp_path / "typo"), "--models", str(tmp_path / "models")]) == 2
+    assert "typo: no such folder" in capsys.readouterr().err
     assert not (tmp_path / "models").exists()

@@ -125,7 +125,7 @@ def train_step(
         # attempts' checkpoints, numbered alike, and the newest could be the failed one's. It continues from the
         # failed attempt's last checkpoint instead, as Ray Tune restores a failed trial. An adaptive run cannot
         # resume (its teacher's checkpoints live in a folder of their own): it starts again in an empty folder.
-        if cfg.train.adaptive and out_dir.is_dir() and any(out_dir.iterdir()):
+        if getattr(cfg.train, "adaptive", None) is not None and out_dir.is_dir() and any(out_dir.iterdir()):
             shutil.rmtree(out_dir)
         elif list_checkpoints(out_dir):
             resume = str(out_dir)

@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     # A resumed run keeps its own resolved config unless another one is named explicitly.
     config_path = args.config or (Path(args.resume) / "config.yaml" if args.resume else DEFAULT_CONFIG)
     cfg = load_config(config_path)
-    if args.resume and cfg.train.adaptive is None:  # (an adaptive run refuses --resume in train itself)
+    if args.resume and getattr(cfg.train, "adaptive", None) is None:  # an adaptive run refuses it in train
         from pipeline.training.metrics import trim_to_checkpoint
 
         trim_to_checkpoint(args.resume)

@@ -145,11 +145,12 @@ def _resumable(args: argparse.Namespace) -> None:
     from pipeline.config import load_config
     from pipeline.training.checkpoint import latest_checkpoint, read_checkpoint
     from pipeline.training.scaffold import algorithm_of
+    from pipeline.training.train import is_adaptive
 
     if not Path(args.resume).is_dir():
         raise ValueError(f"--resume {args.resume}: no such folder (the flow logs its run folder when training starts)")
     cfg = load_config(args.config)
-    if getattr(cfg.train, "adaptive", None) is not None:  # (off-policy configs have no such key)
+    if is_adaptive(cfg):
         raise ValueError(f"--resume {args.resume}: an adaptive run (train.adaptive) cannot resume; run it again")
     ckpt = read_checkpoint(latest_checkpoint(args.resume))  # a CheckpointError names the folder
     task, algorithm = ckpt.get("task", cfg.task.name), algorithm_of(ckpt)

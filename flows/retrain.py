@@ -48,7 +48,7 @@ from pipeline.evaluation.shadow import night_seed, run_shadow
 from pipeline.evaluation.shadow_metrics import side_by_side
 from pipeline.training.checkpoint import list_checkpoints
 from pipeline.training.metrics import trim_to_checkpoint
-from pipeline.training.train import train
+from pipeline.training.train import is_adaptive, train
 from shield.bundle import BundleError
 
 # Fault drills: SIM2REAL_FAULT_DRILL="train:1" makes the first attempt of the
@@ -125,7 +125,7 @@ def train_step(
         # attempts' checkpoints, numbered alike, and the newest could be the failed one's. It continues from the
         # failed attempt's last checkpoint instead, as Ray Tune restores a failed trial. An adaptive run cannot
         # resume (its teacher's checkpoints live in a folder of their own): it starts again in an empty folder.
-        if getattr(cfg.train, "adaptive", None) is not None and out_dir.is_dir() and any(out_dir.iterdir()):
+        if is_adaptive(cfg) and out_dir.is_dir() and any(out_dir.iterdir()):
             shutil.rmtree(out_dir)
         elif list_checkpoints(out_dir):
             resume = str(out_dir)

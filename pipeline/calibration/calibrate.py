@@ -464,22 +464,24 @@ def _recordings_apart(log: FieldLog, windows: Windows, problem: Problem, best, v
     return out
 
 
-def _units_per_action(cfg) -> dict[str, float]:
-    """Each actuator's physical units per unit action (N, N m), as the declaration (and the bundle's contract)
-    states it; {} for a task that declares none."""
+def _declared_actions(cfg) -> list[dict]:
+    """The actions the task's declaration states (name, units_per_action), in order; [] for one that declares none."""
     import envs.registry
 
     io, _ = envs.registry.describe_io(cfg.task.env_id)
-    return {a["name"]: float(a["units_per_action"]) for a in (io or {}).get("actions", [])}
+    return list((io or {}).get("actions") or [])
+
+
+def _units_per_action(cfg) -> dict[str, float]:
+    """Each actuator's physical units per unit action (N, N m), as the declaration (and the bundle's contract)
+    states it; {} for a task that declares none."""
+    return {a["name"]: float(a["units_per_action"]) for a in _declared_actions(cfg)}
 
 
 def action_names(cfg) -> list[str]:
     """The actions' declared names, in order (action[j] for a task that declares none)."""
-    import envs.registry
-
-    io, _ = envs.registry.describe_io(cfg.task.env_id)
-    actions = (io or {}).get("actions") or []
-    return [a["name"] for a in actions] or [f"action[{j}]" for j in range(task_facts(cfg.task.env_id)["act_dim"])]
+    names = [a["name"] for a in _declared_actions(cfg)]
+    return names or [f"action[{j}]" for j in range(task_facts(cfg.task.env_id)["act_dim"])]
 
 
 SIGN_RATIO = 0.5  # the nominal twin replays the log this much better with an action negated: its sign is reversed

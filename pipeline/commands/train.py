@@ -13,12 +13,12 @@ def run(args: argparse.Namespace) -> int:
     """args: config, steps, actors, envs_per_actor, out, ray_address, resume, json."""
     from pipeline import DEFAULT_CONFIG
     from pipeline.config import load_config
-    from pipeline.training.train import train
+    from pipeline.training.train import is_adaptive, train
 
     # A resumed run keeps its own resolved config unless another one is named explicitly.
     config_path = args.config or (Path(args.resume) / "config.yaml" if args.resume else DEFAULT_CONFIG)
     cfg = load_config(config_path)
-    if args.resume and getattr(cfg.train, "adaptive", None) is None:  # an adaptive run refuses it in train
+    if args.resume and not is_adaptive(cfg):  # an adaptive run refuses it in train
         from pipeline.training.metrics import trim_to_checkpoint
 
         trim_to_checkpoint(args.resume)

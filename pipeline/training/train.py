@@ -15,6 +15,11 @@ from pipeline.training.algorithms import algorithm
 from pipeline.training.scaffold import TrainResult
 
 
+def is_adaptive(cfg) -> bool:
+    """Whether `cfg` trains an adaptive policy (train.adaptive); off-policy configs have no such key."""
+    return getattr(cfg.train, "adaptive", None) is not None
+
+
 def train(
     cfg,
     *,
@@ -39,9 +44,7 @@ def train(
     threshold was reached), with a final checkpoint as usual. With `train.adaptive` the run trains a
     privileged teacher and distills it into a history policy (adaptive.py).
     """
-    train_run = (
-        train_adaptive if getattr(cfg.train, "adaptive", None) is not None else algorithm(cfg.train.algorithm).train
-    )
+    train_run = train_adaptive if is_adaptive(cfg) else algorithm(cfg.train.algorithm).train
     return train_run(
         cfg,
         out_dir=out_dir,

@@ -357,7 +357,12 @@ def run_cli(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: server.stop())
     helpers: list[Any] = [Watchdog(server)]
     if task:
-        helpers.append(RegistryWatcher(server, models, task, _load_runtime, seen=seen))
+        given = getattr(args, "deadline_us", None)
+        helpers.append(
+            RegistryWatcher(
+                server, models, task, _load_runtime, seen=seen, deadline=lambda rt: serve_deadline(given, rt)
+            )
+        )
     for h in helpers:
         h.start()
     if getattr(args, "realtime", False):

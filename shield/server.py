@@ -148,7 +148,7 @@ class PolicyServer:
         else:
             self.guard = SequenceGuard()
         self.served = ServedBundle(runtime)
-        self._incoming: tuple[ServedBundle, list] | None = None  # a reloaded runtime, adopted between requests
+        self._incoming: tuple[ServedBundle, list, int | None] | None = None  # a reloaded runtime (and its deadline)
         self.plants = PlantTable(max_plants, self._new_session, self.served.plant_live_ns)
         self._stop = threading.Event()
         self.busy_since_ns = 0  # watchdog: when the current request started, 0 when idle
@@ -173,12 +173,15 @@ class PolicyServer:
         return self.served.take_session()
 
     # ---- reload ----------------------------------------------------------------
-    def swap_runtime(self, runtime: Any) -> int:
+    def swap_runtime(self, runtime: Any, deadline_us: float | None = None) -> int:
         """Serve `runtime` from the next request on (call from any thread); returns its bundle version.
 
         The new runtime is warmed up here; the serving loop adopts it between two requests
         and moves every plant's session over (pending actions carried, see PlantSession.moved_to).
+        `deadline_us`: the deadline that comes into force with it (None: the current one stays).
         """
+        if deadline_us is not None and not (math.isfinite(deadline_us) and deadline_us >= 0):
+            raise ValueError(f"deadline_us must be a finite number of microseconds >= 0, got {deadline_us!r}")
         new = ServedBundle(runtime)
         if (new.obs_dim, new.act_dim) != (self.served.obs_dim, self.served.act_dim):
             raise ValueError(
@@ -188,13 +191,15 @@ class PolicyServer:
         # Shields for a changed spec are built here, off the hot path (one per plant now served).
         same = same_spec(getattr(runtime, "spec", None), getattr(self.served.runtime, "spec", None))
         spares = [] if same or not new.has_sessions else [new.warm_shield() for _ in range(len(self.plants))]
-        self._incoming = (new, spares)
+        self._incoming = (new, spares, None if deadline_us is None else int(deadline_us * 1000))
         return new.version
 
     def _adopt(self) -> None:
         assert self._incoming is not None  # called only once a reload has staged a runtime
-        new, spares = self._incoming
+        new, spares, deadline_ns = self._incoming
         self._incoming = None
+        if deadline_ns is not None:
+            self.deadline_ns = deadline_ns
         sessions = self.plants.sessions
         for client, session in list(sessions.items()):
             sessions[client] = session.moved_to(new.runtime, spares.pop() if spares else None)

@@ -75,15 +75,19 @@ class RegistryWatcher(threading.Thread):
         *,
         poll_s: float = 0.2,
         seen: bytes | None = None,
+        deadline: Callable[[Any], tuple[float, str]] | None = None,
     ):
         """`seen`: the pointer's bytes as read before the served runtime was loaded (default: read now). A
-        promote or rollback that lands while the server starts then differs from it and is applied."""
+        promote or rollback that lands while the server starts then differs from it and is applied.
+        `deadline(runtime)`: (µs, why) of the compute deadline a new runtime is served with (None: it keeps the
+        server's), so a bundle for a plant of another rate is not held to the old one's period."""
         super().__init__(name="serve-reload", daemon=True)
         self.server, self.root, self.task, self.loader, self.poll_s = server, Path(models_root), task, loader, poll_s
         self.pointer = self.root / task / "production"
         self._halt = threading.Event()
         self._problem: str | None = None
         self._seen = self._read() if seen is None else seen
+        self.deadline = deadline
 
     def _read(self) -> bytes | None:
         try:
@@ -108,8 +112,12 @@ class RegistryWatcher(threading.Thread):
             try:
                 bundle_dir, pinned = production_target(self.root, self.task)
                 runtime = self.loader(bundle_dir, pinned)
-                version = self.server.swap_runtime(runtime)
+                before_ns = self.server.deadline_ns
+                deadline_us, why = self.deadline(runtime) if self.deadline is not None else (None, "")
+                version = self.server.swap_runtime(runtime, deadline_us)
                 print(f"serve: reloaded {self.task} v{version} from {bundle_dir}", flush=True)
+                if deadline_us is not None and int(deadline_us * 1000) != before_ns:
+                    print(f"serve: deadline: {deadline_us:g} µs ({why}) from v{version} on", flush=True)
                 bundle = getattr(runtime, "bundle", None)
                 note = gate_note(bundle.manifest if bundle is not None else None, self.root)
                 if note:  # promoted by hand past its gate

@@ -80,9 +80,11 @@ def write_tiny_bundle(
     *,
     spec: dict | None = None,
     policy: bytes | None = None,
+    control_period_s: float | None = None,
 ):
     """A complete, verifiable bundle for the planar double integrator (obs 4, act 2), actions in +-action_bound;
-    or for `spec` (a shield.json's content) with `policy` (ONNX bytes of its obs_dim and act_dim)."""
+    or for `spec` (a shield.json's content) with `policy` (ONNX bytes of its obs_dim and act_dim). With
+    `control_period_s`, a schema-2 bundle whose I/O contract states that period; without, a schema-1 one."""
     if spec is None:
         spec = planar_double_integrator(latency_steps=latency_steps)
         spec["task"] = "planar"
@@ -98,8 +100,29 @@ def write_tiny_bundle(
         version=version,
         obs_dim=spec["obs_dim"],
         act_dim=spec["act_dim"],
+        contract=None if control_period_s is None else _contract(spec, control_period_s),
     )
     return write_bundle(out_dir, policy_onnx=policy, shield_spec=shield_bytes, manifest=manifest)
+
+
+def _contract(spec: dict, control_period_s: float) -> dict:
+    """An I/O contract for a bundle of `spec`'s sizes: plain names, unit actions, no policy state."""
+    from shield.contract import contract_sha256
+
+    contract = {
+        "control_period_s": control_period_s,
+        "observations": [
+            {"name": f"o{i}", "source": "test", "unit": "1", "expected_low": -1.0, "expected_high": 1.0}
+            for i in range(spec["obs_dim"])
+        ],
+        "actions": [
+            {"name": f"a{j}", "source": "test", "unit": "1", "units_per_action": 1.0, "low": -1.0, "high": 1.0}
+            for j in range(spec["act_dim"])
+        ],
+        "policy_state": {"kind": "none"},
+    }
+    contract["names_sha256"] = contract_sha256(contract)
+    return contract
 
 
 def write_key_file(path, key: bytes):

@@ -146,3 +146,47 @@ def test_a_promote_that_lands_while_the_server_starts_is_applied(tmp_path):
                 assert time.monotonic() < deadline, "the promote that landed during startup was never applied"
                 time.sleep(0.05)
         assert "reloaded planar v2" in server.stop()
+
+
+def test_a_reload_serves_the_new_bundle_with_the_deadline_of_its_own_control_period(tmp_path):
+    """serve's default deadline is half the served bundle's control period. It was set once at start, so a
+    promote to a bundle for a faster plant kept the old plant's deadline: replies later than the new plant's
+    step were still sent as on time. An explicit --deadline-us stays whatever is served."""
+    import threading
+
+    from shield.serve_cli import _load_runtime, serve_deadline
+    from shield.server import PolicyServer
+    from shield.watchers import RegistryWatcher
+
+    registry = Registry(tmp_path / "models")
+    slow = registry.register(write_tiny_bundle(tmp_path / "a", seed=1, control_period_s=0.02))
+    fast = registry.register(write_tiny_bundle(tmp_path / "b", seed=2, control_period_s=0.002))
+    plain = registry.register(write_tiny_bundle(tmp_path / "c", seed=3))
+    for given, expected in (
+        (None, {slow: 10_000, fast: 1_000, plain: 1_000}),
+        (700.0, dict.fromkeys((slow, fast), 700)),
+    ):
+        registry.promote("planar", slow)
+        runtime = _load_runtime(registry.bundle_dir("planar", slow))
+        server = PolicyServer(runtime, deadline_us=serve_deadline(given, runtime)[0])
+        watcher = RegistryWatcher(
+            server, registry.root, "planar", _load_runtime, poll_s=0.02, deadline=lambda rt: serve_deadline(given, rt)
+        )
+        loop = threading.Thread(target=server.serve_forever, kwargs={"poll_s": 0.01}, daemon=True)
+        loop.start()
+        watcher.start()
+        try:
+            with PolicyClient(*server.address, timeout_s=5.0) as client:
+                assert client.status().bundle_version == slow and server.deadline_ns == 1000 * expected[slow]
+                for version in [v for v in (fast, plain) if v in expected]:
+                    registry.promote("planar", version)
+                    until = time.monotonic() + 20.0
+                    while client.act(np.zeros(4, np.float32)).bundle_version != version:
+                        assert time.monotonic() < until, f"v{version} was never served"
+                        time.sleep(0.01)
+                    assert server.deadline_ns == 1000 * expected[version], (given, version)
+        finally:
+            watcher.stop()
+            server.stop()
+            loop.join(5.0)
+            server.close()

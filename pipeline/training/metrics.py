@@ -41,8 +41,11 @@ class MetricsLogger:
         self.act_dim = act_dim
         self.jsonl = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
         # Flushed every few seconds, not every two minutes: a run stopped from outside (a population member
-        # that copies a better one, a lost node) keeps its TensorBoard scalars up to then.
-        self.writer = SummaryWriter(log_dir=str(run_dir), flush_secs=5)
+        # that copies a better one, a lost node) keeps its TensorBoard scalars up to then. A run resumed from its
+        # checkpoint at `start_steps` logs the updates after it again: TensorBoard's purge hides what an earlier
+        # life logged past the checkpoint, so each step shows once (metrics.jsonl: trim_to_checkpoint).
+        purge = start_steps + 1 if start_steps > 0 else None
+        self.writer = SummaryWriter(log_dir=str(run_dir), flush_secs=5, purge_step=purge)
         self.progress = Progress(total_steps, "step", desc="train", initial=start_steps, enabled=progress)
 
     def log(self, record: dict) -> None:

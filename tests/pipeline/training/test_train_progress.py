@@ -31,3 +31,22 @@ def test_a_collapsed_entropy_is_marked_in_the_progress_line_and_the_result(tmp_p
     assert entropy_figures(dict(entropy=-2.0), act_dim=2) == dict(entropy=-2.0, entropy_collapsed=False)
     assert entropy_figures(dict(entropy=-4.0), act_dim=2) == dict(entropy=-4.0, entropy_collapsed=True)
     assert entropy_figures(None, act_dim=1) == dict(entropy=None, entropy_collapsed=False)  # TD3 reports none
+
+
+def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):
+    """A run that died two updates past its checkpoint logged them; its resumed life logs them again. TensorBoard
+    showed both (two points at each of those steps) until the resumed logger purged past the checkpoint."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    first = MetricsLogger(tmp_path, total_steps=500, act_dim=1, progress=False)
+    for step in (100, 200, 300, 400, 500):  # the checkpoint was written at 300
+        first.log(dict(updates=step // 100, env_steps=step, episode_return=1.0))
+    first.close()
+    resumed = MetricsLogger(tmp_path, total_steps=500, act_dim=1, start_steps=300, progress=False)
+    for step in (400, 500):
+        resumed.log(dict(updates=step // 100, env_steps=step, episode_return=2.0))
+    resumed.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    shown = [(e.step, e.value) for e in events.Scalars("train/episode_return")]
+    assert shown == [(100, 1.0), (200, 1.0), (300, 1.0), (400, 2.0), (500, 2.0)]

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     problems = synthesis.authority_problems(meas)
     weak = synthesis.gain_problems(meas) if cfg.shield.input_gain_error is None else []
     if weak:  # a drive too weak for any shield model: no filter can count on it
-        stage("the drive is too weak somewhere: bisecting the ranges for one that can be certified")
+        stage("the drive's effect falls too low or reverses somewhere: looking for a range that can be certified")
         refused = certificate.refusal(cfg, meas, weak)
     elif problems and (cfg.shield.brake_accel is not None or cfg.shield.brake_fraction is not None):
         refused = certificate.refusal(cfg, meas, problems)  # hand-set braking: the barrier, or nothing

@@ -150,7 +150,8 @@ def check_bundle_task(cfg, manifest: dict, bundle: Any) -> str | None:
     if trained and trained != cfg.config_hash():
         return (
             f"the config hashes to {cfg.config_hash()[:12]}, {bundle} was trained under {str(trained)[:12]} (same "
-            "plant I/O): judged by this config's gate, domains and limits, with the bundle's own shield"
+            "plant I/O; the training setup differs: an edited config, or a run given --steps, --actors or "
+            "--envs-per-actor): judged by this config's gate, domains and limits, with the bundle's own shield"
         )
     return None
 

@@ -192,7 +192,8 @@ NEXT_STEPS = {
         "with the shield in the loop (shield.train_in_loop, with shield.intervention_penalty; raise the penalty "
         "where it is on already) so the policy learns where the shield lets it go; where the shield also changes "
         "much of legacy's (`sim2real shield synthesize` prints that rate, CONSERVATIVE, and what the model error "
-        "takes off each limit), the shield itself is conservative for this plant and training will not fix that",
+        "takes off each limit), the shield is conservative for this plant: training in the loop still teaches the "
+        "policy to stay where it is let go, but the return may then stay below legacy's (see gate.min_return_ratio)",
         "undecided": "the intervention-rate bound straddles gate.max_intervention_rate: more episodes "
         "(gate.max_episodes) narrow it",
     },
@@ -217,7 +218,9 @@ NEXT_STEPS = {
     },
     "gate.min_return_ratio": {
         "fail": "the candidate's return falls short of gate.min_return_ratio against legacy on the same episodes: "
-        "train longer or on the plants where it falls short (the report's per-episode returns show which)",
+        "train longer or on the plants where it falls short (the report's per-episode returns show which); where "
+        "`sim2real shield synthesize` printed CONSERVATIVE, `sim2real eval --policy legacy --domains reality` with "
+        "and without `--no-shield` shows what the shield's room costs any controller, a gap training cannot close",
         "undecided": "the return bound straddles legacy's, or lies above it on fewer paired episodes than "
         "gate.min_episodes: more episodes (gate.max_episodes, at least gate.min_episodes) narrow it; a candidate "
         "merely equal to legacy never passes",

@@ -55,6 +55,7 @@ def trained_cartpole(tmp_path_factory):
 
     from pipeline.config import load_config
     from pipeline.deployment.export import export_policy
+    from pipeline.training.checkpoint import list_checkpoints
     from pipeline.training.scaffold import TrainResult
     from pipeline.training.train import train
 
@@ -63,8 +64,14 @@ def trained_cartpole(tmp_path_factory):
     base, done = shared / "trained-cartpole", shared / "trained-cartpole.json"
     with FileLock(str(shared / "trained-cartpole.lock")):
         if not done.is_file():
-            shutil.rmtree(base, ignore_errors=True)  # a worker that failed half-way left it
-            run = train(cfg, out_dir=base / "run", steps=TRAINED_STEP_BUDGET, progress=False)
+            # A worker whose test timed out while it trained (a slow machine) left a run with checkpoints: the
+            # next one continues it, as a night is resumed, instead of each starting over past its own timeout.
+            resume = base / "run" if list_checkpoints(base / "run") else None
+            if resume is None:
+                shutil.rmtree(base, ignore_errors=True)
+            else:
+                shutil.rmtree(base / "bundle", ignore_errors=True)
+            run = train(cfg, out_dir=base / "run", resume=resume, steps=TRAINED_STEP_BUDGET, progress=False)
             exported = export_policy(run.run_dir, out_dir=base / "bundle")
             done.write_text(json.dumps({"run": run.to_dict(), "export": exported}, default=str))
     data = json.loads(done.read_text())

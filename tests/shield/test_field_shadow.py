@@ -20,7 +20,7 @@ from tests.helpers.serve_bundles import ServerProcess
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)  # the shared trained run may be trained (or waited for) in it
 def test_serve_shadow_logs_feed_shadow_from_log_and_give_a_report(trained_cartpole, tmp_path):
     cfg = trained_cartpole.cfg
     legacy = envs.legacy_controller(cfg.task.env_id)

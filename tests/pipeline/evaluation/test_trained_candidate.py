@@ -9,12 +9,12 @@ from pipeline.evaluation.evaluate import evaluate
 from shield.runtime import EdgeRuntime
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)  # the shared trained run may be trained (or waited for) in it
 def test_export_of_trained_policy_is_parity_checked(trained_cartpole):
     assert trained_cartpole.export["parity_max_abs_err"] <= 1e-5
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)  # the shared trained run may be trained (or waited for) in it
 def test_shield_keeps_trained_return_on_nominal_domains(trained_cartpole):
     cfg = trained_cartpole.cfg
     runtime = EdgeRuntime.load(trained_cartpole.bundle, shield=False)  # evaluate() applies the shield itself
@@ -26,7 +26,7 @@ def test_shield_keeps_trained_return_on_nominal_domains(trained_cartpole):
     assert shielded["violations"] == 0
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)  # the shared trained run may be trained (or waited for) in it
 def test_trained_candidate_is_never_promoted_before_its_lost_episodes_are_bounded(trained_cartpole, tmp_path):
     from pipeline.evaluation.shadow import run_shadow
 

@@ -137,6 +137,21 @@ def _measured_figure(cfg, meas: synthesis.Measurement, k: int, d: int | None):
     return at, figure
 
 
+def _effect_at_rest(cfg, meas: synthesis.Measurement, k: int) -> float | None:
+    """The nominal plant's input effect on position k where its weakest was measured, with every speed zeroed:
+    whether the positions alone (a ball below a tilted plate's axis) make the drive fall or reverse, or a speed
+    does."""
+    at = meas.gain_at[k] if k < len(meas.gain_at) else {}
+    if not at:
+        return None
+    env = synthesis.EnvelopeSampler(cfg, np.random.default_rng(0), draws=0)
+    plant = env.plants[at["set"]]
+    x = np.array([at["state"][str(o)] for o in env.state_index])
+    x[env.iv] = 0.0
+    plant.apply({})
+    return synthesis.input_effect(env, plant, x, k)
+
+
 def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int | None) -> tuple[str, str] | None:
     """(parameter, "low" or "high"): of the parameters of the plant where the figure was measured
     (`_measured_figure`), the one whose other end (or either end, for a value inside its range) helps it most (the
@@ -222,12 +237,29 @@ def refusal(
         # The nominal plant is as weak at that state: the state is the cause, and narrowing any range only moves the
         # blame to the next parameter measured there.
         out["state_is_the_cause"] = True
+        rest = _effect_at_rest(cfg, meas, k)
+        still = rest is not None and 1.0 - rest > MAX_INPUT_GAIN_ERROR
+        out["effect_at_rest"] = rest
+        if still:
+            cause = (
+                f", and {rest:.3g}x at rest at the same positions: no parameter's range is the cause, the positions "
+                f"the constraints admit are (the drive's effect on {meas.names[k]} falls or reverses there, whatever "
+                f"the speeds)"
+            )
+        else:
+            cause = (
+                " (at rest at the same positions it does not fall that far: a speed there is part of the cause)"
+                if rest is not None
+                else ""
+            ) + (
+                f": no parameter's range is the cause, the state is (the drive's effect on {meas.names[k]} falls or "
+                f"reverses there)"
+            )
         out["message"] = (
-            f"cannot certify {cfg.task.name}: {reason}. The nominal plant, at the same state, has {nominal:.3g}x too: "
-            f"no parameter's range is the cause, the state is (the drive's effect on {meas.names[k]} falls or "
-            f"reverses there). Narrow the constraints that admit that state (where a coordinate no constraint "
-            f"limits turns the drive, a body's heading say, add a box on it), or change the plant's masses or "
-            f"geometry so the drive moves {meas.names[k]} the same way over the whole constraint box"
+            f"cannot certify {cfg.task.name}: {reason}. The nominal plant, at the same state, has {nominal:.3g}x too"
+            f"{cause}. Narrow the constraints that admit that state (where a coordinate no constraint limits turns "
+            f"the drive, a body's heading say, add a box on it), or change the plant's masses or geometry so the "
+            f"drive moves {meas.names[k]} the same way over the whole constraint box"
         )
         return out
     found = offending_parameter(cfg, meas, k, d)

@@ -110,19 +110,23 @@ def _certifiable(cfg, seed: int) -> bool:
 def _measured_figure(cfg, meas: synthesis.Measurement, k: int, d: int | None):
     """(where the figure was measured, the figure as a function of a plant's domain at that state), or None where
     it was measured nowhere. The figure: with a direction d, the braking of position k toward that side
-    (`synthesis.authority_problems`); with d None, the input effect on it (`synthesis.gain_problems`)."""
+    (`synthesis.authority_problems`); with d None, the input effect on it (`synthesis.gain_problems`). With
+    `at_rest`, at the same positions with every speed zeroed: whether the positions alone (a ball below a tilted
+    plate's axis) make the figure what it is, or a speed does."""
     at = meas.authority_at[k][d] if d is not None else (meas.gain_at[k] if k < len(meas.gain_at) else {})
     if not at:
         return None
     env = synthesis.EnvelopeSampler(cfg, np.random.default_rng(0), draws=0)
     plant = env.plants[at["set"]]
     x = np.array([at["state"][str(o)] for o in env.state_index])
+    rest = x.copy()
+    rest[env.iv] = 0.0
 
     if d is None:
 
-        def figure(domain):
+        def figure(domain, at_rest: bool = False):
             plant.apply(domain)
-            return synthesis.input_effect(env, plant, x, k) or 0.0
+            return synthesis.input_effect(env, plant, rest if at_rest else x, k) or 0.0
 
     else:
         v, j = env.iv[k], env.main_in[k]
@@ -130,26 +134,12 @@ def _measured_figure(cfg, meas: synthesis.Measurement, k: int, d: int | None):
         u = np.zeros(len(env.full))
         u[j] = sign * np.sign(env.B[v, j]) * env.full[j]
 
-        def figure(domain):
+        def figure(domain, at_rest: bool = False):
             plant.apply(domain)
-            return sign * (plant.step(x, u)[v] - x[v]) / env.dt
+            here = rest if at_rest else x
+            return sign * (plant.step(here, u)[v] - here[v]) / env.dt
 
     return at, figure
-
-
-def _effect_at_rest(cfg, meas: synthesis.Measurement, k: int) -> float | None:
-    """The nominal plant's input effect on position k where its weakest was measured, with every speed zeroed:
-    whether the positions alone (a ball below a tilted plate's axis) make the drive fall or reverse, or a speed
-    does."""
-    at = meas.gain_at[k] if k < len(meas.gain_at) else {}
-    if not at:
-        return None
-    env = synthesis.EnvelopeSampler(cfg, np.random.default_rng(0), draws=0)
-    plant = env.plants[at["set"]]
-    x = np.array([at["state"][str(o)] for o in env.state_index])
-    x[env.iv] = 0.0
-    plant.apply({})
-    return synthesis.input_effect(env, plant, x, k)
 
 
 def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int | None) -> tuple[str, str] | None:
@@ -233,14 +223,13 @@ def refusal(
     out = {"certified": False, "reason": reason, "reasons": [r for _, _, r in problems]}
     measured = _measured_figure(cfg, meas, k, d) if d is None else None
     nominal = measured[1]({}) if measured is not None else None  # the nominal plant at the same state
-    if nominal is not None and 1.0 - nominal > MAX_INPUT_GAIN_ERROR:
+    if measured is not None and nominal is not None and 1.0 - nominal > MAX_INPUT_GAIN_ERROR:
         # The nominal plant is as weak at that state: the state is the cause, and narrowing any range only moves the
         # blame to the next parameter measured there.
         out["state_is_the_cause"] = True
-        rest = _effect_at_rest(cfg, meas, k)
-        still = rest is not None and 1.0 - rest > MAX_INPUT_GAIN_ERROR
+        rest = measured[1]({}, at_rest=True)
         out["effect_at_rest"] = rest
-        if still:
+        if 1.0 - rest > MAX_INPUT_GAIN_ERROR:
             cause = (
                 f", and {rest:.3g}x at rest at the same positions: no parameter's range is the cause, the positions "
                 f"the constraints admit are (the drive's effect on {meas.names[k]} falls or reverses there, whatever "
@@ -248,11 +237,8 @@ def refusal(
             )
         else:
             cause = (
-                " (at rest at the same positions it does not fall that far: a speed there is part of the cause)"
-                if rest is not None
-                else ""
-            ) + (
-                f": no parameter's range is the cause, the state is (the drive's effect on {meas.names[k]} falls or "
+                " (at rest at the same positions it does not fall that far: a speed there is part of the cause): no "
+                f"parameter's range is the cause, the state is (the drive's effect on {meas.names[k]} falls or "
                 f"reverses there)"
             )
         out["message"] = (

@@ -106,21 +106,14 @@ def write_tiny_bundle(
 
 
 def _contract(spec: dict, control_period_s: float) -> dict:
-    """An I/O contract for a bundle of `spec`'s sizes: plain names, unit actions, no policy state."""
+    """The export's I/O contract for a bundle of `spec`'s sizes (an undeclared task: positional names), stating
+    `control_period_s`."""
+    from pipeline.deployment.contract import io_contract
     from shield.contract import contract_sha256
 
-    contract = {
-        "control_period_s": control_period_s,
-        "observations": [
-            {"name": f"o{i}", "source": "test", "unit": "1", "expected_low": -1.0, "expected_high": 1.0}
-            for i in range(spec["obs_dim"])
-        ],
-        "actions": [
-            {"name": f"a{j}", "source": "test", "unit": "1", "units_per_action": 1.0, "low": -1.0, "high": 1.0}
-            for j in range(spec["act_dim"])
-        ],
-        "policy_state": {"kind": "none"},
-    }
+    n, m = spec["obs_dim"], spec["act_dim"]
+    contract = io_contract("test/Planar-v0", [0.0] * n, [1.0] * n, [-1.0] * m, [1.0] * m)
+    contract["control_period_s"] = control_period_s
     contract["names_sha256"] = contract_sha256(contract)
     return contract
 

@@ -126,10 +126,21 @@ def one_night(
         "vs_legacy": _paired(metrics, "legacy", cfg.gate),
         "vs_production": _paired(metrics, "production", cfg.gate),
         "episodes": len(metrics.get("candidate_returns") or []),
+        # episodes only the candidate lost, only legacy lost, and how many of the candidate's the shield held
+        "lost_vs_legacy": metrics.get("failures_vs_legacy"),
         "first_seed": (metrics.get("seeds") or [None])[0],
         "decision_wall_s": metrics.get("evaluation_wall_s"),
         "flow_wall_s": wall,
     }
+
+
+def _lost_words(lost: dict | None) -> str:
+    """'lost 13 vs 2 (12 held by the shield)  ': the paired lost episodes of a night, or '' without them."""
+    if not lost:
+        return ""
+    held = lost.get("candidate_only_held")
+    held = "" if held is None else f" ({held} held by the shield)"
+    return f"lost {lost['candidate_only']} vs {lost['legacy_only']}{held}  "
 
 
 def judge(config: Path, models: Path, version: int, replaced: int | None, episodes: int) -> dict:
@@ -336,7 +347,8 @@ def main(argv=None) -> int:
                 print(
                     f"{config.stem} run {k} night {night} (seed {seed}): {n['decision'].upper():12} "
                     f"vs legacy {format_bound(n['vs_legacy'])}  vs production {format_bound(n['vs_production'])}  "
-                    f"decision {n['decision_wall_s'] or 0:.0f} s, flow {n['flow_wall_s']:.0f} s  "
+                    f"{_lost_words(n['lost_vs_legacy'])}decision {n['decision_wall_s'] or 0:.0f} s, flow "
+                    f"{n['flow_wall_s']:.0f} s  "
                     f"| {n['verdict']}",
                     file=log,
                     flush=True,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypedDict
@@ -396,6 +397,8 @@ class RunTotals:
     # past_termination the episode runs on, and this still says the task would have ended it
     terminated: list[bool] = field(default_factory=list)
     interventions: list[int] = field(default_factory=list)  # steps the shield changed, per episode
+    # per episode: the task ended it early while the shield was holding the plant at a limit (`held_at_end`)
+    ended_held: list[bool] = field(default_factory=list)
     flags: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SHIELD_FLAGS, 0))
     latency_us: list[float] = field(default_factory=list)  # per step: policy + shield, wall clock
     compute_us: list[float] = field(default_factory=list)  # per step: the same call's CPU time (`timed`)
@@ -439,6 +442,7 @@ class RunTotals:
         self.lengths += more.lengths
         self.terminated += more.terminated
         self.interventions += more.interventions
+        self.ended_held += more.ended_held
         self.latency_us += more.latency_us
         self.compute_us += more.compute_us
         self.shield_us += more.shield_us
@@ -483,6 +487,18 @@ class RunTotals:
         }
 
 
+# The last second before the task ends an episode: when the shield changed at least half of its steps' actions, the
+# episode was lost where the shield held the plant at a limit (a pole dropped behind the barrier at the rail's end),
+# not where the policy lost it alone. The shipped cart-pole's candidates lost such episodes with the shield changing
+# 33 to 50 of the last 50 steps; it changes about 1 % of steps elsewhere.
+HELD_WINDOW_S = 1.0
+
+
+def held_at_end(intervened: list[bool]) -> bool:
+    """True when the shield changed at least half of the actions of the last steps before an episode ended."""
+    return bool(intervened) and 2 * sum(intervened) >= len(intervened)
+
+
 def run_episodes(
     env,
     driver: Driver,
@@ -507,6 +523,8 @@ def run_episodes(
                 o.on_reset(env, ep, seed)
             total, violations, step, done, ended = 0.0, 0, 0, False, False
             intervened = 0
+            recent: deque[bool] = deque(maxlen=max(1, round(HELD_WINDOW_S / dt)))
+            held = False
             # An episode that starts outside the states the shield admits is answered FALLBACK until the shield has
             # brought the plant in: the barrier values of that stretch measure the start, the same for every policy
             # on the seed, not how close an attack came. They are left out of the lowest h (falsify's objective).
@@ -516,6 +534,10 @@ def run_episodes(
                 next_obs, reward, terminated, truncated, info = env.step(action)
                 cost = float(info.get("cost", 0.0))
                 done = bool(truncated or (terminated and not past_termination))
+                if sinfo is not None:
+                    recent.append(bool(sinfo.get("intervened", False)))
+                    if terminated and not ended:
+                        held = held_at_end(list(recent))
                 ended = ended or bool(terminated)
                 total += float(reward)
                 violations += cost > 0.0
@@ -546,6 +568,7 @@ def run_episodes(
             totals.lengths.append(step)
             totals.terminated.append(ended)
             totals.interventions.append(intervened)
+            totals.ended_held.append(held)
             if bar is not None:
                 bar.update(1)
     finally:

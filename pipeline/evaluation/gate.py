@@ -96,6 +96,7 @@ class GateCheck:
     detail: str
     undecided: bool = False  # ran, but its bound has not decided yet: more episodes may decide it
     interval: tuple[float, float] | None = None  # the bounds the check decided on, in the value's units
+    advice: str | None = None  # which of NEXT_STEPS[key]'s lines fits better than "fail" or "undecided" here
 
     @property
     def status(self) -> str:
@@ -172,7 +173,7 @@ class GateDecision:
                 continue
             # Undecided, but losing more than it may on the sample so far: more episodes would refuse it, not pass it.
             losing = c.key == LOST_KEY and _known(c.value) and _known(c.threshold) and c.value > c.threshold
-            out.append(NEXT_STEPS[c.key]["fail" if c.passed is False or losing else "undecided"])
+            out.append(NEXT_STEPS[c.key][c.advice or ("fail" if c.passed is False or losing else "undecided")])
         return out
 
 
@@ -186,6 +187,11 @@ NEXT_STEPS = {
         "--domains reality` counts its lost episodes",
         "undecided": "too few episodes to bound the candidate's lost episodes under gate.max_lost_rate_increase: "
         "raise gate.max_episodes (its line says how many decide it) or gate.max_seconds",
+        "held": "most episodes the candidate lost and legacy kept ended with the shield holding it at a limit (the "
+        "shield changed most of its actions in their last second): the policy drives into a limit where the "
+        "shield's braking cannot also keep the task (a pole dropped behind the rail's barrier), and more episodes "
+        "do not remove those losses. Train it where the shield acts (shield.train_in_loop with "
+        "shield.intervention_penalty) and gate again; `sim2real eval BUNDLE --domains reality` counts them",
     },
     "gate.max_intervention_rate": {
         "fail": "the shield changes more of the candidate's actions than gate.max_intervention_rate allows: train "
@@ -370,6 +376,13 @@ def lost_check(metrics: dict, gate) -> GateCheck:
         return GateCheck(LOST_KEY, None, limit, None, "no lost-episode counts (they need the counterfactual pass)")
     b, c, n = int(pairs["candidate_only"]), int(pairs["legacy_only"]), int(pairs["episodes"])
     counted = f"the candidate lost {b} of {n} episodes that legacy kept, legacy lost {c} that the candidate kept"
+    held = pairs.get("candidate_only_held")
+    if held and b:
+        counted += (
+            f" ({'all' if held == b else f'{held} of the'} {b} ended with the shield holding the candidate at a "
+            f"limit: it changed most of its actions in the last second)"
+        )
+    advice = "held" if held and 2 * held >= b else None
     if metrics.get("episodes_can_end_early") is False and b == 0 and gate.max_violations == 0:
         # Nothing ends an episode early here, so a lost episode is a violating one, which gate.max_violations
         # already allows none of.
@@ -398,7 +411,16 @@ def lost_check(metrics: dict, gate) -> GateCheck:
         f"{counted}: lost rate, candidate - legacy, bounds [{lower:+.4f}, {upper:+.4f}]: {said} "
         f"({RATE_METHOD}, each rate at alpha / 2, {where})"
     )
-    return GateCheck(LOST_KEY, (b - c) / n, limit, passed, detail, undecided=passed is None, interval=(lower, upper))
+    return GateCheck(
+        LOST_KEY,
+        (b - c) / n,
+        limit,
+        passed,
+        detail,
+        undecided=passed is None,
+        interval=(lower, upper),
+        advice=None if passed else advice,
+    )
 
 
 def intervention_check(metrics: dict, gate) -> GateCheck:

@@ -321,7 +321,7 @@ def evaluate_candidate(
             failed = {"candidate": cand_totals.lost, "legacy": legacy_totals.lost}
             if production is not None:
                 failed["production"] = prod_totals.lost
-            metrics.update(failure_metrics(failed, cfg.gate.confidence, ends_early))
+            metrics.update(failure_metrics(failed, cfg.gate.confidence, ends_early, cand_totals.ended_held))
             metrics.update(extra_metrics or {})
             metrics.update(looks=look, planned_looks=looks, budget_episodes=budget)
             if look == looks:
@@ -432,6 +432,7 @@ def pair_with_log(runtime, cfg, shadow: ShadowRun, metrics: dict, seeds: list[in
             {"candidate": cf.totals.lost, "legacy": replay.lost},
             cfg.gate.confidence,
             __import__("envs").task(cfg.task.env_id).ends_early,
+            cf.totals.ended_held,
         )
     )
     metrics.update(paired_with_log=True, seeds=seeds, domains=shadow.meta["domains"], looks=1, planned_looks=1)

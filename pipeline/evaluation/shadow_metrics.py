@@ -147,11 +147,15 @@ def production_metrics(totals, version) -> dict:
     }
 
 
-def failure_metrics(failed: dict[str, list[bool]], confidence: float, ends_early: bool = True) -> dict:
+def failure_metrics(
+    failed: dict[str, list[bool]], confidence: float, ends_early: bool = True, held: list[bool] | None = None
+) -> dict:
     """Episodes each policy lost (`RunTotals.lost`: the task ended them early, a dropped pole or a crash, or they
     left the safe set), per policy as k of n with the exact upper bound at `confidence` (one look), and against the
     candidate episode by episode: episodes only the candidate lost, and only the reference. `ends_early`: whether
     the task can end an episode early at all (a declared termination, a crash), or only on a diverged state.
+    `held`: per candidate episode, whether the task ended it while the shield held the candidate at a limit
+    (`RunTotals.ended_held`); the paired counts then say how many of the candidate's own losses ended so.
 
     The gate decides on the paired counts (`gate.max_lost_rate_increase`): a dropped pole costs an episode hundreds
     of return units, so a candidate that loses one episode in thirty can be worse than legacy on the mean while a
@@ -169,6 +173,10 @@ def failure_metrics(failed: dict[str, list[bool]], confidence: float, ends_early
                 f"{who}_only": sum(r and not c for c, r in zip(cand, ref)),
                 "episodes": len(cand),
             }
+            if held is not None and len(held) == len(cand):
+                out[f"failures_vs_{who}"]["candidate_only_held"] = sum(
+                    c and not r and h for c, r, h in zip(cand, ref, held)
+                )
     return out
 
 

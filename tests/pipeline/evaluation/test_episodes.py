@@ -131,3 +131,40 @@ def test_a_step_is_timed_by_the_wall_clock_and_by_what_it_costs_this_thread():
 
     _, wall_us, cpu_us = timed(spin, 200_000)
     assert 0 < cpu_us and cpu_us <= wall_us + 1_000  # the thread's CPU time never exceeds the wall clock (+ ticks)
+
+
+def test_a_pole_dropped_behind_the_barrier_is_told_from_one_the_policy_dropped_alone():
+    """`RunTotals.ended_held`: the legacy LQR steered to a set-point past the rail's band (1.3 m) balances the pole
+    into the barrier, which stops the cart at the band's end and the pole falls there, the shield changing most of
+    the last second's actions; a policy that does nothing drops the pole mid-rail with the shield never acting."""
+    import numpy as np
+
+    import envs
+    from pipeline.evaluation.episodes import PolicyDriver, make_env, run_episodes
+    from pipeline.safety.shield_spec import build_shield_spec
+    from shield.cbf import CbfShield
+
+    cfg = load_config(CARTPOLE_CONFIG)
+    lqr = envs.task(cfg.task.env_id).make_legacy()
+
+    def steered(obs):
+        obs = np.array(obs, np.float64)
+        obs[:, 4] = 1.3  # x_ref, beyond the band (|x| <= 1.0)
+        return lqr(obs)
+
+    def idle(obs):
+        return np.zeros((len(obs), 1), np.float32)
+
+    spec = build_shield_spec(cfg)
+    env = make_env(cfg, None)
+    try:
+        held = run_episodes(env, PolicyDriver(steered, CbfShield(spec)), [0, 1, 2], dt=0.02)
+        alone = run_episodes(env, PolicyDriver(idle, CbfShield(spec)), [0, 1, 2], dt=0.02)
+        bare = run_episodes(env, PolicyDriver(steered), [0], dt=0.02)
+    finally:
+        env.close()
+    assert held.terminated == [True] * 3 and sum(held.violations) == 0
+    assert held.ended_held == [True] * 3
+    assert alone.terminated == [True] * 3 and alone.interventions == [0] * 3
+    assert alone.ended_held == [False] * 3
+    assert bare.ended_held == [False]  # no shield, nothing held it

@@ -387,3 +387,42 @@ def test_lost_episodes_decide_with_their_exact_bounds_and_say_how_many_episodes_
     metrics = good_metrics()
     del metrics["failures_vs_legacy"]
     assert decide(metrics, GateConfig()).decision == "inconclusive"
+
+
+def test_lost_episodes_ended_behind_the_shield_are_counted_and_told_what_to_do():
+    """Losses the shield held (`failure_metrics(held=...)`): the lost line counts them, and where they are most of
+    the candidate's own, what to do is about training against the shield, not about more episodes."""
+    from pipeline.evaluation.shadow_metrics import failure_metrics
+
+    n = 320
+    cand = [i < 14 for i in range(n)]
+    legacy = [10 <= i < 16 for i in range(n)]  # 4 of the candidate's 14 legacy lost too; 2 only legacy lost
+
+    def lost_line(held):
+        metrics = good_metrics(**failure_metrics({"candidate": cand, "legacy": legacy}, 0.95, True, held))
+        decision = decide(metrics, GateConfig())
+        return metrics, decision, next(c for c in decision.checks if c.key == "gate.max_lost_rate_increase")
+
+    metrics, decision, c = lost_line([i < 9 for i in range(n)])  # 9 of the candidate-only 10 ended held
+    assert metrics["failures_vs_legacy"] == {
+        "candidate_only": 10,
+        "legacy_only": 2,
+        "episodes": n,
+        "candidate_only_held": 9,
+    }
+    assert c.status == "undecided" and decision.decision == "inconclusive"
+    assert "(9 of the 10 ended with the shield holding the candidate at a limit" in c.reason
+    assert len(decision.next_steps) == 1 and "shield.train_in_loop" in decision.next_steps[0]
+    assert "raise gate.max_episodes" not in decision.next_steps[0]
+    # Held on 4 of 10: not most of them; the usual line (losing more than 2 % on the sample: train it elsewhere).
+    _, decision, c = lost_line([i < 4 for i in range(n)])
+    assert "(4 of the 10" in c.reason and "train.adaptive" in decision.next_steps[0]
+    # Without the flags (a field log's replay before they were kept), the line is as before.
+    metrics, decision, c = lost_line(None)
+    assert "candidate_only_held" not in metrics["failures_vs_legacy"] and "holding" not in c.reason
+    # A refusal held by the shield says so too.
+    many = [i < 40 for i in range(n)]
+    metrics = good_metrics(**failure_metrics({"candidate": many, "legacy": legacy}, 0.95, True, many))
+    refused = decide(metrics, GateConfig())
+    assert refused.decision == "fail" and "shield.train_in_loop" in refused.next_steps[0]
+    assert "(all 34 ended with the shield holding" in next(r for r in refused.reasons if "lost_rate" in r)

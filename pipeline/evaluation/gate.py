@@ -189,9 +189,11 @@ NEXT_STEPS = {
         "raise gate.max_episodes (its line says how many decide it) or gate.max_seconds",
         "held": "most episodes the candidate lost and legacy kept ended with the shield holding it at a limit (the "
         "shield changed most of its actions in their last second): the policy drives into a limit where the "
-        "shield's braking cannot also keep the task (a pole dropped behind the rail's barrier), and more episodes "
-        "do not remove those losses. Train it where the shield acts (shield.train_in_loop with "
-        "shield.intervention_penalty) and gate again; `sim2real eval BUNDLE --domains reality` counts them",
+        "shield's braking cannot also keep the task (a pole dropped behind the rail's barrier). More episodes do "
+        "not remove those losses: they need a policy that keeps room before its limits (trained against the shield: "
+        "shield.train_in_loop, shield.intervention_penalty, shield.train_margin) or set-points with that room "
+        "inside the limits (docs/how-to/nightly.md has what each did on the cart-pole); `sim2real eval BUNDLE "
+        "--domains reality` counts them",
     },
     "gate.max_intervention_rate": {
         "fail": "the shield changes more of the candidate's actions than gate.max_intervention_rate allows: train "

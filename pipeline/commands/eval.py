@@ -15,6 +15,7 @@ _SUMMARY_KEYS = (
     "return_mean",
     "return_std",
     "terminated_episodes",
+    "held_episodes",
     "violations",
     "violation_episodes",
     "intervention_rate",

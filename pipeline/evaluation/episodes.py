@@ -278,6 +278,7 @@ class RunSummary(TypedDict):
     return_std: float
     episode_length_mean: float
     terminated_episodes: int  # episodes the task ended before their length (a dropped pole, a crash)
+    held_episodes: int  # of those, the ones it ended while the shield held the plant at a limit (`held_at_end`)
     violations: int  # steps with info["cost"] > 0, all episodes
     violation_episodes: int
     intervention_rate: float
@@ -469,6 +470,7 @@ class RunTotals:
             "return_std": float(np.std(self.returns)),
             "episode_length_mean": float(np.mean(self.lengths)),
             "terminated_episodes": int(sum(self.terminated)),
+            "held_episodes": int(sum(self.ended_held)),
             "violations": int(sum(self.violations)),
             "violation_episodes": int(sum(v > 0 for v in self.violations)),
             "intervention_rate": self.flags["intervened"] / n,

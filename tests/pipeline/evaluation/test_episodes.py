@@ -168,3 +168,5 @@ def test_a_pole_dropped_behind_the_barrier_is_told_from_one_the_policy_dropped_a
     assert alone.terminated == [True] * 3 and alone.interventions == [0] * 3
     assert alone.ended_held == [False] * 3
     assert bare.ended_held == [False]  # no shield, nothing held it
+    # `sim2real eval` prints the count (the gate's next step sends users there to count them)
+    assert held.summary()["held_episodes"] == 3 and alone.summary()["held_episodes"] == 0

@@ -26,6 +26,8 @@ KEYS = {
     "return_std",
     "violations",
     "violation_episodes",
+    "terminated_episodes",
+    "held_episodes",
     "intervention_rate",
     "fallbacks",
     "shield_us_p50",
@@ -45,6 +47,7 @@ def test_cli_prints_one_json_object_with_the_safety_figures(capsys):
     assert run_cli(_args(no_shield=True)) == 0
     bare = json.loads(capsys.readouterr().out)
     assert bare["violations"] > 0 and bare["intervention_rate"] == 0
+    assert bare["held_episodes"] == 0  # nothing held a bare policy at a limit
 
 
 def test_eval_says_which_limit_was_crossed_by_how_much_and_which_barrier_intervened(capsys):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypedDict
@@ -496,7 +497,7 @@ class RunTotals:
 HELD_WINDOW_S = 1.0
 
 
-def held_at_end(intervened: list[bool]) -> bool:
+def held_at_end(intervened: Sequence[bool]) -> bool:
     """True when the shield changed at least half of the actions of the last steps before an episode ended."""
     return bool(intervened) and 2 * sum(intervened) >= len(intervened)
 
@@ -536,10 +537,7 @@ def run_episodes(
                 next_obs, reward, terminated, truncated, info = env.step(action)
                 cost = float(info.get("cost", 0.0))
                 done = bool(truncated or (terminated and not past_termination))
-                if sinfo is not None:
-                    recent.append(bool(sinfo.get("intervened", False)))
-                    if terminated and not ended:
-                        held = held_at_end(list(recent))
+                first_end = bool(terminated) and not ended
                 ended = ended or bool(terminated)
                 total += float(reward)
                 violations += cost > 0.0
@@ -549,7 +547,11 @@ def run_episodes(
                     totals.shielded = True
                     for flag in SHIELD_FLAGS:
                         totals.flags[flag] += bool(sinfo.get(flag, False))
-                    intervened += bool(sinfo.get("intervened", False))
+                    changed = bool(sinfo.get("intervened", False))
+                    intervened += changed
+                    recent.append(changed)
+                    if first_end:
+                        held = held_at_end(recent)
                     starting = starting and bool(sinfo.get("fallback", False))
                     totals.fallback_starts += step == 0 and starting
                     if "solve_us" in sinfo:

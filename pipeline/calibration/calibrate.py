@@ -48,7 +48,7 @@ from pipeline.calibration.identify import (
 )
 from pipeline.calibration.logs import QUIET_SPREAD, CalibrationError, FieldLog, load_field_log, quiet_channels
 from pipeline.calibration.noise import defect_structure, observation_noise, residual_spread
-from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_range, obs_noise_vector
+from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_from, kept_range, obs_noise_vector
 from pipeline.calibration.twin import Twin, task_facts
 
 GLOBAL_STARTS = 3  # starts per latency besides the ranges' centre (a Sobol design over the ranges)
@@ -58,6 +58,10 @@ MISFIT_RATIO = 1.5  # a residual this many times the noise floor (any channel) i
 # Empirical, not a p-value: the smoother leaves some structure in a right twin's defects too (F up to
 # a few tens); bench/bench_calibration.py reports how often an inside plant is flagged.
 STRUCTURE_F = 40.0
+# The kept ranges bound the calibrated set when they hold a plant at the centre of every identified band (this
+# coverage: 0, the fit's estimate itself). A plant on their edge does half the time; otherwise the hull's set,
+# which holds the kept one's, takes over: a wider set, where a narrower one could leave the plant out.
+KEPT_CORE = 0.0
 F_SCALE = 3.0  # soft-L1 knee, in units of a residual's expected spread
 
 
@@ -114,13 +118,23 @@ def _prediction_error(problem: Problem, x) -> dict:
 
 
 def _ranges(combos, names, kept_lo, kept_hi, hull_lo, hull_hi, bounds) -> tuple[np.ndarray, str]:
-    """Log-scale calibrated ranges and where they lie: `inside` the kept ranges, the `hull`, or `outside` both."""
-    for lo, hi, where in ((kept_lo, kept_hi, "inside"), (hull_lo, hull_hi, "hull")):
-        r = consistent_ranges(combos, names, lo, hi)
+    """Log-scale calibrated ranges and where they lie: `inside` the kept ranges, the `hull`, or `outside` both.
+
+    The kept ranges (`reality`'s) are a belief about the plant, the hull (every set) is the envelope training and the
+    shield cover. The kept ranges bound the calibrated set only where they hold a plant that moves as the fit's
+    estimate does (KEPT_CORE): a plant just past them (an outside user's cart at 0.8x, `reality` from 0.9x, `train`
+    from 0.75x) leaves them only the bands' tails, and the set cut down to those tails (a cart at 0.900..0.915)
+    held no plant that moves like it. The hull's consistent set then holds it."""
+    if consistent_ranges(combos, names, kept_lo, kept_hi, KEPT_CORE) is not None:
+        r = consistent_ranges(combos, names, kept_lo, kept_hi)
         if r is not None:
-            return r, where
-    if consistent_ranges(combos, names, hull_lo, hull_hi, OUTSIDE_INTERVAL) is not None:
-        return consistent_ranges(combos, names, hull_lo, hull_hi, OUTSIDE_INTERVAL), "hull"
+            return r, "inside"
+    r = consistent_ranges(combos, names, hull_lo, hull_hi)
+    if r is not None:
+        return r, "hull"
+    r = consistent_ranges(combos, names, hull_lo, hull_hi, OUTSIDE_INTERVAL)
+    if r is not None:
+        return r, "hull"
     r = consistent_ranges(combos, names, *bounds)
     return (r if r is not None else np.stack(bounds, axis=1)), "outside"
 
@@ -314,6 +328,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             "identified_ok": alone[i],
             "range": [lo, hi],
             "kept": list(kept[name]),
+            "kept_from": kept_from(cfg, name)[0],
         }
         if alone[i]:
             sd = math.sqrt(max(cov[i, i], 0.0))
@@ -366,7 +381,8 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
         )
     if verdict:
         # A reversed sign explains every other line (a misfit, a latency fitted past the configured): it comes first.
-        verdict = action_sign_hints(setup, action_names(cfg)) + verdict
+        names_all = cfg.observation_names(list(range(task["obs_dim"])))
+        verdict = action_sign_hints(setup, action_names(cfg)) + observation_hints(setup, names_all) + verdict
         verdict += action_units_hints(parameters, _units_per_action(cfg))
     before_p = problem(0)
     x_before = before_p.start(np.zeros(len(names)))
@@ -487,6 +503,76 @@ def action_names(cfg) -> list[str]:
 SIGN_RATIO = 0.5  # the nominal twin replays the log this much better with an action negated: its sign is reversed
 
 
+def _nominal_replay(setup: FitSetup, windows: Windows) -> float:
+    """The nominal twin's open-loop error over `windows` (expected-spread units), at the latency that replays best."""
+    theta = np.zeros(len(setup.names))  # every unknown scale at 1: the nominal twin
+    problems = [setup.problem(latency, windows) for latency in setup.latencies]
+    return min(_prediction_error(p, p.start(theta))["rms_normalized"] for p in problems)
+
+
+def observation_hints(setup: FitSetup, names: list[str]) -> list[str]:
+    """Verdict lines for a misfit whose log has a joint's columns in another sign, unit or place than declared.
+
+    The log's checks compare a joint's position with its own velocity (load_field_log), so a change that keeps the
+    two consistent passes them: an encoder counting the other way (position and velocity negated), an angle and its
+    rate both in degrees, two joints' columns exchanged pair for pair. The fit then settles on the plant that
+    explains such a log least badly and blames the twin (helper-62: "the plant's latency is 4 control steps",
+    "joint_damping.hinge: the logs allow 5.42..8"). As for an action's sign, the nominal twin replays the log as
+    logged and with each such change undone; one that replays it SIGN_RATIO times better is named first."""
+    log, twin = setup.log, setup.twin
+    pairs = twin.velocity_pairs()
+    changes = []
+    for p, v, joint in pairs:
+        undo = np.ones(log.obs.shape[1])
+        undo[[p, v]] = -1.0
+        changes.append(
+            (
+                log.obs * undo,
+                f"the {joint!r} joint's position and velocity ({names[p]}, {names[v]}) with the "
+                "other sign (an encoder counting the other way)",
+                "negate both columns",
+            )
+        )
+        if twin.joint_is_hinge(joint):
+            undo = np.ones(log.obs.shape[1])
+            undo[[p, v]] = math.pi / 180.0
+            changes.append(
+                (
+                    log.obs * undo,
+                    f"the {joint!r} joint's angle and rate ({names[p]}, {names[v]}) in degrees and deg/s",
+                    "convert both columns to rad and rad/s",
+                )
+            )
+    for i, (p, v, joint) in enumerate(pairs):
+        for q, w, other in pairs[i + 1 :]:
+            order = np.arange(log.obs.shape[1])
+            order[[p, v, q, w]] = [q, w, p, v]
+            changes.append(
+                (
+                    log.obs[:, order],
+                    f"joints {joint!r} and {other!r} in each other's columns "
+                    f"({names[p]}, {names[v]} against {names[q]}, {names[w]})",
+                    "reorder the columns",
+                )
+            )
+    if not changes:
+        return []
+    horizon, longest = setup.windows.horizon, max(setup.latencies)
+    logged = _nominal_replay(setup, setup.search_windows())
+    out = []
+    for obs, what, fix in changes:
+        # The same windows as the search's (the log's runs are unchanged), cut from the columns changed back.
+        windows = cut_windows(twin, replace(log, obs=obs), horizon, horizon + 1, longest)
+        undone = _nominal_replay(setup, windows.subset(np.arange(len(windows.starts)) % 3 == 0))
+        if undone < SIGN_RATIO * logged:
+            out.append(
+                f"columns? the nominal twin replays the log {logged / undone:.1f}x better read as {what} (open-loop "
+                f"error {undone:.2f} against {logged:.2f} as logged, in expected-spread units): {fix} where the log "
+                f"is written, and calibrate again before acting on the lines after this one"
+            )
+    return out
+
+
 def action_sign_hints(setup: FitSetup, names: list[str]) -> list[str]:
     """Verdict lines for a misfit whose log drives the plant the opposite way to the twin's actuator.
 
@@ -499,18 +585,12 @@ def action_sign_hints(setup: FitSetup, names: list[str]) -> list[str]:
     12 times on 60 s of the shipped declared plants' legacy controllers on `reality`; reversed, 4 to 19 times
     better). Only a verdict that already has a line (a misfit, outside, a latency) gets the test."""
     windows = setup.search_windows()
-    theta = np.zeros(len(setup.names))  # every unknown scale at 1: the nominal twin
-
-    def replay(w: Windows) -> float:
-        problems = [setup.problem(latency, w) for latency in setup.latencies]
-        return min(_prediction_error(p, p.start(theta))["rms_normalized"] for p in problems)
-
-    logged = replay(windows)
+    logged = _nominal_replay(setup, windows)
     out = []
     for j, name in enumerate(names):
         sign = np.ones(windows.action.shape[1])
         sign[j] = -1.0
-        negated = replay(replace(windows, action=windows.action * sign))
+        negated = _nominal_replay(setup, replace(windows, action=windows.action * sign))
         if negated < SIGN_RATIO * logged:
             out.append(
                 f"sign? the nominal twin replays the log {logged / negated:.1f}x better with {name} negated "
@@ -575,9 +655,18 @@ def summary_lines(result: dict) -> list[str]:
         )
     if log.get("clock_note"):
         lines.append(f"clock: {log['clock_note']}")
+    beyond = _past_kept(result) if result.get("ranges_from") == "hull" else []
     lines += [f"VERDICT {v}" for v in result["verdict"]] or [
         "verdict: the twin explains the logs down to the noise floor, inside the config's ranges"
+        + (" (the envelope of every set; past reality's in places, below)" if beyond else "")
     ]
+    if beyond:
+        lines.append(
+            "ranges: the logs fit plants past the ranges an unidentified parameter keeps and inside the other sets' ("
+            + "; ".join(beyond)
+            + "): the calibrated set takes them from the envelope every set spans, which training and the shield "
+            "cover. If this plant is one of yours, widen reality there"
+        )
     lines.append(
         f"prediction error (RMS over the window, in expected-spread units): "
         f"nominal twin {err['before']['rms_normalized']:.2f} -> calibrated {err['after']['rms_normalized']:.2f}"
@@ -625,7 +714,8 @@ def summary_lines(result: dict) -> list[str]:
             status = (
                 f"not pinned alone (best fit {p['identified']:.3f} is one point of a flat direction"
                 + (", which runs past the configured range there" if past else "")
-                + f"); calibrated range {lo:.3f}..{hi:.3f} (configured {p['kept'][0]:g}..{p['kept'][1]:g})"
+                + f"); calibrated range {lo:.3f}..{hi:.3f} ({p.get('kept_from', 'configured')}: "
+                f"{p['kept'][0]:g}..{p['kept'][1]:g})"
             )
         lines.append(f"{name}: {status}")
     noise = ", ".join(f"{v:.4f}" for v in result["obs_noise_std"])
@@ -638,6 +728,18 @@ def summary_lines(result: dict) -> list[str]:
 
         lines += comparison_lines(result["policy_estimate"])
     return lines
+
+
+def _past_kept(result: dict) -> list[str]:
+    """Each parameter whose calibrated range runs past its kept range: 'name lo..hi (kept lo..hi)'."""
+    out = []
+    for name, p in sorted(result["parameters"].items()):
+        if p.get("known") or "kept" not in p:
+            continue
+        (lo, hi), (klo, khi) = p["range"], p["kept"]
+        if lo < klo * (1 - 1e-9) or hi > khi * (1 + 1e-9):
+            out.append(f"{name} {lo:.3f}..{hi:.3f}, {p.get('kept_from', 'kept')} {klo:g}..{khi:g}")
+    return out
 
 
 def write_calibrated_yaml(result: dict, path: str | Path) -> Path:

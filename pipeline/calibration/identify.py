@@ -127,11 +127,14 @@ def pinned(combos: list[dict], names: list[str]) -> list[bool]:
 def _bands(combos: list[dict], names: list[str], coverage: float):
     """(rows, lo, hi): the identified combinations' intervals as linear constraints on theta."""
     z = norm.ppf(0.5 + coverage / 2)
+    # A band's floor is the stated interval's; a narrower coverage (the central part of a band) narrows it alike,
+    # down to the estimate itself at coverage 0.
+    floor = MIN_HALF_WIDTH * min(1.0, z / norm.ppf(0.5 + INTERVAL / 2))
     rows, lo, hi = [], [], []
     for c in combos:
         if c["identified"]:
             w = np.array([c["weights"][nm] for nm in names])
-            half = max(z * c["log_std"], MIN_HALF_WIDTH * float(np.abs(w).sum()))
+            half = max(z * c["log_std"], floor * float(np.abs(w).sum()))
             rows.append(w)
             lo.append(c["log_estimate"] - half)
             hi.append(c["log_estimate"] + half)

@@ -23,17 +23,22 @@ def configured_ranges(cfg) -> dict[str, tuple[float, float]]:
 
 def kept_range(cfg, name: str) -> tuple[float, float]:
     """The range an unidentified parameter keeps: `reality`'s, else `train`'s, else the hull's."""
+    return kept_from(cfg, name)[1]
+
+
+def kept_from(cfg, name: str) -> tuple[str, tuple[float, float]]:
+    """kept_range with the set it comes from ('reality', 'train', or 'every set' for the hull)."""
     for set_name in ("reality", "train"):
         rset = cfg.randomization.get(set_name)
         if rset is None:
             continue
         if name == "gravity_scale" and rset.gravity_scale is not None:
-            return rset.gravity_scale.low, rset.gravity_scale.high
+            return set_name, (rset.gravity_scale.low, rset.gravity_scale.high)
         group, _, element = name.partition(".")
         r = getattr(rset, group, {}).get(element) if group in PHYSICAL_GROUPS else None
         if r is not None:
-            return r.low, r.high
-    return configured_ranges(cfg)[name]
+            return set_name, (r.low, r.high)
+    return "every set", configured_ranges(cfg)[name]
 
 
 def obs_noise_vector(std: list[float], dim: int) -> list[float]:

@@ -121,6 +121,12 @@ class Twin:
                     out[o] = (lo, hi, mujoco.mj_id2name(base, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint {j}")
         return out
 
+    def joint_is_hinge(self, name: str) -> bool:
+        """Whether the joint named `name` turns (a hinge: its position an angle) rather than slides."""
+        base = self.model({})
+        j = mujoco.mj_name2id(base, mujoco.mjtObj.mjOBJ_JOINT, name)
+        return j >= 0 and int(base.jnt_type[j]) == mujoco.mjtJoint.mjJNT_HINGE
+
     def velocity_pairs(self) -> list[tuple[int, int, str]]:
         """(position obs index, velocity obs index, joint name) of each hinge or slide observed both ways."""
         base = self.model({})

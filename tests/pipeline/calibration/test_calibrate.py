@@ -241,6 +241,41 @@ def test_a_log_with_the_actions_sign_reversed_is_diagnosed_by_name(field_log):
     assert hint.startswith("sign? ") and "with cart_force negated" in hint and "reverse its sign" in hint
 
 
+@pytest.mark.parametrize(
+    "name, columns, said",
+    [
+        # helper-62's logs: each keeps a joint's position and velocity consistent, so the log's own checks passed
+        # them, and the fit blamed the twin ("latency 4 control steps", "joint_damping.hinge: 5.42..8").
+        (
+            "encoder-reversed",
+            lambda o: o * [1, -1, 1, -1, 1],
+            "the 'hinge' joint's position and velocity (theta, theta_dot) with the other sign",
+        ),
+        (
+            "degrees",
+            lambda o: o * [1, 180 / np.pi, 1, 180 / np.pi, 1],
+            "the 'hinge' joint's angle and rate (theta, theta_dot) in degrees",
+        ),
+        ("joints-swapped", lambda o: o[:, [1, 0, 3, 2, 4]], "joints 'slider' and 'hinge' in each other's columns"),
+    ],
+)
+def test_a_joints_columns_in_another_sign_unit_or_place_are_named(field_log, name, columns, said):
+    """The verdict's `columns?` line names the change whose undoing replays the log (the hint reads the same setup
+    the fit does; calibrate() puts it first whenever a verdict has a line). The log as recorded gets none."""
+    from pipeline.calibration.calibrate import observation_hints
+
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    names = cfg.observation_names(list(range(5)))
+
+    def change(cols, meta):
+        cols["obs"] = np.ascontiguousarray(columns(cols["obs"]), dtype=cols["obs"].dtype)
+        return cols, meta
+
+    assert observation_hints(fit_setup(cfg, field_log[0]), names) == []
+    (hint,) = observation_hints(fit_setup(cfg, _bad_log(field_log, name, change)), names)
+    assert hint.startswith("columns? ") and said in hint, hint
+
+
 def test_cli_refuses_a_bad_log_in_one_line_with_exit_2(field_log):
     path = _bad_log(field_log, "nan-cli", _nan_rows)
     out = subprocess.run(

@@ -118,6 +118,38 @@ def test_a_plant_outside_the_ranges_is_flagged_outside_with_exit_1(tmp_path, cap
 
 
 @pytest.mark.timeout(900)
+def test_a_plant_past_reality_inside_train_keeps_a_calibrated_set_that_holds_it(tmp_path):
+    """helper-62's plant: cart 0.8x and slider damping 0.75x, inside `train` (cart from 0.75x) and past `reality`
+    (from 0.9x). `reality`'s box met the identified intervals only at their tails, and the calibrated set cut down
+    to those tails (cart 0.900..0.944, force gain from 1.052) held no plant that moves like it, under "inside the
+    config's ranges". The set now comes from the envelope of every set, and the summary says where it runs past
+    reality's ranges."""
+    from pipeline.calibration.calibrate import summary_lines
+
+    plant = {
+        "body_mass.cart": 0.8,
+        "body_mass.pole": 1.4,
+        "joint_damping.slider": 0.75,
+        "joint_damping.hinge": 0.6,
+        "actuator_gain.cart_force": 1.05,
+    }
+    r = calibrate(load_config(CFG), simulated_log(load_config(CFG), plant, 0, tmp_path / "b.npz", steps=STEPS))
+    assert r["verdict"] == [] and not r["outside"], r["verdict"]
+    assert r["latency_steps"]["identified"] == 0
+    assert r["ranges_from"] == "hull"
+    for name, p in r["parameters"].items():
+        assert p["range"][0] <= plant[name] <= p["range"][1], (name, p)
+    for c in r["combinations"]:
+        if c["identified"]:
+            true = _combo_value(c["weights"], plant)
+            assert c["interval"][0] <= true <= c["interval"][1], (c, true)
+    lines = summary_lines(r)
+    said = next(ln for ln in lines if ln.startswith("ranges:"))
+    assert "body_mass.cart 0.750.." in said and "reality 0.9..1.4" in said, said
+    assert "past reality's in places" in lines[1], lines[1]
+
+
+@pytest.mark.timeout(900)
 def test_two_recordings_of_two_plants_are_not_fitted_as_one_average_plant(tmp_path):
     """helper-47's log directory held two nights with two payloads (link mass 0.60 and 1.45): it was fitted as one
     plant of neither mass, inside the ranges, with no misfit, since each night's misfit cancels the other's in the

@@ -41,7 +41,7 @@ from pipeline.config import load_config
 from pipeline.deployment.export import export_policy
 from pipeline.deployment.registry import Registry
 from pipeline.evaluation.episodes import MIN_H_MEANING
-from pipeline.evaluation.gate import promotion_verdict
+from pipeline.evaluation.gate import promotion_verdict, with_paths
 from pipeline.evaluation.monitor_bounds import bundle_spec
 from pipeline.evaluation.payoff import payoff
 from pipeline.evaluation.shadow import night_seed, run_shadow
@@ -395,7 +395,12 @@ def retrain(
         "comparison": side_by_side(shadow["metrics"]),
         "loosened": shadow.get("loosened", []),
         # A run whose training stalled says so beside the gate's own advice: that is where a failing return starts.
-        "next_steps": shadow.get("next_steps", [])
+        "next_steps": with_paths(
+            shadow.get("next_steps", []),
+            config=config_path,
+            bundle=exported["bundle"],
+            case=next(iter(sorted((Path(trained["run_dir"]) / "falsify").glob("case-*.json"))), None),
+        )
         + ([f"training: {trained['stall_note']}"] if trained.get("stall_note") and not passed else []),
         "report": shadow["report"],
         "run_dir": trained["run_dir"],

@@ -12,6 +12,7 @@ from pipeline.commands import CHECK_FAILED, OK, command, emit
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.evaluation.episodes import constraint_lines
+    from pipeline.evaluation.gate import with_paths
     from pipeline.evaluation.shadow import run_shadow
     from pipeline.evaluation.shadow_metrics import failures_line
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             if m.get(f"{who}_failures")
         ),
         *constraint_lines(m.get("candidate_constraints") or {}),
-        *(f"next: {line}" for line in result.get("next_steps", [])),
+        *(f"next: {line}" for line in with_paths(result.get("next_steps", []), config=args.config, bundle=args.bundle)),
         f"report: {result['report']}",
     ]
     emit(args, result, "\n".join(lines))

@@ -62,6 +62,7 @@ may lack rewards) is *skipped*; one whose bound has not decided yet is
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -175,6 +176,16 @@ class GateDecision:
             losing = c.key == LOST_KEY and _known(c.value) and _known(c.threshold) and c.value > c.threshold
             out.append(NEXT_STEPS[c.key][c.advice or ("fail" if c.passed is False or losing else "undecided")])
         return out
+
+
+def with_paths(lines: list[str], *, config=None, bundle=None, case=None) -> list[str]:
+    """NEXT_STEPS' lines with their placeholders (CONFIG, BUNDLE, CASE) filled where the caller knows the paths: an
+    outside user copied `--replay CASE --shield BUNDLE/shield.json` from a failed night and had to find both."""
+    subs = {k: str(v) for k, v in (("CONFIG", config), ("BUNDLE", bundle), ("CASE", case)) if v}
+    if not subs:
+        return list(lines)
+    pattern = re.compile(r"\b(" + "|".join(subs) + r")\b")
+    return [pattern.sub(lambda m: subs[m.group(1)], line) for line in lines]
 
 
 LATENCY_SHARE = 0.1  # the default latency limit's share of the control period

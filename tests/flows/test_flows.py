@@ -249,6 +249,11 @@ def test_a_falsified_candidate_fails_the_gate(harness, tmp_path, monkeypatch):
     state = retrain(config_path=str(path), models_root=str(models), runs_dir=str(tmp_path / "runs"), return_state=True)
     assert state.is_failed() and "max_falsification_cases" in state.message
     assert Registry(models).production("cartpole") is None
+    # The next step names this night's files: the first case, the config, the exported bundle's shield.
+    summary = state.result(raise_on_failure=False)  # a gate's "no" ends Failed with the summary as its data
+    (replay,) = [line for line in summary["next_steps"] if "--replay" in line]
+    case = sorted((Path(summary["run_dir"]) / "falsify").glob("case-*.json"))[0]
+    assert f"--config {path} --replay {case} --shield {Path(summary['run_dir']) / 'bundle'}/shield.json" in replay
 
 
 def _free_port() -> int:

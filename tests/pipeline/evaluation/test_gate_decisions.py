@@ -426,3 +426,14 @@ def test_lost_episodes_ended_behind_the_shield_are_counted_and_told_what_to_do()
     refused = decide(metrics, GateConfig())
     assert refused.decision == "fail" and "shield.train_in_loop" in refused.next_steps[0]
     assert "(all 34 ended with the shield holding" in next(r for r in refused.reasons if "lost_rate" in r)
+
+
+def test_next_steps_name_the_paths_the_caller_knows_and_leave_other_words_alone():
+    from pipeline.evaluation.gate import NEXT_STEPS, with_paths
+
+    line = NEXT_STEPS["gate.max_falsification_cases"]["fail"]
+    (filled,) = with_paths([line], config="my.yaml", bundle="runs/r1/bundle", case="runs/r1/falsify/case-0.json")
+    assert "--config my.yaml --replay runs/r1/falsify/case-0.json --shield runs/r1/bundle/shield.json" in filled
+    # Only whole placeholder words: a key or a word that contains one stays as written.
+    assert with_paths(["CONFIGURED BUNDLES CASE_1 CONFIG"], config="c.yaml") == ["CONFIGURED BUNDLES CASE_1 c.yaml"]
+    assert with_paths([line]) == [line]  # nothing known: the placeholders stay

@@ -31,6 +31,8 @@ def pytest_configure(config):
     """Tests name the shipped files as a user does, from the repository root (`configs/cartpole.yaml`), and the
     commands they start run there: the suite runs so from any working directory (`pytest /path/to/tests`)."""
     os.chdir(ROOT)
+
+
 # ~250k steps take ~1.5-2 min on a quiet 2-core machine (validation included); export
 # takes the checkpoint with the best validation return, reached at ~150-300k steps.
 TRAINED_STEP_BUDGET = 250_000

@@ -662,10 +662,11 @@ def summary_lines(result: dict) -> list[str]:
     ]
     if beyond:
         lines.append(
-            "ranges: the logs fit plants past the ranges an unidentified parameter keeps and inside the other sets' ("
+            "ranges: no plant inside the ranges kept for what the logs cannot see moves as the fit's estimate does; "
+            "the calibrated set takes its ranges from the envelope every set spans (which training and the shield "
+            "cover), past the kept ones here: "
             + "; ".join(beyond)
-            + "): the calibrated set takes them from the envelope every set spans, which training and the shield "
-            "cover. If this plant is one of yours, widen reality there"
+            + ". If this plant is one of yours, widen that set there"
         )
     lines.append(
         f"prediction error (RMS over the window, in expected-spread units): "
@@ -731,7 +732,7 @@ def summary_lines(result: dict) -> list[str]:
 
 
 def _past_kept(result: dict) -> list[str]:
-    """Each parameter whose calibrated range runs past its kept range: 'name lo..hi (kept lo..hi)'."""
+    """Each parameter whose calibrated range runs past its kept range: 'name lo..hi, <its set> lo..hi'."""
     out = []
     for name, p in sorted(result["parameters"].items()):
         if p.get("known") or "kept" not in p:

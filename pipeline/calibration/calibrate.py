@@ -139,6 +139,19 @@ def _ranges(combos, names, kept_lo, kept_hi, hull_lo, hull_hi, bounds) -> tuple[
     return (r if r is not None else np.stack(bounds, axis=1)), "outside"
 
 
+def _past_hull(hull: dict[str, tuple[float, float]], ranges: dict[str, tuple[float, float]]) -> list[str]:
+    """An outside verdict's parameters: those whose calibrated range lies past every set's, then those reaching
+    past it (an outside user's stiffness at 1.6x against 0.7..1.3 was in no line of the verdict)."""
+    past, reaching = [], []
+    for name, (a, b) in sorted(ranges.items()):
+        lo, hi = hull.get(name, (a, b))
+        if b < lo or a > hi:
+            past.append(f"{name}: the logs allow {a:.3g}..{b:.3g}, every set spans {lo:g}..{hi:g}")
+        elif a < lo * (1 - 1e-9) or b > hi * (1 + 1e-9):
+            reaching.append(f"{name} reaches {a:.3g}..{b:.3g} (every set: {lo:g}..{hi:g})")
+    return past + reaching
+
+
 def _shield_floor(cfg, ranges: dict[str, tuple[float, float]]) -> list[str]:
     """Parameters whose every consistent value lies beyond the shield's stated model_ranges."""
     out = []
@@ -374,10 +387,11 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
     elif undecided := latency_undecided(cfg, latency, runner_up.latency if runner_up else None, confidence):
         verdict.append(undecided)
     if where == "outside":
+        named = _past_hull(hull, ranges) + shield_beyond
         verdict.append(
             "outside: no plant inside the config's randomization ranges fits the logs "
             f"(not even at the {OUTSIDE_INTERVAL:.0%} band); train and the shield were not made for it"
-            + ("; " + "; ".join(shield_beyond) if shield_beyond else "")
+            + ("; " + "; ".join(named) if named else "")
         )
     if verdict:
         # A reversed sign explains every other line (a misfit, a latency fitted past the configured): it comes first.
@@ -709,7 +723,9 @@ def summary_lines(result: dict) -> list[str]:
             status = "known (calibration.known)"
         elif p["identified_ok"]:
             a, b = p["interval"]
-            status = f"pinned alone, 90 % interval {a:.3f}..{b:.3f}; calibrated range {lo:.3f}..{hi:.3f}"
+            status = f"pinned alone, 90 % interval {a:.3f}..{b:.3f}; calibrated range {lo:.3f}..{hi:.3f}" + (
+                f" ({p['kept_from']}: {p['kept'][0]:g}..{p['kept'][1]:g})" if "kept_from" in p else ""
+            )
         else:
             past = not p["kept"][0] <= p["identified"] <= p["kept"][1]
             status = (

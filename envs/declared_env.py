@@ -125,6 +125,7 @@ def nominal_model(decl: PlantDeclaration, path: Path) -> NominalModel:
         actuators=tuple(binding.ctrl),
         ctrl_per_action=tuple(float(x) for x in binding.scale),
         trim=None if trim is None else tuple(float(a) for a in trim),
+        derived={i: s for i, s in enumerate(binding.sources) if s[0] in ("site", "sensor")},
     )
 
 

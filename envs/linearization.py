@@ -28,6 +28,8 @@ class NominalModel:
     ctrl_per_action: tuple[float, ...] | None = None
     # The steady action that holds the operating point still (a hoist's or a raised arm's weight); None: zero.
     trim: tuple[float, ...] | None = None
+    # obs index -> ("site", id, axis) | ("sensor", adr): observations MuJoCo computes from the state.
+    derived: dict | None = None
 
     def write_ctrl(self, ctrl: np.ndarray, action) -> None:
         """Write one action into MjData.ctrl as the env applies it (ctrl[actuator] = scale x action, 0 elsewhere)."""

@@ -209,6 +209,43 @@ class FitSetup:
         return assumption_shifts(lambda f: self.problem(latency, search, f), theta, F_SCALE, nfev, self.bounds)
 
 
+DERIVED_SCALE = 1.25  # a site or sensor column this many times (or this fraction of) what the joints put it at
+DERIVED_SIGNAL = 10.0  # checked where the joints move it this many times its configured noise std
+
+
+def _check_derived(twin: Twin, log: FieldLog, noise: list[float], cfg, logs) -> None:
+    """Refuse a site or sensor column in other units or in another column's place (CalibrationError).
+
+    The fit predicts the joints only, so such a column was never read: an outside user's tip angle (a tendon
+    sensor, theta + alpha) logged in degrees passed as "down to the noise floor", though it is the column the
+    reward tracks. Where the logged joints are the whole state it depends on, the nominal MJCF computes it from
+    them; the log's column must follow that at the same scale (a regression with an offset: a sensor's zero may
+    differ)."""
+    rows = log.obs[:: max(1, len(log.obs) // 2000)]
+    names = cfg.observation_names(list(range(log.obs.shape[1])))
+    for o, computed in twin.derived_observations(rows).items():
+        logged = rows[:, o]
+        spread = float(np.std(computed))
+        if not spread > DERIVED_SIGNAL * max(noise[o], 1e-9):
+            continue
+        c = computed - computed.mean()
+        scale = float(c @ (logged - logged.mean()) / (c @ c))
+        corr = float(np.corrcoef(computed, logged)[0, 1]) if np.std(logged) > 0 else 0.0
+        what = f"{names[o]} (obs[{o}])"
+        if corr < 0.9:
+            raise CalibrationError(
+                f"--from-log {logs}: {what} does not follow what the MJCF computes from the logged joints "
+                f"(correlation {corr:.2f} over the log): another sensor's column, or columns in another order than "
+                f"plant.observations declares? Fix the columns, not the config"
+            )
+        if not 1.0 / DERIVED_SCALE <= scale <= DERIVED_SCALE:
+            raise CalibrationError(
+                f"--from-log {logs}: {what} reads {scale:.3g}x what the MJCF computes from the logged joints "
+                f"(correlation {corr:.3f}): in other units (degrees for rad: 57.3x; mm for m: 1000x)? The log's obs "
+                f"are in the units plant.observations reads. Convert the column, not the config"
+            )
+
+
 def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
     """Read and validate the logs at `logs` for `cfg`'s task and prepare the fit (CalibrationError on bad input)."""
 
@@ -235,6 +272,7 @@ def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
         velocity_pairs=twin.velocity_pairs(),
     )
     reality = cfg.randomization.get("reality") or cfg.randomization["train"]
+    _check_derived(twin, log, obs_noise_vector(reality.obs_noise_std, task["obs_dim"]), cfg, logs)
     obs_std = np.array(obs_noise_vector(reality.obs_noise_std, task["obs_dim"]))[twin.state_obs]
     quiet = quiet_channels(log.obs[:, twin.state_obs], obs_std, cfg.observation_names(twin.state_obs))
     if quiet and not quiet_ok:

@@ -87,6 +87,7 @@ class Twin:
         self.substeps = int(nominal.substeps)
         self.obs_to_state = dict(nominal.obs_to_state)
         self.state_obs = sorted(self.obs_to_state)  # obs indices the twin predicts
+        self.derived = dict(getattr(nominal, "derived", None) or {})  # sites and sensors, computed from the state
         self._models: OrderedDict = OrderedDict()
         self._nominal: mujoco.MjModel | None = None
         base = self.model({})
@@ -119,6 +120,37 @@ class Twin:
                 if simple and int(base.jnt_qposadr[j]) == adr and base.jnt_limited[j]:
                     lo, hi = (float(v) for v in base.jnt_range[j])
                     out[o] = (lo, hi, mujoco.mj_id2name(base, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint {j}")
+        return out
+
+    def derived_observations(self, obs: np.ndarray) -> dict[int, np.ndarray]:
+        """Per site or sensor observation, its value on the nominal plant at each logged state (n, obs_dim), where
+        the logged joints are the whole state it depends on: every hinge and slide observed in position and
+        velocity, and a sensor read before the accelerations (a force or an accelerometer needs the plant's
+        parameters and the action). {} when that is not so."""
+        base = self.model({})
+        simple = (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE)
+        if not self.derived or any(int(t) not in simple for t in base.jnt_type):
+            return {}
+        observed = set(self.obs_to_state.values())
+        for j in range(base.njnt):
+            if ("qpos", int(base.jnt_qposadr[j])) not in observed or ("qvel", int(base.jnt_dofadr[j])) not in observed:
+                return {}
+        sensor_at = {
+            int(base.sensor_adr[s]) + k: s for s in range(base.nsensor) for k in range(int(base.sensor_dim[s]))
+        }
+        chosen = {}
+        for o, src in self.derived.items():
+            if src[0] == "site" or int(base.sensor_needstage[sensor_at[src[1]]]) <= int(mujoco.mjtStage.mjSTAGE_VEL):
+                chosen[o] = src
+        if not chosen:
+            return {}
+        states = self.initial_states(obs)
+        out = {o: np.empty(len(obs)) for o in chosen}
+        for i, state in enumerate(states):
+            mujoco.mj_setState(base, self._data, state, self._spec)
+            mujoco.mj_forward(base, self._data)
+            for o, src in chosen.items():
+                out[o][i] = self._data.site_xpos[src[1], src[2]] if src[0] == "site" else self._data.sensordata[src[1]]
         return out
 
     def joint_is_hinge(self, name: str) -> bool:

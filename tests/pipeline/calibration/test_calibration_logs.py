@@ -308,3 +308,26 @@ def test_a_log_cut_into_files_is_one_recording_and_two_nights_are_two(log_file, 
     write_shadow_log(nights / "night2.npz", second, meta)
     two = _load(nights)
     assert two.recordings == (("night1", 0, 350), ("night2", 350, STEPS)) and two.runs == [(0, 350), (350, STEPS)]
+
+
+def test_a_site_column_in_other_units_or_another_columns_place_is_refused_by_name(tmp_path):
+    """helper-63's tip angle (a tendon sensor, theta + alpha) logged in degrees was accepted "down to the noise
+    floor": the fit predicts the joints only. Where the logged joints are the whole state a site or sensor depends
+    on, the MJCF computes it from them and the column must follow at the same scale. The two-mass spring observes
+    its load's world position through a site."""
+    from pipeline.calibration.calibrate import fit_setup
+
+    cfg = load_config(ROOT / "configs" / "two_mass_spring.yaml")
+    log = simulated_log(cfg, {}, 1, tmp_path / "log.npz", steps=1000)
+    setup = fit_setup(cfg, log)  # as recorded, with reality's noise: accepted
+    assert list(setup.twin.derived) == [4]  # x_l, the load_site's world x
+    cols, meta = read_shadow_log(log)
+    for change, reason in [
+        (lambda o: o[:, 4] * 1000.0, r"x_l \(obs\[4\]\) reads 1e\+03x what the MJCF computes .* mm for m"),
+        (lambda o: o[:, 2], r"x_l \(obs\[4\]\) does not follow what the MJCF computes .* another order"),
+    ]:
+        bad = {k: v.copy() for k, v in cols.items()}
+        bad["obs"][:, 4] = change(cols["obs"])
+        path = write_shadow_log(tmp_path / "bad.npz", bad, meta)
+        with pytest.raises(CalibrationError, match=reason):
+            fit_setup(cfg, path)

@@ -263,6 +263,8 @@ def design_plan(
         "steps": int(steps),
         "seed": int(seed),
         "params": chosen,
+        # --from-log already pins every parameter: the plan narrows them further, which the log may not need.
+        "log_pins_all": bool(quiet is not None and params is None and not quiet["unidentified"]),
         "known": known,
         "nominal": scales,
         "latency_steps": int(latency),
@@ -353,6 +355,11 @@ def plan_lines(plan: dict) -> list[str]:
     lines = []
     chosen = plan["params"]
     lines.append(f"excitation plan for {plan['task']}: chosen parameters {', '.join(chosen)}")
+    if plan.get("log_pins_all"):
+        lines.append(
+            "the --from-log logs pin every parameter already: this plan would narrow their intervals further "
+            "(compare its expected intervals with the log's, below); where those are narrow enough, it is not needed"
+        )
     lines.append(
         "candidates (expected information gain on them, nats; chosen parameters pinned alone): "
         + "; ".join(f"{label(c['generator'])} {c['gain']:.2f} ({len(c['pinned'])})" for c in plan["candidates"])

@@ -260,3 +260,17 @@ def test_a_plan_expected_to_pin_nothing_says_so_and_is_not_a_success(planned):
     assert any(line.startswith("NOTHING PINNED: this plan is expected to pin none") for line in lines), lines
     assert all("(flat)" not in line for line in lines)
     assert any("NOT pinned with this plan" in line and "identified below 0.3x it" in line for line in lines)
+
+
+def test_a_plan_for_a_log_that_pins_everything_says_it_may_not_be_needed(planned):
+    """helper-63's --plan on a log that pinned every parameter chose all of them without a word, where the docs
+    promise the ones the log leaves unpinned: it now says the log pins them already."""
+    import copy
+
+    from pipeline.calibration.plan import plan_lines
+
+    _, _, plan, _, _ = planned
+    assert plan["log_pins_all"] is False  # its parameters were named (--params), not read off the log
+    assert not any("pin every parameter already" in line for line in plan_lines(plan))
+    pinned = {**copy.deepcopy(plan), "log_pins_all": True}
+    assert any("pin every parameter already" in line for line in plan_lines(pinned))

@@ -46,9 +46,16 @@ from pipeline.calibration.identify import (
     covariance,
     pinned,
 )
-from pipeline.calibration.logs import QUIET_SPREAD, CalibrationError, FieldLog, load_field_log, quiet_channels
+from pipeline.calibration.logs import (
+    OBS_UNITS,
+    QUIET_SPREAD,
+    CalibrationError,
+    FieldLog,
+    load_field_log,
+    quiet_channels,
+)
 from pipeline.calibration.noise import defect_structure, observation_noise, residual_spread
-from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_from, kept_range, obs_noise_vector
+from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_from, obs_noise_vector
 from pipeline.calibration.twin import Twin, task_facts
 
 GLOBAL_STARTS = 3  # starts per latency besides the ranges' centre (a Sobol design over the ranges)
@@ -139,16 +146,26 @@ def _ranges(combos, names, kept_lo, kept_hi, hull_lo, hull_hi, bounds) -> tuple[
     return (r if r is not None else np.stack(bounds, axis=1)), "outside"
 
 
+def _runs_past(
+    ranges: dict[str, tuple[float, float]], reference: dict[str, tuple[float, float]]
+) -> list[tuple[str, float, float, float, float, bool]]:
+    """Each parameter whose range runs past its reference range, by name: (name, lo, hi, ref_lo, ref_hi, disjoint)."""
+    out = []
+    for name, (a, b) in sorted(ranges.items()):
+        if name not in reference:
+            continue
+        lo, hi = reference[name]
+        if a < lo * (1 - 1e-9) or b > hi * (1 + 1e-9):
+            out.append((name, a, b, lo, hi, b < lo or a > hi))
+    return out
+
+
 def _past_hull(hull: dict[str, tuple[float, float]], ranges: dict[str, tuple[float, float]]) -> list[str]:
     """An outside verdict's parameters: those whose calibrated range lies past every set's, then those reaching
     past it (an outside user's stiffness at 1.6x against 0.7..1.3 was in no line of the verdict)."""
-    past, reaching = [], []
-    for name, (a, b) in sorted(ranges.items()):
-        lo, hi = hull.get(name, (a, b))
-        if b < lo or a > hi:
-            past.append(f"{name}: the logs allow {a:.3g}..{b:.3g}, every set spans {lo:g}..{hi:g}")
-        elif a < lo * (1 - 1e-9) or b > hi * (1 + 1e-9):
-            reaching.append(f"{name} reaches {a:.3g}..{b:.3g} (every set: {lo:g}..{hi:g})")
+    runs = _runs_past(ranges, hull)
+    past = [f"{n}: the logs allow {a:.3g}..{b:.3g}, every set spans {lo:g}..{hi:g}" for n, a, b, lo, hi, d in runs if d]
+    reaching = [f"{n} reaches {a:.3g}..{b:.3g} (every set: {lo:g}..{hi:g})" for n, a, b, lo, hi, d in runs if not d]
     return past + reaching
 
 
@@ -180,6 +197,7 @@ class FitSetup:
     obs_scale: np.ndarray  # obs_std floored where a channel is noise-free
     process: np.ndarray  # per state observation, the one-step spread the action noise causes
     quiet: list[str] = field(default_factory=list)  # the state observations the log barely moves (quiet_channels)
+    kept_sets: dict[str, str] = field(default_factory=dict)  # the set each kept range comes from (sets.kept_from)
 
     def log_range(self, ranges: dict[str, tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) log-scales of `ranges` in `names` order."""
@@ -199,9 +217,11 @@ class FitSetup:
         win = self.windows if windows is None else windows
         return Problem(self.twin, win, latency, self.names, self.known, self.obs_scale, self.process * process_factor)
 
-    def search_windows(self) -> Windows:
-        """A third of the windows: the global stage's and the assumption shifts' (fits there are 3x cheaper)."""
-        return self.windows.subset(np.arange(len(self.windows.starts)) % 3 == 0)
+    def search_windows(self, windows: Windows | None = None) -> Windows:
+        """A third of `windows` (default: the log's): the global stage's, the assumption shifts' and the column
+        hints' (fits there are 3x cheaper)."""
+        windows = self.windows if windows is None else windows
+        return windows.subset(np.arange(len(windows.starts)) % 3 == 0)
 
     def assumption_shifts(self, latency: int, theta: np.ndarray, nfev: int) -> np.ndarray:
         """fit.assumption_shifts on the search windows at `latency`, from `theta`."""
@@ -241,8 +261,8 @@ def _check_derived(twin: Twin, log: FieldLog, noise: list[float], cfg, logs) -> 
         if not 1.0 / DERIVED_SCALE <= scale <= DERIVED_SCALE:
             raise CalibrationError(
                 f"--from-log {logs}: {what} reads {scale:.3g}x what the MJCF computes from the logged joints "
-                f"(correlation {corr:.3f}): in other units (degrees for rad: 57.3x; mm for m: 1000x)? The log's obs "
-                f"are in the units plant.observations reads. Convert the column, not the config"
+                f"(correlation {corr:.3f}): in other units (degrees for rad: 57.3x; mm for m: 1000x)? {OBS_UNITS}. "
+                "Convert the column, not the config"
             )
 
 
@@ -272,8 +292,9 @@ def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
         velocity_pairs=twin.velocity_pairs(),
     )
     reality = cfg.randomization.get("reality") or cfg.randomization["train"]
-    _check_derived(twin, log, obs_noise_vector(reality.obs_noise_std, task["obs_dim"]), cfg, logs)
-    obs_std = np.array(obs_noise_vector(reality.obs_noise_std, task["obs_dim"]))[twin.state_obs]
+    obs_noise = obs_noise_vector(reality.obs_noise_std, task["obs_dim"])
+    _check_derived(twin, log, obs_noise, cfg, logs)
+    obs_std = np.array(obs_noise)[twin.state_obs]
     quiet = quiet_channels(log.obs[:, twin.state_obs], obs_std, cfg.observation_names(twin.state_obs))
     if quiet and not quiet_ok:
         raise CalibrationError(
@@ -284,6 +305,7 @@ def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
             f"plan predicts each channel's spread with the config's legacy controller, not yours)"
         )
     names = [n for n in sorted(hull) if n not in known]
+    kept = {n: kept_from(cfg, n) for n in names}
     latencies = _latency_candidates(cfg)
     windows = cut_windows(twin, log, horizon, horizon + 1, max(latencies))
     action_std = float(np.max(reality.action_noise_std))
@@ -296,7 +318,7 @@ def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
         names,
         known,
         hull,
-        {n: kept_range(cfg, n) for n in names},
+        {n: r for n, (_, r) in kept.items()},
         latencies,
         windows,
         reality,
@@ -304,6 +326,7 @@ def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
         obs_scale,
         obs_scale,
         quiet,
+        {n: s for n, (s, _) in kept.items()},
     )
     hull_lo, hull_hi = setup.log_range(hull)
     centre = 0.5 * (hull_lo + hull_hi)
@@ -379,7 +402,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             "identified_ok": alone[i],
             "range": [lo, hi],
             "kept": list(kept[name]),
-            "kept_from": kept_from(cfg, name)[0],
+            "kept_from": setup.kept_sets[name],
         }
         if alone[i]:
             sd = math.sqrt(max(cov[i, i], 0.0))
@@ -615,7 +638,7 @@ def observation_hints(setup: FitSetup, names: list[str]) -> list[str]:
     for obs, what, fix in changes:
         # The same windows as the search's (the log's runs are unchanged), cut from the columns changed back.
         windows = cut_windows(twin, replace(log, obs=obs), horizon, horizon + 1, longest)
-        undone = _nominal_replay(setup, windows.subset(np.arange(len(windows.starts)) % 3 == 0))
+        undone = _nominal_replay(setup, setup.search_windows(windows))
         if undone < SIGN_RATIO * logged:
             out.append(
                 f"columns? the nominal twin replays the log {logged / undone:.1f}x better read as {what} (open-loop "
@@ -787,14 +810,11 @@ def summary_lines(result: dict) -> list[str]:
 
 def _past_kept(result: dict) -> list[str]:
     """Each parameter whose calibrated range runs past its kept range: 'name lo..hi, <its set> lo..hi'."""
-    out = []
-    for name, p in sorted(result["parameters"].items()):
-        if p.get("known") or "kept" not in p:
-            continue
-        (lo, hi), (klo, khi) = p["range"], p["kept"]
-        if lo < klo * (1 - 1e-9) or hi > khi * (1 + 1e-9):
-            out.append(f"{name} {lo:.3f}..{hi:.3f}, {p.get('kept_from', 'kept')} {klo:g}..{khi:g}")
-    return out
+    params = {n: p for n, p in result["parameters"].items() if not p.get("known") and "kept" in p}
+    runs = _runs_past(
+        {n: tuple(p["range"]) for n, p in params.items()}, {n: tuple(p["kept"]) for n, p in params.items()}
+    )
+    return [f"{n} {a:.3f}..{b:.3f}, {params[n].get('kept_from', 'kept')} {lo:g}..{hi:g}" for n, a, b, lo, hi, _ in runs]
 
 
 def write_calibrated_yaml(result: dict, path: str | Path) -> Path:

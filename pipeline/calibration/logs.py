@@ -153,6 +153,10 @@ def _read(path: str | Path) -> list[tuple[Path, dict, dict]]:
     return parts
 
 
+# Where a column in other units is refused, what the log's obs must be in (the refusals here and calibrate's).
+OBS_UNITS = "The log's obs are in the units plant.observations reads (SI: m, rad, m/s, rad/s)"
+
+
 def _check_units(parts, where: str, obs, action, action_box, position_limits, names) -> None:
     """Refuse actions beyond the box the plant applies and positions a whole range beyond their joint's: values in
     other units (N for a normalized action, mm for m) would be fitted as a plant 10 or 1000 times off, or crash."""
@@ -178,8 +182,7 @@ def _check_units(parts, where: str, obs, action, action_box, position_limits, na
             raise CalibrationError(
                 f"{where}: {name} (obs[{o}]) reaches {float(np.abs(obs[:, o]).max()):.4g} on {len(rows)} row(s) "
                 f"(first at {_row(parts, int(rows[0]))}), a whole range beyond joint {joint!r}'s {lo:g}..{hi:g}: "
-                f"in other units (mm for m, degrees for rad)? The log's obs are in the units plant.observations "
-                f"reads (SI: m, rad), or in another order than the plant declares them"
+                f"in other units (mm for m, degrees for rad)? {OBS_UNITS}, in the order the plant declares them"
             )
 
 
@@ -271,8 +274,8 @@ def _check_kinematics(where: str, cols: dict, obs: np.ndarray, pairs, names, dt:
             raise CalibrationError(
                 f"{where}: {label(v)}, joint {joint!r}'s velocity, moves as {label(p)} changes (correlation "
                 f"{fit:.2f}) but {factor}x as fast as that change per second: in other units than "
-                f"its position (deg/s for rad/s: 57.3x; rpm: 9.55x; mm/s for m/s: 1000x)? The log's obs are in "
-                f"the units plant.observations reads (SI: m, rad, m/s, rad/s). Convert the column, not the config"
+                f"its position (deg/s for rad/s: 57.3x; rpm: 9.55x; mm/s for m/s: 1000x)? {OBS_UNITS}. "
+                "Convert the column, not the config"
             )
         if own >= MOVES_APART:
             integrates(p, v, joint, fit)

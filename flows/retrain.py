@@ -26,6 +26,7 @@ inputs break caching). All Ray work stays inside the one coarse `train` task.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -537,7 +538,8 @@ def _shield_line(spec_path: Path, config_path: str) -> str:
     numbers synthesis measured; the certificate itself is `shield synthesize`'s (this night's falsify follows)."""
     if not spec_path.is_file():
         return "shield: none in this bundle (shield.enabled is false): nothing keeps the plant inside its limits"
-    spec = json.loads(spec_path.read_text())
+    data = spec_path.read_bytes()
+    spec = json.loads(data)
     predictive = spec.get("predictive")
     kind = f"predictive filter (horizon {predictive['horizon']} steps)" if predictive else "braking barrier"
     measured = "synthesis" in (spec.get("assumptions") or {})
@@ -548,5 +550,6 @@ def _shield_line(spec_path: Path, config_path: str) -> str:
             if measured
             else "every number set by the config"
         )
-        + f"; `sim2real shield synthesize --config {config_path}` writes its certificate"
+        + f"; shield.json sha256 {hashlib.sha256(data).hexdigest()[:16]}...: `sim2real shield synthesize --config "
+        f"{config_path}` certifies this very file where its certificate's shield_sha256 is the same"
     )

@@ -285,6 +285,12 @@ def verify_bundle(bundle_dir: str | Path) -> dict:
     return _read_verified(Path(bundle_dir))[1]
 
 
+def shield_json_bytes(spec: dict) -> bytes:
+    """A shield spec as a bundle's shield.json holds it (and as `shield synthesize` writes the one it certifies): one
+    serialization, so the file a certificate names and the file a bundle ships compare byte for byte."""
+    return json.dumps(spec, indent=2, sort_keys=True).encode()
+
+
 def write_bundle(out_dir: str | Path, *, policy_onnx: bytes, shield_spec: dict | bytes, manifest: dict) -> Path:
     """Write a complete bundle at `out_dir` atomically (staged in a sibling temp dir, then renamed).
 
@@ -295,7 +301,7 @@ def write_bundle(out_dir: str | Path, *, policy_onnx: bytes, shield_spec: dict |
     if isinstance(shield_spec, bytes):
         shield_bytes = shield_spec
     else:
-        shield_bytes = json.dumps(shield_spec, indent=2, sort_keys=True).encode()
+        shield_bytes = shield_json_bytes(shield_spec)
     payload = {POLICY_FILE: policy_onnx, SHIELD_FILE: shield_bytes}
     for name, data in payload.items():
         if manifest["files"].get(name) != sha256_bytes(data):

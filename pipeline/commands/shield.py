@@ -17,7 +17,6 @@ from pathlib import Path
 from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
 
 LEGACY_EPISODES = 10  # reality episodes the legacy controller runs behind the synthesized shield
-MONITOR_RUNS = 16  # per randomization set: shielded runs that measure the assumption monitor's bounds
 FALSIFIED_SPEC = "falsified-shield.json"  # the spec a refusal by falsification broke, for its replay
 
 
@@ -42,9 +41,9 @@ def add_arguments(p: argparse.ArgumentParser, default_config: str) -> None:
     s.add_argument(
         "--monitor-runs",
         type=int,
-        default=MONITOR_RUNS,
-        help=f"shielded runs per randomization set that measure the assumption monitor's bounds "
-        f"(default {MONITOR_RUNS}; 0: keep the bounds derived from the declared disturbances)",
+        help="shielded runs per randomization set that measure the assumption monitor's bounds (default: as many "
+        "as an exported bundle's are measured with, so that with --seed 0 the shield.json certified is the one "
+        "bundles of this config carry, byte for byte; 0: keep the bounds derived from the declared disturbances)",
     )
     s.add_argument("--seed", type=int, default=0, help="seed of the measurement and the search")
     s.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
@@ -60,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--budget-s must be > 0, got {args.budget_s}")
     if args.episodes < 0:
         raise UsageError(f"--episodes must be >= 0, got {args.episodes}")
+    if args.monitor_runs is None:
+        from pipeline.evaluation.monitor_bounds import RUNS_PER_SET
+
+        args.monitor_runs = RUNS_PER_SET
     if args.monitor_runs < 0:
         raise UsageError(f"--monitor-runs must be >= 0, got {args.monitor_runs}")
     cfg = load_config(args.config)
@@ -175,8 +178,13 @@ def run(args: argparse.Namespace) -> int:
             "legacy_on_reality": legacy,
         }
     else:
+        from shield.bundle import sha256_bytes, shield_json_bytes
+
         record = certificate.certificate(cfg, meas, spec, falsified, legacy)
-        (out / "shield.json").write_text(json.dumps(spec, indent=2) + "\n")
+        # Written as a bundle writes it: its hash here is the one `sim2real registry show` gives the bundle's.
+        certified = shield_json_bytes(spec)
+        record["shield_sha256"] = sha256_bytes(certified)
+        (out / "shield.json").write_bytes(certified)
     (out / "certificate.json").write_text(json.dumps(record, indent=2, default=_plain) + "\n")
     record["out"] = str(out)
     emit(args, record, _human(cfg, meas, spec, record, refused, out))
@@ -387,4 +395,10 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
     if record.get("conservative"):
         lines.append(f"  {certificate.conservative_line(record['conservative'])}")
     lines.append(f"  written: {out / 'certificate.json'}" + ("" if refused else f", {out / 'shield.json'}"))
+    if not refused:
+        lines.append(
+            f"  shield.json sha256 {record['shield_sha256'][:16]}...: `sim2real registry show` gives a bundle's; "
+            "one exported from this config carries this file where both were measured with the default seed and "
+            "monitor runs"
+        )
     return "\n".join(lines)

@@ -45,7 +45,15 @@ import torch
 
 from pipeline.deployment.contract import io_contract
 from pipeline.deployment.registry import Registry
-from shield.bundle import POLICY_FILE, SCHEMA_VERSION, SHIELD_FILE, BundleError, make_manifest, write_bundle
+from shield.bundle import (
+    POLICY_FILE,
+    SCHEMA_VERSION,
+    SHIELD_FILE,
+    BundleError,
+    make_manifest,
+    shield_json_bytes,
+    write_bundle,
+)
 from shield.policy import ESTIMATE_OUTPUT, OnnxPolicy
 from shield.spec import ShieldSpec, ShieldSpecError
 
@@ -404,7 +412,7 @@ def export_deterministic(
             "adr_fraction": sel.get("adr_fraction"),
             "train_randomization": sel.get("train_randomization"),
         }
-    shield_bytes = json.dumps(shield_spec, indent=2, sort_keys=True).encode()
+    shield_bytes = shield_json_bytes(shield_spec)
     action_low = [float(v) for v in np.broadcast_to(meta["action_low"], (act_dim,))]
     action_high = [float(v) for v in np.broadcast_to(meta["action_high"], (act_dim,))]
     # The normalizer covers the network's whole input (a history policy's too): the observation comes first.

@@ -430,8 +430,10 @@ def replay_case(cfg, case: dict | str | Path, spec, bundle_policy=None) -> dict:
 
 def attacked(cfg, bundle: str | None = None, spec=None):
     """(shield spec, bundle policy or None) that a search or a replay attacks: `spec` where given, else the bundle's
-    shield.json, else the config's; the bundle's policy (an `EdgeRuntime` loaded without its shield: `evaluate`
-    applies the shield) where there is a bundle."""
+    shield.json, else the one a bundle of the config carries (`monitor_bounds.bundle_spec`: its monitor's bounds
+    measured; the config's bare build has them derived, and a filter whose conservative mode engages elsewhere is
+    not the one shipped); the bundle's policy (an `EdgeRuntime` loaded without its shield: `evaluate` applies the
+    shield) where there is a bundle."""
     from shield.spec import ShieldSpec
 
     bundle_policy = None
@@ -441,9 +443,9 @@ def attacked(cfg, bundle: str | None = None, spec=None):
         bundle_policy = EdgeRuntime.load(bundle, shield=False)
         spec = spec if spec is not None else bundle_policy.bundle.shield_spec
     elif spec is None:
-        from pipeline.safety.shield_spec import build_shield_spec
+        from pipeline.evaluation.monitor_bounds import bundle_spec
 
-        spec = build_shield_spec(cfg)
+        spec = bundle_spec(cfg)
     return (spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)), bundle_policy
 
 

@@ -327,6 +327,39 @@ def test_a_synthesized_spec_carries_measured_monitor_bounds(tmp_path, capsys, mo
     assert not re.search(r"\d\.\d{5,}", certified), certified
 
 
+def test_the_shield_json_certified_is_the_one_bundles_carry_and_the_one_falsify_attacks(tmp_path, capsys, monkeypatch):
+    """Three specs of one config used to differ: `shield synthesize` certified one with its monitor measured over 16
+    runs per set, bundles shipped one measured over 8 (`bundle_spec`), and `falsify --config` attacked one with no
+    measured monitor at all (an outside user's lowest h: -17.2 against -0.45 for the same config). With the defaults
+    the certified shield.json is now a bundle's byte for byte (its sha256 in the certificate and the output), and a
+    config's search attacks that same spec."""
+    from pipeline.config import load_config
+    from pipeline.evaluation.falsify import attacked
+    from pipeline.evaluation.monitor_bounds import bundle_spec
+    from shield.bundle import sha256_bytes, shield_json_bytes
+
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    path = springbob(tmp_path, "springsame", samples=600)
+    out = tmp_path / "out"
+    assert (
+        sim2real(["shield", "synthesize", "--config", path, "--out", str(out), "--no-falsify", "--episodes", "0"]) == 0
+    )
+    said = capsys.readouterr().out
+    certified = (out / "shield.json").read_bytes()
+    record = json.loads((out / "certificate.json").read_text())
+    assert record["shield_sha256"] == sha256_bytes(certified) and f"sha256 {record['shield_sha256'][:16]}..." in said
+    cfg = load_config(path)
+    shipped = bundle_spec(cfg)  # what export_policy writes as the bundle's shield.json, through the same serializer
+    assert shipped["assumptions"]["monitor"]["measured"]["runs"] > 0
+    assert shield_json_bytes(shipped) == certified
+    spec, _ = attacked(cfg)
+    from flows.retrain import _shield_line  # the night's line names the bundle's shield.json by the same hash
+
+    assert f"sha256 {record['shield_sha256'][:16]}..." in _shield_line(out / "shield.json", path)
+    attacked_json = json.loads(json.dumps(spec.assumptions))  # tuples as the file's lists
+    assert attacked_json == json.loads(certified)["assumptions"] and attacked_json["monitor"]["measured"]["runs"] > 0
+
+
 def test_a_falsification_refusal_names_the_plant_it_found_and_the_ends_it_sits_at():
     """A falsify case is a plant: the refusal names each randomized scale of it, the end of the set's range it sits
     at, its latency and its push, so its owner knows which range to narrow."""

@@ -80,3 +80,24 @@ def test_library_modules_hold_no_command_line_code(path):
     # Output, argument handling and exit codes live in pipeline/commands/ (one policy); the library returns and raises.
     source = (ROOT / "pipeline" / path).read_text()
     assert not any(word in source for word in ("def run_cli", "argparse", "sys.exit(")), path
+
+
+def test_a_folder_named_like_a_package_where_the_user_runs_does_not_replace_it(tmp_path):
+    """An outside user ran `shield synthesize --out shield` and then `python -m pipeline.cli falsify` in that folder:
+    `shield` was imported as the empty folder, and the command died deep in the synthesis cache on a module with no
+    file. setuptools' default editable finder runs after Python's path search (pypa/setuptools#3557); the README's
+    install (editable_mode=compat) puts the checkout on the path itself, where the real package wins."""
+    for name in ("shield", "envs", "pipeline", "flows"):
+        (tmp_path / name).mkdir()  # a user's output folders, no __init__.py
+    code = (
+        "import json, envs, flows, pipeline, shield, shield.spec, pipeline.cli; "
+        "print(json.dumps([m.__file__ for m in (envs, flows, pipeline, shield)]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    files = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(f is not None and Path(f).resolve().is_relative_to(ROOT) for f in files), files
+    run = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "falsify", "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0 and "--budget-s" in run.stdout, run.stderr[-2000:]

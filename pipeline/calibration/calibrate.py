@@ -54,7 +54,7 @@ from pipeline.calibration.logs import (
     load_field_log,
     quiet_channels,
 )
-from pipeline.calibration.noise import defect_structure, observation_noise, residual_spread
+from pipeline.calibration.noise import BLOCKS, defect_structure, observation_noise, residual_means, residual_spread
 from pipeline.calibration.sets import calibrated_set, configured_ranges, kept_from, obs_noise_vector
 from pipeline.calibration.twin import Twin, task_facts
 
@@ -65,6 +65,13 @@ MISFIT_RATIO = 1.5  # a residual this many times the noise floor (any channel) i
 # Empirical, not a p-value: the smoother leaves some structure in a right twin's defects too (F up to
 # a few tens); bench/bench_calibration.py reports how often an inside plant is flagged.
 STRUCTURE_F = 40.0
+# A constant the twin lacks (a sensor's zero, a steady force) leaves errors of one sign that neither the spread nor
+# the structure test reads (the regression has an intercept, and a 0.3-spread mean adds 4 % to the spread): an
+# average this many standard errors from 0 (Student's t over BLOCKS blocks: 8e-5 two-sided per channel on a right
+# twin) and this large a share of the residual's expected spread. A cart-pole's pole angle read 0.03 rad off left
+# its rate's one-step errors at -0.28 (t -5.5), 0.05 rad at -0.55 (t -10.7); the right twin's largest was t 2.0.
+OFFSET_T = 5.0
+OFFSET_SIZE = 0.15
 # The kept ranges bound the calibrated set when they hold a plant at the centre of every identified band (this
 # coverage: 0, the fit's estimate itself). A plant on their edge does half the time; otherwise the hull's set,
 # which holds the kept one's, takes over: a wider set, where a narrower one could leave the plant out.
@@ -441,6 +448,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             f"the twin does not model (a changed geometry, a drive's deadband or saturation, friction, a sensor)"
         )
     verdict += apart
+    verdict += _offsets(final, best, named)
     confidence = latency_confidence(best, runner_up) if runner_up else 1.0
     late = latency_outside(cfg, latency, confidence)
     if late:
@@ -521,6 +529,27 @@ def _misfit(problem: Problem, best, velocities: list[int], windows: np.ndarray |
     structure = defect_structure(problem, best.residuals, best.x, windows)
     shaped = bool(velocities) and structure[_most_shaped(structure, velocities)] > STRUCTURE_F
     return ratio, structure, bool(ratio.max() > MISFIT_RATIO), bool(shaped)
+
+
+def _offsets(problem: Problem, best, named: list[str]) -> list[str]:
+    """A verdict line for the state observation whose calibrated errors (one-step errors first, then misfits to
+    the logged values) average furthest from 0 past OFFSET_T and OFFSET_SIZE; none where no channel does."""
+    means = residual_means(problem, best.residuals)
+    found = []
+    for kind, what in ((1, "one-step errors"), (0, "misfits to the logged values")):
+        mean, se = means[kind]
+        t = mean / np.maximum(se, 1e-300)
+        found += [(abs(t[c]), what, c, mean[c], t[c]) for c in range(len(mean))]
+    found = [f for f in found if f[0] > OFFSET_T and abs(f[3]) >= OFFSET_SIZE]
+    if not found:
+        return []
+    _, what, c, mean, t = max(found, key=lambda f: f[0])
+    return [
+        f"offset: the calibrated twin's {what} on {named[c]} average {mean:+.2f} of their expected spread "
+        f"({t:+.1f} standard errors from 0 over {BLOCKS} blocks of the log): a constant the twin does not model, "
+        f"a sensor's zero (a position logged off by a constant) or a steady force (a slope, a cable's pull). The "
+        f"fitted scales absorb part of it: zero the sensors (the plant at rest must log its rest) and calibrate again"
+    ]
 
 
 def _most_shaped(structure: np.ndarray, velocities: list[int]) -> int:

@@ -171,3 +171,19 @@ def defect_structure(
         f_shapes = ((rss_linear - rss_full) / (k_full - k_linear)) / max(rss_full / (n - k_full - 1), 1e-300)
         out.append(max(f_linear, f_shapes))
     return np.array(out)
+
+
+def residual_means(problem: Problem, residuals: np.ndarray) -> np.ndarray:
+    """Per residual kind and channel (obs misfit, then defects): (mean, its standard error) over the windows, in
+    units of the residual's expected spread; the error from BLOCKS blocks of windows in log order, so a push or a
+    stretch of the log that errs one way counts once, not once per window. Shape (2, 2, ns): kind, (mean, se)."""
+    h, ns, w = problem.h, problem.ns, problem.w
+    per_window = [
+        residuals[:, : (h + 1) * ns].reshape(w, h + 1, ns).mean(axis=1),
+        residuals[:, (h + 1) * ns :].reshape(w, h, ns).mean(axis=1),
+    ]
+    out = np.empty((2, 2, ns))
+    for k, per in enumerate(per_window):
+        blocks = np.array([b.mean(axis=0) for b in np.array_split(per, BLOCKS)])
+        out[k] = per.mean(axis=0), blocks.std(axis=0, ddof=1) / math.sqrt(BLOCKS)
+    return out

@@ -448,7 +448,8 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
             f"the twin does not model (a changed geometry, a drive's deadband or saturation, friction, a sensor)"
         )
     verdict += apart
-    verdict += _offsets(final, best, named)
+    offset_lines, offset = _offsets(final, best, named, velocities)
+    verdict += offset_lines
     confidence = latency_confidence(best, runner_up) if runner_up else 1.0
     late = latency_outside(cfg, latency, confidence)
     if late:
@@ -505,6 +506,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
         "residual_vs_noise_floor": [float(v) for v in ratio],
         "defect_structure_F": [float(v) for v in structure],
         "misfit": misfit,
+        "offset": offset,  # the constant the twin lacks (_offsets), None where no channel shows one
         "outside": where == "outside" or late is not None,
         "verdict": verdict,
         "prediction_error": {
@@ -531,25 +533,43 @@ def _misfit(problem: Problem, best, velocities: list[int], windows: np.ndarray |
     return ratio, structure, bool(ratio.max() > MISFIT_RATIO), bool(shaped)
 
 
-def _offsets(problem: Problem, best, named: list[str]) -> list[str]:
-    """A verdict line for the state observation whose calibrated errors (one-step errors first, then misfits to
-    the logged values) average furthest from 0 past OFFSET_T and OFFSET_SIZE; none where no channel does."""
+def _offsets(problem: Problem, best, named: list[str], velocities: list[int]) -> tuple[list[str], dict | None]:
+    """(verdict lines, record) for the state observation whose calibrated errors (one-step errors first, then misfits
+    to the logged values) average furthest from 0 past OFFSET_T and OFFSET_SIZE; ([], None) where no channel does.
+
+    A rate's one-step errors of one sign point at a position first: an outside user's pole angle logged 0.04 rad
+    off was named as its rate's errors, and the rate is not the sensor to zero. The line then names the positions,
+    whose zeros change the forces the twin computes from them."""
     means = residual_means(problem, best.residuals)
     found = []
     for kind, what in ((1, "one-step errors"), (0, "misfits to the logged values")):
         mean, se = means[kind]
         t = mean / np.maximum(se, 1e-300)
-        found += [(abs(t[c]), what, c, mean[c], t[c]) for c in range(len(mean))]
-    found = [f for f in found if f[0] > OFFSET_T and abs(f[3]) >= OFFSET_SIZE]
+        found += [(abs(t[c]), kind, what, c, mean[c], t[c]) for c in range(len(mean))]
+    found = [f for f in found if f[0] > OFFSET_T and abs(f[4]) >= OFFSET_SIZE]
     if not found:
-        return []
-    _, what, c, mean, t = max(found, key=lambda f: f[0])
-    return [
+        return [], None
+    _, kind, what, c, mean, t = max(found, key=lambda f: f[0])
+    positions = [named[i] for i in range(len(named)) if i not in velocities]
+    rate = kind == 1 and c in velocities and bool(positions)
+    if rate:
+        cause = (
+            f"in a rate's steps, a position logged off by a constant, which changes the forces the twin computes "
+            f"from it (a tilted pendulum's gravity, a spring's stretch): {', '.join(positions)}; or a steady force "
+            f"(a slope, a cable's pull). The fitted scales absorb part of it: zero those sensors"
+        )
+    else:
+        cause = (
+            f"{named[c]}'s zero (logged off by a constant) or a steady force (a slope, a cable's pull). The fitted "
+            f"scales absorb part of it: zero the sensor"
+        )
+    line = (
         f"offset: the calibrated twin's {what} on {named[c]} average {mean:+.2f} of their expected spread "
         f"({t:+.1f} standard errors from 0 over {BLOCKS} blocks of the log): a constant the twin does not model, "
-        f"a sensor's zero (a position logged off by a constant) or a steady force (a slope, a cable's pull). The "
-        f"fitted scales absorb part of it: zero the sensors (the plant at rest must log its rest) and calibrate again"
-    ]
+        f"{cause} (the plant at rest must log its rest) and calibrate again"
+    )
+    suspects = positions if rate else [named[c]]
+    return [line], {"observation": named[c], "errors": what, "mean": float(mean), "t": float(t), "suspects": suspects}
 
 
 def _most_shaped(structure: np.ndarray, velocities: list[int]) -> int:

@@ -85,8 +85,9 @@ def test_an_inside_plant_is_found_with_honest_intervals_and_the_right_latency(in
 def test_a_sensor_zero_off_by_a_constant_is_named_where_the_fit_hides_it(tmp_path):
     """helper-62 logged the pole angle 0.03 rad off: "down to the noise floor", and the pole's mass came out
     biased. The fit pushes such an offset into one sign of one-step errors, which the spread and structure tests
-    do not read. The same inside plant's log with the pole angle 0.05 rad off is named; the same log as it was
-    leaves no line (test_an_inside_plant_is_found_with_honest_intervals_and_the_right_latency)."""
+    do not read. The same inside plant's log with the pole angle 0.05 rad off is named (JSON `offset`: with the
+    sensors to suspect); the same log as it was leaves no line
+    (test_an_inside_plant_is_found_with_honest_intervals_and_the_right_latency)."""
     cols, meta = read_shadow_log(simulated_log(load_config(CFG), INSIDE, 1, tmp_path / "raw.npz", steps=STEPS))
     cols["obs"] = cols["obs"].copy()
     cols["obs"][:, 1] += 0.05  # theta, as an encoder zeroed 2.9 degrees off writes it
@@ -94,7 +95,8 @@ def test_a_sensor_zero_off_by_a_constant_is_named_where_the_fit_hides_it(tmp_pat
     r = calibrate(load_config(CFG), tmp_path / "off.npz")
     (line,) = [v for v in r["verdict"] if v.startswith("offset:")]
     assert re.search(r"on theta(_dot)? \(obs\[[13]\]\) average [-+]0\.\d\d", line), line
-    assert "a sensor's zero" in line and "calibrate again" in line
+    # The angle is the sensor to zero: a line on its rate names it among the suspects (helper-64 was sent to theta_dot).
+    assert "theta (obs[1])" in r["offset"]["suspects"] and "zero" in line and "calibrate again" in line, line
 
 
 @pytest.mark.timeout(900)

@@ -26,7 +26,6 @@ inputs break caching). All Ray work stays inside the one coarse `train` task.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -50,7 +49,7 @@ from pipeline.evaluation.shadow_metrics import side_by_side
 from pipeline.training.checkpoint import list_checkpoints
 from pipeline.training.metrics import trim_to_checkpoint
 from pipeline.training.train import is_adaptive, train
-from shield.bundle import BundleError
+from shield.bundle import BundleError, sha256_bytes
 
 # Fault drills: SIM2REAL_FAULT_DRILL="train:1" makes the first attempt of the
 # `train` task raise a transient error, to exercise retries end to end.
@@ -550,6 +549,6 @@ def _shield_line(spec_path: Path, config_path: str) -> str:
             if measured
             else "every number set by the config"
         )
-        + f"; shield.json sha256 {hashlib.sha256(data).hexdigest()[:16]}...: `sim2real shield synthesize --config "
+        + f"; shield.json sha256 {sha256_bytes(data)[:16]}...: `sim2real shield synthesize --config "
         f"{config_path}` certifies this very file where its certificate's shield_sha256 is the same"
     )

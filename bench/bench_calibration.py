@@ -151,14 +151,14 @@ NAMES = ["actuator_gain.cart_force", "body_mass.cart", "body_mass.pole", "joint_
 
 def draw_plants(cfg, n: int, seed: int) -> list[dict]:
     """n hidden plants: even ones inside `reality`'s ranges, odd ones with 1-3 scales beyond the config's hull."""
-    from pipeline.calibration.sets import configured_ranges, kept_range
+    from pipeline.calibration.sets import configured_ranges, kept_from
 
     rng = np.random.default_rng(seed)
     hull = configured_ranges(cfg)
     plants = []
     for i in range(n):
-        lo = np.log([kept_range(cfg, k)[0] for k in NAMES])
-        hi = np.log([kept_range(cfg, k)[1] for k in NAMES])
+        lo = np.log([kept_from(cfg, k)[1][0] for k in NAMES])
+        hi = np.log([kept_from(cfg, k)[1][1] for k in NAMES])
         theta = lo + rng.random(len(NAMES)) * (hi - lo)
         outside = i % 2 == 1
         if outside:

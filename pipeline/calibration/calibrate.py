@@ -200,6 +200,7 @@ class FitSetup:
     latencies: list[int]
     windows: Windows
     reality: object  # the RandomizationSet whose noise the log is expected to carry
+    obs_noise: list[float]  # configured obs noise std of every observation (sets.obs_noise_vector)
     obs_std: np.ndarray  # configured obs noise std of the state observations
     obs_scale: np.ndarray  # obs_std floored where a channel is noise-free
     process: np.ndarray  # per state observation, the one-step spread the action noise causes
@@ -329,6 +330,7 @@ def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
         latencies,
         windows,
         reality,
+        obs_noise,
         obs_std,
         obs_scale,
         obs_scale,
@@ -428,7 +430,7 @@ def calibrate(cfg, logs, bundle=None, *, quiet_ok: bool = False) -> dict:
     ranges = {n: tuple(p["range"]) for n, p in parameters.items()}
     shield_beyond = _shield_floor(cfg, ranges) if where == "outside" else []
 
-    obs_noise = obs_noise_vector(reality.obs_noise_std, task["obs_dim"])
+    obs_noise = list(setup.obs_noise)
     for o, c in zip(twin.state_obs, noise):
         obs_noise[o] = float(c["used"])
     verdict = []

@@ -72,9 +72,14 @@ def _lagged(e: np.ndarray, starts: np.ndarray, lag: int) -> tuple[np.ndarray, np
     steps inside a run, and its standard error over BLOCKS blocks."""
     first = np.flatnonzero(starts[lag:] - starts[:-lag] == lag)
     centred = e - e.mean(axis=0)
-    prod = centred[first] * centred[first + lag]
-    blocks = np.array([b.mean(axis=0) for b in np.array_split(prod, BLOCKS)])
-    return prod.mean(axis=0), blocks.std(axis=0, ddof=1) / math.sqrt(BLOCKS)
+    return _blocked(centred[first] * centred[first + lag])
+
+
+def _blocked(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column, the mean of `x` (rows in log order) and its standard error from BLOCKS consecutive blocks: a
+    stretch of the log that errs one way counts once, not once per row."""
+    blocks = np.array([b.mean(axis=0) for b in np.array_split(x, BLOCKS)])
+    return x.mean(axis=0), blocks.std(axis=0, ddof=1) / math.sqrt(BLOCKS)
 
 
 def noise_used(var: float, lo: float, hi: float, configured: float, white: bool = True) -> tuple[float, str]:
@@ -175,8 +180,8 @@ def defect_structure(
 
 def residual_means(problem: Problem, residuals: np.ndarray) -> np.ndarray:
     """Per residual kind and channel (obs misfit, then defects): (mean, its standard error) over the windows, in
-    units of the residual's expected spread; the error from BLOCKS blocks of windows in log order, so a push or a
-    stretch of the log that errs one way counts once, not once per window. Shape (2, 2, ns): kind, (mean, se)."""
+    units of the residual's expected spread; the error from blocks of windows (_blocked), so a push counts once.
+    Shape (2, 2, ns): kind, (mean, se)."""
     h, ns, w = problem.h, problem.ns, problem.w
     per_window = [
         residuals[:, : (h + 1) * ns].reshape(w, h + 1, ns).mean(axis=1),
@@ -184,6 +189,5 @@ def residual_means(problem: Problem, residuals: np.ndarray) -> np.ndarray:
     ]
     out = np.empty((2, 2, ns))
     for k, per in enumerate(per_window):
-        blocks = np.array([b.mean(axis=0) for b in np.array_split(per, BLOCKS)])
-        out[k] = per.mean(axis=0), blocks.std(axis=0, ddof=1) / math.sqrt(BLOCKS)
+        out[k] = _blocked(per)
     return out

@@ -21,13 +21,9 @@ def configured_ranges(cfg) -> dict[str, tuple[float, float]]:
     return hull
 
 
-def kept_range(cfg, name: str) -> tuple[float, float]:
-    """The range an unidentified parameter keeps: `reality`'s, else `train`'s, else the hull's."""
-    return kept_from(cfg, name)[1]
-
-
 def kept_from(cfg, name: str) -> tuple[str, tuple[float, float]]:
-    """kept_range with the set it comes from ('reality', 'train', or 'every set' for the hull)."""
+    """The range an unidentified parameter keeps: `reality`'s, else `train`'s, else the hull's; with the set it comes
+    from ('reality', 'train', or 'every set' for the hull)."""
     for set_name in ("reality", "train"):
         rset = cfg.randomization.get(set_name)
         if rset is None:

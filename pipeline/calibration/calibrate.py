@@ -565,13 +565,17 @@ def _offsets(problem: Problem, best, named: list[str], velocities: list[int]) ->
             f"{named[c]}'s zero (logged off by a constant) or a steady force (a slope, a cable's pull). The fitted "
             f"scales absorb part of it: zero the sensor"
         )
+    # The same mean in the log's own units: the logged value's offset, or what each step adds the twin lacks.
+    size = float(mean * np.atleast_1d(problem.obs_std if kind == 0 else problem.process_std)[c])
     line = (
         f"offset: the calibrated twin's {what} on {named[c]} average {mean:+.2f} of their expected spread "
-        f"({t:+.1f} standard errors from 0 over {BLOCKS} blocks of the log): a constant the twin does not model, "
-        f"{cause} (the plant at rest must log its rest) and calibrate again"
+        f"({size:+.3g} in the log's units{' per step' if kind == 1 else ''}; {t:+.1f} standard errors from 0 over "
+        f"{BLOCKS} blocks of the log): a constant the twin does not model, {cause} (the plant at rest must log its "
+        f"rest) and calibrate again"
     )
     suspects = positions if rate else [named[c]]
-    return [line], {"observation": named[c], "errors": what, "mean": float(mean), "t": float(t), "suspects": suspects}
+    record = {"observation": named[c], "errors": what, "mean": float(mean), "size": size, "t": float(t)}
+    return [line], {**record, "per_step": kind == 1, "suspects": suspects}
 
 
 def _most_shaped(structure: np.ndarray, velocities: list[int]) -> int:

@@ -97,6 +97,10 @@ def test_a_sensor_zero_off_by_a_constant_is_named_where_the_fit_hides_it(tmp_pat
     assert re.search(r"on theta(_dot)? \(obs\[[13]\]\) average [-+]0\.\d\d", line), line
     # The angle is the sensor to zero: a line on its rate names it among the suspects (helper-64 was sent to theta_dot).
     assert "theta (obs[1])" in r["offset"]["suspects"] and "zero" in line and "calibrate again" in line, line
+    # And in the log's units: the angle's offset itself, or, on the rate's one-step errors, what each step adds.
+    size, per_step = r["offset"]["size"], r["offset"]["per_step"]
+    assert f"({size:+.3g} in the log's units{' per step' if per_step else ''};" in line, line
+    assert (per_step and "theta_dot" in r["offset"]["observation"]) or 0.01 < size <= 0.05, r["offset"]
 
 
 @pytest.mark.timeout(900)

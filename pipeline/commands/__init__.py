@@ -107,6 +107,9 @@ def guarded(name: str, handler: Handler, args: argparse.Namespace) -> int:
     except Exception as err:
         if is_user_error(err):
             print(f"sim2real {name}: error: {err}", file=sys.stderr)
+            if step := getattr(err, "next_step", None):
+                config = getattr(args, "config", None) or getattr(args, "check", None)  # `config --check PATH`
+                print(f"  next: {step.format(config=config if isinstance(config, str) else 'CONFIG')}", file=sys.stderr)
             return USER_ERROR
         raise
 

@@ -94,15 +94,12 @@ def run(args: argparse.Namespace) -> int:
                 said = str(err)  # a refusal that already says what it cannot certify is not prefixed again
                 message = said if said.startswith("cannot certify") else f"cannot certify {cfg.task.name}: {said}"
                 refused = {"certified": False, "reason": said, "message": message}
-                # No range named: the latency the shield predicts through may be what it cannot cover.
-                stage("refused: looking for the longest latency that can be certified")
-                capped = certificate.largest_certifiable_latency(cfg, args.seed)
-                if capped is not None:
-                    fewest, most, cap = capped
-                    refused.update(parameter="latency_steps", range=[fewest, most], certifiable_latency=cap)
-                    refused["message"] += (
-                        f"; with every set's latency_steps at most {cap} (now up to {most}) it can be certified"
-                    )
+                # No range named by a measured figure: a range pinned at nominal, or the latency the shield
+                # predicts through, may be what it cannot cover.
+                stage("refused: looking for a range, and the longest latency, that can be certified")
+                ways = certificate.unblamed_ways(cfg, args.seed, progress=stage)
+                refused.update(ways)
+                refused["message"] += certificate.ways_line(ways)
     if spec is not None and args.monitor_runs:
         stage(f"measuring the assumption monitor's bounds ({args.monitor_runs} runs per set)")
         spec = _with_monitor(cfg, spec, args.monitor_runs, args.seed)

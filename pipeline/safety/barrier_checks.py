@@ -46,9 +46,8 @@ def barrier_holding_problem(spec: dict, rest: list[float], states: np.ndarray | 
         return (
             f"the braking barrier cannot hold the plant even at rest at its operating point: no action meets its "
             f"conditions on {spec['constraints'][worst]['name']!r} there (h {float(info['h'][worst]):.3g}): the "
-            f"model error it must cover (disturbance_accel {spec['disturbance_accel']} units/s^2, over "
-            f"{spec['latency_steps']} steps of latency, and the pushes) outruns the braking it has "
-            f"(brake_accel {spec['kinematics']['brake_accel']})"
+            f"model error it must cover (disturbance_accel {spec['disturbance_accel']} units/s^2, {_covered(spec)}) "
+            f"outruns the braking it has (brake_accel {spec['kinematics']['brake_accel']})"
         )
     if states is None:
         return None
@@ -63,11 +62,18 @@ def barrier_holding_problem(spec: dict, rest: list[float], states: np.ndarray | 
         return (
             f"the braking barrier finds no action that meets its conditions on {stuck} of {inside} sampled states "
             f"inside its own safe set: the model error it must cover (disturbance_accel "
-            f"{spec['disturbance_accel']} units/s^2, over {spec['latency_steps']} steps of latency, and the pushes) "
-            f"outruns the braking it has (brake_accel {spec['kinematics']['brake_accel']}) over most of the "
+            f"{spec['disturbance_accel']} units/s^2, {_covered(spec)}) outruns the braking it has (brake_accel "
+            f"{spec['kinematics']['brake_accel']}) over most of the "
             f"envelope, where only its uncertified least-violation fallback would act"
         )
     return None
+
+
+def _covered(spec: dict) -> str:
+    """What the barrier's model error is carried over: the latency, and the pushes where the plant declares any."""
+    steps = int(spec.get("latency_steps", 0))
+    said = f"over {steps} step{'s' if steps != 1 else ''} of latency" if steps else "with no latency"
+    return said + (", and the pushes" if spec.get("push_velocity") else "")
 
 
 def barrier_sample_states(cfg, samples: int = BARRIER_SAMPLES, seed: int = 0) -> np.ndarray:

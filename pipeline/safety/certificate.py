@@ -211,6 +211,64 @@ def _pinned_culprit(cfg, parameters: list[str], seed: int = 0) -> str | None:
     return None
 
 
+def unblamed_ways(cfg, seed: int = 0, progress=None) -> dict:
+    """For a refusal no measured figure blames on a range (the predictive filter could not hold the plant either):
+    the ways to a certificate. The first randomized range, widest first (relative to its far end), that pinned at
+    nominal with the rest as they are certifies, with the sub-range around nominal that can; and the longest latency
+    that certifies with every set capped there. Either can be what the plant needs (helper-65's hoist: its 0.3-1.5x
+    payload narrowed certifies with 0-2 steps kept, and 0 steps certifies with the payload kept), so both are
+    looked for; {} where neither is found. Each try is a synthesis (tens of seconds where it is refused): `progress`
+    (a callable taking one line) hears what is tried next."""
+    say = progress or (lambda line: None)
+    names = [n for rset in cfg.randomization.values() for n, _, _ in synthesis.range_parameters(rset)]
+    ranges = {n: _full_range(cfg, n) for n in dict.fromkeys(names)}
+    widest = sorted(
+        (n for n, (lo, hi) in ranges.items() if hi > lo),
+        key=lambda n: -(ranges[n][1] - ranges[n][0]) / max(abs(ranges[n][0]), abs(ranges[n][1])),
+    )
+    out: dict = {}
+    say(f"pinning each randomized range at nominal in turn, the widest first ({', '.join(widest) or 'none'})")
+    culprit = _pinned_culprit(cfg, widest, seed)
+    if culprit is not None:
+        say(f"{culprit} pinned certifies: bisecting its ends for the widest sub-range around nominal that does")
+        sub = largest_certifiable(cfg, culprit, "both", seed)
+        out.update(
+            parameter=culprit,
+            range=list(ranges[culprit]),
+            offending_end="both",
+            certifiable_range=list(sub) if sub else None,
+        )
+    say("capping every set's latency_steps lower, one step at a time")
+    capped = largest_certifiable_latency(cfg, seed)
+    if capped is not None:
+        fewest, most, cap = capped
+        out.update(latency_range=[fewest, most], certifiable_latency=cap)
+    return out
+
+
+def ways_line(ways: dict) -> str:
+    """The refusal's tail for `unblamed_ways`: each way to a certificate, or what is left to try."""
+    said = []
+    if ways.get("parameter"):
+        lo, hi = ways["range"]
+        sub = ways["certifiable_range"]
+        said.append(
+            f"randomization.*.{ways['parameter']} (now [{lo:g}, {hi:g}]) pinned at nominal certifies it"
+            + (f": a sub-range around nominal that can be certified is [{sub[0]:g}, {sub[1]:g}]" if sub else "")
+        )
+    if "certifiable_latency" in ways:
+        said.append(
+            f"with every set's latency_steps at most {ways['certifiable_latency']} (now up to "
+            f"{ways['latency_range'][1]}) it can be certified"
+        )
+    if not said:
+        return (
+            "; no range pinned at nominal, nor a shorter latency, certifies it with the rest as they are: narrow "
+            "several ranges together, lighten the pushes, or give the drive more authority"
+        )
+    return "; " + "; or, ".join(said)
+
+
 def refusal(
     cfg, meas: synthesis.Measurement, problems: list[tuple[int, int | None, str]] | None = None, bisect: bool = True
 ) -> dict:

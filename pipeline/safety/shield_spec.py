@@ -148,7 +148,18 @@ PREDICTIVE_TOO = "; and the predictive filter cannot keep it either: "  # where 
 
 
 class EnvelopeError(ConfigError):
-    """A set admits plants outside the shield's assumptions; the message names set, parameter, range, limit."""
+    """A set admits plants outside the shield's assumptions; the message names set, parameter, range, limit.
+    `next_step`, where set, is the command that says more ({config}: the config's path); the CLI prints it."""
+
+    next_step: str | None = None
+
+
+# Where a refusal names no range: `config --check`, `eval` and `run` build the spec once, so they cannot say what
+# would certify; synthesis tries (helper-65's hoist: these commands named nothing, synthesize named two ways).
+SYNTHESIZE_NEXT = (
+    "`sim2real shield synthesize --config {config}` looks for a range, and the longest latency, that can be "
+    "certified (a synthesis per try: minutes)"
+)
 
 
 def needs_synthesis(shield_cfg) -> bool:
@@ -433,7 +444,10 @@ def build_shield_spec(cfg, check_envelope: bool = True, measurement=None, *, bar
                 braking = refusal(cfg, measurement, braking_refused, bisect=False)["message"]
             else:
                 braking = f"cannot certify {cfg.task.name}: {predictive_reasons[0]}"
-            return EnvelopeError(f"{braking}{PREDICTIVE_TOO}{why}")
+            err = EnvelopeError(f"{braking}{PREDICTIVE_TOO}{why}")
+            if not braking_refused:  # the braking refusal's message already sends the user to synthesize
+                err.next_step = SYNTHESIZE_NEXT
+            return err
 
         try:
             spec["predictive"] = predictive.cached_section(cfg, spec)

@@ -65,10 +65,21 @@ def test_a_barrier_that_cannot_act_gives_way_to_the_predictive_filter(plant, why
     at_rest = barrier_holding_problem(barrier, rest)
     if barrier_problem == "at_rest":
         assert "swing_limit" in (at_rest or "")
+        assert "steps of latency, and the pushes)" in at_rest and "push_velocity" in barrier  # the crane's are declared
     else:  # it holds at rest, and nowhere much else
         assert at_rest is None
         assert "inside its own safe set" in (barrier_holding_problem(barrier, rest, barrier_sample_states(cfg)) or "")
     assert_kept_on_reality(cfg, spec, seed=0)
+
+
+def test_a_barrier_refusal_names_the_pushes_and_the_latency_the_plant_has():
+    """helper-65's hoist declared no push, and its refusal said the model error was carried "over 2 steps of
+    latency, and the pushes"."""
+    from pipeline.safety.barrier_checks import _covered
+
+    assert _covered({"latency_steps": 2, "push_velocity": [[0.0, 0.3]]}) == "over 2 steps of latency, and the pushes"
+    assert _covered({"latency_steps": 1}) == "over 1 step of latency"
+    assert _covered({"latency_steps": 0}) == "with no latency"
 
 
 def test_a_barrier_that_acts_on_only_half_its_safe_set_gives_way_to_the_predictive_filter():
@@ -218,6 +229,19 @@ def test_a_single_thrust_on_two_limited_positions_is_refused_naming_both():
     assert re.search(pair, message), message
     assert "none of it" in message and "an input of its own" in message
     assert "the predictive filter cannot keep it either" in message
+    assert "sim2real shield synthesize --config {config}" in refused.value.next_step  # no range named: look for one
+
+
+def test_a_refusal_that_names_no_range_sends_config_check_to_synthesize(capsys):
+    """helper-65: `config --check` and `eval` refused a hoist naming no range and no next step, where `shield
+    synthesize` named two ways to a certificate. They now say to run it, on the config given."""
+    from pipeline.cli import main as sim2real
+
+    path = str(HERE / "plants" / "hovercraft.yaml")
+    assert sim2real(["config", "--check", path]) == 2
+    err = capsys.readouterr().err
+    assert "the predictive filter cannot keep it either" in err and "Traceback" not in err, err
+    assert f"  next: `sim2real shield synthesize --config {path}` looks for a range" in err, err
 
 
 def test_braking_limits_together_is_asked_of_the_inputs_that_move_them():

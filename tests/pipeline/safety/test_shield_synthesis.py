@@ -545,3 +545,33 @@ def test_a_refusal_naming_no_range_looks_for_the_latency_it_can_certify(monkeypa
     assert max(r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps) == 2  # untouched
     monkeypatch.setattr(certificate, "_certifiable", lambda cfg, seed: False)
     assert certificate.largest_certifiable_latency(cfg) is None
+
+
+def test_a_refusal_naming_no_range_names_both_ways_out_the_widest_range_and_the_latency(monkeypatch):
+    """helper-65's hoist (payload 0.3-1.5x, latency 0-2) was refused with only "latency 0 certifies", though its
+    payload narrowed certified with the latency kept. Where no figure blames a range, the widest range whose pinning
+    certifies is named with its sub-range, and the latency too (synthesis's verdict replaced by a known one: the
+    payload inside 0.6-1.3x, or the trolley's gain pinned, or every set at 1 step at most)."""
+    from pipeline.config import load_config
+    from pipeline.safety import certificate
+
+    def verdict(cfg, seed):
+        payload = certificate._full_range(cfg, "body_mass.payload")
+        gain = certificate._full_range(cfg, "actuator_gain.trolley_force")
+        latency = max(r.latency_steps.high for r in cfg.randomization.values() if r.latency_steps)
+        return (0.6 <= payload[0] and payload[1] <= 1.3) or gain[0] == gain[1] or latency <= 1
+
+    monkeypatch.setattr(certificate, "_certifiable", verdict)
+    cfg = load_config("configs/crane.yaml")  # payload 0.5x to 1.5x, the trolley's gain narrower
+    ways = certificate.unblamed_ways(cfg)
+    assert ways["parameter"] == "body_mass.payload" and ways["range"] == [0.5, 1.5], ways  # the widest first
+    lo, hi = ways["certifiable_range"]
+    assert 0.6 <= lo <= 0.6 + 0.5 / 2**certificate.BISECTION_STEPS and 1.3 - 0.5 / 2**6 <= hi <= 1.3, ways
+    assert ways["certifiable_latency"] == 1 and ways["latency_range"] == [0, 2], ways
+    line = certificate.ways_line(ways)
+    assert "randomization.*.body_mass.payload (now [0.5, 1.5]) pinned at nominal certifies it" in line, line
+    assert f"[{lo:g}, {hi:g}]" in line and "; or, with every set's latency_steps at most 1 (now up to 2)" in line
+
+    monkeypatch.setattr(certificate, "_certifiable", lambda cfg, seed: False)
+    assert certificate.unblamed_ways(cfg) == {}
+    assert "no range pinned at nominal, nor a shorter latency" in certificate.ways_line({})

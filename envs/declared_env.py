@@ -94,7 +94,69 @@ def bind(decl: PlantDeclaration, model: mujoco.MjModel, label: str = "the MJCF")
             f"plant.control_period: {decl.control_period} s is not a whole number of the "
             f"MJCF's {model.opt.timestep} s physics steps"
         )
+    _past_stops(decl, model, sources, label)
     return Binding(sources, ctrl, np.array([a.scale for a in decl.actuators]), substeps)
+
+
+# An operating point this share of a limited joint's range from a stop is at it: the linearization's finite
+# differences step into the stop's contact, and its stiffness reads as the plant's (helper-65's hoist linearized at
+# its bottom stop: a model error of 3,305 m/s^2, refused as a latency and ranges problem).
+STOP_ROOM = 0.01
+
+
+def _past_stops(decl: PlantDeclaration, model: mujoco.MjModel, sources: list[tuple], label: str) -> None:
+    """DeclarationError where the shield's operating point sits at a joint's stop, or a box constraint admits a
+    joint's position past its stop: at a stop the drive's effect is the contact's, and no shield keeps a limit the
+    stop keeps first."""
+
+    def stop(adr: int) -> tuple[str, float, float] | None:
+        for j in range(model.njnt):
+            if int(model.jnt_qposadr[j]) == adr and int(model.jnt_type[j]) in _SCALAR_JOINTS and model.jnt_limited[j]:
+                name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint {j}"
+                return name, float(model.jnt_range[j][0]), float(model.jnt_range[j][1])
+        return None
+
+    def units(joint: str) -> str:
+        j = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, joint)
+        hinge = int(model.jnt_type[j]) == int(mujoco.mjtJoint.mjJNT_HINGE)
+        # An outside user's hinge range="-1.2 1.2" meant radians and compiled to 1.2 degrees.
+        return (
+            ' (compiled to rad: an MJCF reads hinge ranges in degrees unless <compiler angle="radian"/>)'
+            if hinge
+            else ""
+        )
+
+    if decl.shield_model.type == "linear":
+        for name, value in decl.shield_model.operating_point.items():
+            found = stop(_joint_address(model, name, "", label, "pos"))
+            if found is None:
+                continue
+            _, lo, hi = found
+            room = STOP_ROOM * (hi - lo)
+            if not lo + room < value < hi - room:
+                raise DeclarationError(
+                    f"plant.shield_model.operating_point.{name}: {value:g} is at or past joint {name!r}'s stop (its "
+                    f"range in {label} is [{lo:g}, {hi:g}]{units(name)}): linearized there, the stop's contact reads "
+                    f"as the plant's dynamics. Linearize inside the range, where the plant works (inside the "
+                    f"constraints)"
+                )
+    names = [o.name for o in decl.observations]
+    for i, c in enumerate(decl.constraints):
+        if c.type != "box" or c.low is None or c.high is None:
+            continue
+        for obs, low, high in zip(c.observations, c.low, c.high):
+            source = sources[names.index(obs)] if obs in names else None
+            found = stop(source[1]) if source is not None and source[0] == "qpos" else None
+            if found is None:
+                continue
+            joint, lo, hi = found
+            if low < lo or high > hi:
+                raise DeclarationError(
+                    f"plant.constraints[{i}] ({c.name}): admits {obs} over [{low:g}, {high:g}], past joint "
+                    f"{joint!r}'s stop (its range in {label} is [{lo:g}, {hi:g}]{units(joint)}): the stop keeps the "
+                    f"plant there before any shield can, and at the stop the drive's effect is the contact's. Keep "
+                    f"each limit inside the joint's range, where the plant must stay short of its stops"
+                )
 
 
 def nominal_model(decl: PlantDeclaration, path: Path) -> NominalModel:

@@ -10,6 +10,7 @@ import yaml
 # An outside user's series-elastic link held horizontal: a motor hinge, a tendon spring to the link's hinge, the
 # link's weight carried by the spring's twist (m g l / 2 k = 1 x 9.81 x 0.2 / 10 = 0.1962 rad).
 MJCF = """<mujoco model="sea_horizontal">
+  <compiler angle="radian"/>
   <option timestep="0.002" gravity="0 0 -9.81"/>
   <worldbody>
     <body name="rotor" pos="0 0 1.0">
@@ -72,3 +73,27 @@ def test_a_rounded_operating_point_is_refused_naming_where_the_joint_rests(tmp_p
     assert rest == pytest.approx(0.0002, abs=2e-5)  # the motor's 0.0002 rad short of the twist, seen at the link
     # Declared there, it is the equilibrium it was meant to be.
     envs.register_task_file(_plant(tmp_path, "searested", {"motor": -0.196, "link": rest}), check=True)
+
+
+def test_an_operating_point_at_a_stop_and_a_limit_past_one_are_refused_naming_the_stop(tmp_path, monkeypatch):
+    """helper-65's hoist linearized at its bottom stop was refused for a model error of 3,305 m/s^2 "over the
+    latency and the ranges", and a band past its stops for a drive that reverses there: neither named the stop.
+    The link's range is [-1.2, 1.2] rad; compiled in degrees, as the user first wrote it, it stopped the link at
+    1.2 degrees, inside its own band, and the refusal says how it was read."""
+    import envs
+    from envs.declaration import DeclarationError
+
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    with pytest.raises(DeclarationError, match=r"operating_point.link: 1.2 is at or past joint 'link''s stop"):
+        envs.register_task_file(_plant(tmp_path, "seastop", {"motor": 1.2, "link": 1.2}), check=True)
+    path = _plant(tmp_path, "seapast", {"motor": -0.196, "link": 0.0002})
+    doc = yaml.safe_load(open(path).read())
+    doc["plant"]["constraints"][0].update(low=[-1.5], high=[0.6])
+    open(path, "w").write(yaml.safe_dump(doc, sort_keys=False))
+    message = r"constraints\[0\] \(band\): admits th_l over \[-1.5, 0.6\], past joint 'link''s stop .*\[-1.2, 1.2\]"
+    with pytest.raises(DeclarationError, match=message):
+        envs.register_task_file(path, check=True)
+    path = _plant(tmp_path, "seadeg", {"motor": -0.196, "link": 0.0002})
+    (tmp_path / "sea.xml").write_text(MJCF.replace('  <compiler angle="radian"/>\n', ""))
+    with pytest.raises(DeclarationError, match=r"\[-0.020944, 0.020944\] \(compiled to rad: .* in degrees unless"):
+        envs.register_task_file(path, check=True)

@@ -263,7 +263,7 @@ class ShieldModel(_Strict):
 
 
 class PidLoop(_Strict):
-    """u[action] = kp e + ki int(e) - kd rate (or + kd de/dt without rate), e = setpoint - measured."""
+    """u[action] = feedforward + kp e + ki int(e) - kd rate (or + kd de/dt without rate), e = setpoint - measured."""
 
     action: int = Field(ge=0, description="the action element this loop drives (an integer index)")
     measured: str = Field(description="the observation controlled")
@@ -273,6 +273,13 @@ class PidLoop(_Strict):
     ki: float = Field(0.0, description="integral gain (per unit error and second)")
     kd: float = Field(0.0, description="derivative gain (per unit rate)")
     integral_limit: float = Field(1.0, gt=0, description="normalized action units")
+    feedforward: float = Field(
+        0.0,
+        ge=-1.0,
+        le=1.0,
+        description="a constant action added (normalized): the steady action that carries a load, a hoist's weight "
+        "say, so the loop holds its set-point from the first step instead of sagging while the integral builds up",
+    )
 
 
 class Legacy(_Strict):

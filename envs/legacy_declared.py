@@ -14,7 +14,7 @@ from envs.linearization import discrete_lqr, linearize_control_step
 
 
 class PidLoops:
-    """u[action] += kp e + ki int(e) dt - kd rate, e = setpoint - measured (one row per declared loop)."""
+    """u[action] += feedforward + kp e + ki int(e) dt - kd rate, e = setpoint - measured (one row per declared loop)."""
 
     def __init__(self, decl: PlantDeclaration, name: str):
         self.name = name
@@ -55,7 +55,7 @@ class PidLoops:
                 derivative = (e - self._last_error[:, k]) / self.dt
             else:
                 derivative = np.zeros(n)
-            u[:, action] += loop.kp * e + self._integral[:, k] + loop.kd * derivative
+            u[:, action] += loop.feedforward + loop.kp * e + self._integral[:, k] + loop.kd * derivative
         self._last_error = errors
         return np.clip(u, -1.0, 1.0).astype(np.float32)
 

@@ -404,6 +404,34 @@ class PlantDeclaration(_Strict):
         """Observation index of a named observation."""
         return [o.name for o in self.observations].index(name)
 
+    def targets_past_limits(self) -> list[str]:
+        """Each set-point range that reaches past a box constraint on the observation that tracks it (a tracking or
+        progress term's pair, a pid loop's measured and setpoint): the shield holds the plant short of such
+        set-points, and a policy or controller driving at them ends episodes held at the limit."""
+        by_name = {o.name: o for o in self.observations}
+        pairs = [(m, t) for r in self.reward for m, t in zip(r.observations, r.targets)]
+        pairs += [(loop.measured, loop.setpoint) for loop in self.legacy.loops if isinstance(loop.setpoint, str)]
+        out = []
+        for measured, ref in dict.fromkeys(pairs):
+            o = by_name.get(ref)
+            if o is None or o.target not in self.targets:
+                continue
+            target = self.targets[o.target]
+            lo, hi = target.low[o.index], target.high[o.index]
+            for c in self.constraints:
+                if c.type != "box" or measured not in c.observations or c.low is None or c.high is None:
+                    continue
+                k = c.observations.index(measured)
+                if lo < c.low[k] or hi > c.high[k]:
+                    out.append(
+                        f"plant.targets.{o.target} sets {ref} over [{lo:g}, {hi:g}], past the limits "
+                        f"[{c.low[k]:g}, {c.high[k]:g}] of constraint {c.name!r} on {measured}: the shield holds the "
+                        f"plant short of those set-points, so a policy or controller chasing them is held at the "
+                        f"limit, and where being held ends an episode (a pole that falls) the gate counts it lost. "
+                        f"Keep the targets inside the limits, with room to stop"
+                    )
+        return out
+
     def safety(self) -> dict:
         """The constraints and kinematics over observation indices (the shield spec's schema)."""
         ix, dim = self.index, len(self.observations)

@@ -135,9 +135,9 @@ def _past_stops(decl: PlantDeclaration, model: mujoco.MjModel, sources: list[tup
             room = STOP_ROOM * (hi - lo)
             if not lo + room < value < hi - room:
                 raise DeclarationError(
-                    f"plant.shield_model.operating_point.{name}: {value:g} is at or past joint {name!r}'s stop (its "
-                    f"range in {label} is [{lo:g}, {hi:g}]{units(name)}): linearized there, the stop's contact reads "
-                    f"as the plant's dynamics. Linearize inside the range, where the plant works (inside the "
+                    f"plant.shield_model.operating_point.{name}: {value:g} is at or past a stop of joint {name!r} "
+                    f"(its range in {label} is [{lo:g}, {hi:g}]{units(name)}): linearized there, the stop's contact "
+                    f"reads as the plant's dynamics. Linearize inside the range, where the plant works (inside the "
                     f"constraints)"
                 )
     names = [o.name for o in decl.observations]
@@ -152,8 +152,8 @@ def _past_stops(decl: PlantDeclaration, model: mujoco.MjModel, sources: list[tup
             joint, lo, hi = found
             if low < lo or high > hi:
                 raise DeclarationError(
-                    f"plant.constraints[{i}] ({c.name}): admits {obs} over [{low:g}, {high:g}], past joint "
-                    f"{joint!r}'s stop (its range in {label} is [{lo:g}, {hi:g}]{units(joint)}): the stop keeps the "
+                    f"plant.constraints[{i}] ({c.name}): admits {obs} over [{low:g}, {high:g}], past a stop of "
+                    f"joint {joint!r} (its range in {label} is [{lo:g}, {hi:g}]{units(joint)}): the stop keeps the "
                     f"plant there before any shield can, and at the stop the drive's effect is the contact's. Keep "
                     f"each limit inside the joint's range, where the plant must stay short of its stops"
                 )

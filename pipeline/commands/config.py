@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check is not None and not path:
         raise UsageError("config --check needs the file to validate: `sim2real config --check FILE`")
     if path:
-        from pipeline.training.rollout import preflight, starts_note
+        from pipeline.training.rollout import preflight, starts_note, targets_notes
 
         args.check = path  # the messages below name the file as it was given
         cfg = load_config(path)
@@ -29,10 +29,10 @@ def run(args: argparse.Namespace) -> int:
 
             spec = build_shield_spec(cfg)  # EnvelopeError (a ConfigError) names set, parameter, range and limit
             figures = shield_figures(spec, synthesized=needs_synthesis(cfg.shield))
-        starts = starts_note(cfg)
+        starts, targets = starts_note(cfg), targets_notes(cfg)
         gate = gate_note(cfg.gate)
         human = f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})"
-        for note in (starts, gate):
+        for note in (starts, *targets, gate):
             if note:
                 human += f"\nnote: {note}"
         if figures is not None:
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                 "reality, and refuses it naming why; the retrain flow does the same before its gate"
             )
         result = {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash(), "shield": figures}
-        emit(args, {**result, "starts_note": starts, "gate_note": gate}, human)
+        emit(args, {**result, "starts_note": starts, "targets_notes": targets, "gate_note": gate}, human)
         return 0
     rows = describe_fields()
     width = max(len(k) for k, *_ in rows)

@@ -127,6 +127,19 @@ def starts_note(cfg, draws: int = 1000) -> str | None:
     )
 
 
+def targets_notes(cfg) -> list[str]:
+    """What `config --check` says where a declared set-point range reaches past a limit on what tracks it
+    (`PlantDeclaration.targets_past_limits`): accepted in silence, such targets end episodes held by the shield."""
+    if not cfg.task.env_id.startswith("sim2real/"):
+        return []
+    env = make_env(cfg.task.env_id, None, cfg.task.max_episode_steps)
+    try:
+        decl = getattr(env.unwrapped, "decl", None)
+    finally:
+        env.close()
+    return decl.targets_past_limits() if decl is not None else []
+
+
 class PolicyInputs:
     """The network inputs of M envs: observation + (history policies) the last H (obs, sent action) pairs.
 

@@ -71,3 +71,25 @@ def test_a_pid_loop_s_feedforward_carries_the_load_where_proportional_action_alo
     assert abs(sag - HOLD / KP) < 0.01, sag  # kp alone carries the weight only by erring by HOLD / KP
     held = 1.5 - _settles_at(tmp_path, "hoistff", round(HOLD, 4))
     assert abs(held) < 0.002, held
+
+
+def test_set_points_past_a_limit_are_told_by_config_check(tmp_path, monkeypatch):
+    """helper-65 declared a hoist's targets over the whole shaft, past its band: `config --check` said ok with no
+    note. The arm's reach targets widened past its joint_range are named, by target, limit and observation; the
+    shipped arm's are inside."""
+    from pathlib import Path
+
+    from pipeline.config import load_config
+    from pipeline.training.rollout import targets_notes
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("SIM2REAL_TASKS", "")
+    assert targets_notes(load_config(root / "configs" / "arm.yaml")) == []
+    doc = yaml.safe_load((root / "configs" / "arm.yaml").read_text())
+    doc["task"] = {"name": "arm_wide", "env_id": "sim2real/ArmWide-v0"}
+    doc["plant"]["mjcf"] = str(root / "configs" / doc["plant"]["mjcf"])
+    doc["plant"]["targets"]["reach"]["high"] = [1.5, 1.4]  # q1's band is [-1.3, 1.3]
+    (tmp_path / "arm_wide.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (note,) = targets_notes(load_config(tmp_path / "arm_wide.yaml"))
+    assert note.startswith("plant.targets.reach sets q1_ref over [-1, 1.5], past the limits [-1.3, 1.3]"), note
+    assert "constraint 'joint_range' on q1" in note and "with room to stop" in note, note

@@ -384,8 +384,9 @@ class ShieldConfig(Section):
     ) = Field(
         None,
         description="Braking acceleration per position of the task's kinematics (units/s^2), each a number or [toward "
-        "-, toward +] "
-        "where the plant brakes harder one way (gravity helps a quadrotor brake a climb); overrides brake_fraction.",
+        "-, toward +] where the plant brakes harder one way: the acceleration it can make toward each side, so the "
+        "first brakes a motion toward + (gravity helps a quadrotor brake a climb: its first is the larger), as "
+        "`shield synthesize` prints it; overrides brake_fraction.",
     )
     keepout_steering: bool = Field(
         True,

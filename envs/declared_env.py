@@ -109,12 +109,16 @@ def _past_stops(decl: PlantDeclaration, model: mujoco.MjModel, sources: list[tup
     joint's position past its stop: at a stop the drive's effect is the contact's, and no shield keeps a limit the
     stop keeps first."""
 
-    def stop(adr: int) -> tuple[str, float, float] | None:
-        for j in range(model.njnt):
-            if int(model.jnt_qposadr[j]) == adr and int(model.jnt_type[j]) in _SCALAR_JOINTS and model.jnt_limited[j]:
-                name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint {j}"
-                return name, float(model.jnt_range[j][0]), float(model.jnt_range[j][1])
-        return None
+    # The limited scalar joints, by their position's address: (joint, low stop, high stop).
+    stops = {
+        int(model.jnt_qposadr[j]): (
+            mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint {j}",
+            float(model.jnt_range[j][0]),
+            float(model.jnt_range[j][1]),
+        )
+        for j in range(model.njnt)
+        if int(model.jnt_type[j]) in _SCALAR_JOINTS and model.jnt_limited[j]
+    }
 
     def units(joint: str) -> str:
         j = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, joint)
@@ -128,7 +132,7 @@ def _past_stops(decl: PlantDeclaration, model: mujoco.MjModel, sources: list[tup
 
     if decl.shield_model.type == "linear":
         for name, value in decl.shield_model.operating_point.items():
-            found = stop(_joint_address(model, name, "", label, "pos"))
+            found = stops.get(_joint_address(model, name, "", label, "pos"))
             if found is None:
                 continue
             _, lo, hi = found
@@ -146,7 +150,7 @@ def _past_stops(decl: PlantDeclaration, model: mujoco.MjModel, sources: list[tup
             continue
         for obs, low, high in zip(c.observations, c.low, c.high):
             source = sources[names.index(obs)] if obs in names else None
-            found = stop(source[1]) if source is not None and source[0] == "qpos" else None
+            found = stops.get(source[1]) if source is not None and source[0] == "qpos" else None
             if found is None:
                 continue
             joint, lo, hi = found

@@ -18,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     if args.check is not None and not path:
         raise UsageError("config --check needs the file to validate: `sim2real config --check FILE`")
     if path:
-        from pipeline.training.rollout import preflight, starts_note, targets_notes
+        from pipeline.training.rollout import plant_notes, preflight
 
         args.check = path  # the messages below name the file as it was given
         cfg = load_config(path)
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
             spec = build_shield_spec(cfg)  # EnvelopeError (a ConfigError) names set, parameter, range and limit
             figures = shield_figures(spec, synthesized=needs_synthesis(cfg.shield))
-        starts, targets = starts_note(cfg), targets_notes(cfg)
+        starts, targets = plant_notes(cfg)
         gate = gate_note(cfg.gate)
         human = f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})"
         for note in (starts, *targets, gate):

@@ -177,7 +177,7 @@ def largest_certifiable(cfg, parameter: str, end: str, seed: int = 0) -> tuple[f
     if end != "both" and _certifiable(narrowed(cfg, parameter, keep, keep), seed):
         good = _bisect_end(cfg, parameter, keep, hi if end == "high" else lo, seed)
         return (keep, good) if end == "high" else (good, keep)
-    centre = 1.0 if lo <= 1.0 <= hi else 0.5 * (lo + hi)
+    centre = _nominal(lo, hi)
     if not _certifiable(narrowed(cfg, parameter, centre, centre), seed):
         return None
     low = _bisect_end(cfg, parameter, centre, lo, seed)
@@ -197,6 +197,16 @@ def _bisect_end(cfg, parameter: str, keep: float, far: float, seed: int, start: 
     return math.floor(good * 1000) / 1000 if far > keep else math.ceil(good * 1000) / 1000
 
 
+def _nominal(lo: float, hi: float) -> float:
+    """Where a range is pinned "at nominal": 1x (the MJCF's own value), or the range's middle where 1x lies outside."""
+    return 1.0 if lo <= 1.0 <= hi else 0.5 * (lo + hi)
+
+
+def _randomized_names(cfg) -> list[str]:
+    """Every randomized parameter of every set, once each, in the order the sets first name them."""
+    return list(dict.fromkeys(n for rset in cfg.randomization.values() for n, _, _ in synthesis.range_parameters(rset)))
+
+
 def _pinned_culprit(cfg, parameters: list[str], seed: int = 0) -> str | None:
     """The first of `parameters` whose range, pinned at its nominal value with every other range as it is, lets
     synthesis certify the envelope: where the braking figure blames one range and the predictive filter fails on
@@ -205,7 +215,7 @@ def _pinned_culprit(cfg, parameters: list[str], seed: int = 0) -> str | None:
         lo, hi = _full_range(cfg, name)
         if hi <= lo:
             continue
-        centre = 1.0 if lo <= 1.0 <= hi else 0.5 * (lo + hi)
+        centre = _nominal(lo, hi)
         if _certifiable(narrowed(cfg, name, centre, centre), seed):
             return name
     return None
@@ -220,8 +230,7 @@ def unblamed_ways(cfg, seed: int = 0, progress=None) -> dict:
     looked for; {} where neither is found. Each try is a synthesis (tens of seconds where it is refused): `progress`
     (a callable taking one line) hears what is tried next."""
     say = progress or (lambda line: None)
-    names = [n for rset in cfg.randomization.values() for n, _, _ in synthesis.range_parameters(rset)]
-    ranges = {n: _full_range(cfg, n) for n in dict.fromkeys(names)}
+    ranges = {n: _full_range(cfg, n) for n in _randomized_names(cfg)}
     widest = sorted(
         (n for n, (lo, hi) in ranges.items() if hi > lo),
         key=lambda n: -(ranges[n][1] - ranges[n][0]) / max(abs(ranges[n][0]), abs(ranges[n][1])),
@@ -315,8 +324,7 @@ def refusal(
     if bisect and sub is None:
         # Not even that range's nominal value certifies with the others as they are: the cause may be another
         # range, one the figure that blamed this one does not see.
-        names = [n for rset in cfg.randomization.values() for n, _, _ in synthesis.range_parameters(rset)]
-        others = [n for n in dict.fromkeys(names) if n != parameter]
+        others = [n for n in _randomized_names(cfg) if n != parameter]
         culprit = _pinned_culprit(cfg, others)
         if culprit is not None:
             parameter, end = culprit, "both"

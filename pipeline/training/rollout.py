@@ -104,40 +104,29 @@ def preflight(cfg) -> None:
         )
 
 
-def starts_note(cfg, draws: int = 1000) -> str | None:
-    """What `config --check` says where plant.initial_state draws starts past a limit (None: it draws none): how
-    many, past which constraint and by how much, and that such a start is drawn again."""
+def plant_notes(cfg, draws: int = 1000) -> tuple[str | None, list[str]]:
+    """What `config --check` says of a declared plant, from one env: where plant.initial_state draws starts past a
+    limit (None: it draws none), how many, past which constraint and by how much, and that such a start is drawn
+    again; and where a set-point range reaches past a limit on what tracks it
+    (`PlantDeclaration.targets_past_limits`: accepted in silence, such targets end episodes held by the shield)."""
     if not cfg.task.env_id.startswith("sim2real/"):
-        return None
+        return None, []
     env = make_env(cfg.task.env_id, None, cfg.task.max_episode_steps)
     try:
         plant = env.unwrapped
-        if not hasattr(plant, "starts_outside"):
-            return None
-        outside, worst = plant.starts_outside(draws)
+        outside, worst = plant.starts_outside(draws) if hasattr(plant, "starts_outside") else (0, {})
+        decl = getattr(plant, "decl", None)
     finally:
         env.close()
+    targets = decl.targets_past_limits() if decl is not None else []
     if not outside:
-        return None
+        return None, targets
     past = ", ".join(f"{name} by up to {value:.4g}" for name, value in worst.items())
     return (
         f"{outside} of {draws} starts drawn from plant.initial_state lie past a limit ({past}); each such start "
         "is drawn again, so every episode starts inside the constraints. Narrow plant.initial_state to the starts "
         "the plant really has inside its limits: a box mostly outside them wastes draws and hides where it starts"
-    )
-
-
-def targets_notes(cfg) -> list[str]:
-    """What `config --check` says where a declared set-point range reaches past a limit on what tracks it
-    (`PlantDeclaration.targets_past_limits`): accepted in silence, such targets end episodes held by the shield."""
-    if not cfg.task.env_id.startswith("sim2real/"):
-        return []
-    env = make_env(cfg.task.env_id, None, cfg.task.max_episode_steps)
-    try:
-        decl = getattr(env.unwrapped, "decl", None)
-    finally:
-        env.close()
-    return decl.targets_past_limits() if decl is not None else []
+    ), targets
 
 
 class PolicyInputs:

@@ -80,16 +80,16 @@ def test_set_points_past_a_limit_are_told_by_config_check(tmp_path, monkeypatch)
     from pathlib import Path
 
     from pipeline.config import load_config
-    from pipeline.training.rollout import targets_notes
+    from pipeline.training.rollout import plant_notes
 
     root = Path(__file__).resolve().parents[2]
     monkeypatch.setenv("SIM2REAL_TASKS", "")
-    assert targets_notes(load_config(root / "configs" / "arm.yaml")) == []
+    assert plant_notes(load_config(root / "configs" / "arm.yaml"))[1] == []
     doc = yaml.safe_load((root / "configs" / "arm.yaml").read_text())
     doc["task"] = {"name": "arm_wide", "env_id": "sim2real/ArmWide-v0"}
     doc["plant"]["mjcf"] = str(root / "configs" / doc["plant"]["mjcf"])
     doc["plant"]["targets"]["reach"]["high"] = [1.5, 1.4]  # q1's band is [-1.3, 1.3]
     (tmp_path / "arm_wide.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    (note,) = targets_notes(load_config(tmp_path / "arm_wide.yaml"))
+    (note,) = plant_notes(load_config(tmp_path / "arm_wide.yaml"))[1]
     assert note.startswith("plant.targets.reach sets q1_ref over [-1, 1.5], past the limits [-1.3, 1.3]"), note
     assert "constraint 'joint_range' on q1" in note and "with room to stop" in note, note

@@ -576,6 +576,14 @@ class FalsifyConfig(Section):
         description="Most candidates one search evaluates (None: no cap); with it the search is the same on any "
         "machine, whichever of it and budget_s comes first ends it.",
     )
+    certify_candidates: int = Field(
+        600,
+        gt=0,
+        description="Candidates `shield synthesize`'s search evaluates before it certifies, with no clock: the "
+        "same search, and verdict, for a seed on any machine however loaded, where a clock's budget searches less "
+        "the busier the machine. About a minute at most per shipped plant on a quiet core; `--budget-s` caps it by "
+        "the clock instead, and the certificate then says how far it got.",
+    )
     corner_share: float = Field(
         0.2,
         ge=0,

@@ -69,9 +69,13 @@ def _replay(cfg, args: argparse.Namespace) -> int:
     except (KeyError, ValueError) as err:
         raise UsageError(f"--replay {case_path}: {err}") from None
     result["case_file"] = str(case_path)
+    import gymnasium as gym  # registered by the replay above
+
+    # A case searched with falsify.episode_steps unset ran the plant's whole episode: say how long that is.
+    steps = case["episode_steps"] or cfg.task.max_episode_steps or gym.spec(cfg.task.env_id).max_episode_steps
     lines = [
         f"replay {case_path}: set {case.get('set')}, policy {case['policy']}, seed {case['seed']}, "
-        f"{case['episodes']} episode(s) of {case['episode_steps']} steps: {result['violations']} violating step(s) "
+        f"{case['episodes']} episode(s) of {steps} steps: {result['violations']} violating step(s) "
         f"(the case found {case.get('violations', '?')}); lowest h {result['min_h']}"
     ]
     lines += constraint_lines(result.get("constraints", {}))

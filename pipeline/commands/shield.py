@@ -30,7 +30,12 @@ def add_arguments(p: argparse.ArgumentParser, default_config: str) -> None:
     )
     s.add_argument("--config", default=default_config, help=f"task config YAML (default {default_config})")
     s.add_argument("--out", help="folder for shield.json and certificate.json (default reports/shield-<task>)")
-    s.add_argument("--budget-s", type=float, help="falsification budget in seconds (default falsify.budget_s)")
+    s.add_argument(
+        "--budget-s",
+        type=float,
+        help="cap the falsification by the clock (s), as well as by falsify.certify_candidates; by default it has "
+        "no clock, so its verdict for a seed is the same on any machine",
+    )
     s.add_argument("--no-falsify", action="store_true", help="measure and build only (the certificate says so)")
     s.add_argument(
         "--episodes",
@@ -105,7 +110,11 @@ def run(args: argparse.Namespace) -> int:
         spec = _with_monitor(cfg, spec, args.monitor_runs, args.seed)
     falsified = falsified_spec = None
     if spec is not None and not args.no_falsify:
-        stage(f"falsifying: searching for a shielded violation ({args.budget_s or cfg.falsify.budget_s:g} s)")
+        clock = f", or {args.budget_s:g} s if sooner" if args.budget_s is not None else ""
+        stage(
+            f"falsifying: searching for a shielded violation ({cfg.falsify.certify_candidates} candidates"
+            f"{clock}, falsify.certify_candidates)"
+        )
         falsified = _falsify(cfg, spec, args, out)
         if falsified["cases_found"]:
             worst = falsified["cases"][0]
@@ -266,11 +275,43 @@ def _with_monitor(cfg, spec: dict, runs: int, seed: int) -> dict:
 def _falsify(cfg, spec: dict, args, out: Path) -> dict:
     from pipeline.evaluation.falsify import falsify
 
+    # A count, not a clock: a clock's budget searched a fraction as much on a busy machine, so the same config and
+    # seed were certified there and refused on a quiet one. --budget-s adds a clock for whoever asks for one.
     result = falsify(
-        cfg, spec=spec, budget_s=args.budget_s, seed=args.seed, out_dir=out / "falsify", progress=not args.json
+        cfg,
+        spec=spec,
+        budget_s=math.inf if args.budget_s is None else args.budget_s,
+        max_candidates=cfg.falsify.certify_candidates,
+        seed=args.seed,
+        out_dir=out / "falsify",
+        progress=not args.json,
     )
-    keep = ("cases_found", "cases", "min_h", "evaluated", "phases", "budget_s", "seed", "wall_s")
-    return {k: result.get(k) for k in keep}
+    keep = ("cases_found", "cases", "min_h", "evaluated", "phases", "corners_total", "budget_s", "max_candidates")
+    return {k: result.get(k) for k in (*keep, "seed", "wall_s")}
+
+
+def falsify_extent(falsified: dict) -> str:
+    """How far the certificate's search went: candidates (corners among them) and time, and whether the clock cut
+    it short of its count (the verdict then depends on how busy the machine was)."""
+    corners = (falsified.get("phases") or {}).get("corners")
+    said = f"{falsified['evaluated']} candidates" + (
+        f" ({corners} of {falsified['corners_total']} corners)"
+        if corners is not None and falsified.get("corners_total")
+        else ""
+    )
+    said += f" in {falsified['wall_s']:.0f} s"
+    wanted = falsified.get("max_candidates")
+    if (
+        falsified.get("budget_s") is not None
+        and wanted
+        and falsified["evaluated"] < wanted
+        and not falsified["cases_found"]
+    ):
+        said += (
+            f", cut short by --budget-s {falsified['budget_s']:g} before falsify.certify_candidates ({wanted}): on a "
+            "busier machine it searches less, so rerun without --budget-s for a verdict that does not depend on it"
+        )
+    return said
 
 
 def _nominal_replay(cfg, case: dict, spec: dict) -> int:
@@ -367,8 +408,9 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
     else:
         falsified = record.get("falsification")
         lines.append(
-            f"CERTIFIED: margin {spec['margin']:g}, brake {_rounded(spec['kinematics']['brake_accel'])}, "
-            f"disturbance {_rounded(spec['disturbance_accel'])}, input_gain_error {spec['input_gain_error']:g}"
+            f"CERTIFIED: margin {spec['margin']:g} (in each constraint's own units), "
+            f"brake {_rounded(spec['kinematics']['brake_accel'])}, disturbance {_rounded(spec['disturbance_accel'])}, "
+            f"input_gain_error {spec['input_gain_error']:g}"
         )
         if "predictive" in spec:
             pr = spec["predictive"]
@@ -381,12 +423,11 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
             )
             lines.append(
                 f"  filter: predictive (horizon {pr['horizon']} steps, backup gain {_rounded(pr['backup_gain'])}, "
-                f"{tube}): {pr['measured']['why'][0]}"
+                f"{tube}), chosen where a braking barrier cannot keep a limit: {pr['measured']['why'][0]}"
             )
         if falsified:
             lines.append(
-                f"  falsify: {falsified['evaluated']} candidates in {falsified['wall_s']:.0f} s, "
-                f"lowest h {_rounded(falsified['min_h'])} ({MIN_H_MEANING})"
+                f"  falsify: {falsify_extent(falsified)}, lowest h {_rounded(falsified['min_h'])} ({MIN_H_MEANING})"
             )
     lines += legacy_lines(record.get("legacy_on_reality"), (record.get("filter") or {}).get("type") != "barrier")
     if record.get("conservative"):

@@ -7,7 +7,9 @@ set states them), times the adversary's knobs (`AdversaryParams`: which
 constraint, when, how hard, how far past, and a back-and-forth timed against
 the latency). The budget is `falsify.budget_s` (wall clock) and, when set,
 `falsify.max_candidates` (a count: the same search on any machine); the search
-stops at whichever comes first, or at the first case. Phases, each with its
+stops at whichever comes first, or at the first case. A budget of `math.inf`
+with a count is a search with no clock: `shield synthesize` certifies on
+`falsify.certify_candidates` so, the same verdict however loaded the machine. Phases, each with its
 share of the budget:
 
 1. corners (each range at one of its ends) with the default adversary, the
@@ -261,11 +263,16 @@ class Falsifier:
         if result["violations"] > 0:
             self.cases.append(self._write_case(record))
         if self._bar is not None:
+            at = self.evaluated if self._counted() else int(time.monotonic() - self._t0)
             self._bar.update_to(
-                min(int(time.monotonic() - self._t0), self._bar.total),
+                min(at, self._bar.total),
                 {"evaluated": self.evaluated, "cases": len(self.cases), "worst h": f"{self.best['min_h']:.4f}"},
             )
         return record
+
+    def _counted(self) -> bool:
+        """A search with no clock, only a count: the same candidates, and verdict, on any machine."""
+        return not math.isfinite(self.budget_s) and self.max_candidates is not None
 
     def _write_case(self, record: dict) -> dict:
         if self.out_dir is None:
@@ -283,11 +290,12 @@ class Falsifier:
         return sum(2 ** len(params) for _, params in self.sets.values()) * len(self.policies)
 
     def _corners(self, limit: int | None):
-        """Corner candidates: all of them in a random order when they fit `limit` (None: unknown, any number up to
-        a few thousand), else drawn at random per set, round robin, without building the 2^d list."""
+        """Corner candidates: in a random order without repeats while there are at most a few thousand (the share
+        of the budget, or `limit`, cuts the order short), else drawn at random per set, round robin, without building
+        the 2^d list."""
         names = list(self.sets)
         total = self.corner_count()
-        if total <= (limit if limit is not None else 4096):
+        if total <= max(limit or 0, 4096):
             order = [
                 (name, np.array(c), policy)
                 for name, (_, params) in self.sets.items()
@@ -364,7 +372,11 @@ class Falsifier:
         """Corners, then random draws, then cross-entropy, until a case is found or the budget is spent."""
         self._t0 = time.monotonic()
         if self.progress:
-            self._bar = Progress(math.ceil(self.budget_s), unit="s", desc="falsify")
+            self._bar = (
+                Progress(self.max_candidates, unit="candidate", desc="falsify")
+                if self._counted()
+                else Progress(math.ceil(self.budget_s), unit="s", desc="falsify")
+            )
         phases = {"corners": 0, "random": 0, "cross_entropy": 0, "restarts": 0}
         share = self.cfg.falsify.corner_share
         since = self._mark()
@@ -395,7 +407,7 @@ class Falsifier:
             "dimensions": {n: len(p) + _ATTACK_DIMS for n, (_, p) in self.sets.items()},
             "corners_total": self.corner_count(),
             "constraints": self.constraints,
-            "budget_s": self.budget_s,
+            "budget_s": self.budget_s if math.isfinite(self.budget_s) else None,
             "max_candidates": self.max_candidates,
             "seed": self.seed,
             "wall_s": wall,

@@ -135,3 +135,52 @@ def test_the_budget_goes_mostly_to_the_optimizer_when_corners_outnumber_it(balla
     assert result["corners_total"] == 3 * 2**13 * 3
     assert result["phases"]["corners"] == 6 and result["phases"]["random"] == 3
     assert result["phases"]["cross_entropy"] == 21
+
+
+def test_the_certificates_search_is_a_count_so_a_busy_machine_gets_the_same_verdict(tmp_path, monkeypatch):
+    """helper-66's ball-on-plate was certified on a loaded machine (60 s of clock: 16 candidates, 3 of 576 corners)
+    and refused on a quiet one (a case at the 6th). `shield synthesize`'s search is now `falsify.certify_candidates`
+    candidates with no clock: on a clock starved 30 s per reading it searches exactly what a normal clock does, the
+    same candidates to the same lowest h. `--budget-s` puts a clock back, and its line says it cut the search."""
+    import argparse
+    import types
+
+    import pipeline.evaluation.falsify as falsify_module
+    from pipeline.commands.shield import _falsify, falsify_extent
+
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    cfg = cfg.model_copy(
+        update={"falsify": cfg.falsify.model_copy(update={"certify_candidates": 8, "episode_steps": 40})}
+    )
+    spec = build_shield_spec(cfg, check_envelope=False)
+    args = argparse.Namespace(budget_s=None, seed=3, json=True)
+    quiet = _falsify(cfg, spec, args, tmp_path / "quiet")
+
+    now = [0.0]
+
+    def starved() -> float:  # every reading of the clock finds 30 s gone: a machine busy with other work
+        now[0] += 30.0
+        return now[0]
+
+    monkeypatch.setattr(falsify_module, "time", types.SimpleNamespace(monotonic=starved))
+    busy = _falsify(cfg, spec, args, tmp_path / "busy")
+    assert quiet["evaluated"] == busy["evaluated"] == 8 and quiet["cases_found"] == busy["cases_found"] == 0
+    assert busy["min_h"] == quiet["min_h"] and busy["phases"] == quiet["phases"] and busy["phases"]["corners"] >= 1
+    assert busy["budget_s"] is None and busy["max_candidates"] == 8
+    assert falsify_extent(busy).startswith(f"8 candidates ({busy['phases']['corners']} of 576 corners)")
+    assert "cut short" not in falsify_extent(busy)
+    capped = _falsify(cfg, spec, argparse.Namespace(budget_s=60.0, seed=3, json=True), tmp_path / "capped")
+    assert capped["evaluated"] < 8 and capped["budget_s"] == 60.0
+    assert "cut short by --budget-s 60 before falsify.certify_candidates (8)" in falsify_extent(capped)
+
+
+def test_a_replayed_case_of_whole_episodes_says_how_long_they_are(tmp_path, capsys):
+    """A case searched with falsify.episode_steps unset runs the plant's whole episode; its replay printed
+    "2 episode(s) of None steps" (helper-66). It names the plant's length."""
+    from pipeline.cli import main as sim2real
+
+    case = dict(set="reality", domain={}, policy="random", seed=5, attack=None, episodes=1, episode_steps=None)
+    (tmp_path / "case-0.json").write_text(json.dumps(case))
+    config = str(ROOT / "configs" / "cartpole.yaml")
+    assert sim2real(["falsify", "--config", config, "--replay", str(tmp_path / "case-0.json")]) in (0, 1)
+    assert ", 1 episode(s) of 500 steps: " in capsys.readouterr().out

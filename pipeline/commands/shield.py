@@ -8,6 +8,7 @@ parameter and range cannot be certified, why, and the largest sub-range that can
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -140,9 +141,23 @@ def run(args: argparse.Namespace) -> int:
                 )
             else:
                 reason += "the model error synthesis measured does not cover this plant"
+                stage("replaying the case with each of its ends moved back to nominal, one at a time")
+                moved = _one_at_a_time(cfg, worst, spec, ends)
+                kept = [name for name, steps in moved if steps == 0]
+                if moved:
+                    reason += "; replayed with one of them moved back to nominal at a time: " + ", ".join(
+                        f"{name} {'keeps it inside' if steps == 0 else f'{steps} violating step(s)'}"
+                        for name, steps in moved
+                    )
                 advice = (
-                    "Narrow the range(s) at the end(s) named, or make the plant easier to hold (a stronger drive, "
-                    "lighter pushes); a smaller shield number will not do"
+                    (
+                        f"Narrow {' or '.join(kept)} first (back to nominal alone, it keeps this case inside), or "
+                        if kept
+                        else "Narrow the range(s) at the end(s) named (no one alone keeps this case inside: several "
+                        "together), or "
+                    )
+                    + "make the plant easier to hold (a stronger drive, lighter pushes); a smaller shield number "
+                    "will not do"
                 )
             refused = {
                 "certified": False,
@@ -312,6 +327,43 @@ def falsify_extent(falsified: dict) -> str:
             "busier machine it searches less, so rerun without --budget-s for a verdict that does not depend on it"
         )
     return said
+
+
+def _one_at_a_time(cfg, case: dict, spec: dict, ends: list[str]) -> list[tuple[str, int]]:
+    """(parameter, violating steps) of the case replayed with that one parameter back at nominal (1x, or its
+    range's middle; a latency at its set's shortest), the rest as the case had them: fewest first. A case at a
+    corner sits at an end of every range, and naming them all says nothing of which one to narrow. [] for a
+    bundle's case."""
+    from pipeline.evaluation.falsify import replay_case
+    from pipeline.safety.certificate import nominal_value
+    from pipeline.safety.sampling import range_parameters
+    from shield.spec import ShieldSpec
+
+    if case.get("policy") == "bundle":
+        return []
+    rset = cfg.randomization[case["set"]]
+    configured = {name: (lo, hi) for name, lo, hi in range_parameters(rset)}
+    moves: list[tuple[str, dict]] = []
+    for name in ends:
+        value = nominal_value(*configured[name])
+        domain = copy.deepcopy(case["domain"])
+        if name == "gravity_scale":
+            domain["gravity_scale"] = {"dist": "uniform", "low": value, "high": value}
+        else:
+            group, element = name.split(".", 1)
+            domain[group][element] = {"dist": "uniform", "low": value, "high": value}
+        moves.append((name, domain))
+    latency = (case["domain"].get("latency_steps") or {}).get("high")
+    if rset.latency_steps is not None and latency is not None and latency > rset.latency_steps.low:
+        shortest = rset.latency_steps.low
+        moves.append(
+            (f"latency_steps (to {shortest})", {**case["domain"], "latency_steps": {"low": shortest, "high": shortest}})
+        )
+    shield_spec = ShieldSpec.from_dict(spec)
+    out = [
+        (name, int(replay_case(cfg, {**case, "domain": domain}, shield_spec)["violations"])) for name, domain in moves
+    ]
+    return sorted(out, key=lambda t: t[1])
 
 
 def _nominal_replay(cfg, case: dict, spec: dict) -> int:

@@ -177,7 +177,7 @@ def largest_certifiable(cfg, parameter: str, end: str, seed: int = 0) -> tuple[f
     if end != "both" and _certifiable(narrowed(cfg, parameter, keep, keep), seed):
         good = _bisect_end(cfg, parameter, keep, hi if end == "high" else lo, seed)
         return (keep, good) if end == "high" else (good, keep)
-    centre = _nominal(lo, hi)
+    centre = nominal_value(lo, hi)
     if not _certifiable(narrowed(cfg, parameter, centre, centre), seed):
         return None
     low = _bisect_end(cfg, parameter, centre, lo, seed)
@@ -197,7 +197,7 @@ def _bisect_end(cfg, parameter: str, keep: float, far: float, seed: int, start: 
     return math.floor(good * 1000) / 1000 if far > keep else math.ceil(good * 1000) / 1000
 
 
-def _nominal(lo: float, hi: float) -> float:
+def nominal_value(lo: float, hi: float) -> float:
     """Where a range is pinned "at nominal": 1x (the MJCF's own value), or the range's middle where 1x lies outside."""
     return 1.0 if lo <= 1.0 <= hi else 0.5 * (lo + hi)
 
@@ -215,7 +215,7 @@ def _pinned_culprit(cfg, parameters: list[str], seed: int = 0) -> str | None:
         lo, hi = _full_range(cfg, name)
         if hi <= lo:
             continue
-        centre = _nominal(lo, hi)
+        centre = nominal_value(lo, hi)
         if _certifiable(narrowed(cfg, name, centre, centre), seed):
             return name
     return None

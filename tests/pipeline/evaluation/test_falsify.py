@@ -184,3 +184,22 @@ def test_a_replayed_case_of_whole_episodes_says_how_long_they_are(tmp_path, caps
     config = str(ROOT / "configs" / "cartpole.yaml")
     assert sim2real(["falsify", "--config", config, "--replay", str(tmp_path / "case-0.json")]) in (0, 1)
     assert ", 1 episode(s) of 500 steps: " in capsys.readouterr().out
+
+
+def test_a_refusal_by_falsification_replays_the_case_with_one_end_moved_back_at_a_time(tmp_path):
+    """helper-66's refusal named five ranges and a latency, all at the case's corner, with no way to tell which to
+    narrow. `shield synthesize` now replays the case with each moved back to nominal alone: on a shield planted to
+    assume no latency, the case the count-based search finds is kept inside once only its latency is shortened."""
+    import math
+
+    from pipeline.commands.shield import _case_plant, _one_at_a_time
+
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    spec = build_shield_spec(cfg, check_envelope=False)
+    spec["latency_steps"] = 0  # the planted fault: every set has up to 2 or 3 steps
+    result = falsify(cfg, spec=spec, budget_s=math.inf, max_candidates=300, seed=0, out_dir=tmp_path)
+    (case,) = result["cases"]
+    assert case["domain"]["latency_steps"]["high"] > 0 and case["violations"] > 0
+    ends, _ = _case_plant(cfg, case)
+    moved = _one_at_a_time(cfg, case, spec, ends)
+    assert moved[0] == ("latency_steps (to 0)", 0), moved

@@ -11,6 +11,7 @@ import argparse
 import copy
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -305,6 +306,10 @@ def _falsify(cfg, spec: dict, args, out: Path) -> dict:
     return {k: result.get(k) for k in (*keep, "seed", "wall_s")}
 
 
+# Where a refusal's message breaks into lines: its "; " and its sentence ends (not "e.g. set", not "1.5x").
+_CLAUSE = re.compile(r"; |(?<=[a-z)\]])\. (?=[A-Z])")
+
+
 def falsify_extent(falsified: dict) -> str:
     """How far the certificate's search went: candidates (corners among them) and time, and whether the clock cut
     it short of its count (the verdict then depends on how busy the machine was)."""
@@ -452,7 +457,8 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
             f"{law['per_unit']:.4g} x {law['feature']}), input gain {lo:.3f} .. {hi:.3f} x nominal"
         )
     if refused is not None:
-        lines.append(f"REFUSED: {refused['message']}")
+        # One clause a line: a refusal runs to a thousand characters, one line of which no terminal shows whole.
+        lines.append("REFUSED: " + "\n  ".join(_CLAUSE.split(refused["message"])))
         if refused.get("predictive"):  # both filters were refused: the predictive filter's own reason too
             said = refused["predictive"]
             own = said.split(PREDICTIVE_TOO, 1)[1] if PREDICTIVE_TOO in said else said

@@ -455,6 +455,12 @@ def test_a_falsification_refusal_writes_the_spec_it_broke_and_replays_against_it
     )
     assert "predictive" in json.loads(broken.read_text()) and not (out / "shield.json").exists()
     assert json.loads((out / "certificate.json").read_text())["filter"]["type"] == "predictive"
+    # On a terminal the refusal is a clause a line (it ran to a thousand characters on one), its replay command whole.
+    assert sim2real([*args, "--monitor-runs", "0", "--episodes", "0"]) == 1
+    said = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(said) if line.startswith("REFUSED: cannot certify crane: falsify found 1"))
+    assert "  the model error synthesis measured does not cover this plant" in said[start + 1 : start + 4], said
+    assert any(line.startswith("  Replay (the same plant") and line.endswith(str(broken)) for line in said), said
     # The nominal plant, attacked the same way from the same starts, is kept: the envelope is what broke it.
     assert "does not cover this plant" in record["reason"] and "Narrow the range(s)" in record["message"]
     # Where the nominal plant breaks as well, no range is blamed: the message points at where episodes start.

@@ -18,7 +18,7 @@ paired difference lies below 0 (and the point estimate is reported too).
 Figures, never pass/fail. The config is used as shipped, except each run's
 `shadow.seed` (its own plants, as a new user's registry would meet: below)
 and what the flags below change (said in the output): `--steps` (training budget),
-`--falsify-budget` (seconds of the falsification search each night),
+`--falsify-candidates` (candidates of the falsification search each night),
 `--latency-us` (the latency limit, which on a loaded shared machine measures
 the machine rather than the policy).
 """
@@ -52,13 +52,13 @@ REGATE_RUN_STRIDE = 20_000
 
 
 def _night_config(
-    config: Path, out: Path, seed: int, shadow_seed: int, falsify_budget: float | None, latency_us: float | None
+    config: Path, out: Path, seed: int, shadow_seed: int, falsify_candidates: int | None, latency_us: float | None
 ) -> Path:
     doc = yaml.safe_load(config.read_text())
     doc.setdefault("train", {})["seed"] = seed
     doc.setdefault("shadow", {})["seed"] = shadow_seed
-    if falsify_budget is not None:
-        doc.setdefault("falsify", {})["budget_s"] = falsify_budget
+    if falsify_candidates is not None:
+        doc.setdefault("falsify", {})["candidates"] = falsify_candidates
     if latency_us is not None:
         doc.setdefault("gate", {})["max_latency_p99_us"] = latency_us
     if isinstance(doc.get("plant"), dict) and isinstance(doc["plant"].get("mjcf"), str):
@@ -82,7 +82,7 @@ def one_night(
     seed: int,
     shadow_seed: int,
     steps: int | None,
-    falsify_budget: float | None,
+    falsify_candidates: int | None,
     latency_us: float | None,
 ) -> dict:
     """One retrain flow (train, export, falsify, shadow beside legacy and production, gate, register, promote)."""
@@ -90,7 +90,7 @@ def one_night(
     from pipeline.config import load_config
     from pipeline.deployment.registry import Registry
 
-    cfg_path = _night_config(config, runs / f"night-{seed}.yaml", seed, shadow_seed, falsify_budget, latency_us)
+    cfg_path = _night_config(config, runs / f"night-{seed}.yaml", seed, shadow_seed, falsify_candidates, latency_us)
     cfg = load_config(cfg_path)
     task = cfg.task.name
     before = set(Registry(models).versions(task))
@@ -255,7 +255,9 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="fresh two-night runs per plant")
     parser.add_argument("--seed0", type=int, default=100, help="train.seed of the first run's night 1 (then +1)")
     parser.add_argument("--steps", type=int, default=None, help="training env steps per night (default: the config's)")
-    parser.add_argument("--falsify-budget", type=float, default=None, help="falsify.budget_s per night (s)")
+    parser.add_argument(
+        "--falsify-candidates", type=int, default=None, help="falsify.candidates per night (the search's count)"
+    )
     parser.add_argument(
         "--latency-us",
         type=float,
@@ -317,7 +319,7 @@ def main(argv=None) -> int:
         k: v
         for k, v in (
             ("steps", args.steps),
-            ("falsify.budget_s", args.falsify_budget),
+            ("falsify.candidates", args.falsify_candidates),
             ("gate.max_latency_p99_us", args.latency_us),
         )
         if v is not None
@@ -341,7 +343,9 @@ def main(argv=None) -> int:
             runs.mkdir(parents=True, exist_ok=True)
             shadow_seed = SHADOW_SEED_BASE + SHADOW_SEED_STEP * (args.seed0 + k)
             for night, seed in enumerate((args.seed0 + k, args.seed0 + k + NIGHT_2_SEED_OFFSET), start=1):
-                n = one_night(config, models, runs, seed, shadow_seed, args.steps, args.falsify_budget, args.latency_us)
+                n = one_night(
+                    config, models, runs, seed, shadow_seed, args.steps, args.falsify_candidates, args.latency_us
+                )
                 n.update(run=k, night=night)
                 nights.append(n)
                 print(

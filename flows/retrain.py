@@ -154,12 +154,13 @@ def export_step(run_dir: str, models_root: str) -> dict:
 
 @task(name="falsify", retries=0, persist_result=True)
 def falsify_step(bundle_dir: str, config_path: str, out_dir: str, seed: int | None = None) -> dict:
-    """Search the config's envelope for a shielded violation of the bundle (budget: falsify.budget_s), from the
-    search seed `seed` (default falsify.seed)."""
+    """Search the config's envelope for a shielded violation of the bundle (falsify.candidates, and falsify.budget_s
+    where one is set), from the search seed `seed` (default falsify.seed)."""
     from pipeline.evaluation.falsify import falsify
 
     result = falsify(load_config(config_path), bundle=bundle_dir, out_dir=out_dir, seed=seed)
-    return {k: result[k] for k in ("cases_found", "min_h", "worst", "evaluated", "wall_s", "seed")}
+    keep = ("cases_found", "min_h", "worst", "evaluated", "candidates", "budget_s", "cut_short", "phases")
+    return {k: result[k] for k in (*keep, "corners_total", "wall_s", "seed")}
 
 
 @task(name="shadow", retries=0, persist_result=True)

@@ -156,7 +156,13 @@ def _add_pipeline_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("falsify", help="search the config's envelope for a shielded violation (exit 1 if one is found)")
     _config_flag(p)
     p.add_argument("--bundle", help="attack this bundle's policy and shield.json (default: the config's spec)")
-    p.add_argument("--budget-s", type=float, help="search budget in seconds (default falsify.budget_s)")
+    p.add_argument("--candidates", type=int, help="candidates the search evaluates (default falsify.candidates)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        help="cap the search by the clock (s) as well (default falsify.budget_s, unset: no clock, so the same "
+        "verdict for a seed on any machine)",
+    )
     p.add_argument("--seed", type=int, help="search seed (default falsify.seed)")
     p.add_argument("--out", help="where found cases are written (default reports/falsify-<task>-<time>)")
     p.add_argument(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from envs.declaration import PlantDeclaration
 from envs.randomization import RandomizationSet
@@ -551,8 +551,23 @@ class GateConfig(Section):
 class FalsifyConfig(Section):
     """`sim2real falsify`: the search for a shielded violation inside the config's envelope (a gate step)."""
 
-    budget_s: float = Field(
-        60.0, gt=0, description="Wall-clock budget of one search (s); the retrain flow runs it before the gate."
+    candidates: int = Field(
+        600,
+        gt=0,
+        validation_alias=AliasChoices("candidates", "max_candidates", "certify_candidates"),
+        description="Candidates one search evaluates: the retrain flow's before its gate, `sim2real falsify`'s and "
+        "`shield synthesize`'s before it certifies. A count, not a clock: for a seed, the same search and verdict on "
+        "any machine however loaded, only slower on a busy one (a clock's budget searches less the busier the "
+        "machine). About a minute at most per shipped plant on a quiet core. (Read as well under its earlier names, "
+        "max_candidates and certify_candidates.)",
+    )
+    budget_s: float | None = Field(
+        None,
+        gt=0,
+        description="An optional wall-clock cap (s) on the retrain flow's and `sim2real falsify`'s search: it ends at "
+        "whichever of this and `candidates` comes first, and the gate's line and the summary say when the clock cut "
+        "it short. Unset (the default), the verdict does not depend on how busy the machine is. `shield synthesize` "
+        "does not read it (its --budget-s caps its search, and its certificate then says so).",
     )
     seed: int = Field(
         0,
@@ -564,32 +579,18 @@ class FalsifyConfig(Section):
         None,
         gt=0,
         description="Steps per searched episode (default: the plant's own episode, plant.episode_steps or "
-        "task.max_episode_steps): shorter ones try more candidates within budget_s, and miss a violation that takes "
+        "task.max_episode_steps): shorter ones search faster, and miss a violation that takes "
         "longer to build up (a slow plant driven into a corner).",
     )
     episodes_per_candidate: int = Field(
         2, ge=1, description="Episodes (seeds) run for each searched domain and attack."
     )
-    max_candidates: int | None = Field(
-        None,
-        gt=0,
-        description="Most candidates one search evaluates (None: no cap); with it the search is the same on any "
-        "machine, whichever of it and budget_s comes first ends it.",
-    )
-    certify_candidates: int = Field(
-        600,
-        gt=0,
-        description="Candidates `shield synthesize`'s search evaluates before it certifies, with no clock: the "
-        "same search, and verdict, for a seed on any machine however loaded, where a clock's budget searches less "
-        "the busier the machine. About a minute at most per shipped plant on a quiet core; `--budget-s` caps it by "
-        "the clock instead, and the certificate then says how far it got.",
-    )
     corner_share: float = Field(
         0.2,
         ge=0,
         le=1,
-        description="Share of the budget spent on corners (each range at one end), drawn at random once there are "
-        "more than that share can run; a tenth goes to random draws, the rest to the optimizer.",
+        description="Share of the candidates spent on corners (each range at one end), drawn at random once there "
+        "are more than that share can run; a tenth goes to random draws, the rest to the optimizer.",
     )
 
 

@@ -31,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
             figures = shield_figures(spec, synthesized=needs_synthesis(cfg.shield))
         starts, targets = plant_notes(cfg)
         gate = gate_note(cfg.gate)
+        clock = falsify_note(cfg.falsify)
         human = f"{args.check}: ok (task {cfg.task.name}, hash {cfg.config_hash()[:12]})"
-        for note in (starts, *targets, gate):
+        for note in (starts, *targets, gate, clock):
             if note:
                 human += f"\nnote: {note}"
         if figures is not None:
@@ -41,11 +42,12 @@ def run(args: argparse.Namespace) -> int:
             # that break it (a minute or more): an ok here is not yet a certificate.
             human += (
                 f"\nnext: `sim2real shield synthesize --config {args.check}` certifies the shield: it falsifies it "
-                f"(falsify.budget_s, {cfg.falsify.budget_s:g} s) and runs the legacy controller behind it on "
-                "reality, and refuses it naming why; the retrain flow does the same before its gate"
+                f"(falsify.candidates, {cfg.falsify.candidates} candidates) and runs the legacy controller behind it "
+                "on reality, and refuses it naming why; the retrain flow does the same before its gate"
             )
         result = {"ok": True, "task": cfg.task.name, "config_hash": cfg.config_hash(), "shield": figures}
-        emit(args, {**result, "starts_note": starts, "targets_notes": targets, "gate_note": gate}, human)
+        notes = {"starts_note": starts, "targets_notes": targets, "gate_note": gate, "falsify_note": clock}
+        emit(args, {**result, **notes}, human)
         return 0
     rows = describe_fields()
     width = max(len(k) for k, *_ in rows)
@@ -63,6 +65,18 @@ def gate_note(gate) -> str | None:
         f"gate.max_episodes ({gate.max_episodes}) is below gate.min_episodes ({gate.min_episodes}): no return "
         "comparison can pass on so few episodes, so no night can promote (each ends inconclusive, or fails); "
         "raise gate.max_episodes"
+    )
+
+
+def falsify_note(search) -> str | None:
+    """A clock on the gate's search makes its verdict depend on how busy the machine is: said, not refused (a
+    wiring test, or a user who wants a bound on the night, may want exactly that)."""
+    if search.budget_s is None:
+        return None
+    return (
+        f"falsify.budget_s ({search.budget_s:g} s) caps the retrain flow's search by the clock: on a busy machine it "
+        f"may end before falsify.candidates ({search.candidates}) and pass a bundle a quiet one would fail; unset it "
+        "for the same verdict on any machine (shield synthesize does not read it)"
     )
 
 

@@ -12,7 +12,7 @@ from pipeline.commands import CHECK_FAILED, OK, UsageError, command, emit
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.evaluation.episodes import MIN_H_MEANING, constraint_lines
-    from pipeline.evaluation.falsify import falsify
+    from pipeline.evaluation.falsify import extent, falsify
 
     cfg = load_config(args.config)
     if args.replay:
@@ -21,15 +21,23 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--shield goes with --replay (a search attacks the config's spec or --bundle's)")
     if args.budget_s is not None and not args.budget_s > 0:
         raise UsageError(f"--budget-s must be > 0, got {args.budget_s}")
+    if args.candidates is not None and not args.candidates > 0:
+        raise UsageError(f"--candidates must be > 0, got {args.candidates}")
     out_dir = args.out or f"reports/falsify-{cfg.task.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     result = falsify(
-        cfg, bundle=args.bundle, budget_s=args.budget_s, seed=args.seed, out_dir=out_dir, progress=not args.json
+        cfg,
+        bundle=args.bundle,
+        budget_s=args.budget_s,
+        candidates=args.candidates,
+        seed=args.seed,
+        out_dir=out_dir,
+        progress=not args.json,
     )
     result["out"] = out_dir
+    clock = "--budget-s" if args.budget_s is not None else "falsify.budget_s"
     lines = [
-        f"falsify {cfg.task.name}: {result['evaluated']} candidates in {result['wall_s']:.0f} s "
-        f"({result['evals_per_s']:.1f}/s; {result['phases']}; {result['corners_total']} corner candidates in "
-        f"all); worst h {result['min_h']} (the lowest barrier value the shield saw: {MIN_H_MEANING})"
+        f"falsify {cfg.task.name}: {extent(result, clock)} ({result['evals_per_s']:.1f}/s; {result['phases']}); "
+        f"worst h {result['min_h']} (the lowest barrier value the shield saw: {MIN_H_MEANING})"
     ]
     lines += [
         f"  CASE: set {case['set']}, policy {case['policy']}, seed {case['seed']}: {case['violations']} "
@@ -37,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         for case in result["cases"]
     ]
     if not result["cases"]:
-        lines.append("  no shielded violation found within the budget")
+        lines.append(f"  no shielded violation found in {result['evaluated']} candidates")
     lines += constraint_lines(result.get("constraints", {}))
     emit(args, result, "\n".join(lines))
     return CHECK_FAILED if result["cases"] else OK

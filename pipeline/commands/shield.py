@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser, default_config: str) -> None:
     s.add_argument(
         "--budget-s",
         type=float,
-        help="cap the falsification by the clock (s), as well as by falsify.certify_candidates; by default it has "
+        help="cap the falsification by the clock (s), as well as by falsify.candidates; by default it has "
         "no clock, so its verdict for a seed is the same on any machine",
     )
     s.add_argument("--no-falsify", action="store_true", help="measure and build only (the certificate says so)")
@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if spec is not None and not args.no_falsify:
         clock = f", or {args.budget_s:g} s if sooner" if args.budget_s is not None else ""
         stage(
-            f"falsifying: searching for a shielded violation ({cfg.falsify.certify_candidates} candidates"
-            f"{clock}, falsify.certify_candidates)"
+            f"falsifying: searching for a shielded violation ({cfg.falsify.candidates} candidates"
+            f"{clock}, falsify.candidates)"
         )
         falsified = _falsify(cfg, spec, args, out)
         if falsified["cases_found"]:
@@ -259,9 +259,9 @@ def _case_plant(cfg, case: dict) -> tuple[list[str], str]:
     """The randomized parameters a falsification case fixed at an end of its set's range (their keys), and the
     case's plant in words: each scale with the end it sits at, its latency and its push."""
     from envs.randomization import parse_randomization
-    from pipeline.safety.sampling import range_parameters
+    from pipeline.safety.sampling import range_parameters, ranges
 
-    configured = {name: (lo, hi) for name, lo, hi in range_parameters(cfg.randomization[case["set"]])}
+    configured = ranges(cfg.randomization[case["set"]])
     drawn = parse_randomization(case["domain"], "case")
     ends, words = [], []
     for name, lo, _ in range_parameters(drawn):
@@ -297,12 +297,21 @@ def _falsify(cfg, spec: dict, args, out: Path) -> dict:
         cfg,
         spec=spec,
         budget_s=math.inf if args.budget_s is None else args.budget_s,
-        max_candidates=cfg.falsify.certify_candidates,
         seed=args.seed,
         out_dir=out / "falsify",
         progress=not args.json,
     )
-    keep = ("cases_found", "cases", "min_h", "evaluated", "phases", "corners_total", "budget_s", "max_candidates")
+    keep = (
+        "cases_found",
+        "cases",
+        "min_h",
+        "evaluated",
+        "phases",
+        "corners_total",
+        "candidates",
+        "budget_s",
+        "cut_short",
+    )
     return {k: result.get(k) for k in (*keep, "seed", "wall_s")}
 
 
@@ -310,60 +319,25 @@ def _falsify(cfg, spec: dict, args, out: Path) -> dict:
 _CLAUSE = re.compile(r"; |(?<=[a-z)\]])\. (?=[A-Z])")
 
 
-def falsify_extent(falsified: dict) -> str:
-    """How far the certificate's search went: candidates (corners among them) and time, and whether the clock cut
-    it short of its count (the verdict then depends on how busy the machine was)."""
-    corners = (falsified.get("phases") or {}).get("corners")
-    said = f"{falsified['evaluated']} candidates" + (
-        f" ({corners} of {falsified['corners_total']} corners)"
-        if corners is not None and falsified.get("corners_total")
-        else ""
-    )
-    said += f" in {falsified['wall_s']:.0f} s"
-    wanted = falsified.get("max_candidates")
-    if (
-        falsified.get("budget_s") is not None
-        and wanted
-        and falsified["evaluated"] < wanted
-        and not falsified["cases_found"]
-    ):
-        said += (
-            f", cut short by --budget-s {falsified['budget_s']:g} before falsify.certify_candidates ({wanted}): on a "
-            "busier machine it searches less, so rerun without --budget-s for a verdict that does not depend on it"
-        )
-    return said
-
-
 def _one_at_a_time(cfg, case: dict, spec: dict, ends: list[str]) -> list[tuple[str, int]]:
     """(parameter, violating steps) of the case replayed with that one parameter back at nominal (1x, or its
     range's middle; a latency at its set's shortest), the rest as the case had them: fewest first. A case at a
     corner sits at an end of every range, and naming them all says nothing of which one to narrow. [] for a
     bundle's case."""
-    from pipeline.evaluation.falsify import replay_case
+    from pipeline.evaluation.falsify import pin, replay_case
     from pipeline.safety.certificate import nominal_value
-    from pipeline.safety.sampling import range_parameters
+    from pipeline.safety.sampling import ranges
     from shield.spec import ShieldSpec
 
     if case.get("policy") == "bundle":
         return []
     rset = cfg.randomization[case["set"]]
-    configured = {name: (lo, hi) for name, lo, hi in range_parameters(rset)}
-    moves: list[tuple[str, dict]] = []
-    for name in ends:
-        value = nominal_value(*configured[name])
-        domain = copy.deepcopy(case["domain"])
-        if name == "gravity_scale":
-            domain["gravity_scale"] = {"dist": "uniform", "low": value, "high": value}
-        else:
-            group, element = name.split(".", 1)
-            domain[group][element] = {"dist": "uniform", "low": value, "high": value}
-        moves.append((name, domain))
+    configured = ranges(rset)
+    moves = [(name, pin(copy.deepcopy(case["domain"]), name, nominal_value(*configured[name]))) for name in ends]
     latency = (case["domain"].get("latency_steps") or {}).get("high")
     if rset.latency_steps is not None and latency is not None and latency > rset.latency_steps.low:
         shortest = rset.latency_steps.low
-        moves.append(
-            (f"latency_steps (to {shortest})", {**case["domain"], "latency_steps": {"low": shortest, "high": shortest}})
-        )
+        moves.append((f"latency_steps (to {shortest})", pin(copy.deepcopy(case["domain"]), "latency_steps", shortest)))
     shield_spec = ShieldSpec.from_dict(spec)
     out = [
         (name, int(replay_case(cfg, {**case, "domain": domain}, shield_spec)["violations"])) for name, domain in moves
@@ -434,6 +408,7 @@ def _units(cfg) -> dict[str, str]:
 
 def _human(cfg, meas, spec, record, refused, out: Path) -> str:
     from pipeline.evaluation.episodes import MIN_H_MEANING
+    from pipeline.evaluation.falsify import extent
     from pipeline.safety import certificate
     from pipeline.safety.shield_spec import PREDICTIVE_TOO
 
@@ -485,7 +460,8 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
             )
         if falsified:
             lines.append(
-                f"  falsify: {falsify_extent(falsified)}, lowest h {_rounded(falsified['min_h'])} ({MIN_H_MEANING})"
+                f"  falsify: {extent(falsified, '--budget-s')}, lowest h {_rounded(falsified['min_h'])} "
+                f"({MIN_H_MEANING})"
             )
     lines += legacy_lines(record.get("legacy_on_reality"), (record.get("filter") or {}).get("type") != "barrier")
     if record.get("conservative"):

@@ -5,12 +5,13 @@ scale (`body_mass.cart`, `actuator_gain.rotor0`, ...) and the latency, pinned
 per candidate to one value inside the set's range (noise and pushes stay as the
 set states them), times the adversary's knobs (`AdversaryParams`: which
 constraint, when, how hard, how far past, and a back-and-forth timed against
-the latency). The budget is `falsify.budget_s` (wall clock) and, when set,
-`falsify.max_candidates` (a count: the same search on any machine); the search
-stops at whichever comes first, or at the first case. A budget of `math.inf`
-with a count is a search with no clock: `shield synthesize` certifies on
-`falsify.certify_candidates` so, the same verdict however loaded the machine. Phases, each with its
-share of the budget:
+the latency). The budget is `falsify.candidates`, a count: for a seed, the
+same candidates and the same verdict on any machine however loaded (a clock's
+budget searched a fraction as much on a busy machine, and certified there what
+a quiet one refused). `falsify.budget_s` (or `budget_s`) adds a wall-clock cap
+for whoever asks; the search stops at whichever comes first, or at the first
+case, and the summary's `cut_short` says when the clock ended it. Phases, each
+with its share of the budget:
 
 1. corners (each range at one of its ends) with the default adversary, the
    random and the bang-bang policy (and the bundle's policy, given one), up to
@@ -87,20 +88,24 @@ def parameters(rset) -> list[tuple[str, float, float]]:
     return out
 
 
+def pin(doc: dict, name: str, value: float) -> dict:
+    """`doc` (a set as a plain mapping) with parameter `name` (a `parameters` name) held at `value`; in place."""
+    if name == "latency_steps":
+        v = int(round(value))
+        doc["latency_steps"] = {"low": v, "high": v}
+    elif name == "gravity_scale":
+        doc["gravity_scale"] = {"dist": "uniform", "low": float(value), "high": float(value)}
+    else:
+        group, element = name.split(".", 1)
+        doc[group][element] = {"dist": "uniform", "low": float(value), "high": float(value)}
+    return doc
+
+
 def pinned_domain(rset, x: np.ndarray) -> dict:
     """The set with every range pinned to one value (x in [0, 1] per parameter), as a plain mapping."""
     doc = rset.model_dump(mode="json", exclude_none=True)
     for (name, lo, hi), xi in zip(parameters(rset), np.clip(x, 0.0, 1.0)):
-        if name == "latency_steps":
-            v = int(round(lo + xi * (hi - lo)))
-            doc["latency_steps"] = {"low": v, "high": v}
-        elif name == "gravity_scale":
-            v = float(lo + xi * (hi - lo))
-            doc["gravity_scale"] = {"dist": "uniform", "low": v, "high": v}
-        else:
-            group, el = name.split(".", 1)
-            v = float(lo + xi * (hi - lo))
-            doc[group][el] = {"dist": "uniform", "low": v, "high": v}
+        pin(doc, name, lo + xi * (hi - lo))
     return doc
 
 
@@ -176,12 +181,13 @@ class Falsifier:
         seed: int | None = None,
         out_dir: str | Path | None = None,
         progress: bool = False,
-        max_candidates: int | None = None,
+        candidates: int | None = None,
     ):
         self.cfg, self.spec = cfg, spec
         self.bundle_policy = bundle_policy
-        self.budget_s = cfg.falsify.budget_s if budget_s is None else float(budget_s)
-        self.max_candidates = cfg.falsify.max_candidates if max_candidates is None else int(max_candidates)
+        clock = cfg.falsify.budget_s if budget_s is None else budget_s
+        self.budget_s = math.inf if clock is None else float(clock)
+        self.candidates = cfg.falsify.candidates if candidates is None else int(candidates)
         self.seed = cfg.falsify.seed if seed is None else int(seed)
         self.rng = np.random.default_rng(self.seed)
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -199,21 +205,19 @@ class Falsifier:
         # Per set: (h, [x, attack]) of every adversarial candidate, the optimizer's starting population.
         self._history: dict[str, list[tuple[float, np.ndarray]]] = {name: [] for name in self.sets}
         self._t0 = 0.0
-        self._bar: Progress | None = None  # over the time budget: a bar on a terminal, plain lines otherwise
+        self._bar: Progress | None = None  # over the candidates: a bar on a terminal, plain lines otherwise
 
     def _left(self) -> float:
         return self.budget_s - (time.monotonic() - self._t0)
 
     def _spent(self, share: float = 1.0, since: tuple[float, int] = (0.0, 0)) -> bool:
-        """Has `share` of the budget (time, and the candidate count where one is set) been spent since `since`?"""
+        """Has `share` of the budget (the candidates, and the clock where one is set) been spent since `since`?"""
         if self.cases or self._left() <= 0:
             return True
         t_since, n_since = since
         if time.monotonic() - self._t0 - t_since >= share * self.budget_s:
             return True
-        if self.max_candidates is None:
-            return False
-        return self.evaluated >= self.max_candidates or self.evaluated - n_since >= share * self.max_candidates
+        return self.evaluated >= self.candidates or self.evaluated - n_since >= share * self.candidates
 
     def _mark(self) -> tuple[float, int]:
         return time.monotonic() - self._t0, self.evaluated
@@ -263,16 +267,11 @@ class Falsifier:
         if result["violations"] > 0:
             self.cases.append(self._write_case(record))
         if self._bar is not None:
-            at = self.evaluated if self._counted() else int(time.monotonic() - self._t0)
             self._bar.update_to(
-                min(at, self._bar.total),
+                min(self.evaluated, self._bar.total),
                 {"evaluated": self.evaluated, "cases": len(self.cases), "worst h": f"{self.best['min_h']:.4f}"},
             )
         return record
-
-    def _counted(self) -> bool:
-        """A search with no clock, only a count: the same candidates, and verdict, on any machine."""
-        return not math.isfinite(self.budget_s) and self.max_candidates is not None
 
     def _write_case(self, record: dict) -> dict:
         if self.out_dir is None:
@@ -289,13 +288,13 @@ class Falsifier:
         """Corner candidates of the whole search: 2^d per set, times the policies tried at each."""
         return sum(2 ** len(params) for _, params in self.sets.values()) * len(self.policies)
 
-    def _corners(self, limit: int | None):
-        """Corner candidates: in a random order without repeats while there are at most a few thousand (the share
-        of the budget, or `limit`, cuts the order short), else drawn at random per set, round robin, without building
+    def _corners(self, limit: int):
+        """Corner candidates: in a random order without repeats while there are at most a few thousand, or `limit`
+        (the share of the budget cuts the order short), else drawn at random per set, round robin, without building
         the 2^d list."""
         names = list(self.sets)
         total = self.corner_count()
-        if total <= max(limit or 0, 4096):
+        if total <= max(limit, 4096):
             order = [
                 (name, np.array(c), policy)
                 for name, (_, params) in self.sets.items()
@@ -372,16 +371,11 @@ class Falsifier:
         """Corners, then random draws, then cross-entropy, until a case is found or the budget is spent."""
         self._t0 = time.monotonic()
         if self.progress:
-            self._bar = (
-                Progress(self.max_candidates, unit="candidate", desc="falsify")
-                if self._counted()
-                else Progress(math.ceil(self.budget_s), unit="s", desc="falsify")
-            )
+            self._bar = Progress(self.candidates, unit="candidate", desc="falsify")
         phases = {"corners": 0, "random": 0, "cross_entropy": 0, "restarts": 0}
         share = self.cfg.falsify.corner_share
         since = self._mark()
-        limit = None if self.max_candidates is None else int(share * self.max_candidates)
-        for cand in self._corners(limit):
+        for cand in self._corners(int(share * self.candidates)):
             if self._spent(share, since):
                 break
             self.evaluate(cand)
@@ -407,11 +401,31 @@ class Falsifier:
             "dimensions": {n: len(p) + _ATTACK_DIMS for n, (_, p) in self.sets.items()},
             "corners_total": self.corner_count(),
             "constraints": self.constraints,
+            "candidates": self.candidates,
             "budget_s": self.budget_s if math.isfinite(self.budget_s) else None,
-            "max_candidates": self.max_candidates,
+            # The clock ended it before its count: the verdict then depends on how busy the machine was.
+            "cut_short": not self.cases and self.evaluated < self.candidates,
             "seed": self.seed,
             "wall_s": wall,
         }
+
+
+def extent(summary: dict, clock: str = "falsify.budget_s") -> str:
+    """How far a search went: candidates (corners among them) and time, and whether the clock (`clock`: the key or
+    flag that set it) cut it short of its count, when the verdict depends on how busy the machine was."""
+    corners = (summary.get("phases") or {}).get("corners")
+    said = f"{summary['evaluated']} candidates" + (
+        f" ({corners} of {summary['corners_total']} corners)"
+        if corners is not None and summary.get("corners_total")
+        else ""
+    )
+    said += f" in {summary['wall_s']:.0f} s"
+    if summary.get("cut_short"):
+        said += (
+            f", cut short by {clock} {summary['budget_s']:g} before falsify.candidates ({summary['candidates']}): on "
+            f"a busier machine it searches less, so unset {clock} for a verdict that does not depend on it"
+        )
+    return said
 
 
 def replay_case(cfg, case: dict | str | Path, spec, bundle_policy=None) -> dict:
@@ -470,7 +484,7 @@ def falsify(
     out_dir: str | Path | None = None,
     spec=None,
     progress: bool = False,
-    max_candidates: int | None = None,
+    candidates: int | None = None,
 ) -> dict:
     """Search `cfg`'s envelope (the bundle's policy and shield.json, or the config's spec); see the module docstring."""
     spec, bundle_policy = attacked(cfg, bundle, spec)
@@ -482,5 +496,5 @@ def falsify(
         seed=seed,
         out_dir=out_dir,
         progress=progress,
-        max_candidates=max_candidates,
+        candidates=candidates,
     ).run()

@@ -520,6 +520,7 @@ def decide(metrics: dict, gate) -> GateDecision:
 
     if "falsification_cases" in metrics:  # the retrain flow ran `falsify` before the gate
         worst = metrics.get("falsification_min_h")
+        searched = metrics.get("falsification_evaluated")
         checks.append(
             _at_most(
                 "gate.max_falsification_cases",
@@ -528,6 +529,12 @@ def decide(metrics: dict, gate) -> GateDecision:
                 lambda x, op: (
                     f"falsify found {int(x)} shielded violation case(s) "
                     f"{op} {gate.max_falsification_cases}"
+                    + (f" in {int(searched)} candidates" if _known(searched) else "")
+                    + (
+                        " (cut short by falsify.budget_s before falsify.candidates: a busier machine searches less)"
+                        if metrics.get("falsification_cut_short")
+                        else ""
+                    )
                     + (f" (lowest barrier value the shield saw {worst:.4f}; {MIN_H_MEANING})" if _known(worst) else "")
                 ),
                 "falsify did not run",

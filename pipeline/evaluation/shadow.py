@@ -483,6 +483,8 @@ def run_shadow(
             falsification_cases=falsification.get("cases_found"),
             falsification_min_h=falsification.get("min_h"),
             falsification_worst=falsification.get("worst"),
+            falsification_evaluated=falsification.get("evaluated"),
+            falsification_cut_short=falsification.get("cut_short"),
         )
     if from_log is not None:
         from shield.bundle import verify_bundle

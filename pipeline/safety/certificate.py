@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from pipeline.safety import synthesis
+from pipeline.safety import sampling, synthesis
 from pipeline.safety.predictive import ROOM_MEANING
 from shield.spec import MAX_INPUT_GAIN_ERROR
 
@@ -151,7 +151,7 @@ def offending_parameter(cfg, meas: synthesis.Measurement, k: int, d: int | None)
         return None
     at, figure = measured
     base, best = figure(at["domain"]), None
-    ranges = {n: (lo, hi) for n, lo, hi in synthesis.range_parameters(cfg.randomization[at["set"]])}
+    ranges = sampling.ranges(cfg.randomization[at["set"]])
     for name, value in at["domain"].items():
         lo, hi = ranges.get(name, (value, value))
         if hi <= lo:

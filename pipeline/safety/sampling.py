@@ -44,6 +44,11 @@ def range_parameters(rset) -> list[tuple[str, float, float]]:
     return out
 
 
+def ranges(rset) -> dict[str, tuple[float, float]]:
+    """`range_parameters` as a map: name -> (low, high)."""
+    return {name: (lo, hi) for name, lo, hi in range_parameters(rset)}
+
+
 def set_domains(rset, rng: np.random.Generator, draws: int) -> list[dict]:
     """The set's corners (all, or MAX_CORNERS sampled when 2^d is larger) and random draws."""
     from envs.randomization import sample_domain

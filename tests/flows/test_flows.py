@@ -31,7 +31,7 @@ def _tiny_config(tmp_path: Path, **gate) -> Path:
     # The search is a wall-clock budget spent in full when it finds nothing: these tests are about the flow (retries,
     # registry, gate, artifacts), not the search's reach (tests/pipeline/evaluation/test_falsify.py, and
     # test_a_falsified_candidate_fails_the_gate below with its own budget), so 3 s, as the nightly test here.
-    data["falsify"] = {"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1}
+    data["falsify"] = {"candidates": 40, "episode_steps": 80, "episodes_per_candidate": 1}
     data["gate"].update({**WIRING_GATE, **gate})
     path = tmp_path / f"tiny-{len(gate)}.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -194,7 +194,7 @@ def test_a_nightly_candidate_worse_than_production_keeps_production(promoted, tm
     registry.promote("cartpole", incumbent)
 
     config = yaml.safe_load(_tiny_config(tmp_path).read_text())
-    config["falsify"]["budget_s"] = 3
+    config["falsify"]["candidates"] = 40
     path = tmp_path / "nightly.yaml"
     path.write_text(yaml.safe_dump(config))
     state = retrain(config_path=str(path), models_root=str(models), runs_dir=str(tmp_path / "runs"), return_state=True)
@@ -242,7 +242,7 @@ def test_a_falsified_candidate_fails_the_gate(harness, tmp_path, monkeypatch):
     monkeypatch.setattr(shield_spec, "envelope_problems", lambda *a, **k: [])
     data = yaml.safe_load(_tiny_config(tmp_path).read_text())
     data["shield"].update(margin=0.0, latency_steps=0)
-    data["falsify"].update(budget_s=120)
+    data["falsify"].update(candidates=600)
     path = tmp_path / "faulty.yaml"
     path.write_text(yaml.safe_dump(data))
     models = tmp_path / "models"
@@ -280,7 +280,7 @@ def test_every_algorithm_goes_through_the_flow_to_promotion(harness, algorithm, 
         tmp_path,
         algorithm,
         shadow={"episodes": 2},
-        falsify={"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1},
+        falsify={"candidates": 40, "episode_steps": 80, "episodes_per_candidate": 1},
         gate=WIRING_GATE,
     )
     state = retrain(

@@ -365,7 +365,8 @@ def _tiny_flow_config(base: Path) -> Path:
     data["gate"].update(WIRING_GATE)
     data["gate"]["min_return_ratio_production"] = 0.01
     data["calibration"] = {"known": {"joint_damping.slider": TRUTH["joint_damping.slider"]}}
-    data["falsify"] = {"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1}  # as tests/flows/test_flows.py
+    # as tests/flows/test_flows.py
+    data["falsify"] = {"candidates": 40, "episode_steps": 80, "episodes_per_candidate": 1}
     path = base / "tiny-flow.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

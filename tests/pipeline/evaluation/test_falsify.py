@@ -92,8 +92,8 @@ def test_shipped_configs_hold_within_the_budget(tmp_path, task):
             "falsify",
             "--config",
             f"configs/{task}.yaml",
-            "--budget-s",
-            "20",
+            "--candidates",
+            "200",
             "--seed",
             "3",
             "--out",
@@ -106,7 +106,7 @@ def test_shipped_configs_hold_within_the_budget(tmp_path, task):
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads(out.stdout)
-    assert result["cases_found"] == 0 and result["evaluated"] >= 1
+    assert result["cases_found"] == 0 and result["evaluated"] == 200 and not result["cut_short"]
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_an_under_margined_spec_is_found_in_a_fixed_budget_on_a_wide_envelope(ba
     cfg, spec = ballast
     assert min(len(parameters(r)) for r in cfg.randomization.values()) >= 10
     planted = dict(spec, margin=0.0, input_gain_error=0.0)
-    result = falsify(cfg, spec=planted, budget_s=3600, max_candidates=120, seed=0, out_dir=tmp_path)
+    result = falsify(cfg, spec=planted, candidates=120, seed=0, out_dir=tmp_path)
     assert result["cases_found"] == 1 and result["min_h"] < 0
     assert result["phases"]["corners"] <= 0.2 * 120 and result["phases"]["cross_entropy"] > 0
     assert replay_case(cfg, result["cases"][0]["case_file"], ShieldSpec.from_dict(planted))["violations"] > 0
@@ -130,31 +130,34 @@ def test_an_under_margined_spec_is_found_in_a_fixed_budget_on_a_wide_envelope(ba
 def test_the_budget_goes_mostly_to_the_optimizer_when_corners_outnumber_it(ballast):
     cfg, spec = ballast
     sound = dict(spec, margin=0.3)  # a spec the search should not break in a few candidates
-    result = falsify(cfg, spec=sound, budget_s=3600, max_candidates=30, seed=1)
+    result = falsify(cfg, spec=sound, candidates=30, seed=1)
     assert result["cases_found"] == 0 and result["evaluated"] == 30
     assert result["corners_total"] == 3 * 2**13 * 3
     assert result["phases"]["corners"] == 6 and result["phases"]["random"] == 3
     assert result["phases"]["cross_entropy"] == 21
 
 
-def test_the_certificates_search_is_a_count_so_a_busy_machine_gets_the_same_verdict(tmp_path, monkeypatch):
+def test_every_search_is_a_count_so_a_busy_machine_gets_the_same_verdict(tmp_path, monkeypatch):
     """helper-66's ball-on-plate was certified on a loaded machine (60 s of clock: 16 candidates, 3 of 576 corners)
-    and refused on a quiet one (a case at the 6th). `shield synthesize`'s search is now `falsify.certify_candidates`
-    candidates with no clock: on a clock starved 30 s per reading it searches exactly what a normal clock does, the
-    same candidates to the same lowest h. `--budget-s` puts a clock back, and its line says it cut the search."""
+    and refused on a quiet one (a case at the 6th); the nightly gate's search had the same clock. Every search is
+    now `falsify.candidates` candidates with no clock: on a clock starved 30 s per reading, the certificate's and the
+    gate's search evaluate exactly what a normal clock does, the same candidates to the same lowest h. A clock put
+    back (`--budget-s`, or `falsify.budget_s` for the gate) cuts it short, and the line and the gate say so."""
     import argparse
     import types
 
     import pipeline.evaluation.falsify as falsify_module
-    from pipeline.commands.shield import _falsify, falsify_extent
+    from pipeline.commands.config import falsify_note
+    from pipeline.commands.shield import _falsify
+    from pipeline.evaluation.falsify import extent
+    from pipeline.evaluation.gate import decide
 
     cfg = load_config(ROOT / "configs" / "cartpole.yaml")
-    cfg = cfg.model_copy(
-        update={"falsify": cfg.falsify.model_copy(update={"certify_candidates": 8, "episode_steps": 40})}
-    )
+    cfg = cfg.model_copy(update={"falsify": cfg.falsify.model_copy(update={"candidates": 8, "episode_steps": 40})})
     spec = build_shield_spec(cfg, check_envelope=False)
     args = argparse.Namespace(budget_s=None, seed=3, json=True)
     quiet = _falsify(cfg, spec, args, tmp_path / "quiet")
+    quiet_gate = falsify(cfg, spec=spec, seed=3)
 
     now = [0.0]
 
@@ -166,12 +169,36 @@ def test_the_certificates_search_is_a_count_so_a_busy_machine_gets_the_same_verd
     busy = _falsify(cfg, spec, args, tmp_path / "busy")
     assert quiet["evaluated"] == busy["evaluated"] == 8 and quiet["cases_found"] == busy["cases_found"] == 0
     assert busy["min_h"] == quiet["min_h"] and busy["phases"] == quiet["phases"] and busy["phases"]["corners"] >= 1
-    assert busy["budget_s"] is None and busy["max_candidates"] == 8
-    assert falsify_extent(busy).startswith(f"8 candidates ({busy['phases']['corners']} of 576 corners)")
-    assert "cut short" not in falsify_extent(busy)
+    assert busy["budget_s"] is None and busy["candidates"] == 8 and not busy["cut_short"]
+    assert extent(busy).startswith(f"8 candidates ({busy['phases']['corners']} of 576 corners)")
+    assert "cut short" not in extent(busy)
+    busy_gate = falsify(cfg, spec=spec, seed=3)  # the retrain flow's search: the config sets no clock
+    assert busy_gate["evaluated"] == quiet_gate["evaluated"] == 8 and busy_gate["min_h"] == quiet_gate["min_h"]
+    assert falsify_note(cfg.falsify) is None
+
     capped = _falsify(cfg, spec, argparse.Namespace(budget_s=60.0, seed=3, json=True), tmp_path / "capped")
-    assert capped["evaluated"] < 8 and capped["budget_s"] == 60.0
-    assert "cut short by --budget-s 60 before falsify.certify_candidates (8)" in falsify_extent(capped)
+    assert capped["evaluated"] < 8 and capped["budget_s"] == 60.0 and capped["cut_short"]
+    assert "cut short by --budget-s 60 before falsify.candidates (8)" in extent(capped, "--budget-s")
+    clocked = cfg.model_copy(update={"falsify": cfg.falsify.model_copy(update={"budget_s": 60.0})})
+    assert "falsify.budget_s (60 s) caps" in falsify_note(clocked.falsify)
+    night = falsify(clocked, spec=spec, seed=3)
+    assert night["evaluated"] < 8 and night["cut_short"]
+    metrics = dict(falsification_cases=0, falsification_evaluated=night["evaluated"], falsification_cut_short=True)
+    (line,) = [r for r in decide(metrics, clocked.gate).reasons if "falsify" in r]
+    assert f"in {night['evaluated']} candidates (cut short by falsify.budget_s" in line, line
+
+
+def test_a_config_written_for_the_earlier_names_of_the_count_still_loads(tmp_path):
+    """`falsify.max_candidates` and `falsify.certify_candidates` were two counts; they are one, and a config that
+    names either still loads, as `falsify.candidates`."""
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "configs" / "cartpole.yaml").read_text())
+    for old in ("max_candidates", "certify_candidates"):
+        doc["falsify"] = {old: 17}
+        path = tmp_path / f"{old}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        assert load_config(path).falsify.candidates == 17
 
 
 def test_a_replayed_case_of_whole_episodes_says_how_long_they_are(tmp_path, capsys):
@@ -190,14 +217,13 @@ def test_a_refusal_by_falsification_replays_the_case_with_one_end_moved_back_at_
     """helper-66's refusal named five ranges and a latency, all at the case's corner, with no way to tell which to
     narrow. `shield synthesize` now replays the case with each moved back to nominal alone: on a shield planted to
     assume no latency, the case the count-based search finds is kept inside once only its latency is shortened."""
-    import math
 
     from pipeline.commands.shield import _case_plant, _one_at_a_time
 
     cfg = load_config(ROOT / "configs" / "cartpole.yaml")
     spec = build_shield_spec(cfg, check_envelope=False)
     spec["latency_steps"] = 0  # the planted fault: every set has up to 2 or 3 steps
-    result = falsify(cfg, spec=spec, budget_s=math.inf, max_candidates=300, seed=0, out_dir=tmp_path)
+    result = falsify(cfg, spec=spec, candidates=300, seed=0, out_dir=tmp_path)
     (case,) = result["cases"]
     assert case["domain"]["latency_steps"]["high"] > 0 and case["violations"] > 0
     ends, _ = _case_plant(cfg, case)

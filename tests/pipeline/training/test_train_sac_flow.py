@@ -23,7 +23,7 @@ def test_sac_flow_failing_its_gate_says_so_once_and_quietly(tmp_path):
     data["train"]["sac"].update(learning_starts=500, replay_ratio=8.0, log_every=20)
     data["train"]["replay"].update(num_shards=1)
     data["shadow"].update(episodes=2)
-    data["falsify"] = {"budget_s": 3, "episode_steps": 80, "episodes_per_candidate": 1}
+    data["falsify"] = {"candidates": 40, "episode_steps": 80, "episodes_per_candidate": 1}
     data["gate"]["min_return_ratio"] = 1000.0  # no policy passes: the gate's "no" is what is under test
     config = tmp_path / "sac.yaml"
     config.write_text(yaml.safe_dump(data))

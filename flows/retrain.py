@@ -41,6 +41,7 @@ from pipeline.config import load_config
 from pipeline.deployment.export import export_policy
 from pipeline.deployment.registry import Registry
 from pipeline.evaluation.episodes import MIN_H_MEANING
+from pipeline.evaluation.falsify import extent
 from pipeline.evaluation.gate import promotion_verdict, with_paths
 from pipeline.evaluation.monitor_bounds import bundle_spec
 from pipeline.evaluation.payoff import payoff
@@ -290,12 +291,12 @@ def retrain(
     )
     min_h = falsification["min_h"]
     logger.info(
-        "falsify (search seed %d, night %d's own): %s shielded violation case(s) in %s candidates; lowest barrier "
-        "value the shield saw %s (%s)",
+        "falsify (search seed %d, night %d's own): %s shielded violation case(s) in %s; lowest barrier value the "
+        "shield saw %s (%s)",
         falsification["seed"],
         night,
         falsification["cases_found"],
-        falsification["evaluated"],
+        extent(falsification),
         "n/a" if min_h is None else f"{min_h:.4g}",
         MIN_H_MEANING,
     )

@@ -301,18 +301,8 @@ def _falsify(cfg, spec: dict, args, out: Path) -> dict:
         out_dir=out / "falsify",
         progress=not args.json,
     )
-    keep = (
-        "cases_found",
-        "cases",
-        "min_h",
-        "evaluated",
-        "phases",
-        "corners_total",
-        "candidates",
-        "budget_s",
-        "cut_short",
-    )
-    return {k: result.get(k) for k in (*keep, "seed", "wall_s")}
+    keep = "cases_found cases min_h evaluated phases corners_total candidates budget_s cut_short seed wall_s"
+    return {k: result.get(k) for k in keep.split()}
 
 
 # Where a refusal's message breaks into lines: its "; " and its sentence ends (not "e.g. set", not "1.5x").

@@ -29,6 +29,7 @@ def _one_error_line(err: str, command: str) -> None:
         (["eval", "--policy", "legacy", "some/bundle"], "BUNDLE"),
         (["eval", "--policy", "legacy", "--episodes", "0"], "--episodes"),
         (["falsify", "--budget-s", "0"], "--budget-s"),
+        (["falsify", "--candidates", "0"], "--candidates"),
         (["shadow", "no/such/bundle", "--episodes", "1"], "no/such/bundle"),
         (["export", "no/such/run"], "no/such/run"),
         (["calibrate", "--from-log", "no/such/log.npz"], "no/such/log.npz"),

@@ -850,8 +850,16 @@ def _check_task(cfg: Config, path: Path) -> None:
 
 
 def load_config(path: str | Path) -> Config:
-    """Read and validate `configs/<task>.yaml`."""
+    """Read and validate `configs/<task>.yaml`. The default config (`pipeline.DEFAULT_CONFIG`), given relative to
+    a working directory that has no `configs/`, is the shipped one (the checkout's, or an install's copy): a command
+    run outside the checkout with no --config otherwise failed on a file `sim2real envs` lists."""
+    from pipeline import DEFAULT_CONFIG
+
     path = Path(path)
+    if str(path) == DEFAULT_CONFIG and not path.exists():
+        from envs.registry import config_dirs
+
+        path = next((d / path.name for d in config_dirs() if (d / path.name).is_file()), path)
     try:
         text = path.read_text()
     except OSError as err:

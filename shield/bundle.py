@@ -395,8 +395,9 @@ def gate_note(manifest: dict | None, models_root: str | Path | None = None) -> s
     if found is None:
         if isinstance(m.get("metrics"), dict) and "gate" not in m["metrics"]:
             return (
-                "this bundle carries no gate decision (a run folder's export, or one made by hand: the registry's "
-                "copy carries it): nothing judged it against the legacy controller; it is served as asked"
+                "this bundle carries no gate decision (exported, or made by hand: only `sim2real run` records one "
+                "in the registry's copy): nothing judged it against the legacy controller; it is served as asked. "
+                "`sim2real shadow BUNDLE` gates it"
             )
         return None
     where = f" --models {models_root}" if models_root is not None and Path(models_root) != Path("models") else ""

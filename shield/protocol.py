@@ -159,6 +159,7 @@ class Status(IntFlag):
 OBS_RANGE_WIDTHS = 1.0  # OBS_RANGE: beyond [low - w * (high - low), high + w * (high - low)]
 RATE_WINDOW = 50  # RATE: the mean interval of a plant's last this many requests ...
 RATE_FACTOR = 2.0  # ... outside [period / RATE_FACTOR, period * RATE_FACTOR]
+SILENCES_FLAGGED = 2  # RATE too: this many requests in a row, each after a silence past the plant-live time
 
 
 # Bits a controller treats as an alarm (the action is then the fallback, or the policy misbehaved).

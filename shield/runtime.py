@@ -57,6 +57,7 @@ class PlantSession:
         "rate_start_ns",
         "rate_count",
         "rate_off",
+        "silences",
     )
 
     def __init__(self, runtime: EdgeRuntime, shield=_BUILD):
@@ -65,8 +66,9 @@ class PlantSession:
         self.memory = self.policy.new_memory()
         self.episode, self.step = 0, 0  # shadow-log bookkeeping (the server numbers its plants)
         self.seq, self.seen_ns = -1, 0  # the server's: last accepted seq, and when (shield.replay.PlantTable)
-        # The server's request-rate window (Status.RATE): when it started, requests in it, the last verdict.
-        self.rate_start_ns, self.rate_count, self.rate_off = 0, 0, False
+        # The server's request-rate window (Status.RATE): when it started, requests in it, the last verdict; and
+        # how many requests in a row each came after a silence past the plant-live time.
+        self.rate_start_ns, self.rate_count, self.rate_off, self.silences = 0, 0, False, 0
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
         """(safe action, raw policy action, info) for one observation float32[obs_dim]; only the shield's state moves"""

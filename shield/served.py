@@ -98,7 +98,7 @@ class _SharedStateSession:
     def __init__(self, runtime: Any):
         self.runtime, self.episode, self.step = runtime, 0, 0
         self.seq, self.seen_ns = -1, 0
-        self.rate_start_ns, self.rate_count, self.rate_off = 0, 0, False
+        self.rate_start_ns, self.rate_count, self.rate_off, self.silences = 0, 0, False, 0
 
     def act(self, obs):
         return self.runtime.act(obs)

@@ -47,6 +47,7 @@ from shield.protocol import (
     RATE_WINDOW,
     REPLY_KEY_LABEL,
     REQUEST_KEY_LABEL,
+    SILENCES_FLAGGED,
     STATUS_REQUEST_PAD,
     Flags,
     MsgType,
@@ -350,7 +351,11 @@ class PolicyServer:
         if srv.period_ns:
             if reset or silent:
                 session.rate_count, session.rate_off = 0, False  # a pause between episodes is not a rate
-            if self._rate_off(srv.period_ns, session, t0):
+            # A pause is followed by requests at the control period; a plant whose every request comes after a
+            # silence polls slower than the plant-live time, which the window (restarted by each silence) never
+            # measures: the second such request in a row is flagged, and each after it.
+            session.silences = session.silences + 1 if silent and not new and not reset else 0
+            if self._rate_off(srv.period_ns, session, t0) or session.silences >= SILENCES_FLAGGED:
                 warn |= _RATE
                 stats.rate_warnings += 1
         return warn

@@ -228,7 +228,9 @@ static ssize_t await_reply(int fd, uint8_t *rep, size_t cap, int type, uint64_t 
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  /* the deadline check above ends it */
         if (n < 0) { fprintf(stderr, "recv: %s\n", strerror(errno)); return -1; }
         int signed_reply = n >= HEADER_SIZE && (get16(rep + 6) & FLAG_HMAC);
-        if (n < HEADER_SIZE + 16 + (signed_reply ? MAC_SIZE : 0) || memcmp(rep, "S2RP", 4) || rep[4] != VERSION || rep[5] != type)
+        /* Only the header is common to every reply (an estimate reply with no values is 44 bytes, shorter than any
+         * act reply): each caller checks its own payload's length. */
+        if (n < HEADER_SIZE + (signed_reply ? MAC_SIZE : 0) || memcmp(rep, "S2RP", 4) || rep[4] != VERSION || rep[5] != type)
             continue;  /* not a reply frame of this type: ignore */
         size_t body = (size_t)n - (signed_reply ? MAC_SIZE : 0);
         if (keyed) {  /* with a key, only a reply signed with it counts */
@@ -277,8 +279,14 @@ static int check_contract(int fd, const char *expected, int n_obs, int n_leg, ui
     for (int i = 0; i < 32; i++) { snprintf(got + 2 * i, 3, "%02x", p[16 + i]); stated |= p[16 + i]; }
     if (!stated) got[0] = '\0';
     unsigned obs_dim = get16(p + 4), act_dim = get16(p + 6);
-    printf("contract period_s=%.9g names_sha256=%s version=%u obs_dim=%u act_dim=%u blind_horizon=%u\n", period, got,
-           get32(p), obs_dim, act_dim, get32(p + 52));
+    /* The policy's state is not in the names hash (a history policy takes the same I/O): a controller that signals
+     * new episodes (RESET_STATE) needs to know whether the served policy carries one. */
+    unsigned kind = get16(p + 48), length = get16(p + 50);
+    printf("contract period_s=%.9g names_sha256=%s version=%u obs_dim=%u act_dim=%u blind_horizon=%u policy_state=",
+           period, got, get32(p), obs_dim, act_dim, get32(p + 52));
+    if (kind == 0) printf("none\n");
+    else if (kind == 1) printf("history:%u\n", length);
+    else printf("kind%u:%u\n", kind, length);
     fflush(stdout);
     if (strcmp(got, expected) != 0) {
         fprintf(stderr, "refusing to run: the served bundle's I/O contract hashes to %s, this client was built for %s\n",
@@ -380,6 +388,7 @@ int main(int argc, char **argv) {
     ssize_t body = await_reply(fd, rep, sizeof rep, ACT_REPLY, seq, client_id, reply_key, klen != 0);
     if (body == -2) { fprintf(stderr, "timeout: no reply within 1 s\n"); return 2; }
     if (body < 0) return 1;
+    if (body < HEADER_SIZE + 16) { fprintf(stderr, "malformed reply\n"); return 3; }
     uint32_t plen = get32(rep + 24);
     uint16_t n_act = get16(rep + 44);
     if (HEADER_SIZE + plen != (size_t)body || plen != 16 + 4u * n_act) { fprintf(stderr, "malformed reply\n"); return 3; }

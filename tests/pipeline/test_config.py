@@ -160,3 +160,21 @@ def test_config_check_takes_the_file_as_every_other_command_does(capsys):
         assert json.loads(capsys.readouterr().out)["task"] == "cartpole"
     assert main(["config", "--check"]) == 2
     assert "needs the file to validate" in capsys.readouterr().err
+
+
+def test_the_default_config_is_found_outside_the_checkout(tmp_path, monkeypatch, capsys):
+    """helper-68 ran `sim2real train` from a folder of its own: `cannot read config configs/cartpole.yaml`, where
+    `sim2real envs` lists the shipped file. The default is the shipped one wherever the command runs; a path given
+    that does not exist is still named."""
+    from pipeline import DEFAULT_CONFIG
+    from pipeline.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(DEFAULT_CONFIG)
+    assert cfg.task.name == "cartpole" and Path(cfg.plant["mjcf"]).is_file()
+    case = dict(set="reality", domain={}, policy="random", seed=5, attack=None, episodes=1, episode_steps=20)
+    (tmp_path / "case-0.json").write_text(json.dumps(case))
+    assert main(["falsify", "--replay", "case-0.json"]) in (0, 1)  # no --config: the default
+    assert "1 episode(s) of 20 steps" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="configs/crane.yaml"):
+        load_config("configs/crane.yaml")  # not the default: not looked up elsewhere

@@ -186,3 +186,5 @@ def test_serving_a_bundle_that_did_not_pass_its_gate_says_so_and_which_checks_fa
     # helper-52 served a run folder's export, which no gate judged, and was told nothing.
     ungated = gate_note({"task": "liftarm", "metrics": {"train_env_steps": 100352}})
     assert ungated is not None and "no gate decision" in ungated and "served as asked" in ungated
+    # helper-68 served `export --registry`'s copy and was told the registry's copy carries a decision.
+    assert "only `sim2real run` records one" in ungated and "sim2real shadow BUNDLE" in ungated

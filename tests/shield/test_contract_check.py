@@ -127,6 +127,7 @@ def test_a_c_controller_built_for_another_bundle_refuses_to_run(bundles, regeare
             if bundle is ours:
                 assert out.returncode == 0, out.stderr
                 assert f"contract period_s=0.02 names_sha256={_hash(ours)}" in out.stdout
+                assert out.stdout.splitlines()[0].endswith(" policy_state=none")  # memoryless: nothing to reset
                 bits = out.stdout.split(" bits=")[1].split()
                 assert np.array([int(w, 16) for w in bits], np.uint32).view(np.float32).tobytes() == expected.tobytes()
                 assert srv.server.stats.policy_calls == 1

@@ -121,3 +121,44 @@ def test_the_rate_threshold_is_the_documented_one(bundle, interval_ns, flagged):
         assert not decode_act_reply(server.handle(reset, ("127.0.0.1", 7), late)).status & Status.RATE
     finally:
         server.close()
+
+
+def test_a_plant_polling_slower_than_the_plant_live_time_is_flagged_and_a_pause_is_not(bundle):
+    """Each silence past the plant-live time restarts the window, so a plant asking every 1.1 s of a 20 ms period
+    was never flagged (helper-68: 0 RATE in 56 requests, its history reset on every one). Two requests in a row
+    each after such a silence are flagged, and every one after them; one pause between episodes is not."""
+    server = PolicyServer(EdgeRuntime.load(bundle, shield=False), deadline_us=1e9)
+    server.sock.close()
+    slow = int(server.served.plant_live_ns * 1.05)
+    try:
+        t = time.perf_counter_ns() - 40 * slow  # in the past: never late
+        statuses = []
+
+        def ask(seq: int, at: int) -> int:
+            frame = encode_act_request(seq, 0, np.zeros(5, np.float32))
+            status = decode_act_reply(server.handle(frame, ("127.0.0.1", 7), at)).status
+            statuses.append(bool(status & Status.RATE))
+            return status
+
+        seq = 0
+        for _ in range(10):  # an episode at the control period
+            seq += 1
+            ask(seq, t)
+            t += PERIOD_NS
+        t += slow  # one pause, then the next episode at the period: not a rate
+        for _ in range(10):
+            seq += 1
+            ask(seq, t)
+            t += PERIOD_NS
+        assert not any(statuses)
+        statuses.clear()
+        for _ in range(6):  # now every request after a silence
+            t += slow
+            seq += 1
+            ask(seq, t)
+        assert statuses == [False] + [True] * 5
+        assert server.stats.rate_warnings == 5
+        seq += 1
+        assert not ask(seq, t + PERIOD_NS) & Status.RATE  # back at the period
+    finally:
+        server.close()

@@ -183,7 +183,9 @@ def test_prometheus_shows_each_plants_estimate_with_its_parameter_names(exported
         srv.stop()
 
 
-def test_a_policy_without_an_estimate_answers_an_empty_one(tmp_path):
+def test_a_policy_without_an_estimate_answers_an_empty_one(tmp_path, c_client):  # noqa: F811
+    """Over the Python client and the C example alike: the C client's -e timed out on the empty reply (44 bytes,
+    shorter than any act reply, which it took as the least a reply can be; an outside integrator's finding)."""
     from pipeline.deployment.export import export_deterministic
 
     policy, meta = history_policy()
@@ -197,6 +199,21 @@ def test_a_policy_without_an_estimate_answers_an_empty_one(tmp_path):
             client.act(observations(1, 1)[0, 0])
             answer = client.estimate()
         assert answer.values.size == 0 and answer.steps == 1  # the state moved; there is simply no estimate
+        obs = observations(1, 1)[0, 0]
+        contract = Bundle.load(tmp_path / "b").manifest["contract"]
+        ran = subprocess.run(
+            [str(c_client), "-e", "-H", contract["names_sha256"], srv.host, str(srv.port)]
+            + [repr(float(v)) for v in obs],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        status = int(ran.stdout.split("status=")[1].split()[0], 16)
+        assert ran.returncode == (5 if status & C_ALARMS else 0), ran.stderr
+        assert ran.stdout.splitlines()[-1] == "estimate steps=1 n=0 values= bits=", ran.stdout
+        # The contract line says the policy carries a state (the names hash does not: its I/O is a memoryless one's).
+        length = contract["policy_state"]["length"]
+        assert ran.stdout.splitlines()[0].endswith(f" policy_state=history:{length}"), ran.stdout
     finally:
         srv.stop()
 

@@ -60,6 +60,10 @@ class SequenceGuard:
             if old > self.forgotten_max:
                 self.forgotten_max = old
 
+    def last(self, client: Any) -> int:
+        """`client`'s last remembered `seq` (-1 when it is not remembered)."""
+        return self._last.get(client, -1)
+
     def __len__(self) -> int:
         return len(self._last)
 
@@ -120,6 +124,15 @@ class PlantTable:
         ids pass through the sequence guard, a live plant's own session still refuses its old packets."""
         session = self.sessions.get(client)
         return -1 if session is None else session.seq
+
+    def silent(self, client: Any, now_ns: int) -> bool:
+        """Whether `client` has no session, or one silent for `live_ns` at `now_ns`."""
+        session = self.sessions.get(client)
+        return session is None or now_ns - session.seen_ns >= self.live_ns
+
+    def forget(self, client: Any) -> None:
+        """Drop `client`'s session (a restarted plant's: its next request makes a new one)."""
+        self.sessions.pop(client, None)
 
     def __len__(self) -> int:
         return len(self.sessions)

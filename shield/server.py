@@ -254,11 +254,19 @@ class PolicyServer:
             return self._refuse(srv, seq, ts, client_id, _BAD_INPUT, n)
         client = client_id if key is not None else (addr, client_id)
         guard = self.guard
+        restarted = False
         if not guard.fresh(
             client, seq, self.wall_clock_ns() // 1000 if key is not None else 0
         ) or seq <= self.plants.last_seq(client):
-            # Late, duplicated or replayed: nothing moves.
-            return self._refuse(srv, seq, ts, client_id, _STALE, n, client)
+            # Without a key the seq only orders a live plant's packets: one silent past the plant-live time that
+            # counts again from below its last (a duplicate of that one stays STALE) is a plant restarted (a
+            # controller counting from 1), not a late packet, and was STALE for ever. It starts as a new plant
+            # once its request is accepted, as eviction would.
+            restarted = (
+                key is None and msg_type == _ACT_REQUEST and seq < guard.last(client) and self.plants.silent(client, t0)
+            )
+            if not restarted:  # late, duplicated or replayed: nothing moves
+                return self._refuse(srv, seq, ts, client_id, _STALE, n, client)
         if key is not None:
             # Authenticated and fresh: its seq is spent whatever the answer (as IPsec's anti-replay window moves
             # once the integrity check passes). A signed request refused below (BUSY at --max-plants, BAD_INPUT)
@@ -303,6 +311,8 @@ class PolicyServer:
         obs = np.full(n_obs, np.nan, np.float32) if blind else floats[:n_obs].astype(np.float32)
         plants = self.plants
         created = plants.created
+        if restarted:
+            plants.forget(client)
         known = plants.sessions.get(client)
         silent_ns = 0 if known is None else t0 - known.seen_ns  # read before admit marks it seen
         session = plants.admit(client, seq, t0)

@@ -325,6 +325,30 @@ def test_without_a_key_a_live_plants_duplicate_stays_stale_however_many_ids_pass
     assert decode_act_reply(server.handle(encode_act_request(11, 0, OBS, client_id=7), plant)).status == Status.OK
 
 
+def test_without_a_key_a_plant_that_restarts_counting_from_one_is_a_new_plant_once_silent(bundle):
+    """helper-68's controller restarted with the same port and client_id and counted seq from 1 again: STALE on
+    every request, 5 s later too. Without a key, a plant silent past the plant-live time that counts from below is
+    a restart (no late packet arrives after that long): its request runs, in a new session. Within that time it
+    stays STALE, and with a key the clock window is the rule (a captured packet stays refused)."""
+    server = PolicyServer(EdgeRuntime.load(bundle), deadline_us=1e9)
+    server.sock.close()
+    live = server.served.plant_live_ns
+    plant, t = ("127.0.0.1", 4444), time.perf_counter_ns()
+    for seq in (1, 2, 3):
+        assert decode_act_reply(server.handle(encode_act_request(seq, 0, OBS, client_id=7), plant, t)).status == 0
+    first = server.plants.sessions[(plant, 7)]
+    calls = server.stats.policy_calls
+    soon = decode_act_reply(server.handle(encode_act_request(1, 0, OBS, client_id=7), plant, t + live // 2))
+    assert soon.status == Status.STALE | Status.FALLBACK and server.stats.policy_calls == calls
+    later = t + live + 1
+    assert decode_act_reply(server.handle(encode_act_request(1, 0, OBS, client_id=7), plant, later)).status == 0
+    assert server.stats.policy_calls == calls + 1 and server.plants.sessions[(plant, 7)] is not first
+    again = decode_act_reply(server.handle(encode_act_request(1, 0, OBS, client_id=7), plant, later + 1))
+    assert again.status == Status.STALE | Status.FALLBACK  # a duplicate of the restarted plant's packet
+    assert decode_act_reply(server.handle(encode_act_request(2, 0, OBS, client_id=7), plant, later + 2)).status == 0
+    server.close()
+
+
 def test_without_a_key_read_only_requests_move_nothing(bundle):
     """Unauthenticated, a status, contract or estimate request with a seq from the future (anyone on the host can
     send one from the plant's own address) leaves the plant's next act request fresh: only accepted act requests

@@ -116,7 +116,7 @@ def test_c_client_sends_a_missing_observation_and_reads_the_blind_bits(cartpole_
             timeout=10,
         )
         assert out.returncode == 5, out.stderr  # a reply, with an alarm: the guarantee has run out
-        assert f"blind_horizon={K}\n" in out.stdout and " blind=past_horizon action=" in out.stdout
+        assert f"blind_horizon={K} policy_state=none\n" in out.stdout and " blind=past_horizon action=" in out.stdout
         got = run_c(c_client, server, [0.0] * 5)  # an observed step: no blind bit, nor the field
         server.stop()
     status = int(out.stdout.split("status=")[1].split()[0], 16)

@@ -161,7 +161,7 @@ def falsify_step(bundle_dir: str, config_path: str, out_dir: str, seed: int | No
 
     result = falsify(load_config(config_path), bundle=bundle_dir, out_dir=out_dir, seed=seed)
     keep = ("cases_found", "min_h", "worst", "evaluated", "candidates", "budget_s", "cut_short", "phases")
-    return {k: result[k] for k in (*keep, "corners_total", "wall_s", "seed")}
+    return {k: result[k] for k in (*keep, "corners_total", "policies", "wall_s", "seed")}
 
 
 @task(name="shadow", retries=0, persist_result=True)

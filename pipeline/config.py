@@ -589,8 +589,9 @@ class FalsifyConfig(Section):
         0.2,
         ge=0,
         le=1,
-        description="Share of the candidates spent on corners (each range at one end), drawn at random once there "
-        "are more than that share can run; a tenth goes to random draws, the rest to the optimizer.",
+        description="Share of the candidates spent on corners (each range at one end, times the policies tried), "
+        "drawn at random once there are more than that share can run; every corner runs while they number at most "
+        "half of `candidates`. A tenth goes to random draws, the rest to the optimizer.",
     )
 
 

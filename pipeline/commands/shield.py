@@ -301,7 +301,7 @@ def _falsify(cfg, spec: dict, args, out: Path) -> dict:
         out_dir=out / "falsify",
         progress=not args.json,
     )
-    keep = "cases_found cases min_h evaluated phases corners_total candidates budget_s cut_short seed wall_s"
+    keep = "cases_found cases min_h evaluated phases corners_total policies candidates budget_s cut_short seed wall_s"
     return {k: result.get(k) for k in keep.split()}
 
 

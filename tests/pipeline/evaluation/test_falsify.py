@@ -137,6 +137,24 @@ def test_the_budget_goes_mostly_to_the_optimizer_when_corners_outnumber_it(balla
     assert result["phases"]["cross_entropy"] == 21
 
 
+def test_every_corner_runs_while_they_fit_in_half_the_count():
+    """helper-67's reaction-wheel pendulum: 600 candidates ran 120 of its 288 corners (the corner share), seed 0
+    certified it and seed 11's order reached a violating corner. While the corners number at most half the count,
+    every one runs, each once; above that, the share holds and the optimizer keeps most of the budget."""
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml")
+    sets = {name: cfg.randomization[name] for name in ("train", "reality")}
+    cfg = cfg.model_copy(update={"randomization": sets})
+    quick = {"episode_steps": 3, "episodes_per_candidate": 1}
+    spec = build_shield_spec(cfg, check_envelope=False)
+    for count, corners in ((800, None), (700, 140)):
+        searched = cfg.model_copy(update={"falsify": cfg.falsify.model_copy(update={"candidates": count, **quick})})
+        result = falsify(searched, spec=spec, seed=2)
+        assert result["cases_found"] == 0 and result["evaluated"] == count
+        total = result["corners_total"]
+        assert total == 2 * 2**6 * 3  # two sets of 2^6 corners, three policies: all in 800, not in 700
+        assert result["phases"]["corners"] == (total if corners is None else corners)
+
+
 def test_every_search_is_a_count_so_a_busy_machine_gets_the_same_verdict(tmp_path, monkeypatch):
     """helper-66's ball-on-plate was certified on a loaded machine (60 s of clock: 16 candidates, 3 of 576 corners)
     and refused on a quiet one (a case at the 6th); the nightly gate's search had the same clock. Every search is
@@ -170,7 +188,9 @@ def test_every_search_is_a_count_so_a_busy_machine_gets_the_same_verdict(tmp_pat
     assert quiet["evaluated"] == busy["evaluated"] == 8 and quiet["cases_found"] == busy["cases_found"] == 0
     assert busy["min_h"] == quiet["min_h"] and busy["phases"] == quiet["phases"] and busy["phases"]["corners"] >= 1
     assert busy["budget_s"] is None and busy["candidates"] == 8 and not busy["cut_short"]
-    assert extent(busy).startswith(f"8 candidates ({busy['phases']['corners']} of 576 corners)")
+    # What a corner counts: helper-67 read 288 corners here and 384 in the nightly search, which adds the bundle.
+    said = f"8 candidates ({busy['phases']['corners']} of 576 corner candidates: 192 plant corners x 3 policies)"
+    assert extent(busy).startswith(said), extent(busy)
     assert "cut short" not in extent(busy)
     busy_gate = falsify(cfg, spec=spec, seed=3)  # the retrain flow's search: the config sets no clock
     assert busy_gate["evaluated"] == quiet_gate["evaluated"] == 8 and busy_gate["min_h"] == quiet_gate["min_h"]

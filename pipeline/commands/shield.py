@@ -430,8 +430,13 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
             lines.append(f"  and the predictive filter, which keeps what braking cannot, cannot either: {own}")
     else:
         falsified = record.get("falsification")
+        # The predictive filter keeps its constraints tightened by its tube: a margin as wide as a band (helper-67's
+        # 0.794 beside a 0.25 rad limit) read as a shield that could admit nothing.
+        units = "in each constraint's own units" + (
+            "; the predictive filter tightens its limits by its tube, below, not by it" if "predictive" in spec else ""
+        )
         lines.append(
-            f"CERTIFIED: margin {spec['margin']:g} (in each constraint's own units), "
+            f"CERTIFIED: margin {spec['margin']:g} ({units}), "
             f"brake {_rounded(spec['kinematics']['brake_accel'])}, disturbance {_rounded(spec['disturbance_accel'])}, "
             f"input_gain_error {spec['input_gain_error']:g}"
         )

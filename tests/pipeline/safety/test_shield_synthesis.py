@@ -325,6 +325,9 @@ def test_a_synthesized_spec_carries_measured_monitor_bounds(tmp_path, capsys, mo
     assert sim2real([*args, "--monitor-runs", "2"]) == 0
     certified = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("CERTIFIED: "))
     assert not re.search(r"\d\.\d{5,}", certified), certified
+    # The margin is the braking barrier's: where the predictive filter keeps the limits, the line says so.
+    predictive = "predictive" in json.loads((out / "shield.json").read_text())
+    assert ("the predictive filter tightens its limits by its tube" in certified) == predictive, certified
 
 
 def test_the_shield_json_certified_is_the_one_bundles_carry_and_the_one_falsify_attacks(tmp_path, capsys, monkeypatch):

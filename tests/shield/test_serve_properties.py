@@ -181,14 +181,18 @@ def test_refusal_counters_count_the_refusals_sent(servers):
     datagram too short to be answered is only `dropped`. Before, a 32-byte header with an old seq counted as
     `stale`, so anyone could raise the replay alarm without a reply."""
     server = servers["open"]
-    old = encode_act_request(1, 0, [0.0, 0.0, 0.0, 0.0], client_id=1)  # client 1 is far past seq 1
+    # A live plant past seq 1 (a plant silent past the plant-live time that counts from below is a restart, and its
+    # request runs: on a slow machine the module's earlier plants are that silent by now).
+    now = time.perf_counter_ns()  # both received at once: however slow the machine, plant 77 is live
+    assert server.handle(encode_act_request(5, 0, [0.0] * 4, client_id=77), ADDR, now) is not None
+    old = encode_act_request(1, 0, [0.0, 0.0, 0.0, 0.0], client_id=77)
     signed = encode_act_request(time.time_ns() // 1000, 0, [0.0] * 4, key=KEY, client_id=9)
     before = server.stats.as_dict()
     for short in (old[:32], old[:40], signed[:48]):  # an answered refusal needs the 52 bytes of an act request
         assert server.handle(short, ADDR) is None
     after = server.stats.as_dict()
     assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {"requests": 3, "dropped": 3}
-    assert server.handle(old, ADDR) is not None and server.handle(signed, ADDR) is not None
+    assert server.handle(old, ADDR, now) is not None and server.handle(signed, ADDR) is not None
     final = server.stats.as_dict()
     assert (final["stale"] - after["stale"], final["auth_failures"] - after["auth_failures"]) == (1, 1)
 

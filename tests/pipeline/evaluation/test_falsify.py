@@ -93,7 +93,7 @@ def test_shipped_configs_hold_within_the_budget(tmp_path, task):
             "--config",
             f"configs/{task}.yaml",
             "--candidates",
-            "200",
+            "120",
             "--seed",
             "3",
             "--out",
@@ -106,7 +106,7 @@ def test_shipped_configs_hold_within_the_budget(tmp_path, task):
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads(out.stdout)
-    assert result["cases_found"] == 0 and result["evaluated"] == 200 and not result["cut_short"]
+    assert result["cases_found"] == 0 and result["evaluated"] == 120 and not result["cut_short"]
 
 
 @pytest.fixture(scope="module")

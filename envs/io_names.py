@@ -41,18 +41,31 @@ def _joint_unit(model: mujoco.MjModel, joint: int, quantity: str) -> str:
     return pos if quantity == "pos" else vel
 
 
+def _stops(model: mujoco.MjModel, joint: int) -> list[float] | None:
+    """A limited slide or hinge joint's range (its hard stops: MuJoCo's constraint keeps qpos within it, up to the
+    contact's give), else None."""
+    if not model.jnt_limited[joint] or int(model.jnt_type[joint]) not in (
+        mujoco.mjtJoint.mjJNT_SLIDE,
+        mujoco.mjtJoint.mjJNT_HINGE,
+    ):
+        return None
+    return [float(model.jnt_range[joint, 0]), float(model.jnt_range[joint, 1])]
+
+
 def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
-    """{"observations": [{name, source, unit}, with a set-point's declared box as "range"], "actions": [{name, source,
-    unit, units_per_action}]}."""
+    """{"observations": [{name, source, unit}, with a set-point's declared box as "range", a limited joint's
+    position with its "stops"], "actions": [{name, source, unit, units_per_action}]}."""
     model = mujoco.MjModel.from_xml_path(str(mjcf))
     observations = []
     for o in decl.observations:
+        stops = None
         if o.joint is not None:
             jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, o.joint)
             source, unit = (
                 f"joint {o.joint} {'qpos' if o.quantity == 'pos' else 'qvel'}",
                 _joint_unit(model, jid, o.quantity),
             )
+            stops = _stops(model, jid) if o.quantity == "pos" else None
         elif o.site is not None:
             source, unit = f"site {o.site} world position axis {o.axis}", "m"
         elif o.sensor is not None:
@@ -70,6 +83,8 @@ def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
         if o.target is not None:  # a set-point never leaves its declared box (ramped between goals drawn in it)
             box = decl.targets[o.target]
             entry["range"] = [float(box.low[o.index]), float(box.high[o.index])]
+        elif stops is not None:
+            entry["stops"] = stops
         observations.append(entry)
     return {"observations": observations, "actions": [_action(model, a) for a in decl.actuators]}
 

@@ -157,11 +157,10 @@ def export_step(run_dir: str, models_root: str) -> dict:
 def falsify_step(bundle_dir: str, config_path: str, out_dir: str, seed: int | None = None) -> dict:
     """Search the config's envelope for a shielded violation of the bundle (falsify.candidates, and falsify.budget_s
     where one is set), from the search seed `seed` (default falsify.seed)."""
-    from pipeline.evaluation.falsify import falsify
+    from pipeline.evaluation.falsify import falsify, record
 
     result = falsify(load_config(config_path), bundle=bundle_dir, out_dir=out_dir, seed=seed)
-    keep = ("cases_found", "min_h", "worst", "evaluated", "candidates", "budget_s", "cut_short", "phases")
-    return {k: result[k] for k in (*keep, "corners_total", "policies", "wall_s", "seed")}
+    return record(result)
 
 
 @task(name="shadow", retries=0, persist_result=True)

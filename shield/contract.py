@@ -8,7 +8,8 @@
      "actions": [{"name": "cart_force", "source": "actuator cart_force", "unit": "N",
                   "units_per_action": 30.0, "low": -1.0, "high": 1.0}, ...],
      "policy_state": {"kind": "none"},
-     "expected_range": "the training observations' mean +- 5 std; a set-point's declared box",
+     "expected_range": "the training observations' mean +- 5 std, within a limited joint's stops; a set-point's
+                       declared box",
      "names_sha256": "..."}
 
 `names_sha256` hashes the observation and action names and units in order, each action's units_per_action and the

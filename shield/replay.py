@@ -100,7 +100,7 @@ class PlantTable:
         if session is None:
             if len(sessions) >= self.capacity:
                 oldest = next(iter(sessions.values()))
-                if now_ns - oldest.seen_ns < self.live_ns:
+                if not self.lapsed(oldest, now_ns):
                     self.refused += 1
                     return None
                 sessions.popitem(last=False)
@@ -125,10 +125,15 @@ class PlantTable:
         session = self.sessions.get(client)
         return -1 if session is None else session.seq
 
+    def lapsed(self, session: Any, now_ns: int) -> bool:
+        """Whether a plant's session has been silent for `live_ns` at `now_ns`: the one test of a silent plant, for
+        its eviction, its policy state's reset, its restart and its estimate alike."""
+        return now_ns - session.seen_ns >= self.live_ns
+
     def silent(self, client: Any, now_ns: int) -> bool:
-        """Whether `client` has no session, or one silent for `live_ns` at `now_ns`."""
+        """Whether `client` has no session, or one that has lapsed at `now_ns`."""
         session = self.sessions.get(client)
-        return session is None or now_ns - session.seen_ns >= self.live_ns
+        return session is None or self.lapsed(session, now_ns)
 
     def forget(self, client: Any) -> None:
         """Drop `client`'s session (a restarted plant's: its next request makes a new one)."""

@@ -314,7 +314,7 @@ class PolicyServer:
         if restarted:
             plants.forget(client)
         known = plants.sessions.get(client)
-        silent_ns = 0 if known is None else t0 - known.seen_ns  # read before admit marks it seen
+        silent = known is not None and plants.lapsed(known, t0)  # read before admit marks it seen
         session = plants.admit(client, seq, t0)
         if session is None:  # a new plant, and every session is a live plant's: none is taken from it
             stats.plants_refused = plants.refused
@@ -323,16 +323,15 @@ class PolicyServer:
             guard.commit(client, seq)
         self.last_request_ns = t0
         stats.plants_evicted = plants.evicted
-        warn = self._contract_rules(srv, session, flags, plants.created != created, silent_ns, values, t0)
+        warn = self._contract_rules(srv, session, flags, plants.created != created, silent, values, t0)
         return self._act(srv, session, obs, legacy, seq, ts, client_id, t0, warn, bool(blind))
 
     def _contract_rules(
-        self, srv: ServedBundle, session: Any, flags: int, new: bool, silent_ns: int, values: list, t0: int
+        self, srv: ServedBundle, session: Any, flags: int, new: bool, silent: bool, values: list, t0: int
     ) -> int:
         """An accepted act request: the policy state's reset rules (shield.contract.RESET_RULES), each counted;
         returns the warning bits (OBS_RANGE, RATE) its reply carries."""
         stats = self.stats
-        silent = silent_ns > srv.plant_live_ns
         reset = bool(flags & _RESET_STATE)  # the plant starts afresh: read by all three rules below
         if reset and not new:
             # The plant says it starts afresh: the shadow log starts an episode there, so a calibration never fits
@@ -570,7 +569,7 @@ class PolicyServer:
         """(estimate, steps) of a plant session, or (None, 0) where there is none or the plant has been silent past
         the plant-live time: its policy state restarts at its next request (the silence reset rule), so what it
         believed before the silence is no longer what the policy holds for it."""
-        if session is None or time.perf_counter_ns() - session.seen_ns > self.served.plant_live_ns:
+        if session is None or self.plants.lapsed(session, time.perf_counter_ns()):
             return None, 0
         return session.estimate()
 

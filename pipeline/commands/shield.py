@@ -289,7 +289,7 @@ def _with_monitor(cfg, spec: dict, runs: int, seed: int) -> dict:
 
 
 def _falsify(cfg, spec: dict, args, out: Path) -> dict:
-    from pipeline.evaluation.falsify import falsify
+    from pipeline.evaluation.falsify import falsify, record
 
     # A count, not a clock: a clock's budget searched a fraction as much on a busy machine, so the same config and
     # seed were certified there and refused on a quiet one. --budget-s adds a clock for whoever asks for one.
@@ -301,8 +301,7 @@ def _falsify(cfg, spec: dict, args, out: Path) -> dict:
         out_dir=out / "falsify",
         progress=not args.json,
     )
-    keep = "cases_found cases min_h evaluated phases corners_total policies candidates budget_s cut_short seed wall_s"
-    return {k: result.get(k) for k in keep.split()}
+    return record(result, cases=True)
 
 
 # Where a refusal's message breaks into lines: its "; " and its sentence ends (not "e.g. set", not "1.5x").

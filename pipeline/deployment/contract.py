@@ -50,8 +50,12 @@ def io_contract(
     observations = []
     for o, m, s in zip(io["observations"], mean, std, strict=True):
         o = dict(o)
-        # A set-point's values are declared exactly (its target box); anything else, from the training data.
+        # A set-point's values are declared exactly (its target box); anything else, from the training data, and a
+        # limited joint's position never beyond its stops (a cart's spread of 0.4 m read +-2 m on a +-1.2 m rail).
         low_high = o.pop("range", None) or (m - EXPECTED_SIGMA * s, m + EXPECTED_SIGMA * s)
+        stops = o.pop("stops", None)
+        if stops is not None and max(low_high[0], stops[0]) < min(low_high[1], stops[1]):
+            low_high = (max(low_high[0], stops[0]), min(low_high[1], stops[1]))
         observations.append({**o, "expected_low": float(low_high[0]), "expected_high": float(low_high[1])})
     actions = [
         {**a, "units_per_action": float(a["units_per_action"]), "low": float(lo), "high": float(hi)}
@@ -81,7 +85,8 @@ def io_contract(
         "observations": observations,
         "actions": actions,
         "policy_state": state,
-        "expected_range": f"the training observations' mean +- {EXPECTED_SIGMA:g} std; a set-point's declared box",
+        "expected_range": f"the training observations' mean +- {EXPECTED_SIGMA:g} std, within a limited joint's "
+        "stops; a set-point's declared box",
     }
     if estimates:
         contract["plant_estimate"] = {

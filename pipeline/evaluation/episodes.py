@@ -30,6 +30,11 @@ MIN_H_MEANING = (
 SHIELD_FLAGS = ("intervened", "fallback", "backup", "bad_input", "envelope")
 
 
+def cut_short_note(clock: str = "falsify.budget_s") -> str:
+    """Why a falsification search the clock ended matters: the one wording for every place that reports it."""
+    return f"cut short by {clock} before falsify.candidates: a busier machine searches less"
+
+
 class DomainsError(ValueError):
     """A `--domains` value that is not a set of the config, `nominal`, or a readable YAML file; names it."""
 

@@ -57,7 +57,7 @@ import yaml
 
 from envs.randomization import SCALE_GROUPS
 from pipeline.evaluation.adversary import REFERENCE_POLICIES, AdversaryParams, reference_policy
-from pipeline.evaluation.episodes import combine_constraint_figures
+from pipeline.evaluation.episodes import combine_constraint_figures, cut_short_note
 from pipeline.evaluation.evaluate import evaluate
 from pipeline.progress import Progress
 from pipeline.safety.sampling import range_parameters
@@ -419,6 +419,19 @@ class Falsifier:
         }
 
 
+# What a caller keeps of a search's summary (a flow's persisted result, the CLI's JSON): its verdict, its extent
+# and what reproduces it. `cases` (each case's record) only where the caller asks for it.
+RECORD_KEYS = (
+    "cases_found", "min_h", "worst", "evaluated", "phases", "corners_total", "policies", "candidates", "budget_s",
+    "cut_short", "seed", "wall_s",
+)  # fmt: skip
+
+
+def record(summary: dict, cases: bool = False) -> dict:
+    """The kept part of a falsify() summary (RECORD_KEYS, and its cases where `cases`)."""
+    return {k: summary.get(k) for k in (*RECORD_KEYS, *(("cases",) if cases else ()))}
+
+
 def extent(summary: dict, clock: str = "falsify.budget_s") -> str:
     """How far a search went: candidates (corners among them) and time, and whether the clock (`clock`: the key or
     flag that set it) cut it short of its count, when the verdict depends on how busy the machine was."""
@@ -432,8 +445,8 @@ def extent(summary: dict, clock: str = "falsify.budget_s") -> str:
     said += f" in {summary['wall_s']:.0f} s"
     if summary.get("cut_short"):
         said += (
-            f", cut short by {clock} {summary['budget_s']:g} before falsify.candidates ({summary['candidates']}): on "
-            f"a busier machine it searches less, so unset {clock} for a verdict that does not depend on it"
+            f", {cut_short_note(clock)} ({clock} {summary['budget_s']:g} s, falsify.candidates "
+            f"{summary['candidates']}), so unset {clock} for a verdict that does not depend on it"
         )
     return said
 

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from pipeline.config import LOST_RATE_TOLERANCE
-from pipeline.evaluation.episodes import MIN_H_MEANING
+from pipeline.evaluation.episodes import MIN_H_MEANING, cut_short_note
 from pipeline.evaluation.gate_statistics import (
     BOUND_METHOD,
     EPISODE_RATE_METHOD,
@@ -530,11 +530,7 @@ def decide(metrics: dict, gate) -> GateDecision:
                     f"falsify found {int(x)} shielded violation case(s) "
                     f"{op} {gate.max_falsification_cases}"
                     + (f" in {int(searched)} candidates" if _known(searched) else "")
-                    + (
-                        " (cut short by falsify.budget_s before falsify.candidates: a busier machine searches less)"
-                        if metrics.get("falsification_cut_short")
-                        else ""
-                    )
+                    + (f" ({cut_short_note()})" if metrics.get("falsification_cut_short") else "")
                     + (f" (lowest barrier value the shield saw {worst:.4f}; {MIN_H_MEANING})" if _known(worst) else "")
                 ),
                 "falsify did not run",

@@ -77,6 +77,9 @@ def test_the_contract_carries_the_declaration_s_names_units_and_numbers(cartpole
     # The set-point's is the box it is declared in, exactly, not a spread of the values training drew from it.
     x_ref = contract["observations"][4]
     assert (x_ref["expected_low"], x_ref["expected_high"]) == (RAIL.low[0], RAIL.high[0]) and "range" not in x_ref
+    # The cart's position never reads past the slider's stops (+-1.2 m), whatever its training spread says.
+    x = contract["observations"][0]
+    assert -1.2 <= x["expected_low"] < 0.0 < x["expected_high"] <= 1.2 and "stops" not in x
     assert manifest["action_low"] == [-1.0] and manifest["action_high"] == [1.0]  # not strings
     # The hash a controller checks, as contracts.md states it: names and units in order, the drive's scale, the period.
     hashed = {

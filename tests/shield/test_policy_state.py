@@ -266,6 +266,8 @@ def test_a_refused_reset_request_resets_nothing(stateful_server, frame):
     after = _policy_state(stateful_server)
     if after[1][2] == before[1][2]:  # the policy did not run: refused or dropped
         assert after == before
-    else:  # accepted: a RESET_STATE request of a plant already held is counted, once (a mutation may clear it)
-        flagged = bool(frame[6] & Flags.RESET_STATE) and after[1][0] == before[1][0]
-        assert after[1][1] - before[1][1] == int(flagged)
+    else:
+        # Accepted: a RESET_STATE request is counted once (a mutation may clear the flag), a new plant's too: a
+        # changed client id, or a plant silent past the plant-live time restarting from a lower seq (on a slow
+        # runner the module's plants fall silent between examples).
+        assert after[1][1] - before[1][1] == int(bool(frame[6] & Flags.RESET_STATE))

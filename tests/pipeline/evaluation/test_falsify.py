@@ -198,7 +198,11 @@ def test_every_search_is_a_count_so_a_busy_machine_gets_the_same_verdict(tmp_pat
 
     capped = _falsify(cfg, spec, argparse.Namespace(budget_s=60.0, seed=3, json=True), tmp_path / "capped")
     assert capped["evaluated"] < 8 and capped["budget_s"] == 60.0 and capped["cut_short"]
-    assert "cut short by --budget-s 60 before falsify.candidates (8)" in extent(capped, "--budget-s")
+    said = extent(capped, "--budget-s")
+    assert (
+        "cut short by --budget-s before falsify.candidates" in said
+        and "(--budget-s 60 s, falsify.candidates 8)" in said
+    )
     clocked = cfg.model_copy(update={"falsify": cfg.falsify.model_copy(update={"budget_s": 60.0})})
     assert "falsify.budget_s (60 s) caps" in falsify_note(clocked.falsify)
     night = falsify(clocked, spec=spec, seed=3)

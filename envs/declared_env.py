@@ -18,7 +18,7 @@ import mujoco
 import numpy as np
 
 from envs.declaration import DeclarationError, PlantDeclaration, resolve_entry_point
-from envs.linearization import NominalModel, apply_held_action
+from envs.linearization import NominalModel, apply_held_action, without_dry_friction
 from envs.mujoco_task import MujocoTaskEnv
 from envs.safety import constraint_values, cost_of
 from shield.constraints import wrap_angle
@@ -176,11 +176,13 @@ def nominal_model(decl: PlantDeclaration, path: Path) -> NominalModel:
     data = mujoco.MjData(model)
     for name, value in decl.shield_model.operating_point.items():
         data.qpos[_joint_address(model, name, "", path.name, "pos")] = value
-    mujoco.mj_forward(model, data)
     # The shield's linear model x+ = A x + B u + c takes the operating point as a fixed point under the action that
-    # holds it there: zero where the plant rests unpowered, else the steady action that carries its weight.
-    worst = float(np.max(np.abs(data.qacc))) if model.nv else 0.0
-    trim = _holding_action(model, data, binding, worst) if worst > 1e-6 else None
+    # holds it there: zero where the plant rests unpowered, else the steady action that carries its weight; both,
+    # like the model, without dry friction.
+    with without_dry_friction(model):
+        mujoco.mj_forward(model, data)
+        worst = float(np.max(np.abs(data.qacc))) if model.nv else 0.0
+        trim = _holding_action(model, data, binding, worst) if worst > 1e-6 else None
     obs_to_state = {i: s for i, s in enumerate(binding.sources) if s[0] in ("qpos", "qvel")}
     return NominalModel(
         model=model,

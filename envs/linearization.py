@@ -6,6 +6,8 @@ Used by the legacy LQRs (envs) and by the shield's linear nominal model
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import mujoco
@@ -66,6 +68,22 @@ def hold_state(model: mujoco.MjModel, data: mujoco.MjData, nominal) -> None:
     apply_held_action(model, data, nominal.actuators, nominal.ctrl_per_action, nominal.trim_action(act_dim))
 
 
+@contextlib.contextmanager
+def without_dry_friction(model: mujoco.MjModel) -> Iterator[mujoco.MjModel]:
+    """`model` with its dry friction (frictionloss) off, restored after. The linear model, and the action holding
+    the operating point, are taken without it: at rest it absorbs any force below its limit, so finite differences
+    there see no input at all and an infinite damping (a 1 N frictionloss on a 30 N drive read as a drive 12 times
+    weaker), and no action balances the load exactly (a hoist held still against 20 N of it left 0.4 N at best).
+    What it does is model error, measured on the plant like any other."""
+    saved = model.dof_frictionloss.copy(), model.tendon_frictionloss.copy()
+    try:
+        model.dof_frictionloss[:] = 0.0
+        model.tendon_frictionloss[:] = 0.0
+        yield model
+    finally:
+        model.dof_frictionloss[:], model.tendon_frictionloss[:] = saved
+
+
 def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
     """Return (A, B) of one control period (ctrl held over the substeps) about the nominal equilibrium.
 
@@ -77,21 +95,13 @@ def linearize_control_step(nominal) -> tuple[np.ndarray, np.ndarray]:
     nx = 2 * model.nv + model.na
     a1 = np.zeros((nx, nx))
     b1 = np.zeros((nx, model.nu))
-    # Dry friction (frictionloss) is linearized without: at rest it absorbs any force below its limit, so finite
-    # differences there see no input at all and an infinite damping (a 1 N frictionloss on a 30 N drive read as a
-    # drive 12 times weaker). What it does is model error, measured on the plant like any other.
-    saved = model.dof_frictionloss.copy(), model.tendon_frictionloss.copy()
-    try:
-        model.dof_frictionloss[:] = 0.0
-        model.tendon_frictionloss[:] = 0.0
+    with without_dry_friction(model):
         data = mujoco.MjData(model)
         data.qpos[:] = nominal.qpos
         data.qvel[:] = nominal.qvel
         hold_state(model, data, nominal)  # linearized about the operating point under the action that holds it
         mujoco.mj_forward(model, data)
         mujoco.mjd_transitionFD(model, data, 1e-6, True, a1, b1, None, None)
-    finally:
-        model.dof_frictionloss[:], model.tendon_frictionloss[:] = saved
     # Zero-order hold over the substeps: x_{k+n} = A1^n x_k + (sum_i A1^i) B1 u.
     a, b = np.eye(nx), np.zeros_like(b1)
     for _ in range(nominal.substeps):

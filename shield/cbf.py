@@ -470,6 +470,19 @@ class CbfShield:
         else:
             u_p = self._fallback if bad else np.minimum(np.maximum(action.astype(np.float64), self._low), self._high)
         u = pf.solve(free, u_p)
+        if u is None and self._outside:
+            # The widened rows leave no plan. The plain rows are certified on every plant of the envelope, and a plant
+            # inside it can be flagged (the monitor's bounds are measured on a sample of its plants and policies):
+            # there the backup held against its residual, certified by nothing, let an adversary walk a hoist at
+            # its heaviest payload through its height band, where the plain filter kept it inside. So the action
+            # sent is the one held against the residual where its plain plan holds, else the nearest one whose
+            # plain plan holds, and that backup only where no plan holds at all: certified wherever the plant is in
+            # the envelope, and as before wherever nothing could be.
+            free = pf.slack_free(pred.v)
+            if self._blind:
+                pf.tighten(free, self._blind_box(self._blind))
+            held = pf.backup(pred.v, self._hold, self._monitor.mean_residual())
+            u = held if pf.evaluate(free, held)[0] else pf.solve(free, held)
         feasible = u is not None
         # The backup continuing the last accepted plan is what that plan's tube was measured on: the filter's
         # normal hand-over near a limit, certified. With no plan accepted this episode, or outside the envelope

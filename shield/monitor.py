@@ -57,7 +57,8 @@ True. Where the predictive filter keeps the constraints (`shield.predictive`)
 there is no gain to divide: once the first test flags (until the episode's reset) its rows
 are tightened by the measured tube times `conservative_tube_factor(spec)`
 instead of once, and its backup holds against the window's mean residual
-(`mean_residual`); see `shield.predictive`, point 6. The second test's flag alone
+(`mean_residual`); see `shield.predictive`, point 6. Where the widened rows leave no plan, the plain ones
+still decide (`shield.cbf`): a flag on a plant inside the envelope keeps their certificate. The second test's flag alone
 leaves the filter as it is: on that ball on a beam 4 steps late the widened tube left
 no plan to accept and the fallback let 46-137 violating steps through in 6
 episodes, where the filter as it was kept 0. The flag clears once the

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.evaluation.adversary import REFERENCE_POLICIES
     from pipeline.evaluation.episodes import constraint_lines, resolve_domains
-    from pipeline.evaluation.evaluate import evaluate, reference_policy
+    from pipeline.evaluation.evaluate import UNCERTIFIED_NOTE, evaluate, reference_policy
     from shield.spec import ShieldSpec
 
     cfg = load_config(args.config)
@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         past_termination=args.past_termination,
     )
     result["policy"] = args.bundle or args.policy
+    if spec is not None and use_shield and UNCERTIFIED_NOTE not in result["notes"]:
+        result["notes"].insert(0, UNCERTIFIED_NOTE)  # the config's shield, not a bundle's: nothing certified it
     emit(
         args,
         result,

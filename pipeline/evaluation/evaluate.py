@@ -30,6 +30,15 @@ from shield.spec import ShieldSpec
 __all__ = ["evaluate", "reference_policy"]
 
 
+# Said wherever episodes run behind a shield built from the config rather than a bundle's: nothing certified it, and
+# an outside user read 0 violations behind a shield `shield synthesize` had refused as if it were verified.
+UNCERTIFIED_NOTE = (
+    "the shield here is synthesized from the config, not certified: `sim2real shield synthesize "
+    "--config` on this config falsifies it and runs your legacy controller behind it, and refuses "
+    "it naming why; only a certified shield promises no violating step"
+)
+
+
 def evaluate(
     cfg,
     policy,
@@ -65,11 +74,7 @@ def evaluate(
                 from pipeline.safety.shield_spec import build_shield_spec
 
                 spec = build_shield_spec(cfg)
-                note = (
-                    "the shield here is synthesized from the config, not certified: `sim2real shield synthesize "
-                    "--config` on this config falsifies it and runs your legacy controller behind it, and refuses "
-                    "it naming why; only a certified shield promises no violating step"
-                )
+                note = UNCERTIFIED_NOTE
             cbf = CbfShield(spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec))
         driver = PolicyDriver(policy, cbf)
     rset = resolve_domains(cfg, domains)

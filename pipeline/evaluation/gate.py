@@ -180,7 +180,7 @@ class GateDecision:
 
 def with_paths(lines: list[str], *, config=None, bundle=None, case=None) -> list[str]:
     """NEXT_STEPS' lines with their placeholders (CONFIG, BUNDLE, CASE) filled where the caller knows the paths: an
-    outside user copied `--replay CASE --shield BUNDLE/shield.json` from a failed night and had to find both."""
+    outside user copied `--replay CASE --bundle BUNDLE` from a failed night and had to find both."""
     subs = {k: str(v) for k, v in (("CONFIG", config), ("BUNDLE", bundle), ("CASE", case)) if v}
     if not subs:
         return list(lines)
@@ -224,8 +224,9 @@ NEXT_STEPS = {
     },
     "gate.max_falsification_cases": {
         "fail": "falsify broke the shield: each case is a JSON file in the run's falsify/ folder; `sim2real falsify "
-        "--config CONFIG --replay CASE --shield BUNDLE/shield.json` replays it, and `sim2real shield synthesize` "
-        "names the range or the start to change",
+        "--config CONFIG --replay CASE --bundle BUNDLE` replays it (a case that attacked the bundle's own policy "
+        "needs the bundle, not only its shield.json), and `sim2real shield synthesize` names the range or the start "
+        "to change",
         "undecided": "falsify did not run: see its line",
     },
     PRODUCTION_KEY: {

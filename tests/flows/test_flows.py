@@ -253,7 +253,7 @@ def test_a_falsified_candidate_fails_the_gate(harness, tmp_path, monkeypatch):
     summary = state.result(raise_on_failure=False)  # a gate's "no" ends Failed with the summary as its data
     (replay,) = [line for line in summary["next_steps"] if "--replay" in line]
     case = sorted((Path(summary["run_dir"]) / "falsify").glob("case-*.json"))[0]
-    assert f"--config {path} --replay {case} --shield {Path(summary['run_dir']) / 'bundle'}/shield.json" in replay
+    assert f"--config {path} --replay {case} --bundle {Path(summary['run_dir']) / 'bundle'}" in replay
 
 
 def _free_port() -> int:

@@ -433,7 +433,7 @@ def test_next_steps_name_the_paths_the_caller_knows_and_leave_other_words_alone(
 
     line = NEXT_STEPS["gate.max_falsification_cases"]["fail"]
     (filled,) = with_paths([line], config="my.yaml", bundle="runs/r1/bundle", case="runs/r1/falsify/case-0.json")
-    assert "--config my.yaml --replay runs/r1/falsify/case-0.json --shield runs/r1/bundle/shield.json" in filled
+    assert "--config my.yaml --replay runs/r1/falsify/case-0.json --bundle runs/r1/bundle" in filled
     # Only whole placeholder words: a key or a word that contains one stays as written.
     assert with_paths(["CONFIGURED BUNDLES CASE_1 CONFIG"], config="c.yaml") == ["CONFIGURED BUNDLES CASE_1 c.yaml"]
     assert with_paths([line]) == [line]  # nothing known: the placeholders stay

@@ -74,7 +74,7 @@ import importlib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class DeclarationError(ValueError):
@@ -273,13 +273,20 @@ class PidLoop(_Strict):
     ki: float = Field(0.0, description="integral gain (per unit error and second)")
     kd: float = Field(0.0, description="derivative gain (per unit rate)")
     integral_limit: float = Field(1.0, gt=0, description="normalized action units")
-    feedforward: float = Field(
+    feedforward: float | Literal["hold"] = Field(
         0.0,
-        ge=-1.0,
-        le=1.0,
-        description="a constant action added (normalized): the steady action that carries a load, a hoist's weight "
-        "say, so the loop holds its set-point from the first step instead of sagging while the integral builds up",
+        description="a constant action added (normalized, within [-1, 1]): the steady action that carries a load, a "
+        "hoist's weight say, so the loop holds its set-point from the first step instead of sagging while the "
+        "integral builds up; `hold`: the action that holds the shield model's operating point still on the nominal "
+        "MJCF (its trim, as the lqr legacy and the shield take it), computed rather than worked out by hand",
     )
+
+    @field_validator("feedforward")
+    @classmethod
+    def _feedforward_in_box(cls, value):
+        if value != "hold" and not -1.0 <= value <= 1.0:
+            raise ValueError(f"must lie in the action box [-1, 1] (or be `hold`), got {value}")
+        return value
 
 
 class Legacy(_Strict):

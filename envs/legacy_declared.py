@@ -16,12 +16,15 @@ from envs.linearization import discrete_lqr, linearize_control_step
 class PidLoops:
     """u[action] += feedforward + kp e + ki int(e) dt - kd rate, e = setpoint - measured (one row per declared loop)."""
 
-    def __init__(self, decl: PlantDeclaration, name: str):
+    def __init__(self, decl: PlantDeclaration, name: str, trim: tuple[float, ...] | None = None):
+        """`trim`: the action holding the operating point on the nominal MJCF, which `feedforward: hold` adds."""
         self.name = name
         self.dt = decl.control_period
         self.act_dim = len(decl.actuators)
         rows = []
         for loop in decl.legacy.loops:
+            if loop.feedforward == "hold":
+                loop = loop.model_copy(update={"feedforward": float((trim or (0.0,) * self.act_dim)[loop.action])})
             sp_ix = decl.index(loop.setpoint) if isinstance(loop.setpoint, str) else None
             sp_value = 0.0 if isinstance(loop.setpoint, str) else float(loop.setpoint)
             rate_ix = decl.index(loop.rate) if loop.rate else None

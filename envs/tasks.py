@@ -103,7 +103,8 @@ def _declared_legacy(decl: PlantDeclaration, mjcf: Path):
     legacy = decl.legacy
     name = legacy.name or legacy.type
     if legacy.type == "pid":
-        return PidLoops(decl, name)
+        holds = any(loop.feedforward == "hold" for loop in legacy.loops)
+        return PidLoops(decl, name, _nominal(decl, mjcf).trim if holds else None)
     if legacy.type == "lqr":
         if decl.shield_model.type != "linear":
             raise DeclarationError(

@@ -37,6 +37,30 @@ def test_the_action_that_holds_the_operating_point_is_the_closed_form_one_and_ev
     assert float(legacy(np.array([[0.5, 0.0, 0.5]], np.float32))[0, 0]) == pytest.approx(TRIM, abs=1e-6)
 
 
+def test_a_pid_legacy_told_to_hold_adds_the_trim_the_mjcf_gives(tmp_path):
+    """`feedforward: hold` is the action holding the operating point, computed as the lqr legacy and the shield take
+    it: an outside user worked out a hoist's (m g / units_per_action) by hand, and a number outside the box is
+    refused by its key."""
+    import envs
+    from pipeline.config import ConfigError, load_config
+
+    doc = yaml.safe_load(PLANT.read_text())
+    loop = {"action": 0, "measured": "q", "setpoint": "q_ref", "rate": "q_dot", "kp": 2.0, "kd": 0.3}
+    (tmp_path / "arm_vertical.xml").write_text((HERE / "plants" / "arm_vertical.xml").read_text())
+    for name, feedforward in (("arm_vertical_pid", "hold"), ("arm_vertical_pid_far", 1.5)):
+        doc["task"] = {"name": name, "env_id": f"sim2real/{name.title().replace('_', '')}-v0"}
+        doc["plant"] = {**doc["plant"], "mjcf": "arm_vertical.xml"}
+        doc["plant"]["legacy"] = {"type": "pid", "loops": [{**loop, "feedforward": feedforward}]}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        if feedforward != "hold":
+            with pytest.raises(ConfigError, match="feedforward"):
+                load_config(tmp_path / f"{name}.yaml")
+            continue
+        legacy = envs.legacy_controller(load_config(tmp_path / f"{name}.yaml").task.env_id)
+        at_rest = np.array([[0.5, 0.0, 0.5]], np.float32)  # q at q_ref, still: only the feedforward acts
+        assert float(legacy(at_rest)[0, 0]) == pytest.approx(TRIM, abs=1e-6)
+
+
 def test_dry_friction_on_the_driven_joint_leaves_the_trim_and_the_model_as_without_it(tmp_path):
     """Dry friction (frictionloss) is model error, left out of the linear model and of the holding action: at rest
     it absorbs part of any force, so no action balanced the load exactly, and a hoist with 20 N of it on its driven

@@ -198,7 +198,17 @@ class Falsifier:
         self.rng = np.random.default_rng(self.seed)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.progress = progress
-        self.sets = {name: (rset, parameters(rset)) for name, rset in cfg.randomization.items()}
+        # A set identical to one before it (YAML anchors: train, validation and reality alike) is searched once, under
+        # the first one's name: searched again it only repeated the same plants, and its corners took the share of
+        # the count that a single set's would have run in full (a hoist's 64 corners x 3 policies, thrice).
+        self.sets: dict[str, tuple] = {}
+        self.same_as: dict[str, str] = {}
+        for name, rset in cfg.randomization.items():
+            first = next((n for n, (r, _) in self.sets.items() if r == rset), None)
+            if first is None:
+                self.sets[name] = (rset, parameters(rset))
+            else:
+                self.same_as[name] = first
         self.policies = (
             [p for p in REFERENCE_POLICIES if p != "legacy"]  # the attacks (the legacy one is trusted)
             + (["bundle"] if bundle_policy is not None else [])
@@ -408,6 +418,7 @@ class Falsifier:
             "evals_per_s": self.evaluated / max(wall, 1e-9),
             "dimensions": {n: len(p) + _ATTACK_DIMS for n, (_, p) in self.sets.items()},
             "corners_total": self.corner_count(),
+            "same_sets": dict(self.same_as),  # a set searched as the identical one named
             "policies": list(self.policies),
             "constraints": self.constraints,
             "candidates": self.candidates,
@@ -423,7 +434,7 @@ class Falsifier:
 # and what reproduces it. `cases` (each case's record) only where the caller asks for it.
 RECORD_KEYS = (
     "cases_found", "min_h", "worst", "evaluated", "phases", "corners_total", "policies", "candidates", "budget_s",
-    "cut_short", "seed", "wall_s",
+    "cut_short", "seed", "wall_s", "same_sets",
 )  # fmt: skip
 
 
@@ -443,6 +454,9 @@ def extent(summary: dict, clock: str = "falsify.budget_s") -> str:
         each = f": {total // len(policies)} plant corners x {len(policies)} policies" if policies else ""
         said += f" ({corners} of {total} corner candidates{each})"
     said += f" in {summary['wall_s']:.0f} s"
+    same = summary.get("same_sets") or {}
+    if same:
+        said += " (" + ", ".join(f"{n} searched as {first}, the same set" for n, first in same.items()) + ")"
     if summary.get("cut_short"):
         said += (
             f", {cut_short_note(clock)} ({clock} {summary['budget_s']:g} s, falsify.candidates "

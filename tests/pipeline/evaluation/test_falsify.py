@@ -253,3 +253,24 @@ def test_a_refusal_by_falsification_replays_the_case_with_one_end_moved_back_at_
     ends, _ = _case_plant(cfg, case)
     moved = _one_at_a_time(cfg, case, spec, ends)
     assert moved[0] == ("latency_steps (to 0)", 0), moved
+
+
+def test_a_set_identical_to_another_is_searched_once_and_the_extent_says_so(tmp_path):
+    """Sets written once and aliased (YAML anchors: train, validation and reality alike) are one set of plants:
+    searched three times, their corners took the share of the count a single set's would have run in full (helper-69's
+    hoist: 64 plant corners x 3 policies x 3 sets, so not every corner ran). Searched once, under the first name."""
+    from pipeline.evaluation.falsify import Falsifier, extent
+
+    cfg = load_config("configs/cartpole.yaml")
+    same = cfg.model_copy(
+        update={"randomization": {"train": cfg.randomization["train"], "reality": cfg.randomization["train"]}}
+    )
+    spec = ShieldSpec.from_dict(build_shield_spec(cfg))
+    one = Falsifier(cfg.model_copy(update={"randomization": {"train": cfg.randomization["train"]}}), spec)
+    aliased = Falsifier(same, spec)
+    assert aliased.corner_count() == one.corner_count() and list(aliased.sets) == ["train"]
+    assert aliased.same_as == {"reality": "train"} and Falsifier(cfg, spec).same_as == {}
+    summary = falsify(same, spec=spec, seed=0, candidates=6)
+    assert summary["same_sets"] == {"reality": "train"} and summary["evaluated"] == 6
+    assert {c["set"] for c in summary["cases"]} <= {"train"}
+    assert "(reality searched as train, the same set)" in extent(summary)

@@ -54,7 +54,7 @@ def evaluate(
 ) -> EvalResult:
     """Run `policy` for `episodes` seeded episodes (seeds seed, seed + 1, ...); returns returns, violations and
     shield figures. `policy` is a batch policy, shielded here by `spec` (default: built from the config), or an
-    EdgeRuntime, which brings its own shield (shield.json) and is run exactly as `serve` runs it.
+    EdgeRuntime, which brings its own shield (shield.json; `spec`'s where given) and is run as `serve` runs it.
     `past_termination`: step on past the task's termination (a fallen pole) to the episode's length, as a real
     plant goes on: the shield's job does not end where the task's does."""
     from shield.runtime import EdgeRuntime
@@ -63,8 +63,14 @@ def evaluate(
     if isinstance(policy, EdgeRuntime):
         bundle = policy.verified_bundle
         note = check_bundle_task(cfg, bundle.manifest, bundle.path)
-        if shield != policy.shielded:  # the same bundle, with its shield.json's shield or bare
-            own = CbfShield(ShieldSpec.from_dict(bundle.shield_spec)) if shield else None
+        if shield != policy.shielded or (shield and spec is not None):
+            # The same bundle, bare or with a shield: its shield.json's, or `spec` where one is given (a case replayed
+            # against the spec it was found on, `falsify --replay CASE --bundle B --shield S`, which ran the bundle's
+            # own shield whatever --shield said).
+            own = None
+            if shield:
+                given = spec if spec is not None else bundle.shield_spec
+                own = CbfShield(given if isinstance(given, ShieldSpec) else ShieldSpec.from_dict(given))
             policy = EdgeRuntime(bundle, policy.policy, own)
         driver: RuntimeDriver | PolicyDriver = RuntimeDriver(policy)
     else:

@@ -173,6 +173,28 @@ def test_a_bundle_is_evaluated_with_its_own_shield_json(tmp_path, capsys):
     assert f"note: the config hashes to {load_config(other).config_hash()[:12]}" in capsys.readouterr().out
 
 
+def test_a_bundle_is_run_behind_the_spec_it_is_given(tmp_path):
+    """A case found against a bundle's policy, replayed with `--bundle B --shield S`, runs behind S: it ran the
+    bundle's own shield.json whatever S was, so a re-measured spec could not be checked on the case it was for."""
+    from shield.runtime import EdgeRuntime
+
+    cfg = load_config("configs/cartpole.yaml")
+    spec = build_shield_spec(cfg)
+    policy = mlp_onnx(5, 1, seed=3)
+    spec_bytes = json.dumps(spec).encode()
+    files = {"policy.onnx": policy, "shield.json": spec_bytes}
+    manifest = make_manifest(
+        task="cartpole", env_id=cfg.task.env_id, files=files, config_hash=cfg.config_hash(), obs_dim=5, act_dim=1
+    )
+    bundle = write_bundle(tmp_path / "b", policy_onnx=policy, shield_spec=spec_bytes, manifest=manifest)
+    runtime = EdgeRuntime.load(bundle, shield=False)
+    wider = {**spec, "margin": 0.8}  # most of the band: the barrier acts wherever the cart moves
+    common = dict(domains="train", episodes=2, seed=0)
+    own = evaluate(cfg, runtime, shield=True, **common)
+    assert evaluate(cfg, runtime, shield=True, spec=spec, **common)["intervention_rate"] == own["intervention_rate"]
+    assert evaluate(cfg, runtime, shield=True, spec=wider, **common)["intervention_rate"] > own["intervention_rate"]
+
+
 def test_a_bundle_of_another_task_is_refused_by_name(tmp_path, capsys):
     """A bundle run against another task's config used to say only `observation must have 5 entries, got 6`
     (or, the same size, nothing at all); eval and shadow now name both tasks."""

@@ -150,16 +150,21 @@ def test_bad_arguments_name_the_culprit(kw, culprit, capsys):
     assert culprit in err and "Traceback" not in err
 
 
-def test_a_bundle_is_evaluated_with_its_own_shield_json(tmp_path, capsys):
-    cfg = load_config("configs/cartpole.yaml")
-    spec = build_shield_spec(cfg)
+def _random_bundle(out: Path, cfg, spec: dict) -> Path:
+    """A cart-pole bundle of an untrained policy (random weights) carrying `spec` as its shield.json."""
     policy = mlp_onnx(5, 1, seed=3)
     spec_bytes = json.dumps(spec).encode()
     files = {"policy.onnx": policy, "shield.json": spec_bytes}
     manifest = make_manifest(
         task="cartpole", env_id=cfg.task.env_id, files=files, config_hash=cfg.config_hash(), obs_dim=5, act_dim=1
     )
-    bundle = write_bundle(tmp_path / "b", policy_onnx=policy, shield_spec=spec_bytes, manifest=manifest)
+    return write_bundle(out, policy_onnx=policy, shield_spec=spec_bytes, manifest=manifest)
+
+
+def test_a_bundle_is_evaluated_with_its_own_shield_json(tmp_path, capsys):
+    cfg = load_config("configs/cartpole.yaml")
+    spec = build_shield_spec(cfg)
+    bundle = _random_bundle(tmp_path / "b", cfg, spec)
     assert run_cli(_args(policy=None, bundle=str(bundle), domains="train", episodes=2)) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["violations"] == 0 and np.isfinite(result["return_mean"])
@@ -180,13 +185,7 @@ def test_a_bundle_is_run_behind_the_spec_it_is_given(tmp_path):
 
     cfg = load_config("configs/cartpole.yaml")
     spec = build_shield_spec(cfg)
-    policy = mlp_onnx(5, 1, seed=3)
-    spec_bytes = json.dumps(spec).encode()
-    files = {"policy.onnx": policy, "shield.json": spec_bytes}
-    manifest = make_manifest(
-        task="cartpole", env_id=cfg.task.env_id, files=files, config_hash=cfg.config_hash(), obs_dim=5, act_dim=1
-    )
-    bundle = write_bundle(tmp_path / "b", policy_onnx=policy, shield_spec=spec_bytes, manifest=manifest)
+    bundle = _random_bundle(tmp_path / "b", cfg, spec)
     runtime = EdgeRuntime.load(bundle, shield=False)
     wider = {**spec, "margin": 0.8}  # most of the band: the barrier acts wherever the cart moves
     common = dict(domains="train", episodes=2, seed=0)

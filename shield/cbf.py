@@ -470,6 +470,7 @@ class CbfShield:
         else:
             u_p = self._fallback if bad else np.minimum(np.maximum(action.astype(np.float64), self._low), self._high)
         u = pf.solve(free, u_p)
+        held = None  # conservative mode: the backup held against the monitor's residual, once computed
         if u is None and self._outside:
             # The widened rows leave no plan. The plain rows are certified on every plant of the envelope, and a plant
             # inside it can be flagged (the monitor's bounds are measured on a sample of its plants and policies):
@@ -493,7 +494,9 @@ class CbfShield:
         if backup and obs_list is not None:
             backup = not any(con.violated(obs_list) for con in self._constraint_objs)
         if u is None:  # conservative mode: the backup holds against the acceleration the monitor measured
-            u = pf.backup(pred.v, self._hold, self._monitor.mean_residual() if self._outside else None)
+            if held is None:
+                held = pf.backup(pred.v, self._hold, self._monitor.mean_residual() if self._outside else None)
+            u = held
             if not (bad or backup):
                 # Uncertified (no plan accepted, or the plant observed past a limit, or flagged): the backup is no
                 # better founded than the policy's action, and of the two the one whose plan misses least is sent.

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         past_termination=args.past_termination,
     )
     result["policy"] = args.bundle or args.policy
-    if spec is not None and use_shield and UNCERTIFIED_NOTE not in result["notes"]:
+    if spec is not None and use_shield:
         result["notes"].insert(0, UNCERTIFIED_NOTE)  # the config's shield, not a bundle's: nothing certified it
     emit(
         args,

@@ -452,6 +452,15 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
                 f"  filter: predictive (horizon {pr['horizon']} steps, backup gain {_rounded(pr['backup_gain'])}, "
                 f"{tube}), chosen where a braking barrier cannot keep a limit: {pr['measured']['why'][0]}"
             )
+            if grows and grows.get("held_out"):
+                rounds = "; ".join(
+                    f"{r['plans']} plans, {r['share_missed']:.2%} past it, by up to x{r['largest_error_over_bound']}"
+                    for r in grows["held_out"]
+                )
+                lines.append(
+                    f"  tube checked on fresh plans it was not fitted to, per round ({rounds}): fitted to all "
+                    f"{grows['plans']}, then x{grows['scaled_by']} (what the last round missed by, at least 1)"
+                )
         if falsified:
             lines.append(
                 f"  falsify: {extent(falsified, '--budget-s')}, lowest h {_rounded(falsified['min_h'])} "

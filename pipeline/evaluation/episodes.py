@@ -125,12 +125,13 @@ def make_env(cfg, rset, max_episode_steps: int | None = None):
     return gym.make(cfg.task.env_id, randomization=rset, max_episode_steps=steps or None)
 
 
-def check_bundle_task(cfg, manifest: dict, bundle: Any) -> str | None:
+def check_bundle_task(cfg, manifest: dict, bundle: Any, behind: str = "with the bundle's own shield") -> str | None:
     """A bundle is run against the config of the task it was exported for: another task's plant would only say
     that the observation has the wrong size, or (the same size) run without a word. The same task with its
     observations or actions renamed or reordered, or another control period, than the bundle's contract states is
     refused too: the policy would read one signal as another. Returns a note where the config is not the one the
-    bundle was trained under (same I/O: a new gate or domains is a fair thing to judge it by, but say so)."""
+    bundle was trained under (same I/O: a new gate or domains is a fair thing to judge it by, but say so), ending
+    with `behind` (what shield it runs behind)."""
     exported = (manifest.get("task"), manifest.get("env_id"))
     if exported != (cfg.task.name, cfg.task.env_id):
         raise ValueError(
@@ -158,7 +159,7 @@ def check_bundle_task(cfg, manifest: dict, bundle: Any) -> str | None:
         return (
             f"the config hashes to {cfg.config_hash()[:12]}, {bundle} was trained under {str(trained)[:12]} (same "
             "plant I/O; the training setup differs: an edited config, or a run given --steps, --actors or "
-            "--envs-per-actor): judged by this config's gate, domains and limits, with the bundle's own shield"
+            f"--envs-per-actor): judged by this config's gate, domains and limits, {behind}"
         )
     return None
 

@@ -39,6 +39,10 @@ UNCERTIFIED_NOTE = (
 )
 
 
+def _as_spec(spec: dict | ShieldSpec) -> ShieldSpec:
+    return spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec)
+
+
 def evaluate(
     cfg,
     policy,
@@ -62,15 +66,13 @@ def evaluate(
     note = None
     if isinstance(policy, EdgeRuntime):
         bundle = policy.verified_bundle
-        note = check_bundle_task(cfg, bundle.manifest, bundle.path)
-        if shield != policy.shielded or (shield and spec is not None):
+        given = shield and spec is not None
+        note = check_bundle_task(cfg, bundle.manifest, bundle.path, *(["behind the shield given"] if given else []))
+        if shield != policy.shielded or given:
             # The same bundle, bare or with a shield: its shield.json's, or `spec` where one is given (a case replayed
             # against the spec it was found on, `falsify --replay CASE --bundle B --shield S`, which ran the bundle's
             # own shield whatever --shield said).
-            own = None
-            if shield:
-                given = spec if spec is not None else bundle.shield_spec
-                own = CbfShield(given if isinstance(given, ShieldSpec) else ShieldSpec.from_dict(given))
+            own = CbfShield(_as_spec(spec if spec is not None else bundle.shield_spec)) if shield else None
             policy = EdgeRuntime(bundle, policy.policy, own)
         driver: RuntimeDriver | PolicyDriver = RuntimeDriver(policy)
     else:
@@ -81,7 +83,7 @@ def evaluate(
 
                 spec = build_shield_spec(cfg)
                 note = UNCERTIFIED_NOTE
-            cbf = CbfShield(spec if isinstance(spec, ShieldSpec) else ShieldSpec.from_dict(spec))
+            cbf = CbfShield(_as_spec(spec))
         driver = PolicyDriver(policy, cbf)
     rset = resolve_domains(cfg, domains)
     notes = [note] if note else []

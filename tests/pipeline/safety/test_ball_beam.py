@@ -19,6 +19,7 @@ def ball_beam():
 
 
 def test_the_ball_on_a_beam_is_certified_with_a_state_dependent_tube_and_kept_inside(ball_beam):
+    from pipeline.safety import predictive
     from pipeline.safety.certificate import certificate
     from pipeline.safety.predictive import holding_problem
     from tests.helpers.shield_specs import assert_kept_on_reality
@@ -38,6 +39,13 @@ def test_the_ball_on_a_beam_is_certified_with_a_state_dependent_tube_and_kept_in
     # ball strays centimetres from the plan over the horizon.
     assert np.asarray(section["tube_floor"]).shape == (section["horizon"], 4)
     assert 0.01 < fit["largest_at_rest"][0] < fit["largest_at_the_farthest_sampled_plan"][0]
+    # The fit was checked on plans it had not seen (half from the filter's edge), refitted with them until one round
+    # was covered or the rounds ran out, and made as much larger as the last round missed by.
+    rounds = fit["held_out"]
+    assert 1 <= len(rounds) <= predictive.HELD_OUT_ROUNDS
+    assert all(r["plans"] >= predictive.MIN_PLANS for r in rounds)
+    assert rounds[-1]["largest_error_over_bound"] <= 1.0 or len(rounds) == predictive.HELD_OUT_ROUNDS
+    assert fit["scaled_by"] == pytest.approx(max(1.0, rounds[-1]["largest_error_over_bound"]), abs=1e-4)
     # A constant tube (the largest error over every measured plan, at every step) would hold nothing, even at rest.
     flat = {**section, "tube": [section["measured"]["largest_error"]] * section["horizon"]}
     flat.pop("tube_slope")

@@ -67,7 +67,11 @@ def evaluate(
     if isinstance(policy, EdgeRuntime):
         bundle = policy.verified_bundle
         given = shield and spec is not None
-        note = check_bundle_task(cfg, bundle.manifest, bundle.path, *(["behind the shield given"] if given else []))
+        note = (
+            check_bundle_task(cfg, bundle.manifest, bundle.path, behind="behind the shield given")
+            if given
+            else check_bundle_task(cfg, bundle.manifest, bundle.path)
+        )
         if shield != policy.shielded or given:
             # The same bundle, bare or with a shield: its shield.json's, or `spec` where one is given (a case replayed
             # against the spec it was found on, `falsify --replay CASE --bundle B --shield S`, which ran the bundle's

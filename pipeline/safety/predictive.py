@@ -213,7 +213,6 @@ def measure_tube(
                     continue
                 if edge and rng.random() < EDGE_SHARE:
                     x = _edge(x, queue, jitter, admitted, x_op[: env.n], env.lo_s, env.hi_s)
-                    admitted(x + jitter, queue)
                 done += 1
                 lk = min(max(int(rng.integers(lat_lo, lat_hi + 1)), lats[0]), lats[-1])
                 phi = np.abs(pf.start(pred.v) - x_op)
@@ -265,19 +264,23 @@ def measure_tube(
 
 def _edge(x, queue, jitter, admitted, x_op, lo, hi) -> np.ndarray:
     """The farthest state on the ray from `x_op` through the admitted `x`, within the sampled box [lo, hi], whose plan
-    the filter still admits with `queue` in flight (seen with `jitter`): bisected EDGE_BISECTIONS times."""
+    the filter still admits with `queue` in flight (seen with `jitter`): bisected EDGE_BISECTIONS times. The shield
+    is left loaded as `admitted` loads it at the state returned (the caller measures the plan from there)."""
     d = x - x_op
     with np.errstate(divide="ignore", invalid="ignore"):
         reach = np.where(d > 0, (hi - x_op) / d, np.where(d < 0, (lo - x_op) / d, np.inf))
     far = float(np.min(reach))
     if not np.isfinite(far) or far <= 1.0:
-        return x
-    near = 1.0
+        return x  # the caller's own check loaded it there
     if admitted(x_op + far * d + jitter, queue):
         return x_op + far * d
+    near, loaded = 1.0, False  # loaded: whether the last state `admitted` saw is `near`'s
     for _ in range(EDGE_BISECTIONS):
         mid = 0.5 * (near + far)
-        near, far = (mid, far) if admitted(x_op + mid * d + jitter, queue) else (near, mid)
+        loaded = admitted(x_op + mid * d + jitter, queue)
+        near, far = (mid, far) if loaded else (near, mid)
+    if not loaded:
+        admitted(x_op + near * d + jitter, queue)
     return x_op + near * d
 
 
@@ -438,31 +441,24 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
         for k in range(HELD_OUT_ROUNDS):
             fitted = state_dependent_tube(phis, errs, acts, reference)[:3]
             _, held, (h_phis, h_errs, h_acts) = measure_tube(env, bare, horizon, seed + 3 + k, gentle=True, edge=True)
-            ratio, share = tube_coverage(*fitted, floor, h_phis, h_errs, h_acts, per_plan=True)
+            ratio, share = tube_coverage(*fitted, floor, h_phis, h_errs, h_acts)
             held_out.append({"plans": held["plans"], "largest_error_over_bound": _ratio(ratio), "share_missed": share})
             phis, errs, acts = (np.concatenate(pair) for pair in ((phis, h_phis), (errs, h_errs), (acts, h_acts)))
             if ratio <= 1.0:
                 break
-        base, slope, act_slope, fit = state_dependent_tube(phis, errs, acts, reference)
         if not math.isfinite(ratio):
             raise ValueError(
                 "the predictive filter's tube, fitted to the plans measured, is 0 at a step and state where a plan "
                 "it was not fitted to strayed from its plan: the envelope's plants do something the sampled plans "
                 "never showed; narrow the randomized ranges, or make the plant easier to hold"
             )
-        if ratio > 1.0:
-            base, slope, act_slope = (ratio * part for part in (base, slope, act_slope))
+        base, slope, act_slope, fit = state_dependent_tube(phis, errs, acts, reference, floor, max(ratio, 1.0))
         result["tube"], result["tube_slope"], result["tube_action_slope"] = (
             base.tolist(),
             slope.tolist(),
             act_slope.tolist(),
         )
         result["tube_floor"] = floor.tolist()
-        fit["largest_at_rest"] = [round(float(v), 5) for v in np.maximum(base, floor).max(axis=0)]
-        at_ref = base + slope @ reference[: env.n] + act_slope @ reference[env.n :]
-        fit["largest_at_the_reference"] = [round(float(v), 5) for v in np.maximum(at_ref, floor).max(axis=0)]
-        at_far = base + slope @ phis.max(axis=0) + act_slope @ acts.max(axis=0)
-        fit["largest_at_the_farthest_sampled_plan"] = [round(float(v), 5) for v in at_far.max(axis=0)]
         result["measured"]["state_dependent"] = {
             **fit,
             "plans": len(phis),
@@ -512,20 +508,27 @@ def legacy_reference(cfg, env, latency: int, seed: int = 0) -> np.ndarray:
 
 
 def state_dependent_tube(
-    phis: np.ndarray, errs: np.ndarray, acts: np.ndarray, reference: np.ndarray | None = None
+    phis: np.ndarray,
+    errs: np.ndarray,
+    acts: np.ndarray,
+    reference: np.ndarray | None = None,
+    floor: np.ndarray | None = None,
+    scale: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """(base (horizon, n), slope (horizon, n, n), action slope (horizon, n, k), record): per step j and state i, the
     bound ``base[j, i] + slope[j, i] . |x_L - x_op| + action_slope[j, i] . |a|`` on the plan's error that covers
     every measured plan (`phis`: (plans, n), `acts`: (plans, k) the |actions| in flight, `errs`: (plans, horizon,
     n)) and is least at `reference` (where the plant runs: (|x - x_op|, |a|); default the plans' mean), a linear
-    program per step and state (HiGHS); x INFLATION and never shrinking with the step, like the constant tube."""
+    program per step and state (HiGHS); x INFLATION x `scale` and never shrinking with the step, like the constant
+    tube. The record's figures are the tube as shipped: never below `floor` where one is given."""
     from scipy.optimize import linprog
 
     S, H, n = errs.shape
     k = acts.shape[1]
     regressors = np.hstack([phis, acts])
     lhs = -np.hstack([np.ones((S, 1)), regressors])  # -(base + slope . phi + action_slope . a) <= -err
-    cost = np.concatenate([[1.0], regressors.mean(axis=0) if reference is None else reference])
+    ref = regressors.mean(axis=0) if reference is None else reference
+    cost = np.concatenate([[1.0], ref])
     coef = np.zeros((H, n, n + k + 1))
     for j in range(H):
         for i in range(n):
@@ -535,12 +538,12 @@ def state_dependent_tube(
             res = linprog(cost, A_ub=lhs, b_ub=-e, bounds=[(0.0, None)] * (n + k + 1), method="highs")
             # Should the solver fail, the constant bound (the largest error) covers every plan.
             coef[j, i] = res.x if res.status == 0 else np.concatenate([[float(e.max())], np.zeros(n + k)])
-    coef = np.maximum.accumulate(coef, axis=0) * INFLATION
+    coef = np.maximum.accumulate(coef, axis=0) * (INFLATION * scale)
     base, slope, act_slope = coef[..., 0], coef[..., 1 : n + 1], coef[..., n + 1 :]
-    ref = regressors.mean(axis=0) if reference is None else reference
 
-    def bound(z: np.ndarray) -> np.ndarray:  # per state, the largest over the horizon at regressors z
-        return (base + coef[..., 1:] @ z).max(axis=0)
+    def largest(z: np.ndarray) -> list[float]:  # per state, the largest over the horizon at regressors z
+        tube = tube_at(base, slope, act_slope, floor, z[None, :n], z[None, n:])[0]
+        return [round(float(v), 5) for v in tube.max(axis=0)]
 
     return (
         base,
@@ -551,26 +554,33 @@ def state_dependent_tube(
             "measured plan, least where the legacy controller runs the plant (linear programs), x INFLATION, never "
             "shrinking with the step; used because the constant tube left no room at the operating point",
             "reference": "the legacy controller's episodes" if reference is not None else "the plans' mean",
-            "largest_at_rest": [round(float(v), 5) for v in base.max(axis=0)],
-            "largest_at_the_reference": [round(float(v), 5) for v in bound(ref)],
-            "largest_at_the_farthest_sampled_plan": [round(float(v), 5) for v in bound(regressors.max(axis=0))],
+            "largest_at_rest": largest(np.zeros(n + k)),
+            "largest_at_the_reference": largest(ref),
+            "largest_at_the_farthest_sampled_plan": largest(regressors.max(axis=0)),
         },
     )
 
 
-def tube_coverage(
-    base: np.ndarray, slope: np.ndarray, act_slope: np.ndarray, floor: np.ndarray, phis, errs, acts, per_plan=False
-):
-    """The largest ratio, over plans (`phis`, `errs`, `acts` as `state_dependent_tube` takes them), steps and
-    states, of a plan's error to the tube there (the affine bound, never below `floor`); 0 without error, inf where
-    a plan errs on a state and step the tube is 0 at. `per_plan`: (that ratio, the share of plans it is over 1 for
-    at some step and state)."""
+def tube_at(base, slope, act_slope, floor, phis, acts) -> np.ndarray:
+    """The state-dependent tube (plans, horizon, n) for plans at |x_L - x_op| `phis` (plans, n) with |actions| in
+    flight `acts` (plans, k): the affine bound, never below `floor` (None: no floor). The edge tightens its rows by
+    the same bound (`shield.predictive`, point 3)."""
     bound = base[None] + np.einsum("jik,sk->sji", slope, phis) + np.einsum("jik,sk->sji", act_slope, acts)
-    bound = np.maximum(bound, floor[None])
+    return bound if floor is None else np.maximum(bound, floor[None])
+
+
+def tube_coverage(
+    base: np.ndarray, slope: np.ndarray, act_slope: np.ndarray, floor: np.ndarray, phis, errs, acts
+) -> tuple[float, float]:
+    """(the largest ratio, over plans (`phis`, `errs`, `acts` as `state_dependent_tube` takes them), steps and
+    states, of a plan's error to the tube there (`tube_at`): 0 without error, inf where a plan errs on a state and
+    step the tube is 0 at; the share of plans it is over 1 for at some step and state)."""
+    bound = tube_at(base, slope, act_slope, floor, phis, acts)
     ratio = np.where(errs > 0.0, np.where(bound > 0.0, errs / np.where(bound > 0.0, bound, 1.0), np.inf), 0.0)
-    worst = ratio.reshape(len(ratio), -1).max(axis=1) if len(ratio) else np.zeros(0)
-    largest = float(worst.max()) if len(worst) else 0.0
-    return (largest, round(float((worst > 1.0).mean()), 5) if len(worst) else 0.0) if per_plan else largest
+    if not len(ratio):
+        return 0.0, 0.0
+    worst = ratio.reshape(len(ratio), -1).max(axis=1)
+    return float(worst.max()), round(float((worst > 1.0).mean()), 5)
 
 
 def _ratio(value: float) -> float | str:

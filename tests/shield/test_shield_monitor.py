@@ -314,8 +314,15 @@ def _late_plant_run(
     return out
 
 
+@pytest.fixture(scope="module")
+def late_legacy_alone() -> list[tuple[int | None, int]]:
+    """The legacy controller alone on the late plant, the baseline both policies below are held to."""
+    cfg, spec_dict = measured("ball_beam")
+    return _late_plant_run(cfg, spec_dict, "legacy", 5, shielded=False)
+
+
 @pytest.mark.parametrize("policy_name", ["random", "bang_bang"])
-def test_a_plant_answering_actions_late_is_flagged(policy_name):
+def test_a_plant_answering_actions_late_is_flagged(policy_name, late_legacy_alone):
     """A ball on a beam whose actions arrive LATE_BY steps later than the spec's longest latency: its residuals
     change sign with the actions, so the windowed signed sum (the first test) never flagged it in 200 steps. The
     second test, each latency a hypothesis of its own, flags every episode within LATE_FLAG_WITHIN steps, and the
@@ -327,8 +334,7 @@ def test_a_plant_answering_actions_late_is_flagged(policy_name):
     and fewer than the legacy controller alone on the same episode."""
     cfg, spec_dict = measured("ball_beam")
     flagged = _late_plant_run(cfg, spec_dict, policy_name, 5)
-    alone = _late_plant_run(cfg, spec_dict, "legacy", 5, shielded=False)
-    for seed, ((at, violating), (_, legacy_violating)) in enumerate(zip(flagged, alone)):
+    for seed, ((at, violating), (_, legacy_violating)) in enumerate(zip(flagged, late_legacy_alone)):
         assert at is not None and at <= LATE_FLAG_WITHIN, f"episode {seed}: flagged at {at}"
         assert violating <= 2 and violating < legacy_violating, f"episode {seed}: {violating} violating steps"
     first_only = {**spec_dict, "assumptions": {**spec_dict["assumptions"]}}

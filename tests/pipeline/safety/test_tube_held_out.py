@@ -63,20 +63,20 @@ def test_a_fit_covers_its_own_plans_and_reports_how_far_it_misses_others():
     phis, errs, acts = _samples(rng, 200, 0.3)
     base, slope, act_slope, _ = predictive.state_dependent_tube(phis, errs, acts)
     floor = np.zeros(base.shape)
-    own = predictive.tube_coverage(base, slope, act_slope, floor, phis, errs, acts)
-    assert own <= 1.0 / predictive.INFLATION + 1e-6
+    own, missed = predictive.tube_coverage(base, slope, act_slope, floor, phis, errs, acts)
+    assert own <= 1.0 / predictive.INFLATION + 1e-6 and missed == 0.0
     # Plans where the error grows twice as fast with the state: missed, by a stated ratio over 1.
     far, worse, far_acts = _samples(rng, 50, 0.6)
     far[:, 0] = 1.0
     worse = (0.6 * far[:, :1] + 0.01)[:, None, :] * np.ones((1, 3, 1))
     worse = np.concatenate([worse, np.zeros_like(worse)], axis=2)
-    assert predictive.tube_coverage(base, slope, act_slope, floor, far, worse, far_acts) == pytest.approx(
+    assert predictive.tube_coverage(base, slope, act_slope, floor, far, worse, far_acts)[0] == pytest.approx(
         0.61 / (0.31 * predictive.INFLATION), rel=0.05
     )
     # Per plan: every one of those is missed; of them and the fitted ones together, a fifth.
     both = [np.concatenate(pair) for pair in ((phis, far), (errs, worse), (acts, far_acts))]
-    assert predictive.tube_coverage(base, slope, act_slope, floor, far, worse, far_acts, per_plan=True)[1] == 1.0
-    assert predictive.tube_coverage(base, slope, act_slope, floor, *both, per_plan=True)[1] == 0.2
+    assert predictive.tube_coverage(base, slope, act_slope, floor, far, worse, far_acts)[1] == 1.0
+    assert predictive.tube_coverage(base, slope, act_slope, floor, *both)[1] == 0.2
     # Error on a state the tube is 0 at: no ratio covers it.
     worse[:, :, 1] = 0.01
-    assert predictive.tube_coverage(base, slope, act_slope, floor, far, worse, far_acts) == np.inf
+    assert predictive.tube_coverage(base, slope, act_slope, floor, far, worse, far_acts)[0] == np.inf

@@ -461,6 +461,14 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
                     f"  tube checked on fresh plans it was not fitted to, per round ({rounds}): fitted to all "
                     f"{grows['plans']}, then x{grows['scaled_by']} (what the last round missed by, at least 1)"
                 )
+                if "validation" in grows:
+                    v = grows["validation"]
+                    lines.append(
+                        f"  the tube shipped, on {v['plans']} more fresh plans: {v['missed']} past it"
+                        + (f" (by up to x{v['largest_error_over_tube']})" if v["missed"] else "")
+                        + f"; a plan drawn as these were leaves it with probability at most "
+                        f"{v['share_missed_at_most']:.2%} ({v['confidence']:.0%} confidence)"
+                    )
         if falsified:
             lines.append(
                 f"  falsify: {extent(falsified, '--budget-s')}, lowest h {_rounded(falsified['min_h'])} "

@@ -64,7 +64,7 @@ def test_a_fit_covers_its_own_plans_and_reports_how_far_it_misses_others():
     base, slope, act_slope, _ = predictive.state_dependent_tube(phis, errs, acts)
     floor = np.zeros(base.shape)
     own, missed = predictive.tube_coverage(base, slope, act_slope, floor, phis, errs, acts)
-    assert own <= 1.0 / predictive.INFLATION + 1e-6 and missed == 0.0
+    assert own <= 1.0 / predictive.INFLATION + 1e-6 and missed == 0
     # Plans where the error grows twice as fast with the state: missed, by a stated ratio over 1.
     far, worse, far_acts = _samples(rng, 50, 0.6)
     far[:, 0] = 1.0
@@ -73,10 +73,27 @@ def test_a_fit_covers_its_own_plans_and_reports_how_far_it_misses_others():
     assert predictive.tube_coverage(base, slope, act_slope, floor, far, worse, far_acts)[0] == pytest.approx(
         0.61 / (0.31 * predictive.INFLATION), rel=0.05
     )
-    # Per plan: every one of those is missed; of them and the fitted ones together, a fifth.
+    # Per plan: every one of those is missed; of them and the fitted ones together, still those 50.
     both = [np.concatenate(pair) for pair in ((phis, far), (errs, worse), (acts, far_acts))]
-    assert predictive.tube_coverage(base, slope, act_slope, floor, far, worse, far_acts)[1] == 1.0
-    assert predictive.tube_coverage(base, slope, act_slope, floor, *both)[1] == 0.2
+    assert predictive.tube_coverage(base, slope, act_slope, floor, far, worse, far_acts)[1] == 50
+    assert predictive.tube_coverage(base, slope, act_slope, floor, *both)[1] == 50
     # Error on a state the tube is 0 at: no ratio covers it.
     worse[:, :, 1] = 0.01
     assert predictive.tube_coverage(base, slope, act_slope, floor, far, worse, far_acts)[0] == np.inf
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans=st.integers(1, 20_000), data=st.data())
+def test_the_stated_miss_rate_is_the_exact_one_sided_bound(plans, data):
+    """The share of fresh plans the shipped tube misses is stated as the rate at which seeing this few misses (or
+    fewer) is only 5 % likely: above the share seen, and about 3 / plans where none was missed."""
+    from scipy.stats import binom
+
+    missed = data.draw(st.integers(0, plans - 1))
+    bound = predictive.miss_rate_bound(missed, plans)
+    assert missed / plans < bound < 1.0
+    assert binom.cdf(missed, plans, bound) == pytest.approx(1.0 - predictive.CONFIDENCE, rel=1e-6)
+    if missed == 0:
+        assert bound == pytest.approx(1.0 - (1.0 - predictive.CONFIDENCE) ** (1.0 / plans), rel=1e-9)
+        assert bound <= 3.0 / plans
+    assert predictive.miss_rate_bound(plans, plans) == 1.0 and predictive.miss_rate_bound(0, 0) == 1.0

@@ -21,9 +21,9 @@ backup controller can hold the plant inside every constraint forever:
    (and one maximum), and ``cand . |u|`` for the candidate, whose rows stay convex in u (one linear row per sign
    pattern of u where the filter must solve); every backup action must lie
    in the input box (so the prediction, made without saturation, is the backup's); the last state must lie within
-   ``terminal_box`` of ``x_hold``, and ``x_hold`` far enough inside every constraint that the backup's tail from
-   there stays inside (`terminal_reach`: the most any row moves over the rest of the backup's run from the edge of
-   that box, followed until it has settled).
+   ``terminal_box`` of ``x_hold`` (but for ``free_states``, which move nothing: a wheel's angle), and ``x_hold``
+   far enough inside every constraint that the backup's tail from there stays inside (`terminal_reach`: the most any
+   row moves over the rest of the backup's run from the edge of that box, followed until it has settled).
 4. All of that is ``G u >= lb`` with ``G`` and the part of ``lb`` that does not depend on ``v`` built once: one
    matrix-vector product per call. An action that meets every row passes bitwise unchanged; otherwise the
    filter is ``min ||u - u_p||^2`` over the rows and the box (closed form for one input, the QP otherwise).
@@ -92,6 +92,10 @@ class PredictiveFilter:
             tube = np.maximum(tube, floor)
         box = np.asarray(section["terminal_box"], np.float64)
         reach = np.asarray(section["terminal_reach"], np.float64)  # per constraint row
+        # States nothing else depends on, no limit reads and the backup never acts on (a reaction wheel's angle):
+        # the plan need not end near any value of them, so they have no terminal row. Checked below against the
+        # model, the gain and the rows, so that no spec can drop a terminal row the plant's safety rests on.
+        free = list(section.get("free_states") or [])
         H = int(section["horizon"])
         self.horizon, self.m = H, m
         e_const = np.zeros(D)
@@ -150,6 +154,13 @@ class PredictiveFilter:
         tubes = []  # per row, what the constant tube takes off it (0 where none does): for conservative mode
         floors = []  # per row, what the floor takes off it beyond that (see `slack_free`)
         absW = np.abs(W)
+        for i in free:
+            if np.any(W[:, i]) or np.any(K[:, i]) or not np.allclose(A[:, i], np.eye(N)[i], rtol=0.0, atol=1e-9):
+                raise ValueError(
+                    f"shield spec: predictive.free_states: state {i} is not free: a limit reads it, the backup acts "
+                    f"on it, or the model's other states depend on it"
+                )
+        boxed = [i for i in range(N) if i not in free]
         self._plans = []  # per latency case: the states' maps, for `plan`
         for lk in lats:
             # The plan as the plant with lk steps lives it: each step it applies what was sent lk steps before
@@ -179,14 +190,15 @@ class PredictiveFilter:
                     tight.append(absW @ slope[t - lk])
                     tight_act.append(absW @ act_slope[t - lk])
             self._plans.append(states[lk:])
-            dev = X - X_hold  # how far the last state is from where the backup stops it
+            dev = (X - X_hold)[boxed]  # how far the last state is from where the backup stops it
+            nb = len(boxed)
             blocks += [-dev, dev]
-            offsets += [box, box]
-            kinds += [np.full(N, -1), np.full(N, -1)]
-            tight += [np.zeros((N, N)), np.zeros((N, N))]
-            tight_act += [np.zeros((N, (L + 1) * m))] * 2
-            tubes += [np.zeros(N), np.zeros(N)]
-            floors += [np.zeros(N), np.zeros(N)]
+            offsets += [box[boxed], box[boxed]]
+            kinds += [np.full(nb, -1), np.full(nb, -1)]
+            tight += [np.zeros((nb, N)), np.zeros((nb, N))]
+            tight_act += [np.zeros((nb, (L + 1) * m))] * 2
+            tubes += [np.zeros(nb), np.zeros(nb)]
+            floors += [np.zeros(nb), np.zeros(nb)]
             blocks.append(W @ X_hold)  # where the backup leaves it
             tubes.append(absW @ tube[-1])
             floors.append(absW @ np.maximum(floor[-1] - tube[-1], 0.0))

@@ -510,6 +510,7 @@ PREDICTIVE_KEYS = (
     "tube_floor",
     "terminal_box",
     "terminal_reach",
+    "free_states",
     "measured",
 )
 
@@ -536,6 +537,8 @@ def _predictive(value: Any, n: int, m: int, rows: int, latency: int) -> dict:
     floor_vals = [] if floor is None else _matrix(floor, "predictive.tube_floor", horizon, n).reshape(-1).tolist()
     box = _finite(_need(value, "terminal_box", "predictive"), "predictive.terminal_box", n)
     reach = _finite(_need(value, "terminal_reach", "predictive"), "predictive.terminal_reach", rows)
+    if "free_states" in value:  # states the model says move nothing (checked against it by the filter)
+        _indices(value["free_states"], "predictive.free_states", n)
     slope = value.get("tube_slope")
     if slope is not None and (not isinstance(slope, (list, tuple)) or len(slope) != horizon):
         _fail("predictive.tube_slope", f"must be {horizon} {n}x{n} matrices (one per step of the horizon)")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -37,9 +38,11 @@ GENTLE_SHARE = 0.5  # of the plans measured for a bound that grows with |action|
 EDGE_SHARE = 0.5  # of the plans measured for a bound that grows with |x_L - x_op| start at the admitted set's edge
 EDGE_BISECTIONS = 8  # halvings of the ray from the operating point that find that edge
 HELD_OUT_ROUNDS = 3  # fresh batches of plans a state-dependent tube is checked on (and refitted with) at most
+FREE_TOLERANCE = 1e-9  # how far from the unit vector a free state's column of A may be (linearization round-off)
 CONFIDENCE = 0.95  # of the stated bound on the share of fresh plans the shipped state-dependent tube misses
 REFERENCE_EPISODES = 4  # the legacy controller's episodes that say where the plant runs (the tube's objective)
-# Scales of the LQR's input weight tried, in order, until the backup is stable at every latency the spec admits.
+# Scales of the LQR's input weight tried, in order, until the backup is stable at every latency the spec admits
+# and its tail near where it stops the plant fits in the input box (`terminal`).
 BACKUP_INPUT_WEIGHT_SCALES = (1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 
 
@@ -52,6 +55,8 @@ def backup_gain(
     applied: tuple[int, ...] = (0,),
     plants: list[tuple[np.ndarray, np.ndarray]] = (),
     names: list[str] | None = None,
+    fits: Callable[[np.ndarray], str | None] | None = None,
+    free: list[int] = (),
 ) -> tuple[np.ndarray, float, list[float]]:
     """(K, the input weight's scale, the loop's slowest mode per latency in `applied`, over the nominal model and
     `plants`): the LQR the backup is built from, on the legacy LQR's weights when it has them, else Bryson's rule.
@@ -62,6 +67,11 @@ def backup_gain(
     through (the cart-pole's legacy weights: a slowest mode of 1.11 at one step of three), or on a heavier plant
     with a weaker drive. The input weight is then raised (BACKUP_INPUT_WEIGHT_SCALES) until the loop is stable at
     every latency on every plant; a gentler backup is slower but holds wherever the spec admits the plant.
+    `fits`: why a stable K still cannot serve (None: it can); the input weight is raised past it too. The legacy
+    LQR's weights are where the search starts, not a number the user tunes for the shield: they are the controller
+    the plant runs today, and the gate compares the policy with it.
+    `free`: states nothing else depends on and no constraint reads (`free_states`): the backup is designed, and
+    its stability judged, without them, and never acts on them.
     `names`: A's states' names, in order, for the message when no LQR exists."""
     from envs.linearization import discrete_lqr
 
@@ -71,17 +81,28 @@ def backup_gain(
         q, r = np.diag(weights[0]), np.diag(weights[1])
     else:
         q, r = np.diag(1.0 / np.maximum(half_range, 1e-6) ** 2), np.eye(m)
+    keep = [i for i in range(n) if i not in free]
+    cut = np.ix_(keep, keep)
+    A_k, B_k, q_k = A[cut], B[keep], q[cut].astype(np.float64)
+    plants_k = [(Ap[cut], Bp[keep]) for Ap, Bp in [(A, B), *plants]]
+    names_k = None if names is None else [names[i] for i in keep]
+    unfit = None  # why the last stable K could not serve
     for scale in BACKUP_INPUT_WEIGHT_SCALES:
-        K = discrete_lqr(A, B, q.astype(np.float64), scale * r.astype(np.float64), names)
+        K = np.zeros((m, n))
+        K[:, keep] = discrete_lqr(A_k, B_k, q_k, scale * r.astype(np.float64), names_k)
         modes = [
             max(
-                float(np.abs(np.linalg.eigvals(latency_loop(A, B, K, latency, lk, plant))).max())
-                for plant in [(A, B), *plants]
+                float(np.abs(np.linalg.eigvals(latency_loop(A_k, B_k, K[:, keep], latency, lk, plant))).max())
+                for plant in plants_k
             )
             for lk in applied
         ]
         if max(modes) < 1.0:
-            return K, scale, modes
+            unfit = fits(K) if fits is not None else None
+            if unfit is None:
+                return K, scale, modes
+    if unfit is not None:
+        raise ValueError(f"{unfit} (the backup's input weight raised up to {BACKUP_INPUT_WEIGHT_SCALES[-1]:g}x)")
     raise ValueError(
         f"no backup LQR (input weight up to {BACKUP_INPUT_WEIGHT_SCALES[-1]:g}x) is stable on every plant of the "
         f"envelope ({len(plants)} sampled) at every latency from {min(applied)} to {max(applied)} steps while "
@@ -140,6 +161,22 @@ def equilibrium_projection(A: np.ndarray, B: np.ndarray | None = None) -> tuple[
     return X @ pinv, U @ pinv
 
 
+def free_states(A: np.ndarray, W: np.ndarray, plants: list[tuple[np.ndarray, np.ndarray]] = ()) -> list[int]:
+    """The states nothing else depends on (A's column is the unit vector, on the nominal model and every plant in
+    `plants`) and no constraint row of `W` reads: a reaction wheel's or a conveyor's angle, observed but limited by
+    nothing. Any value of one is an equilibrium under zero action; the backup need not bring it anywhere, and a
+    backup that did (the legacy LQR weighs such an angle near 0, so slowly) would need a horizon no plan settles
+    within."""
+    n = len(A)
+    eye = np.eye(n)
+    models = [A, *(Ap for Ap, _ in plants)]
+    return [
+        i
+        for i in range(n)
+        if not np.any(W[:, i]) and all(np.allclose(M[:, i], eye[i], rtol=0.0, atol=FREE_TOLERANCE) for M in models)
+    ]
+
+
 def closed_loop(A, B, K) -> tuple[np.ndarray, float]:
     """(A_cl, its slowest mode's modulus) of the backup u = -K (x - x_hold)."""
     Acl = A - B @ K
@@ -176,6 +213,9 @@ def measure_tube(
     obs = np.zeros(spec["obs_dim"])
     err = np.zeros((horizon, env.n))
     x_op = np.asarray(spec["predictive"]["operating_point"], np.float64)
+    # A free state's error and distance from the operating point count nowhere: no row reads it, and its value
+    # (a wheel's angle after many turns) says nothing of the plant.
+    free = list(spec["predictive"].get("free_states", []))
     phis, errs, acts = [], [], []  # per admitted plan: |x_L - x_op| as the shield predicts it, and the plan's error
     plans = tried = 0
 
@@ -217,6 +257,7 @@ def measure_tube(
                 done += 1
                 lk = min(max(int(rng.integers(lat_lo, lat_hi + 1)), lats[0]), lats[-1])
                 phi = np.abs(pf.start(pred.v) - x_op)
+                phi[free] = 0.0
                 act = np.abs(np.concatenate(queue))
                 plan = pf.plan(pred.v)[lats.index(lk)]
                 hold = pf.hold_point(pred.v)
@@ -237,6 +278,7 @@ def measure_tube(
                 true = np.array(true)
                 if np.all(np.isfinite(true)):
                     e = np.abs(true - plan)
+                    e[:, free] = 0.0
                     err = np.maximum(err, e)
                     phis.append(phi)
                     errs.append(e)
@@ -337,19 +379,23 @@ def _push(env, rset):
     return body, axes, force, int(rset.push.duration_steps)
 
 
-def terminal(half: np.ndarray, Acl, K, W, full: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def terminal(half: np.ndarray, Acl, K, W, full: np.ndarray, free: list[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """(terminal box per state, terminal reach per constraint row): the plan ends within the box of where the
     backup stops it (TERMINAL_SHARE of each state's half-range `half`); from that box's edge each row moves at
-    most its reach over the backup's tail, which needs at most half the input box (`full`: its half-widths)."""
+    most its reach over the backup's tail, which needs at most half the input box (`full`: its half-widths).
+    `free` states (`free_states`) are not boxed (0 here; the filter has no terminal row for them): they move
+    nothing the rows or the backup read, and never settle."""
     half = np.where(np.isfinite(half), half, 0.0)
     box = TERMINAL_SHARE * half
+    box[list(free)] = 0.0
+    keep = [i for i in range(len(Acl)) if i not in free]
     reach = np.zeros(len(W))
     act = 0.0
     Mk = np.eye(len(Acl))
     for _ in range(100_000):
         reach = np.maximum(reach, np.abs(W @ Mk) @ box)
         act = max(act, float((np.abs(K @ Mk) @ box).max()))
-        if float(np.abs(Mk).max()) < 1e-12:  # settled
+        if float(np.abs(Mk[np.ix_(keep, keep)]).max(initial=0.0)) < 1e-12:  # settled
             break
         Mk = Acl @ Mk
     room = float(np.min(full))
@@ -357,10 +403,12 @@ def terminal(half: np.ndarray, Acl, K, W, full: np.ndarray) -> tuple[np.ndarray,
         raise ValueError(
             f"the backup's tail from the terminal box needs {act:.3g} of the input box, more than {0.5 * room:.3g}: "
             f"half of the {room:.3g} between the action that holds the operating point and the box's nearer end is "
-            f"what it may use (the other half covers the model error there). The backup gain, designed with the "
-            f"legacy LQR's weights (else Bryson's rule over the sampled ranges), pushes too hard near where it "
-            f"stops the plant, {TERMINAL_SHARE:.0%} of each state's sampled half-range away. Gentler weights make "
-            f"it softer there: a larger plant.legacy.r, or smaller plant.legacy.q on the states it reacts to most"
+            f"what it may use (the other half covers the model error there). The backup, an LQR on the legacy "
+            f"LQR's weights (else Bryson's rule over the sampled ranges), pushes too hard near where it stops the "
+            f"plant, {TERMINAL_SHARE:.0%} of each state's sampled half-range away, at every input weight that keeps "
+            f"it stable: the drive has too little authority there for the plant's instability, or the action that "
+            f"holds the operating point leaves too little of the box: a stronger drive (actuator gear, "
+            f"units_per_action), or narrower ranges of what the plant's instability grows with"
         )
     return box, reach
 
@@ -368,6 +416,7 @@ def terminal(half: np.ndarray, Acl, K, W, full: np.ndarray) -> tuple[np.ndarray,
 def section(cfg, spec: dict, seed: int = 0) -> dict:
     """The `predictive` section for `spec` (its linear model, constraints and latency), measured on `cfg`."""
     from pipeline.safety.sampling import EnvelopeSampler
+    from shield.spec import ShieldSpec
 
     env = EnvelopeSampler(cfg, np.random.default_rng(seed), draws=8)
     env.reach_box()
@@ -376,19 +425,31 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     L, L_min = spec["latency_steps"], spec.get("latency_min_steps")
     applied = (L,) if L_min is None else tuple(range(L_min, L + 1))
     plants = env.plant_models()
-    K, input_scale, modes = backup_gain(cfg, A, B, half, L, applied, plants, cfg.observation_names(env.state_index))
+    W, _ = _rows(ShieldSpec.from_dict(spec))
+    trim = env.trim  # the action holding the operating point: the backup's room in the box is measured from it
+    room = np.minimum(env.high - trim, trim - env.low)
+
+    free = free_states(A, W, plants)
+
+    def fits(K: np.ndarray) -> str | None:  # why the backup's tail would not fit in the input box
+        try:
+            terminal(half, closed_loop(A, B, K)[0], K, W, room, free)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    names = cfg.observation_names(env.state_index)
+    K, input_scale, modes = backup_gain(cfg, A, B, half, L, applied, plants, names, fits, free)
     P, F = equilibrium_projection(A, B)
-    Acl, rho = closed_loop(A, B, K)
+    Acl = closed_loop(A, B, K)[0]
+    keep = [i for i in range(len(A)) if i not in free]
+    rho = closed_loop(A[np.ix_(keep, keep)], B[keep], K[:, keep])[1]  # a free state's mode is 1 and moves nothing
     horizon = (
         MAX_HORIZON
         if rho >= 1.0
         else max(1, min(MAX_HORIZON, math.ceil(math.log(HORIZON_DECAY) / math.log(max(rho, 1e-9)))))
     )
-    from shield.spec import ShieldSpec
-
-    W, _ = _rows(ShieldSpec.from_dict(spec))
-    trim = env.trim  # the action holding the operating point: the backup's room in the box is measured from it
-    box, reach = terminal(half, Acl, K, W, np.minimum(env.high - trim, trim - env.low))
+    box, reach = terminal(half, Acl, K, W, room, free)
     out = {
         "horizon": int(horizon),
         "backup_gain": K.tolist(),
@@ -401,6 +462,8 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
         "tube": [],
         "terminal_box": box.tolist(),
         "terminal_reach": reach.tolist(),
+        # Only where a state moves nothing and no limit reads it (absent: every state is boxed at the end, as before).
+        **({"free_states": free} if free else {}),
     }
     tube, record, _ = measure_tube(env, {**spec, "predictive": out}, horizon, seed)
     result = {

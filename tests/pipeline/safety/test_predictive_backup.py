@@ -147,3 +147,63 @@ def test_synthesis_says_when_legacy_behind_the_shield_met_its_alarm():
     barrier = legacy_lines({**base, "fallback_rate": 0.02}, predictive=False)[1]  # said for the filter in use
     assert "braking barrier found no action" in barrier and "tube" not in barrier
     assert legacy_lines(None) == []
+
+
+def _wheel_model(dt: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
+    """(tilt, wheel angle, tilt rate, wheel speed): the tilt falls under gravity, the motor's torque spins the
+    wheel one way and the pendulum the other; nothing depends on the wheel's angle."""
+    A = np.eye(4)
+    A[0, 2] = A[1, 3] = dt
+    A[2, 0], A[3, 0] = 35.0 * dt, -35.0 * dt
+    B = np.array([[0.0], [0.0], [-11.0 * dt], [790.0 * dt]])
+    return A, B
+
+
+def test_a_state_nothing_depends_on_and_no_limit_reads_is_free_and_the_backup_leaves_it():
+    """helper-70's reaction-wheel pendulum: its legacy LQR weighs the wheel's angle at 1e-4, so a backup built on
+    those weights brings the wheel back to its angle with a mode of 0.999 per step: no plan settled within the
+    horizon, and the filter admitted 0 of 34,560 sampled plans. The angle moves nothing and no limit reads it
+    (the wheel-speed limit reads its rate): it is free, the backup is designed without it and never acts on it."""
+    A, B = _wheel_model()
+    tilt, angle = np.array([[1.0, 0.0, 0.0, 0.0]]), np.array([[0.0, 1.0, 0.0, 0.0]])
+    speed = np.array([[0.0, 0.0, 0.0, 1.0]])
+    assert predictive.free_states(A, np.vstack([tilt, speed])) == [1]
+    assert predictive.free_states(A, np.vstack([tilt, angle])) == []  # a limit reads it
+    coupled = A.copy()
+    coupled[2, 1] = 0.01  # the tilt depends on it (an unbalanced wheel)
+    assert predictive.free_states(coupled, tilt) == []
+    assert predictive.free_states(A, tilt, [(coupled, B)]) == []  # so on one plant of the envelope
+    cfg = SimpleNamespace(plant={"legacy": {"type": "lqr", "q": [50.0, 1e-4, 1.0, 0.01], "r": [1.0]}})
+    bound, _, _ = predictive.backup_gain(cfg, A, B, np.ones(4), 0, (0,))
+    assert slowest(A - B @ bound) > 0.998  # the wheel's angle brought back, slowly
+    K, _, modes = predictive.backup_gain(cfg, A, B, np.ones(4), 0, (0,), free=[1])
+    assert np.all(K[:, 1] == 0.0) and max(modes) < 0.99
+    keep = [0, 2, 3]
+    assert slowest((A - B @ K)[np.ix_(keep, keep)]) == pytest.approx(max(modes))
+    # Its mode is 1 for good: the tail is followed until the rest has settled, and the angle has no terminal box.
+    box, reach = predictive.terminal(np.ones(4), A - B @ K, K, np.vstack([tilt, speed]), np.full(1, 10.0), [1])
+    assert box[1] == 0.0 and np.all(box[keep] > 0.0) and np.all(np.isfinite(reach))
+
+
+def test_a_backup_whose_tail_needs_more_than_its_share_of_the_box_is_made_gentler():
+    """The same pendulum on its legacy weights: stable, but near where it stops the plant the backup's tail needs
+    more than half the input box. The input weight is raised until it fits, as it is raised until stable; the
+    user's legacy weights (the controller the gate compares with) are not what they must change."""
+    A, B = _wheel_model()
+    W = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    cfg = SimpleNamespace(plant={"legacy": {"type": "lqr", "q": [50.0, 1e-4, 1.0, 0.01], "r": [1.0]}})
+    half = np.array([0.25, np.pi, 2.6, 150.0])
+
+    def fits(K):
+        try:
+            predictive.terminal(half, A - B @ K, K, W, np.ones(1), [1])
+        except ValueError as err:
+            return str(err)
+        return None
+
+    first, scale1, _ = predictive.backup_gain(cfg, A, B, half, 0, (0,), free=[1])
+    assert scale1 == 1.0 and fits(first) is not None
+    K, scale, modes = predictive.backup_gain(cfg, A, B, half, 0, (0,), fits=fits, free=[1])
+    assert scale > 1.0 and fits(K) is None and max(modes) < 1.0
+    with pytest.raises(ValueError, match="input weight raised up to"):
+        predictive.backup_gain(cfg, A, B, half, 0, (0,), fits=lambda K: "too hard", free=[1])

@@ -439,7 +439,8 @@ def conservative_line(record: dict) -> str:
         )
         widens = (
             f"the sets' pushes, latency, noise and ranges, and a slow backup (it is {weights}, with its input weight "
-            "raised until stable: weigh what your limits read)"
+            "raised until stable and gentle enough near rest: where those weights barely weigh what your limits read, "
+            "it is slow there)"
         )
     else:
         worst = max(record["error_over_braking"], key=lambda r: r["ratio"])

@@ -518,6 +518,9 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
                 "never showed; narrow the randomized ranges, or make the plant easier to hold"
             )
         base, slope, act_slope, fit = state_dependent_tube(phis, errs, acts, reference, floor, max(ratio, 1.0))
+        # Every plan measured a free state's distance as 0, so nothing bounds the fit's slope on it; at the edge that
+        # distance is a wheel's angle after any number of turns.
+        slope[:, :, free] = 0.0
         result["tube"], result["tube_slope"], result["tube_action_slope"] = (
             base.tolist(),
             slope.tolist(),

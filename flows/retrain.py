@@ -541,10 +541,15 @@ def _shield_line(spec_path: Path, config_path: str) -> str:
     data = spec_path.read_bytes()
     spec = json.loads(data)
     predictive = spec.get("predictive")
-    kind = f"predictive filter (horizon {predictive['horizon']} steps)" if predictive else "braking barrier"
+    # The predictive filter tightens each limit by its measured tube, not by the margin (which serves the barrier).
+    kind = (
+        f"predictive filter (horizon {predictive['horizon']} steps, its limits tightened by its measured tube)"
+        if predictive
+        else f"braking barrier, margin {spec.get('margin'):.3g}"
+    )
     measured = "synthesis" in (spec.get("assumptions") or {})
     return (
-        f"shield: {kind}, margin {spec.get('margin'):.3g}, "
+        f"shield: {kind}, "
         + (
             "synthesized from the plant (any number the config sets is checked against it)"
             if measured

@@ -33,9 +33,9 @@ __all__ = ["evaluate", "reference_policy"]
 # Said wherever episodes run behind a shield built from the config rather than a bundle's: nothing certified it, and
 # an outside user read 0 violations behind a shield `shield synthesize` had refused as if it were verified.
 UNCERTIFIED_NOTE = (
-    "the shield here is synthesized from the config, not certified: `sim2real shield synthesize "
-    "--config` on this config falsifies it and runs your legacy controller behind it, and refuses "
-    "it naming why; only a certified shield promises no violating step"
+    "the shield here is synthesized from the config (the one `sim2real shield synthesize --config` builds for "
+    "it), and this run has not certified it: that command falsifies it and runs your legacy controller behind "
+    "it, and says CERTIFIED or refuses it naming why; only a certified shield promises no violating step"
 )
 
 

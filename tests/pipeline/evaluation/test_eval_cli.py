@@ -46,11 +46,11 @@ def test_cli_prints_one_json_object_with_the_safety_figures(capsys):
     assert shielded["intervention_rate"] > 0  # the adversary is pushing at the rail ends
     # Behind the config's shield, not a bundle's: it says nothing certified it (an outside user read 0 violations
     # behind a shield `shield synthesize` had refused as if verified).
-    assert any("not certified" in n for n in shielded["notes"]), shielded["notes"]
+    assert any("has not certified it" in n for n in shielded["notes"]), shielded["notes"]
     assert run_cli(_args(no_shield=True)) == 0
     bare = json.loads(capsys.readouterr().out)
     assert bare["violations"] > 0 and bare["intervention_rate"] == 0
-    assert not any("not certified" in n for n in bare["notes"])
+    assert not any("certified" in n for n in bare["notes"])
     assert bare["held_episodes"] == 0  # nothing held a bare policy at a limit
 
 

@@ -43,4 +43,4 @@ def test_eval_on_such_plants_says_nothing_certifies_the_shield_there():
     assert inside["notes"] == []
     # A shield eval builds itself is synthesized, never falsified: helper-54 read "certified" and took it for one.
     (built,) = evaluate(cfg, policy, domains="reality", episodes=1)["notes"]
-    assert "not certified" in built and "sim2real shield synthesize" in built
+    assert "has not certified it" in built and "sim2real shield synthesize" in built

@@ -45,9 +45,10 @@ reproduces its old env bit for bit. `values: observation` (default): reward
 terms (a function term's obs too) and termination read the float32
 observation vector; `values: state`: the float64 values it is rounded from
 (qpos, qvel, site positions, sensor data, set-points). `effort: dot` (default) is weight x (a . a); `effort:
-elementwise` is sum_i (weight x a_i) x a_i. info["cost"] always reads the
-float32 observation, with the angle of a hinge without a range wrapped around
-the operating point as the linear shield model reads it. A one-element tracking or progress distance is |d|.
+elementwise` is sum_i (weight x a_i) x a_i. The angle of a hinge without a
+range is observed wrapped into (c - pi, c + pi] around the operating point c, as the linear shield model reads
+it (where the shield model is linear); info["cost"] reads the float32 observation. A one-element tracking or
+progress distance is |d|.
 The reward is summed in the declared order, starting from 0.0.
 
 Reset draws from the env's Generator in a fixed order: each initial_state

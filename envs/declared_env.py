@@ -334,9 +334,13 @@ class DeclaredTaskEnv(MujocoTaskEnv):
             for name, (lo, hi) in ranges.items()
         ]
         self._gather = _gathers(b.sources)
-        # The constraints read an observed angle of a hinge without a range wrapped into (c - pi, c + pi] around
-        # the operating point c, as the linear shield model reads it (`pipeline.safety.shield_spec`): a heading
-        # started at 2 pi is the heading 0 it is, to the shield and to the violation count alike.
+        # An observed angle of a hinge without a range is observed wrapped into (c - pi, c + pi] around the
+        # operating point c, as the linear shield model reads it (`pipeline.safety.shield_spec`): a heading started
+        # at 2 pi is the heading 0 it is, to the policy, the legacy controller, the reward, the violation count and
+        # the shield alike. A reaction wheel's angle turns many times a minute on a real plant; read as its encoder
+        # counts it, it left the range a 5 s training episode showed, and a trained policy changed 6.1 % of its
+        # steps at 16 turns against 0.03 % at 0. The edge wraps what the plant sends the same way (the contract's
+        # `wraps_around`, `shield.policy.OnnxPolicy`).
         self._wrap = []
         if decl.shield_model.type == "linear":
             at = self.model.qpos0.copy()  # the operating point, where the shield's model was linearized
@@ -363,6 +367,8 @@ class DeclaredTaskEnv(MujocoTaskEnv):
             out[dst] = getattr(d, field)[src]
         for i, name, k in self._from_targets:
             out[i] = self._targets[name][k]
+        for i, center in self._wrap:
+            out[i] = wrap_angle(out[i], center)
         return out
 
     def _new_goal(self, name: str) -> None:
@@ -386,7 +392,7 @@ class DeclaredTaskEnv(MujocoTaskEnv):
                 self._new_goal(name)
 
     def _cost(self, obs) -> float:
-        if self._wrap:  # an angle of a joint that turns without limit, read wrapped as the shield reads it
+        if self._wrap:  # observed wrapped already, but float32 may round c + pi just past it: as the shield reads it
             obs = obs.tolist()
             for i, center in self._wrap:
                 obs[i] = wrap_angle(obs[i], center)

@@ -54,11 +54,13 @@ def _stops(model: mujoco.MjModel, joint: int) -> list[float] | None:
 
 def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
     """{"observations": [{name, source, unit}, with a set-point's declared box as "range", a limited joint's
-    position with its "stops"], "actions": [{name, source, unit, units_per_action}]}."""
+    position with its "stops", the angle of a hinge without a range with the angle it is observed wrapped around
+    ("wraps_around": into (c - pi, c + pi], as the env observes it)], "actions": [{name, source, unit,
+    units_per_action}]}."""
     model = mujoco.MjModel.from_xml_path(str(mjcf))
     observations = []
     for o in decl.observations:
-        stops = None
+        stops = wraps = None
         if o.joint is not None:
             jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, o.joint)
             source, unit = (
@@ -66,6 +68,12 @@ def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
                 _joint_unit(model, jid, o.quantity),
             )
             stops = _stops(model, jid) if o.quantity == "pos" else None
+            # The env's rule (envs.declared_env.unlimited_angles): wrapped around the operating point where the
+            # shield's model is linear.
+            unlimited = int(model.jnt_type[jid]) == mujoco.mjtJoint.mjJNT_HINGE and not model.jnt_limited[jid]
+            if o.quantity == "pos" and unlimited and decl.shield_model.type == "linear":
+                at = float(model.qpos0[model.jnt_qposadr[jid]])
+                wraps = float(decl.shield_model.operating_point.get(o.joint, at))
         elif o.site is not None:
             source, unit = f"site {o.site} world position axis {o.axis}", "m"
         elif o.sensor is not None:
@@ -85,6 +93,8 @@ def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
             entry["range"] = [float(box.low[o.index]), float(box.high[o.index])]
         elif stops is not None:
             entry["stops"] = stops
+        if wraps is not None:
+            entry["wraps_around"] = wraps
         observations.append(entry)
     return {"observations": observations, "actions": [_action(model, a) for a in decl.actuators]}
 

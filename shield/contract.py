@@ -4,7 +4,9 @@
 
     {"control_period_s": 0.02,
      "observations": [{"name": "x", "source": "joint slider qpos", "unit": "m",
-                       "expected_low": -1.1, "expected_high": 1.1}, ...],
+                       "expected_low": -1.1, "expected_high": 1.1},
+                      {"name": "theta", "source": "joint hinge qpos", "unit": "rad", "wraps_around": 0.0, ...},
+                      ...],
      "actions": [{"name": "cart_force", "source": "actuator cart_force", "unit": "N",
                   "units_per_action": 30.0, "low": -1.0, "high": 1.0}, ...],
      "policy_state": {"kind": "none"},
@@ -12,6 +14,9 @@
                        declared box",
      "names_sha256": "..."}
 
+`wraps_around` (an angle of a hinge that turns without limit): the policy was trained on it wrapped into
+(c - pi, c + pi]; the edge wraps a plant's reading the same way before the policy sees it (`observation_wraps`),
+so a multi-turn encoder count is the angle it is.
 `names_sha256` hashes the observation and action names and units in order, each action's units_per_action and the
 control period (contract_sha256): a controller built against one bundle compares it with the server's (its status
 reply) and refuses to run against another.
@@ -125,6 +130,8 @@ def check_contract(contract: Any, obs_dim: int | None = None, act_dim: int | Non
                     raise ContractError(f"{key}.{text}: must be a string")
             for n in numbers:
                 _number(entry.get(n), f"{key}.{n}")
+            if kind == "observations" and "wraps_around" in entry:
+                _number(entry["wraps_around"], f"{key}.wraps_around")
     state = contract.get("policy_state")
     if not isinstance(state, dict) or state.get("kind") not in POLICY_STATE_KINDS:
         raise ContractError(f"contract.policy_state.kind: must be one of {POLICY_STATE_KINDS}")
@@ -187,6 +194,15 @@ def _check_estimate(estimate: Any) -> None:
             raise ContractError(f"{key}: low {entry['low']} is above high {entry['high']}")
         if entry.get("held_out_r2") is not None:
             _number(entry["held_out_r2"], f"{key}.held_out_r2")
+
+
+def observation_wraps(contract: dict | None) -> list[tuple[int, float]]:
+    """(observation index, centre) of each observation the policy was trained on wrapped into (c - pi, c + pi]
+    (an angle of a hinge that turns without limit): what the edge wraps a plant's reading into before the policy
+    sees it. [] without a contract (a bundle exported before it, or a task declaring no I/O)."""
+    if not contract:
+        return []
+    return [(i, float(o["wraps_around"])) for i, o in enumerate(contract["observations"]) if "wraps_around" in o]
 
 
 def estimate_names(contract: dict | None) -> list[str]:

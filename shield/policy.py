@@ -24,10 +24,14 @@ Stdlib + numpy + onnxruntime only: this runs on the edge box.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+from shield.constraints import wrap_angle
 
 ESTIMATE_OUTPUT = "plant_estimate"  # the graph output an adaptive policy states its plant estimate in
 
@@ -92,8 +96,17 @@ class OnnxPolicy:
     """
 
     def __init__(
-        self, model: bytes | str | Path, *, edge: bool = True, session_options: ort.SessionOptions | None = None
+        self,
+        model: bytes | str | Path,
+        *,
+        edge: bool = True,
+        session_options: ort.SessionOptions | None = None,
+        wraps: Sequence[tuple[int, float]] = (),
     ):
+        # (observation index, centre) of each angle the policy was trained on wrapped into (c - pi, c + pi] (the
+        # contract's `wraps_around`, `shield.contract.observation_wraps`): a plant's multi-turn reading of it is
+        # wrapped so before the policy and its history see it. The graph itself (`run`, `step`) takes what it is given.
+        self.wraps = [(int(i), float(c)) for i, c in wraps]
         opts = session_options if session_options is not None else (edge_session_options() if edge else None)
         source = model if isinstance(model, bytes) else str(model)
         try:
@@ -217,6 +230,20 @@ class OnnxPolicy:
             feeds[self.history_name] = np.ascontiguousarray(history, dtype=np.float32)
         return self.session.run(self._outputs, feeds)
 
+    def wrapped(self, obs: np.ndarray) -> np.ndarray:
+        """`obs` (float32[n, obs_dim]) with each of `wraps`' angles wrapped into (c - pi, c + pi]: the array itself
+        where every one already is (bitwise, as the env observed it), else a copy."""
+        out = obs
+        for i, c in self.wraps:
+            col = obs[:, i]
+            outside = ~((col > c - math.pi) & (col <= c + math.pi)) & np.isfinite(col)
+            if outside.any():
+                if out is obs:
+                    out = obs.copy()
+                for r in np.flatnonzero(outside):
+                    out[r, i] = wrap_angle(float(col[r]), c)
+        return out
+
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Actions for a batch of raw observations; a 1-D observation is treated as batch 1."""
         obs = np.asarray(obs, dtype=np.float32)
@@ -224,6 +251,8 @@ class OnnxPolicy:
             obs = obs[None, :]
         if obs.ndim != 2 or obs.shape[1] != self.obs_dim:
             raise ValueError(f"observation batch must be [n, {self.obs_dim}], got shape {obs.shape}")
+        if self.wraps:
+            obs = self.wrapped(obs)
         if self.history_name is None:
             return self.run(obs)
         if self._rows is None or self._rows.array.shape[0] != obs.shape[0]:
@@ -259,6 +288,8 @@ class OnnxPolicy:
     def act(self, obs: np.ndarray, memory: HistoryBuffer | None = None) -> np.ndarray:
         """Raw action float32[act_dim] for one plant's observation float32[obs_dim], given its memory."""
         obs = np.asarray(obs, dtype=np.float32).reshape(1, -1)
+        if self.wraps and obs.shape[1] == self.obs_dim:
+            obs = self.wrapped(obs)
         if self.history_name is not None and not isinstance(memory, HistoryBuffer):
             raise ValueError("a history policy needs the plant's memory: pass policy.new_memory()'s object")
         if self._binding is None or obs.shape[1] != self.obs_dim:  # a wrong size: onnxruntime's own error
@@ -288,7 +319,8 @@ class OnnxPolicy:
             memory.note_sent(sent)
             memory.pending = None
         else:  # a graph without a state output (or no `act` since the last step): the history is pushed here
-            memory.push(np.asarray(obs, np.float32).reshape(1, -1), sent)
+            seen = np.asarray(obs, np.float32).reshape(1, -1)
+            memory.push(self.wrapped(seen) if self.wraps else seen, sent)
 
 
 class PlantMemory(HistoryBuffer):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shield.bundle import Bundle, BundleError, resolve_production
-from shield.contract import estimate_names
+from shield.contract import estimate_names, observation_wraps
 from shield.policy import OnnxPolicy, PolicyError
 from shield.spec import same_spec
 
@@ -212,7 +212,8 @@ class EdgeRuntime:
         """
         bundle = Bundle.load(bundle_dir, pinned=pinned)
         try:
-            policy = OnnxPolicy(bundle.policy_onnx)  # the verified bytes themselves, not a second read
+            # The verified bytes themselves, not a second read; the angles it was trained on wrapped, wrapped here.
+            policy = OnnxPolicy(bundle.policy_onnx, wraps=observation_wraps(bundle.manifest.get("contract")))
         except PolicyError as err:
             raise BundleError(f"{err} (bundle {bundle_dir})") from None
         manifest = bundle.manifest

@@ -298,6 +298,7 @@ def fit_setup(cfg, logs, *, quiet_ok: bool = False) -> FitSetup:
         position_limits=twin.position_limits(),
         names=cfg.observation_names(list(range(task["obs_dim"]))),
         velocity_pairs=twin.velocity_pairs(),
+        angles=twin.unlimited_angles(),
     )
     reality = cfg.randomization.get("reality") or cfg.randomization["train"]
     obs_noise = obs_noise_vector(reality.obs_noise_std, task["obs_dim"])

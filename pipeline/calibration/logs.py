@@ -340,6 +340,7 @@ def load_field_log(
     position_limits: dict[int, tuple[float, float, str]] | None = None,
     names: list[str] | None = None,
     velocity_pairs: list[tuple[int, int, str]] | None = None,
+    angles: list[int] | None = None,
 ) -> FieldLog:
     """Read and validate shadow logs (a file or a directory of parts) for calibrating `task`.
 
@@ -354,6 +355,9 @@ def load_field_log(
     another order or sign). In a directory each part is checked alone first, so a
     bad part among good ones is refused by its name. Late rows (counter
     contiguous, clock late) are kept and listed. dt in s.
+    `angles`: obs indices of angles of hinges that turn without limit: unwrapped along each episode before
+    anything reads them (a plant observed wrapped into half a turn either way, as the declared env observes it,
+    jumps a whole turn where it crosses; the twin's prediction does not), a multi-turn encoder's count as it is.
     """
     from shield.shadowlog import ShadowLogError, join_shadow_logs
 
@@ -366,6 +370,7 @@ def load_field_log(
         position_limits=position_limits,
         names=names,
         velocity_pairs=velocity_pairs,
+        angles=angles,
     )
     parts = _read(path)
     recordings: list[tuple[str, int, int]] = []
@@ -418,6 +423,7 @@ def _field_log(
     position_limits,
     names,
     velocity_pairs,
+    angles,
 ) -> FieldLog:
     """load_field_log's checks on one part's or the joined parts' columns (`parts` as read, to name a row's part)."""
     where = f"--from-log {path}"
@@ -441,6 +447,11 @@ def _field_log(
             f"(first at {_row(parts, int(rows[0]))}); drop them and start a new episode after them (a dropped row "
             f"inside an episode is a gap), or cut the log there"
         )
+    if angles:
+        same = (np.diff(cols["episode"]) == 0) & (np.diff(cols["step"]) == 1)
+        bounds = [0, *(np.flatnonzero(~same) + 1).tolist(), len(obs)]
+        for a, b in zip(bounds, bounds[1:]):
+            obs[a:b, angles] = np.unwrap(obs[a:b, angles], axis=0)
     _check_units(parts, where, obs, action, action_box, position_limits, names)
     _check_kinematics(where, cols, obs, velocity_pairs, names, dt)
     sensed = np.ptp(obs, axis=0).max(initial=0.0) > 0

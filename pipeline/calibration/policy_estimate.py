@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline.calibration.logs import CalibrationError, FieldLog
 from shield.bundle import Bundle
-from shield.contract import estimate_names
+from shield.contract import estimate_names, observation_wraps
 from shield.policy import OnnxPolicy
 
 SPREAD = (10.0, 90.0)  # percentiles of the per-step estimates reported as their spread
@@ -47,7 +47,7 @@ def compare_with_fit(bundle_dir: str | Path, log: FieldLog, fit: dict) -> dict:
             f"--bundle {bundle_dir}: its policy states no plant estimate "
             "(only an adaptive policy, train.adaptive, has one)"
         )
-    policy = OnnxPolicy(bundle.policy_onnx)
+    policy = OnnxPolicy(bundle.policy_onnx, wraps=observation_wraps(bundle.manifest.get("contract")))
     if (policy.obs_dim, policy.act_dim) != (log.obs.shape[1], log.action.shape[1]):
         raise CalibrationError(
             f"--bundle {bundle_dir}: its policy is obs {policy.obs_dim}/act {policy.act_dim}, the log "

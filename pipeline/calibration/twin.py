@@ -122,6 +122,17 @@ class Twin:
                     out[o] = (lo, hi, mujoco.mj_id2name(base, mujoco.mjtObj.mjOBJ_JOINT, j) or f"joint {j}")
         return out
 
+    def unlimited_angles(self) -> list[int]:
+        """Observation indices of the positions of hinges without a range (they turn without limit): the declared
+        env observes them wrapped, the twin predicts them as MuJoCo integrates them."""
+        base = self.model({})
+        free = {
+            int(base.jnt_qposadr[j])
+            for j in range(base.njnt)
+            if int(base.jnt_type[j]) == mujoco.mjtJoint.mjJNT_HINGE and not base.jnt_limited[j]
+        }
+        return [o for o, (kind, adr) in sorted(self.obs_to_state.items()) if kind == "qpos" and adr in free]
+
     def derived_observations(self, obs: np.ndarray) -> dict[int, np.ndarray]:
         """Per site or sensor observation, its value on the nominal plant at each logged state (n, obs_dim), where
         the logged joints are the whole state it depends on: every hinge and slide observed in position and

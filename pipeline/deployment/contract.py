@@ -54,6 +54,8 @@ def io_contract(
         # limited joint's position never beyond its stops (a cart's spread of 0.4 m read +-2 m on a +-1.2 m rail).
         low_high = o.pop("range", None) or (m - EXPECTED_SIGMA * s, m + EXPECTED_SIGMA * s)
         stops = o.pop("stops", None)
+        if "wraps_around" in o:  # observed wrapped: never beyond half a turn either way of its centre
+            stops = (o["wraps_around"] - np.pi, o["wraps_around"] + np.pi)
         if stops is not None and max(low_high[0], stops[0]) < min(low_high[1], stops[1]):
             low_high = (max(low_high[0], stops[0]), min(low_high[1], stops[1]))
         observations.append({**o, "expected_low": float(low_high[0]), "expected_high": float(low_high[1])})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,11 @@ def test_the_contract_carries_the_declaration_s_names_units_and_numbers(cartpole
     # The cart's position never reads past the slider's stops (+-1.2 m), whatever its training spread says.
     x = contract["observations"][0]
     assert -1.2 <= x["expected_low"] < 0.0 < x["expected_high"] <= 1.2 and "stops" not in x
+    # The pole turns without limit: observed wrapped around upright, and the edge wraps a plant's count likewise.
+    theta = contract["observations"][1]
+    assert theta["wraps_around"] == 0.0 and -math.pi <= theta["expected_low"] < theta["expected_high"] <= math.pi
+    assert [o for o in contract["observations"] if "wraps_around" in o] == [theta]
+    assert EdgeRuntime.load(cartpole_bundle).policy.wraps == [(1, 0.0)]
     assert manifest["action_low"] == [-1.0] and manifest["action_high"] == [1.0]  # not strings
     # The hash a controller checks, as contracts.md states it: names and units in order, the drive's scale, the period.
     hashed = {
@@ -103,6 +109,7 @@ def test_the_contract_carries_the_declaration_s_names_units_and_numbers(cartpole
         (lambda c: c["actions"][0].update(unit="rad"), "names_sha256"),  # a servo's position, not a force
         (lambda c: c["actions"][0].update(units_per_action=45.0), "names_sha256"),  # a drive geared otherwise
         (lambda c: c["actions"][0].update(units_per_action="30"), r"units_per_action: must be a finite number"),
+        (lambda c: c["observations"][1].update(wraps_around="0"), r"wraps_around: must be a finite number"),
         (lambda c: c["observations"].pop(), "4 entries, the policy has 5"),
         (lambda c: c.pop("policy_state"), "policy_state.kind"),
     ],

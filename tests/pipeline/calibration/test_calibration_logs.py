@@ -331,3 +331,26 @@ def test_a_site_column_in_other_units_or_another_columns_place_is_refused_by_nam
         path = write_shadow_log(tmp_path / "bad.npz", bad, meta)
         with pytest.raises(CalibrationError, match=reason):
             fit_setup(cfg, path)
+
+
+def test_an_angle_logged_whole_turns_apart_is_unwrapped_along_each_episode(log_file, tmp_path):
+    """The pole's hinge has no range: the declared env observes it wrapped into half a turn either way, a plant's
+    encoder may count turns. Either way the log jumps whole turns where the twin's prediction, integrated by MuJoCo,
+    does not: each episode's angle is unwrapped before anything reads it, and is then the log as recorded, a whole
+    number of turns apart."""
+    cols, meta = read_shadow_log(log_file)
+    twin = Twin("sim2real/CartPoleRail-v0")
+    assert twin.unlimited_angles() == [1]
+    obs = np.asarray(cols["obs"], np.float64).copy()
+    obs[:, 1] += 2.0 * np.pi * np.random.default_rng(0).integers(-3, 4, len(obs))
+    counted = write_shadow_log(tmp_path / "turns.npz", {**cols, "obs": obs.astype(cols["obs"].dtype)}, meta)
+    pairs = twin.velocity_pairs()
+    common = dict(task="cartpole", obs_dim=5, act_dim=1, dt=0.02, velocity_pairs=pairs)
+    plain = load_field_log(log_file, **common)
+    kept = load_field_log(counted, **common, angles=[1])
+    assert kept.runs == plain.runs
+    for a, b in kept.runs:
+        shift = kept.obs[a, 1] - plain.obs[a, 1]
+        assert abs(shift / (2.0 * np.pi) - round(shift / (2.0 * np.pi))) < 1e-5
+        assert np.allclose(kept.obs[a:b, 1] - shift, plain.obs[a:b, 1], atol=1e-4)
+    assert np.array_equal(load_field_log(log_file, **common, angles=[1]).obs, plain.obs)  # nothing to unwrap

@@ -17,6 +17,7 @@ import mujoco
 import numpy as np
 from mujoco import rollout
 
+from envs.declared_env import unlimited_angles
 from envs.domain import DomainRandomizer
 from envs.randomization import SCALE_GROUPS, parse_randomization, sample_domain
 from pipeline.calibration.logs import CalibrationError
@@ -126,12 +127,7 @@ class Twin:
         """Observation indices of the positions of hinges without a range (they turn without limit): the declared
         env observes them wrapped, the twin predicts them as MuJoCo integrates them."""
         base = self.model({})
-        free = {
-            int(base.jnt_qposadr[j])
-            for j in range(base.njnt)
-            if int(base.jnt_type[j]) == mujoco.mjtJoint.mjJNT_HINGE and not base.jnt_limited[j]
-        }
-        return [o for o, (kind, adr) in sorted(self.obs_to_state.items()) if kind == "qpos" and adr in free]
+        return [o for o, _ in unlimited_angles(base, self.obs_to_state, base.qpos0)]
 
     def derived_observations(self, obs: np.ndarray) -> dict[int, np.ndarray]:
         """Per site or sensor observation, its value on the nominal plant at each logged state (n, obs_dim), where

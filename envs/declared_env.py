@@ -341,13 +341,7 @@ class DeclaredTaskEnv(MujocoTaskEnv):
         # counts it, it left the range a 5 s training episode showed, and a trained policy changed 6.1 % of its
         # steps at 16 turns against 0.03 % at 0. The edge wraps what the plant sends the same way (the contract's
         # `wraps_around`, `shield.policy.OnnxPolicy`).
-        self._wrap = []
-        if decl.shield_model.type == "linear":
-            at = self.model.qpos0.copy()  # the operating point, where the shield's model was linearized
-            for name, value in decl.shield_model.operating_point.items():
-                at[_joint_address(self.model, name, "", "", "pos")] = value
-            joints = {i: src for i, src in enumerate(b.sources) if src[0] in ("qpos", "qvel")}
-            self._wrap = unlimited_angles(self.model, joints, at)
+        self._wrap = observed_wraps(decl, self.model, b)
         # mj_step computes site positions and sensor data before it integrates: an observation read from them
         # after the step would be one physics step older than the joints'. Refreshed where the plant reads them.
         self._refresh = any(src[0] in ("site", "sensor") for src in b.sources)
@@ -521,6 +515,19 @@ def unlimited_angles(model: mujoco.MjModel, obs_to_state: dict[int, tuple], qpos
         if int(model.jnt_type[j]) == mujoco.mjtJoint.mjJNT_HINGE and not model.jnt_limited[j]
     }
     return [(o, float(qpos[adr])) for o, (kind, adr) in sorted(obs_to_state.items()) if kind == "qpos" and adr in free]
+
+
+def observed_wraps(decl: PlantDeclaration, model: mujoco.MjModel, binding: Binding) -> list[tuple[int, float]]:
+    """(observation index, operating-point angle) of each observed angle of a hinge without a range, where the
+    shield's model is linear (its operating point is where it was linearized): what the env observes wrapped
+    into (c - pi, c + pi], and the contract states as `wraps_around`. None for a model of another type."""
+    if decl.shield_model.type != "linear":
+        return []
+    at = model.qpos0.copy()
+    for name, value in decl.shield_model.operating_point.items():
+        at[_joint_address(model, name, "", "", "pos")] = value
+    joints = {i: src for i, src in enumerate(binding.sources) if src[0] in ("qpos", "qvel")}
+    return unlimited_angles(model, joints, at)
 
 
 def _gathers(sources: list[tuple]) -> list[tuple]:

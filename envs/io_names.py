@@ -13,6 +13,7 @@ from pathlib import Path
 import mujoco
 
 from envs.declaration import PlantDeclaration
+from envs.declared_env import bind, observed_wraps
 
 # Joint type -> (position unit, velocity unit, actuator force unit)
 _JOINT_UNITS = {
@@ -58,9 +59,10 @@ def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
     ("wraps_around": into (c - pi, c + pi], as the env observes it)], "actions": [{name, source, unit,
     units_per_action}]}."""
     model = mujoco.MjModel.from_xml_path(str(mjcf))
+    wraps_around = dict(observed_wraps(decl, model, bind(decl, model, mjcf.name)))  # the env's own rule
     observations = []
-    for o in decl.observations:
-        stops = wraps = None
+    for i, o in enumerate(decl.observations):
+        stops = None
         if o.joint is not None:
             jid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, o.joint)
             source, unit = (
@@ -68,12 +70,6 @@ def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
                 _joint_unit(model, jid, o.quantity),
             )
             stops = _stops(model, jid) if o.quantity == "pos" else None
-            # The env's rule (envs.declared_env.unlimited_angles): wrapped around the operating point where the
-            # shield's model is linear.
-            unlimited = int(model.jnt_type[jid]) == mujoco.mjtJoint.mjJNT_HINGE and not model.jnt_limited[jid]
-            if o.quantity == "pos" and unlimited and decl.shield_model.type == "linear":
-                at = float(model.qpos0[model.jnt_qposadr[jid]])
-                wraps = float(decl.shield_model.operating_point.get(o.joint, at))
         elif o.site is not None:
             source, unit = f"site {o.site} world position axis {o.axis}", "m"
         elif o.sensor is not None:
@@ -93,8 +89,8 @@ def declared_io(decl: PlantDeclaration, mjcf: Path) -> dict:
             entry["range"] = [float(box.low[o.index]), float(box.high[o.index])]
         elif stops is not None:
             entry["stops"] = stops
-        if wraps is not None:
-            entry["wraps_around"] = wraps
+        if i in wraps_around:
+            entry["wraps_around"] = wraps_around[i]
         observations.append(entry)
     return {"observations": observations, "actions": [_action(model, a) for a in decl.actuators]}
 

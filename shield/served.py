@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from shield.contract import estimate_names
+from shield.contract import estimate_names, observation_wraps
 from shield.protocol import (
     ACT_REQUEST_HEAD,
     COUNTER_NAMES,
@@ -198,6 +198,9 @@ class ServedBundle:
         )
         # OBS_RANGE: an observation beyond these is far outside the range the contract expects (None: unchecked).
         self.obs_far: tuple[list[float], list[float]] | None = None
+        # An angle that turns without limit is checked as the policy reads it, wrapped (shield.contract's
+        # `wraps_around`): a multi-turn encoder's count is a reading of the same angle, not one far out of range.
+        self.obs_wraps = observation_wraps(contract)
         if contract:
             low = [float(o["expected_low"]) for o in contract["observations"]]
             high = [float(o["expected_high"]) for o in contract["observations"]]

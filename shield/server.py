@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from shield.constraints import wrap_angle
 from shield.protocol import (
     ACT_REPLY_HEAD,
     ACT_REQUEST_HEAD,
@@ -349,12 +350,12 @@ class PolicyServer:
                 session.reset_policy_state()
                 stats.state_resets_silence += 1
         warn = 0
-        far = srv.obs_far
-        if (
-            far is not None
-            and not flags & _OBS_MISSING
-            and any(v < lo or v > hi for v, lo, hi in zip(values, far[0], far[1]))
-        ):
+        far = None if flags & _OBS_MISSING else srv.obs_far
+        if far is not None and srv.obs_wraps:
+            values = list(values)
+            for i, c in srv.obs_wraps:
+                values[i] = wrap_angle(values[i], c)
+        if far is not None and any(v < lo or v > hi for v, lo, hi in zip(values, far[0], far[1])):
             warn = _OBS_RANGE
             stats.obs_out_of_range += 1
         if srv.period_ns:

@@ -81,10 +81,12 @@ def write_tiny_bundle(
     spec: dict | None = None,
     policy: bytes | None = None,
     control_period_s: float | None = None,
+    observations: dict[int, dict] | None = None,
 ):
     """A complete, verifiable bundle for the planar double integrator (obs 4, act 2), actions in +-action_bound;
     or for `spec` (a shield.json's content) with `policy` (ONNX bytes of its obs_dim and act_dim). With
-    `control_period_s`, a schema-2 bundle whose I/O contract states that period; without, a schema-1 one."""
+    `control_period_s`, a schema-2 bundle whose I/O contract states that period, its observation i's entry
+    updated with `observations[i]` (an expected range, `wraps_around`); without, a schema-1 one."""
     if spec is None:
         spec = planar_double_integrator(latency_steps=latency_steps)
         spec["task"] = "planar"
@@ -100,20 +102,22 @@ def write_tiny_bundle(
         version=version,
         obs_dim=spec["obs_dim"],
         act_dim=spec["act_dim"],
-        contract=None if control_period_s is None else _contract(spec, control_period_s),
+        contract=None if control_period_s is None else _contract(spec, control_period_s, observations or {}),
     )
     return write_bundle(out_dir, policy_onnx=policy, shield_spec=shield_bytes, manifest=manifest)
 
 
-def _contract(spec: dict, control_period_s: float) -> dict:
+def _contract(spec: dict, control_period_s: float, observations: dict[int, dict]) -> dict:
     """The export's I/O contract for a bundle of `spec`'s sizes (an undeclared task: positional names), stating
-    `control_period_s`."""
+    `control_period_s`, each observation i updated with `observations[i]`."""
     from pipeline.deployment.contract import io_contract
     from shield.contract import contract_sha256
 
     n, m = spec["obs_dim"], spec["act_dim"]
     contract = io_contract("test/Planar-v0", [0.0] * n, [1.0] * n, [-1.0] * m, [1.0] * m)
     contract["control_period_s"] = control_period_s
+    for i, entry in observations.items():
+        contract["observations"][i].update(entry)
     contract["names_sha256"] = contract_sha256(contract)
     return contract
 

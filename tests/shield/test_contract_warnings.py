@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import time
 import urllib.request
 
@@ -160,5 +161,51 @@ def test_a_plant_polling_slower_than_the_plant_live_time_is_flagged_and_a_pause_
         assert server.stats.rate_warnings == 5
         seq += 1
         assert not ask(seq, t + PERIOD_NS) & Status.RATE  # back at the period
+    finally:
+        server.close()
+
+
+def test_an_angle_that_turns_without_limit_is_range_checked_as_the_policy_reads_it(tmp_path):
+    """A hinge without a range, observed wrapped around 0 (the contract's `wraps_around`): a plant whose encoder
+    counts turns sends the same angle 2 pi k away, and the policy reads it wrapped. The far-edge check reads it
+    the same way: any count of turns of an angle inside the far edges is never flagged (it was, for ever, once
+    the pendulum had turned past 1.5 turns), and an angle beyond them is flagged on every count of turns."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from tests.helpers.serve_bundles import write_tiny_bundle
+
+    bundle = write_tiny_bundle(
+        tmp_path / "b",
+        control_period_s=0.02,
+        observations={0: {"wraps_around": 0.0, "expected_low": -0.5, "expected_high": 0.5}},
+    )
+    server = PolicyServer(EdgeRuntime.load(bundle, shield=False), deadline_us=1e9)
+    server.sock.close()
+    far = 0.5 + OBS_RANGE_WIDTHS * 1.0
+    seq = iter(range(1, 10**6))
+
+    def flagged(reading: float) -> bool:
+        frame = encode_act_request(next(seq), 0, np.array([reading, 0.0, 0.0, 0.0], np.float32))
+        return bool(
+            decode_act_reply(server.handle(frame, ("127.0.0.1", 7), time.perf_counter_ns())).status & Status.OBS_RANGE
+        )
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(
+        angle=st.floats(-math.pi, math.pi),
+        turns=st.integers(-40, 40),
+    )
+    def check(angle, turns):
+        reading = np.float32(angle + 2.0 * math.pi * turns)
+        wrapped = math.remainder(float(reading), 2.0 * math.pi)
+        if abs(abs(wrapped) - far) < 1e-3:  # float32's rounding of 40 turns moves the angle by up to 4e-6 rad
+            return
+        assert flagged(float(reading)) == (abs(wrapped) > far)
+
+    try:
+        check()
+        assert flagged(0.3) is False and flagged(0.3 + 32 * math.pi) is False  # 16 turns on: the same angle
+        assert flagged(2.0) is True and flagged(2.0 - 32 * math.pi) is True
     finally:
         server.close()

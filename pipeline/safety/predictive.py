@@ -81,7 +81,7 @@ def backup_gain(
         q, r = np.diag(weights[0]), np.diag(weights[1])
     else:
         q, r = np.diag(1.0 / np.maximum(half_range, 1e-6) ** 2), np.eye(m)
-    keep = [i for i in range(n) if i not in free]
+    keep = kept(n, free)
     cut = np.ix_(keep, keep)
     A_k, B_k, q_k = A[cut], B[keep], q[cut].astype(np.float64)
     plants_k = [(Ap[cut], Bp[keep]) for Ap, Bp in [(A, B), *plants]]
@@ -379,6 +379,11 @@ def _push(env, rset):
     return body, axes, force, int(rset.push.duration_steps)
 
 
+def kept(n: int, free: list[int]) -> list[int]:
+    """The states of `n` that are not `free` (`free_states`): those the backup is designed on and the end boxes."""
+    return [i for i in range(n) if i not in free]
+
+
 def terminal(half: np.ndarray, Acl, K, W, full: np.ndarray, free: list[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """(terminal box per state, terminal reach per constraint row): the plan ends within the box of where the
     backup stops it (TERMINAL_SHARE of each state's half-range `half`); from that box's edge each row moves at
@@ -388,7 +393,7 @@ def terminal(half: np.ndarray, Acl, K, W, full: np.ndarray, free: list[int] = ()
     half = np.where(np.isfinite(half), half, 0.0)
     box = TERMINAL_SHARE * half
     box[list(free)] = 0.0
-    keep = [i for i in range(len(Acl)) if i not in free]
+    keep = kept(len(Acl), free)
     reach = np.zeros(len(W))
     act = 0.0
     Mk = np.eye(len(Acl))
@@ -442,7 +447,7 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
     K, input_scale, modes = backup_gain(cfg, A, B, half, L, applied, plants, names, fits, free)
     P, F = equilibrium_projection(A, B)
     Acl = closed_loop(A, B, K)[0]
-    keep = [i for i in range(len(A)) if i not in free]
+    keep = kept(len(A), free)
     rho = closed_loop(A[np.ix_(keep, keep)], B[keep], K[:, keep])[1]  # a free state's mode is 1 and moves nothing
     horizon = (
         MAX_HORIZON
@@ -503,7 +508,7 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
         # it leaves no plan, the shield falls back on what nothing certifies.
         held_out = []
         for k in range(HELD_OUT_ROUNDS):
-            fitted = state_dependent_tube(phis, errs, acts, reference)[:3]
+            fitted = state_dependent_tube(phis, errs, acts, reference, free=free)[:3]
             _, held, (h_phis, h_errs, h_acts) = measure_tube(env, bare, horizon, seed + 3 + k, gentle=True, edge=True)
             ratio, missed = tube_coverage(*fitted, floor, h_phis, h_errs, h_acts)
             share = round(missed / max(len(h_phis), 1), 5)
@@ -517,10 +522,7 @@ def section(cfg, spec: dict, seed: int = 0) -> dict:
                 "it was not fitted to strayed from its plan: the envelope's plants do something the sampled plans "
                 "never showed; narrow the randomized ranges, or make the plant easier to hold"
             )
-        base, slope, act_slope, fit = state_dependent_tube(phis, errs, acts, reference, floor, max(ratio, 1.0))
-        # Every plan measured a free state's distance as 0, so nothing bounds the fit's slope on it; at the edge that
-        # distance is a wheel's angle after any number of turns.
-        slope[:, :, free] = 0.0
+        base, slope, act_slope, fit = state_dependent_tube(phis, errs, acts, reference, floor, max(ratio, 1.0), free)
         result["tube"], result["tube_slope"], result["tube_action_slope"] = (
             base.tolist(),
             slope.tolist(),
@@ -601,13 +603,16 @@ def state_dependent_tube(
     reference: np.ndarray | None = None,
     floor: np.ndarray | None = None,
     scale: float = 1.0,
+    free: list[int] = (),
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """(base (horizon, n), slope (horizon, n, n), action slope (horizon, n, k), record): per step j and state i, the
     bound ``base[j, i] + slope[j, i] . |x_L - x_op| + action_slope[j, i] . |a|`` on the plan's error that covers
     every measured plan (`phis`: (plans, n), `acts`: (plans, k) the |actions| in flight, `errs`: (plans, horizon,
     n)) and is least at `reference` (where the plant runs: (|x - x_op|, |a|); default the plans' mean), a linear
     program per step and state (HiGHS); x INFLATION x `scale` and never shrinking with the step, like the constant
-    tube. The record's figures are the tube as shipped: never below `floor` where one is given."""
+    tube. The record's figures are the tube as shipped: never below `floor` where one is given. A `free` state's
+    slope is 0: every plan measured its distance as 0, so no plan bounds the slope on it, and at the edge that
+    distance is a wheel's angle after any number of turns."""
     from scipy.optimize import linprog
 
     S, H, n = errs.shape
@@ -617,12 +622,13 @@ def state_dependent_tube(
     ref = regressors.mean(axis=0) if reference is None else reference
     cost = np.concatenate([[1.0], ref])
     coef = np.zeros((H, n, n + k + 1))
+    bounds = [(0.0, 0.0) if 1 <= c <= n and c - 1 in free else (0.0, None) for c in range(n + k + 1)]  # 1..n: slope
     for j in range(H):
         for i in range(n):
             e = errs[:, j, i]
             if float(e.max()) <= 0.0:
                 continue
-            res = linprog(cost, A_ub=lhs, b_ub=-e, bounds=[(0.0, None)] * (n + k + 1), method="highs")
+            res = linprog(cost, A_ub=lhs, b_ub=-e, bounds=bounds, method="highs")
             # Should the solver fail, the constant bound (the largest error) covers every plan.
             coef[j, i] = res.x if res.status == 0 else np.concatenate([[float(e.max())], np.zeros(n + k)])
     coef = np.maximum.accumulate(coef, axis=0) * (INFLATION * scale)

@@ -97,3 +97,26 @@ def test_the_stated_miss_rate_is_the_exact_one_sided_bound(plans, data):
         assert bound == pytest.approx(1.0 - (1.0 - predictive.CONFIDENCE) ** (1.0 / plans), rel=1e-9)
         assert bound <= 3.0 / plans
     assert predictive.miss_rate_bound(plans, plans) == 1.0 and predictive.miss_rate_bound(0, 0) == 1.0
+
+
+def test_a_free_states_slope_is_zero_and_the_fit_still_covers_every_plan():
+    """A free state (a wheel's angle no limit reads) is measured at distance 0 in every plan, so no plan bounds the
+    fit's slope on it; at the edge that distance is the angle after any number of turns. Its slope is held at 0 in
+    the fit itself: here the plans' error even grows with it, and the fit covers them without it."""
+    rng = np.random.default_rng(1)
+    phis, errs, acts = _samples(rng, 200, 0.3)
+    errs = errs + (0.2 * phis[:, 1:2])[:, None, :] * np.array([1.0, 0.0])[None, None, :]
+    unbound = predictive.state_dependent_tube(phis, errs, acts)[1]
+    assert unbound[:, 0, 1].min() > 0.1  # the fit would lean on state 1
+    base, slope, act_slope, _ = predictive.state_dependent_tube(phis, errs, acts, free=[1])
+    assert np.all(slope[:, :, 1] == 0.0)
+    assert slope[:, 0, 0].max() > 0.0  # the state the error grows with keeps its slope
+    own, missed = predictive.tube_coverage(base, slope, act_slope, np.zeros(base.shape), phis, errs, acts)
+    assert own <= 1.0 / predictive.INFLATION + 1e-6 and missed == 0
+    # A wheel 40 turns on: the same tube as where the plans started.
+    turned = phis.copy()
+    turned[:, 1] = 80 * np.pi
+    assert np.array_equal(
+        predictive.tube_at(base, slope, act_slope, None, turned, acts),
+        predictive.tube_at(base, slope, act_slope, None, phis, acts),
+    )

@@ -6,7 +6,7 @@ soon the monitor flags a plant past the envelope's edge.
     python bench/bench_falsify.py --dropouts [--task cartpole quadrotor arm] [--episodes 4]
 
 Falsify: the config's spec, searched for --budget-s (the config's `falsify` keys otherwise); `ballast` is the
-test plant of tests/falsify_plants.py (13 randomized parameters per set). Printed per plant: candidates,
+test plant of tests/helpers/falsify_plants.py (13 randomized parameters per set). Printed per plant: candidates,
 evaluations per second, the phases, the corner candidates in all, the lowest h and the cases found; and, as a
 baseline in the same run, the same search with every corner enumerated first (the search before corners were
 sampled: corner_share 1, its phases after them as before).

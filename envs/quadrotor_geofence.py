@@ -59,7 +59,7 @@ ACT_DIM = 3
 MAX_ACCEL = (4.0, 4.0, 4.0)  # m/s^2 per unit action, per axis
 # s, first-order lag of the achieved acceleration behind the set-point, the same on every axis (the inner
 # loop's set-point smoothing makes it so), measured as the velocity ramp's lag after a step
-# (tests/test_envs_quadrotor.py). The shield predicts with it.
+# (tests/envs/test_envs_quadrotor.py). The shield predicts with it.
 ACCEL_TIME_CONSTANT = 0.15
 
 

@@ -36,7 +36,7 @@ ATTITUDE_NATURAL_FREQ = 18.0  # rad/s
 ATTITUDE_DAMPING = 0.9
 # s, first-order smoothing of the force set-point's horizontal and vertical parts. The attitude loop adds
 # ~0.09 s to the horizontal response and the motors ~0.02 s to the vertical one: 0.06 and 0.13 give both
-# ~0.15 s (measured by tests/test_envs_quadrotor.py against ACCEL_TIME_CONSTANT).
+# ~0.15 s (measured by tests/envs/test_envs_quadrotor.py against ACCEL_TIME_CONSTANT).
 SETPOINT_TIME_CONSTANT_XY = 0.06
 SETPOINT_TIME_CONSTANT_Z = 0.13
 

@@ -30,7 +30,8 @@ SPARE_SESSIONS = 4  # plant sessions built ahead (at load, and when idle), so a 
 class ServeStats:
     """Counters (names as in protocol.COUNTER_NAMES) and a log2 latency histogram (µs) of act replies."""
 
-    # One attribute per protocol counter, in COUNTER_NAMES order (tests/test_protocol_frames.py holds them equal).
+    # One attribute per protocol counter, in COUNTER_NAMES order (tests/shield/test_protocol_frames.py holds them
+    # equal).
     requests: int
     answered: int
     dropped: int

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The property tests draw the same examples on every run (the suite's result is a function of the commit, and a
 # CI failure replays as it was); `pytest --hypothesis-profile=explore` (`--hypothesis-seed=N` to replay) draws new ones
-# to search: a random CI run found a degenerate row of the one-condition projection (tests/test_shield_cbf.py).
+# to search: a random CI run found a degenerate row of the one-condition projection (tests/shield/test_shield_cbf.py).
 settings.register_profile("default", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile("default")

@@ -117,3 +117,20 @@ def test_the_readme_is_a_front_page_with_the_two_commands():
     for marker in ("main-command", "test-command"):
         block = readme.split(f"<!-- {marker} -->")[1].split(f"<!-- /{marker} -->")[0]
         assert block.count("\n") == 4 and "python3 -m venv .venv" in block  # one fenced command line
+
+
+def test_every_file_the_docs_and_code_point_to_exists():
+    """A page or a comment that sends a reader to `tests/...py`, `bench/...py` or `configs/...` names a file that is
+    there: the tests moved into folders once and a dozen pointers were left at the old paths."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    pointer = re.compile(r"(?<![\w/.-])((?:tests|bench|configs|docs|examples)/[\w/.-]*\w\.(?:py|md|yaml|xml|c))")
+    stale = {
+        f"{name}: {target}"
+        for name in tracked
+        if name.endswith((".py", ".md", ".yaml", ".toml", ".c", ".h"))
+        for target in pointer.findall((ROOT / name).read_text(errors="replace"))
+        if not (ROOT / target).exists() and "missing" not in target  # a test's deliberately absent file
+    }
+    assert not stale, sorted(stale)

@@ -10,8 +10,8 @@ studentized mean, rather than Student's t quantile. Paired returns are skewed
 (an episode where the candidate loses the pole costs far more than a good one
 gains), and a plain t bound then promotes an equal candidate more often than
 it claims; the bootstrap-t corrects for the skew the sample shows (the gate's
-false-promotion rate on skewed samples: tests/test_gate_statistics.py). Below `gate.min_episodes` paired episodes the
-gate never passes, because a skew the sample has not yet shown cannot be
+false-promotion rate on skewed samples: tests/pipeline/evaluation/test_gate_statistics.py). Below
+`gate.min_episodes` paired episodes the gate never passes, because a skew the sample has not yet shown cannot be
 corrected. What stays outside any bound on tens of episodes is a rare large
 loss that no episode of the sample showed (a pole dropped on one episode in
 thirty): the gate therefore also bounds that event itself, exactly, as the

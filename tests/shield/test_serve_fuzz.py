@@ -157,7 +157,7 @@ def test_fuzz_server_stays_up_and_answers_exactly_as_documented(bundle):
     counts = {"drop": 0, "reject": 0, "status": 0, "contract": 0, "estimate": 0, "policy": 0, "blind": 0}
     valid_sent = 0
     # Room for every client id the mutations make up: no new plant is refused BUSY (which depends on timing,
-    # and this model has no clock; tests/test_serve_attacks.py covers it).
+    # and this model has no clock; tests/shield/test_serve_attacks.py covers it).
     with ServerProcess(str(bundle), "--deadline-us", "1e7", "--max-plants", "100000") as server:
         fuzz = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         fuzz.settimeout(5.0)

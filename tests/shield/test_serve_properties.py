@@ -4,7 +4,7 @@ State is everything that decides a later reply: the sequence guard, the plant se
 (their shields' prediction buffers) and the counters that say the policy ran. A datagram
 that is not authenticated (keyed server) or is malformed or stale (open server) changes none of it;
 a keyed server spends an authenticated fresh request's seq whatever the answer
-(tests/test_serve_attacks.py), and nothing else.
+(tests/shield/test_serve_attacks.py), and nothing else.
 """
 
 from __future__ import annotations

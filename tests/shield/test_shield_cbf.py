@@ -59,7 +59,7 @@ def test_filter_matches_reference_qp_on_random_instances(latency_steps, response
         ref = _reference(conditions, u_p.astype(np.float64), low, high)
         ref_feasible = np.min(conditions(ref)) >= -1e-7
         if np.nanmin(info["h"]) < 0:
-            continue  # a violated barrier: hard braking, not the projection (tests/test_shield_soundness.py)
+            continue  # a violated barrier: hard braking, not the projection (tests/shield/test_shield_soundness.py)
         if info["fallback"]:
             fallbacks += 1
             assert not ref_feasible, "shield fell back although the reference found a feasible action"
@@ -378,7 +378,7 @@ def test_quadrotor_filter_matches_reference_qp_near_its_constraints(seed):
         plain = shield.cbf_conditions(obs, steering=False)  # the keep-out rows without their credit for passing
         u, info = shield.filter(obs, u_p)
         if np.nanmin(info["h"]) < 0 or info["fallback"]:
-            continue  # braking, not the projection (tests/test_shield_soundness.py)
+            continue  # braking, not the projection (tests/shield/test_shield_soundness.py)
         compared += 1
         if not info["intervened"]:  # passed through: accepted with the credit, or without it (either is sound)
             assert np.array_equal(u, u_p)

@@ -163,7 +163,7 @@ def test_adversaries_aiming_at_skimming_or_spiralling_into_the_zone_never_get_in
 
 @pytest.mark.parametrize("steering", [False, True])
 def test_random_full_pushes_never_cross_any_constraint(steering):
-    # tests/test_shield_cbf.py's adversary on the whole planar spec (fences, wall, pillar), with and without the credit.
+    # test_shield_cbf.py's adversary on the whole planar spec (fences, wall, pillar), with and without the credit.
     rng = np.random.default_rng(11)
     spec = planar_double_integrator(
         latency_steps=2, response_time_s=0.05, margin=0.03, input_gain_error=0.3, keepout_steering=steering

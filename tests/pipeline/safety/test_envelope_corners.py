@@ -6,7 +6,7 @@ widest noise and push of any set. Per corner 20 episodes (10 adversarial, 10 ran
 long enough for the adversary to reach a boundary from any start (unshielded it
 violates within ~1.3 s), so every corner is run within the CI budget; the bench
 (bench/bench_safety.py) runs thousands of full-length episodes per task.
-The config refuses plants outside the envelope (tests/test_envelope_check.py).
+The config refuses plants outside the envelope (tests/pipeline/safety/test_envelope_check.py).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ BANG_BANG = {"cartpole": (2, 500), "quadrotor": (2, 1000), "arm": (1, 300)}  # (
 def test_every_corner_stays_safe_under_bang_bang_set_points(task, pool):
     """Each action flipping between its bounds at its own period, full-length episodes: the pattern that took the
     quadrotor out of its fence on 33 of 200 corner episodes while its inner loop overshot the shield's lag model
-    (tests/test_known_gaps.py). The adversary drives one way and the random policy averages to zero: neither
+    (test_known_gaps.py, beside this file). The adversary drives one way and the random policy averages to zero: neither
     found it."""
     cfg, spec = _config_and_spec(task)
     episodes, steps = BANG_BANG[task]
@@ -120,7 +120,7 @@ def test_every_cartpole_corner_keeps_the_cart_in_its_band_after_the_pole_falls(p
     shield's job there. Every corner, full-length episodes stepped on past the fall (`past_termination`),
     bang-bang and adversary: the pole falls and swings or spins round, and the cart stays on its band. Before the
     shield read the pole angle wrapped (`ShieldSpec.angles`), 6 of these 128 episodes left the band (3 bang-bang,
-    3 adversary; the reproducer: tests/test_known_gaps.py)."""
+    3 adversary; the reproducer: tests/pipeline/safety/test_known_gaps.py)."""
     cfg, spec = _config_and_spec("cartpole")
     corners = corner_domains(envelope_set(cfg))
     assert len(corners) == CORNERS["cartpole"]

@@ -19,14 +19,14 @@ the pass into a failure, the marker comes off, and the test guards the fix (none
   rotors of an axis. The inner loop now smooths the force set-point (the thrust slower than the tilt, every axis
   ~0.15 s, the lag the shield predicts with) and mixes thrust first, roll/pitch next, yaw last
   (envs/quadrotor_inner_loop.py); the bang-bang reference policy (`--policy bang_bang`) searches for the pattern on
-  every corner (tests/test_envelope_corners.py). Over 200 corner episodes under flipping set-points the shielded
+  every corner (test_envelope_corners.py). Over 200 corner episodes under flipping set-points the shielded
   quadrotor left its fence in 33 before, 0 after.
 - cart-pole, fallen pole (closed): the env ends an episode at 0.6 rad, a real plant goes on. The shield read the pole
   angle as it came, and a pole that spun round put the linearization radians from where it holds: the cart's
   coupling to the pole, linear in the angle, grew with every turn (0.63 m/s^2 per rad), and bang-bang left the band
   on 5 of 64 corners, the adversary on 4. The spec now declares the hinges that turn without limit (`angles`) and
   the shield reads them wrapped into (-pi, pi]; the cart-pole brakes with 0.3 of its full force (was 0.4), so what
-  the weakest plant has left covers the fallen pole's pull on the cart (tests/test_envelope_corners.py sweeps every
+  the weakest plant has left covers the fallen pole's pull on the cart (test_envelope_corners.py sweeps every
   corner past the fall; `sim2real eval --past-termination`).
 """
 

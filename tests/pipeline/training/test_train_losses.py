@@ -1,6 +1,6 @@
 """Each algorithm's loss against a case worked by hand (numbers in the comments).
 
-V-trace itself is tests/test_vtrace.py; these take its outputs as given. Ratios sit on both sides of the
+V-trace itself is test_vtrace.py; these take its outputs as given. Ratios sit on both sides of the
 clip range and advantages of both signs, so a surrogate that clipped the wrong side would show.
 """
 

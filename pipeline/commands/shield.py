@@ -95,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
             spec = build_shield_spec(cfg, measurement=meas)
         except EnvelopeError as err:  # an override that does not cover the measurement, or a set outside the spec
             if problems:  # the braking barrier cannot, and the predictive filter could not either
-                refused = certificate.refusal(cfg, meas, problems)
-                refused["predictive"] = str(err)
+                refused = both_refused(cfg, certificate.refusal(cfg, meas, problems), str(err))
             else:
                 said = str(err)  # a refusal that already says what it cannot certify is not prefixed again
                 message = said if said.startswith("cannot certify") else f"cannot certify {cfg.task.name}: {said}"
@@ -395,11 +394,34 @@ def _units(cfg) -> dict[str, str]:
     return {o["name"]: o.get("unit") or "" for o in io["observations"]}
 
 
+def _predictive_own(said: str) -> str:
+    """The predictive filter's own reason in a refusal of both filters (the braking refusal before it cut off)."""
+    from pipeline.safety.shield_spec import PREDICTIVE_TOO
+
+    return said.split(PREDICTIVE_TOO, 1)[1] if PREDICTIVE_TOO in said else said
+
+
+def both_refused(cfg, braking: dict, predictive: str) -> dict:
+    """The refusal where neither filter keeps the plant: the braking barrier's (`braking`, from
+    `certificate.refusal`) leads where it names a sub-range that certifies, a way to a certificate; where it names
+    none, it is a dead end for a plant whose limits braking cannot keep anyway, and the predictive filter's reason,
+    the filter such a plant needs, leads instead (helper-70's refusal led with "no sub-range ... can be
+    certified", and the reason that mattered came last)."""
+    out = {**braking, "predictive": predictive}
+    if braking.get("certifiable_range"):
+        return out
+    out["braking"] = braking["message"].removeprefix("cannot certify ")
+    out["message"] = (
+        f"cannot certify {cfg.task.name}: the predictive filter, which keeps what braking cannot, cannot keep it: "
+        f"{_predictive_own(predictive)}"
+    )
+    return out
+
+
 def _human(cfg, meas, spec, record, refused, out: Path) -> str:
     from pipeline.evaluation.episodes import MIN_H_MEANING
     from pipeline.evaluation.falsify import extent
     from pipeline.safety import certificate
-    from pipeline.safety.shield_spec import PREDICTIVE_TOO
 
     head = (
         f"shield synthesis for {cfg.task.name}: {meas.samples} residual samples on {meas.domains} plants "
@@ -423,10 +445,13 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
     if refused is not None:
         # One clause a line: a refusal runs to a thousand characters, one line of which no terminal shows whole.
         lines.append("REFUSED: " + "\n  ".join(_CLAUSE.split(refused["message"])))
-        if refused.get("predictive"):  # both filters were refused: the predictive filter's own reason too
-            said = refused["predictive"]
-            own = said.split(PREDICTIVE_TOO, 1)[1] if PREDICTIVE_TOO in said else said
-            lines.append(f"  and the predictive filter, which keeps what braking cannot, cannot either: {own}")
+        if refused.get("braking"):  # led by the predictive filter's reason: the barrier's follows
+            lines.append("  and the braking barrier cannot either: " + "\n  ".join(_CLAUSE.split(refused["braking"])))
+        elif refused.get("predictive"):  # both filters were refused: the predictive filter's own reason too
+            lines.append(
+                "  and the predictive filter, which keeps what braking cannot, cannot either: "
+                + _predictive_own(refused["predictive"])
+            )
     else:
         falsified = record.get("falsification")
         # The predictive filter keeps its constraints tightened by its tube: a margin as wide as a band (helper-67's

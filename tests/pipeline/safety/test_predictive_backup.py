@@ -207,3 +207,29 @@ def test_a_backup_whose_tail_needs_more_than_its_share_of_the_box_is_made_gentle
     assert scale > 1.0 and fits(K) is None and max(modes) < 1.0
     with pytest.raises(ValueError, match="input weight raised up to"):
         predictive.backup_gain(cfg, A, B, half, 0, (0,), fits=lambda K: "too hard", free=[1])
+
+
+def test_where_both_filters_refuse_the_reason_that_leads_is_one_with_a_way_out():
+    """helper-70's wheel pendulum: both filters refused, and the refusal led with the braking barrier's "no
+    sub-range of it ... can be certified", a dead end for a plant whose limits braking cannot keep anyway; the
+    predictive filter's reason, the filter such a plant needs, came last. It now leads there; where the barrier
+    names a sub-range that certifies (a way to a certificate), the barrier's refusal still leads."""
+    from types import SimpleNamespace
+
+    from pipeline.commands.shield import both_refused
+    from pipeline.safety.shield_spec import PREDICTIVE_TOO
+
+    cfg = SimpleNamespace(task=SimpleNamespace(name="wheel"))
+    braking = "cannot certify randomization.*.body_mass.pole over [0.7, 1.4] (both ends): braking 0.2 < 0.5"
+    why = "its backup's tail needs more than the input box"
+    predictive = f"{braking}{PREDICTIVE_TOO}{why}"
+    dead_end = both_refused(cfg, {"message": braking + "; no sub-range of it", "certifiable_range": None}, predictive)
+    assert dead_end["message"].startswith("cannot certify wheel: the predictive filter")
+    assert dead_end["message"].endswith(why) and braking not in dead_end["message"]
+    assert dead_end["braking"].startswith("randomization.*.body_mass.pole over [0.7, 1.4]")
+    way = {
+        "message": braking + "; the largest sub-range that can be certified is [0.8, 1.2]",
+        "certifiable_range": [0.8, 1.2],
+    }
+    kept = both_refused(cfg, way, predictive)
+    assert kept["message"] == way["message"] and kept["predictive"] == predictive and "braking" not in kept

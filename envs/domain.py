@@ -23,6 +23,7 @@ _GROUP_OBJECT = {
     "geom_friction": mujoco.mjtObj.mjOBJ_GEOM,
     "joint_damping": mujoco.mjtObj.mjOBJ_JOINT,
     "joint_stiffness": mujoco.mjtObj.mjOBJ_JOINT,
+    "joint_armature": mujoco.mjtObj.mjOBJ_JOINT,
     "tendon_stiffness": mujoco.mjtObj.mjOBJ_TENDON,
     "actuator_gain": mujoco.mjtObj.mjOBJ_ACTUATOR,
 }
@@ -69,6 +70,18 @@ class DomainRandomizer:
             start = int(model.jnt_dofadr[j])
             self._dofs[n] = slice(start, start + _DOF_COUNT[int(model.jnt_type[j])])
         self._springs = {n: element_id(model, "joint_stiffness", n, label) for n in rset.joint_stiffness}
+        self._armatures = {}
+        for n in rset.joint_armature:
+            j = element_id(model, "joint_armature", n, label)
+            start = int(model.jnt_dofadr[j])
+            dofs = slice(start, start + _DOF_COUNT[int(model.jnt_type[j])])
+            if not float(model.dof_armature[dofs].max()) > 0.0:
+                # A scale of nothing is nothing: the range would be sampled, logged and fitted, and change no plant.
+                raise RandomizationError(
+                    f"randomization joint_armature.{n}: joint {n!r} has no armature in {label} (0), so no scale "
+                    f"changes it; give it its nominal reflected inertia (<joint armature=...>) or leave it out"
+                )
+            self._armatures[n] = dofs
         self._tendons = {n: element_id(model, "tendon_stiffness", n, label) for n in rset.tendon_stiffness}
         if rset.push is not None:
             element_id(model, "body_mass", rset.push.body, label, key="push.body")
@@ -79,6 +92,7 @@ class DomainRandomizer:
             "geom_friction": model.geom_friction.copy(),
             "dof_damping": model.dof_damping.copy(),
             "jnt_stiffness": model.jnt_stiffness.copy(),
+            "dof_armature": model.dof_armature.copy(),
             "tendon_stiffness": model.tendon_stiffness.copy(),
             "actuator_gainprm": model.actuator_gainprm.copy(),
             "actuator_biasprm": model.actuator_biasprm.copy(),
@@ -107,6 +121,10 @@ class DomainRandomizer:
             m.jnt_stiffness[:] = nom["jnt_stiffness"]
             for name, j in self._springs.items():
                 m.jnt_stiffness[j] = nom["jnt_stiffness"][j] * params.get(f"joint_stiffness.{name}", 1.0)
+        if self._armatures:
+            m.dof_armature[:] = nom["dof_armature"]
+            for name, sl in self._armatures.items():
+                m.dof_armature[sl] = nom["dof_armature"][sl] * params.get(f"joint_armature.{name}", 1.0)
         if self._tendons:
             m.tendon_stiffness[:] = nom["tendon_stiffness"]
             for name, t in self._tendons.items():
@@ -120,6 +138,7 @@ class DomainRandomizer:
                 m.actuator_gainprm[i, 0] = nom["actuator_gainprm"][i, 0] * s
                 m.actuator_biasprm[i, 1:3] = nom["actuator_biasprm"][i, 1:3] * s
         m.opt.gravity[:] = nom["gravity"] * params.get("gravity_scale", 1.0)
-        if self._bodies:
-            # Masses feed derived constants (subtree masses, inverse weights used by constraint softness).
+        if self._bodies or self._armatures:
+            # Masses and armature feed derived constants (subtree masses, the inverse weights at the reference pose
+            # that constraint softness uses).
             mujoco.mj_setConst(m, self._scratch)

@@ -7,6 +7,7 @@ A set is stated once, in the task YAML under `randomization: {<name>: ...}`:
       geom_friction:    {floor: {dist: uniform, low: 0.7, high: 1.3}}  # scales the friction row
       joint_damping:    {slider: {dist: loguniform, low: 0.5, high: 2.0}}
       joint_stiffness:  {stretch: {dist: uniform, low: 0.8, high: 1.2}}   # a joint's spring
+      joint_armature:   {wheel: {dist: uniform, low: 0.8, high: 1.3}}     # a geared motor's reflected inertia
       tendon_stiffness: {spring: {dist: uniform, low: 0.8, high: 1.2}}    # a tendon's spring
       actuator_gain:    {cart_force: {dist: uniform, low: 0.85, high: 1.15}}
       gravity_scale:    {dist: uniform, low: 0.98, high: 1.02}
@@ -31,7 +32,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 # The groups of per-element scales a set may randomize (`group.element` parameters), in sampling order: the one
 # list every reader of a set's physical parameters iterates (sampling, synthesis, falsification, ADR, calibration).
-SCALE_GROUPS = ("body_mass", "geom_friction", "joint_damping", "joint_stiffness", "tendon_stiffness", "actuator_gain")
+SCALE_GROUPS = (
+    "body_mass",
+    "geom_friction",
+    "joint_damping",
+    "joint_stiffness",
+    "joint_armature",
+    "tendon_stiffness",
+    "actuator_gain",
+)
 
 
 class RandomizationError(ValueError):
@@ -108,6 +117,11 @@ class RandomizationSet(BaseModel):
     geom_friction: dict[str, ScaleRange] = Field({}, description="by geom name: scale of friction")
     joint_damping: dict[str, ScaleRange] = Field({}, description="by joint name: scale of damping")
     joint_stiffness: dict[str, ScaleRange] = Field({}, description="by joint name: scale of its spring stiffness")
+    joint_armature: dict[str, ScaleRange] = Field(
+        {},
+        description="by joint name: scale of its armature (a geared motor's reflected rotor inertia, which "
+        "body_mass does not scale); the MJCF must give the joint a nonzero armature",
+    )
     tendon_stiffness: dict[str, ScaleRange] = Field({}, description="by tendon name: scale of its spring stiffness")
     actuator_gain: dict[str, ScaleRange] = Field({}, description="by actuator name: scale of force per ctrl")
     gravity_scale: ScaleRange | None = Field(None, description="scale of the gravity vector")

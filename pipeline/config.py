@@ -918,6 +918,7 @@ _KEY_NAMES = {
     "geom_friction": "geom",
     "joint_damping": "joint",
     "joint_stiffness": "joint",
+    "joint_armature": "joint",
     "tendon_stiffness": "tendon",
     "actuator_gain": "actuator",
     "targets": "target",

@@ -50,7 +50,7 @@ from shield.constraints import parse_constraints
 from shield.spec import brake_pairs
 
 NOISE_SIGMAS = 3.0  # the stated confidence of the observation-noise assumption: 3 sigma (99.7 % per sample)
-_MODEL_RANGE_GROUPS = ("joint_damping", "geom_friction", "joint_stiffness", "tendon_stiffness")
+_MODEL_RANGE_GROUPS = ("joint_damping", "geom_friction", "joint_stiffness", "joint_armature", "tendon_stiffness")
 
 
 @dataclass

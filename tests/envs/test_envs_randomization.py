@@ -308,3 +308,40 @@ def test_spring_stiffness_of_a_joint_and_a_tendon_is_randomized_by_name():
     assert model.jnt_stiffness[0] == 50 and model.tendon_stiffness[0] == 20
     with pytest.raises(RandomizationError, match=r"tendon_stiffness: no tendon named 'spirng'.*\['spring'\]"):
         DomainRandomizer(model, parse_randomization({"tendon_stiffness": {"spirng": {"low": 0.9, "high": 1.1}}}))
+
+
+def test_a_motors_reflected_inertia_is_randomized_on_its_own_by_joint_name():
+    """A geared motor's rotor inertia is the joint's armature, which `body_mass` does not scale (helper-70's reaction
+    wheel could not randomize the wheel's inertia apart from its mass): `joint_armature` scales it and returns it to
+    nominal, and the plant answers with it (the same torque spins up a heavier rotor less). A joint without armature
+    is refused by name: a scale of 0 is 0, and the range would change no plant."""
+    from envs.domain import DomainRandomizer
+
+    xml = """<mujoco><option timestep="0.01"/><worldbody>
+      <body name="wheel"><joint name="spin" type="hinge" axis="0 0 1" armature="0.02"/>
+        <geom type="cylinder" size="0.1 0.01" mass="0.5"/></body>
+      <body name="other" pos="1 0 0"><joint name="free_spin" type="hinge" axis="0 0 1"/>
+        <geom type="cylinder" size="0.1 0.01" mass="0.5"/></body>
+    </worldbody><actuator><motor name="m" joint="spin"/></actuator></mujoco>"""
+    model = mujoco.MjModel.from_xml_string(xml)
+    rset = parse_randomization({"joint_armature": {"spin": {"dist": "uniform", "low": 1.5, "high": 2.0}}})
+    randomizer = DomainRandomizer(model, rset)
+    domain = sample_domain(rset, np.random.default_rng(0))
+    assert 1.5 <= domain["joint_armature.spin"] <= 2.0
+
+    def spun_up() -> float:
+        data = mujoco.MjData(model)
+        data.ctrl[0] = 1.0
+        mujoco.mj_step(model, data)
+        return float(data.qvel[0])
+
+    nominal = spun_up()
+    randomizer.apply(domain)
+    assert model.dof_armature[0] == pytest.approx(0.02 * domain["joint_armature.spin"])
+    assert model.body_mass[1] == 0.5  # the mass is the MJCF's: only the rotor's inertia moved
+    inertia = float(model.body_inertia[1, 2])
+    assert spun_up() == pytest.approx(nominal * (inertia + 0.02) / (inertia + 0.02 * domain["joint_armature.spin"]))
+    randomizer.apply({})
+    assert model.dof_armature[0] == 0.02 and spun_up() == nominal
+    with pytest.raises(RandomizationError, match=r"joint_armature.free_spin: joint 'free_spin' has no armature"):
+        DomainRandomizer(model, parse_randomization({"joint_armature": {"free_spin": {"low": 0.9, "high": 1.1}}}))

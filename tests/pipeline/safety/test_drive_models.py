@@ -104,3 +104,24 @@ def test_noise_on_a_position_no_limit_reads_is_not_held_to_the_margin(tmp_path):
     noisy = tmp_path / "tilt.yaml"
     noisy.write_text(yaml.safe_dump(doc, sort_keys=False))
     assert build_shield_spec(load_config(noisy))["margin"] >= 3 * 0.01
+
+
+def test_synthesis_measures_a_randomized_rotor_inertia_as_the_drive_it_weakens(tmp_path):
+    """The stage's rotor is reflected onto the carriage as the joint's armature (0.5 of its 2.5 kg at nominal).
+    Randomized on its own (`joint_armature`, 1-2x) the heaviest plant is 4.0 kg instead of 3.5 (carriage at 1.5x),
+    and synthesis, which measures the drive on the sets' own plants, finds the input's effect lower by that ratio:
+    no shield number is told about it."""
+    from pipeline.config import load_config
+    from pipeline.safety import synthesis
+
+    doc = yaml.safe_load(PLANT.read_text())
+    doc["plant"]["mjcf"] = str(PLANT.parent / doc["plant"]["mjcf"])
+    lows = []
+    for rotor in (None, {"stage": {"dist": "uniform", "low": 1.0, "high": 2.0}}):
+        if rotor:
+            for rset in doc["randomization"].values():
+                rset["joint_armature"] = rotor
+        path = tmp_path / f"stage{len(lows)}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        lows.append(synthesis.measure(load_config(path), seed=0).gain_range[0][0])
+    assert lows[1] / lows[0] == pytest.approx((2.0 * 1.5 + 0.5) / (2.0 * 1.5 + 1.0), rel=0.02)

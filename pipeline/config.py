@@ -420,9 +420,9 @@ class ShieldConfig(Section):
     )
     model_ranges: dict[str, Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=2, max_length=2)]] = Field(
         {},
-        description="Ranges [low, high] of randomized parameters the envelope check cannot derive (damping, friction: "
-        "`joint_damping.<joint>`, `geom_friction.<geom>`; `gravity_scale` for a linear or declared "
-        "double-integrator model), for which the guarantee was established by falsification; a set "
+        description="Ranges [low, high] of randomized parameters the envelope check cannot derive (damping, friction, "
+        "armature: `joint_damping.<joint>`, `geom_friction.<geom>`, `joint_armature.<joint>`; `gravity_scale` for a "
+        "linear or declared double-integrator model), for which the guarantee was established by falsification; a set "
         "outside them is refused, and so is a key no set randomizes.",
     )
     synthesis_samples: int = Field(

@@ -520,7 +520,7 @@ def unlimited_angles(model: mujoco.MjModel, obs_to_state: dict[int, tuple], qpos
 def observed_wraps(decl: PlantDeclaration, model: mujoco.MjModel, binding: Binding) -> list[tuple[int, float]]:
     """(observation index, operating-point angle) of each observed angle of a hinge without a range, where the
     shield's model is linear (its operating point is where it was linearized): what the env observes wrapped
-    into (c - pi, c + pi], and the contract states as `wraps_around`. None for a model of another type."""
+    into (c - pi, c + pi], and the contract states as `wraps_around`; [] for a model of another type."""
     if decl.shield_model.type != "linear":
         return []
     at = model.qpos0.copy()

@@ -10,6 +10,7 @@ float64 values it is rounded from.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -423,6 +424,31 @@ class DeclaredTaskEnv(MujocoTaskEnv):
                 list(self._goals[name]) if t.speed is None else [0.5 * (lo + hi) for lo, hi in zip(t.low, t.high)]
             )
         return self._obs()
+
+    def start_corners(self, scale: float = 1.0, limit: int = 4096, seed: int = 0) -> list[np.ndarray]:
+        """The observations at the corners of plant.initial_state's box shrunk about its middle by `scale` (every
+        corner, or `limit` of them drawn with `seed` where there are more), each set-point at the middle of its
+        box: the extreme starts an episode can have. Leaves the env's own Generator untouched."""
+        entries = [(kind, adr, 0.5 * (lo + hi), 0.5 * (hi - lo) * scale) for kind, adr, lo, hi in self._init]
+        k = len(entries)
+        if 2**k <= limit:
+            signs = list(itertools.product((-1.0, 1.0), repeat=k))
+        else:
+            signs = [tuple(s) for s in np.random.default_rng(seed).choice((-1.0, 1.0), size=(limit, k))]
+        saved = {name: list(v) for name, v in self._targets.items()}
+        out = []
+        try:
+            for name, t in self.decl.targets.items():
+                self._targets[name] = [0.5 * (lo + hi) for lo, hi in zip(t.low, t.high)]
+            for corner in signs:
+                mujoco.mj_resetData(self.model, self.data)
+                for (kind, adr, mid, half), sign in zip(entries, corner):
+                    getattr(self.data, kind)[adr] = mid + sign * half
+                mujoco.mj_forward(self.model, self.data)
+                out.append(self._obs())
+        finally:
+            self._targets.update(saved)
+        return out
 
     def starts_outside(self, draws: int = 1000, seed: int = 0) -> tuple[int, dict[str, float]]:
         """Of `draws` starts drawn from plant.initial_state (each a first draw, none drawn again), how many lie outside

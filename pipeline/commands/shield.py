@@ -159,6 +159,14 @@ def run(args: argparse.Namespace) -> int:
                     + "make the plant easier to hold (a stronger drive, lighter pushes); a smaller shield number "
                     "will not do"
                 )
+            if "predictive" in spec:
+                from pipeline.safety.predictive import start_coverage
+
+                starts = start_coverage(cfg, spec)
+                if starts and starts["not_admitted"]:
+                    # Episodes started where the filter admits no plan run uncertified: a case found there is
+                    # the start's as much as any range's (a ball on a plate started 5 cm off centre).
+                    advice = f"First, {starts['message']}. {advice}"
             refused = {
                 "certified": False,
                 "falsification": falsified,
@@ -193,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
             **refused,
             "task": cfg.task.name,
             # The filter a refusal by falsification or by the legacy controller judged (None: none could be built).
-            "filter": certificate.filter_record(spec) if spec is not None else None,
+            "filter": certificate.filter_record(spec, cfg) if spec is not None else None,
             "envelope": certificate.envelope_record(cfg),
             "model_error": meas.record(),
             "legacy_on_reality": legacy,
@@ -477,6 +485,13 @@ def _human(cfg, meas, spec, record, refused, out: Path) -> str:
                 f"  filter: predictive (horizon {pr['horizon']} steps, backup gain {_rounded(pr['backup_gain'])}, "
                 f"{tube}), chosen where a braking barrier cannot keep a limit: {pr['measured']['why'][0]}"
             )
+            starts = (record.get("filter") or {}).get("starts")
+            if starts:
+                lines.append(
+                    f"  starts: all {starts['corners']} corners of plant.initial_state admitted from the first step"
+                    if not starts["not_admitted"]
+                    else f"  starts, NOT all certified: {starts['message']}"
+                )
             if grows and grows.get("held_out"):
                 rounds = "; ".join(
                     f"{r['plans']} plans, {r['share_missed']:.2%} past it, by up to x{r['largest_error_over_bound']}"

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from pipeline.safety import sampling, synthesis
+from pipeline.safety import predictive, sampling, synthesis
 from pipeline.safety.predictive import ROOM_MEANING
 from shield.spec import MAX_INPUT_GAIN_ERROR
 
@@ -378,7 +378,7 @@ def certificate(
             "latency_steps": spec["latency_steps"],
             "set_by_hand": _set_by_hand(cfg),
         },
-        "filter": filter_record(spec),
+        "filter": filter_record(spec, cfg),
         "model_error": meas.record() if meas is not None else None,
         "falsification": falsified,
         "legacy_on_reality": legacy,
@@ -458,9 +458,10 @@ def _set_by_hand(cfg) -> list[str]:
     return [f"shield.{k}" for k in keys if getattr(sc, k) is not None]
 
 
-def filter_record(spec: dict) -> dict:
+def filter_record(spec: dict, cfg=None) -> dict:
     """Which filter keeps the constraints, and why: the braking barrier, or the predictive filter where the
-    barrier cannot brake a constraint (with the measured reason and the numbers it was synthesized with)."""
+    barrier cannot brake a constraint (with the measured reason and the numbers it was synthesized with, and with
+    `cfg`, which of the episodes' starts it certifies from their first step: `predictive.start_coverage`)."""
     pr = spec.get("predictive")
     if pr is None:
         from pipeline.safety.barrier_checks import BARRIER_ACTS_SHARE
@@ -478,4 +479,5 @@ def filter_record(spec: dict) -> dict:
         "backup_gain": pr["backup_gain"],
         "tube_at_horizon": pr["tube"][-1],
         "tube_measured": {k: v for k, v in pr["measured"].items() if k != "why"},
+        **({"starts": predictive.start_coverage(cfg, spec)} if cfg is not None else {}),
     }

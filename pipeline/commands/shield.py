@@ -157,7 +157,10 @@ def run(args: argparse.Namespace) -> int:
                         "together), or "
                     )
                     + "make the plant easier to hold (a stronger drive, lighter pushes); a smaller shield number "
-                    "will not do"
+                    "will not do. Narrow a range only where your plant really lies inside the narrower one: a plant "
+                    "past it is outside what is certified (helper-71's promoted policy, certified at 0-1 steps of "
+                    "latency, left its limits in 26 of 30 episodes at 2), and `sim2real eval --domains` on a set at "
+                    "the end you cut shows what it does there"
                 )
             if "predictive" in spec:
                 from pipeline.safety.predictive import start_coverage
@@ -180,6 +183,15 @@ def run(args: argparse.Namespace) -> int:
     if spec is not None and args.episodes:
         stage(f"the legacy controller behind the shield on reality ({args.episodes} episodes)")
     legacy = _legacy(cfg, spec, args) if spec is not None and args.episodes else None
+    if refused is not None and legacy is not None and legacy["violations"] and "falsification" in refused:
+        # Refused by a falsification case already: the legacy controller crossing too is said in the message, not
+        # only in the record (helper-71: 115 violating steps of its LQR behind a refused shield, in the JSON alone).
+        refused["message"] += (
+            f". The legacy controller behind this shield left the safe set on reality too: {legacy['violations']} "
+            f"violating step(s) in {legacy['violation_episodes']} of {legacy['episodes']} episodes (replay: sim2real "
+            f"eval --config {args.config} --policy legacy --domains reality --episodes {args.episodes} --seed "
+            f"{cfg.shadow.seed})"
+        )
     if refused is None and legacy is not None and legacy["violations"]:
         # The certificate says no plant of the envelope leaves the safe set behind this shield; a legacy controller
         # that does on `reality` disproves it as surely as a falsification case.

@@ -7,7 +7,8 @@ model's bytes (what the MJCF includes: meshes, other files), the source of the p
 envs, shield: any edit is a miss) and the versions of the libraries that simulate and solve. Entries are JSON (no
 pickle), written atomically; an entry that does not read back whole, or whose stated key is not the one asked for,
 is a miss and is rewritten. The spec built from an entry is checked exactly as a fresh one (`ShieldSpec.from_dict`,
-the envelope, the overrides), and `sim2real shield synthesize` always measures afresh.
+the envelope, the overrides), and `sim2real shield synthesize` always measures the envelope afresh (the predictive
+section, keyed on that measurement too, is read back where the same one was computed).
 
 An entry states the code identity it was computed by, and its file name carries a tag of it
 (`{kind}-{tag}-{key}.json`). Writing one removes the entries another identity wrote (an older or newer sim2real,

@@ -387,7 +387,8 @@ def certificate(
 
 
 # A certified shield that changes more of the legacy controller's steps on `reality` than this is reported as
-# conservative: a policy behind it is changed about as often, and the gate's intervention-rate check meets that.
+# conservative: a policy trained without it is changed about as often, and the gate's intervention-rate check
+# meets that.
 CONSERVATIVE_SHARE = 0.05
 
 
@@ -419,8 +420,9 @@ def conservative_line(record: dict) -> str:
     """`conservative_record` in one line of what it means and what to do."""
     head = (
         f"CONSERVATIVE: it changes {record['legacy_changed']:.1%} of the legacy controller's steps on reality (more "
-        f"than {record['above']:.0%}); a policy behind it is changed about as often, and gate.max_intervention_rate "
-        f"judges that. "
+        f"than {record['above']:.0%}); a policy trained without the shield is changed about as often (one trained "
+        f"with it, shield.train_in_loop, learns to stay where it is seldom changed: helper-71's, 0.16 % behind a "
+        f"shield changing 44 % of its LQR's steps), and gate.max_intervention_rate judges that. "
     )
     if "tube_at_rest" in record:
         rows = [r for r in record["tube_at_rest"] if r["room"] > 0]

@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     elif problems and (cfg.shield.brake_accel is not None or cfg.shield.brake_fraction is not None):
         refused = certificate.refusal(cfg, meas, problems)  # hand-set braking: the barrier, or nothing
     spec = None
+    starts = None  # the predictive filter's start coverage, where a falsification refusal measured it
     if refused is None:
         stage(
             "building the shield: where braking cannot keep a limit, the predictive filter's backup and its tube "
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
             **refused,
             "task": cfg.task.name,
             # The filter a refusal by falsification or by the legacy controller judged (None: none could be built).
-            "filter": certificate.filter_record(spec, cfg) if spec is not None else None,
+            "filter": certificate.filter_record(spec, cfg, starts) if spec is not None else None,
             "envelope": certificate.envelope_record(cfg),
             "model_error": meas.record(),
             "legacy_on_reality": legacy,

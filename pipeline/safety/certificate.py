@@ -460,10 +460,11 @@ def _set_by_hand(cfg) -> list[str]:
     return [f"shield.{k}" for k in keys if getattr(sc, k) is not None]
 
 
-def filter_record(spec: dict, cfg=None) -> dict:
+def filter_record(spec: dict, cfg=None, starts: dict | None = None) -> dict:
     """Which filter keeps the constraints, and why: the braking barrier, or the predictive filter where the
     barrier cannot brake a constraint (with the measured reason and the numbers it was synthesized with, and with
-    `cfg`, which of the episodes' starts it certifies from their first step: `predictive.start_coverage`)."""
+    `cfg`, which of the episodes' starts it certifies from their first step: `predictive.start_coverage`, or
+    `starts` where the caller measured it already)."""
     pr = spec.get("predictive")
     if pr is None:
         from pipeline.safety.barrier_checks import BARRIER_ACTS_SHARE
@@ -481,5 +482,5 @@ def filter_record(spec: dict, cfg=None) -> dict:
         "backup_gain": pr["backup_gain"],
         "tube_at_horizon": pr["tube"][-1],
         "tube_measured": {k: v for k, v in pr["measured"].items() if k != "why"},
-        **({"starts": predictive.start_coverage(cfg, spec)} if cfg is not None else {}),
+        **({"starts": starts or predictive.start_coverage(cfg, spec)} if cfg is not None else {}),
     }

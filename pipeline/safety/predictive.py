@@ -773,7 +773,7 @@ def start_coverage(cfg, spec: dict) -> dict | None:
         action = np.asarray(spec["fallback_action"], np.float32)
 
         def refused(scale: float) -> tuple[int, list[np.ndarray]]:
-            corners = env.start_corners(scale)
+            corners = env.start_corners(scale, limit=1 if scale == 0.0 else 4096)  # at 0 every corner is the middle
             out = []
             for obs in corners:
                 shield.reset()
